@@ -1,0 +1,175 @@
+"""Lightning callbacks: threads per worker, epoch timing and result files, the target-accuracy stop."""
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as L
+import torch
+import torch.distributed as dist
+from pytorch_lightning.callbacks import Callback
+from typing_extensions import override
+
+from psgd.results import write_csv, write_json
+
+
+class WorkerThreads(Callback):
+    """Sets torch's intra-op threads in every worker process (speedup curves lie without it)."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        torch.set_num_threads(self.threads)
+
+
+def update_streak(streak: int, accuracy: float | None, target: float) -> int:
+    """The workshop's early-stop rule: count consecutive epochs with accuracy >= target."""
+    return streak + 1 if accuracy is not None and accuracy >= target else 0
+
+
+class TargetAccuracyStop(Callback):
+    """Stop once val accuracy >= `target_acc` for `patience` consecutive epochs (the workshop: 0.85, 2).
+
+    val/acc is already reduced over workers, so every worker takes the same decision.
+    """
+
+    def __init__(self, target_acc: float, patience: int = 1, monitor: str = "val/acc"):
+        self.target_acc, self.patience, self.monitor = target_acc, patience, monitor
+        self.streak = 0
+        self.stopped_epoch: int | None = None
+
+    @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        value = trainer.callback_metrics.get(self.monitor)
+        self.streak = update_streak(self.streak, None if value is None else float(value), self.target_acc)
+        if self.streak >= self.patience:
+            trainer.should_stop = True
+            self.stopped_epoch = trainer.current_epoch
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"streak": self.streak, "stopped_epoch": self.stopped_epoch}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.streak, self.stopped_epoch = state_dict["streak"], state_dict["stopped_epoch"]
+
+
+def _all_reduce(values: list[float], op: dist.ReduceOp, device: torch.device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=op)
+    return t.tolist()
+
+
+class RunRecorder(Callback):
+    """Times each epoch's training (validation excluded), logs time/* metrics, and has rank 0 keep
+    metrics.json and training_data.csv up to date after every epoch (atomically).
+
+    time/epoch_s is the slowest worker's training time; time/samples_per_s sums every worker's own
+    throughput; time/cumulative_s adds up epoch_s. Costs one small all-reduce per epoch.
+    """
+
+    def __init__(self, out_dir: str, run_info: dict[str, Any], target_acc: float | None = None):
+        self.out_dir = Path(out_dir)
+        self.run_info, self.target_acc = run_info, target_acc
+        self.history: list[dict[str, Any]] = []
+        self.cumulative_s = 0.0
+        self.time_to_target_s: float | None = None
+        self.epoch_to_target: int | None = None
+        self._t0 = self._val_t0 = 0.0
+        self._val_s = 0.0
+        self._samples = 0
+
+    @override
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._val_s, self._samples = 0.0, 0
+        self._t0 = time.perf_counter()
+
+    @override
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self._samples += len(batch[1])
+
+    @override
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._val_t0 = time.perf_counter()
+
+    @override
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._val_s += time.perf_counter() - self._val_t0
+
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        train_s = max(time.perf_counter() - self._t0 - self._val_s, 1e-9)
+        (epoch_s,) = _all_reduce([train_s], dist.ReduceOp.MAX, pl_module.device)
+        rate, samples = _all_reduce([self._samples / train_s, self._samples], dist.ReduceOp.SUM, pl_module.device)
+        self.cumulative_s += epoch_s
+        for name, value in (("time/epoch_s", epoch_s), ("time/samples_per_s", rate),
+                            ("time/cumulative_s", self.cumulative_s)):
+            pl_module.log(name, value, on_step=False, on_epoch=True, rank_zero_only=True)
+
+        metrics = trainer.callback_metrics
+        val_acc = _get(metrics, "val/acc")
+        if (self.target_acc is not None and self.time_to_target_s is None and val_acc is not None
+                and val_acc >= self.target_acc):
+            self.time_to_target_s, self.epoch_to_target = self.cumulative_s, trainer.current_epoch + 1
+        self.history.append({
+            "epoch": trainer.current_epoch + 1,
+            "step": trainer.global_step,
+            "time": round(self.cumulative_s, 4),
+            "epoch_s": round(epoch_s, 4),
+            "samples": int(samples),
+            "samples_per_s": round(rate, 1),
+            "train_loss": _get(metrics, "train/loss"),
+            "train_acc": _get(metrics, "train/acc"),
+            "val_loss": _get(metrics, "val/loss"),
+            "val_acc": val_acc,
+        })
+        if trainer.is_global_zero:
+            self._write("running")
+
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero:
+            self._write("trained")
+
+    def summary(self, status: str) -> dict[str, Any]:
+        samples = sum(h["samples"] for h in self.history)
+        return {
+            **self.run_info,
+            "status": status,
+            "epochs": len(self.history),
+            "train_time_s": round(self.cumulative_s, 4),
+            "samples_per_s": round(samples / self.cumulative_s, 1) if self.cumulative_s > 0 else None,
+            "val_acc": self.history[-1]["val_acc"] if self.history else None,
+            "target_acc": self.target_acc,
+            "time_to_target_s": None if self.time_to_target_s is None else round(self.time_to_target_s, 4),
+            "epoch_to_target": self.epoch_to_target,
+            "history": self.history,
+        }
+
+    def _write(self, status: str) -> None:
+        write_json(self.out_dir / "metrics.json", self.summary(status))
+        rows = [[h["time"], h["val_acc"]] for h in self.history if h["val_acc"] is not None]
+        write_csv(self.out_dir / "training_data.csv", ["time", "val_accuracy"], rows)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": self.history, "cumulative_s": self.cumulative_s,
+                "time_to_target_s": self.time_to_target_s, "epoch_to_target": self.epoch_to_target}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = state_dict["history"]
+        self.cumulative_s = state_dict["cumulative_s"]
+        self.time_to_target_s = state_dict["time_to_target_s"]
+        self.epoch_to_target = state_dict["epoch_to_target"]
+
+
+def _get(metrics: dict, key: str) -> float | None:
+    return round(float(metrics[key]), 6) if key in metrics else None

@@ -1,0 +1,8 @@
+"""Plain nn.Modules, chosen with `model=`: each class states the input size it needs (None: any)."""
+
+from psgd.models.lab_cnn import LabCNN
+from psgd.models.mlp import MLP
+from psgd.models.singa_cnn import SingaCNN
+from psgd.models.wide_resnet import WideResNet
+
+__all__ = ["LabCNN", "MLP", "SingaCNN", "WideResNet"]

@@ -1,0 +1,94 @@
+"""The LightningModule for image classification: loss, torchmetrics accuracy, optimizer and schedule."""
+
+from collections.abc import Callable
+
+import pytorch_lightning as L
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+from typing_extensions import override
+
+from psgd.optim import build_scheduler
+
+
+class Classifier(L.LightningModule):
+    """Wraps a plain nn.Module. Metrics are accumulated per step and reduced once per epoch (over
+    all workers), so no step pays for a collective other than the strategy's own."""
+
+    def __init__(
+        self,
+        net: nn.Module,
+        optimizer: Callable[..., torch.optim.Optimizer],
+        lr: float,
+        workers: int = 1,
+        max_epochs: int = 1,
+        scheduler: DictConfig | dict | None = None,
+        num_classes: int = 10,
+        channels_last: bool = False,
+    ):
+        super().__init__()
+        self.save_hyperparameters(ignore=["net", "optimizer"])
+        self.net = net.to(memory_format=torch.channels_last) if channels_last else net
+        self.optimizer_factory = optimizer
+        self.scheduler_cfg = OmegaConf.to_container(scheduler) if isinstance(scheduler, DictConfig) else scheduler
+        for stage in ("train", "val", "test"):
+            setattr(self, f"{stage}_acc", MulticlassAccuracy(num_classes, average="micro", validate_args=False))
+            setattr(self, f"{stage}_loss", MeanMetric())
+
+    @override
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
+        x, y = batch
+        out = self(x)
+        loss = F.cross_entropy(out, y)  # also right for log-softmax outputs: log_softmax is idempotent
+        acc, mean_loss = getattr(self, f"{stage}_acc"), getattr(self, f"{stage}_loss")
+        acc.update(out.detach(), y)
+        mean_loss.update(loss.detach(), weight=len(y))
+        self.log(f"{stage}/acc", acc, on_step=False, on_epoch=True)
+        self.log(f"{stage}/loss", mean_loss, on_step=False, on_epoch=True)
+        return loss
+
+    @override
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        return self._step(batch, "train")
+
+    @override
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._step(batch, "val")
+
+    @override
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._step(batch, "test")
+
+    @override
+    def on_fit_start(self) -> None:
+        # A process group left over from an earlier job would silently change the world size.
+        expected = self.hparams.workers * self.trainer.num_nodes
+        actual = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if actual != expected or self.trainer.world_size != expected:
+            raise RuntimeError(
+                f"world size is {actual} (trainer: {self.trainer.world_size}) but {expected} workers were "
+                "configured; a stale process group from an earlier run in this process?"
+            )
+
+    @override
+    def on_train_epoch_start(self) -> None:
+        self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=False, on_epoch=True,
+                 rank_zero_only=True)
+
+    @override
+    def configure_optimizers(self):
+        groups = self.net.param_groups() if hasattr(self.net, "param_groups") else self.net.parameters()
+        optimizer = self.optimizer_factory(groups, lr=self.hparams.lr)
+        cfg = dict(self.scheduler_cfg or {})
+        cfg.pop("name", None)
+        scheduler = build_scheduler(optimizer, self.hparams.workers, self.hparams.max_epochs, **cfg)
+        if scheduler is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"}}

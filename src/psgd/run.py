@@ -1,0 +1,205 @@
+"""One training run, end to end: check the config, build data/model/trainer, fit, test, write results.
+
+Layout of a run directory (Hydra's output dir):
+    metrics.json          summary (atomically rewritten after every epoch, final after the test)
+    training_data.csv     time,val_accuracy per epoch (the workshop's format)
+    tensorboard/          event files: training curves from the workers, hparams and test metrics
+    checkpoints/last.ckpt the latest checkpoint
+    .hydra/               the composed config and overrides
+"""
+
+import logging
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as L
+import torch
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.loggers import TensorBoardLogger
+from pytorch_lightning.strategies import DDPStrategy
+from torch import nn
+from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+from psgd.callbacks import RunRecorder, TargetAccuracyStop, WorkerThreads
+from psgd.config import ConfigError, Plan, check
+from psgd.data import INFO, ClassificationData
+from psgd.data.datasets import DatasetInfo
+from psgd.module import Classifier
+from psgd.optim import scaled_lr
+from psgd.results import cpu_count, device_description, read_json, versions, write_json
+
+HPARAM_METRICS = ("test/acc", "test/loss", "val/acc", "val/loss", "time/samples_per_s", "time/cumulative_s")
+
+
+def build_model(model_cfg: DictConfig, data_name: str) -> tuple[nn.Module, int]:
+    """Instantiate the network for this dataset; returns it and the image size it needs.
+
+    A pairing that cannot work (e.g. a 28x28-only model on 32x32 CIFAR10) is a ConfigError.
+    """
+    params = OmegaConf.to_container(model_cfg, resolve=True)
+    name, target = params.pop("name"), params.pop("_target_")
+    info: DatasetInfo = INFO[data_name]
+    cls = get_class(target)
+    size = info.size
+    needed = getattr(cls, "input_size", None)
+    if needed is not None and needed != size:
+        if not getattr(cls, "resize_input", False):
+            fits = [d for d, i in INFO.items() if i.size == needed]
+            raise ConfigError(
+                f"model={name} needs {needed}x{needed} inputs but data={data_name} has {size}x{size} images; "
+                f"allowed data for {name}: {', '.join(fits)}"
+            )
+        size = needed
+    try:
+        net = cls(in_channels=info.channels, num_classes=info.num_classes, **params)
+    except TypeError as e:
+        raise ConfigError(f"model={name}: {e}") from e
+    try:  # a dry forward pass catches any other shape mismatch now, not in a worker mid-run
+        net.eval()
+        with torch.no_grad():
+            net(torch.zeros(2, info.channels, size, size))
+        net.train()
+    except RuntimeError as e:
+        raise ConfigError(f"model={name} does not fit data={data_name} ({info.channels}x{size}x{size}): "
+                          f"{str(e).splitlines()[0]}") from e
+    return net, size
+
+
+def build_strategy(cfg: DictConfig, plan: Plan):
+    if plan.workers == 1 and cfg.trainer.num_nodes == 1:
+        return "auto"  # one process: no process group, nothing to all-reduce
+    s = cfg.strategy
+    return DDPStrategy(
+        process_group_backend=s.backend,  # None: gloo on CPU, nccl on GPU
+        start_method=s.start_method,
+        timeout=timedelta(seconds=s.timeout_s),
+        find_unused_parameters=s.find_unused_parameters,
+        gradient_as_bucket_view=True,
+    )
+
+
+def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
+    """The config as TensorBoard hparams: dotted keys, scalars only."""
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if not str(k).startswith("_"):
+                    walk(v, f"{prefix}{k}.")
+            return
+        key = prefix[:-1]
+        out[key] = node if isinstance(node, int | float | str | bool) else str(node)
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return out
+
+
+def write_tensorboard_summary(log_dir: Path, cfg: DictConfig, metrics: dict[str, Any], step: int) -> None:
+    """hparams for the HParams tab (one run per job) plus the final test metrics."""
+    final = {"test/acc": metrics.get("test_acc"), "test/loss": metrics.get("test_loss")}
+    writer = SummaryWriter(log_dir=str(log_dir))
+    try:
+        for key, value in final.items():
+            if value is not None:
+                writer.add_scalar(key, value, step)
+        exp, ssi, sei = hparams_summary(flat_hparams(cfg), {k: 0.0 for k in HPARAM_METRICS})
+        for summary in (exp, ssi, sei):
+            writer.file_writer.add_summary(summary)
+    finally:
+        writer.close()
+
+
+def resolve_ckpt_path(value: str | None) -> str | None:
+    if value is None:
+        return None
+    path = Path(value)
+    if path.is_dir():
+        path = path / "checkpoints" / "last.ckpt"
+    if not path.is_file():
+        raise ConfigError(f"ckpt_path={value!r} is invalid: no checkpoint at {path} (give a .ckpt file or a run dir)")
+    return str(path)
+
+
+def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
+    """Run one configured training job in `run_dir`; returns the final metrics (also in metrics.json)."""
+    run_dir = Path(run_dir)
+    plan = check(cfg)
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"))
+    if cfg.get("quiet"):
+        for name in ("pytorch_lightning", "lightning_fabric", "lightning"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)  # before the model: same seed, same init
+    net, image_size = build_model(cfg.model, cfg.data.name)
+
+    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
+    datamodule = ClassificationData(**data_cfg, image_size=image_size, seed=cfg.seed, lockstep=True,
+                                    channels_last=cfg.channels_last)
+    datamodule.prepare_data()  # a missing dataset fails here, before any worker starts
+
+    t = cfg.trainer
+    lr = scaled_lr(cfg.optimizer.lr, plan.workers * t.num_nodes, cfg.lr_scaling)
+    module = Classifier(net, instantiate(cfg.optimizer), lr=lr, workers=plan.workers, max_epochs=t.max_epochs,
+                        scheduler=cfg.scheduler, num_classes=INFO[cfg.data.name].num_classes,
+                        channels_last=cfg.channels_last)
+    world_size = plan.workers * t.num_nodes
+    run_info = {
+        "strategy": cfg.strategy.name,
+        "workers": plan.workers,
+        "world_size": world_size,
+        "num_nodes": t.num_nodes,
+        "threads_per_worker": plan.threads_per_worker,
+        "model": cfg.model.name,
+        "data": cfg.data.name,
+        "partition": cfg.data.partition,
+        "batch_size": cfg.data.batch_size,
+        "optimizer": cfg.optimizer._target_.rsplit(".", 1)[-1],
+        "lr": lr,
+        "lr_scaling": cfg.lr_scaling,
+        "seed": cfg.seed,
+        "device": device_description(plan.accelerator),
+        "versions": versions(),
+    }
+    es = cfg.early_stop
+    callbacks: list = [
+        WorkerThreads(plan.threads_per_worker),
+        RunRecorder(str(run_dir), run_info, es.target_acc),
+        ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0),
+    ]
+    if es.target_acc is not None:
+        callbacks.append(TargetAccuracyStop(es.target_acc, es.patience))
+    logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
+    trainer_kwargs = {k: v for k, v in OmegaConf.to_container(t, resolve=True).items() if v is not None}
+    trainer_kwargs.update(accelerator=plan.accelerator, devices=plan.workers)
+    quiet = bool(cfg.get("quiet"))
+    trainer = L.Trainer(
+        **trainer_kwargs,
+        strategy=build_strategy(cfg, plan),
+        callbacks=callbacks,
+        logger=logger,
+        use_distributed_sampler=False,  # the datamodule shards; Lightning must not shard a second time
+        enable_progress_bar=not quiet,
+        enable_model_summary=not quiet,
+    )
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+
+    # Test the final weights here, on one device: the workers have exited (spawn) or are this process.
+    test_trainer = L.Trainer(
+        accelerator=plan.accelerator, devices=1, logger=False, callbacks=[WorkerThreads(cpu_count())],
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+        fast_dev_run=t.fast_dev_run, precision=t.precision,
+        limit_test_batches=t.limit_test_batches if t.get("limit_test_batches") is not None else 1.0,
+    )
+    (tested,) = test_trainer.test(module, datamodule=datamodule, verbose=False)
+
+    record_path = run_dir / "metrics.json"
+    metrics = read_json(record_path) if record_path.exists() else callbacks[1].summary("trained")
+    metrics.update(status="completed", test_acc=round(tested["test/acc"], 6), test_loss=round(tested["test/loss"], 6))
+    write_json(record_path, metrics)
+    steps = metrics["history"][-1]["step"] if metrics["history"] else 0
+    write_tensorboard_summary(run_dir / "tensorboard", cfg, metrics, steps)
+    return metrics
