@@ -24,6 +24,20 @@ class WorkerThreads(Callback):
         torch.set_num_threads(self.threads)
 
 
+class ShardRecorder(Callback):
+    """Saves the sample indices each worker trained on: shards/epoch<e>_rank<r>.pt (record_shards=true)."""
+
+    def __init__(self, out_dir: str):
+        self.out_dir = Path(out_dir) / "shards"
+
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        seen = getattr(trainer.train_dataloader, "seen", [])
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        indices = torch.cat(seen) if seen else torch.empty(0, dtype=torch.long)
+        torch.save(indices, self.out_dir / f"epoch{trainer.current_epoch}_rank{trainer.global_rank}.pt")
+
+
 def update_streak(streak: int, accuracy: float | None, target: float) -> int:
     """The workshop's early-stop rule: count consecutive epochs with accuracy >= target."""
     return streak + 1 if accuracy is not None and accuracy >= target else 0

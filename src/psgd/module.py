@@ -6,7 +6,6 @@ import pytorch_lightning as L
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
@@ -26,7 +25,7 @@ class Classifier(L.LightningModule):
         lr: float,
         workers: int = 1,
         max_epochs: int = 1,
-        scheduler: DictConfig | dict | None = None,
+        scheduler: dict | None = None,
         num_classes: int = 10,
         channels_last: bool = False,
     ):
@@ -34,7 +33,7 @@ class Classifier(L.LightningModule):
         self.save_hyperparameters(ignore=["net", "optimizer"])
         self.net = net.to(memory_format=torch.channels_last) if channels_last else net
         self.optimizer_factory = optimizer
-        self.scheduler_cfg = OmegaConf.to_container(scheduler) if isinstance(scheduler, DictConfig) else scheduler
+        self.scheduler_cfg = scheduler  # a plain dict: checkpoints stay loadable with weights_only=True
         for stage in ("train", "val", "test"):
             setattr(self, f"{stage}_acc", MulticlassAccuracy(num_classes, average="micro", validate_args=False))
             setattr(self, f"{stage}_loss", MeanMetric())

@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
-from psgd.callbacks import RunRecorder, TargetAccuracyStop, WorkerThreads
+from psgd.callbacks import RunRecorder, ShardRecorder, TargetAccuracyStop, WorkerThreads
 from psgd.config import ConfigError, Plan, check
 from psgd.data import INFO, ClassificationData
 from psgd.data.datasets import DatasetInfo
@@ -138,13 +138,13 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
 
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
     datamodule = ClassificationData(**data_cfg, image_size=image_size, seed=cfg.seed, lockstep=True,
-                                    channels_last=cfg.channels_last)
+                                    channels_last=cfg.channels_last, record_shards=cfg.record_shards)
     datamodule.prepare_data()  # a missing dataset fails here, before any worker starts
 
     t = cfg.trainer
     lr = scaled_lr(cfg.optimizer.lr, plan.workers * t.num_nodes, cfg.lr_scaling)
     module = Classifier(net, instantiate(cfg.optimizer), lr=lr, workers=plan.workers, max_epochs=t.max_epochs,
-                        scheduler=cfg.scheduler, num_classes=INFO[cfg.data.name].num_classes,
+                        scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True), num_classes=INFO[cfg.data.name].num_classes,
                         channels_last=cfg.channels_last)
     world_size = plan.workers * t.num_nodes
     run_info = {
@@ -172,6 +172,8 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     ]
     if es.target_acc is not None:
         callbacks.append(TargetAccuracyStop(es.target_acc, es.patience))
+    if cfg.record_shards:
+        callbacks.append(ShardRecorder(str(run_dir)))
     logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
     trainer_kwargs = {k: v for k, v in OmegaConf.to_container(t, resolve=True).items() if v is not None}
     trainer_kwargs.update(accelerator=plan.accelerator, devices=plan.workers)

@@ -1,0 +1,88 @@
+"""Shared fixtures: small datasets generated in the formats torchvision reads, and config composition."""
+
+import gzip
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+SHARED_DATA = (ROOT / ".." / "shared" / "data").resolve()
+
+
+def class_images(labels: np.ndarray, size: int, channels: int, seed: int) -> np.ndarray:
+    """Learnable images: class k lights up a bar at a class-specific position, plus noise."""
+    rng = np.random.default_rng(seed)
+    n = len(labels)
+    images = rng.integers(0, 60, size=(n, size, size, channels), dtype=np.uint8)
+    band = max(1, size // 12)
+    for i, k in enumerate(labels):
+        row = 2 + int(k) * band
+        images[i, row : row + band, 2 : size - 2, :] = 255
+    return images
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def make_mnist_like(root: Path, folder: str, n_train: int = 512, n_test: int = 256, seed: int = 0) -> Path:
+    """Write MNIST-format .gz files as torchvision lays them out: root/<folder>/raw/*.gz."""
+    raw = root / folder / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        labels = rng.permutation(np.arange(n) % 10).astype(np.uint8)
+        write_idx(raw / f"{prefix}-images-idx3-ubyte.gz", class_images(labels, 28, 1, seed + n)[..., 0])
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte.gz", labels)
+    return root
+
+
+def make_cifar_like(root: Path, per_batch: int = 40, n_test: int = 60, seed: int = 0) -> Path:
+    """Write CIFAR-10's python-pickle batches (data_batch_1..5, test_batch, batches.meta)."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for j, name in enumerate(names):
+        n = n_test if name == "test_batch" else per_batch
+        labels = rng.permutation(np.arange(n) % 10)
+        images = class_images(labels, 32, 3, seed + j).transpose(0, 3, 1, 2).reshape(n, 3072)
+        with open(folder / name, "wb") as f:
+            pickle.dump({"data": images, "labels": labels.tolist(), "batch_label": name}, f)
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": [f"class{i}" for i in range(10)]}, f)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """A data root holding small MNIST, FashionMNIST and CIFAR10 look-alikes."""
+    root = tmp_path_factory.mktemp("data")
+    make_mnist_like(root, "MNIST", seed=1)
+    make_mnist_like(root, "FashionMNIST", seed=2)
+    make_cifar_like(root, seed=3)
+    return root
+
+
+def compose_cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))
+
+
+def run_cli(script: str, *overrides: str, cwd: Path | None = None, timeout: float = 300,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run train.py / sweep.py as a user would, in a fresh process."""
+    full_env = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *overrides],
+        cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout, env=full_env,
+    )

@@ -1,0 +1,102 @@
+"""Single-worker runs through train.py exactly as a user starts them."""
+
+import pytest
+import torch
+
+from conftest import compose_cfg, run_cli
+from helpers import metrics, scalars, tensorboard, training_data
+from psgd.run import train
+
+TINY = ["quiet=true", "data.batch_size=32", "data.eval_batch_size=64"]
+
+
+@pytest.fixture(scope="module")
+def single_run(tiny_data, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("single") / "run"
+    proc = run_cli("train.py", f"data.root={tiny_data}", "trainer.max_epochs=3", f"hydra.run.dir={run_dir}", *TINY)
+    assert proc.returncode == 0, proc.stderr
+    return run_dir, proc
+
+
+def test_run_learns_and_reports_its_test_accuracy(single_run):
+    run_dir, proc = single_run
+    m = metrics(run_dir)
+    assert m["status"] == "completed"
+    assert m["test_acc"] > 0.5  # chance is 0.1: the network really learned the generated classes
+    assert f"test_acc={m['test_acc']:.4f}" in proc.stdout
+    assert (m["epochs"], m["world_size"], m["workers"], m["strategy"]) == (3, 1, 1, "ddp")
+    assert m["threads_per_worker"] >= 1 and m["versions"]["torch"] == torch.__version__
+    assert m["device"].startswith("cpu") and m["time_to_target_s"] is None
+    assert m["train_time_s"] > 0 and m["samples_per_s"] > 0
+    assert [h["samples"] for h in m["history"]] == [512, 512, 512]  # every sample once per epoch
+    assert m["train_time_s"] == pytest.approx(sum(h["epoch_s"] for h in m["history"]), abs=1e-3)
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_training_data_csv_has_the_workshops_columns(single_run):
+    run_dir, _ = single_run
+    rows = training_data(run_dir)
+    m = metrics(run_dir)
+    assert list(rows[0]) == ["time", "val_accuracy"] and len(rows) == 3
+    assert [float(r["time"]) for r in rows] == pytest.approx([h["time"] for h in m["history"]])
+    assert float(rows[-1]["val_accuracy"]) == pytest.approx(m["val_acc"])
+    times = [float(r["time"]) for r in rows]
+    assert times == sorted(times)
+
+
+def test_tensorboard_events_hold_curves_hparams_and_test_metrics(single_run):
+    run_dir, _ = single_run
+    acc = tensorboard(run_dir)
+    tags = set(acc.Tags()["scalars"])
+    for tag in ("train/loss", "train/acc", "val/loss", "val/acc", "time/epoch_s", "time/samples_per_s",
+                "time/cumulative_s", "lr", "test/acc", "test/loss"):
+        assert tag in tags, tag
+    m = metrics(run_dir)
+    assert scalars(acc, "val/acc") == pytest.approx([h["val_acc"] for h in m["history"]], abs=1e-6)
+    assert scalars(acc, "test/acc") == pytest.approx([m["test_acc"]], abs=1e-6)
+    assert scalars(acc, "lr") == pytest.approx([0.05] * 3)
+    plugins = acc.PluginTagToContent("hparams")
+    assert "_hparams_/session_start_info" in plugins and "_hparams_/experiment" in plugins
+    assert b"optimizer.lr" in plugins["_hparams_/session_start_info"]
+
+
+def test_same_seed_gives_the_same_weights_and_another_seed_does_not(tiny_data, tmp_path):
+    def weights(seed: int, name: str) -> dict:
+        cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=1", f"seed={seed}", *TINY)
+        train(cfg, tmp_path / name)
+        return torch.load(tmp_path / name / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+    a, b, c = weights(7, "a"), weights(7, "b"), weights(8, "c")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_early_stop_after_patience_epochs_at_target(tiny_data, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli("train.py", f"data.root={tiny_data}", "trainer.max_epochs=30", "early_stop.target_acc=0.3",
+                   "early_stop.patience=2", f"hydra.run.dir={run_dir}", *TINY)
+    assert proc.returncode == 0, proc.stderr
+    m = metrics(run_dir)
+    accs = [h["val_acc"] for h in m["history"]]
+    first = next(i for i, a in enumerate(accs) if a >= 0.3)
+    assert m["epoch_to_target"] == first + 1
+    assert m["time_to_target_s"] == pytest.approx(m["history"][first]["time"], abs=1e-3)
+    # stopped at the first epoch that closes a run of 2 at-target epochs, long before max_epochs
+    stop = next(i for i in range(1, len(accs)) if accs[i] >= 0.3 and accs[i - 1] >= 0.3)
+    assert m["epochs"] == stop + 1 < 30
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model=wide_resnet", "data=fashion_mnist", "optimizer=novograd", "scheduler=warmup"],
+    ["model=wide_resnet", "data=cifar10", "data.verify_md5=false", "data.augment=cifar"],
+    ["model=singa_cnn", "data.augment=pad_crop_flip", "optimizer=adam"],
+    ["model=mlp", "scheduler=cosine"],
+], ids=["wide_resnet-fashion", "wide_resnet-cifar10", "singa", "mlp"])
+def test_models_and_datasets_run_with_fast_dev_run(tiny_data, tmp_path, overrides):
+    run_dir = tmp_path / "run"
+    proc = run_cli("train.py", f"data.root={tiny_data}", "trainer.fast_dev_run=true", "data.batch_size=8",
+                   "data.eval_batch_size=8", "quiet=true", f"hydra.run.dir={run_dir}", *overrides)
+    assert proc.returncode == 0, proc.stderr
+    m = metrics(run_dir)
+    assert m["status"] == "completed" and m["epochs"] == 1 and 0 <= m["test_acc"] <= 1
+    assert m["history"][0]["samples"] == 8  # one batch

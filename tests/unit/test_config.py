@@ -1,0 +1,93 @@
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import CONF, compose_cfg
+from psgd.config import ConfigError, check
+from psgd.run import build_model
+
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("group,choice", [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))])
+def test_every_config_group_choice_composes_and_checks(group, choice):
+    cfg = compose_cfg(f"{group}={choice}")
+    OmegaConf.resolve(cfg)
+    if group == "model" and choice in ("singa_cnn", "mlp"):
+        cfg.data.name = "mnist"
+    plan = check(cfg)
+    assert plan.workers >= 1 and plan.threads_per_worker >= 1
+
+
+def test_the_default_config_is_the_lab_cnn_on_mnist_with_one_worker():
+    cfg = compose_cfg()
+    assert (cfg.model.name, cfg.data.name, cfg.workers, cfg.strategy.name) == ("lab_cnn", "mnist", 1, "ddp")
+
+
+def test_devices_follow_workers_unless_set():
+    assert check(compose_cfg("workers=3")).workers == 3
+    assert check(compose_cfg("trainer.devices=4")).workers == 4
+    with pytest.raises(ConfigError, match="disagree"):
+        check(compose_cfg("workers=2", "trainer.devices=4"))
+
+
+def test_threads_default_to_cores_over_workers_at_least_one(monkeypatch):
+    import psgd.config
+
+    monkeypatch.setattr(psgd.config, "cpu_count", lambda: 2)
+    assert check(compose_cfg("workers=1")).threads_per_worker == 2
+    assert check(compose_cfg("workers=4")).threads_per_worker == 1
+    assert check(compose_cfg("workers=4", "threads_per_worker=3")).threads_per_worker == 3
+
+
+BAD = [
+    (["workers=0"], "workers=0"),
+    (["workers=-2"], "workers=-2"),
+    (["trainer.devices=0"], "trainer.devices=0"),
+    (["data.batch_size=-1"], "data.batch_size=-1"),
+    (["data.batch_size=0"], "data.batch_size=0"),
+    (["optimizer.lr=0"], "optimizer.lr=0"),
+    (["optimizer.lr=-0.1"], "optimizer.lr=-0.1"),
+    (["optimizer.momentum=1.0"], "optimizer.momentum=1.0"),
+    (["optimizer.momentum=-0.5"], "optimizer.momentum=-0.5"),
+    (["scheduler=warmup", "scheduler.warmup_epochs=-1"], "scheduler.warmup_epochs=-1"),
+    (["workers=2", "data.partition=sizes", "data.partition_sizes=[0.5,0.4]"], "sum to 1"),
+    (["workers=3", "data.partition=sizes", "data.partition_sizes=[0.5,0.5]"], "one fraction per worker (3)"),
+    (["workers=2", "data.partition=sizes", "data.partition_sizes=[1.0,0]"], "must be > 0"),
+    (["workers=11", "data.partition=by_label"], "only 10 classes"),
+    (["workers=2", "data.partition=dirichlet", "data.dirichlet_alpha=0"], "data.dirichlet_alpha=0"),
+    (["data.partition=random"], "allowed: iid, sizes, by_label, dirichlet"),
+    (["trainer.max_epochs=0"], "trainer.max_epochs=0"),
+    (["early_stop.target_acc=1.5"], "early_stop.target_acc=1.5"),
+    (["early_stop.target_acc=0"], "early_stop.target_acc=0"),
+    (["early_stop.patience=0"], "early_stop.patience=0"),
+    (["lr_scaling=cubic"], "allowed: none, linear, sqrt"),
+    (["trainer.sync_batchnorm=true", "trainer.accelerator=cpu"], "sync_batchnorm"),
+    (["data.augment=mixup"], "allowed: none, cifar, pad_crop_flip"),
+    (["data.val_split=1.0"], "data.val_split=1.0"),
+    (["threads_per_worker=0"], "threads_per_worker=0"),
+    (["model.dropout=1.0"], "model.dropout=1.0"),
+    (["seed=-1"], "seed=-1"),
+]
+
+
+@pytest.mark.parametrize("overrides,fragment", BAD, ids=[" ".join(o) for o, _ in BAD])
+def test_bad_values_are_one_clear_line(overrides, fragment):
+    with pytest.raises(ConfigError) as e:
+        check(compose_cfg(*overrides))
+    assert fragment in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("model,data", [("singa_cnn", "cifar10"), ("mlp", "cifar10")])
+def test_model_data_pairings_that_cannot_work_are_config_errors(model, data):
+    cfg = compose_cfg(f"model={model}", f"data={data}")
+    with pytest.raises(ConfigError, match=f"model={model} needs 28x28 inputs but data={data}"):
+        build_model(cfg.model, cfg.data.name)
+
+
+@pytest.mark.parametrize("model,data,size", [("lab_cnn", "mnist", 32), ("lab_cnn", "cifar10", 32),
+                                             ("singa_cnn", "fashion_mnist", 28), ("wide_resnet", "cifar10", 32),
+                                             ("wide_resnet", "mnist", 28), ("mlp", "mnist", 28)])
+def test_pairings_that_work_give_the_input_size(model, data, size):
+    cfg = compose_cfg(f"model={model}", f"data={data}")
+    assert build_model(cfg.model, cfg.data.name)[1] == size

@@ -1,0 +1,101 @@
+import gzip
+import os
+import shutil
+
+import pytest
+import torch
+
+from conftest import SHARED_DATA, make_cifar_like, make_mnist_like
+from psgd.data import ClassificationData, DataError, load_split
+from psgd.data.datamodule import resize
+
+
+def test_mnist_reads_gz_in_place_without_writing_beside_it(tmp_path):
+    make_mnist_like(tmp_path, "MNIST", n_train=100, n_test=30)
+    before = sorted(os.listdir(tmp_path / "MNIST" / "raw"))
+    images, labels = load_split("mnist", str(tmp_path), train=True)
+    assert images.shape == (100, 1, 28, 28) and images.dtype == torch.uint8
+    assert labels.shape == (100,) and set(labels.tolist()) == set(range(10))
+    assert sorted(os.listdir(tmp_path / "MNIST" / "raw")) == before  # nothing extracted or written
+    assert load_split("mnist", str(tmp_path), train=False)[0].shape == (30, 1, 28, 28)
+
+
+def test_missing_dataset_without_download_names_path_and_fix(tmp_path):
+    with pytest.raises(DataError) as e:
+        load_split("fashion_mnist", str(tmp_path / "nowhere"), train=True, download=False)
+    msg = str(e.value)
+    assert "\n" not in msg and str(tmp_path / "nowhere") in msg and "PSGD_DATA" in msg and "data.root" in msg
+
+
+def test_truncated_file_is_one_line_naming_the_file(tmp_path):
+    make_mnist_like(tmp_path, "MNIST", n_train=50, n_test=20)
+    path = tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte.gz"
+    data = gzip.decompress(path.read_bytes())
+    path.write_bytes(gzip.compress(data[: len(data) // 2]))
+    with pytest.raises(DataError) as e:
+        load_split("mnist", str(tmp_path), train=True)
+    assert str(path) in str(e.value) and "truncated" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_corrupted_gzip_is_one_line_naming_the_file(tmp_path):
+    make_mnist_like(tmp_path, "MNIST", n_train=50, n_test=20)
+    path = tmp_path / "MNIST" / "raw" / "train-labels-idx1-ubyte.gz"
+    path.write_bytes(b"this is not gzip at all")
+    with pytest.raises(DataError, match="train-labels-idx1-ubyte.gz"):
+        load_split("mnist", str(tmp_path), train=True)
+
+
+def test_cifar10_loads_files_in_cifars_own_format(tmp_path):
+    make_cifar_like(tmp_path, per_batch=20, n_test=30)
+    images, labels = load_split("cifar10", str(tmp_path), train=True, download=False, verify_md5=False)
+    assert images.shape == (100, 3, 32, 32) and labels.shape == (100,)
+    test_images, _ = load_split("cifar10", str(tmp_path), train=False, download=False, verify_md5=False)
+    assert test_images.shape == (30, 3, 32, 32)
+    # layout survives the N x 3072 -> N x C x H x W conversion: each image's class bar (rows 2+2k..3+2k,
+    # columns 2..29) is white in every channel, and the rows just outside it are not
+    for image, k in zip(images, labels.tolist()):
+        row = 2 + 2 * k
+        assert (image[:, row : row + 2, 2:30] == 255).all()
+        assert not (image[:, row + 2, 2:30] == 255).all()
+
+
+def test_cifar10_md5_check_rejects_files_that_are_not_the_real_ones(tmp_path):
+    make_cifar_like(tmp_path, per_batch=5, n_test=5)
+    with pytest.raises(DataError, match="cifar10"):
+        load_split("cifar10", str(tmp_path), train=True, download=False, verify_md5=True)
+
+
+def test_resize_to_32_keeps_uint8_and_content():
+    x = torch.zeros(2, 1, 28, 28, dtype=torch.uint8)
+    x[:, :, 10:18, 10:18] = 255
+    y = resize(x, 32)
+    assert y.shape == (2, 1, 32, 32) and y.dtype == torch.uint8
+    assert y[:, :, 14:18, 14:18].min() == 255 and y[:, :, :4, :4].max() == 0
+
+
+def test_datamodule_normalises_and_holds_out_validation(tmp_path):
+    make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
+    dm = ClassificationData("mnist", str(tmp_path), batch_size=32, image_size=32, val_split=0.25)
+    dm.setup("fit")
+    assert len(dm.train_set[1]) == 150 and len(dm.val_set[1]) == 50
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (32, 1, 32, 32) and x.dtype == torch.float32
+    raw = dm.train_set[0][:32].float() / 255
+    assert x.mean().item() == pytest.approx(((raw - 0.1307) / 0.3081).mean().item(), abs=1.0)
+    loader = dm.val_dataloader()
+    assert sum(len(b[1]) for b in loader) == 50
+
+
+@pytest.mark.real_data
+@pytest.mark.skipif(not (SHARED_DATA / "MNIST").exists(), reason="../shared/data not present")
+@pytest.mark.parametrize("name,folder", [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
+def test_real_files_decode_to_the_known_sizes(tmp_path, name, folder):
+    # copy so that a read-only shared folder is provably never written to
+    shutil.copytree(SHARED_DATA / folder, tmp_path / folder)
+    images, labels = load_split(name, str(tmp_path), train=True)
+    assert images.shape == (60000, 1, 28, 28)
+    assert torch.bincount(labels).tolist() == (
+        [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949] if name == "mnist" else [6000] * 10
+    )
+    assert load_split(name, str(tmp_path), train=False)[0].shape == (10000, 1, 28, 28)
+    assert sorted(os.listdir(tmp_path / folder / "raw")) == sorted(os.listdir(SHARED_DATA / folder / "raw"))

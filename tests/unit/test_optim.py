@@ -1,0 +1,57 @@
+import math
+
+import pytest
+import torch
+
+from psgd.optim import build_scheduler, scaled_lr
+
+
+def lrs_per_epoch(scheduler, optimizer, epochs):
+    out = []
+    for _ in range(epochs):
+        out.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return out
+
+
+def sgd(lr):
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+
+
+@pytest.mark.parametrize("rule,expected", [("none", 0.1), ("linear", 0.4), ("sqrt", 0.2)])
+def test_lr_scaling_by_workers(rule, expected):
+    assert scaled_lr(0.1, 4, rule) == pytest.approx(expected)
+
+
+def test_warmup_goes_linearly_from_lr_over_workers_to_lr():
+    opt = sgd(0.4)
+    sched = build_scheduler(opt, workers=4, max_epochs=8, warmup_epochs=3)
+    assert lrs_per_epoch(sched, opt, 6) == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.4, 0.4])
+
+
+def test_warmup_with_linear_scaling_reaches_the_scaled_lr():
+    lr = scaled_lr(0.05, 2, "linear")
+    opt = sgd(lr)
+    sched = build_scheduler(opt, workers=2, max_epochs=4, warmup_epochs=2)
+    assert lrs_per_epoch(sched, opt, 4) == pytest.approx([0.05, 0.075, 0.1, 0.1])
+
+
+def test_warmup_then_cosine_decays_to_zero_at_max_epochs():
+    opt = sgd(1.0)
+    sched = build_scheduler(opt, workers=2, max_epochs=6, warmup_epochs=2, decay="cosine")
+    lrs = lrs_per_epoch(sched, opt, 7)
+    assert lrs[:3] == pytest.approx([0.5, 0.75, 1.0])
+    assert lrs[3] == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
+    assert lrs[6] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_step_decay_and_explicit_start_factor():
+    opt = sgd(1.0)
+    sched = build_scheduler(opt, workers=8, max_epochs=10, warmup_epochs=1, start_factor=0.5, decay="step",
+                            step_size=2, gamma=0.1)
+    assert lrs_per_epoch(sched, opt, 5) == pytest.approx([0.5, 1.0, 1.0, 0.1, 0.1])
+
+
+def test_no_schedule_when_nothing_asked():
+    assert build_scheduler(sgd(0.1), workers=4, max_epochs=3) is None
