@@ -78,11 +78,16 @@ def compose_cfg(*overrides: str):
         return compose(config_name="train", overrides=list(overrides))
 
 
-def run_cli(script: str, *overrides: str, cwd: Path | None = None, timeout: float = 300,
-            env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    script: str, *overrides: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """Run train.py / sweep.py as a user would, in a fresh process."""
     full_env = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
     return subprocess.run(
         [sys.executable, str(ROOT / script), *overrides],
-        cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout, env=full_env,
+        cwd=cwd or ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
     )

@@ -123,27 +123,38 @@ class RunRecorder(Callback):
         (epoch_s,) = _all_reduce([train_s], dist.ReduceOp.MAX, pl_module.device)
         rate, samples = _all_reduce([self._samples / train_s, self._samples], dist.ReduceOp.SUM, pl_module.device)
         self.cumulative_s += epoch_s
-        for name, value in (("time/epoch_s", epoch_s), ("time/samples_per_s", rate),
-                            ("time/cumulative_s", self.cumulative_s)):
-            pl_module.log(name, value, on_step=False, on_epoch=True, rank_zero_only=True)
+        for name, value in (
+            ("time/epoch_s", epoch_s),
+            ("time/samples_per_s", rate),
+            ("time/cumulative_s", self.cumulative_s),
+        ):
+            # identical on every worker already; sync_dist (a mean of equal values) keeps Lightning's
+            # bookkeeping consistent across ranks at the cost of one tiny all-reduce per epoch
+            pl_module.log(name, value, on_step=False, on_epoch=True, sync_dist=True)
 
         metrics = trainer.callback_metrics
         val_acc = _get(metrics, "val/acc")
-        if (self.target_acc is not None and self.time_to_target_s is None and val_acc is not None
-                and val_acc >= self.target_acc):
+        if (
+            self.target_acc is not None
+            and self.time_to_target_s is None
+            and val_acc is not None
+            and val_acc >= self.target_acc
+        ):
             self.time_to_target_s, self.epoch_to_target = self.cumulative_s, trainer.current_epoch + 1
-        self.history.append({
-            "epoch": trainer.current_epoch + 1,
-            "step": trainer.global_step,
-            "time": round(self.cumulative_s, 4),
-            "epoch_s": round(epoch_s, 4),
-            "samples": int(samples),
-            "samples_per_s": round(rate, 1),
-            "train_loss": _get(metrics, "train/loss"),
-            "train_acc": _get(metrics, "train/acc"),
-            "val_loss": _get(metrics, "val/loss"),
-            "val_acc": val_acc,
-        })
+        self.history.append(
+            {
+                "epoch": trainer.current_epoch + 1,
+                "step": trainer.global_step,
+                "time": round(self.cumulative_s, 4),
+                "epoch_s": round(epoch_s, 4),
+                "samples": int(samples),
+                "samples_per_s": round(rate, 1),
+                "train_loss": _get(metrics, "train/loss"),
+                "train_acc": _get(metrics, "train/acc"),
+                "val_loss": _get(metrics, "val/loss"),
+                "val_acc": val_acc,
+            }
+        )
         if trainer.is_global_zero:
             self._write("running")
 
@@ -174,8 +185,12 @@ class RunRecorder(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"history": self.history, "cumulative_s": self.cumulative_s,
-                "time_to_target_s": self.time_to_target_s, "epoch_to_target": self.epoch_to_target}
+        return {
+            "history": self.history,
+            "cumulative_s": self.cumulative_s,
+            "time_to_target_s": self.time_to_target_s,
+            "epoch_to_target": self.epoch_to_target,
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -44,6 +44,9 @@ def run_job(cfg: DictConfig) -> float | None:
     except ProcessExitedException as e:
         how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
         fail(f"worker rank {e.error_index} died ({how}); results of finished epochs are in {run_dir}")
-    print(f"psgd: test_acc={metrics['test_acc']:.4f} train_time_s={metrics['train_time_s']:.1f} "
-          f"samples_per_s={metrics['samples_per_s']} results in {run_dir}", flush=True)
+    print(
+        f"psgd: test_acc={metrics['test_acc']:.4f} train_time_s={metrics['train_time_s']:.1f} "
+        f"samples_per_s={metrics['samples_per_s']} results in {run_dir}",
+        flush=True,
+    )
     return metrics["test_acc"]

@@ -44,7 +44,12 @@ def resolve_workers(cfg: DictConfig) -> int:
     _need(_is_int(workers) and workers >= 1, "workers", workers, "must be an integer >= 1")
     if devices is None:
         return workers
-    _need(_is_int(devices) and devices >= 1, "trainer.devices", devices, "must be an integer >= 1 (or null to follow workers)")
+    _need(
+        _is_int(devices) and devices >= 1,
+        "trainer.devices",
+        devices,
+        "must be an integer >= 1 (or null to follow workers)",
+    )
     if workers not in (1, devices):
         raise ConfigError(f"workers={workers} and trainer.devices={devices} disagree: set only one of them")
     return devices
@@ -71,51 +76,89 @@ def check(cfg: DictConfig) -> Plan:
     _need(_is_int(t.max_epochs) and t.max_epochs >= 1, "trainer.max_epochs", t.max_epochs, "must be an integer >= 1")
     _need(_is_int(cfg.seed) and cfg.seed >= 0, "seed", cfg.seed, "must be an integer >= 0")
     threads = cfg.get("threads_per_worker")
-    _need(threads is None or (_is_int(threads) and threads >= 1), "threads_per_worker", threads,
-          "must be an integer >= 1, or null for cores // workers")
+    _need(
+        threads is None or (_is_int(threads) and threads >= 1),
+        "threads_per_worker",
+        threads,
+        "must be an integer >= 1, or null for cores // workers",
+    )
     if t.get("sync_batchnorm") and accelerator == "cpu":
-        raise ConfigError("trainer.sync_batchnorm=true is invalid on CPU: torch's SyncBatchNorm needs CUDA; "
-                          "use it with trainer.accelerator=gpu or leave it false")
+        raise ConfigError(
+            "trainer.sync_batchnorm=true is invalid on CPU: torch's SyncBatchNorm needs CUDA; "
+            "use it with trainer.accelerator=gpu or leave it false"
+        )
 
     _need(d.name in INFO, "data.name", d.name, f"allowed: {', '.join(INFO)}")
     for key in ("batch_size", "eval_batch_size"):
         _need(_is_int(d[key]) and d[key] >= 1, f"data.{key}", d[key], "must be an integer >= 1")
     _need(d.partition in SCHEMES, "data.partition", d.partition, f"allowed: {', '.join(SCHEMES)}")
     _need(d.augment in PRESETS, "data.augment", d.augment, f"allowed: {', '.join(PRESETS)}")
-    _need(isinstance(d.val_split, int | float) and 0 <= d.val_split < 1, "data.val_split", d.val_split,
-          "must be in [0, 1)")
+    _need(
+        isinstance(d.val_split, int | float) and 0 <= d.val_split < 1,
+        "data.val_split",
+        d.val_split,
+        "must be in [0, 1)",
+    )
     if d.partition == "sizes":
         sizes = list(d.partition_sizes) if d.partition_sizes is not None else None
-        _need(sizes is not None and len(sizes) == workers, "data.partition_sizes", sizes,
-              f"needs one fraction per worker ({workers})")
-        _need(all(isinstance(s, int | float) and s > 0 for s in sizes), "data.partition_sizes", sizes,
-              "every fraction must be > 0")
-        _need(math.isclose(sum(sizes), 1.0, abs_tol=1e-6), "data.partition_sizes", sizes,
-              f"fractions must sum to 1 (they sum to {sum(sizes):g})")
+        _need(
+            sizes is not None and len(sizes) == workers,
+            "data.partition_sizes",
+            sizes,
+            f"needs one fraction per worker ({workers})",
+        )
+        _need(
+            all(isinstance(s, int | float) and s > 0 for s in sizes),
+            "data.partition_sizes",
+            sizes,
+            "every fraction must be > 0",
+        )
+        _need(
+            math.isclose(sum(sizes), 1.0, abs_tol=1e-6),
+            "data.partition_sizes",
+            sizes,
+            f"fractions must sum to 1 (they sum to {sum(sizes):g})",
+        )
     if d.partition == "by_label":
         classes = INFO[d.name].num_classes
-        _need(workers <= classes, "data.partition", "by_label",
-              f"{workers} workers but data={d.name} has only {classes} classes: use at most {classes} workers")
+        _need(
+            workers <= classes,
+            "data.partition",
+            "by_label",
+            f"{workers} workers but data={d.name} has only {classes} classes: use at most {classes} workers",
+        )
     if d.partition == "dirichlet":
         a = d.dirichlet_alpha
         _need(isinstance(a, int | float) and a > 0, "data.dirichlet_alpha", a, "must be a number > 0")
 
     _need(isinstance(opt.lr, int | float) and opt.lr > 0, "optimizer.lr", opt.lr, "must be > 0")
     if "momentum" in opt:
-        _need(isinstance(opt.momentum, int | float) and 0 <= opt.momentum < 1, "optimizer.momentum", opt.momentum,
-              "must be in [0, 1)")
+        _need(
+            isinstance(opt.momentum, int | float) and 0 <= opt.momentum < 1,
+            "optimizer.momentum",
+            opt.momentum,
+            "must be in [0, 1)",
+        )
     if "weight_decay" in opt:
         _need(opt.weight_decay >= 0, "optimizer.weight_decay", opt.weight_decay, "must be >= 0")
     _need(cfg.lr_scaling in LR_SCALING, "lr_scaling", cfg.lr_scaling, f"allowed: {', '.join(LR_SCALING)}")
-    _need(_is_int(sch.warmup_epochs) and sch.warmup_epochs >= 0, "scheduler.warmup_epochs", sch.warmup_epochs,
-          "must be an integer >= 0")
+    _need(
+        _is_int(sch.warmup_epochs) and sch.warmup_epochs >= 0,
+        "scheduler.warmup_epochs",
+        sch.warmup_epochs,
+        "must be an integer >= 0",
+    )
     _need(sch.decay in DECAYS, "scheduler.decay", sch.decay, f"allowed: {', '.join(DECAYS)}")
     sf = sch.get("start_factor")
     _need(sf is None or 0 < sf <= 1, "scheduler.start_factor", sf, "must be in (0, 1], or null for 1/workers")
 
     es = cfg.early_stop
-    _need(es.target_acc is None or (isinstance(es.target_acc, int | float) and 0 < es.target_acc <= 1),
-          "early_stop.target_acc", es.target_acc, "must be in (0, 1], or null for no early stop")
+    _need(
+        es.target_acc is None or (isinstance(es.target_acc, int | float) and 0 < es.target_acc <= 1),
+        "early_stop.target_acc",
+        es.target_acc,
+        "must be in (0, 1], or null for no early stop",
+    )
     _need(_is_int(es.patience) and es.patience >= 1, "early_stop.patience", es.patience, "must be an integer >= 1")
     dropout = cfg.model.get("dropout")
     _need(dropout is None or 0 <= dropout < 1, "model.dropout", dropout, "must be in [0, 1)")

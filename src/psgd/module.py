@@ -78,8 +78,7 @@ class Classifier(L.LightningModule):
 
     @override
     def on_train_epoch_start(self) -> None:
-        self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=False, on_epoch=True,
-                 rank_zero_only=True)
+        self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=False, on_epoch=True, sync_dist=True)
 
     @override
     def configure_optimizers(self):

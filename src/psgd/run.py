@@ -9,6 +9,7 @@ Layout of a run directory (Hydra's output dir):
 """
 
 import logging
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import pytorch_lightning as L
 import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.callbacks import ModelCheckpoint, TQDMProgressBar
 from pytorch_lightning.loggers import TensorBoardLogger
 from pytorch_lightning.strategies import DDPStrategy
 from torch import nn
@@ -64,8 +65,9 @@ def build_model(model_cfg: DictConfig, data_name: str) -> tuple[nn.Module, int]:
             net(torch.zeros(2, info.channels, size, size))
         net.train()
     except RuntimeError as e:
-        raise ConfigError(f"model={name} does not fit data={data_name} ({info.channels}x{size}x{size}): "
-                          f"{str(e).splitlines()[0]}") from e
+        raise ConfigError(
+            f"model={name} does not fit data={data_name} ({info.channels}x{size}x{size}): {str(e).splitlines()[0]}"
+        ) from e
     return net, size
 
 
@@ -114,6 +116,18 @@ def write_tensorboard_summary(log_dir: Path, cfg: DictConfig, metrics: dict[str,
         writer.close()
 
 
+@contextmanager
+def _quiet_lightning_banner():
+    """The second (test) Trainer would repeat the 'GPU available' lines already printed for fit."""
+    log = logging.getLogger("pytorch_lightning.utilities.rank_zero")
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def resolve_ckpt_path(value: str | None) -> str | None:
     if value is None:
         return None
@@ -137,15 +151,28 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     net, image_size = build_model(cfg.model, cfg.data.name)
 
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-    datamodule = ClassificationData(**data_cfg, image_size=image_size, seed=cfg.seed, lockstep=True,
-                                    channels_last=cfg.channels_last, record_shards=cfg.record_shards)
+    datamodule = ClassificationData(
+        **data_cfg,
+        image_size=image_size,
+        seed=cfg.seed,
+        lockstep=True,
+        channels_last=cfg.channels_last,
+        record_shards=cfg.record_shards,
+    )
     datamodule.prepare_data()  # a missing dataset fails here, before any worker starts
 
     t = cfg.trainer
     lr = scaled_lr(cfg.optimizer.lr, plan.workers * t.num_nodes, cfg.lr_scaling)
-    module = Classifier(net, instantiate(cfg.optimizer), lr=lr, workers=plan.workers, max_epochs=t.max_epochs,
-                        scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True), num_classes=INFO[cfg.data.name].num_classes,
-                        channels_last=cfg.channels_last)
+    module = Classifier(
+        net,
+        instantiate(cfg.optimizer),
+        lr=lr,
+        workers=plan.workers,
+        max_epochs=t.max_epochs,
+        scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True),
+        num_classes=INFO[cfg.data.name].num_classes,
+        channels_last=cfg.channels_last,
+    )
     world_size = plan.workers * t.num_nodes
     run_info = {
         "strategy": cfg.strategy.name,
@@ -174,10 +201,12 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         callbacks.append(TargetAccuracyStop(es.target_acc, es.patience))
     if cfg.record_shards:
         callbacks.append(ShardRecorder(str(run_dir)))
+    quiet = bool(cfg.get("quiet"))
+    if not quiet:
+        callbacks.append(TQDMProgressBar(refresh_rate=10))  # redrawing every step costs throughput
     logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
     trainer_kwargs = {k: v for k, v in OmegaConf.to_container(t, resolve=True).items() if v is not None}
     trainer_kwargs.update(accelerator=plan.accelerator, devices=plan.workers)
-    quiet = bool(cfg.get("quiet"))
     trainer = L.Trainer(
         **trainer_kwargs,
         strategy=build_strategy(cfg, plan),
@@ -190,12 +219,20 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
 
     # Test the final weights here, on one device: the workers have exited (spawn) or are this process.
-    test_trainer = L.Trainer(
-        accelerator=plan.accelerator, devices=1, logger=False, callbacks=[WorkerThreads(cpu_count())],
-        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-        fast_dev_run=t.fast_dev_run, precision=t.precision,
-        limit_test_batches=t.limit_test_batches if t.get("limit_test_batches") is not None else 1.0,
-    )
+    limits = {"limit_test_batches": t.limit_test_batches} if t.get("limit_test_batches") is not None else {}
+    with _quiet_lightning_banner():
+        test_trainer = L.Trainer(
+            accelerator=plan.accelerator,
+            devices=1,
+            logger=False,
+            callbacks=[WorkerThreads(cpu_count())],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            fast_dev_run=t.fast_dev_run,
+            precision=t.precision,
+            **limits,
+        )
     (tested,) = test_trainer.test(module, datamodule=datamodule, verbose=False)
 
     record_path = run_dir / "metrics.json"

@@ -1,7 +1,6 @@
 """Bad input through train.py: one clear line, a non-zero exit, no traceback and no result dir."""
 
 import pytest
-
 from conftest import run_cli
 
 CASES = [
@@ -37,8 +36,9 @@ def test_unknown_model_lists_the_choices(tiny_data, tmp_path):
 
 def test_missing_dataset_names_the_path_and_the_fix(tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_cli("train.py", f"data.root={tmp_path / 'empty'}", "data.download=false",
-                   f"hydra.run.dir={run_dir}", timeout=120)
+    proc = run_cli(
+        "train.py", f"data.root={tmp_path / 'empty'}", "data.download=false", f"hydra.run.dir={run_dir}", timeout=120
+    )
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and str(tmp_path / "empty") in lines[0] and "PSGD_DATA" in lines[0], proc.stderr

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from conftest import run_cli
 from helpers import metrics, scalars, tensorboard
 
@@ -14,9 +13,18 @@ TINY = ["quiet=true", "data.batch_size=32", "data.eval_batch_size=64", "record_s
 @pytest.fixture(scope="module")
 def ddp2(tiny_data, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ddp2") / "run"
-    proc = run_cli("train.py", "strategy=ddp", "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=3",
-                   "lr_scaling=linear", "scheduler=warmup", "scheduler.warmup_epochs=2",
-                   f"hydra.run.dir={run_dir}", *TINY)
+    proc = run_cli(
+        "train.py",
+        "strategy=ddp",
+        "workers=2",
+        f"data.root={tiny_data}",
+        "trainer.max_epochs=3",
+        "lr_scaling=linear",
+        "scheduler=warmup",
+        "scheduler.warmup_epochs=2",
+        f"hydra.run.dir={run_dir}",
+        *TINY,
+    )
     assert proc.returncode == 0, proc.stderr
     return run_dir
 
@@ -55,8 +63,15 @@ def test_two_worker_metrics_and_tensorboard(ddp2):
 
 def test_four_processes_via_trainer_devices(tiny_data, tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_cli("train.py", "strategy=ddp", "trainer.devices=4", f"data.root={tiny_data}",
-                   "trainer.max_epochs=1", f"hydra.run.dir={run_dir}", *TINY)
+    proc = run_cli(
+        "train.py",
+        "strategy=ddp",
+        "trainer.devices=4",
+        f"data.root={tiny_data}",
+        "trainer.max_epochs=1",
+        f"hydra.run.dir={run_dir}",
+        *TINY,
+    )
     assert proc.returncode == 0, proc.stderr
     m = metrics(run_dir)
     assert (m["world_size"], m["threads_per_worker"]) == (4, max(1, m["threads_per_worker"]))
@@ -65,8 +80,17 @@ def test_four_processes_via_trainer_devices(tiny_data, tmp_path):
 
 def test_uneven_sizes_partition_runs_in_lockstep_without_hanging(tiny_data, tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_cli("train.py", "workers=2", "data.partition=sizes", "data.partition_sizes=[0.7,0.3]",
-                   f"data.root={tiny_data}", "trainer.max_epochs=1", f"hydra.run.dir={run_dir}", *TINY, timeout=180)
+    proc = run_cli(
+        "train.py",
+        "workers=2",
+        "data.partition=sizes",
+        "data.partition_sizes=[0.7,0.3]",
+        f"data.root={tiny_data}",
+        "trainer.max_epochs=1",
+        f"hydra.run.dir={run_dir}",
+        *TINY,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr
     big, small = shards(run_dir, 0, 2)
     # the 0.3 shard (154 samples) allows 5 batches of 32; the 0.7 worker takes the same 5 steps

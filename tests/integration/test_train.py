@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-
 from conftest import compose_cfg, run_cli
 from helpers import metrics, scalars, tensorboard, training_data
+
 from psgd.run import train
 
 TINY = ["quiet=true", "data.batch_size=32", "data.eval_batch_size=64"]
@@ -48,13 +48,23 @@ def test_tensorboard_events_hold_curves_hparams_and_test_metrics(single_run):
     run_dir, _ = single_run
     acc = tensorboard(run_dir)
     tags = set(acc.Tags()["scalars"])
-    for tag in ("train/loss", "train/acc", "val/loss", "val/acc", "time/epoch_s", "time/samples_per_s",
-                "time/cumulative_s", "lr", "test/acc", "test/loss"):
+    for tag in (
+        "train/loss",
+        "train/acc",
+        "val/loss",
+        "val/acc",
+        "time/epoch_s",
+        "time/samples_per_s",
+        "time/cumulative_s",
+        "lr",
+        "test/acc",
+        "test/loss",
+    ):
         assert tag in tags, tag
     m = metrics(run_dir)
     assert scalars(acc, "val/acc") == pytest.approx([h["val_acc"] for h in m["history"]], abs=1e-6)
     assert scalars(acc, "test/acc") == pytest.approx([m["test_acc"]], abs=1e-6)
-    assert scalars(acc, "lr") == pytest.approx([0.05] * 3)
+    assert scalars(acc, "lr") == pytest.approx([0.05, 0.0375, 0.0125])  # the default cosine decay, 3 epochs
     plugins = acc.PluginTagToContent("hparams")
     assert "_hparams_/session_start_info" in plugins and "_hparams_/experiment" in plugins
     assert b"optimizer.lr" in plugins["_hparams_/session_start_info"]
@@ -73,8 +83,15 @@ def test_same_seed_gives_the_same_weights_and_another_seed_does_not(tiny_data, t
 
 def test_early_stop_after_patience_epochs_at_target(tiny_data, tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_cli("train.py", f"data.root={tiny_data}", "trainer.max_epochs=30", "early_stop.target_acc=0.3",
-                   "early_stop.patience=2", f"hydra.run.dir={run_dir}", *TINY)
+    proc = run_cli(
+        "train.py",
+        f"data.root={tiny_data}",
+        "trainer.max_epochs=30",
+        "early_stop.target_acc=0.3",
+        "early_stop.patience=2",
+        f"hydra.run.dir={run_dir}",
+        *TINY,
+    )
     assert proc.returncode == 0, proc.stderr
     m = metrics(run_dir)
     accs = [h["val_acc"] for h in m["history"]]
@@ -86,16 +103,28 @@ def test_early_stop_after_patience_epochs_at_target(tiny_data, tmp_path):
     assert m["epochs"] == stop + 1 < 30
 
 
-@pytest.mark.parametrize("overrides", [
-    ["model=wide_resnet", "data=fashion_mnist", "optimizer=novograd", "scheduler=warmup"],
-    ["model=wide_resnet", "data=cifar10", "data.verify_md5=false", "data.augment=cifar"],
-    ["model=singa_cnn", "data.augment=pad_crop_flip", "optimizer=adam"],
-    ["model=mlp", "scheduler=cosine"],
-], ids=["wide_resnet-fashion", "wide_resnet-cifar10", "singa", "mlp"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model=wide_resnet", "data=fashion_mnist", "optimizer=novograd", "scheduler=warmup"],
+        ["model=wide_resnet", "data=cifar10", "data.verify_md5=false", "data.augment=cifar"],
+        ["model=singa_cnn", "data.augment=pad_crop_flip", "optimizer=adam"],
+        ["model=mlp", "scheduler=cosine"],
+    ],
+    ids=["wide_resnet-fashion", "wide_resnet-cifar10", "singa", "mlp"],
+)
 def test_models_and_datasets_run_with_fast_dev_run(tiny_data, tmp_path, overrides):
     run_dir = tmp_path / "run"
-    proc = run_cli("train.py", f"data.root={tiny_data}", "trainer.fast_dev_run=true", "data.batch_size=8",
-                   "data.eval_batch_size=8", "quiet=true", f"hydra.run.dir={run_dir}", *overrides)
+    proc = run_cli(
+        "train.py",
+        f"data.root={tiny_data}",
+        "trainer.fast_dev_run=true",
+        "data.batch_size=8",
+        "data.eval_batch_size=8",
+        "quiet=true",
+        f"hydra.run.dir={run_dir}",
+        *overrides,
+    )
     assert proc.returncode == 0, proc.stderr
     m = metrics(run_dir)
     assert m["status"] == "completed" and m["epochs"] == 1 and 0 <= m["test_acc"] <= 1

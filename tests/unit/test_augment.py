@@ -24,8 +24,13 @@ def test_pad_crop_flip_crops_shifted_windows_of_the_padded_image():
     padded = torch.nn.functional.pad(x, (4, 4, 4, 4))
     offsets = set()
     for i in range(len(x)):
-        found = [(dy, dx) for dy in range(9) for dx in range(9)
-                 for cand in (y[i], y[i].flip(-1)) if torch.equal(cand, padded[i, :, dy:dy + 28, dx:dx + 28])]
+        found = [
+            (dy, dx)
+            for dy in range(9)
+            for dx in range(9)
+            for cand in (y[i], y[i].flip(-1))
+            if torch.equal(cand, padded[i, :, dy : dy + 28, dx : dx + 28])
+        ]
         assert found, f"sample {i} is not a crop of its padded image"
         offsets.add(found[0])
     assert len(offsets) > 5  # random per sample, not one crop for the whole batch

@@ -1,7 +1,7 @@
 import pytest
+from conftest import CONF, compose_cfg
 from omegaconf import OmegaConf
 
-from conftest import CONF, compose_cfg
 from psgd.config import ConfigError, check
 from psgd.run import build_model
 
@@ -85,9 +85,17 @@ def test_model_data_pairings_that_cannot_work_are_config_errors(model, data):
         build_model(cfg.model, cfg.data.name)
 
 
-@pytest.mark.parametrize("model,data,size", [("lab_cnn", "mnist", 32), ("lab_cnn", "cifar10", 32),
-                                             ("singa_cnn", "fashion_mnist", 28), ("wide_resnet", "cifar10", 32),
-                                             ("wide_resnet", "mnist", 28), ("mlp", "mnist", 28)])
+@pytest.mark.parametrize(
+    "model,data,size",
+    [
+        ("lab_cnn", "mnist", 32),
+        ("lab_cnn", "cifar10", 32),
+        ("singa_cnn", "fashion_mnist", 28),
+        ("wide_resnet", "cifar10", 32),
+        ("wide_resnet", "mnist", 28),
+        ("mlp", "mnist", 28),
+    ],
+)
 def test_pairings_that_work_give_the_input_size(model, data, size):
     cfg = compose_cfg(f"model={model}", f"data={data}")
     assert build_model(cfg.model, cfg.data.name)[1] == size

@@ -4,8 +4,8 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import SHARED_DATA, make_cifar_like, make_mnist_like
+
 from psgd.data import ClassificationData, DataError, load_split
 from psgd.data.datamodule import resize
 

@@ -18,8 +18,17 @@ def block(i: int, o: int, scale: bool) -> int:
 
 
 def wide_resnet_params(c: int) -> int:
-    return (cbr(c, 16) + block(16, 160, True) + block(160, 160, False) + block(160, 320, True)
-            + block(320, 320, False) + block(320, 640, True) + block(640, 640, False) + 640 * 10 + 10)
+    return (
+        cbr(c, 16)
+        + block(16, 160, True)
+        + block(160, 160, False)
+        + block(160, 320, True)
+        + block(320, 320, False)
+        + block(320, 640, True)
+        + block(640, 640, False)
+        + 640 * 10
+        + 10
+    )
 
 
 @pytest.mark.parametrize("channels", [1, 3])
@@ -35,8 +44,24 @@ def test_lab_cnn_shape_and_parameter_count(channels):
 
 def test_lab_cnn_layer_order_is_the_labs():
     kinds = [type(m).__name__ for m in LabCNN().features] + [type(m).__name__ for m in LabCNN().classifier]
-    assert kinds == ["Conv2d", "Identity", "MaxPool2d", "ReLU", "Conv2d", "Identity", "MaxPool2d", "ReLU",
-                     "Dropout", "MaxPool2d", "Flatten", "Linear", "ReLU", "Linear", "Linear", "LogSoftmax"]
+    assert kinds == [
+        "Conv2d",
+        "Identity",
+        "MaxPool2d",
+        "ReLU",
+        "Conv2d",
+        "Identity",
+        "MaxPool2d",
+        "ReLU",
+        "Dropout",
+        "MaxPool2d",
+        "Flatten",
+        "Linear",
+        "ReLU",
+        "Linear",
+        "Linear",
+        "LogSoftmax",
+    ]
     assert LabCNN().features[8].p == 0.4
     assert LabCNN(dropout=0.1).features[8].p == 0.1
 

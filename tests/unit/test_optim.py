@@ -48,8 +48,9 @@ def test_warmup_then_cosine_decays_to_zero_at_max_epochs():
 
 def test_step_decay_and_explicit_start_factor():
     opt = sgd(1.0)
-    sched = build_scheduler(opt, workers=8, max_epochs=10, warmup_epochs=1, start_factor=0.5, decay="step",
-                            step_size=2, gamma=0.1)
+    sched = build_scheduler(
+        opt, workers=8, max_epochs=10, warmup_epochs=1, start_factor=0.5, decay="step", step_size=2, gamma=0.1
+    )
     assert lrs_per_epoch(sched, opt, 5) == pytest.approx([0.5, 1.0, 1.0, 0.1, 0.1])
 
 

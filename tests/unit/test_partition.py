@@ -11,18 +11,21 @@ def as_sets(shards):
     return [set(s.tolist()) for s in shards]
 
 
-@pytest.mark.parametrize("scheme,kwargs", [("iid", {}), ("sizes", {"sizes": [0.5, 0.2, 0.3]}),
-                                           ("by_label", {}), ("dirichlet", {"alpha": 0.5})])
+@pytest.mark.parametrize(
+    "scheme,kwargs",
+    [("iid", {}), ("sizes", {"sizes": [0.5, 0.2, 0.3]}), ("by_label", {}), ("dirichlet", {"alpha": 0.5})],
+)
 def test_every_scheme_gives_disjoint_shards_covering_the_data(scheme, kwargs):
     shards = partition(LABELS[:999], 3, scheme, seed=4, epoch=2, **kwargs)
     sets = as_sets(shards)
     assert sum(len(s) for s in shards) == 999
     assert set().union(*sets) == set(range(999))
-    assert all(len(a & b) == 0 for i, a in enumerate(sets) for b in sets[i + 1:])
+    assert all(len(a & b) == 0 for i, a in enumerate(sets) for b in sets[i + 1 :])
 
 
-@pytest.mark.parametrize("scheme,kwargs", [("iid", {}), ("sizes", {"sizes": [0.7, 0.3]}), ("by_label", {}),
-                                           ("dirichlet", {"alpha": 1.0})])
+@pytest.mark.parametrize(
+    "scheme,kwargs", [("iid", {}), ("sizes", {"sizes": [0.7, 0.3]}), ("by_label", {}), ("dirichlet", {"alpha": 1.0})]
+)
 def test_partition_is_a_pure_function_reshuffled_every_epoch(scheme, kwargs):
     a = partition(LABELS, 2, scheme, seed=1, epoch=0, **kwargs)
     b = partition(LABELS, 2, scheme, seed=1, epoch=0, **kwargs)
@@ -31,6 +34,18 @@ def test_partition_is_a_pure_function_reshuffled_every_epoch(scheme, kwargs):
     assert not all(torch.equal(x, y) for x, y in zip(a, c))  # a new order each epoch
     if scheme != "iid":  # fixed membership, new order
         assert as_sets(a) == as_sets(c)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_iid_is_torchs_distributed_sampler(workers):
+    from torch.utils.data import DistributedSampler
+
+    for epoch in (0, 3):
+        shards = partition(LABELS, workers, "iid", seed=11, epoch=epoch)
+        for rank in range(workers):
+            reference = DistributedSampler(range(1000), num_replicas=workers, rank=rank, shuffle=True, seed=11)
+            reference.set_epoch(epoch)
+            assert shards[rank].tolist() == list(reference)
 
 
 def test_iid_follows_distributed_sampler_striding_and_changes_membership():
@@ -70,8 +85,9 @@ def test_dirichlet_rejects_alpha_that_leaves_a_worker_empty():
 def test_lockstep_sampler_gives_every_worker_the_same_number_of_steps():
     samplers = [ShardSampler(LABELS, 2, r, batch_size=64, scheme="sizes", sizes=[0.7, 0.3]) for r in range(2)]
     assert [len(s) for s in samplers] == [5, 5]  # ceil(300/64) = 5 steps for both, not 11 and 5
-    free = [ShardSampler(LABELS, 2, r, batch_size=64, scheme="sizes", sizes=[0.7, 0.3], lockstep=False)
-            for r in range(2)]
+    free = [
+        ShardSampler(LABELS, 2, r, batch_size=64, scheme="sizes", sizes=[0.7, 0.3], lockstep=False) for r in range(2)
+    ]
     assert [len(s) for s in free] == [11, 5]
     batches = list(samplers[0])
     assert len(batches) == 5 and all(len(b) == 64 for b in batches)
