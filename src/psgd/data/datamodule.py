@@ -1,0 +1,222 @@
+"""The LightningDataModule: tensors decoded once, batches made by indexing, shards by `partition`."""
+
+from collections.abc import Callable, Iterator, Sequence
+
+import pytorch_lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from psgd.data.augment import PRESETS
+from psgd.data.datasets import INFO, load_split
+from psgd.data.partition import HOLDOUT, generator, num_batches, partition
+
+
+class ShardSampler:
+    """Index batches of one worker's shard for the current epoch.
+
+    ``lockstep`` makes every worker take the same number of steps (the fewest any worker's shard
+    allows), which synchronous DDP needs: a worker with an extra step would wait forever in an
+    all-reduce the others never join. The surplus of larger shards is skipped that epoch; shards are
+    reshuffled every epoch, so it is different samples each time.
+    """
+
+    def __init__(
+        self,
+        labels: Tensor,
+        workers: int,
+        rank: int,
+        batch_size: int,
+        scheme: str = "iid",
+        seed: int = 0,
+        sizes: Sequence[float] | None = None,
+        alpha: float | None = None,
+        num_classes: int | None = None,
+        lockstep: bool = True,
+        drop_last: bool = False,
+    ):
+        self.labels, self.workers, self.rank, self.batch_size = labels, workers, rank, batch_size
+        self.scheme, self.seed, self.sizes, self.alpha, self.num_classes = scheme, seed, sizes, alpha, num_classes
+        self.lockstep, self.drop_last = lockstep, drop_last
+        self.epoch = 0
+        self._cache: tuple[int, list[Tensor]] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def shards(self) -> list[Tensor]:
+        """Every worker's shard this epoch (computed locally: a pure function, no communication)."""
+        if self._cache is None or self._cache[0] != self.epoch:
+            shards = partition(
+                self.labels, self.workers, self.scheme, self.seed, self.epoch, self.sizes, self.alpha, self.num_classes
+            )
+            self._cache = (self.epoch, shards)
+        return self._cache[1]
+
+    def __len__(self) -> int:
+        counts = [num_batches(len(s), self.batch_size, self.drop_last) for s in self.shards()]
+        return min(counts) if self.lockstep else counts[self.rank]
+
+    def __iter__(self) -> Iterator[Tensor]:
+        mine = self.shards()[self.rank]
+        for i in range(len(self)):
+            yield mine[i * self.batch_size : (i + 1) * self.batch_size]
+
+
+class EvalSampler:
+    """This worker's strided share of an evaluation set, cut into the same number of batches on every
+    worker (so nothing collective can ever wait on a worker with one batch more)."""
+
+    def __init__(self, n: int, workers: int, rank: int, batch_size: int):
+        self.indices = torch.arange(rank, n, workers)
+        largest = len(range(0, n, workers))
+        self.steps = max(1, -(-largest // batch_size))
+
+    def set_epoch(self, epoch: int) -> None:  # evaluation order never changes
+        pass
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[Tensor]:
+        yield from torch.tensor_split(self.indices, self.steps)
+
+
+class BatchTransform:
+    """uint8 batch -> float in [0,1] -> optional augmentation -> per-channel normalisation."""
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float], augment: Callable[[Tensor], Tensor] | None = None,
+                 channels_last: bool = False):
+        self.mean = torch.tensor(mean).view(1, -1, 1, 1)
+        self.std = torch.tensor(std).view(1, -1, 1, 1)
+        self.augment, self.channels_last = augment, channels_last
+
+    def __call__(self, images: Tensor) -> Tensor:
+        x = images.float().div_(255)
+        if self.augment is not None:
+            x = self.augment(x)
+        x = x.sub_(self.mean).div_(self.std)
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+
+class TensorLoader:
+    """Yields (images, labels) batches by indexing in-memory tensors; Lightning drives `sampler.set_epoch`."""
+
+    batch_sampler = None  # Lightning inspects DataLoader-like attributes; the sampler yields whole batches
+
+    def __init__(self, images: Tensor, labels: Tensor, sampler, transform: BatchTransform, record: bool = False):
+        self.images, self.labels, self.sampler, self.transform = images, labels, sampler, transform
+        self.record = record
+        self.seen: list[Tensor] = []  # with `record`: the index batches handed out this epoch
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        self.seen = []
+        for idx in self.sampler:
+            if self.record:
+                self.seen.append(idx)
+            yield self.transform(self.images[idx]), self.labels[idx]
+
+
+def resize(images: Tensor, size: int) -> Tensor:
+    """Bilinear resize of a whole uint8 image tensor, done once at load time."""
+    if images.shape[-1] == size and images.shape[-2] == size:
+        return images
+    out = F.interpolate(images.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+    return out.round_().clamp_(0, 255).to(torch.uint8)
+
+
+class ClassificationData(L.LightningDataModule):
+    """MNIST / FashionMNIST / CIFAR10 sharded over workers; validates on the test split unless
+    `val_split` holds out part of the training set."""
+
+    def __init__(
+        self,
+        name: str = "mnist",
+        root: str = "data",
+        batch_size: int = 128,
+        eval_batch_size: int = 1000,
+        image_size: int | None = None,
+        partition: str = "iid",
+        partition_sizes: Sequence[float] | None = None,
+        dirichlet_alpha: float | None = None,
+        augment: str = "none",
+        val_split: float = 0.0,
+        seed: int = 0,
+        download: bool = True,
+        verify_md5: bool = True,
+        lockstep: bool = True,
+        drop_last: bool = False,
+        channels_last: bool = False,
+        record_shards: bool = False,
+    ):
+        super().__init__()
+        self.name, self.root, self.download, self.verify_md5 = name, root, download, verify_md5
+        self.info = INFO[name]
+        self.image_size = image_size or self.info.size
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.scheme, self.sizes, self.alpha = partition, partition_sizes, dirichlet_alpha
+        self.augment, self.val_split, self.seed = augment, val_split, seed
+        self.lockstep, self.drop_last, self.channels_last = lockstep, drop_last, channels_last
+        self.record_shards = record_shards
+        self.train_set: tuple[Tensor, Tensor] | None = None
+        self.val_set: tuple[Tensor, Tensor] | None = None
+        self.test_set: tuple[Tensor, Tensor] | None = None
+
+    def prepare_data(self) -> None:
+        """Download if needed (rank 0 only, by Lightning's rules); also called before workers start."""
+        for train in (True, False):
+            load_split(self.name, self.root, train, self.download, self.verify_md5)
+
+    def _load(self, train: bool) -> tuple[Tensor, Tensor]:
+        images, labels = load_split(self.name, self.root, train, download=False, verify_md5=self.verify_md5)
+        return resize(images, self.image_size), labels
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.test_set is None:
+            self.test_set = self._load(train=False)
+        if stage in ("fit", "validate", None) and self.train_set is None:
+            images, labels = self._load(train=True)
+            if self.val_split > 0:
+                perm = torch.randperm(len(labels), generator=generator(self.seed, HOLDOUT))
+                n_val = int(round(self.val_split * len(labels)))
+                self.val_set = (images[perm[:n_val]], labels[perm[:n_val]])
+                keep = perm[n_val:].sort().values
+                images, labels = images[keep], labels[keep]
+            else:
+                self.val_set = self.test_set
+            self.train_set = (images, labels)
+
+    def _world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+
+    def _transform(self, train: bool) -> BatchTransform:
+        augment = PRESETS[self.augment] if train else None
+        return BatchTransform(self.info.mean, self.info.std, augment, self.channels_last)
+
+    def train_sampler(self, workers: int, rank: int) -> ShardSampler:
+        return ShardSampler(
+            self.train_set[1], workers, rank, self.batch_size, self.scheme, self.seed, self.sizes, self.alpha,
+            self.info.num_classes, self.lockstep, self.drop_last,
+        )
+
+    def train_dataloader(self) -> TensorLoader:
+        workers, rank = self._world()
+        images, labels = self.train_set
+        return TensorLoader(images, labels, self.train_sampler(workers, rank), self._transform(train=True),
+                            record=self.record_shards)
+
+    def _eval_loader(self, split: tuple[Tensor, Tensor]) -> TensorLoader:
+        workers, rank = self._world()
+        images, labels = split
+        sampler = EvalSampler(len(labels), workers, rank, self.eval_batch_size)
+        return TensorLoader(images, labels, sampler, self._transform(train=False))
+
+    def val_dataloader(self) -> TensorLoader:
+        return self._eval_loader(self.val_set)
+
+    def test_dataloader(self) -> TensorLoader:
+        return self._eval_loader(self.test_set)

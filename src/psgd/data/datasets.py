@@ -1,0 +1,145 @@
+"""MNIST, FashionMNIST and CIFAR10 through torchvision's dataset classes, decoded once into tensors.
+
+torchvision's own download code is kept. Two departures, both for files that are already there:
+the MNIST family reads the downloaded ``.gz`` files directly instead of extracting copies beside
+them (so a read-only data folder works), and CIFAR10's md5 check can be turned off for locally
+made copies in CIFAR's format (``data.verify_md5=false``).
+"""
+
+import gzip
+import os
+from dataclasses import dataclass
+from urllib.error import URLError
+
+import numpy as np
+import torch
+from torch import Tensor
+from torchvision import datasets as tvd
+
+
+class DataError(RuntimeError):
+    """A dataset that is missing, truncated or corrupted; the message is one line with the fix."""
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    channels: int
+    size: int
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+INFO = {
+    "mnist": DatasetInfo(1, 28, 10, (0.1307,), (0.3081,)),
+    "fashion_mnist": DatasetInfo(1, 28, 10, (0.2860,), (0.3530,)),
+    "cifar10": DatasetInfo(3, 32, 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+}
+
+
+def read_idx(path: str) -> np.ndarray:
+    """Parse an IDX (LeCun) uint8 file, gzipped or not; a damaged file is a one-line DataError."""
+    try:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+        raise DataError(f"cannot read {path}: {e} (file truncated or corrupted: delete it and download again)") from e
+    if len(data) < 8 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
+        raise DataError(f"{path} is not an IDX uint8 file (corrupted? delete it and download again)")
+    ndim = data[3]
+    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    offset = 4 + 4 * ndim
+    if len(data) - offset != int(np.prod(dims)):
+        raise DataError(
+            f"{path} holds {len(data) - offset} bytes of data, expected {int(np.prod(dims))} for shape {dims} "
+            "(file truncated: delete it and download again)"
+        )
+    return np.frombuffer(data, dtype=np.uint8, offset=offset).reshape(dims)
+
+
+class _ReadsGzip:
+    """MNIST-family mixin: accept and read the downloaded .gz files without extracting them."""
+
+    folder: str
+
+    @property
+    def raw_folder(self) -> str:
+        return os.path.join(self.root, self.folder, "raw")
+
+    def _path(self, stem: str) -> str:
+        plain = os.path.join(self.raw_folder, stem)
+        return plain if os.path.exists(plain) else plain + ".gz"
+
+    def _check_exists(self) -> bool:
+        return all(os.path.exists(self._path(os.path.splitext(name)[0])) for name, _ in self.resources)
+
+    def _load_data(self) -> tuple[Tensor, Tensor]:
+        prefix = "train" if self.train else "t10k"
+        images = read_idx(self._path(f"{prefix}-images-idx3-ubyte"))
+        labels = read_idx(self._path(f"{prefix}-labels-idx1-ubyte"))
+        if len(images) != len(labels):
+            raise DataError(f"{self.raw_folder}: {len(images)} images but {len(labels)} labels")
+        return torch.from_numpy(images.copy()), torch.from_numpy(labels.astype(np.int64))
+
+
+class MNIST(_ReadsGzip, tvd.MNIST):
+    folder = "MNIST"
+
+
+class FashionMNIST(_ReadsGzip, tvd.FashionMNIST):
+    folder = "FashionMNIST"
+
+
+class CIFAR10(tvd.CIFAR10):
+    """torchvision's CIFAR10 whose md5 check can be skipped for locally made copies."""
+
+    def __init__(self, *args, verify_md5: bool = True, **kwargs):
+        self.verify_md5 = verify_md5
+        super().__init__(*args, **kwargs)
+
+    def _check_integrity(self) -> bool:
+        if self.verify_md5:
+            return super()._check_integrity()
+        folder = os.path.join(self.root, self.base_folder)
+        return all(os.path.exists(os.path.join(folder, name)) for name, _ in self.train_list + self.test_list)
+
+    def _load_meta(self) -> None:
+        if self.verify_md5:
+            return super()._load_meta()
+        import pickle
+
+        with open(os.path.join(self.root, self.base_folder, self.meta["filename"]), "rb") as f:
+            self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+
+
+_CLASSES = {"mnist": MNIST, "fashion_mnist": FashionMNIST, "cifar10": CIFAR10}
+
+
+def load_split(name: str, root: str, train: bool, download: bool = True, verify_md5: bool = True) -> tuple[Tensor, Tensor]:
+    """Decode one split into (uint8 images N x C x H x W, int64 labels N)."""
+    if name not in _CLASSES:
+        raise DataError(f"unknown dataset {name!r}; allowed: {', '.join(_CLASSES)}")
+    root = os.path.expanduser(str(root))
+    kwargs = {"verify_md5": verify_md5} if name == "cifar10" else {}
+    try:
+        ds = _CLASSES[name](root, train=train, download=download, **kwargs)
+    except DataError:
+        raise
+    except (RuntimeError, URLError, OSError) as e:
+        where = os.path.abspath(root)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(
+            f"dataset {name} not found or unreadable under {where} ({first}); set data.root=<dir> or "
+            f"PSGD_DATA=<dir> to where it lives, or run once with network access so it can be downloaded"
+        ) from e
+    except Exception as e:  # pickle/format errors from a damaged CIFAR batch
+        raise DataError(f"dataset {name} under {os.path.abspath(root)} is corrupted ({type(e).__name__}: {e})") from e
+    images = torch.as_tensor(np.asarray(ds.data))
+    if images.ndim == 3:  # MNIST family: N x H x W
+        images = images.unsqueeze(1)
+    else:  # CIFAR: N x H x W x C
+        images = images.permute(0, 3, 1, 2)
+    labels = torch.as_tensor(np.asarray(ds.targets), dtype=torch.int64)
+    return images.contiguous(), labels
