@@ -13,15 +13,18 @@ from typing_extensions import override
 from psgd.results import write_csv, write_json
 
 
-class WorkerThreads(Callback):
-    """Sets torch's intra-op threads in every worker process (speedup curves lie without it)."""
+class WorkerSetup(Callback):
+    """Per worker process: torch's intra-op threads (speedup curves lie without a fixed count) and the
+    random stream (dropout, augmentation), seeded with `seed + rank`, the same in-process or spawned."""
 
-    def __init__(self, threads: int):
-        self.threads = threads
+    def __init__(self, threads: int, seed: int | None = None):
+        self.threads, self.seed = threads, seed
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         torch.set_num_threads(self.threads)
+        if self.seed is not None and stage == "fit":
+            L.seed_everything(self.seed + trainer.global_rank, workers=True, verbose=False)
 
 
 class ShardRecorder(Callback):
@@ -92,6 +95,7 @@ class RunRecorder(Callback):
         self.out_dir = Path(out_dir)
         self.run_info, self.target_acc = run_info, target_acc
         self.history: list[dict[str, Any]] = []
+        self.strategy_report: dict[str, Any] = {}
         self.cumulative_s = 0.0
         self.time_to_target_s: float | None = None
         self.epoch_to_target: int | None = None
@@ -159,7 +163,9 @@ class RunRecorder(Callback):
             self._write("running")
 
     @override
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # after Strategy.on_train_end, so a strategy's final report (model averaging) is included
+        self.strategy_report = dict(getattr(trainer.strategy, "report", None) or {})
         if trainer.is_global_zero:
             self._write("trained")
 
@@ -175,8 +181,19 @@ class RunRecorder(Callback):
             "target_acc": self.target_acc,
             "time_to_target_s": None if self.time_to_target_s is None else round(self.time_to_target_s, 4),
             "epoch_to_target": self.epoch_to_target,
+            **self._averaging_summary(),
             "history": self.history,
         }
+
+    def _averaging_summary(self) -> dict[str, Any]:
+        report = dict(self.strategy_report)
+        if "averaged_val_acc" not in report:
+            return report
+        # the final val numbers are the averaged model's; the last epoch's are the replicas' mean
+        report["val_acc_before_averaging"] = self.history[-1]["val_acc"] if self.history else None
+        report["val_acc"] = report.pop("averaged_val_acc")
+        report["val_loss"] = report.pop("averaged_val_loss")
+        return report
 
     def _write(self, status: str) -> None:
         write_json(self.out_dir / "metrics.json", self.summary(status))

@@ -13,7 +13,7 @@ from psgd.data.partition import SCHEMES
 from psgd.optim import DECAYS, LR_SCALING
 from psgd.results import cpu_count
 
-STRATEGIES = ("ddp",)
+STRATEGIES = ("ddp", "model_averaging")
 
 
 class ConfigError(ValueError):
@@ -72,6 +72,20 @@ def check(cfg: DictConfig) -> Plan:
     t, d, opt, sch = cfg.trainer, cfg.data, cfg.optimizer, cfg.scheduler
 
     _need(cfg.strategy.name in STRATEGIES, "strategy", cfg.strategy.name, f"allowed: {', '.join(STRATEGIES)}")
+    if cfg.strategy.name == "model_averaging":
+        period = cfg.strategy.period
+        _need(
+            period is None or (_is_int(period) and period >= 1),
+            "strategy.period",
+            period,
+            "must be an integer >= 1 (average every that many steps), or null for only at the end",
+        )
+    _need(
+        _is_int(cfg.strategy.timeout_s) and cfg.strategy.timeout_s > 0,
+        "strategy.timeout_s",
+        cfg.strategy.timeout_s,
+        "must be an integer number of seconds > 0",
+    )
     _need(_is_int(t.num_nodes) and t.num_nodes >= 1, "trainer.num_nodes", t.num_nodes, "must be an integer >= 1")
     _need(_is_int(t.max_epochs) and t.max_epochs >= 1, "trainer.max_epochs", t.max_epochs, "must be an integer >= 1")
     _need(_is_int(cfg.seed) and cfg.seed >= 0, "seed", cfg.seed, "must be an integer >= 0")

@@ -28,6 +28,7 @@ class Classifier(L.LightningModule):
         scheduler: dict | None = None,
         num_classes: int = 10,
         channels_last: bool = False,
+        per_worker_metrics: bool = False,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["net", "optimizer"])
@@ -37,6 +38,11 @@ class Classifier(L.LightningModule):
         for stage in ("train", "val", "test"):
             setattr(self, f"{stage}_acc", MulticlassAccuracy(num_classes, average="micro", validate_args=False))
             setattr(self, f"{stage}_loss", MeanMetric())
+        if per_worker_metrics:  # replicas differ (model averaging): also keep each worker's own numbers
+            self.worker_val_acc = MulticlassAccuracy(
+                num_classes, average="micro", validate_args=False, sync_on_compute=False
+            )
+            self.worker_val_loss = MeanMetric(sync_on_compute=False)
 
     @override
     def forward(self, x: Tensor) -> Tensor:
@@ -60,6 +66,38 @@ class Classifier(L.LightningModule):
     @override
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._step(batch, "val")
+        if self.hparams.per_worker_metrics:
+            x, y = batch
+            out = self(x)
+            self.worker_val_acc.update(out, y)
+            self.worker_val_loss.update(F.cross_entropy(out, y), weight=len(y))
+
+    @override
+    def on_validation_epoch_end(self) -> None:
+        if not self.hparams.per_worker_metrics or self.trainer.sanity_checking:
+            return
+        mine = torch.stack([self.worker_val_acc.compute(), self.worker_val_loss.compute()]).to(torch.float64)
+        self.worker_val_acc.reset()
+        self.worker_val_loss.reset()
+        everyone = self.all_gather(mine).reshape(-1, 2)  # one row per worker, the same on every worker
+        for rank, (acc, loss) in enumerate(everyone.tolist()):
+            self.log(f"worker/{rank}/val_acc", acc, on_epoch=True, sync_dist=True)
+            self.log(f"worker/{rank}/val_loss", loss, on_epoch=True, sync_dist=True)
+
+    @torch.no_grad()
+    def evaluate(self, loader) -> tuple[float, float]:
+        """Accuracy and mean loss of this process's model over `loader` (no logging, no communication)."""
+        was_training = self.training
+        self.eval()
+        correct, loss_sum, n = 0, 0.0, 0
+        for x, y in loader:
+            x, y = x.to(self.device), y.to(self.device)
+            out = self(x)
+            loss_sum += F.cross_entropy(out, y, reduction="sum").item()
+            correct += (out.argmax(1) == y).sum().item()
+            n += len(y)
+        self.train(was_training)
+        return correct / max(n, 1), loss_sum / max(n, 1)
 
     @override
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:

@@ -25,13 +25,14 @@ from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
-from psgd.callbacks import RunRecorder, ShardRecorder, TargetAccuracyStop, WorkerThreads
+from psgd.callbacks import RunRecorder, ShardRecorder, TargetAccuracyStop, WorkerSetup
 from psgd.config import ConfigError, Plan, check
 from psgd.data import INFO, ClassificationData
 from psgd.data.datasets import DatasetInfo
 from psgd.module import Classifier
 from psgd.optim import scaled_lr
 from psgd.results import cpu_count, device_description, read_json, versions, write_json
+from psgd.strategies import ModelAveragingStrategy
 
 HPARAM_METRICS = ("test/acc", "test/loss", "val/acc", "val/loss", "time/samples_per_s", "time/cumulative_s")
 
@@ -71,17 +72,26 @@ def build_model(model_cfg: DictConfig, data_name: str) -> tuple[nn.Module, int]:
     return net, size
 
 
-def build_strategy(cfg: DictConfig, plan: Plan):
+def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path):
+    s = cfg.strategy
+    common = {
+        "process_group_backend": s.backend,  # None: gloo on CPU, nccl on GPU
+        "start_method": s.start_method,
+        "timeout": timedelta(seconds=s.timeout_s),
+    }
+    if s.name == "model_averaging":
+        return ModelAveragingStrategy(
+            period=s.period,
+            same_init=s.same_init,
+            average_buffers=s.average_buffers,
+            average_optimizer_state=s.average_optimizer_state,
+            seed=cfg.seed,
+            replica_dir=str(run_dir / "replicas") if s.save_replicas else None,
+            **common,
+        )
     if plan.workers == 1 and cfg.trainer.num_nodes == 1:
         return "auto"  # one process: no process group, nothing to all-reduce
-    s = cfg.strategy
-    return DDPStrategy(
-        process_group_backend=s.backend,  # None: gloo on CPU, nccl on GPU
-        start_method=s.start_method,
-        timeout=timedelta(seconds=s.timeout_s),
-        find_unused_parameters=s.find_unused_parameters,
-        gradient_as_bucket_view=True,
-    )
+    return DDPStrategy(**common, find_unused_parameters=s.find_unused_parameters, gradient_as_bucket_view=True)
 
 
 def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
@@ -150,14 +160,16 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # before the model: same seed, same init
     net, image_size = build_model(cfg.model, cfg.data.name)
 
+    synchronous = cfg.strategy.name == "ddp"
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
     datamodule = ClassificationData(
         **data_cfg,
         image_size=image_size,
         seed=cfg.seed,
-        lockstep=True,
         channels_last=cfg.channels_last,
         record_shards=cfg.record_shards,
+        lockstep=synchronous,  # DDP needs equal steps on every worker; averaging lets each run its own
+        shard_eval=synchronous,  # replicas that differ are each evaluated on the whole split
     )
     datamodule.prepare_data()  # a missing dataset fails here, before any worker starts
 
@@ -172,6 +184,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True),
         num_classes=INFO[cfg.data.name].num_classes,
         channels_last=cfg.channels_last,
+        per_worker_metrics=not synchronous,
     )
     world_size = plan.workers * t.num_nodes
     run_info = {
@@ -193,9 +206,15 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     }
     es = cfg.early_stop
     callbacks: list = [
-        WorkerThreads(plan.threads_per_worker),
+        WorkerSetup(plan.threads_per_worker, cfg.seed),
         RunRecorder(str(run_dir), run_info, es.target_acc),
-        ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0),
+        ModelCheckpoint(
+            dirpath=run_dir / "checkpoints",
+            filename="epoch{epoch}",
+            auto_insert_metric_name=False,
+            save_last=True,
+            save_top_k=-1 if cfg.checkpoint_every_epoch else 0,
+        ),
     ]
     if es.target_acc is not None:
         callbacks.append(TargetAccuracyStop(es.target_acc, es.patience))
@@ -209,7 +228,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     trainer_kwargs.update(accelerator=plan.accelerator, devices=plan.workers)
     trainer = L.Trainer(
         **trainer_kwargs,
-        strategy=build_strategy(cfg, plan),
+        strategy=build_strategy(cfg, plan, run_dir),
         callbacks=callbacks,
         logger=logger,
         use_distributed_sampler=False,  # the datamodule shards; Lightning must not shard a second time
@@ -225,7 +244,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
             accelerator=plan.accelerator,
             devices=1,
             logger=False,
-            callbacks=[WorkerThreads(cpu_count())],
+            callbacks=[WorkerSetup(cpu_count())],
             enable_progress_bar=False,
             enable_model_summary=False,
             enable_checkpointing=False,

@@ -53,8 +53,12 @@ class ShardSampler:
             self._cache = (self.epoch, shards)
         return self._cache[1]
 
+    def counts(self) -> list[int]:
+        """Batches each worker's shard holds this epoch."""
+        return [num_batches(len(s), self.batch_size, self.drop_last) for s in self.shards()]
+
     def __len__(self) -> int:
-        counts = [num_batches(len(s), self.batch_size, self.drop_last) for s in self.shards()]
+        counts = self.counts()
         return min(counts) if self.lockstep else counts[self.rank]
 
     def __iter__(self) -> Iterator[Tensor]:
@@ -85,8 +89,13 @@ class EvalSampler:
 class BatchTransform:
     """uint8 batch -> float in [0,1] -> optional augmentation -> per-channel normalisation."""
 
-    def __init__(self, mean: Sequence[float], std: Sequence[float], augment: Callable[[Tensor], Tensor] | None = None,
-                 channels_last: bool = False):
+    def __init__(
+        self,
+        mean: Sequence[float],
+        std: Sequence[float],
+        augment: Callable[[Tensor], Tensor] | None = None,
+        channels_last: bool = False,
+    ):
         self.mean = torch.tensor(mean).view(1, -1, 1, 1)
         self.std = torch.tensor(std).view(1, -1, 1, 1)
         self.augment, self.channels_last = augment, channels_last
@@ -151,6 +160,7 @@ class ClassificationData(L.LightningDataModule):
         drop_last: bool = False,
         channels_last: bool = False,
         record_shards: bool = False,
+        shard_eval: bool = True,
     ):
         super().__init__()
         self.name, self.root, self.download, self.verify_md5 = name, root, download, verify_md5
@@ -160,7 +170,7 @@ class ClassificationData(L.LightningDataModule):
         self.scheme, self.sizes, self.alpha = partition, partition_sizes, dirichlet_alpha
         self.augment, self.val_split, self.seed = augment, val_split, seed
         self.lockstep, self.drop_last, self.channels_last = lockstep, drop_last, channels_last
-        self.record_shards = record_shards
+        self.record_shards, self.shard_eval = record_shards, shard_eval
         self.train_set: tuple[Tensor, Tensor] | None = None
         self.val_set: tuple[Tensor, Tensor] | None = None
         self.test_set: tuple[Tensor, Tensor] | None = None
@@ -199,18 +209,30 @@ class ClassificationData(L.LightningDataModule):
 
     def train_sampler(self, workers: int, rank: int) -> ShardSampler:
         return ShardSampler(
-            self.train_set[1], workers, rank, self.batch_size, self.scheme, self.seed, self.sizes, self.alpha,
-            self.info.num_classes, self.lockstep, self.drop_last,
+            self.train_set[1],
+            workers,
+            rank,
+            self.batch_size,
+            self.scheme,
+            self.seed,
+            self.sizes,
+            self.alpha,
+            self.info.num_classes,
+            self.lockstep,
+            self.drop_last,
         )
 
     def train_dataloader(self) -> TensorLoader:
         workers, rank = self._world()
         images, labels = self.train_set
-        return TensorLoader(images, labels, self.train_sampler(workers, rank), self._transform(train=True),
-                            record=self.record_shards)
+        return TensorLoader(
+            images, labels, self.train_sampler(workers, rank), self._transform(train=True), record=self.record_shards
+        )
 
-    def _eval_loader(self, split: tuple[Tensor, Tensor]) -> TensorLoader:
-        workers, rank = self._world()
+    def _eval_loader(self, split: tuple[Tensor, Tensor], sharded: bool | None = None) -> TensorLoader:
+        """Each worker's share of `split`; or, unsharded (model averaging), all of it for every worker,
+        since each worker then evaluates a replica of its own."""
+        workers, rank = self._world() if (self.shard_eval if sharded is None else sharded) else (1, 0)
         images, labels = split
         sampler = EvalSampler(len(labels), workers, rank, self.eval_batch_size)
         return TensorLoader(images, labels, sampler, self._transform(train=False))
@@ -220,3 +242,7 @@ class ClassificationData(L.LightningDataModule):
 
     def test_dataloader(self) -> TensorLoader:
         return self._eval_loader(self.test_set)
+
+    def full_eval_loader(self, split: str) -> TensorLoader:
+        """The whole val or test split, for evaluating this process's model on its own."""
+        return self._eval_loader(self.val_set if split == "val" else self.test_set, sharded=False)

@@ -117,7 +117,9 @@ class CIFAR10(tvd.CIFAR10):
 _CLASSES = {"mnist": MNIST, "fashion_mnist": FashionMNIST, "cifar10": CIFAR10}
 
 
-def load_split(name: str, root: str, train: bool, download: bool = True, verify_md5: bool = True) -> tuple[Tensor, Tensor]:
+def load_split(
+    name: str, root: str, train: bool, download: bool = True, verify_md5: bool = True
+) -> tuple[Tensor, Tensor]:
     """Decode one split into (uint8 images N x C x H x W, int64 labels N)."""
     if name not in _CLASSES:
         raise DataError(f"unknown dataset {name!r}; allowed: {', '.join(_CLASSES)}")

@@ -1,0 +1,250 @@
+"""One-shot parameter averaging (Zinkevich et al., 2010, "Parallelized Stochastic Gradient Descent")
+and periodic averaging, a.k.a. local SGD (Stich, 2019; Lin et al., 2018).
+
+Every worker runs SGD on its own shard with no gradient communication. With ``period=None`` the
+replicas are averaged once, when training ends; with ``period=K`` also after every K optimizer steps.
+Averaged: all parameters; floating buffers such as BatchNorm statistics (``average_buffers``);
+optionally the optimizer's floating state, e.g. momentum or NovoGrad moments
+(``average_optimizer_state``). Integer buffers (``num_batches_tracked``) and step counters are kept.
+
+Uneven shards: workers take different numbers of steps per epoch. Averaging points within an epoch
+are the multiples of K up to the fewest steps any worker takes that epoch (every worker computes
+that number locally from the pure partition function), so no worker ever waits at an averaging
+point that another worker will not reach. All other communication is once per epoch.
+"""
+
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as L
+import torch
+import torch.distributed as dist
+from pytorch_lightning.strategies import DDPStrategy
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+from torch import Tensor, nn
+from typing_extensions import override
+
+
+def average_tensors(tensors: list[Tensor]) -> None:
+    """All-reduce-average tensors in place, in one flat buffer.
+
+    torch.distributed.algorithms.model_averaging.utils.average_parameters does the same but rebinds
+    ``p.data`` to a contiguous view, which silently drops a channels_last layout; ``copy_`` keeps it.
+    """
+    if not tensors:
+        return
+    flat = torch.cat(
+        [t.detach().reshape(-1).to(torch.float64 if t.dtype == torch.float64 else torch.float32) for t in tensors]
+    )
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for t in tensors:
+        t.detach().copy_(flat[offset : offset + t.numel()].view(t.shape))
+        offset += t.numel()
+
+
+def floating_buffers(module: nn.Module) -> list[Tensor]:
+    return [b for b in module.buffers() if b.is_floating_point()]
+
+
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[Tensor]:
+    """The floating per-parameter state (momentum, moments), in a fixed order on every worker."""
+    out = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            for key in sorted(state):
+                value = state[key]
+                if key != "step" and torch.is_tensor(value) and value.is_floating_point():
+                    out.append(value)
+    return out
+
+
+def _without_per_step_collectives(trainer: L.Trainer) -> None:
+    """Lightning (>= 2.5) broadcasts a SIGTERM flag from rank 0 before every training step. That is a
+    per-step collective: workers taking different numbers of steps (uneven shards) would deadlock in
+    it. Replace it, for this trainer's loop only, by the same check done locally."""
+    loop = trainer.fit_loop.epoch_loop
+    if not hasattr(loop, "_broadcast_sigterm_tensor"):
+        return
+
+    def local_sigterm_check() -> None:
+        if getattr(trainer, "received_sigterm", False):
+            raise SIGTERMException()
+
+    loop._broadcast_sigterm_tensor = local_sigterm_check
+
+
+class ModelAveragingStrategy(DDPStrategy):
+    """Independent SGD per worker; parameters averaged every `period` steps and at the end."""
+
+    strategy_name = "model_averaging"
+
+    def __init__(
+        self,
+        period: int | None = None,
+        same_init: bool = True,
+        average_buffers: bool = True,
+        average_optimizer_state: bool = False,
+        seed: int = 0,
+        replica_dir: str | None = None,
+        **ddp_kwargs: Any,
+    ):
+        super().__init__(**ddp_kwargs)
+        self.period, self.same_init, self.seed = period, same_init, seed
+        self.average_buffers, self.average_optimizer_state = average_buffers, average_optimizer_state
+        self.replica_dir = replica_dir
+        self.report: dict[str, Any] = {}
+        self._steps_in_epoch = 0
+        self._common_steps = 0
+        self._averaged = False  # True once the final averaging has made every replica equal
+
+    @property
+    @override
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True  # restore each worker's own replica after `setup` broadcast rank 0's initial weights
+
+    @override
+    def configure_ddp(self) -> None:
+        pass  # no DDP wrapper: the replicas must not all-reduce gradients
+
+    @override
+    def setup(self, trainer: L.Trainer) -> None:
+        super().setup(trainer)
+        _without_per_step_collectives(trainer)
+        net = self.lightning_module
+        if self.same_init:
+            for t in [*net.parameters(), *net.buffers()]:
+                dist.broadcast(t.data, src=0)  # one start for all replicas, whatever each process drew
+        else:  # independent initialisations, as the lab's naive experiment did
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.seed + 1 + self.global_rank)
+                for m in net.modules():
+                    if hasattr(m, "reset_parameters") and m is not net:
+                        m.reset_parameters()
+
+    # ---- averaging ---------------------------------------------------------------------------
+    def _average(self) -> None:
+        module = self.lightning_module
+        tensors = list(module.parameters())
+        if self.average_buffers:
+            tensors += floating_buffers(module)
+        if self.average_optimizer_state:
+            for opt in self.optimizers:
+                tensors += optimizer_state_tensors(opt)
+        average_tensors(tensors)
+
+    @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if batch_idx == 0:
+            self._steps_in_epoch = 0
+            self._common_steps = self._fewest_steps()
+        super().on_train_batch_start(batch, batch_idx)
+
+    def _fewest_steps(self) -> int:
+        """Optimizer steps the slowest-shard worker takes this epoch (computed locally, no communication)."""
+        trainer = self.lightning_module.trainer
+        sampler = getattr(trainer.train_dataloader, "sampler", None)
+        counts = sampler.counts() if hasattr(sampler, "counts") else [trainer.num_training_batches]
+        limit = trainer.limit_train_batches
+        if isinstance(limit, int):
+            counts = [min(c, limit) for c in counts]
+        elif limit is not None and limit < 1.0:
+            counts = [int(c * limit) for c in counts]
+        return min(counts) // trainer.accumulate_grad_batches
+
+    @override
+    def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any) -> Any:
+        output = super().optimizer_step(optimizer, closure, model, **kwargs)
+        self._steps_in_epoch += 1
+        if self.period and self._steps_in_epoch % self.period == 0 and self._steps_in_epoch <= self._common_steps:
+            self._average()
+        return output
+
+    @override
+    def on_train_end(self) -> None:
+        """Lightning has run the last validation and checkpoint: evaluate each replica, average, then
+        evaluate and checkpoint the averaged model so the final numbers and files are the average's."""
+        module = self.lightning_module
+        trainer = module.trainer
+        dm = trainer.datamodule
+        if self.replica_dir is not None:
+            Path(self.replica_dir).mkdir(parents=True, exist_ok=True)
+            torch.save(
+                {k: v.detach().clone() for k, v in module.state_dict().items()},
+                Path(self.replica_dir) / f"rank{self.global_rank}.pt",
+            )
+        test_acc, test_loss = module.evaluate(dm.full_eval_loader("test"))
+        gathered = self._gather([test_acc, test_loss])
+        before = [p.detach().clone() for p in module.parameters()]
+        self._average()
+        self._averaged = True
+        squared = sum(((b - p.detach()) ** 2).sum().item() for b, p in zip(before, module.parameters()))
+        distances = self._gather([squared**0.5])
+        val_acc, val_loss = module.evaluate(dm.full_eval_loader("val"))
+        self.report = {
+            "averaged_val_acc": round(val_acc, 6),
+            "averaged_val_loss": round(val_loss, 6),
+            "worker_test_acc": [round(g[0], 6) for g in gathered],
+            "worker_test_loss": [round(g[1], 6) for g in gathered],
+            "replica_distance": round(sum(d[0] for d in distances) / len(distances), 6),
+            "period": self.period,
+            "same_init": self.same_init,
+        }
+        if trainer.logger is not None and trainer.is_global_zero:
+            step = trainer.global_step
+            values = {
+                "val/acc": val_acc,
+                "val/loss": val_loss,
+                "averaging/replica_distance": self.report["replica_distance"],
+            }
+            for r, (acc, loss) in enumerate(gathered):
+                values[f"worker/{r}/test_acc"], values[f"worker/{r}/test_loss"] = acc, loss
+            trainer.logger.log_metrics(values, step=step)
+        checkpoint = trainer.checkpoint_callback
+        if checkpoint is not None and getattr(checkpoint, "last_model_path", ""):
+            trainer.save_checkpoint(checkpoint.last_model_path)
+        super().on_train_end()
+
+    def _gather(self, values: list[float]) -> list[list[float]]:
+        t = torch.tensor(values, dtype=torch.float64, device=self.root_device)
+        out = [torch.zeros_like(t) for _ in range(self.world_size)]
+        dist.all_gather(out, t)
+        return [o.tolist() for o in out]
+
+    # ---- checkpoints: every replica, each worker resumes from its own --------------------------
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
+        mine = {"state_dict": checkpoint["state_dict"], "optimizer_states": checkpoint.get("optimizer_states", [])}
+        replicas: list[Any] = [None] * self.world_size
+        dist.all_gather_object(replicas, mine)
+        if self.is_global_zero:
+            checkpoint = {**checkpoint, "replicas": replicas, "averaged": self._averaged}
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    def _own(self, checkpoint: dict[str, Any], key: str) -> dict[str, Any]:
+        replicas = checkpoint.get("replicas")
+        if not replicas or checkpoint.get("averaged"):
+            return checkpoint  # a plain or final (averaged) checkpoint: every worker starts from it
+        if len(replicas) != self.world_size:
+            raise RuntimeError(
+                f"checkpoint holds {len(replicas)} replicas but this run has {self.world_size} "
+                "workers; resume with the same number of workers"
+            )
+        return {**checkpoint, key: replicas[self.global_rank][key]}
+
+    @override
+    def load_model_state_dict(self, checkpoint: dict[str, Any], strict: bool = True) -> None:
+        super().load_model_state_dict(self._own(checkpoint, "state_dict"), strict=strict)
+
+    @override
+    def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        super().load_optimizer_state_dict(self._own(checkpoint, "optimizer_states"))
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry) -> None:
+        strategy_registry.register(
+            cls.strategy_name, cls, description="one-shot / periodic model averaging", start_method="spawn"
+        )
