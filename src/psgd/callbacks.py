@@ -10,12 +10,15 @@ import torch.distributed as dist
 from pytorch_lightning.callbacks import Callback
 from typing_extensions import override
 
+from psgd.data.partition import generator
 from psgd.results import write_csv, write_json
 
 
 class WorkerSetup(Callback):
     """Per worker process: torch's intra-op threads (speedup curves lie without a fixed count) and the
-    random stream (dropout, augmentation), seeded with `seed + rank`, the same in-process or spawned."""
+    random stream (dropout, augmentation). The stream is reseeded at every epoch from (seed, rank,
+    epoch), so it is the same in-process or spawned, and a run resumed at an epoch boundary draws
+    exactly what the uninterrupted run drew."""
 
     def __init__(self, threads: int, seed: int | None = None):
         self.threads, self.seed = threads, seed
@@ -23,8 +26,11 @@ class WorkerSetup(Callback):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         torch.set_num_threads(self.threads)
-        if self.seed is not None and stage == "fit":
-            L.seed_everything(self.seed + trainer.global_rank, workers=True, verbose=False)
+
+    @override
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.seed is not None:
+            torch.manual_seed(generator(self.seed, trainer.global_rank, trainer.current_epoch).initial_seed())
 
 
 class ShardRecorder(Callback):
@@ -96,12 +102,17 @@ class RunRecorder(Callback):
         self.run_info, self.target_acc = run_info, target_acc
         self.history: list[dict[str, Any]] = []
         self.strategy_report: dict[str, Any] = {}
+        self._trained = False
         self.cumulative_s = 0.0
         self.time_to_target_s: float | None = None
         self.epoch_to_target: int | None = None
         self._t0 = self._val_t0 = 0.0
         self._val_s = 0.0
         self._samples = 0
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._trained = True
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -161,6 +172,13 @@ class RunRecorder(Callback):
         )
         if trainer.is_global_zero:
             self._write("running")
+
+    @override
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        # Ctrl-C or a crash: keep the finished epochs, marked as such (the write is atomic). Only a
+        # process that trained writes: a spawn launcher's parent sees the exception too, with no history.
+        if trainer.is_global_zero and self._trained:
+            self._write("interrupted" if isinstance(exception, KeyboardInterrupt) else "failed")
 
     @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -1,5 +1,6 @@
 """What `train.py` runs under Hydra: one job, with user errors turned into one line and exit code 2."""
 
+import logging
 import shutil
 import sys
 from pathlib import Path
@@ -33,6 +34,8 @@ def fail(message: str) -> None:
 
 def run_job(cfg: DictConfig) -> float | None:
     """Train one job in Hydra's output dir; returns the test accuracy (Hydra sweepers can optimise it)."""
+    # torch logs a line per surviving worker it terminates after another one died; the error says it all
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         metrics = train(cfg, run_dir)

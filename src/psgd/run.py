@@ -138,7 +138,8 @@ def _quiet_lightning_banner():
         log.setLevel(level)
 
 
-def resolve_ckpt_path(value: str | None) -> str | None:
+def resolve_ckpt_path(value: str | None, module: nn.Module) -> str | None:
+    """The checkpoint to resume from, checked against the model this run builds."""
     if value is None:
         return None
     path = Path(value)
@@ -146,6 +147,23 @@ def resolve_ckpt_path(value: str | None) -> str | None:
         path = path / "checkpoints" / "last.ckpt"
     if not path.is_file():
         raise ConfigError(f"ckpt_path={value!r} is invalid: no checkpoint at {path} (give a .ckpt file or a run dir)")
+    try:  # weights only: a checkpoint is data, never code
+        saved = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+    except Exception as e:
+        raise ConfigError(f"ckpt_path={value!r} is not a psgd checkpoint loadable as weights only "
+                          f"({type(e).__name__}: {str(e).splitlines()[0][:120]})") from e
+    expected = module.state_dict()
+    for key, tensor in expected.items():
+        if key not in saved or saved[key].shape != tensor.shape:
+            found = "missing" if key not in saved else f"shape {tuple(saved[key].shape)}"
+            raise ConfigError(
+                f"ckpt_path={value!r} does not fit this run's model: {key} is {found} in the checkpoint, "
+                f"the model needs {tuple(tensor.shape)} (was it saved with another model= or data=?)"
+            )
+    unexpected = sorted(set(saved) - set(expected))
+    if unexpected:
+        raise ConfigError(f"ckpt_path={value!r} does not fit this run's model: the checkpoint has extra "
+                          f"weights such as {unexpected[0]} (was it saved with another model= or data=?)")
     return str(path)
 
 
@@ -153,7 +171,6 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     """Run one configured training job in `run_dir`; returns the final metrics (also in metrics.json)."""
     run_dir = Path(run_dir)
     plan = check(cfg)
-    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"))
     if cfg.get("quiet"):
         for name in ("pytorch_lightning", "lightning_fabric", "lightning"):
             logging.getLogger(name).setLevel(logging.WARNING)
@@ -186,6 +203,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         channels_last=cfg.channels_last,
         per_worker_metrics=not synchronous,
     )
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), module)
     world_size = plan.workers * t.num_nodes
     run_info = {
         "strategy": cfg.strategy.name,

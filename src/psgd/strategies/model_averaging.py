@@ -204,7 +204,7 @@ class ModelAveragingStrategy(DDPStrategy):
             trainer.logger.log_metrics(values, step=step)
         checkpoint = trainer.checkpoint_callback
         if checkpoint is not None and getattr(checkpoint, "last_model_path", ""):
-            trainer.save_checkpoint(checkpoint.last_model_path)
+            trainer.save_checkpoint(checkpoint.last_model_path, weights_only=False)  # full: can be continued
         super().on_train_end()
 
     def _gather(self, values: list[float]) -> list[list[float]]:

@@ -1,0 +1,92 @@
+"""Training samples/s per strategy and worker count, one thread per worker, measured side by side.
+
+    python benchmarks/throughput.py --data-root ../shared/data --workers 1 2 --strategies ddp model_averaging
+
+Each measurement is one `train.py` run in a fresh process tree (1 epoch of MNIST with the lab CNN by
+default); runs are interleaved across configurations (A B A B ...) and the median of `--repeats` is
+reported with the speedup over the same strategy's 1-worker figure. Figures come from each run's
+metrics.json (`samples_per_s`: training only, validation and process start excluded). Results also
+go to benchmarks/results/throughput.json and .md.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_once(strategy: str, workers: int, args: argparse.Namespace, out: Path) -> float:
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        f"strategy={strategy}",
+        f"workers={workers}",
+        "threads_per_worker=1",
+        f"trainer.max_epochs={args.epochs}",
+        f"data.root={args.data_root}",
+        f"data.batch_size={args.batch_size}",
+        "trainer.limit_val_batches=0",
+        "quiet=true",
+        f"hydra.run.dir={out}",
+        *args.overrides,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads((out / "metrics.json").read_text())["samples_per_s"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-root", default="data")
+    parser.add_argument("--strategies", nargs="+", default=["ddp", "model_averaging"])
+    parser.add_argument("--workers", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("overrides", nargs="*", help="extra train.py overrides, e.g. model=singa_cnn")
+    args = parser.parse_args()
+
+    configs = [(s, w) for s in args.strategies for w in args.workers]
+    samples: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.repeats):
+            for i, (strategy, workers) in enumerate(configs):  # interleaved: A B A B ...
+                rate = run_once(strategy, workers, args, Path(tmp) / f"{rep}-{i}")
+                samples[(strategy, workers)].append(rate)
+                print(
+                    f"  rep {rep + 1}/{args.repeats} {strategy:16s} workers={workers}: {rate:9.1f} samples/s",
+                    flush=True,
+                )
+
+    rows = []
+    for strategy, workers in configs:
+        median = statistics.median(samples[(strategy, workers)])
+        base = statistics.median(samples[(strategy, 1)]) if (strategy, 1) in samples else None
+        rows.append(
+            {
+                "strategy": strategy,
+                "workers": workers,
+                "samples_per_s": round(median, 1),
+                "runs": samples[(strategy, workers)],
+                "speedup_vs_1_worker": round(median / base, 3) if base else None,
+            }
+        )
+    lines = ["| strategy | workers | samples/s (median) | speedup vs 1 worker |", "|---|---|---|---|"]
+    lines += [
+        f"| {r['strategy']} | {r['workers']} | {r['samples_per_s']:.0f} | {r['speedup_vs_1_worker']} |" for r in rows
+    ]
+    print("\n".join(lines))
+    results = ROOT / "benchmarks" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "throughput.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
+    (results / "throughput.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

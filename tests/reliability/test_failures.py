@@ -1,0 +1,146 @@
+"""Failing loud and fast: dead workers, Ctrl-C, resume, bad checkpoints, concurrent runs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, run_cli
+
+TINY = ["quiet=true", "data.batch_size=16", "data.eval_batch_size=64"]
+
+
+def start(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", *overrides],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+
+
+def wait_for_epochs(run_dir: Path, proc: subprocess.Popen, epochs: int, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        try:
+            m = json.loads((run_dir / "metrics.json").read_text())
+            if len(m["history"]) >= epochs:
+                return m
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"no {epochs} finished epochs within {timeout}s")
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return sorted(int(p) for p in out.split())
+
+
+def alive(pids: list[int]) -> list[int]:
+    return [p for p in pids if Path(f"/proc/{p}").exists() and "zombie" not in _state(p)]
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
+    except (OSError, IndexError):
+        return "zombie"
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy", ["ddp", "model_averaging"])
+def test_a_killed_worker_ends_the_run_with_its_rank(tiny_data, tmp_path, strategy):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, f"strategy={strategy}", "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=200",
+                 *TINY)
+    try:
+        wait_for_epochs(run_dir, proc, 1)
+        workers = [p for p in children(proc.pid) if "spawn" in Path(f"/proc/{p}/cmdline").read_text()]
+        assert len(workers) == 2, workers
+        victim = 1
+        os.kill(workers[victim], signal.SIGKILL)
+        t0 = time.monotonic()
+        _, stderr = proc.communicate(timeout=60)
+        assert time.monotonic() - t0 < 60
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    lines = stderr.strip().splitlines()
+    assert lines[-1].startswith(f"psgd: error: worker rank {victim} died (signal SIGKILL)"), stderr
+    assert "Traceback" not in stderr
+    time.sleep(1)
+    assert alive(workers) == []  # no process left behind
+    m = json.loads((run_dir / "metrics.json").read_text())
+    assert len(m["history"]) >= 1  # finished epochs stay on disk
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["in-process", "ddp-2"])
+def test_ctrl_c_leaves_a_valid_metrics_file_marked_interrupted(tiny_data, tmp_path, workers):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, f"workers={workers}", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY)
+    try:
+        wait_for_epochs(run_dir, proc, 2)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the whole foreground process group
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    m = json.loads((run_dir / "metrics.json").read_text())
+    assert m["status"] == "interrupted" and len(m["history"]) >= 2
+    assert not list(run_dir.glob(".*.tmp"))  # no half-written temp files left
+
+
+@pytest.mark.distributed
+def test_ddp_resume_ends_with_the_same_weights_as_an_uninterrupted_run(tiny_data, tmp_path):
+    common = ["workers=2", f"data.root={tiny_data}", "trainer.max_epochs=2", *TINY]  # dropout on: reseeded per epoch
+    straight = tmp_path / "straight"
+    proc = run_cli("train.py", *common, "checkpoint_every_epoch=true", f"hydra.run.dir={straight}")
+    assert proc.returncode == 0, proc.stderr
+    resumed = tmp_path / "resumed"
+    proc = run_cli("train.py", *common, f"ckpt_path={straight / 'checkpoints' / 'epoch0.ckpt'}",
+                   f"hydra.run.dir={resumed}")
+    assert proc.returncode == 0, proc.stderr
+    a = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    b = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((resumed / "metrics.json").read_text())["epochs"] == 2
+
+
+def test_a_checkpoint_of_another_model_is_a_clear_error(tiny_data, tmp_path):
+    first = tmp_path / "first"
+    proc = run_cli("train.py", f"data.root={tiny_data}", "trainer.max_epochs=1", f"hydra.run.dir={first}", *TINY)
+    assert proc.returncode == 0, proc.stderr
+    second = tmp_path / "second"
+    proc = run_cli("train.py", "model=singa_cnn", f"data.root={tiny_data}", f"ckpt_path={first}",
+                   f"hydra.run.dir={second}", *TINY)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "does not fit this run's model" in lines[0], proc.stderr
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a checkpoint")
+    proc = run_cli("train.py", f"data.root={tiny_data}", f"ckpt_path={garbage}", f"hydra.run.dir={second}", *TINY)
+    assert proc.returncode != 0 and "not a psgd checkpoint" in proc.stderr.strip().splitlines()[-1]
+    assert not second.exists()
+
+
+@pytest.mark.distributed
+def test_two_runs_started_at_once_do_not_collide(tiny_data, tmp_path):
+    # default output dirs (microsecond timestamps) and free rendezvous ports, chosen independently
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PSGD_OUTPUTS": str(tmp_path / "outputs")}
+    cmd = [sys.executable, str(ROOT / "train.py"), "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=1",
+           *TINY]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    results = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [r[1][-500:] for r in results]
+    runs = sorted((tmp_path / "outputs").glob("*/*/metrics.json"))
+    assert len(runs) == 2
+    assert all(json.loads(r.read_text())["status"] == "completed" for r in runs)
