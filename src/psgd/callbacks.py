@@ -146,6 +146,12 @@ class RunRecorder(Callback):
             # identical on every worker already; sync_dist (a mean of equal values) keeps Lightning's
             # bookkeeping consistent across ranks at the cost of one tiny all-reduce per epoch
             pl_module.log(name, value, on_step=False, on_epoch=True, sync_dist=True)
+        staleness = None
+        if hasattr(trainer.strategy, "epoch_staleness"):  # HogWild: mean over workers of their epoch means
+            (staleness,) = _all_reduce(
+                [trainer.strategy.epoch_staleness() / trainer.world_size], dist.ReduceOp.SUM, pl_module.device
+            )
+            pl_module.log("hogwild/staleness", staleness, on_step=False, on_epoch=True, sync_dist=True)
 
         metrics = trainer.callback_metrics
         val_acc = _get(metrics, "val/acc")
@@ -168,6 +174,7 @@ class RunRecorder(Callback):
                 "train_acc": _get(metrics, "train/acc"),
                 "val_loss": _get(metrics, "val/loss"),
                 "val_acc": val_acc,
+                **({"staleness": round(staleness, 4)} if staleness is not None else {}),
             }
         )
         if trainer.is_global_zero:

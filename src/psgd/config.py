@@ -13,7 +13,7 @@ from psgd.data.partition import SCHEMES
 from psgd.optim import DECAYS, LR_SCALING
 from psgd.results import cpu_count
 
-STRATEGIES = ("ddp", "model_averaging")
+STRATEGIES = ("ddp", "model_averaging", "hogwild")
 
 
 class ConfigError(ValueError):
@@ -80,6 +80,17 @@ def check(cfg: DictConfig) -> Plan:
             period,
             "must be an integer >= 1 (average every that many steps), or null for only at the end",
         )
+    if cfg.strategy.name == "hogwild":
+        if accelerator != "cpu":
+            raise ConfigError(
+                "strategy=hogwild is invalid on GPU: its workers share one model in CPU shared memory; "
+                "use trainer.accelerator=cpu (or strategy=ddp / model_averaging on GPU)"
+            )
+        if t.num_nodes != 1:
+            raise ConfigError(
+                f"trainer.num_nodes={t.num_nodes} is invalid with strategy=hogwild: shared memory spans one "
+                "machine; use num_nodes=1"
+            )
     _need(
         _is_int(cfg.strategy.timeout_s) and cfg.strategy.timeout_s > 0,
         "strategy.timeout_s",

@@ -9,6 +9,7 @@ Layout of a run directory (Hydra's output dir):
 """
 
 import logging
+import sys
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -32,7 +33,7 @@ from psgd.data.datasets import DatasetInfo
 from psgd.module import Classifier
 from psgd.optim import scaled_lr
 from psgd.results import cpu_count, device_description, read_json, versions, write_json
-from psgd.strategies import ModelAveragingStrategy
+from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
 
 HPARAM_METRICS = ("test/acc", "test/loss", "val/acc", "val/loss", "time/samples_per_s", "time/cumulative_s")
 
@@ -89,6 +90,9 @@ def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path):
             replica_dir=str(run_dir / "replicas") if s.save_replicas else None,
             **common,
         )
+    if s.name == "hogwild":
+        common.pop("start_method")  # always forkserver: see SharedMemoryLauncher
+        return HogwildStrategy(lock=s.lock, **common)
     if plan.workers == 1 and cfg.trainer.num_nodes == 1:
         return "auto"  # one process: no process group, nothing to all-reduce
     return DDPStrategy(**common, find_unused_parameters=s.find_unused_parameters, gradient_as_bucket_view=True)
@@ -150,8 +154,10 @@ def resolve_ckpt_path(value: str | None, module: nn.Module) -> str | None:
     try:  # weights only: a checkpoint is data, never code
         saved = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
     except Exception as e:
-        raise ConfigError(f"ckpt_path={value!r} is not a psgd checkpoint loadable as weights only "
-                          f"({type(e).__name__}: {str(e).splitlines()[0][:120]})") from e
+        raise ConfigError(
+            f"ckpt_path={value!r} is not a psgd checkpoint loadable as weights only "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+        ) from e
     expected = module.state_dict()
     for key, tensor in expected.items():
         if key not in saved or saved[key].shape != tensor.shape:
@@ -162,9 +168,20 @@ def resolve_ckpt_path(value: str | None, module: nn.Module) -> str | None:
             )
     unexpected = sorted(set(saved) - set(expected))
     if unexpected:
-        raise ConfigError(f"ckpt_path={value!r} does not fit this run's model: the checkpoint has extra "
-                          f"weights such as {unexpected[0]} (was it saved with another model= or data=?)")
+        raise ConfigError(
+            f"ckpt_path={value!r} does not fit this run's model: the checkpoint has extra "
+            f"weights such as {unexpected[0]} (was it saved with another model= or data=?)"
+        )
     return str(path)
+
+
+def mark_interrupted(record_path: Path) -> None:
+    """Mark the on-disk record of an interrupted run as such, keeping its finished epochs."""
+    if record_path.exists():
+        record = read_json(record_path)
+        record["status"] = "interrupted"
+        write_json(record_path, record)
+    print(f"psgd: interrupted; finished epochs are kept in {record_path.parent}", file=sys.stderr, flush=True)
 
 
 def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
@@ -178,6 +195,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     net, image_size = build_model(cfg.model, cfg.data.name)
 
     synchronous = cfg.strategy.name == "ddp"
+    one_model = cfg.strategy.name in ("ddp", "hogwild")  # every worker evaluates the same weights
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
     datamodule = ClassificationData(
         **data_cfg,
@@ -186,7 +204,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         channels_last=cfg.channels_last,
         record_shards=cfg.record_shards,
         lockstep=synchronous,  # DDP needs equal steps on every worker; averaging lets each run its own
-        shard_eval=synchronous,  # replicas that differ are each evaluated on the whole split
+        shard_eval=one_model,  # replicas that differ are each evaluated on the whole split
     )
     datamodule.prepare_data()  # a missing dataset fails here, before any worker starts
 
@@ -201,7 +219,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True),
         num_classes=INFO[cfg.data.name].num_classes,
         channels_last=cfg.channels_last,
-        per_worker_metrics=not synchronous,
+        per_worker_metrics=not one_model,
     )
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), module)
     world_size = plan.workers * t.num_nodes
@@ -253,7 +271,12 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         enable_progress_bar=not quiet,
         enable_model_summary=not quiet,
     )
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    except BaseException:
+        if trainer.interrupted:  # Ctrl-C: Lightning has stopped every worker; keep what they finished
+            mark_interrupted(run_dir / "metrics.json")
+        raise
 
     # Test the final weights here, on one device: the workers have exited (spawn) or are this process.
     limits = {"limit_test_batches": t.limit_test_batches} if t.get("limit_test_batches") is not None else {}

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import ROOT, run_cli
 
 TINY = ["quiet=true", "data.batch_size=16", "data.eval_batch_size=64"]
@@ -18,9 +17,14 @@ TINY = ["quiet=true", "data.batch_size=16", "data.eval_batch_size=64"]
 
 def start(run_dir: Path, *overrides: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", *overrides],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
 
 
 def wait_for_epochs(run_dir: Path, proc: subprocess.Popen, epochs: int, timeout: float = 120) -> dict:
@@ -54,14 +58,18 @@ def _state(pid: int) -> str:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("strategy", ["ddp", "model_averaging"])
+@pytest.mark.parametrize("strategy", ["ddp", "model_averaging", "hogwild"])
 def test_a_killed_worker_ends_the_run_with_its_rank(tiny_data, tmp_path, strategy):
     run_dir = tmp_path / "run"
-    proc = start(run_dir, f"strategy={strategy}", "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=200",
-                 *TINY)
+    proc = start(
+        run_dir, f"strategy={strategy}", "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY
+    )
     try:
         wait_for_epochs(run_dir, proc, 1)
-        workers = [p for p in children(proc.pid) if "spawn" in Path(f"/proc/{p}/cmdline").read_text()]
+        workers = [p for p in children(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+        if not workers:  # forkserver (hogwild): the workers are children of the fork server
+            server = [p for p in children(proc.pid) if "forkserver" in Path(f"/proc/{p}/cmdline").read_text()]
+            workers = sorted(c for s in server for c in children(s))
         assert len(workers) == 2, workers
         victim = 1
         os.kill(workers[victim], signal.SIGKILL)
@@ -105,8 +113,9 @@ def test_ddp_resume_ends_with_the_same_weights_as_an_uninterrupted_run(tiny_data
     proc = run_cli("train.py", *common, "checkpoint_every_epoch=true", f"hydra.run.dir={straight}")
     assert proc.returncode == 0, proc.stderr
     resumed = tmp_path / "resumed"
-    proc = run_cli("train.py", *common, f"ckpt_path={straight / 'checkpoints' / 'epoch0.ckpt'}",
-                   f"hydra.run.dir={resumed}")
+    proc = run_cli(
+        "train.py", *common, f"ckpt_path={straight / 'checkpoints' / 'epoch0.ckpt'}", f"hydra.run.dir={resumed}"
+    )
     assert proc.returncode == 0, proc.stderr
     a = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     b = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
@@ -119,8 +128,9 @@ def test_a_checkpoint_of_another_model_is_a_clear_error(tiny_data, tmp_path):
     proc = run_cli("train.py", f"data.root={tiny_data}", "trainer.max_epochs=1", f"hydra.run.dir={first}", *TINY)
     assert proc.returncode == 0, proc.stderr
     second = tmp_path / "second"
-    proc = run_cli("train.py", "model=singa_cnn", f"data.root={tiny_data}", f"ckpt_path={first}",
-                   f"hydra.run.dir={second}", *TINY)
+    proc = run_cli(
+        "train.py", "model=singa_cnn", f"data.root={tiny_data}", f"ckpt_path={first}", f"hydra.run.dir={second}", *TINY
+    )
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "does not fit this run's model" in lines[0], proc.stderr
@@ -135,10 +145,10 @@ def test_a_checkpoint_of_another_model_is_a_clear_error(tiny_data, tmp_path):
 def test_two_runs_started_at_once_do_not_collide(tiny_data, tmp_path):
     # default output dirs (microsecond timestamps) and free rendezvous ports, chosen independently
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "PSGD_OUTPUTS": str(tmp_path / "outputs")}
-    cmd = [sys.executable, str(ROOT / "train.py"), "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=1",
-           *TINY]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for _ in range(2)]
+    cmd = [sys.executable, str(ROOT / "train.py"), "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=1", *TINY]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)
+    ]
     results = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [r[1][-500:] for r in results]
     runs = sorted((tmp_path / "outputs").glob("*/*/metrics.json"))

@@ -2,9 +2,11 @@
 
 from pytorch_lightning.strategies import StrategyRegistry
 
+from psgd.strategies.hogwild import HogwildStrategy
 from psgd.strategies.model_averaging import ModelAveragingStrategy
 
-if ModelAveragingStrategy.strategy_name not in StrategyRegistry:
-    ModelAveragingStrategy.register_strategies(StrategyRegistry)
+for _strategy in (ModelAveragingStrategy, HogwildStrategy):
+    if _strategy.strategy_name not in StrategyRegistry:
+        _strategy.register_strategies(StrategyRegistry)
 
-__all__ = ["ModelAveragingStrategy"]
+__all__ = ["HogwildStrategy", "ModelAveragingStrategy"]

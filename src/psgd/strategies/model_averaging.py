@@ -20,9 +20,10 @@ import pytorch_lightning as L
 import torch
 import torch.distributed as dist
 from pytorch_lightning.strategies import DDPStrategy
-from pytorch_lightning.utilities.exceptions import SIGTERMException
 from torch import Tensor, nn
 from typing_extensions import override
+
+from psgd.strategies._lightning import PerWorkerCheckpoints, gather_floats, without_per_step_collectives
 
 
 def average_tensors(tensors: list[Tensor]) -> None:
@@ -61,25 +62,11 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[Tensor]:
     return out
 
 
-def _without_per_step_collectives(trainer: L.Trainer) -> None:
-    """Lightning (>= 2.5) broadcasts a SIGTERM flag from rank 0 before every training step. That is a
-    per-step collective: workers taking different numbers of steps (uneven shards) would deadlock in
-    it. Replace it, for this trainer's loop only, by the same check done locally."""
-    loop = trainer.fit_loop.epoch_loop
-    if not hasattr(loop, "_broadcast_sigterm_tensor"):
-        return
-
-    def local_sigterm_check() -> None:
-        if getattr(trainer, "received_sigterm", False):
-            raise SIGTERMException()
-
-    loop._broadcast_sigterm_tensor = local_sigterm_check
-
-
-class ModelAveragingStrategy(DDPStrategy):
+class ModelAveragingStrategy(PerWorkerCheckpoints, DDPStrategy):
     """Independent SGD per worker; parameters averaged every `period` steps and at the end."""
 
     strategy_name = "model_averaging"
+    per_worker_keys = ("state_dict", "optimizer_states")  # replicas differ between averaging points
 
     def __init__(
         self,
@@ -112,7 +99,7 @@ class ModelAveragingStrategy(DDPStrategy):
     @override
     def setup(self, trainer: L.Trainer) -> None:
         super().setup(trainer)
-        _without_per_step_collectives(trainer)
+        without_per_step_collectives(trainer)
         net = self.lightning_module
         if self.same_init:
             for t in [*net.parameters(), *net.buffers()]:
@@ -176,12 +163,12 @@ class ModelAveragingStrategy(DDPStrategy):
                 Path(self.replica_dir) / f"rank{self.global_rank}.pt",
             )
         test_acc, test_loss = module.evaluate(dm.full_eval_loader("test"))
-        gathered = self._gather([test_acc, test_loss])
+        gathered = gather_floats([test_acc, test_loss], self.root_device)
         before = [p.detach().clone() for p in module.parameters()]
         self._average()
         self._averaged = True
         squared = sum(((b - p.detach()) ** 2).sum().item() for b, p in zip(before, module.parameters()))
-        distances = self._gather([squared**0.5])
+        distances = gather_floats([squared**0.5], self.root_device)
         val_acc, val_loss = module.evaluate(dm.full_eval_loader("val"))
         self.report = {
             "averaged_val_acc": round(val_acc, 6),
@@ -206,41 +193,6 @@ class ModelAveragingStrategy(DDPStrategy):
         if checkpoint is not None and getattr(checkpoint, "last_model_path", ""):
             trainer.save_checkpoint(checkpoint.last_model_path, weights_only=False)  # full: can be continued
         super().on_train_end()
-
-    def _gather(self, values: list[float]) -> list[list[float]]:
-        t = torch.tensor(values, dtype=torch.float64, device=self.root_device)
-        out = [torch.zeros_like(t) for _ in range(self.world_size)]
-        dist.all_gather(out, t)
-        return [o.tolist() for o in out]
-
-    # ---- checkpoints: every replica, each worker resumes from its own --------------------------
-    @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
-        mine = {"state_dict": checkpoint["state_dict"], "optimizer_states": checkpoint.get("optimizer_states", [])}
-        replicas: list[Any] = [None] * self.world_size
-        dist.all_gather_object(replicas, mine)
-        if self.is_global_zero:
-            checkpoint = {**checkpoint, "replicas": replicas, "averaged": self._averaged}
-            super().save_checkpoint(checkpoint, filepath, storage_options)
-
-    def _own(self, checkpoint: dict[str, Any], key: str) -> dict[str, Any]:
-        replicas = checkpoint.get("replicas")
-        if not replicas or checkpoint.get("averaged"):
-            return checkpoint  # a plain or final (averaged) checkpoint: every worker starts from it
-        if len(replicas) != self.world_size:
-            raise RuntimeError(
-                f"checkpoint holds {len(replicas)} replicas but this run has {self.world_size} "
-                "workers; resume with the same number of workers"
-            )
-        return {**checkpoint, key: replicas[self.global_rank][key]}
-
-    @override
-    def load_model_state_dict(self, checkpoint: dict[str, Any], strict: bool = True) -> None:
-        super().load_model_state_dict(self._own(checkpoint, "state_dict"), strict=strict)
-
-    @override
-    def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
-        super().load_optimizer_state_dict(self._own(checkpoint, "optimizer_states"))
 
     @classmethod
     @override

@@ -1,0 +1,88 @@
+"""The one place psgd touches Lightning's private API: its multiprocessing launcher and the training
+loop's per-step SIGTERM broadcast. Keep this file small; it is what a Lightning upgrade may break."""
+
+from typing import Any
+
+import pytorch_lightning as L
+import torch
+import torch.distributed as dist
+from pytorch_lightning.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+__all__ = ["SharedMemoryLauncher", "without_per_step_collectives"]
+
+
+def without_per_step_collectives(trainer: L.Trainer) -> None:
+    """Lightning (>= 2.5) broadcasts a SIGTERM flag from rank 0 before every training step. That is a
+    per-step collective: workers taking different numbers of steps (uneven shards) would deadlock in
+    it. Replace it, for this trainer's loop only, by the same check done locally."""
+    loop = trainer.fit_loop.epoch_loop
+    if not hasattr(loop, "_broadcast_sigterm_tensor"):
+        return
+
+    def local_sigterm_check() -> None:
+        if getattr(trainer, "received_sigterm", False):
+            raise SIGTERMException()
+
+    loop._broadcast_sigterm_tensor = local_sigterm_check
+
+
+class SharedMemoryLauncher(_MultiProcessingLauncher):
+    """Starts workers with `forkserver` so that module tensors stay shared.
+
+    Lightning's launcher clones every module tensor in `spawn`ed CPU workers
+    (`_disable_module_memory_sharing`) and its subprocess launcher re-executes the script: either
+    would silently give each worker a private model. With `forkserver` the trainer is pickled by
+    torch's reducers, which hand CPU storage over as shared memory, and nothing is cloned; unlike
+    `fork`, each worker starts from a clean server process, not a copy of a parent whose OpenMP
+    threads may be mid-flight.
+    """
+
+    def __init__(self, strategy: Any, prepare: Any):
+        super().__init__(strategy, start_method="forkserver")
+        self._prepare = prepare
+
+    def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
+        self._prepare()  # in the launching process, before any worker exists
+        return super().launch(function, *args, trainer=trainer, **kwargs)
+
+
+class PerWorkerCheckpoints:
+    """Mixin for strategies whose workers hold different state: a checkpoint stores each worker's
+    `per_worker_keys` under `replicas` (rank order), and resuming gives each worker its own."""
+
+    per_worker_keys: tuple[str, ...] = ("optimizer_states",)
+    _averaged = False
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
+        mine = {k: checkpoint.get(k) for k in self.per_worker_keys}
+        replicas: list[Any] = [None] * self.world_size
+        dist.all_gather_object(replicas, mine)
+        if self.is_global_zero:
+            checkpoint = {**checkpoint, "replicas": replicas, "averaged": self._averaged}
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    def _own(self, checkpoint: dict[str, Any], key: str) -> dict[str, Any]:
+        replicas = checkpoint.get("replicas")
+        if not replicas or checkpoint.get("averaged") or key not in replicas[0]:
+            return checkpoint  # plain or final (averaged) checkpoint: every worker starts from it
+        if len(replicas) != self.world_size:
+            raise RuntimeError(
+                f"checkpoint holds {len(replicas)} workers' state but this run has {self.world_size} workers; "
+                "resume with the same number of workers"
+            )
+        return {**checkpoint, key: replicas[self.global_rank][key]}
+
+    def load_model_state_dict(self, checkpoint: dict[str, Any], strict: bool = True) -> None:
+        super().load_model_state_dict(self._own(checkpoint, "state_dict"), strict=strict)
+
+    def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        super().load_optimizer_state_dict(self._own(checkpoint, "optimizer_states"))
+
+
+def gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
+    """Every worker's `values`, in rank order, on every worker."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [o.tolist() for o in out]

@@ -1,0 +1,141 @@
+"""HogWild! (Niu, Recht, Re and Wright, 2011): lock-free asynchronous SGD on shared-memory parameters.
+
+One model lives in shared memory. Each worker process runs its own optimizer (its own gradients and
+state, as in pytorch/examples' mnist_hogwild) over its own shard and writes its updates straight
+into the shared parameters, with no lock and no communication. ``lock=True`` is the paper's
+consistent baseline: one update at a time (gradients are still computed in parallel; the write of
+each update holds a lock).
+
+Staleness: a shared counter is bumped after every update; a worker reads it before its forward pass
+and after its own write, and the difference minus one is how many other workers' updates landed in
+between (reported as ``hogwild/staleness``, the epoch mean).
+"""
+
+import multiprocessing
+from typing import Any
+
+import pytorch_lightning as L
+import torch
+from pytorch_lightning.strategies import DDPStrategy
+from typing_extensions import override
+
+from psgd.strategies._lightning import (
+    PerWorkerCheckpoints,
+    SharedMemoryLauncher,
+    gather_floats,
+    without_per_step_collectives,
+)
+
+
+class HogwildStrategy(PerWorkerCheckpoints, DDPStrategy):
+    """Workers share one CPU model and update it without locks; each keeps its own optimizer."""
+
+    strategy_name = "hogwild"
+    per_worker_keys = ("optimizer_states",)  # the weights are shared: one copy serves all workers
+
+    def __init__(self, lock: bool = False, **ddp_kwargs: Any):
+        ddp_kwargs["start_method"] = "forkserver"
+        super().__init__(**ddp_kwargs)
+        self.lock = lock
+        self.report: dict[str, Any] = {}
+        self._update_lock = None
+        self._version: torch.Tensor | None = None  # shared: updates written so far, by anyone
+        self._updates: torch.Tensor | None = None  # shared: updates written, per worker
+        self._staleness_sum = 0
+        self._staleness_count = 0
+
+    @override
+    def _configure_launcher(self) -> None:
+        self._launcher = SharedMemoryLauncher(self, prepare=self._share)
+
+    def _share(self) -> None:
+        """In the launching process: put the model and the counters in shared memory."""
+        self.model.share_memory()
+        self._version = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._updates = torch.zeros(self.num_processes * self.num_nodes, dtype=torch.int64).share_memory_()
+        self._update_lock = multiprocessing.get_context("forkserver").Lock() if self.lock else None
+
+    @override
+    def configure_ddp(self) -> None:
+        pass  # no DDP wrapper: nothing is all-reduced; every write goes straight to the shared weights
+
+    @override
+    def setup(self, trainer: L.Trainer) -> None:
+        super().setup(trainer)
+        without_per_step_collectives(trainer)
+
+    @override
+    def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any) -> Any:
+        read = int(self._version.item())  # the forward pass (inside `closure`) reads the weights after this
+        if self._update_lock is None:
+            output = super().optimizer_step(optimizer, closure, model, **kwargs)
+        else:
+            held = False
+
+            def closure_then_lock():
+                nonlocal held
+                result = closure()  # gradients in parallel ...
+                self._update_lock.acquire()  # ... then one write at a time
+                held = True
+                return result
+
+            try:
+                output = super().optimizer_step(optimizer, closure_then_lock, model, **kwargs)
+            finally:
+                if held:
+                    self._update_lock.release()
+        written = int(self._version.add_(1).item())  # not atomic across processes: a measure, not a lock
+        self._updates[self.global_rank] += 1
+        self._staleness_sum += max(0, written - read - 1)
+        self._staleness_count += 1
+        return output
+
+    @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if batch_idx == 0:
+            self._staleness_sum = self._staleness_count = 0
+        super().on_train_batch_start(batch, batch_idx)
+
+    def epoch_staleness(self) -> float:
+        return self._staleness_sum / max(1, self._staleness_count)
+
+    @override
+    def on_train_end(self) -> None:
+        """Every worker has stopped writing (after the barrier): record what they all see, and probe
+        the sharing itself: the last worker adds 1 to a weight, every other worker must see it."""
+        self.barrier("hogwild-end")
+        module = self.lightning_module
+        params = list(module.parameters())
+        checksum = float(sum(p.detach().double().sum() for p in params))
+        saw_write = self._probe_sharing(params[0].detach().view(-1))
+        seen = gather_floats(
+            [checksum, float(int(self._updates[self.global_rank])), float(saw_write)], self.root_device
+        )
+        self.report = {
+            "lock": self.lock,
+            "updates_per_worker": [int(s[1]) for s in seen],
+            "total_updates": int(self._version.item()),
+            "weight_checksum_per_worker": [s[0] for s in seen],
+            "saw_other_workers_write": [bool(s[2]) for s in seen],
+        }
+        super().on_train_end()
+
+    @torch.no_grad()
+    def _probe_sharing(self, weights: torch.Tensor) -> bool:
+        writer = self.world_size - 1
+        before = float(weights[0])
+        self.barrier("probe-read")
+        if self.global_rank == writer:
+            weights[0] += 1.0
+        self.barrier("probe-write")
+        after = float(weights[0])
+        self.barrier("probe-check")
+        if self.global_rank == writer:
+            weights[0] -= 1.0  # leave the model as training left it
+        self.barrier("probe-undo")
+        return abs(after - before - 1.0) < 1e-3  # float32: (w + 1) - w is not exactly 1
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry) -> None:
+        strategy_registry.register(cls.strategy_name, cls, description="HogWild! lock-free shared-memory SGD")

@@ -1,0 +1,109 @@
+"""HogWild through train.py: real worker processes sharing one model in shared memory."""
+
+import pytest
+import torch
+from conftest import run_cli
+from helpers import metrics, scalars, tensorboard
+
+from psgd.data import load_split
+from psgd.models import LabCNN
+
+pytestmark = pytest.mark.distributed
+
+TINY = ["quiet=true", "data.batch_size=16", "data.eval_batch_size=64"]
+
+
+@pytest.fixture(scope="module")
+def by_label(tiny_data, tmp_path_factory):
+    """2 workers, worker 0 sees only digits 0-4 and worker 1 only 5-9."""
+    run_dir = tmp_path_factory.mktemp("hogwild") / "run"
+    proc = run_cli(
+        "train.py",
+        "strategy=hogwild",
+        "workers=2",
+        "data.partition=by_label",
+        f"data.root={tiny_data}",
+        "trainer.max_epochs=4",
+        f"hydra.run.dir={run_dir}",
+        *TINY,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return run_dir
+
+
+def test_workers_share_one_model_and_see_the_same_weights(by_label):
+    m = metrics(by_label)
+    # a weight changed by worker 1 in its own process was seen changed by worker 0 in its process
+    assert m["saw_other_workers_write"] == [True, True]
+    # after the last update both processes read identical weights, and so does the final checkpoint
+    sums = m["weight_checksum_per_worker"]
+    assert sums[0] == sums[1]
+    final = torch.load(by_label / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert sum(float(v.double().sum()) for k, v in final.items() if k.startswith("net.")) == pytest.approx(sums[0])
+
+
+def test_updates_of_each_worker_land_in_the_shared_model_during_training(by_label):
+    m = metrics(by_label)
+    assert all(u > 0 for u in m["updates_per_worker"])
+    assert m["total_updates"] == pytest.approx(sum(m["updates_per_worker"]), abs=2)  # lock-free counter
+    # other workers' writes landed between a worker's read and its write: they interleave live
+    assert max(h["staleness"] for h in m["history"]) > 0
+    assert len(scalars(tensorboard(by_label), "hogwild/staleness")) == 4
+
+
+def test_both_workers_contributed_to_the_final_weights(by_label, tiny_data):
+    # each worker only ever saw half the classes; the one shared model must know both halves
+    final = torch.load(by_label / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    net = LabCNN()
+    net.load_state_dict({k.removeprefix("net."): v for k, v in final.items() if k.startswith("net.")})
+    net.eval()
+    images, labels = load_split("mnist", str(tiny_data), train=False)
+    x = torch.nn.functional.interpolate(images.float() / 255, size=32, mode="bilinear", antialias=True)
+    with torch.no_grad():
+        predicted = net((x - 0.1307) / 0.3081).argmax(1)
+    correct = predicted == labels
+    low, high = correct[labels < 5].float().mean(), correct[labels >= 5].float().mean()
+    assert low > 0.3 and high > 0.3, (low, high)
+
+
+def test_one_worker_is_the_plain_single_worker_run(tiny_data, tmp_path):
+    runs = {}
+    for strategy in ("ddp", "hogwild"):
+        run_dir = tmp_path / strategy
+        proc = run_cli(
+            "train.py",
+            f"strategy={strategy}",
+            "workers=1",
+            "threads_per_worker=1",
+            f"data.root={tiny_data}",
+            "trainer.max_epochs=1",
+            f"hydra.run.dir={run_dir}",
+            *TINY,
+        )
+        assert proc.returncode == 0, proc.stderr
+        runs[strategy] = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert all(torch.equal(runs["ddp"][k], runs["hogwild"][k]) for k in runs["ddp"])
+
+
+def test_locked_variant_and_uneven_sizes_complete(tiny_data, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        "train.py",
+        "strategy=hogwild",
+        "strategy.lock=true",
+        "workers=2",
+        "data.partition=sizes",
+        "data.partition_sizes=[0.7,0.3]",
+        f"data.root={tiny_data}",
+        "trainer.max_epochs=2",
+        f"hydra.run.dir={run_dir}",
+        *TINY,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    m = metrics(run_dir)
+    assert m["lock"] is True and m["status"] == "completed"
+    assert [h["samples"] for h in m["history"]] == [512, 512]  # each worker its whole (uneven) shard
+    assert m["updates_per_worker"][0] > m["updates_per_worker"][1]  # 0.7 of the data: more steps
+    assert m["total_updates"] == sum(m["updates_per_worker"])  # under the lock the counter is exact
