@@ -20,11 +20,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+VARIANTS = {"hogwild_locked": ["strategy=hogwild", "strategy.lock=true"]}
+
+
 def run_once(strategy: str, workers: int, args: argparse.Namespace, out: Path) -> float:
     cmd = [
         sys.executable,
         str(ROOT / "train.py"),
-        f"strategy={strategy}",
+        *VARIANTS.get(strategy, [f"strategy={strategy}"]),
         f"workers={workers}",
         "threads_per_worker=1",
         f"trainer.max_epochs={args.epochs}",
@@ -44,7 +47,9 @@ def run_once(strategy: str, workers: int, args: argparse.Namespace, out: Path) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-root", default="data")
-    parser.add_argument("--strategies", nargs="+", default=["ddp", "model_averaging"])
+    parser.add_argument(
+        "--strategies", nargs="+", default=["ddp", "model_averaging", "hogwild", "hogwild_locked"]
+    )
     parser.add_argument("--workers", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=128)

@@ -67,25 +67,6 @@ def test_both_workers_contributed_to_the_final_weights(by_label, tiny_data):
     assert low > 0.3 and high > 0.3, (low, high)
 
 
-def test_one_worker_is_the_plain_single_worker_run(tiny_data, tmp_path):
-    runs = {}
-    for strategy in ("ddp", "hogwild"):
-        run_dir = tmp_path / strategy
-        proc = run_cli(
-            "train.py",
-            f"strategy={strategy}",
-            "workers=1",
-            "threads_per_worker=1",
-            f"data.root={tiny_data}",
-            "trainer.max_epochs=1",
-            f"hydra.run.dir={run_dir}",
-            *TINY,
-        )
-        assert proc.returncode == 0, proc.stderr
-        runs[strategy] = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    assert all(torch.equal(runs["ddp"][k], runs["hogwild"][k]) for k in runs["ddp"])
-
-
 def test_locked_variant_and_uneven_sizes_complete(tiny_data, tmp_path):
     run_dir = tmp_path / "run"
     proc = run_cli(
