@@ -6,7 +6,7 @@ Each measurement is one `train.py` run in a fresh process tree (1 epoch of MNIST
 default); runs are interleaved across configurations (A B A B ...) and the median of `--repeats` is
 reported with the speedup over the same strategy's 1-worker figure. Figures come from each run's
 metrics.json (`samples_per_s`: training only, validation and process start excluded). Results also
-go to benchmarks/results/throughput.json and .md.
+go to benchmarks/results/<name>.json and .md.
 """
 
 import argparse
@@ -47,13 +47,12 @@ def run_once(strategy: str, workers: int, args: argparse.Namespace, out: Path) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-root", default="data")
-    parser.add_argument(
-        "--strategies", nargs="+", default=["ddp", "model_averaging", "hogwild", "hogwild_locked"]
-    )
+    parser.add_argument("--strategies", nargs="+", default=["ddp", "model_averaging", "hogwild", "hogwild_locked"])
     parser.add_argument("--workers", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--name", default="throughput", help="results go to benchmarks/results/<name>.json/.md")
     parser.add_argument("overrides", nargs="*", help="extra train.py overrides, e.g. model=singa_cnn")
     args = parser.parse_args()
 
@@ -89,8 +88,8 @@ def main() -> None:
     print("\n".join(lines))
     results = ROOT / "benchmarks" / "results"
     results.mkdir(parents=True, exist_ok=True)
-    (results / "throughput.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
-    (results / "throughput.md").write_text("\n".join(lines) + "\n")
+    (results / f"{args.name}.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
+    (results / f"{args.name}.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

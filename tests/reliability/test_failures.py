@@ -154,3 +154,39 @@ def test_two_runs_started_at_once_do_not_collide(tiny_data, tmp_path):
     runs = sorted((tmp_path / "outputs").glob("*/*/metrics.json"))
     assert len(runs) == 2
     assert all(json.loads(r.read_text())["status"] == "completed" for r in runs)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    "strategy,partition",
+    [
+        ("ddp", ["data.partition=by_label"]),
+        ("ddp", ["data.partition=dirichlet", "data.dirichlet_alpha=0.3"]),
+        ("model_averaging", ["data.partition=dirichlet", "data.dirichlet_alpha=0.3"]),
+        ("hogwild", ["data.partition=dirichlet", "data.dirichlet_alpha=0.3"]),
+    ],
+    ids=["ddp-by_label", "ddp-dirichlet", "model_averaging-dirichlet", "hogwild-dirichlet"],
+)
+def test_uneven_shards_never_hang(tiny_data, tmp_path, strategy, partition):
+    # (sizes and by_label for the other strategies are covered in their own test files)
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        "train.py",
+        f"strategy={strategy}",
+        "workers=2",
+        f"data.root={tiny_data}",
+        "trainer.max_epochs=2",
+        "record_shards=true",
+        f"hydra.run.dir={run_dir}",
+        *partition,
+        *TINY,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    sizes = [len(torch.load(run_dir / "shards" / f"epoch1_rank{r}.pt")) for r in range(2)]
+    m = json.loads((run_dir / "metrics.json").read_text())
+    assert m["status"] == "completed" and m["epochs"] == 2
+    if strategy == "ddp":  # lockstep: both take the smaller shard's number of steps
+        assert abs(sizes[0] - sizes[1]) < 16
+    else:  # each worker its own whole shard
+        assert sum(sizes) == 512

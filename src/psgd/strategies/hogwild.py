@@ -102,7 +102,7 @@ class HogwildStrategy(PerWorkerCheckpoints, DDPStrategy):
     @override
     def on_train_end(self) -> None:
         """Every worker has stopped writing (after the barrier): record what they all see, and probe
-        the sharing itself: the last worker adds 1 to a weight, every other worker must see it."""
+        the sharing itself: the last worker writes a sentinel into a weight, every worker must see it."""
         self.barrier("hogwild-end")
         module = self.lightning_module
         params = list(module.parameters())
@@ -122,18 +122,19 @@ class HogwildStrategy(PerWorkerCheckpoints, DDPStrategy):
 
     @torch.no_grad()
     def _probe_sharing(self, weights: torch.Tensor) -> bool:
-        writer = self.world_size - 1
-        before = float(weights[0])
+        """The last worker writes a sentinel into one weight; is it seen here? (Works on NaN weights too.)"""
+        writer, sentinel = self.world_size - 1, 12345.0
+        original = weights[0].clone()
         self.barrier("probe-read")
         if self.global_rank == writer:
-            weights[0] += 1.0
+            weights[0] = sentinel
         self.barrier("probe-write")
-        after = float(weights[0])
+        seen = float(weights[0]) == sentinel
         self.barrier("probe-check")
         if self.global_rank == writer:
-            weights[0] -= 1.0  # leave the model as training left it
+            weights[0] = original  # leave the model as training left it
         self.barrier("probe-undo")
-        return abs(after - before - 1.0) < 1e-3  # float32: (w + 1) - w is not exactly 1
+        return seen
 
     @classmethod
     @override
