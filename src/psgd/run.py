@@ -175,20 +175,20 @@ def resolve_ckpt_path(value: str | None, module: nn.Module) -> str | None:
     return str(path)
 
 
-def mark_interrupted(record_path: Path) -> None:
-    """Mark the on-disk record of an interrupted run as such, keeping its finished epochs."""
+def mark_status(record_path: Path, status: str) -> None:
+    """Mark the on-disk record of a run that stopped early, keeping its finished epochs."""
     if record_path.exists():
         record = read_json(record_path)
-        record["status"] = "interrupted"
+        record["status"] = status
         write_json(record_path, record)
-    print(f"psgd: interrupted; finished epochs are kept in {record_path.parent}", file=sys.stderr, flush=True)
 
 
 def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     """Run one configured training job in `run_dir`; returns the final metrics (also in metrics.json)."""
     run_dir = Path(run_dir)
     plan = check(cfg)
-    if cfg.get("quiet"):
+    quiet = bool(cfg.get("quiet"))
+    if quiet:
         for name in ("pytorch_lightning", "lightning_fabric", "lightning"):
             logging.getLogger(name).setLevel(logging.WARNING)
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # before the model: same seed, same init
@@ -256,7 +256,6 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         callbacks.append(TargetAccuracyStop(es.target_acc, es.patience))
     if cfg.record_shards:
         callbacks.append(ShardRecorder(str(run_dir)))
-    quiet = bool(cfg.get("quiet"))
     if not quiet:
         callbacks.append(TQDMProgressBar(refresh_rate=10))  # redrawing every step costs throughput
     logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
@@ -273,9 +272,12 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     )
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
-    except BaseException:
-        if trainer.interrupted:  # Ctrl-C: Lightning has stopped every worker; keep what they finished
-            mark_interrupted(run_dir / "metrics.json")
+    except BaseException as e:
+        # Lightning has stopped every worker by now, so nothing races this write; keep their epochs
+        interrupted = isinstance(e, KeyboardInterrupt | SystemExit)  # Lightning turns Ctrl-C into exit(1)
+        mark_status(run_dir / "metrics.json", "interrupted" if interrupted else "failed")
+        if interrupted:
+            print(f"psgd: interrupted; finished epochs are kept in {run_dir}", file=sys.stderr, flush=True)
         raise
 
     # Test the final weights here, on one device: the workers have exited (spawn) or are this process.
