@@ -174,14 +174,21 @@ class ClassificationData(L.LightningDataModule):
         self.train_set: tuple[Tensor, Tensor] | None = None
         self.val_set: tuple[Tensor, Tensor] | None = None
         self.test_set: tuple[Tensor, Tensor] | None = None
+        self._decoded: dict[bool, tuple[Tensor, Tensor]] = {}  # raw splits from prepare_data, by `train`
 
     def prepare_data(self) -> None:
-        """Download if needed (rank 0 only, by Lightning's rules); also called before workers start."""
+        """Download if needed and decode (rank 0 only, by Lightning's rules; also called before workers
+        start). The decoded splits are kept: workers started afterwards receive them with the pickled
+        datamodule, as shared memory, instead of decoding the files again."""
         for train in (True, False):
-            load_split(self.name, self.root, train, self.download, self.verify_md5)
+            if train not in self._decoded:
+                self._decoded[train] = load_split(self.name, self.root, train, self.download, self.verify_md5)
 
     def _load(self, train: bool) -> tuple[Tensor, Tensor]:
-        images, labels = load_split(self.name, self.root, train, download=False, verify_md5=self.verify_md5)
+        if train in self._decoded:
+            images, labels = self._decoded[train]
+        else:
+            images, labels = load_split(self.name, self.root, train, download=False, verify_md5=self.verify_md5)
         return resize(images, self.image_size), labels
 
     def setup(self, stage: str | None = None) -> None:
