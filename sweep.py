@@ -1,13 +1,19 @@
-"""Sweep training jobs: `python sweep.py -m workers=1,2,3,4,5` (one job per value, under multirun/).
+"""Sweep training jobs: `python sweep.py -m workers=1,2,3,4,5 [strategy=ddp,hogwild ...]`.
 
-Each job is a full `train.py` run in its own output dir under the sweep dir. The sweep report
-(speedup/efficiency tables and plots) belongs to the sweeps issue and is not built yet.
+Each job is a full `train.py` run in its own dir under the sweep dir (multirun/<date>/<time>/<n>/),
+started in a fresh process tree. A line is printed per finished job; when the multirun ends the sweep
+dir gets report.csv, summary.csv, report.md and PNG plots (psgd.report; rebuild them with
+`python -m psgd.report <sweep dir>`). A failed job is marked failed in the report and the others go
+on; the exit code is then 1.
 """
+
+import sys
 
 import hydra
 from omegaconf import DictConfig
 
 from psgd.cli import run_job
+from psgd.sweep import LAST
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="sweep")
@@ -17,3 +23,4 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     main()
+    sys.exit(1 if LAST["failed"] else 0)

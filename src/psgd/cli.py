@@ -3,14 +3,17 @@
 import logging
 import shutil
 import sys
+import traceback
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd.config import ConfigError
 from psgd.data import DataError
+from psgd.results import read_json, write_atomic, write_json
 from psgd.run import train
 
 
@@ -32,24 +35,56 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
+def error_line(e: BaseException, run_dir: Path) -> str:
+    """The one line a user sees for a job that did not finish."""
+    if isinstance(e, ConfigError | DataError):
+        return str(e)
+    if isinstance(e, ProcessRaisedException):
+        return f"worker rank {e.error_index} failed: {_last_line(e)}"
+    if isinstance(e, ProcessExitedException):
+        how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
+        return f"worker rank {e.error_index} died ({how}); results of finished epochs are in {run_dir}"
+    return f"{type(e).__name__}: {_last_line(e)} (traceback in {run_dir / 'error.log'})"
+
+
+def record_failure(run_dir: Path, line: str, e: BaseException) -> None:
+    """A sweep job that failed keeps its dir, marked failed with its error line, for the report."""
+    path = run_dir / "metrics.json"
+    record = read_json(path) if path.exists() else {}
+    record.update(status="failed", error=line)
+    write_json(path, record)
+    write_atomic(run_dir / "error.log", "".join(traceback.format_exception(e)))
+
+
 def run_job(cfg: DictConfig) -> float | None:
-    """Train one job in Hydra's output dir; returns the test accuracy (Hydra sweepers can optimise it)."""
+    """Train one job in Hydra's output dir; returns the test accuracy (Hydra sweepers can optimise it).
+
+    A single run turns a failure into one line and exit code 2. In a multirun a failed job is marked
+    failed in its dir (the report and the sweep's exit code say so) and the sweep goes on.
+    """
     # torch logs a line per surviving worker it terminates after another one died; the error says it all
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    sweeping = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         metrics = train(cfg, run_dir)
-    except (ConfigError, DataError) as e:
-        _discard_empty_run_dir(run_dir)
-        fail(str(e))
-    except ProcessRaisedException as e:
-        fail(f"worker rank {e.error_index} failed: {_last_line(e)}")
-    except ProcessExitedException as e:
-        how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
-        fail(f"worker rank {e.error_index} died ({how}); results of finished epochs are in {run_dir}")
-    print(
-        f"psgd: test_acc={metrics['test_acc']:.4f} train_time_s={metrics['train_time_s']:.1f} "
-        f"samples_per_s={metrics['samples_per_s']} results in {run_dir}",
-        flush=True,
-    )
+    except Exception as e:
+        known = isinstance(e, ConfigError | DataError | ProcessRaisedException | ProcessExitedException)
+        if not (known or sweeping):
+            raise
+        line = error_line(e, run_dir)
+        if sweeping:
+            record_failure(run_dir, line, e)
+            print(f"psgd: error: {line}", file=sys.stderr, flush=True)
+            return None
+        if isinstance(e, ConfigError | DataError):
+            _discard_empty_run_dir(run_dir)
+        fail(line)
+    if not sweeping:  # a sweep prints one progress line per job instead (psgd.sweep)
+        print(
+            f"psgd: test_acc={metrics['test_acc']:.4f} train_time_s={metrics['train_time_s']:.1f} "
+            f"samples_per_s={metrics['samples_per_s']} results in {run_dir}",
+            flush=True,
+        )
     return metrics["test_acc"]

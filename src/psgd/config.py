@@ -27,6 +27,7 @@ class Plan:
     workers: int
     threads_per_worker: int
     accelerator: str
+    accumulate_grad_batches: int = 1  # micro-batches each worker accumulates per update
 
 
 def _is_int(v) -> bool:
@@ -188,6 +189,28 @@ def check(cfg: DictConfig) -> Plan:
     dropout = cfg.model.get("dropout")
     _need(dropout is None or 0 <= dropout < 1, "model.dropout", dropout, "must be in [0, 1)")
 
+    accumulate = resolve_accumulation(cfg, workers * t.num_nodes)
     per_node = workers
     threads = threads or max(1, cpu_count() // per_node)
-    return Plan(workers=workers, threads_per_worker=threads, accelerator=accelerator)
+    return Plan(
+        workers=workers, threads_per_worker=threads, accelerator=accelerator, accumulate_grad_batches=accumulate
+    )
+
+
+def resolve_accumulation(cfg: DictConfig, world_size: int) -> int:
+    """`parallel_batches` K spreads K micro-batches per update over the workers: K / world_size each."""
+    k, acc = cfg.get("parallel_batches"), cfg.trainer.get("accumulate_grad_batches") or 1
+    _need(_is_int(acc) and acc >= 1, "trainer.accumulate_grad_batches", acc, "must be an integer >= 1")
+    if k is None:
+        return acc
+    _need(_is_int(k) and k >= 1, "parallel_batches", k, "must be an integer >= 1, or null")
+    if acc != 1:
+        raise ConfigError(
+            f"parallel_batches={k} and trainer.accumulate_grad_batches={acc} both set the accumulation: set one"
+        )
+    if k % world_size:
+        raise ConfigError(
+            f"parallel_batches={k} is invalid with {world_size} workers: it must be a multiple of the workers "
+            f"(each accumulates parallel_batches / workers micro-batches), e.g. {world_size * max(1, k // world_size)}"
+        )
+    return k // world_size

@@ -48,7 +48,8 @@ class Classifier(L.LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
 
-    def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
+    def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> tuple[Tensor, Tensor]:
+        """Loss and metrics of one batch; returns the loss and the model's output."""
         x, y = batch
         out = self(x)
         loss = F.cross_entropy(out, y)  # also right for log-softmax outputs: log_softmax is idempotent
@@ -57,20 +58,18 @@ class Classifier(L.LightningModule):
         mean_loss.update(loss.detach(), weight=len(y))
         self.log(f"{stage}/acc", acc, on_step=False, on_epoch=True)
         self.log(f"{stage}/loss", mean_loss, on_step=False, on_epoch=True)
-        return loss
+        return loss, out
 
     @override
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        return self._step(batch, "train")
+        return self._step(batch, "train")[0]
 
     @override
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._step(batch, "val")
-        if self.hparams.per_worker_metrics:
-            x, y = batch
-            out = self(x)
-            self.worker_val_acc.update(out, y)
-            self.worker_val_loss.update(F.cross_entropy(out, y), weight=len(y))
+        loss, out = self._step(batch, "val")
+        if self.hparams.per_worker_metrics:  # the same output, kept unreduced for this worker
+            self.worker_val_acc.update(out.detach(), batch[1])
+            self.worker_val_loss.update(loss.detach(), weight=len(batch[1]))
 
     @override
     def on_validation_epoch_end(self) -> None:

@@ -9,6 +9,7 @@ Layout of a run directory (Hydra's output dir):
 """
 
 import logging
+import os
 import sys
 from contextlib import contextmanager
 from datetime import timedelta
@@ -26,6 +27,7 @@ from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
+from psgd import QUIET_ENV, quiet_lightning
 from psgd.callbacks import RunRecorder, ShardRecorder, TargetAccuracyStop, WorkerSetup
 from psgd.config import ConfigError, Plan, check
 from psgd.data import INFO, ClassificationData
@@ -189,8 +191,9 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     plan = check(cfg)
     quiet = bool(cfg.get("quiet"))
     if quiet:
-        for name in ("pytorch_lightning", "lightning_fabric", "lightning"):
-            logging.getLogger(name).setLevel(logging.WARNING)
+        quiet_lightning()  # here and, through the environment, in every worker process
+    else:
+        os.environ.pop(QUIET_ENV, None)
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # before the model: same seed, same init
     net, image_size = build_model(cfg.model, cfg.data.name)
 
@@ -233,6 +236,8 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         "data": cfg.data.name,
         "partition": cfg.data.partition,
         "batch_size": cfg.data.batch_size,
+        "accumulate_grad_batches": plan.accumulate_grad_batches,
+        "parallel_batches": world_size * plan.accumulate_grad_batches,  # micro-batches averaged per update
         "optimizer": cfg.optimizer._target_.rsplit(".", 1)[-1],
         "lr": lr,
         "lr_scaling": cfg.lr_scaling,
@@ -260,7 +265,9 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         callbacks.append(TQDMProgressBar(refresh_rate=10))  # redrawing every step costs throughput
     logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
     trainer_kwargs = {k: v for k, v in OmegaConf.to_container(t, resolve=True).items() if v is not None}
-    trainer_kwargs.update(accelerator=plan.accelerator, devices=plan.workers)
+    trainer_kwargs.update(
+        accelerator=plan.accelerator, devices=plan.workers, accumulate_grad_batches=plan.accumulate_grad_batches
+    )
     trainer = L.Trainer(
         **trainer_kwargs,
         strategy=build_strategy(cfg, plan, run_dir),

@@ -1,22 +1,126 @@
-"""sweep.py under Hydra's real multirun: one job dir per value."""
+"""sweep.py under Hydra's real multirun: every strategy in one sweep, the report, a failed job."""
 
+import csv
+import re
+import subprocess
+import sys
+
+import pytest
 from conftest import run_cli
-from helpers import metrics
+from helpers import metrics, tensorboard
+from matplotlib.image import imread
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+pytestmark = pytest.mark.distributed
 
 
-def test_multirun_runs_one_job_per_value(tiny_data, tmp_path):
-    sweep_dir = tmp_path / "sweep"
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def mixed_sweep(tiny_data, tmp_path_factory):
+    """`sweep.py -m workers=1,2 strategy=ddp,model_averaging,hogwild` on tiny data: 6 jobs."""
+    sweep_dir = tmp_path_factory.mktemp("sweep") / "mixed"
     proc = run_cli(
         "sweep.py",
         "-m",
-        "seed=0,1",
+        "workers=1,2",
+        "strategy=ddp,model_averaging,hogwild",
         f"data.root={tiny_data}",
         "trainer.max_epochs=1",
         "data.batch_size=64",
         f"hydra.sweep.dir={sweep_dir}",
+        timeout=400,
+    )
+    return proc, sweep_dir
+
+
+def test_one_sweep_runs_every_strategy_with_its_own_world_size(mixed_sweep):
+    proc, sweep_dir = mixed_sweep
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_csv(sweep_dir / "report.csv")
+    assert len(rows) == 6
+    seen = set()
+    for row in rows:
+        job = metrics(sweep_dir / row["dir"])
+        assert row["status"] == job["status"] == "completed"
+        assert (row["strategy"], int(row["workers"])) == (job["strategy"], job["world_size"])
+        assert float(row["test_acc"]) == pytest.approx(job["test_acc"])
+        assert 0.0 <= job["test_acc"] <= 1.0
+        seen.add((job["strategy"], job["world_size"]))
+        if job["strategy"] == "model_averaging":  # each worker's accuracy beside the average
+            assert len(row["worker_test_acc"].split()) == job["world_size"]
+    assert seen == {(s, p) for s in ("ddp", "model_averaging", "hogwild") for p in (1, 2)}
+
+
+def test_report_speedup_is_t1_over_tp_per_strategy(mixed_sweep):
+    _, sweep_dir = mixed_sweep
+    rows = read_csv(sweep_dir / "report.csv")
+    for strategy in ("ddp", "model_averaging", "hogwild"):
+        (one,) = [r for r in rows if r["strategy"] == strategy and r["workers"] == "1"]
+        (two,) = [r for r in rows if r["strategy"] == strategy and r["workers"] == "2"]
+        t1, t2 = (metrics(sweep_dir / r["dir"])["train_time_s"] for r in (one, two))
+        assert float(one["speedup"]) == 1.0
+        assert float(two["speedup"]) == pytest.approx(t1 / t2, rel=0.02)
+        assert float(two["efficiency"]) == pytest.approx(t1 / t2 / 2, rel=0.02)
+    md = (sweep_dir / "report.md").read_text()
+    assert "6 jobs: 6 completed, 0 failed" in md and "| model_averaging | 2 |" in md
+
+
+def test_report_plots_are_valid_pngs(mixed_sweep):
+    _, sweep_dir = mixed_sweep
+    for name in ("speedup.png", "efficiency.png", "accuracy.png"):
+        image = imread(sweep_dir / name)  # raises on anything but a readable PNG
+        assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    assert not (sweep_dir / "accuracy_vs_batch.png").exists()  # batch size was not swept
+
+
+def test_a_progress_line_per_job_and_a_final_line(mixed_sweep):
+    proc, sweep_dir = mixed_sweep
+    lines = [ln for ln in proc.stdout.splitlines() if re.match(r"psgd: \[\d/6\]", ln)]
+    assert [ln.split("]")[0] for ln in lines] == [f"psgd: [{i}/6" for i in range(1, 7)]
+    assert all("completed" in ln and "test_acc" in ln and " s training" in ln for ln in lines)
+    assert "workers=1 strategy=ddp:" in lines[0]  # the swept values, not every override
+    assert f"psgd: sweep finished: 6/6 jobs completed; report in {sweep_dir}/report.md" in proc.stdout
+    assert "Initializing distributed" not in proc.stdout + proc.stderr  # workers are quiet too
+
+
+def test_every_job_has_its_own_tensorboard_run_with_hparams(mixed_sweep):
+    _, sweep_dir = mixed_sweep
+    for row in read_csv(sweep_dir / "report.csv"):
+        acc = tensorboard(sweep_dir / row["dir"])
+        start = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+        hparams = HParamsPluginData.FromString(start).session_start_info.hparams
+        assert hparams["strategy.name"].string_value == row["strategy"]
+        assert hparams["workers"].number_value == int(row["workers"])
+        assert acc.Scalars("test/acc")[-1].value == pytest.approx(float(row["test_acc"]), abs=1e-6)
+
+
+def test_a_failed_job_is_marked_and_the_rest_reported(tiny_data, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = run_cli(
+        "sweep.py",
+        "-m",
+        "data.batch_size=64,0",
+        f"data.root={tiny_data}",
+        "trainer.max_epochs=1",
+        f"hydra.sweep.dir={sweep_dir}",
         timeout=300,
     )
-    assert proc.returncode == 0, proc.stderr
-    jobs = [metrics(sweep_dir / str(i)) for i in range(2)]
-    assert [j["seed"] for j in jobs] == [0, 1]
-    assert all(j["status"] == "completed" for j in jobs)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    ok, bad = read_csv(sweep_dir / "report.csv")
+    assert ok["status"] == "completed" and float(ok["test_acc"]) > 0
+    assert bad["status"] == "failed"
+    assert bad["error"] == "data.batch_size=0 is invalid: must be an integer >= 1"
+    assert "psgd: [2/2] data.batch_size=0: failed: data.batch_size=0 is invalid" in proc.stdout
+    assert "1 failed (jobs 1)" in proc.stdout
+    assert "## Failed jobs" in (sweep_dir / "report.md").read_text()
+    assert imread(sweep_dir / "accuracy_vs_batch.png").ndim == 3
+    assert "Traceback" not in proc.stderr
+    # the report can be rebuilt from the sweep dir alone, with the same rows and exit code
+    (sweep_dir / "report.csv").unlink()
+    rebuilt = subprocess.run([sys.executable, "-m", "psgd.report", str(sweep_dir)], capture_output=True, timeout=120)
+    assert rebuilt.returncode == 1
+    assert [r["status"] for r in read_csv(sweep_dir / "report.csv")] == ["completed", "failed"]

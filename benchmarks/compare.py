@@ -1,0 +1,308 @@
+"""psgd against the scripts users write by hand, and where psgd's own time goes, measured side by side.
+
+    python benchmarks/compare.py --data-root ../shared/data            # everything, 3 repeats
+    python benchmarks/compare.py --data-root ../shared/data --only references --repeats 5
+
+Sections (each a table; all results also go to benchmarks/results/compare.json and compare.md):
+  references  psgd vs faithful re-implementations of the reference scripts (benchmarks/references/:
+              a torch DDP script with torchvision MNIST + PIL transforms + DistributedSampler, and
+              pytorch/examples' mnist_hogwild), same model (lab CNN), batch 128, one thread per
+              worker, 1 epoch; runs interleaved (A B A B ...) in fresh processes, medians reported.
+  overhead    psgd's LightningModule + Trainer vs a minimal vanilla loop over the same data path
+              (same loader, model, optimizer, threads); and the data path: a vanilla epoch vs the
+              same number of steps on one fixed in-memory batch. Epoch 2 of each run is timed.
+  flops       the lab CNN's training FLOPs per sample (torch's FlopCounterMode), a matmul peak
+              measured on the same cores, and the fraction of it psgd achieves.
+  target      time to 99.0 % MNIST test accuracy with the lab CNN on all cores (psgd train.py with
+              early_stop.target_acc=0.99).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REFS = ROOT / "benchmarks" / "references"
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+        raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{tail}")
+    return proc
+
+
+def psgd_run(out: Path, overrides: list[str], args) -> dict:
+    cmd = [sys.executable, str(ROOT / "train.py"), f"data.root={args.data_root}", "quiet=true"]
+    run([*cmd, f"hydra.run.dir={out}", *overrides])
+    return json.loads((out / "metrics.json").read_text())
+
+
+def writable_mnist(data_root: str, tmp: Path) -> Path:
+    """torchvision's MNIST extracts the .gz files next to themselves: give it a writable copy of links."""
+    raw = tmp / "refdata" / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for f in (Path(data_root) / "MNIST" / "raw").glob("*.gz"):
+        if not (raw / f.name).exists():
+            os.symlink(f.resolve(), raw / f.name)
+    return tmp / "refdata"
+
+
+# ---------------------------------------------------------------------------------------------- references
+def reference_configs(args, tmp: Path) -> dict[str, callable]:
+    ref_root = writable_mnist(args.data_root, tmp)
+    one_epoch = ["trainer.max_epochs=1", "trainer.limit_val_batches=0", "threads_per_worker=1"]
+
+    def ref(script: str, workers: int, extra: list[str] = ()):
+        def go(i: int) -> float:
+            out = tmp / f"ref-{script}-{workers}-{i}.json"
+            cmd = [sys.executable, str(REFS / script), f"--data-root={ref_root}", f"--workers={workers}"]
+            run([*cmd, "--threads=1", "--epochs=1", f"--result-file={out}", *extra])
+            return json.loads(out.read_text())["samples_per_s"]
+
+        return go
+
+    def ours(strategy: str, workers: int):
+        def go(i: int) -> float:
+            out = tmp / f"psgd-{strategy}-{workers}-{i}"
+            return psgd_run(out, [f"strategy={strategy}", f"workers={workers}", *one_epoch], args)["samples_per_s"]
+
+        return go
+
+    return {
+        "reference DDP script, 1 worker": ref("ddp_mnist.py", 1),
+        "psgd ddp, 1 worker": ours("ddp", 1),
+        "reference DDP script, 2 workers": ref("ddp_mnist.py", 2),
+        "psgd ddp, 2 workers": ours("ddp", 2),
+        "reference mnist_hogwild, 2 workers": ref("hogwild_mnist.py", 2),
+        "psgd hogwild, 1 worker": ours("hogwild", 1),
+        "psgd hogwild, 2 workers": ours("hogwild", 2),
+        "psgd model_averaging, 1 worker": ours("model_averaging", 1),
+        "psgd model_averaging, 2 workers": ours("model_averaging", 2),
+    }
+
+
+REFERENCE_RATIOS = [  # (what, numerator, denominator, target)
+    ("psgd DDP / reference DDP, 1 worker", "psgd ddp, 1 worker", "reference DDP script, 1 worker", None),
+    ("psgd DDP / reference DDP, 2 workers", "psgd ddp, 2 workers", "reference DDP script, 2 workers", 1.5),
+    ("psgd HogWild / reference mnist_hogwild, 2 workers", "psgd hogwild, 2 workers",
+     "reference mnist_hogwild, 2 workers", 1.5),
+    ("psgd model averaging / reference DDP, 2 workers", "psgd model_averaging, 2 workers",
+     "reference DDP script, 2 workers", None),
+    ("psgd HogWild 2 workers / 1 worker", "psgd hogwild, 2 workers", "psgd hogwild, 1 worker", 1.8),
+    ("psgd model averaging 2 workers / 1 worker", "psgd model_averaging, 2 workers",
+     "psgd model_averaging, 1 worker", 1.8),
+]  # fmt: skip
+
+
+def interleaved(configs: dict, repeats: int) -> dict[str, list[float]]:
+    samples: dict[str, list[float]] = {name: [] for name in configs}
+    for rep in range(repeats):
+        for name, go in configs.items():  # A B A B ...: drifts of the machine hit every config alike
+            samples[name].append(go(rep))
+            print(f"  rep {rep + 1}/{repeats}  {name:40s} {samples[name][-1]:9.1f} samples/s", flush=True)
+    return samples
+
+
+# ---------------------------------------------------------------------------------------------- overhead
+def vanilla(data_root: str, threads: int, fixed_batch: bool) -> float:
+    """A minimal training loop on psgd's data path and model; samples/s of its second epoch.
+
+    With fixed_batch, the second epoch is replaced by the same number of steps on one batch already in
+    memory: the difference is what producing batches costs.
+    """
+    import torch
+    import torch.nn.functional as F
+    from hydra import compose, initialize_config_dir
+
+    from psgd.data import ClassificationData
+    from psgd.run import build_model
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"data.root={data_root}"])
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    net, size = build_model(cfg.model, cfg.data.name)
+    net = net.to(memory_format=torch.channels_last)
+    data = ClassificationData(root=data_root, image_size=size, channels_last=True)
+    data.prepare_data()
+    data.setup("fit")
+    loader = data.train_dataloader()
+    opt = torch.optim.SGD(net.parameters(), lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+
+    for x, y in loader:  # epoch 1: warm-up (allocator, oneDNN kernels), not timed
+        step(x, y)
+    loader.sampler.set_epoch(1)
+    if fixed_batch:
+        x, y = next(iter(loader))
+        n = len(loader)
+        start = time.perf_counter()
+        for _ in range(n):
+            step(x, y)
+        return n * len(y) / (time.perf_counter() - start)
+    samples, start = 0, time.perf_counter()
+    for x, y in loader:
+        step(x, y)
+        samples += len(y)
+    return samples / (time.perf_counter() - start)
+
+
+def overhead_configs(args, tmp: Path, threads: int) -> dict[str, callable]:
+    def inner(mode: str):
+        def go(i: int) -> float:
+            cmd = [sys.executable, __file__, "--data-root", args.data_root, "--inner", mode, "--threads", str(threads)]
+            return float(run(cmd).stdout.strip().splitlines()[-1])
+
+        return go
+
+    def ours(i: int) -> float:
+        over = ["trainer.max_epochs=2", "trainer.limit_val_batches=0", f"threads_per_worker={threads}"]
+        return psgd_run(tmp / f"psgd-overhead-{i}", over, args)["history"][-1]["samples_per_s"]
+
+    return {"vanilla loop": inner("vanilla"), "psgd (Lightning)": ours, "vanilla, one fixed batch": inner("fixed")}
+
+
+# ---------------------------------------------------------------------------------------------- flops
+def flops(threads: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from psgd.models import LabCNN
+
+    torch.set_num_threads(threads)
+    net = LabCNN().to(memory_format=torch.channels_last)
+    x = torch.randn(128, 1, 32, 32).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (128,))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        F.cross_entropy(net(x), y).backward()
+    per_sample = counter.get_total_flops() / 128
+    n = 2048
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(10):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    peak = 2 * n**3 / min(times)
+    return {"train_flops_per_sample": per_sample, "matmul_peak_flops": peak, "threads": threads}
+
+
+# ---------------------------------------------------------------------------------------------- report
+def table(rows: list[list], header: list[str]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
+
+
+def verdict(value: float, target: float | None, higher_is_better: bool = True) -> str:
+    if target is None:
+        return ""
+    ok = value >= target if higher_is_better else value <= target
+    return f"{'met' if ok else 'MISSED'} (target {'≥' if higher_is_better else '≤'} {target})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-root", default="data")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", nargs="+", default=["references", "overhead", "flops", "target"])
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for overhead/flops")
+    parser.add_argument("--name", default="compare")
+    parser.add_argument(
+        "--target-overrides",
+        nargs="*",
+        default=["trainer.max_epochs=3"],
+        help="train.py overrides for the time-to-99 %% run",
+    )
+    parser.add_argument("--inner", choices=["vanilla", "fixed"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.inner:
+        print(vanilla(args.data_root, args.threads, fixed_batch=args.inner == "fixed"))
+        return
+
+    out: dict = {"args": vars(args), "date": time.strftime("%Y-%m-%d"), "cpu_count": os.cpu_count()}
+    md: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        if "references" in args.only:
+            print("== psgd vs the reference scripts (samples/s, 1 epoch, 1 thread per worker)", flush=True)
+            samples = interleaved(reference_configs(args, tmp), args.repeats)
+            med = {k: statistics.median(v) for k, v in samples.items()}
+            rows = [[k, f"{med[k]:.0f}", " ".join(f"{v:.0f}" for v in samples[k])] for k in samples]
+            ratios = [
+                [what, f"{med[a] / med[b]:.2f}", verdict(med[a] / med[b], t)] for what, a, b, t in REFERENCE_RATIOS
+            ]
+            out["references"] = {"samples": samples, "median": med}
+            out["reference_ratios"] = {r[0]: float(r[1]) for r in ratios}
+            md += ["### psgd vs the reference scripts", "", table(rows, ["run", "samples/s (median)", "runs"]), ""]
+            md += [table(ratios, ["ratio", "value", "target"]), ""]
+        if "overhead" in args.only or "flops" in args.only:
+            print(f"== framework overhead and data path ({args.threads} threads, epoch 2)", flush=True)
+            samples = interleaved(overhead_configs(args, tmp, args.threads), args.repeats)
+            med = {k: statistics.median(v) for k, v in samples.items()}
+            overhead = med["vanilla loop"] / med["psgd (Lightning)"]  # step-time ratio psgd / vanilla
+            data_path = med["vanilla, one fixed batch"] / med["vanilla loop"]  # epoch time / fixed-batch time
+            rows = [[k, f"{med[k]:.0f}", " ".join(f"{v:.0f}" for v in samples[k])] for k in samples]
+            ratios = [
+                ["framework overhead: psgd step time / vanilla", f"{overhead:.3f}", verdict(overhead, 1.05, False)],
+                ["data path: epoch time / one fixed batch", f"{data_path:.3f}", verdict(data_path, 1.05, False)],
+            ]
+            out["overhead"] = {"samples": samples, "median": med, "overhead": overhead, "data_path": data_path}
+            md += ["### Framework overhead and data path", "", table(rows, ["run", "samples/s (median)", "runs"]), ""]
+            md += [table(ratios, ["ratio", "value", "target"]), ""]
+            if "flops" in args.only:
+                f = flops(args.threads)
+                achieved = f["train_flops_per_sample"] * med["psgd (Lightning)"]
+                fraction = achieved / f["matmul_peak_flops"]
+                f.update(achieved_flops=achieved, fraction_of_peak=fraction)
+                out["flops"] = f
+                rows = [
+                    ["lab CNN training FLOPs per sample", f"{f['train_flops_per_sample'] / 1e6:.2f} MFLOP", ""],
+                    [f"matmul peak, {args.threads} threads", f"{f['matmul_peak_flops'] / 1e9:.0f} GFLOP/s", ""],
+                    ["psgd lab CNN training", f"{achieved / 1e9:.1f} GFLOP/s", ""],
+                    ["fraction of peak", f"{fraction:.1%}", verdict(fraction, 0.25)],
+                ]  # fmt: skip
+                md += ["### Achieved FLOP/s", "", table(rows, ["what", "value", "target"]), ""]
+        if "target" in args.only:
+            print("== time to 99.0 % test accuracy (lab CNN, MNIST, all cores)", flush=True)
+            over = ["early_stop.target_acc=0.99", "early_stop.patience=1", *args.target_overrides]
+            m = psgd_run(tmp / "target", over, args)
+            ttt = m.get("time_to_target_s")
+            out["target"] = {k: m.get(k) for k in ("time_to_target_s", "epoch_to_target", "test_acc", "train_time_s")}
+            out["target"]["overrides"] = over
+            rows = [[
+                "train.py " + " ".join(over),
+                "not reached" if ttt is None else f"{ttt:.1f} s (epoch {m['epoch_to_target']})",
+                f"{m['test_acc']:.2%}",
+                "" if ttt is None else verdict(ttt, 20.0, False),
+            ]]  # fmt: skip
+            md += [
+                "### Time to 99.0 % test accuracy",
+                "",
+                table(rows, ["command", "time to 99 %", "test acc", "target"]),
+            ]
+    text = "\n".join(md) + "\n"
+    print("\n" + text)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(out, indent=2) + "\n")
+    (RESULTS / f"{args.name}.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()

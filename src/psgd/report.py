@@ -1,0 +1,486 @@
+"""Sweep results -> tables and plots: one row per job, speedup and efficiency per strategy.
+
+`python sweep.py -m ...` writes the report when the multirun ends; rebuild it from any sweep dir with
+
+    python -m psgd.report multirun/2026-11-21/10-00-00-000000
+
+Files written into the sweep dir:
+    report.csv      one row per job: swept values, status (and error line), workers, strategy, train
+                    time, samples/s, test accuracy, per-worker accuracies, time to target, speedup
+    summary.csv     one row per (group, workers): mean ± std over seeds, speedup S(P) = T(1)/T(P)
+                    and efficiency S(P)/P, for the fixed epochs and for the time to target accuracy
+    report.md       both tables in markdown
+    speedup.png, efficiency.png, accuracy.png (when workers are swept), accuracy_vs_batch.png (when
+    the batch size is swept)
+
+A group is every job with the same strategy and the same values of the swept keys other than
+workers and seed; T(1) is its 1-worker job (mean over seeds).
+"""
+
+import argparse
+import statistics
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from psgd.results import read_json, write_atomic, write_csv
+
+WORKER_KEYS = ("workers", "trainer.devices")  # the key that sets P
+SEED_KEYS = ("seed",)
+BATCH_KEY = "data.batch_size"
+PLOTS = ("speedup.png", "efficiency.png", "accuracy.png", "accuracy_vs_batch.png")
+
+
+@dataclass
+class Job:
+    """One job dir of a sweep, as found on disk."""
+
+    num: int
+    path: Path
+    overrides: dict[str, str]
+    status: str
+    error: str | None
+    strategy: str
+    workers: int
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+    def get(self, key: str) -> Any:
+        return self.metrics.get(key)
+
+
+@dataclass
+class Report:
+    jobs: list[Job]
+    swept: list[str]
+    rows: list[dict[str, Any]]
+    summary: list[dict[str, Any]]
+    plots: list[Path]
+    notes: list[str]
+
+    @property
+    def failed(self) -> list[Job]:
+        return [j for j in self.jobs if not j.ok]
+
+
+def _parse_override(text: str) -> tuple[str, str]:
+    key, _, value = text.partition("=")
+    return key.lstrip("+~"), value
+
+
+def load_job(path: Path) -> Job | None:
+    """A job dir holds .hydra/ (always) and metrics.json (once it trained or failed)."""
+    hydra_dir = path / ".hydra"
+    if not (hydra_dir / "config.yaml").exists():
+        return None
+    overrides = dict(_parse_override(o) for o in OmegaConf.load(hydra_dir / "overrides.yaml"))
+    cfg = OmegaConf.load(hydra_dir / "config.yaml")
+    metrics = read_json(path / "metrics.json") if (path / "metrics.json").exists() else {}
+    status = metrics.get("status", "not finished")
+    error = metrics.get("error")
+    if status in ("running", "trained"):  # the job process ended without writing its final status
+        status, error = "failed", error or f"ended with status {status!r} (killed?)"
+    workers = metrics.get("world_size") or _config_workers(cfg)
+    return Job(
+        num=int(path.name) if path.name.isdigit() else -1,
+        path=path,
+        overrides=overrides,
+        status=status,
+        error=error,
+        strategy=metrics.get("strategy") or str(OmegaConf.select(cfg, "strategy.name", default="?")),
+        workers=int(workers),
+        metrics=metrics,
+    )
+
+
+def _config_workers(cfg) -> int:
+    devices = OmegaConf.select(cfg, "trainer.devices", default=None)
+    nodes = OmegaConf.select(cfg, "trainer.num_nodes", default=1) or 1
+    workers = devices if isinstance(devices, int) else OmegaConf.select(cfg, "workers", default=1)
+    try:
+        return int(workers) * int(nodes)
+    except (TypeError, ValueError):
+        return 0
+
+
+def load_jobs(sweep_dir: Path) -> list[Job]:
+    jobs = [load_job(p) for p in sorted(sweep_dir.iterdir(), key=_dir_order) if p.is_dir()]
+    return [j for j in jobs if j is not None]
+
+
+def _dir_order(p: Path) -> tuple[int, str]:
+    return (int(p.name), "") if p.name.isdigit() else (1 << 30, p.name)
+
+
+def swept_keys(jobs: list[Job]) -> list[str]:
+    """Override keys that take more than one value across the jobs, in command-line order."""
+    keys: list[str] = []
+    for job in jobs:
+        for key in job.overrides:
+            if key not in keys:
+                keys.append(key)
+    return [k for k in keys if len({j.overrides.get(k) for j in jobs}) > 1]
+
+
+def group_key(job: Job, swept: list[str]) -> tuple[str, ...]:
+    """Jobs that differ only in workers and seed form one speedup curve."""
+    rest = tuple(f"{k}={job.overrides.get(k)}" for k in swept if k not in (*WORKER_KEYS, *SEED_KEYS, "strategy"))
+    return (job.strategy, *rest)
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _std(values: list[float]) -> float | None:
+    return statistics.stdev(values) if len(values) > 1 else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _r(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict]]:
+    """Per-job rows and per-(group, P) summary rows with speedup and efficiency."""
+    by_group: dict[tuple, dict[int, list[Job]]] = defaultdict(lambda: defaultdict(list))
+    for job in jobs:
+        if job.ok:
+            by_group[group_key(job, swept)][job.workers].append(job)
+
+    def mean_of(group: tuple, p: int, key: str) -> float | None:
+        return _mean([j.get(key) for j in by_group[group].get(p, []) if j.get(key) is not None])
+
+    rows = []
+    for job in jobs:
+        g = group_key(job, swept)
+        t1, ttt1 = mean_of(g, 1, "train_time_s"), mean_of(g, 1, "time_to_target_s")
+        speedup = _ratio(t1, job.get("train_time_s")) if job.ok else None
+        speedup_t = _ratio(ttt1, job.get("time_to_target_s")) if job.ok else None
+        worker_acc = job.get("worker_test_acc")
+        rows.append(
+            {
+                "job": job.num,
+                **{k: job.overrides.get(k) for k in extra_columns(swept)},
+                "status": job.status,
+                "strategy": job.strategy,
+                "workers": job.workers,
+                "threads_per_worker": job.get("threads_per_worker"),
+                "batch_size": job.get("batch_size"),
+                "epochs": job.get("epochs"),
+                "train_time_s": _r(job.get("train_time_s"), 2),
+                "samples_per_s": job.get("samples_per_s"),
+                "test_acc": job.get("test_acc"),
+                "worker_test_acc": " ".join(f"{a:.4f}" for a in worker_acc) if worker_acc else None,
+                "time_to_target_s": _r(job.get("time_to_target_s"), 2),
+                "speedup": _r(speedup, 3),
+                "efficiency": _r(_ratio(speedup, job.workers), 3),
+                "speedup_to_target": _r(speedup_t, 3),
+                "efficiency_to_target": _r(_ratio(speedup_t, job.workers), 3),
+                "error": job.error,
+                "dir": job.path.name,
+            }
+        )
+
+    summary = []
+    for g, per_p in by_group.items():
+        t1, ttt1 = mean_of(g, 1, "train_time_s"), mean_of(g, 1, "time_to_target_s")
+        for p in sorted(per_p):
+            group_jobs = per_p[p]
+            times = [j.get("train_time_s") for j in group_jobs]
+            accs = [j.get("test_acc") for j in group_jobs]
+            ttt = [j.get("time_to_target_s") for j in group_jobs if j.get("time_to_target_s") is not None]
+            t_p, ttt_p = _mean(times), _mean(ttt)
+            s, s_t = _ratio(t1, t_p), _ratio(ttt1, ttt_p)
+            worker_accs = [a for j in group_jobs for a in (j.get("worker_test_acc") or [])]
+            summary.append(
+                {
+                    "group": " ".join(g),
+                    "strategy": g[0],
+                    "workers": p,
+                    "runs": len(group_jobs),
+                    "test_acc_mean": _r(_mean(accs), 6),
+                    "test_acc_std": _r(_std(accs), 6),
+                    "worker_acc_mean": _r(_mean(worker_accs), 6),
+                    "train_time_s_mean": _r(t_p, 2),
+                    "train_time_s_std": _r(_std(times), 2),
+                    "samples_per_s_mean": _r(_mean([j.get("samples_per_s") or 0.0 for j in group_jobs]), 1),
+                    "speedup": _r(s, 3),
+                    "efficiency": _r(_ratio(s, p), 3),
+                    "reached_target": f"{len(ttt)}/{len(group_jobs)}",
+                    "time_to_target_s_mean": _r(ttt_p, 2),
+                    "speedup_to_target": _r(s_t, 3),
+                    "efficiency_to_target": _r(_ratio(s_t, p), 3),
+                }
+            )
+    return rows, summary
+
+
+TARGET_COLUMNS = ("reached target", "time to target s", "S to target", "E to target")
+
+
+def extra_columns(swept: list[str]) -> list[str]:
+    """Swept keys that are not already a column of their own."""
+    return [k for k in swept if k not in ("workers", "strategy")]
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value).replace("|", "\\|")
+
+
+def markdown_table(rows: list[dict], columns: list[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _pm(mean: float | None, std: float | None, scale: float = 1.0, digits: int = 2) -> str:
+    if mean is None:
+        return ""
+    text = f"{mean * scale:.{digits}f}"
+    return f"{text} ± {std * scale:.{digits}f}" if std is not None else text
+
+
+def render_markdown(sweep_dir: Path, report: Report) -> str:
+    ok = len(report.jobs) - len(report.failed)
+    out = [
+        f"# Sweep report: {sweep_dir}",
+        "",
+        f"{len(report.jobs)} jobs: {ok} completed, {len(report.failed)} failed. "
+        f"Swept: {', '.join(report.swept) or 'nothing'}.",
+        "Times are training only (validation and process start excluded). "
+        "Speedup S(P) = T(1)/T(P) within a group (same strategy and other swept values), efficiency = S(P)/P.",
+        "",
+        "## Jobs",
+        "",
+    ]
+    targets = any(j.get("target_acc") is not None for j in report.jobs)
+    averaging = any(j.get("worker_test_acc") for j in report.jobs)
+    job_cols = ["job", *extra_columns(report.swept), "status", "strategy", "workers", "epochs", "train_time_s"]
+    job_cols += ["samples_per_s", "test_acc"] + (["worker_test_acc"] if averaging else [])
+    job_cols += ["speedup", "efficiency"] + (["time_to_target_s", "speedup_to_target"] if targets else [])
+    out.append(markdown_table(report.rows, job_cols))
+    if report.failed:
+        out += ["", "## Failed jobs", ""]
+        out += [f"- job {j.num} ({j.path.name}): {j.error or j.status}" for j in report.failed]
+    if report.summary:
+        out += ["", "## Speedup and accuracy per group (mean ± std over seeds)", ""]
+        table = [
+            {
+                "group": s["group"],
+                "P": s["workers"],
+                "runs": s["runs"],
+                "test acc %": _pm(s["test_acc_mean"], s["test_acc_std"], 100),
+                "workers' acc %": _pm(s["worker_acc_mean"], None, 100),
+                "train time s": _pm(s["train_time_s_mean"], s["train_time_s_std"]),
+                "samples/s": s["samples_per_s_mean"],
+                "S(P)": s["speedup"],
+                "E(P)": s["efficiency"],
+                "reached target": s["reached_target"],
+                "time to target s": s["time_to_target_s_mean"],
+                "S to target": s["speedup_to_target"],
+                "E to target": s["efficiency_to_target"],
+            }
+            for s in report.summary
+        ]
+        cols = [c for c in table[0] if targets or c not in TARGET_COLUMNS]
+        if not averaging:
+            cols.remove("workers' acc %")
+        out.append(markdown_table(table, cols))
+    if report.plots:
+        out += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in report.plots]
+    if report.notes:
+        out += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
+    return "\n".join(out) + "\n"
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: works without a display, in CI and on clusters
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _curves(summary: list[dict], y: str) -> dict[str, tuple[list[int], list[float]]]:
+    curves: dict[str, tuple[list[int], list[float]]] = {}
+    for s in summary:
+        if s[y] is not None:
+            xs, ys = curves.setdefault(s["group"], ([], []))
+            xs.append(s["workers"])
+            ys.append(s[y])
+    return curves
+
+
+def plot_scaling(sweep_dir: Path, summary: list[dict], kind: str) -> Path | None:
+    """speedup.png / efficiency.png: per group vs workers, for fixed epochs and (if any) to target."""
+    panels = [(kind, "fixed epochs"), (f"{kind}_to_target", "time to target accuracy")]
+    panels = [(key, title) for key, title in panels if any(len(c[0]) > 1 for c in _curves(summary, key).values())]
+    if not panels:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    max_p = max(s["workers"] for s in summary)
+    for ax, (key, title) in zip(axes[0], panels):
+        for label, (xs, ys) in _curves(summary, key).items():
+            ax.plot(xs, ys, marker="o", label=label)
+        ideal = list(range(1, max_p + 1))
+        ax.plot(ideal, ideal if kind == "speedup" else [1.0] * len(ideal), "k--", label="ideal")
+        ax.set_xlabel("workers P")
+        ax.set_ylabel("S(P) = T(1) / T(P)" if kind == "speedup" else "E(P) = S(P) / P")
+        ax.set_title(f"{kind} ({title})")
+        ax.set_xticks(ideal)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = sweep_dir / f"{kind}.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_accuracy(sweep_dir: Path, jobs: list[Job], summary: list[dict], swept: list[str]) -> Path | None:
+    """accuracy.png: test accuracy vs workers per group; averaging jobs also show each worker's."""
+    if len({s["workers"] for s in summary}) < 2:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for label, (xs, ys) in _curves(summary, "test_acc_mean").items():
+        stds = [
+            next(s["test_acc_std"] or 0.0 for s in summary if s["group"] == label and s["workers"] == x) for x in xs
+        ]
+        (line,) = ax.plot(xs, ys, marker="o", label=f"{label} (test acc)")
+        ax.errorbar(xs, ys, yerr=stds, fmt="none", ecolor=line.get_color(), capsize=3)
+        groups = [j for j in jobs if j.ok and " ".join(group_key(j, swept)) == label]
+        px = [j.workers for j in groups for _ in (j.get("worker_test_acc") or [])]
+        py = [a for j in groups for a in (j.get("worker_test_acc") or [])]
+        if py:
+            ax.scatter(px, py, marker="x", color=line.get_color(), alpha=0.6, label=f"{label} (each worker)")
+    ax.set_xlabel("workers P")
+    ax.set_xticks(sorted({s["workers"] for s in summary}))
+    ax.set_ylabel("test accuracy")
+    ax.set_title("test accuracy vs workers")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = sweep_dir / "accuracy.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_batch(sweep_dir: Path, jobs: list[Job], swept: list[str]) -> Path | None:
+    """accuracy_vs_batch.png: test accuracy vs per-worker batch size (mean over seeds) per setting."""
+    if BATCH_KEY not in swept:
+        return None
+    curves: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for j in jobs:
+        if j.ok and j.get("batch_size"):
+            label = " ".join(
+                [j.strategy, f"P={j.workers}"]
+                + [
+                    f"{k}={j.overrides.get(k)}"
+                    for k in swept
+                    if k not in (BATCH_KEY, "strategy", *SEED_KEYS, *WORKER_KEYS)
+                ]
+            )
+            curves[label][int(j.get("batch_size"))].append(j.get("test_acc"))
+    if not curves:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for label, points in curves.items():
+        xs = sorted(points)
+        ax.plot(xs, [statistics.fmean(points[x]) for x in xs], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size per worker")
+    ax.set_ylabel("test accuracy")
+    ax.set_title("test accuracy vs batch size")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = sweep_dir / "accuracy_vs_batch.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_report(sweep_dir: str | Path) -> Report:
+    """Read every job dir under `sweep_dir` and write report.csv, summary.csv, report.md and plots."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise FileNotFoundError(f"sweep dir {sweep_dir} does not exist")
+    jobs = load_jobs(sweep_dir)
+    if not jobs:
+        raise FileNotFoundError(f"{sweep_dir} holds no job dirs (<n>/.hydra/config.yaml): is it a sweep dir?")
+    swept = swept_keys(jobs)
+    rows, summary = build_rows(jobs, swept)
+    for p in PLOTS:  # plots of an earlier build that no longer apply must not linger
+        (sweep_dir / p).unlink(missing_ok=True)
+    plots = [
+        p
+        for p in (
+            plot_scaling(sweep_dir, summary, "speedup"),
+            plot_scaling(sweep_dir, summary, "efficiency"),
+            plot_accuracy(sweep_dir, jobs, summary, swept),
+            plot_batch(sweep_dir, jobs, swept),
+        )
+        if p is not None
+    ]
+    notes = []
+    if len({j.workers for j in jobs}) > 1 and not any(s["workers"] == 1 and s["speedup"] for s in summary):
+        notes.append("no completed 1-worker job in any group: speedup needs workers=1 in the sweep")
+    if not any(s["speedup_to_target"] for s in summary) and any(j.get("target_acc") for j in jobs):
+        notes.append("no group has a 1-worker job that reached early_stop.target_acc: no speedup to target")
+    report = Report(jobs, swept, rows, summary, plots, notes)
+    if rows:
+        write_csv(sweep_dir / "report.csv", list(rows[0]), [list(r.values()) for r in rows])
+    if summary:
+        write_csv(sweep_dir / "summary.csv", list(summary[0]), [list(s.values()) for s in summary])
+    write_atomic(sweep_dir / "report.md", render_markdown(sweep_dir, report))
+    return report
+
+
+def describe(report: Report, sweep_dir: Path) -> str:
+    ok = len(report.jobs) - len(report.failed)
+    return (
+        f"psgd: sweep finished: {ok}/{len(report.jobs)} jobs completed"
+        + (
+            f", {len(report.failed)} failed (jobs {', '.join(str(j.num) for j in report.failed)})"
+            if report.failed
+            else ""
+        )
+        + f"; report in {sweep_dir / 'report.md'}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m psgd.report", description="(Re)build a sweep's report.")
+    parser.add_argument("sweep_dir", help="a sweep dir written by sweep.py -m (holds 0/, 1/, ...)")
+    args = parser.parse_args(argv)
+    try:
+        report = write_report(args.sweep_dir)
+    except FileNotFoundError as e:
+        print(f"psgd: error: {e}", file=sys.stderr)
+        return 2
+    print(describe(report, Path(args.sweep_dir)))
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

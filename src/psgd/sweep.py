@@ -1,0 +1,80 @@
+"""The Hydra callback behind `sweep.py -m`: a progress line per finished job, the report at the end.
+
+It only reads what the jobs wrote to disk (metrics.json in each job dir), so it works the same with
+Hydra's in-process launcher and with launchers that run jobs elsewhere (submitit on SLURM).
+"""
+
+import math
+from pathlib import Path
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from psgd.report import describe, write_report
+from psgd.results import read_json
+
+# What the last multirun in this process found: sweep.py turns failed jobs into a non-zero exit code.
+LAST: dict[str, Any] = {"failed": 0, "report": None}
+
+
+def sweep_lengths(sweeper_params: dict[str, str] | None, task_overrides: list[str]) -> dict[str, int]:
+    """How many values each key takes in Hydra's basic sweeper (the jobs are their product), the
+    command line overriding the config's `hydra.sweeper.params` key by key, as the sweeper does."""
+    texts = [f"{k}={v}" for k, v in (sweeper_params or {}).items()] + list(task_overrides)
+    lengths: dict[str, int] = {}
+    for o in OverridesParser.create().parse_overrides(texts):
+        lengths[o.get_key_element()] = len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
+    return lengths
+
+
+def progress_line(num: int, total: int | None, overrides: list[str], job_dir: Path) -> str:
+    """`[i/N] key=value ...: completed in 12.3 s, test_acc 0.9812` (or `failed: <error line>`)."""
+    record = read_json(job_dir / "metrics.json") if (job_dir / "metrics.json").exists() else {}
+    status = record.get("status", "not finished")
+    where = f"[{num + 1}/{total}]" if total else f"[{num + 1}]"
+    values = " ".join(overrides) or "(defaults)"
+    if status == "completed":
+        ttt = record.get("time_to_target_s")
+        target = f", target reached at {ttt:.1f} s" if ttt is not None else ""
+        return (
+            f"psgd: {where} {values}: completed, {record.get('train_time_s', 0):.1f} s training, "
+            f"{record.get('samples_per_s')} samples/s, test_acc {record.get('test_acc'):.4f}{target}"
+        )
+    return f"psgd: {where} {values}: {status}: {record.get('error') or 'no result written'}"
+
+
+class SweepReport(Callback):
+    """Registered in conf/sweep.yaml under hydra.callbacks."""
+
+    def __init__(self) -> None:
+        self.total: int | None = None
+        self.swept: set[str] = set()  # keys with several values: the ones a progress line shows
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        LAST.update(failed=0, report=None)
+        params = config.hydra.sweeper.get("params")
+        try:
+            lengths = sweep_lengths(dict(params) if params else None, list(config.hydra.overrides.task))
+        except Exception:  # a sweep syntax this count does not know: progress lines go without "/N"
+            self.total, self.swept = None, set()
+        else:
+            self.total, self.swept = math.prod(lengths.values()), {k for k, n in lengths.items() if n > 1}
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        job_dir = Path(config.hydra.runtime.output_dir)
+        overrides = [o for o in config.hydra.overrides.task if o.split("=", 1)[0].lstrip("+~") in self.swept]
+        line = progress_line(config.hydra.job.num, self.total, overrides, job_dir)
+        print(line, flush=True)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        try:
+            report = write_report(sweep_dir)
+        except FileNotFoundError as e:  # every job failed before Hydra made its dir
+            print(f"psgd: error: no report: {e}", flush=True)
+            LAST.update(failed=1)
+            return
+        LAST.update(failed=len(report.failed), report=report)
+        print(describe(report, sweep_dir), flush=True)

@@ -1,0 +1,174 @@
+"""The sweep report on sweep dirs laid out as Hydra and psgd write them (job dirs with .hydra/ and
+metrics.json), so every number can be checked against a hand computation."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from psgd.report import main, write_report
+from psgd.sweep import progress_line, sweep_lengths
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def make_job(sweep: Path, num: int, overrides: dict, metrics: dict | None, workers: int = 1) -> Path:
+    job = sweep / str(num)
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"{k}={v}" for k, v in overrides.items()]))
+    cfg = {"workers": workers, "trainer": {"devices": None, "num_nodes": 1}, "strategy": {"name": "ddp"}}
+    (job / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    if metrics is not None:
+        (job / "metrics.json").write_text(json.dumps(metrics))
+    return job
+
+
+def done(strategy: str, workers: int, time_s: float, acc: float, **extra) -> dict:
+    return {
+        "status": "completed",
+        "strategy": strategy,
+        "workers": workers,
+        "world_size": workers,
+        "threads_per_worker": 1,
+        "batch_size": 128,
+        "epochs": 2,
+        "train_time_s": time_s,
+        "samples_per_s": 120000 / time_s,
+        "test_acc": acc,
+        "target_acc": extra.pop("target_acc", None),
+        "time_to_target_s": extra.pop("time_to_target_s", None),
+        **extra,
+    }
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture
+def seeded_sweep(tmp_path) -> Path:
+    """workers=1,2,4 x seed=0,1 for model averaging (one job failed), as `sweep.py -m` leaves it."""
+    times = {(1, 0): 20.0, (1, 1): 22.0, (2, 0): 11.0, (2, 1): 10.0, (4, 0): 7.0, (4, 1): 6.0}
+    accs = {(1, 0): 0.98, (1, 1): 0.96, (2, 0): 0.97, (2, 1): 0.95, (4, 0): 0.9, (4, 1): 0.92}
+    num = 0
+    for p in (1, 2, 4):
+        for seed in (0, 1):
+            overrides = {"workers": p, "seed": seed, "strategy": "model_averaging"}
+            m = done(
+                "model_averaging",
+                p,
+                times[p, seed],
+                accs[p, seed],
+                target_acc=0.9,
+                time_to_target_s=times[p, seed] / 2,
+                worker_test_acc=[accs[p, seed] + 0.01] * p,
+            )
+            make_job(tmp_path, num, overrides, m, workers=p)
+            num += 1
+    failed = {"status": "failed", "error": "worker rank 1 died (signal SIGKILL)"}
+    make_job(tmp_path, num, {"workers": 3, "seed": 0, "strategy": "model_averaging"}, failed, workers=3)
+    return tmp_path
+
+
+def test_report_rows_speedup_and_efficiency_are_computed_from_the_mean_1_worker_time(seeded_sweep):
+    report = write_report(seeded_sweep)
+    assert report.swept == ["workers", "seed"]
+    rows = read_csv(seeded_sweep / "report.csv")
+    assert len(rows) == 7
+    t1 = (20.0 + 22.0) / 2
+    job2 = next(r for r in rows if r["job"] == "2")  # P=2, seed 0, 11 s
+    assert float(job2["speedup"]) == pytest.approx(t1 / 11.0, abs=1e-3)
+    assert float(job2["efficiency"]) == pytest.approx(t1 / 11.0 / 2, abs=1e-3)
+    assert float(job2["speedup_to_target"]) == pytest.approx((t1 / 2) / 5.5, abs=1e-3)
+    assert job2["worker_test_acc"] == "0.9800 0.9800"
+    failed = next(r for r in rows if r["status"] == "failed")
+    assert failed["workers"] == "3" and failed["error"] == "worker rank 1 died (signal SIGKILL)"
+    assert failed["speedup"] == "" and failed["test_acc"] == ""
+
+
+def test_summary_has_mean_and_std_over_seeds_per_worker_count(seeded_sweep):
+    write_report(seeded_sweep)
+    summary = {int(r["workers"]): r for r in read_csv(seeded_sweep / "summary.csv")}
+    assert sorted(summary) == [1, 2, 4]  # the failed P=3 job is not averaged into anything
+    s4 = summary[4]
+    assert s4["runs"] == "2"
+    assert float(s4["test_acc_mean"]) == pytest.approx(0.91)
+    assert float(s4["test_acc_std"]) == pytest.approx(0.014142, abs=1e-5)
+    assert float(s4["train_time_s_mean"]) == pytest.approx(6.5)
+    assert float(s4["speedup"]) == pytest.approx(21.0 / 6.5, abs=1e-3)
+    assert float(s4["efficiency"]) == pytest.approx(21.0 / 6.5 / 4, abs=1e-3)
+    assert float(s4["speedup_to_target"]) == pytest.approx(10.5 / 3.25, abs=1e-3)
+    assert s4["reached_target"] == "2/2"
+    md = (seeded_sweep / "report.md").read_text()
+    assert "91.00 ± 1.41" in md  # test acc % mean ± std
+    assert "job 6" in md and "worker rank 1 died" in md
+
+
+def test_plots_are_written_as_png_and_stale_ones_removed(seeded_sweep):
+    report = write_report(seeded_sweep)
+    names = sorted(p.name for p in report.plots)
+    assert names == ["accuracy.png", "efficiency.png", "speedup.png"]  # batch size not swept
+    for name in names:
+        assert (seeded_sweep / name).read_bytes()[:8] == PNG_MAGIC
+    (seeded_sweep / "accuracy_vs_batch.png").write_bytes(PNG_MAGIC)  # from an earlier build
+    write_report(seeded_sweep)
+    assert not (seeded_sweep / "accuracy_vs_batch.png").exists()
+
+
+def test_groups_are_per_strategy_and_other_swept_values(tmp_path):
+    num = 0
+    for strategy in ("ddp", "hogwild"):
+        for bs in (32, 64):
+            for p, t in ((1, 10.0), (2, 8.0 if strategy == "ddp" else 5.0)):
+                m = done(strategy, p, t * bs / 32, 0.9)
+                m["batch_size"] = bs
+                make_job(tmp_path, num, {"workers": p, "strategy": strategy, "data.batch_size": bs}, m, workers=p)
+                num += 1
+    report = write_report(tmp_path)
+    speedups = {(s["strategy"], s["group"], s["workers"]): s["speedup"] for s in report.summary}
+    assert speedups["ddp", "ddp data.batch_size=32", 2] == pytest.approx(1.25)
+    assert speedups["hogwild", "hogwild data.batch_size=64", 2] == pytest.approx(2.0)
+    assert "accuracy_vs_batch.png" in [p.name for p in report.plots]
+
+
+def test_no_1_worker_job_means_no_speedup_and_a_note(tmp_path):
+    for num, p in enumerate((2, 4)):
+        make_job(tmp_path, num, {"workers": p}, done("ddp", p, 10.0 / p, 0.9), workers=p)
+    report = write_report(tmp_path)
+    assert all(s["speedup"] is None for s in report.summary)
+    assert "speedup needs workers=1" in (tmp_path / "report.md").read_text()
+
+
+def test_a_job_left_running_is_reported_failed(tmp_path):
+    make_job(tmp_path, 0, {"seed": 0}, done("ddp", 1, 5.0, 0.9))
+    make_job(tmp_path, 1, {"seed": 1}, {"status": "running", "strategy": "ddp", "world_size": 1})
+    report = write_report(tmp_path)
+    assert [j.status for j in report.jobs] == ["completed", "failed"]
+    assert "killed?" in report.jobs[1].error
+
+
+def test_rebuild_command_exit_codes(tmp_path, seeded_sweep, capsys):
+    assert main([str(seeded_sweep)]) == 1  # one job failed
+    assert "6/7 jobs completed, 1 failed (jobs 6)" in capsys.readouterr().out
+    assert main([str(tmp_path / "nowhere")]) == 2
+    assert "psgd: error: sweep dir" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main([str(empty)]) == 2
+    assert "is it a sweep dir?" in capsys.readouterr().err
+
+
+def test_job_count_and_swept_keys_follow_hydras_basic_sweeper():
+    lengths = sweep_lengths({"workers": "1,2,3,4,5", "seed": "0"}, ["workers=1,2", "strategy=ddp,hogwild,x"])
+    assert lengths == {"workers": 2, "seed": 1, "strategy": 3}  # the command line wins over params
+
+
+def test_progress_line_says_values_time_and_accuracy_or_the_error(tmp_path):
+    ok = make_job(tmp_path, 0, {"workers": 2}, done("ddp", 2, 12.34, 0.98125))
+    line = progress_line(0, 5, ["workers=2"], ok)
+    assert line.startswith("psgd: [1/5] workers=2: completed, 12.3 s training") and "test_acc 0.9812" in line
+    bad = make_job(tmp_path, 1, {"workers": 3}, {"status": "failed", "error": "data.batch_size=0 is invalid"})
+    assert progress_line(1, 5, ["workers=3"], bad) == "psgd: [2/5] workers=3: failed: data.batch_size=0 is invalid"
