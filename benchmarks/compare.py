@@ -227,7 +227,7 @@ def main() -> None:
     parser.add_argument(
         "--target-overrides",
         nargs="*",
-        default=["trainer.max_epochs=3"],
+        default=["trainer.max_epochs=3", "model.dropout=0.1"],
         help="train.py overrides for the time-to-99 %% run",
     )
     parser.add_argument("--inner", choices=["vanilla", "fixed"], help=argparse.SUPPRESS)

@@ -12,6 +12,7 @@ from typing_extensions import override
 
 from psgd.data.partition import generator
 from psgd.results import write_csv, write_json
+from psgd.strategies._lightning import without_per_step_collectives
 
 
 class WorkerSetup(Callback):
@@ -33,6 +34,15 @@ class WorkerSetup(Callback):
             torch.manual_seed(generator(self.seed, trainer.global_rank, trainer.current_epoch).initial_seed())
 
 
+class LocalSigtermCheck(Callback):
+    """DDP: check for SIGTERM locally instead of Lightning's per-step broadcast from rank 0 (one
+    collective less per step; on clusters every worker gets the signal anyway)."""
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        without_per_step_collectives(trainer)
+
+
 class ShardRecorder(Callback):
     """Saves the sample indices each worker trained on: shards/epoch<e>_rank<r>.pt (record_shards=true)."""
 
@@ -45,6 +55,21 @@ class ShardRecorder(Callback):
         self.out_dir.mkdir(parents=True, exist_ok=True)
         indices = torch.cat(seen) if seen else torch.empty(0, dtype=torch.long)
         torch.save(indices, self.out_dir / f"epoch{trainer.current_epoch}_rank{trainer.global_rank}.pt")
+
+
+class WeightRecorder(Callback):
+    """Every worker saves the weights it ends with: weights/rank<r>.pt (record_weights=true), e.g. to
+    check that all ranks of a multi-node run agree."""
+
+    def __init__(self, out_dir: str):
+        self.out_dir = Path(out_dir) / "weights"
+
+    @override
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # after Strategy.on_train_end: for model averaging these are the averaged weights
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
+        torch.save(state, self.out_dir / f"rank{trainer.global_rank}.pt")
 
 
 def update_streak(streak: int, accuracy: float | None, target: float) -> int:

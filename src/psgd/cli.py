@@ -1,20 +1,37 @@
 """What `train.py` runs under Hydra: one job, with user errors turned into one line and exit code 2."""
 
 import logging
+import os
 import shutil
 import sys
 import traceback
+from datetime import datetime
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd.config import ConfigError
 from psgd.data import DataError
 from psgd.results import read_json, write_atomic, write_json
 from psgd.run import train
+
+
+def run_name() -> str:
+    """The run dir under outputs/: <date>/<time>, or a name every process of one torchrun / srun job
+    computes alike, so that all workers (and a restarted worker) write into the same dir."""
+    env, today = os.environ, datetime.now().strftime("%Y-%m-%d")
+    if "TORCHELASTIC_RUN_ID" in env and "RANK" in env:
+        run_id = env["TORCHELASTIC_RUN_ID"]
+        return f"{today}/torchrun-" + (run_id if run_id not in ("", "none") else f"port{env.get('MASTER_PORT', '')}")
+    if "SLURM_JOB_ID" in env and "SLURM_STEP_ID" in env:
+        return f"{today}/slurm-{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
+    return datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
+
+
+OmegaConf.register_new_resolver("psgd_run_name", run_name, use_cache=True, replace=True)
 
 
 def _last_line(text: str) -> str:
@@ -81,6 +98,8 @@ def run_job(cfg: DictConfig) -> float | None:
         if isinstance(e, ConfigError | DataError):
             _discard_empty_run_dir(run_dir)
         fail(line)
+    if metrics is None:  # a torchrun / srun worker other than rank 0: rank 0 reports
+        return None
     if not sweeping:  # a sweep prints one progress line per job instead (psgd.sweep)
         print(
             f"psgd: test_acc={metrics['test_acc']:.4f} train_time_s={metrics['train_time_s']:.1f} "

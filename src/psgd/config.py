@@ -2,6 +2,7 @@
 the bad value and what is allowed."""
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,41 @@ class Plan:
     threads_per_worker: int
     accelerator: str
     accumulate_grad_batches: int = 1  # micro-batches each worker accumulates per update
+    launcher: str = "psgd"  # who starts the worker processes: psgd, or torchrun / srun (one per worker)
+
+
+def external_launcher(world_size: int) -> str | None:
+    """ "torchrun" or "srun" when that tool started this process as one of the workers (Lightning's own
+    cluster environments decide, as they will in the Trainer), else None: psgd starts the workers."""
+    from lightning_fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+
+    if TorchElasticEnvironment.detect():
+        return "torchrun"
+    if SLURMEnvironment.detect() and SLURMEnvironment.job_name() not in ("bash", "interactive"):
+        tasks = int(os.environ.get("SLURM_NTASKS", "1"))
+        if tasks > 1 and tasks != world_size:
+            raise ConfigError(
+                f"SLURM started SLURM_NTASKS={tasks} tasks but workers x trainer.num_nodes = {world_size}: "
+                "set workers to the tasks per node and trainer.num_nodes to the nodes (srun --ntasks-per-node)"
+            )
+        return "srun" if tasks > 1 else None
+    return None
+
+
+def check_external(launcher: str, strategy: str, workers: int, num_nodes: int) -> None:
+    """Under torchrun / srun every worker is started by that tool: the counts must match its own."""
+    if strategy == "hogwild":
+        raise ConfigError(
+            f"strategy=hogwild is invalid under {launcher}: its workers must be started by psgd to share one "
+            "model in memory; run `python train.py strategy=hogwild workers=N` on one machine instead"
+        )
+    if launcher == "torchrun":
+        world, local = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
+        if (workers, workers * num_nodes) != (local, world):
+            raise ConfigError(
+                f"workers={workers} trainer.num_nodes={num_nodes} do not match torchrun's {local} processes per "
+                f"node and {world} in all: use workers={local} trainer.num_nodes={world // max(local, 1)}"
+            )
 
 
 def _is_int(v) -> bool:
@@ -92,6 +128,9 @@ def check(cfg: DictConfig) -> Plan:
                 f"trainer.num_nodes={t.num_nodes} is invalid with strategy=hogwild: shared memory spans one "
                 "machine; use num_nodes=1"
             )
+    if cfg.strategy.name == "ddp":
+        cap = cfg.strategy.get("bucket_cap_mb")
+        _need(cap is None or (isinstance(cap, int | float) and cap > 0), "strategy.bucket_cap_mb", cap, "must be > 0")
     _need(
         _is_int(cfg.strategy.timeout_s) and cfg.strategy.timeout_s > 0,
         "strategy.timeout_s",
@@ -190,10 +229,17 @@ def check(cfg: DictConfig) -> Plan:
     _need(dropout is None or 0 <= dropout < 1, "model.dropout", dropout, "must be in [0, 1)")
 
     accumulate = resolve_accumulation(cfg, workers * t.num_nodes)
+    launcher = external_launcher(workers * t.num_nodes)
+    if launcher:
+        check_external(launcher, cfg.strategy.name, workers, t.num_nodes)
     per_node = workers
     threads = threads or max(1, cpu_count() // per_node)
     return Plan(
-        workers=workers, threads_per_worker=threads, accelerator=accelerator, accumulate_grad_batches=accumulate
+        workers=workers,
+        threads_per_worker=threads,
+        accelerator=accelerator,
+        accumulate_grad_batches=accumulate,
+        launcher=launcher or "psgd",
     )
 
 

@@ -48,7 +48,7 @@ class Classifier(L.LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
 
-    def _step(self, batch: tuple[Tensor, Tensor], stage: str) -> tuple[Tensor, Tensor]:
+    def _step(self, batch: tuple[Tensor, Tensor], batch_idx: int, stage: str) -> tuple[Tensor, Tensor]:
         """Loss and metrics of one batch; returns the loss and the model's output."""
         x, y = batch
         out = self(x)
@@ -56,17 +56,21 @@ class Classifier(L.LightningModule):
         acc, mean_loss = getattr(self, f"{stage}_acc"), getattr(self, f"{stage}_loss")
         acc.update(out.detach(), y)
         mean_loss.update(loss.detach(), weight=len(y))
-        self.log(f"{stage}/acc", acc, on_step=False, on_epoch=True)
-        self.log(f"{stage}/loss", mean_loss, on_step=False, on_epoch=True)
+        if batch_idx == 0:
+            # Lightning computes (over all workers) and resets a logged Metric object at epoch end from
+            # everything it accumulated, so registering it once per epoch is enough; self.log on every
+            # step cost ~15 % of a lab-CNN training step (benchmarks/compare.py, framework overhead)
+            self.log(f"{stage}/acc", acc, on_step=False, on_epoch=True)
+            self.log(f"{stage}/loss", mean_loss, on_step=False, on_epoch=True)
         return loss, out
 
     @override
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        return self._step(batch, "train")[0]
+        return self._step(batch, batch_idx, "train")[0]
 
     @override
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        loss, out = self._step(batch, "val")
+        loss, out = self._step(batch, batch_idx, "val")
         if self.hparams.per_worker_metrics:  # the same output, kept unreduced for this worker
             self.worker_val_acc.update(out.detach(), batch[1])
             self.worker_val_loss.update(loss.detach(), weight=len(batch[1]))
@@ -103,7 +107,7 @@ class Classifier(L.LightningModule):
 
     @override
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._step(batch, "test")
+        self._step(batch, batch_idx, "test")
 
     @override
     def on_fit_start(self) -> None:

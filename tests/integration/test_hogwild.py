@@ -104,7 +104,12 @@ def test_checkpoint_holds_each_workers_optimizer_and_resume_continues(tiny_data,
     )
     assert proc.returncode == 0, proc.stderr
     assert metrics(resumed)["epochs"] == 2 and all(metrics(resumed)["saw_other_workers_write"])
-    # with one worker HogWild is deterministic, so a resumed run must end exactly where a straight one does
+
+
+@pytest.mark.slow
+def test_one_worker_resume_ends_with_the_straight_runs_weights(tiny_data, tmp_path):
+    """With one worker HogWild is deterministic, so a resumed run must end exactly where a straight one does."""
+    common = ["strategy=hogwild", f"data.root={tiny_data}", "trainer.max_epochs=2", *TINY]
     runs = {}
     for name, extra in (("straight", ["checkpoint_every_epoch=true"]), ("again", [])):
         if name == "again":

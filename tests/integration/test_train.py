@@ -101,31 +101,3 @@ def test_early_stop_after_patience_epochs_at_target(tiny_data, tmp_path):
     # stopped at the first epoch that closes a run of 2 at-target epochs, long before max_epochs
     stop = next(i for i in range(1, len(accs)) if accs[i] >= 0.3 and accs[i - 1] >= 0.3)
     assert m["epochs"] == stop + 1 < 30
-
-
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        ["model=wide_resnet", "data=fashion_mnist", "optimizer=novograd", "scheduler=warmup"],
-        ["model=wide_resnet", "data=cifar10", "data.verify_md5=false", "data.augment=cifar"],
-        ["model=singa_cnn", "data.augment=pad_crop_flip", "optimizer=adam"],
-        ["model=mlp", "scheduler=cosine"],
-    ],
-    ids=["wide_resnet-fashion", "wide_resnet-cifar10", "singa", "mlp"],
-)
-def test_models_and_datasets_run_with_fast_dev_run(tiny_data, tmp_path, overrides):
-    run_dir = tmp_path / "run"
-    proc = run_cli(
-        "train.py",
-        f"data.root={tiny_data}",
-        "trainer.fast_dev_run=true",
-        "data.batch_size=8",
-        "data.eval_batch_size=8",
-        "quiet=true",
-        f"hydra.run.dir={run_dir}",
-        *overrides,
-    )
-    assert proc.returncode == 0, proc.stderr
-    m = metrics(run_dir)
-    assert m["status"] == "completed" and m["epochs"] == 1 and 0 <= m["test_acc"] <= 1
-    assert m["history"][0]["samples"] == 8  # one batch

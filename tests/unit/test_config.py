@@ -106,3 +106,49 @@ def test_model_data_pairings_that_cannot_work_are_config_errors(model, data):
 def test_pairings_that_work_give_the_input_size(model, data, size):
     cfg = compose_cfg(f"model={model}", f"data={data}")
     assert build_model(cfg.model, cfg.data.name)[1] == size
+
+
+TORCHRUN_2X2 = {"RANK": "1", "GROUP_RANK": "0", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "4"}
+
+
+def test_under_torchrun_the_counts_must_match_torchruns(monkeypatch):
+    for k, v in {**TORCHRUN_2X2, "TORCHELASTIC_RUN_ID": "none"}.items():
+        monkeypatch.setenv(k, v)
+    assert check(compose_cfg("workers=2", "trainer.num_nodes=2")).launcher == "torchrun"
+    with pytest.raises(ConfigError, match=r"use workers=2 trainer.num_nodes=2"):
+        check(compose_cfg("workers=4"))
+    with pytest.raises(ConfigError, match="strategy=hogwild is invalid under torchrun"):
+        check(compose_cfg("strategy=hogwild", "workers=2", "trainer.num_nodes=1"))
+
+
+def test_under_srun_the_tasks_must_match_the_workers(monkeypatch):
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")
+    with pytest.raises(ConfigError, match="SLURM_NTASKS=8 tasks but workers x trainer.num_nodes = 2"):
+        check(compose_cfg("workers=2"))
+    assert check(compose_cfg("workers=4", "trainer.num_nodes=2")).launcher == "srun"
+
+
+def test_every_process_of_a_torchrun_or_srun_job_names_the_same_run_dir(monkeypatch):
+    from psgd.cli import run_name
+
+    assert run_name() != run_name()  # a plain run: date/time with microseconds
+    for k, v in {**TORCHRUN_2X2, "TORCHELASTIC_RUN_ID": "none", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(k, v)
+    assert run_name() == run_name() and run_name().endswith("/torchrun-port29500")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
+    assert run_name().endswith("/torchrun-job7")
+
+
+@pytest.mark.parametrize("launcher", ["submitit_slurm", "psgd_slurm"])
+def test_slurm_sweep_launcher_composes(launcher):
+    from hydra import compose, initialize_config_dir
+
+    overrides = [f"hydra/launcher={launcher}", "hydra.launcher.partition=gpu", "hydra.launcher.nodes=2"]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="sweep", overrides=[*overrides, "trainer.num_nodes=2"], return_hydra_config=True)
+    assert cfg.hydra.launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert (cfg.hydra.launcher.partition, cfg.hydra.launcher.nodes, cfg.trainer.num_nodes) == ("gpu", 2, 2)
+    assert "psgd_report" in cfg.hydra.callbacks  # the report is still written when the jobs ran on SLURM
+    if launcher == "psgd_slurm":
+        assert (cfg.hydra.launcher.tasks_per_node, cfg.hydra.launcher.cpus_per_task) == (1, 8)

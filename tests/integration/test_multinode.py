@@ -1,0 +1,124 @@
+"""Scaling out with torchrun (torch elastic), on this machine over loopback.
+
+Two torchrun invocations with node ranks 0 and 1 make a real 2-node x 2-process job (static
+rendezvous at 127.0.0.1); an elastic job with --max-restarts 1 survives one killed worker. Slow:
+    pytest -m slow tests/integration/test_multinode.py
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import ROOT
+from helpers import metrics
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+
+TINY = ["quiet=true", "data.batch_size=16", "data.eval_batch_size=64", "threads_per_worker=1"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(*overrides: str, nnodes: int, node_rank: int, nproc: int, port: int, restarts: int = 0):
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc}",
+        f"--node-rank={node_rank}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={port}",
+        f"--max-restarts={restarts}",
+        str(ROOT / "train.py"),
+        *overrides,
+    ]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"torchrun did not finish in {timeout} s:\n{err[-3000:]}")
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "model_averaging"])
+def test_two_nodes_of_two_processes_share_one_job(strategy, tiny_data, tmp_path):
+    run_dir, port = tmp_path / "run", free_port()
+    common = [
+        f"strategy={strategy}",
+        "workers=2",
+        "trainer.num_nodes=2",
+        "trainer.max_epochs=2",
+        "record_shards=true",
+        "record_weights=true",
+        f"data.root={tiny_data}",
+        f"hydra.run.dir={run_dir}",
+        *TINY,
+    ]
+    nodes = [torchrun(*common, nnodes=2, node_rank=r, nproc=2, port=port) for r in (0, 1)]
+    results = [finish(p) for p in nodes]
+    for rc, _, err in results:
+        assert rc == 0, err[-3000:]
+    assert "psgd: test_acc=" in results[0][1]  # global rank 0 (on node 0) reports, once
+    assert "psgd: test_acc=" not in results[1][1]
+    m = metrics(run_dir)
+    assert (m["world_size"], m["num_nodes"], m["launcher"], m["status"]) == (4, 2, "torchrun", "completed")
+    for epoch in (0, 1):
+        shards = [torch.load(run_dir / "shards" / f"epoch{epoch}_rank{r}.pt") for r in range(4)]
+        everything = torch.cat(shards)
+        assert len(everything) == len(set(everything.tolist())) == 512  # disjoint, and they cover the data
+    weights = [torch.load(run_dir / "weights" / f"rank{r}.pt") for r in range(4)]
+    for key in weights[0]:
+        assert all(torch.equal(weights[0][key], w[key]) for w in weights[1:]), key
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap: after torchrun restarts the workers, their gloo rendezvous fails (a stale peer "
+    "address) and the run ends with an error instead of resuming; see README, Scaling out",
+)
+def test_elastic_restart_resumes_from_the_last_checkpoint(tiny_data, tmp_path):
+    run_dir, epochs = tmp_path / "run", 120
+    proc = torchrun(
+        "strategy=ddp",
+        "workers=2",
+        f"trainer.max_epochs={epochs}",
+        f"data.root={tiny_data}",
+        f"hydra.run.dir={run_dir}",
+        *TINY,
+        nnodes=1,
+        node_rank=0,
+        nproc=2,
+        port=free_port(),
+        restarts=1,
+    )
+    deadline = time.monotonic() + 120
+    while not (run_dir / "metrics.json").exists() or metrics(run_dir)["epochs"] < 3:
+        assert proc.poll() is None and time.monotonic() < deadline, "no finished epoch before the kill"
+        time.sleep(0.1)
+    workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert len(workers) == 2, workers
+    killed_at = metrics(run_dir)["epochs"]
+    os.kill(int(workers[1]), signal.SIGKILL)
+    rc, out, err = finish(proc)
+    assert rc == 0, err[-3000:]
+    assert "psgd: restart 1: resuming from" in err
+    m = metrics(run_dir)
+    assert m["status"] == "completed" and m["epochs"] == epochs
+    assert killed_at < epochs
+    assert [h["epoch"] for h in m["history"]] == list(range(1, epochs + 1))  # no epoch lost or repeated
