@@ -354,6 +354,18 @@ def plot_scaling(sweep_dir: Path, summary: list[dict], kind: str) -> Path | None
     return path
 
 
+def save_plot(fig, ax, ylabel: str, title: str, path: Path) -> Path:
+    """Label, grid and legend the single-panel plots alike, write the PNG and free the figure."""
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    _plt().close(fig)
+    return path
+
+
 def plot_accuracy(sweep_dir: Path, jobs: list[Job], summary: list[dict], swept: list[str]) -> Path | None:
     """accuracy.png: test accuracy vs workers per group; averaging jobs also show each worker's."""
     if len({s["workers"] for s in summary}) < 2:
@@ -373,15 +385,7 @@ def plot_accuracy(sweep_dir: Path, jobs: list[Job], summary: list[dict], swept: 
             ax.scatter(px, py, marker="x", color=line.get_color(), alpha=0.6, label=f"{label} (each worker)")
     ax.set_xlabel("workers P")
     ax.set_xticks(sorted({s["workers"] for s in summary}))
-    ax.set_ylabel("test accuracy")
-    ax.set_title("test accuracy vs workers")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = sweep_dir / "accuracy.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_plot(fig, ax, "test accuracy", "test accuracy vs workers", sweep_dir / "accuracy.png")
 
 
 def plot_batch(sweep_dir: Path, jobs: list[Job], swept: list[str]) -> Path | None:
@@ -409,15 +413,7 @@ def plot_batch(sweep_dir: Path, jobs: list[Job], swept: list[str]) -> Path | Non
         ax.plot(xs, [statistics.fmean(points[x]) for x in xs], marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size per worker")
-    ax.set_ylabel("test accuracy")
-    ax.set_title("test accuracy vs batch size")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = sweep_dir / "accuracy_vs_batch.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_plot(fig, ax, "test accuracy", "test accuracy vs batch size", sweep_dir / "accuracy_vs_batch.png")
 
 
 def write_report(sweep_dir: str | Path) -> Report:
