@@ -48,6 +48,15 @@ class Net(nn.Module):
         return F.log_softmax(self.fc3(x), dim=1)
 
 
+def test_accuracy(model: nn.Module, test_set) -> float:
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for data, target in DataLoader(test_set, batch_size=1000):
+            correct += (model(data).argmax(1) == target).sum().item()
+    return correct / len(test_set)
+
+
 def worker(rank: int, args: argparse.Namespace, port: int, result_file: str) -> None:
     torch.set_num_threads(args.threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -80,16 +89,11 @@ def worker(rank: int, args: argparse.Namespace, port: int, result_file: str) -> 
     total = torch.tensor([samples])
     dist.all_reduce(total)
     if rank == 0:
-        model.eval()
-        correct = 0
-        with torch.no_grad():
-            for data, target in DataLoader(test_set, batch_size=1000):
-                correct += (model(data).argmax(1) == target).sum().item()
         result = {
             "samples_per_s": total.item() / elapsed,
             "train_time_s": elapsed,
             "samples": total.item(),
-            "test_acc": correct / len(test_set),
+            "test_acc": test_accuracy(model, test_set),
         }
         with open(result_file, "w") as f:
             json.dump(result, f)

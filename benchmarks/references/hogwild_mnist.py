@@ -18,7 +18,7 @@ import time
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from ddp_mnist import Net
+from ddp_mnist import Net, test_accuracy
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
@@ -78,17 +78,12 @@ def main() -> None:
     if any(p.exitcode for p in procs):
         raise SystemExit(f"a worker failed: exit codes {[p.exitcode for p in procs]}")
     test_set = datasets.MNIST(args.data_root, train=False, transform=TRANSFORM)
-    model.eval()
-    correct = 0
-    with torch.no_grad():
-        for data, target in DataLoader(test_set, batch_size=1000):
-            correct += (model(data).argmax(1) == target).sum().item()
     total = sum(counts[:])
     result = {
         "samples_per_s": total / elapsed,
         "train_time_s": elapsed,
         "samples": total,
-        "test_acc": correct / len(test_set),
+        "test_acc": test_accuracy(model, test_set),
     }
     with open(args.result_file, "w") as f:
         json.dump(result, f)

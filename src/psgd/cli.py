@@ -15,8 +15,8 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd.config import ConfigError
 from psgd.data import DataError
-from psgd.results import read_json, write_atomic, write_json
-from psgd.run import train
+from psgd.results import write_atomic
+from psgd.run import mark_status, train
 
 
 def run_name() -> str:
@@ -66,10 +66,7 @@ def error_line(e: BaseException, run_dir: Path) -> str:
 
 def record_failure(run_dir: Path, line: str, e: BaseException) -> None:
     """A sweep job that failed keeps its dir, marked failed with its error line, for the report."""
-    path = run_dir / "metrics.json"
-    record = read_json(path) if path.exists() else {}
-    record.update(status="failed", error=line)
-    write_json(path, record)
+    mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
     write_atomic(run_dir / "error.log", "".join(traceback.format_exception(e)))
 
 

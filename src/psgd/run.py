@@ -103,6 +103,9 @@ def rendezvous_port():
             except OSError:
                 continue
         break
+    else:  # nothing free in 100 tries: leave the choice to Lightning
+        yield
+        return
     os.environ["MASTER_PORT"] = str(port)
     try:
         yield
@@ -231,11 +234,12 @@ def elastic_resume(ckpt_path: str | None, plan: Plan, run_dir: Path) -> str | No
     return ckpt_path
 
 
-def mark_status(record_path: Path, status: str) -> None:
-    """Mark the on-disk record of a run that stopped early, keeping its finished epochs."""
-    if record_path.exists():
-        record = read_json(record_path)
-        record["status"] = status
+def mark_status(record_path: Path, status: str, create: bool = False, **fields: Any) -> None:
+    """Mark the on-disk record of a run that stopped early, keeping its finished epochs; with `create`
+    a run that never wrote one gets a record of its own (a failed sweep job, for the report)."""
+    if record_path.exists() or create:
+        record = read_json(record_path) if record_path.exists() else {}
+        record.update(status=status, **fields)
         write_json(record_path, record)
 
 

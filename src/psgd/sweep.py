@@ -16,7 +16,7 @@ from psgd.report import describe, write_report
 from psgd.results import read_json
 
 # What the last multirun in this process found: sweep.py turns failed jobs into a non-zero exit code.
-LAST: dict[str, Any] = {"failed": 0, "report": None}
+LAST: dict[str, int] = {"failed": 0}
 
 
 def sweep_lengths(sweeper_params: dict[str, str] | None, task_overrides: list[str]) -> dict[str, int]:
@@ -53,7 +53,7 @@ class SweepReport(Callback):
         self.swept: set[str] = set()  # keys with several values: the ones a progress line shows
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        LAST.update(failed=0, report=None)
+        LAST.update(failed=0)
         params = config.hydra.sweeper.get("params")
         try:
             lengths = sweep_lengths(dict(params) if params else None, list(config.hydra.overrides.task))
@@ -76,5 +76,5 @@ class SweepReport(Callback):
             print(f"psgd: error: no report: {e}", flush=True)
             LAST.update(failed=1)
             return
-        LAST.update(failed=len(report.failed), report=report)
+        LAST.update(failed=len(report.failed))
         print(describe(report, sweep_dir), flush=True)
