@@ -7,7 +7,7 @@ from typing import Any
 import pytorch_lightning as L
 import torch
 import torch.distributed as dist
-from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from typing_extensions import override
 
 from psgd.data.partition import generator
@@ -32,6 +32,16 @@ class WorkerSetup(Callback):
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.seed is not None:
             torch.manual_seed(generator(self.seed, trainer.global_rank, trainer.current_epoch).initial_seed())
+
+
+class LatestCheckpoint(ModelCheckpoint):
+    """`checkpoints/last.ckpt`, rewritten (atomically) after every epoch, so that a run that dies can be
+    resumed from its last finished epoch. Lightning's own `save_last=True` with `save_top_k=0` only
+    writes it when training ends (Lightning 2.6), which is too late for a killed run or a torchrun
+    restart; so this is a top-1 checkpoint whose file name is always `last`."""
+
+    def __init__(self, dirpath: str | Path) -> None:
+        super().__init__(dirpath=dirpath, filename="last", save_top_k=1, enable_version_counter=False)
 
 
 class LocalSigtermCheck(Callback):

@@ -32,6 +32,7 @@ from torch.utils.tensorboard.summary import hparams as hparams_summary
 
 from psgd import QUIET_ENV, quiet_lightning
 from psgd.callbacks import (
+    LatestCheckpoint,
     LocalSigtermCheck,
     RunRecorder,
     ShardRecorder,
@@ -111,6 +112,41 @@ def rendezvous_port():
         yield
     finally:
         os.environ.pop("MASTER_PORT", None)
+
+
+def init_elastic_process_group(plan: Plan, backend: str | None, timeout: timedelta) -> None:
+    """Under torchrun, make the process group here, on a store prefix of its own per restart attempt.
+
+    torchrun's agent keeps one TCPStore for the whole job and its restarted workers find it again
+    (TORCHELASTIC_USE_AGENT_STORE). Process-group keys have the same names in every attempt, so a
+    restarted worker could read the address a dead worker of the previous attempt published, and gloo
+    then fails with "connection refused" (seen with static and c10d rendezvous, torch 2.14). The
+    restart count (TORCHELASTIC_RESTART_COUNT) is the same on every worker of an attempt and names
+    its prefix. Lightning then finds the process group made and uses it."""
+    env = os.environ
+    world_size = int(env.get("WORLD_SIZE", "1"))
+    if world_size == 1 or dist.is_initialized():
+        return
+    rank = int(env["RANK"])
+    agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        env["MASTER_ADDR"],
+        int(env["MASTER_PORT"]),
+        world_size,
+        is_master=not agent_store and rank == 0,  # otherwise the agent serves it
+        timeout=timeout,
+        multi_tenant=True,
+    )
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if plan.accelerator == "gpu":
+        torch.cuda.set_device(int(env.get("LOCAL_RANK", "0")))
+    dist.init_process_group(
+        backend or ("nccl" if plan.accelerator == "gpu" else "gloo"),
+        store=dist.PrefixStore(f"psgd/attempt{attempt}", store),
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+    )
 
 
 def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path):
@@ -312,14 +348,14 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any] | None:
     callbacks: list = [
         WorkerSetup(plan.threads_per_worker, cfg.seed),
         RunRecorder(str(run_dir), run_info, es.target_acc),
-        ModelCheckpoint(
-            dirpath=run_dir / "checkpoints",
-            filename="epoch{epoch}",
-            auto_insert_metric_name=False,
-            save_last=True,
-            save_top_k=-1 if cfg.checkpoint_every_epoch else 0,
-        ),
+        LatestCheckpoint(run_dir / "checkpoints"),  # first: it is trainer.checkpoint_callback
     ]
+    if cfg.checkpoint_every_epoch:
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=run_dir / "checkpoints", filename="epoch{epoch}", auto_insert_metric_name=False, save_top_k=-1
+            )
+        )
     if es.target_acc is not None:
         callbacks.append(TargetAccuracyStop(es.target_acc, es.patience))
     if cfg.strategy.name == "ddp":
@@ -344,6 +380,8 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any] | None:
         enable_progress_bar=not quiet,
         enable_model_summary=not quiet,
     )
+    if plan.launcher == "torchrun":
+        init_elastic_process_group(plan, cfg.strategy.backend, timedelta(seconds=cfg.strategy.timeout_s))
     try:
         with rendezvous_port() if plan.launcher == "psgd" else nullcontext():
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)

@@ -88,6 +88,13 @@ def test_a_killed_worker_ends_the_run_with_its_rank(tiny_data, tmp_path, strateg
     assert alive(workers) == []  # no process left behind
     m = json.loads((run_dir / "metrics.json").read_text())
     assert len(m["history"]) >= 1 and m["status"] == "failed"  # finished epochs stay on disk
+    assert_resumable(run_dir)
+
+
+def assert_resumable(run_dir: Path) -> None:
+    """A run that died keeps a checkpoint of a finished epoch to resume from (ckpt_path=<run dir>)."""
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] > 0 and ckpt["state_dict"]
 
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["in-process", "ddp-2"])
@@ -104,6 +111,7 @@ def test_ctrl_c_leaves_a_valid_metrics_file_marked_interrupted(tiny_data, tmp_pa
     assert proc.returncode != 0
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["status"] == "interrupted" and len(m["history"]) >= 2
+    assert_resumable(run_dir)
     assert not list(run_dir.glob(".*.tmp"))  # no half-written temp files left
 
 

@@ -190,8 +190,9 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, DDPStrategy):
                 values[f"worker/{r}/test_acc"], values[f"worker/{r}/test_loss"] = acc, loss
             trainer.logger.log_metrics(values, step=step)
         checkpoint = trainer.checkpoint_callback
-        if checkpoint is not None and getattr(checkpoint, "last_model_path", ""):
-            trainer.save_checkpoint(checkpoint.last_model_path, weights_only=False)  # full: can be continued
+        path = checkpoint and (checkpoint.last_model_path or checkpoint.best_model_path)  # psgd's: last.ckpt
+        if path:
+            trainer.save_checkpoint(path, weights_only=False)  # full: can be continued
         super().on_train_end()
 
     @classmethod
