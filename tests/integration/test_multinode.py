@@ -92,11 +92,11 @@ def test_two_nodes_of_two_processes_share_one_job(strategy, tiny_data, tmp_path)
         assert all(torch.equal(weights[0][key], w[key]) for w in weights[1:]), key
 
 
-@pytest.mark.parametrize("rdzv", ["static", "c10d"])
-def test_elastic_restart_resumes_from_the_last_checkpoint(rdzv, tiny_data, tmp_path):
+@pytest.mark.parametrize(("rdzv", "strategy"), [("static", "ddp"), ("c10d", "ddp"), ("c10d", "model_averaging")])
+def test_elastic_restart_resumes_from_the_last_checkpoint(rdzv, strategy, tiny_data, tmp_path):
     run_dir, epochs = tmp_path / "run", 120
     proc = torchrun(
-        "strategy=ddp",
+        f"strategy={strategy}",
         "workers=2",
         f"trainer.max_epochs={epochs}",
         f"data.root={tiny_data}",
