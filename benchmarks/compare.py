@@ -9,8 +9,10 @@ Sections (each a table; all results also go to benchmarks/results/compare.json a
               pytorch/examples' mnist_hogwild), same model (lab CNN), batch 128, one thread per
               worker, 1 epoch; runs interleaved (A B A B ...) in fresh processes, medians reported.
   overhead    psgd's LightningModule + Trainer vs a minimal vanilla loop over the same data path
-              (same loader, model, optimizer, threads); and the data path: a vanilla epoch vs the
-              same number of steps on one fixed in-memory batch. Epoch 2 of each run is timed.
+              (same loader, model, optimizer, threads), split into what Lightning's own loop costs
+              (the smallest LightningModule on the same data path) and what psgd adds on top; and
+              the data path: a vanilla epoch vs the same number of steps on one fixed in-memory
+              batch. Epoch 2 of each run is timed.
   flops       the lab CNN's training FLOPs per sample (torch's FlopCounterMode), a matmul peak
               measured on the same cores, and the fraction of it psgd achieves.
   target      time to 99.0 % MNIST test accuracy with the lab CNN on all cores (psgd train.py with
@@ -160,6 +162,61 @@ def vanilla(data_root: str, threads: int, fixed_batch: bool) -> float:
     return samples / (time.perf_counter() - start)
 
 
+def bare_lightning(data_root: str, threads: int) -> float:
+    """The floor Lightning itself sets: the smallest LightningModule (forward, loss, SGD; automatic
+    optimization, no metrics, no logging, no callbacks, no checkpoints) on psgd's data path and model;
+    samples/s of its second epoch."""
+    import pytorch_lightning as L
+    import torch
+    import torch.nn.functional as F
+    from hydra import compose, initialize_config_dir
+
+    from psgd.data import ClassificationData
+    from psgd.run import build_model
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"data.root={data_root}"])
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    net, size = build_model(cfg.model, cfg.data.name)
+
+    class Bare(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = net.to(memory_format=torch.channels_last)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
+
+    class EpochTimer(L.Callback):
+        rate = 0.0
+
+        def on_train_epoch_start(self, trainer, module):
+            self.start = time.perf_counter()
+
+        def on_train_epoch_end(self, trainer, module):
+            self.rate = trainer.num_training_batches * cfg.data.batch_size / (time.perf_counter() - self.start)
+
+    timer = EpochTimer()
+    trainer = L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        callbacks=[timer],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    data = ClassificationData(root=data_root, image_size=size, channels_last=True)
+    trainer.fit(Bare(), datamodule=data)
+    return timer.rate
+
+
 def overhead_configs(args, tmp: Path, threads: int) -> dict[str, callable]:
     def inner(mode: str):
         def go(i: int) -> float:
@@ -172,7 +229,12 @@ def overhead_configs(args, tmp: Path, threads: int) -> dict[str, callable]:
         over = ["trainer.max_epochs=2", "trainer.limit_val_batches=0", f"threads_per_worker={threads}"]
         return psgd_run(tmp / f"psgd-overhead-{i}", over, args)["history"][-1]["samples_per_s"]
 
-    return {"vanilla loop": inner("vanilla"), "psgd (Lightning)": ours, "vanilla, one fixed batch": inner("fixed")}
+    return {
+        "vanilla loop": inner("vanilla"),
+        "psgd (Lightning)": ours,
+        "bare LightningModule": inner("bare"),
+        "vanilla, one fixed batch": inner("fixed"),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- flops
@@ -230,8 +292,11 @@ def main() -> None:
         default=["trainer.max_epochs=3", "model.dropout=0.1"],
         help="train.py overrides for the time-to-99 %% run",
     )
-    parser.add_argument("--inner", choices=["vanilla", "fixed"], help=argparse.SUPPRESS)
+    parser.add_argument("--inner", choices=["vanilla", "fixed", "bare"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.inner == "bare":
+        print(bare_lightning(args.data_root, args.threads))
+        return
     if args.inner:
         print(vanilla(args.data_root, args.threads, fixed_batch=args.inner == "fixed"))
         return
@@ -257,13 +322,24 @@ def main() -> None:
             samples = interleaved(overhead_configs(args, tmp, args.threads), args.repeats)
             med = {k: statistics.median(v) for k, v in samples.items()}
             overhead = med["vanilla loop"] / med["psgd (Lightning)"]  # step-time ratio psgd / vanilla
+            floor = med["vanilla loop"] / med["bare LightningModule"]  # what Lightning's loop alone costs
+            own = med["bare LightningModule"] / med["psgd (Lightning)"]  # what psgd adds on top of it
             data_path = med["vanilla, one fixed batch"] / med["vanilla loop"]  # epoch time / fixed-batch time
             rows = [[k, f"{med[k]:.0f}", " ".join(f"{v:.0f}" for v in samples[k])] for k in samples]
             ratios = [
                 ["framework overhead: psgd step time / vanilla", f"{overhead:.3f}", verdict(overhead, 1.05, False)],
+                ["  of which Lightning's loop: bare LightningModule / vanilla", f"{floor:.3f}", ""],
+                ["  of which psgd: psgd / bare LightningModule", f"{own:.3f}", ""],
                 ["data path: epoch time / one fixed batch", f"{data_path:.3f}", verdict(data_path, 1.05, False)],
             ]
-            out["overhead"] = {"samples": samples, "median": med, "overhead": overhead, "data_path": data_path}
+            out["overhead"] = {
+                "samples": samples,
+                "median": med,
+                "overhead": overhead,
+                "lightning_floor": floor,
+                "psgd_over_bare_lightning": own,
+                "data_path": data_path,
+            }
             md += ["### Framework overhead and data path", "", table(rows, ["run", "samples/s (median)", "runs"]), ""]
             md += [table(ratios, ["ratio", "value", "target"]), ""]
             if "flops" in args.only:

@@ -38,10 +38,13 @@ class LatestCheckpoint(ModelCheckpoint):
     """`checkpoints/last.ckpt`, rewritten (atomically) after every epoch, so that a run that dies can be
     resumed from its last finished epoch. Lightning's own `save_last=True` with `save_top_k=0` only
     writes it when training ends (Lightning 2.6), which is too late for a killed run or a torchrun
-    restart; so this is a top-1 checkpoint whose file name is always `last`."""
+    restart; so this is a top-1 checkpoint whose file name is always `last`. It is written when the
+    training epoch ends (after validation), outside the time RunRecorder counts as training."""
 
     def __init__(self, dirpath: str | Path) -> None:
-        super().__init__(dirpath=dirpath, filename="last", save_top_k=1, enable_version_counter=False)
+        super().__init__(
+            dirpath=dirpath, filename="last", save_top_k=1, enable_version_counter=False, save_on_train_epoch_end=True
+        )
 
 
 class LocalSigtermCheck(Callback):

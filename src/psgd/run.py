@@ -353,7 +353,11 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any] | None:
     if cfg.checkpoint_every_epoch:
         callbacks.append(
             ModelCheckpoint(
-                dirpath=run_dir / "checkpoints", filename="epoch{epoch}", auto_insert_metric_name=False, save_top_k=-1
+                dirpath=run_dir / "checkpoints",
+                filename="epoch{epoch}",
+                auto_insert_metric_name=False,
+                save_top_k=-1,
+                save_on_train_epoch_end=True,
             )
         )
     if es.target_acc is not None:
