@@ -42,7 +42,7 @@ class Classifier(L.LightningModule):
         # Training accuracy and loss are counted on the hot path: correct, loss sum, samples. Updating
         # two torchmetrics objects per step cost 0.21 ms of a 9.9 ms lab-CNN step (2 %; measured with
         # benchmarks/compare.py's setup); the counts cost ~0.01 ms and are reduced once per epoch.
-        self._train_sums: Tensor | None = None
+        self._train_counts: list | None = None
         if per_worker_metrics:  # replicas differ (model averaging): also keep each worker's own numbers
             self.worker_val_acc = MulticlassAccuracy(
                 num_classes, average="micro", validate_args=False, sync_on_compute=False
@@ -74,27 +74,27 @@ class Classifier(L.LightningModule):
         x, y = batch
         out = self(x)
         loss = F.cross_entropy(out, y)
-        sums = self._train_sums
-        if sums is None or batch_idx == 0:
-            sums = self._train_sums = torch.zeros(3, device=out.device)
-        with torch.no_grad():
-            sums[0] += (out.argmax(1) == y).sum()
-            sums[1] += loss.detach() * len(y)
-            sums[2] += len(y)
+        counts = self._train_counts  # [correct, loss sum] tensors and a sample count: five ops per step
+        if counts is None or batch_idx == 0:
+            counts = self._train_counts = [torch.zeros((), device=out.device), torch.zeros((), device=out.device), 0]
+        counts[0].add_((out.argmax(1) == y).sum())
+        counts[1].add_(loss.detach(), alpha=len(y))
+        counts[2] += len(y)
         return loss
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         trainer = self.trainer
         if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or batch_idx + 1 >= trainer.num_training_batches:
-            self._log_train_epoch(self._train_sums)
+            self._log_train_epoch()
 
-    def _log_train_epoch(self, sums: Tensor) -> None:
+    def _log_train_epoch(self) -> None:
         """Accuracy and mean loss over every sample every worker trained on this epoch, with one
         all-reduce after each worker's last step: every worker gets there once per epoch, also with
         shards of different sizes, and after any collective of its optimizer steps (averaging)."""
+        correct, loss_sum, n = self._train_counts
+        sums = torch.stack([correct, loss_sum, torch.tensor(float(n), device=correct.device)]).double()
         if dist.is_available() and dist.is_initialized():
-            sums = sums.clone()
             dist.all_reduce(sums)
         correct, loss_sum, n = sums.tolist()
         # the same value on every worker; sync_dist (a mean of equal values) keeps Lightning's epoch

@@ -138,6 +138,11 @@ def test_every_process_of_a_torchrun_or_srun_job_names_the_same_run_dir(monkeypa
     assert run_name() == run_name() and run_name().endswith("/torchrun-port29500")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
     assert run_name().endswith("/torchrun-job7")
+    for k in [*TORCHRUN_2X2, "TORCHELASTIC_RUN_ID"]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    assert run_name() == run_name() and run_name().endswith("/slurm-4242.0")
 
 
 @pytest.mark.parametrize("launcher", ["submitit_slurm", "psgd_slurm"])
