@@ -15,6 +15,8 @@ Sections (each a table; all results also go to benchmarks/results/compare.json a
               batch. Epoch 2 of each run is timed.
   flops       the lab CNN's training FLOPs per sample (torch's FlopCounterMode), a matmul peak
               measured on the same cores, and the fraction of it psgd achieves.
+  workers     samples/s of ddp, model_averaging and hogwild for workers 1..5, one thread per
+              worker (benchmarks/throughput.py's runs; --workers-repeats 1 for a quicker pass).
   target      time to 99.0 % MNIST test accuracy with the lab CNN on all cores (psgd train.py with
               early_stop.target_acc=0.99).
 """
@@ -283,7 +285,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-root", default="data")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", nargs="+", default=["references", "overhead", "flops", "target"])
+    parser.add_argument("--only", nargs="+", default=["references", "overhead", "flops", "workers", "target"])
+    parser.add_argument(
+        "--workers-repeats", type=int, default=None, help="repeats for the workers section (default --repeats)"
+    )
+    parser.add_argument("--workers-list", nargs="+", type=int, default=[1, 2, 3, 4, 5])
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for overhead/flops")
     parser.add_argument("--name", default="compare")
     parser.add_argument(
@@ -355,6 +361,16 @@ def main() -> None:
                     ["fraction of peak", f"{fraction:.1%}", verdict(fraction, 0.25)],
                 ]  # fmt: skip
                 md += ["### Achieved FLOP/s", "", table(rows, ["what", "value", "target"]), ""]
+        if "workers" in args.only:
+            import throughput
+
+            counts = args.workers_list
+            print(f"== samples/s for workers {counts} per strategy (one thread per worker, 1 epoch)", flush=True)
+            reps = args.workers_repeats or args.repeats
+            targs = argparse.Namespace(data_root=args.data_root, epochs=1, batch_size=128, overrides=[])
+            rows, lines = throughput.measure(["ddp", "model_averaging", "hogwild"], counts, reps, targs)
+            out["workers"] = {"repeats": reps, "rows": rows}
+            md += [f"### Samples/s per worker count (one thread per worker, medians of {reps})", "", *lines, ""]
         if "target" in args.only:
             print("== time to 99.0 % test accuracy (lab CNN, MNIST, all cores)", flush=True)
             over = ["early_stop.target_acc=0.99", "early_stop.patience=1", *args.target_overrides]

@@ -44,30 +44,17 @@ def run_once(strategy: str, workers: int, args: argparse.Namespace, out: Path) -
     return json.loads((out / "metrics.json").read_text())["samples_per_s"]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-root", default="data")
-    parser.add_argument("--strategies", nargs="+", default=["ddp", "model_averaging", "hogwild", "hogwild_locked"])
-    parser.add_argument("--workers", nargs="+", type=int, default=[1, 2])
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--name", default="throughput", help="results go to benchmarks/results/<name>.json/.md")
-    parser.add_argument("overrides", nargs="*", help="extra train.py overrides, e.g. model=singa_cnn")
-    args = parser.parse_args()
-
-    configs = [(s, w) for s in args.strategies for w in args.workers]
+def measure(strategies: list[str], workers_list: list[int], repeats: int, args: argparse.Namespace):
+    """Interleaved runs of every (strategy, workers); returns the rows and their markdown table lines.
+    `args` needs data_root, epochs, batch_size and overrides (train.py extras)."""
+    configs = [(s, w) for s in strategies for w in workers_list]
     samples: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
     with tempfile.TemporaryDirectory() as tmp:
-        for rep in range(args.repeats):
+        for rep in range(repeats):
             for i, (strategy, workers) in enumerate(configs):  # interleaved: A B A B ...
                 rate = run_once(strategy, workers, args, Path(tmp) / f"{rep}-{i}")
                 samples[(strategy, workers)].append(rate)
-                print(
-                    f"  rep {rep + 1}/{args.repeats} {strategy:16s} workers={workers}: {rate:9.1f} samples/s",
-                    flush=True,
-                )
-
+                print(f"  rep {rep + 1}/{repeats} {strategy:16s} workers={workers}: {rate:9.1f} samples/s", flush=True)
     rows = []
     for strategy, workers in configs:
         median = statistics.median(samples[(strategy, workers)])
@@ -85,6 +72,22 @@ def main() -> None:
     lines += [
         f"| {r['strategy']} | {r['workers']} | {r['samples_per_s']:.0f} | {r['speedup_vs_1_worker']} |" for r in rows
     ]
+    return rows, lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-root", default="data")
+    parser.add_argument("--strategies", nargs="+", default=["ddp", "model_averaging", "hogwild", "hogwild_locked"])
+    parser.add_argument("--workers", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--name", default="throughput", help="results go to benchmarks/results/<name>.json/.md")
+    parser.add_argument("overrides", nargs="*", help="extra train.py overrides, e.g. model=singa_cnn")
+    args = parser.parse_args()
+
+    rows, lines = measure(args.strategies, args.workers, args.repeats, args)
     print("\n".join(lines))
     results = ROOT / "benchmarks" / "results"
     results.mkdir(parents=True, exist_ok=True)
