@@ -117,14 +117,10 @@ def interleaved(configs: dict, repeats: int) -> dict[str, list[float]]:
 
 
 # ---------------------------------------------------------------------------------------------- overhead
-def vanilla(data_root: str, threads: int, fixed_batch: bool) -> float:
-    """A minimal training loop on psgd's data path and model; samples/s of its second epoch.
-
-    With fixed_batch, the second epoch is replaced by the same number of steps on one batch already in
-    memory: the difference is what producing batches costs.
-    """
+def lab_cnn_setup(data_root: str, threads: int):
+    """What the vanilla and the bare-Lightning loops share with psgd's default run: the composed
+    default config, `threads` torch threads, the lab CNN (channels_last) and psgd's datamodule."""
     import torch
-    import torch.nn.functional as F
     from hydra import compose, initialize_config_dir
 
     from psgd.data import ClassificationData
@@ -136,7 +132,19 @@ def vanilla(data_root: str, threads: int, fixed_batch: bool) -> float:
     torch.manual_seed(0)
     net, size = build_model(cfg.model, cfg.data.name)
     net = net.to(memory_format=torch.channels_last)
-    data = ClassificationData(root=data_root, image_size=size, channels_last=True)
+    return cfg, net, ClassificationData(root=data_root, image_size=size, channels_last=True)
+
+
+def vanilla(data_root: str, threads: int, fixed_batch: bool) -> float:
+    """A minimal training loop on psgd's data path and model; samples/s of its second epoch.
+
+    With fixed_batch, the second epoch is replaced by the same number of steps on one batch already in
+    memory: the difference is what producing batches costs.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    cfg, net, data = lab_cnn_setup(data_root, threads)
     data.prepare_data()
     data.setup("fit")
     loader = data.train_dataloader()
@@ -171,21 +179,13 @@ def bare_lightning(data_root: str, threads: int) -> float:
     import pytorch_lightning as L
     import torch
     import torch.nn.functional as F
-    from hydra import compose, initialize_config_dir
 
-    from psgd.data import ClassificationData
-    from psgd.run import build_model
-
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[f"data.root={data_root}"])
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    net, size = build_model(cfg.model, cfg.data.name)
+    cfg, net, data = lab_cnn_setup(data_root, threads)
 
     class Bare(L.LightningModule):
         def __init__(self):
             super().__init__()
-            self.net = net.to(memory_format=torch.channels_last)
+            self.net = net
 
         def training_step(self, batch, batch_idx):
             x, y = batch
@@ -214,7 +214,6 @@ def bare_lightning(data_root: str, threads: int) -> float:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    data = ClassificationData(root=data_root, image_size=size, channels_last=True)
     trainer.fit(Bare(), datamodule=data)
     return timer.rate
 

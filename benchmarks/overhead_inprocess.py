@@ -43,14 +43,13 @@ def main() -> None:
     ]
     with initialize_config_dir(config_dir=str(compare.ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=over)
-    runs: dict[str, list[float]] = {"vanilla loop": [], "bare LightningModule": [], "psgd (Lightning)": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(args.repeats):
-            runs["vanilla loop"].append(compare.vanilla(args.data_root, args.threads, fixed_batch=False))
-            runs["bare LightningModule"].append(compare.bare_lightning(args.data_root, args.threads))
-            runs["psgd (Lightning)"].append(train(cfg, Path(tmp) / f"psgd{i}")["history"][-1]["samples_per_s"])
-            line = "  ".join(f"{k} {v[-1]:.0f}" for k, v in runs.items())
-            print(f"  rep {i + 1}/{args.repeats}: {line}", flush=True)
+        configs = {
+            "vanilla loop": lambda i: compare.vanilla(args.data_root, args.threads, fixed_batch=False),
+            "bare LightningModule": lambda i: compare.bare_lightning(args.data_root, args.threads),
+            "psgd (Lightning)": lambda i: train(cfg, Path(tmp) / f"psgd{i}")["history"][-1]["samples_per_s"],
+        }
+        runs = compare.interleaved(configs, args.repeats)  # A B C A B C ..., as in compare.py
     med = {k: statistics.median(v) for k, v in runs.items()}
     for k, v in runs.items():
         print(f"{k:24s} {med[k]:8.0f} samples/s (median; runs {' '.join(f'{x:.0f}' for x in v)})")

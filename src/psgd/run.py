@@ -384,9 +384,9 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any] | None:
         enable_progress_bar=not quiet,
         enable_model_summary=not quiet,
     )
-    if plan.launcher == "torchrun":
-        init_elastic_process_group(plan, cfg.strategy.backend, timedelta(seconds=cfg.strategy.timeout_s))
     try:
+        if plan.launcher == "torchrun":  # where Lightning would make it, inside fit: same failure handling
+            init_elastic_process_group(plan, cfg.strategy.backend, timedelta(seconds=cfg.strategy.timeout_s))
         with rendezvous_port() if plan.launcher == "psgd" else nullcontext():
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     except BaseException as e:
