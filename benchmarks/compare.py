@@ -119,7 +119,8 @@ def interleaved(configs: dict, repeats: int) -> dict[str, list[float]]:
 # ---------------------------------------------------------------------------------------------- overhead
 def lab_cnn_setup(data_root: str, threads: int):
     """What the vanilla and the bare-Lightning loops share with psgd's default run: the composed
-    default config, `threads` torch threads, the lab CNN (channels_last) and psgd's datamodule."""
+    default config, `threads` torch threads, denormals flushed, the lab CNN (channels_last) and psgd's
+    datamodule."""
     import torch
     from hydra import compose, initialize_config_dir
 
@@ -129,6 +130,7 @@ def lab_cnn_setup(data_root: str, threads: int):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=[f"data.root={data_root}"])
     torch.set_num_threads(threads)
+    torch.set_flush_denormal(cfg.flush_denormal)  # as psgd's WorkerSetup does in every worker
     torch.manual_seed(0)
     net, size = build_model(cfg.model, cfg.data.name)
     net = net.to(memory_format=torch.channels_last)

@@ -147,6 +147,8 @@ def check(cfg: DictConfig) -> Plan:
         threads,
         "must be an integer >= 1, or null for cores // workers",
     )
+    for key in ("channels_last", "flush_denormal"):
+        _need(isinstance(cfg.get(key), bool), key, cfg.get(key), "must be true or false")
     if t.get("sync_batchnorm") and accelerator == "cpu":
         raise ConfigError(
             "trainer.sync_batchnorm=true is invalid on CPU: torch's SyncBatchNorm needs CUDA; "

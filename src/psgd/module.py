@@ -49,6 +49,15 @@ class Classifier(L.LightningModule):
             )
             self.worker_val_loss = MeanMetric(sync_on_compute=False)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Lightning sets _current_fx_name before and after every hook call, ~40 times per training step;
+        # nn.Module.__setattr__ first looks the name up among parameters, buffers and submodules, which
+        # it never is: ~60 us per step (benchmarks/step_overhead.py), so the plain attribute write.
+        if name == "_current_fx_name":
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
     @override
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)

@@ -45,6 +45,7 @@ from psgd.data import INFO, ClassificationData
 from psgd.data.datasets import DatasetInfo
 from psgd.module import Classifier
 from psgd.optim import scaled_lr
+from psgd.profiler import NoProfiler
 from psgd.results import cpu_count, device_description, read_json, versions, write_json
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
 
@@ -346,7 +347,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any] | None:
     }
     es = cfg.early_stop
     callbacks: list = [
-        WorkerSetup(plan.threads_per_worker, cfg.seed),
+        WorkerSetup(plan.threads_per_worker, cfg.seed, cfg.flush_denormal),
         RunRecorder(str(run_dir), run_info, es.target_acc),
         LatestCheckpoint(run_dir / "checkpoints"),  # first: it is trainer.checkpoint_callback
     ]
@@ -375,6 +376,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any] | None:
     trainer_kwargs.update(
         accelerator=plan.accelerator, devices=plan.workers, accumulate_grad_batches=plan.accumulate_grad_batches
     )
+    trainer_kwargs.setdefault("profiler", NoProfiler())
     trainer = L.Trainer(
         **trainer_kwargs,
         strategy=build_strategy(cfg, plan, run_dir),
@@ -411,7 +413,7 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any] | None:
             accelerator=plan.accelerator,
             devices=1,
             logger=False,
-            callbacks=[WorkerSetup(cpu_count())],
+            callbacks=[WorkerSetup(cpu_count(), flush_denormal=cfg.flush_denormal)],
             enable_progress_bar=False,
             enable_model_summary=False,
             enable_checkpointing=False,

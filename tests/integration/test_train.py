@@ -5,6 +5,7 @@ import torch
 from conftest import compose_cfg, run_cli
 from helpers import metrics, scalars, tensorboard, training_data
 
+from psgd.callbacks import denormals_flushed
 from psgd.run import train
 
 TINY = ["quiet=true", "data.batch_size=32", "data.eval_batch_size=64"]
@@ -76,7 +77,9 @@ def test_same_seed_gives_the_same_weights_and_another_seed_does_not(tiny_data, t
         train(cfg, tmp_path / name)
         return torch.load(tmp_path / name / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
 
+    flushed = denormals_flushed()
     a, b, c = weights(7, "a"), weights(7, "b"), weights(8, "c")
+    assert denormals_flushed() == flushed  # runs in this process leave its numerics as they were
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
@@ -101,3 +104,17 @@ def test_early_stop_after_patience_epochs_at_target(tiny_data, tmp_path):
     # stopped at the first epoch that closes a run of 2 at-target epochs, long before max_epochs
     stop = next(i for i in range(1, len(accs)) if accs[i] >= 0.3 and accs[i - 1] >= 0.3)
     assert m["epochs"] == stop + 1 < 30
+
+
+def test_a_profiler_the_user_asks_for_replaces_psgds_free_one(tiny_data, tmp_path):
+    proc = run_cli(
+        "train.py",
+        f"data.root={tiny_data}",
+        "trainer.max_epochs=1",
+        "data.batch_size=32",
+        "+trainer.profiler=simple",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = proc.stdout + proc.stderr
+    assert "FIT Profiler Report" in report and "run_training_epoch" in report

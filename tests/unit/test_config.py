@@ -69,6 +69,8 @@ BAD = [
     (["seed=-1"], "seed=-1"),
     (["strategy=model_averaging", "strategy.period=0"], "strategy.period=0"),
     (["strategy=hogwild", "trainer.num_nodes=2"], "trainer.num_nodes=2"),
+    (["flush_denormal=maybe"], "flush_denormal='maybe'"),
+    (["channels_last=1"], "channels_last=1"),
     (["strategy=nonsense"], None),
 ]
 

@@ -1,0 +1,171 @@
+"""What a training loop costs per step by itself, in microseconds: a model that costs nothing.
+
+    python benchmarks/step_overhead.py     # ~40 s; results/step_overhead.{json,md}; --repeats, --steps
+
+A one-layer model (8 -> 2) on batches already in memory, one thread, so that a step is almost all
+loop: the minimal vanilla loop (zero_grad, forward, backward, SGD step), Lightning's loop with the
+smallest LightningModule as a user would write it, the same with psgd's two per-step fixes
+(psgd.profiler.NoProfiler, and Classifier's plain write of the `_current_fx_name` Lightning sets
+around every hook call), psgd's Classifier itself (those fixes plus its training-metric counting),
+and Lightning's manual optimization (the alternative to automatic optimization psgd did not adopt).
+The lab CNN's real step takes ~9 ms on 2 threads (compare.py's overhead section): dividing the
+extra microseconds by that gives the share of a real step each loop costs. Runs alternate
+A B C ... and medians are printed; the figures vary little between runs (a few us).
+"""
+
+import argparse
+import functools
+import json
+import logging
+import statistics
+import time
+import warnings
+from pathlib import Path
+
+import pytorch_lightning as L
+import torch
+import torch.nn.functional as F
+
+from psgd.module import Classifier
+from psgd.profiler import NoProfiler
+
+
+def batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(4, 8, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(steps)]
+
+
+class Loader:
+    def __init__(self, data):
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __iter__(self):
+        return iter(self.data)
+
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+
+
+def vanilla(data) -> float:
+    net = torch.nn.Linear(8, 2)
+    opt = sgd(net.parameters())
+    for _ in range(2):  # the second pass is timed, as for the Lightning loops
+        start = time.perf_counter()
+        for x, y in data:
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(net(x), y).backward()
+            opt.step()
+    return (time.perf_counter() - start) / len(data) * 1e6
+
+
+class Bare(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(8, 2)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return sgd(self.parameters())
+
+
+class BareFastAttr(Bare):
+    def __setattr__(self, name, value):  # what psgd's Classifier does
+        if name == "_current_fx_name":
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
+
+class Manual(BareFastAttr):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        x, y = batch
+        loss = F.cross_entropy(self.net(x), y)
+        opt.zero_grad(set_to_none=True)
+        self.manual_backward(loss)
+        opt.step()
+        return loss
+
+
+class EpochTimer(L.Callback):
+    us = 0.0
+
+    def on_train_epoch_start(self, trainer, module):
+        self.start = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer, module):
+        self.us = (time.perf_counter() - self.start) / trainer.num_training_batches * 1e6
+
+
+def lightning(data, module_factory, profiler=None) -> float:
+    timer = EpochTimer()
+    trainer = L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        callbacks=[timer],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        profiler=profiler,
+    )
+    trainer.fit(module_factory(), train_dataloaders=Loader(data))
+    return timer.us
+
+
+def psgd_classifier() -> Classifier:
+    return Classifier(torch.nn.Linear(8, 2), functools.partial(torch.optim.SGD, momentum=0.9), lr=0.01, num_classes=2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", ".*val_dataloader.*")  # Classifier has a validation_step; no val data here
+    torch.set_num_threads(1)
+    data = batches(args.steps)
+    configs = {
+        "vanilla loop": lambda: vanilla(data),
+        "Lightning, smallest LightningModule": lambda: lightning(data, Bare),
+        "  + psgd's NoProfiler": lambda: lightning(data, Bare, NoProfiler()),
+        "  + plain _current_fx_name write": lambda: lightning(data, BareFastAttr, NoProfiler()),
+        "psgd's Classifier (+ metric counting)": lambda: lightning(data, psgd_classifier, NoProfiler()),
+        "manual optimization (not adopted)": lambda: lightning(data, Manual, NoProfiler()),
+    }
+    runs: dict[str, list[float]] = {k: [] for k in configs}
+    for _ in range(args.repeats):  # A B C ... A B C ...
+        for name, go in configs.items():
+            runs[name].append(go())
+    base = statistics.median(runs["vanilla loop"])
+    rows = [(name, statistics.median(v), statistics.median(v) - base, v) for name, v in runs.items()]
+    print(f"{'loop':40s} {'us/step':>8s} {'+us vs vanilla':>15s}   runs")
+    for name, med, extra, v in rows:
+        print(f"{name:40s} {med:8.1f} {extra:15.1f}   {' '.join(f'{x:.0f}' for x in v)}")
+    results = Path(__file__).resolve().parent / "results"
+    results.mkdir(exist_ok=True)
+    date = time.strftime("%Y-%m-%d")
+    (results / "step_overhead.json").write_text(
+        json.dumps({"date": date, "args": vars(args), "us_per_step": runs}, indent=2) + "\n"
+    )
+    md = [f"Per-step loop cost, one-layer model, 1 thread, {args.steps} steps, medians of {args.repeats} ({date})", ""]
+    md += ["| loop | us/step | + us vs vanilla |", "|---|---|---|"]
+    md += [f"| {name.strip()} | {med:.1f} | {extra:.1f} |" for name, med, extra, _ in rows]
+    (results / "step_overhead.md").write_text("\n".join(md) + "\n")
+
+
+if __name__ == "__main__":
+    main()
