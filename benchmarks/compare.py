@@ -196,14 +196,23 @@ def bare_lightning(data_root: str, threads: int) -> float:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
 
+    seconds, batches = time_second_epoch(Bare(), datamodule=data)
+    return batches * cfg.data.batch_size / seconds
+
+
+def time_second_epoch(module, profiler=None, **fit_kwargs) -> tuple[float, int]:
+    """Fit `module` for two epochs with the leanest Trainer (no logger, checkpoints, progress bar or
+    summary); returns the second epoch's seconds and batches."""
+    import pytorch_lightning as L
+
     class EpochTimer(L.Callback):
-        rate = 0.0
+        seconds = 0.0
 
         def on_train_epoch_start(self, trainer, module):
             self.start = time.perf_counter()
 
         def on_train_epoch_end(self, trainer, module):
-            self.rate = trainer.num_training_batches * cfg.data.batch_size / (time.perf_counter() - self.start)
+            self.seconds = time.perf_counter() - self.start
 
     timer = EpochTimer()
     trainer = L.Trainer(
@@ -215,9 +224,10 @@ def bare_lightning(data_root: str, threads: int) -> float:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        profiler=profiler,
     )
-    trainer.fit(Bare(), datamodule=data)
-    return timer.rate
+    trainer.fit(module, **fit_kwargs)
+    return timer.seconds, trainer.num_training_batches
 
 
 def overhead_configs(args, tmp: Path, threads: int) -> dict[str, callable]:

@@ -18,6 +18,7 @@ import functools
 import json
 import logging
 import statistics
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -28,6 +29,9 @@ import torch.nn.functional as F
 
 from psgd.module import Classifier
 from psgd.profiler import NoProfiler
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare  # noqa: E402  (the same lean Trainer as compare.py's bare LightningModule)
 
 
 def batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -98,31 +102,9 @@ class Manual(BareFastAttr):
         return loss
 
 
-class EpochTimer(L.Callback):
-    us = 0.0
-
-    def on_train_epoch_start(self, trainer, module):
-        self.start = time.perf_counter()
-
-    def on_train_epoch_end(self, trainer, module):
-        self.us = (time.perf_counter() - self.start) / trainer.num_training_batches * 1e6
-
-
 def lightning(data, module_factory, profiler=None) -> float:
-    timer = EpochTimer()
-    trainer = L.Trainer(
-        max_epochs=2,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        callbacks=[timer],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        profiler=profiler,
-    )
-    trainer.fit(module_factory(), train_dataloaders=Loader(data))
-    return timer.us
+    seconds, batches = compare.time_second_epoch(module_factory(), profiler, train_dataloaders=Loader(data))
+    return seconds / batches * 1e6
 
 
 def psgd_classifier() -> Classifier:
@@ -133,6 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parent / "results")
     args = parser.parse_args()
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", ".*val_dataloader.*")  # Classifier has a validation_step; no val data here
@@ -155,11 +138,12 @@ def main() -> None:
     print(f"{'loop':40s} {'us/step':>8s} {'+us vs vanilla':>15s}   runs")
     for name, med, extra, v in rows:
         print(f"{name:40s} {med:8.1f} {extra:15.1f}   {' '.join(f'{x:.0f}' for x in v)}")
-    results = Path(__file__).resolve().parent / "results"
-    results.mkdir(exist_ok=True)
+    results = args.results
+    results.mkdir(parents=True, exist_ok=True)
     date = time.strftime("%Y-%m-%d")
+    settings = {**vars(args), "results": str(results)}
     (results / "step_overhead.json").write_text(
-        json.dumps({"date": date, "args": vars(args), "us_per_step": runs}, indent=2) + "\n"
+        json.dumps({"date": date, "args": settings, "us_per_step": runs}, indent=2) + "\n"
     )
     md = [f"Per-step loop cost, one-layer model, 1 thread, {args.steps} steps, medians of {args.repeats} ({date})", ""]
     md += ["| loop | us/step | + us vs vanilla |", "|---|---|---|"]

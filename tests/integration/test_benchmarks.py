@@ -1,0 +1,28 @@
+"""The benchmark scripts run and report what they claim (short runs; the figures are not checked)."""
+
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def test_step_overhead_reports_every_loop_per_step(tmp_path):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "step_overhead.py"), "--steps", "40", "--repeats", "1"]
+    proc = subprocess.run([*cmd, "--results", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = json.loads((tmp_path / "step_overhead.json").read_text())["us_per_step"]
+    assert list(runs) == [
+        "vanilla loop",
+        "Lightning, smallest LightningModule",
+        "  + psgd's NoProfiler",
+        "  + plain _current_fx_name write",
+        "psgd's Classifier (+ metric counting)",
+        "manual optimization (not adopted)",
+    ]
+    assert all(len(v) == 1 and v[0] > 0 for v in runs.values())
+    # any Lightning loop does more per step than zero_grad, forward, backward and an SGD step
+    assert min(v[0] for k, v in runs.items() if k != "vanilla loop") > runs["vanilla loop"][0]
+    table = (tmp_path / "step_overhead.md").read_text()
+    assert table.count("\n| ") == 7  # header + 6 loops
+    assert "psgd's Classifier" in proc.stdout
