@@ -230,6 +230,12 @@ def time_second_epoch(module, profiler=None, **fit_kwargs) -> tuple[float, int]:
     return timer.seconds, trainer.num_training_batches
 
 
+def psgd_overhead_overrides(threads: int) -> list[str]:
+    """psgd's side of the overhead comparison: the default run, 2 epochs (the second timed, as the loops
+    above), no validation, `threads` torch threads."""
+    return ["trainer.max_epochs=2", "trainer.limit_val_batches=0", f"threads_per_worker={threads}"]
+
+
 def overhead_configs(args, tmp: Path, threads: int) -> dict[str, callable]:
     def inner(mode: str):
         def go(i: int) -> float:
@@ -239,7 +245,7 @@ def overhead_configs(args, tmp: Path, threads: int) -> dict[str, callable]:
         return go
 
     def ours(i: int) -> float:
-        over = ["trainer.max_epochs=2", "trainer.limit_val_batches=0", f"threads_per_worker={threads}"]
+        over = psgd_overhead_overrides(threads)
         return psgd_run(tmp / f"psgd-overhead-{i}", over, args)["history"][-1]["samples_per_s"]
 
     return {

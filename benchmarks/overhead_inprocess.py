@@ -34,13 +34,7 @@ def main() -> None:
     from psgd.run import train
 
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
-    over = [
-        f"data.root={args.data_root}",
-        "quiet=true",
-        "trainer.max_epochs=2",
-        "trainer.limit_val_batches=0",
-        f"threads_per_worker={args.threads}",
-    ]
+    over = [f"data.root={args.data_root}", "quiet=true", *compare.psgd_overhead_overrides(args.threads)]
     with initialize_config_dir(config_dir=str(compare.ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=over)
     with tempfile.TemporaryDirectory() as tmp:
