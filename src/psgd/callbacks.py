@@ -1,5 +1,6 @@
 """Lightning callbacks: threads per worker, epoch timing and result files, the target-accuracy stop."""
 
+import atexit
 import time
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,32 @@ def denormals_flushed() -> bool:
     return torch.tensor([1e-40]).item() == 0.0
 
 
+def destroy_process_group_at_exit() -> None:
+    """Destroy this process's process group when Python exits, while the interpreter is still whole.
+
+    Lightning does this for NCCL only. A gloo group left for interpreter finalization can abort the
+    worker ("terminate called without an active exception", SIGABRT: gloo threads still holding work
+    when the group is torn down; pytorch/pytorch#190489): seen for rank 1 of 2-worker DDP runs that had
+    finished training. Registered once per process; a no-op if the group is gone by then."""
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        atexit.register(_destroy_process_group)
+        _exit_hook_registered = True
+
+
+def _destroy_process_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+_exit_hook_registered = False
+
+
 class WorkerSetup(Callback):
     """Per worker process: torch's intra-op threads (speedup curves lie without a fixed count), denormal
-    floats and the random stream (dropout, augmentation). The stream is reseeded at every epoch from
-    (seed, rank, epoch), so it is the same in-process or spawned, and a run resumed at an epoch boundary
-    draws exactly what the uninterrupted run drew.
+    floats, the process group's end (destroyed at exit) and the random stream (dropout, augmentation).
+    The stream is reseeded at every epoch from (seed, rank, epoch), so it is the same in-process or
+    spawned, and a run resumed at an epoch boundary draws exactly what the uninterrupted run drew.
 
     flush_denormal: SGD momentum buffers of units that get no gradient (dead ReLUs) decay by the
     momentum factor every step into the denormal range (below 1.2e-38), where every CPU multiply takes
@@ -40,6 +62,8 @@ class WorkerSetup(Callback):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         torch.set_num_threads(self.threads)
+        if dist.is_available() and dist.is_initialized():
+            destroy_process_group_at_exit()
         self._flushed_before = denormals_flushed()
         torch.set_flush_denormal(self.flush_denormal)
 
