@@ -83,8 +83,6 @@ def run_cli(
 ) -> subprocess.CompletedProcess:
     """Run train.py / sweep.py as a user would, in a fresh process."""
     full_env = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
-    if "PSGD_QUIET" not in (env or {}):  # left behind by an in-process quiet run; a user's shell has none
-        full_env.pop("PSGD_QUIET", None)
     return subprocess.run(
         [sys.executable, str(ROOT / script), *overrides],
         cwd=cwd or ROOT,

@@ -5,11 +5,14 @@ __version__ = "0.1.0"
 import logging
 import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # Lightning 2.6 calls a torch pytree API that torch 2.14 deprecates; harmless, and printed by every worker.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 
 QUIET_ENV = "PSGD_QUIET"  # set by a quiet run for its worker processes, which import psgd when they start
+LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning_fabric", "lightning")
 
 
 def quiet_lightning() -> None:
@@ -19,10 +22,35 @@ def quiet_lightning() -> None:
     import pytorch_lightning  # noqa: F401
     from lightning_fabric.utilities.warnings import PossibleUserWarning
 
-    for name in ("pytorch_lightning", "lightning_fabric", "lightning"):
+    for name in LIGHTNING_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
 
     warnings.filterwarnings("ignore", category=PossibleUserWarning)
+
+
+@contextmanager
+def quietness(quiet: bool) -> Iterator[None]:
+    """Quiet (or not) for one run: afterwards the caller's Lightning log levels, warning filters and
+    PSGD_QUIET are what they were, so a notebook or test that runs a quiet job and then a normal one
+    sees the normal one's output."""
+    import pytorch_lightning  # noqa: F401  (sets its loggers' levels on first import: read them after)
+
+    levels = {name: logging.getLogger(name).level for name in LIGHTNING_LOGGERS}
+    env = os.environ.get(QUIET_ENV)
+    with warnings.catch_warnings():  # restores the filters on the way out
+        if quiet:
+            quiet_lightning()  # here and, through the environment, in every worker process
+        else:
+            os.environ.pop(QUIET_ENV, None)
+        try:
+            yield
+        finally:
+            for name, level in levels.items():
+                logging.getLogger(name).setLevel(level)
+            if env is None:
+                os.environ.pop(QUIET_ENV, None)
+            else:
+                os.environ[QUIET_ENV] = env
 
 
 if os.environ.get(QUIET_ENV) == "1":

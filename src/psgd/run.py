@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
-from psgd import QUIET_ENV, quiet_lightning
+from psgd import quietness
 from psgd.callbacks import (
     LatestCheckpoint,
     LocalSigtermCheck,
@@ -286,13 +286,13 @@ def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any] | None:
     Under torchrun / srun (one process per worker) only global rank 0 tests and returns metrics; the
     other workers return None.
     """
-    run_dir = Path(run_dir)
     plan = check(cfg)
+    with quietness(bool(cfg.get("quiet"))):
+        return _train(cfg, Path(run_dir), plan)
+
+
+def _train(cfg: DictConfig, run_dir: Path, plan: Plan) -> dict[str, Any] | None:
     quiet = bool(cfg.get("quiet"))
-    if quiet:
-        quiet_lightning()  # here and, through the environment, in every worker process
-    else:
-        os.environ.pop(QUIET_ENV, None)
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # before the model: same seed, same init
     net, image_size = build_model(cfg.model, cfg.data.name)
 

@@ -1,5 +1,8 @@
 """Single-worker runs through train.py exactly as a user starts them."""
 
+import logging
+import os
+
 import pytest
 import torch
 from conftest import compose_cfg, run_cli
@@ -78,8 +81,11 @@ def test_same_seed_gives_the_same_weights_and_another_seed_does_not(tiny_data, t
         return torch.load(tmp_path / name / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
 
     flushed = denormals_flushed()
-    a, b, c = weights(7, "a"), weights(7, "b"), weights(8, "c")
-    assert denormals_flushed() == flushed  # runs in this process leave its numerics as they were
+    level, env = logging.getLogger("pytorch_lightning").level, os.environ.get("PSGD_QUIET")
+    a, b, c = weights(7, "a"), weights(7, "b"), weights(8, "c")  # quiet runs (TINY)
+    # runs in this process leave its numerics, Lightning's log level and the environment as they were
+    assert denormals_flushed() == flushed
+    assert (logging.getLogger("pytorch_lightning").level, os.environ.get("PSGD_QUIET")) == (level, env)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
