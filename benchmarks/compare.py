@@ -11,7 +11,8 @@ Sections (each a table; all results also go to benchmarks/results/compare.json a
   overhead    psgd's LightningModule + Trainer vs a minimal vanilla loop over the same data path
               (same loader, model, optimizer, threads), split into what Lightning's own loop costs
               (the smallest LightningModule on the same data path) and what psgd adds on top; and
-              the data path: a vanilla epoch vs the same number of steps on one fixed in-memory
+              the leanest LightningModule (manual optimization, the vanilla step verbatim) as
+              Lightning's floor; and the data path: a vanilla epoch vs the same number of steps on one fixed in-memory
               batch. Epoch 2 of each run is timed.
   flops       the lab CNN's training FLOPs per sample (torch's FlopCounterMode), a matmul peak
               measured on the same cores, and the fraction of it psgd achieves.
@@ -137,11 +138,12 @@ def lab_cnn_setup(data_root: str, threads: int):
     return cfg, net, ClassificationData(root=data_root, image_size=size, channels_last=True)
 
 
-def vanilla(data_root: str, threads: int, fixed_batch: bool) -> float:
+def vanilla(data_root: str, threads: int, fixed_batch: bool, bodies: list | None = None) -> float:
     """A minimal training loop on psgd's data path and model; samples/s of its second epoch.
 
     With fixed_batch, the second epoch is replaced by the same number of steps on one batch already in
-    memory: the difference is what producing batches costs.
+    memory: the difference is what producing batches costs. A `bodies` list gets the seconds each step
+    of epoch 2 spent from zero_grad to the end of the optimizer step (the rest is the loop's own).
     """
     import torch
     import torch.nn.functional as F
@@ -160,6 +162,8 @@ def vanilla(data_root: str, threads: int, fixed_batch: bool) -> float:
     for x, y in loader:  # epoch 1: warm-up (allocator, oneDNN kernels), not timed
         step(x, y)
     loader.sampler.set_epoch(1)
+    if bodies is not None:
+        step = timed(step, bodies)
     if fixed_batch:
         x, y = next(iter(loader))
         n = len(loader)
@@ -197,6 +201,68 @@ def bare_lightning(data_root: str, threads: int) -> float:
             return torch.optim.SGD(self.parameters(), lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
 
     seconds, batches = time_second_epoch(Bare(), datamodule=data)
+    return batches * cfg.data.batch_size / seconds
+
+
+def timed(fn, seconds: list):
+    """`fn` that also appends each call's duration to `seconds`."""
+
+    def wrapper(*args):
+        start = time.perf_counter()
+        fn(*args)
+        seconds.append(time.perf_counter() - start)
+
+    return wrapper
+
+
+def lean_lightning(data_root: str, threads: int, bodies: list | None = None) -> float:
+    """Lightning's floor: the leanest LightningModule there is. Its training_step is the vanilla loop's
+    step verbatim (zero_grad, forward, backward, SGD step on the raw optimizer: manual optimization,
+    so no closure and no optimizer/backward hooks), on psgd's data path and model, with psgd's two
+    per-hook fixes (NoProfiler, a plain `_current_fx_name` write). What remains is Lightning's
+    per-batch loop itself: fetcher, batch hooks, progress tracking, logger connector. samples/s of
+    its second epoch; `bodies` as in vanilla()."""
+    import pytorch_lightning as L
+    import torch
+    import torch.nn.functional as F
+
+    from psgd.profiler import NoProfiler
+
+    cfg, net, data = lab_cnn_setup(data_root, threads)
+
+    class Lean(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+            self.automatic_optimization = False
+
+        def __setattr__(self, name, value):
+            if name == "_current_fx_name":
+                object.__setattr__(self, name, value)
+            else:
+                super().__setattr__(name, value)
+
+        def training_step(self, batch, batch_idx):
+            step(*batch)
+
+        def on_train_epoch_start(self):
+            nonlocal step
+            if self.current_epoch == 1 and bodies is not None:
+                step = timed(plain_step, bodies)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
+
+    module = Lean()
+
+    def plain_step(x, y):  # the vanilla loop's step verbatim
+        opt = module.trainer.optimizers[0]
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+
+    step = plain_step
+    seconds, batches = time_second_epoch(module, NoProfiler(), datamodule=data)
     return batches * cfg.data.batch_size / seconds
 
 
@@ -252,6 +318,7 @@ def overhead_configs(args, tmp: Path, threads: int) -> dict[str, callable]:
         "vanilla loop": inner("vanilla"),
         "psgd (Lightning)": ours,
         "bare LightningModule": inner("bare"),
+        "leanest LightningModule": inner("lean"),
         "vanilla, one fixed batch": inner("fixed"),
     }
 
@@ -315,10 +382,10 @@ def main() -> None:
         default=["trainer.max_epochs=3", "model.dropout=0.1"],
         help="train.py overrides for the time-to-99 %% run",
     )
-    parser.add_argument("--inner", choices=["vanilla", "fixed", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--inner", choices=["vanilla", "fixed", "bare", "lean"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.inner == "bare":
-        print(bare_lightning(args.data_root, args.threads))
+    if args.inner in ("bare", "lean"):
+        print((bare_lightning if args.inner == "bare" else lean_lightning)(args.data_root, args.threads))
         return
     if args.inner:
         print(vanilla(args.data_root, args.threads, fixed_batch=args.inner == "fixed"))
@@ -347,12 +414,14 @@ def main() -> None:
             overhead = med["vanilla loop"] / med["psgd (Lightning)"]  # step-time ratio psgd / vanilla
             floor = med["vanilla loop"] / med["bare LightningModule"]  # what Lightning's loop alone costs
             own = med["bare LightningModule"] / med["psgd (Lightning)"]  # what psgd adds on top of it
+            lean = med["vanilla loop"] / med["leanest LightningModule"]  # Lightning's per-batch loop alone
             data_path = med["vanilla, one fixed batch"] / med["vanilla loop"]  # epoch time / fixed-batch time
             rows = [[k, f"{med[k]:.0f}", " ".join(f"{v:.0f}" for v in samples[k])] for k in samples]
             ratios = [
                 ["framework overhead: psgd step time / vanilla", f"{overhead:.3f}", verdict(overhead, 1.05, False)],
                 ["  of which Lightning's loop: bare LightningModule / vanilla", f"{floor:.3f}", ""],
                 ["  of which psgd: psgd / bare LightningModule", f"{own:.3f}", ""],
+                ["Lightning's floor: leanest LightningModule / vanilla", f"{lean:.3f}", ""],
                 ["data path: epoch time / one fixed batch", f"{data_path:.3f}", verdict(data_path, 1.05, False)],
             ]
             out["overhead"] = {
@@ -361,6 +430,7 @@ def main() -> None:
                 "overhead": overhead,
                 "lightning_floor": floor,
                 "psgd_over_bare_lightning": own,
+                "leanest_lightning": lean,
                 "data_path": data_path,
             }
             md += ["### Framework overhead and data path", "", table(rows, ["run", "samples/s (median)", "runs"]), ""]

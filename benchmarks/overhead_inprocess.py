@@ -1,11 +1,13 @@
-"""Framework overhead measured in one process: vanilla loop, bare LightningModule and psgd, interleaved.
+"""Framework overhead measured in one process: vanilla loop, bare and leanest LightningModule and psgd.
 
     python benchmarks/overhead_inprocess.py --data-root ../shared/data --repeats 4
 
 compare.py's overhead section starts a fresh process per run; on a 2-core machine that adds a few
-per cent of run-to-run spread. Here the three loops (the same ones as in compare.py: same data path,
-model, optimizer, threads; epoch 2 timed) alternate A B C A B C ... inside one process, so they see the
-same allocator, caches and clock. Prints samples/s per run, medians and the step-time ratios.
+per cent of run-to-run spread. Here the four loops (the same ones as in compare.py: same data path,
+model, optimizer, threads; epoch 2 timed) alternate A B C D A B C D ... inside one process, so they see
+the same allocator, caches and clock. Prints samples/s per run, medians and the step-time ratios, and
+for the vanilla loop and the leanest LightningModule (whose training_step is the vanilla step
+verbatim) how much of a step is that step body and how much is the loop around it.
 """
 
 import argparse
@@ -37,10 +39,16 @@ def main() -> None:
     over = [f"data.root={args.data_root}", "quiet=true", *compare.psgd_overhead_overrides(args.threads)]
     with initialize_config_dir(config_dir=str(compare.ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=over)
+    bodies: dict[str, list[float]] = {"vanilla loop": [], "leanest LightningModule": []}
     with tempfile.TemporaryDirectory() as tmp:
         configs = {
-            "vanilla loop": lambda i: compare.vanilla(args.data_root, args.threads, fixed_batch=False),
+            "vanilla loop": lambda i: compare.vanilla(
+                args.data_root, args.threads, fixed_batch=False, bodies=bodies["vanilla loop"]
+            ),
             "bare LightningModule": lambda i: compare.bare_lightning(args.data_root, args.threads),
+            "leanest LightningModule": lambda i: compare.lean_lightning(
+                args.data_root, args.threads, bodies=bodies["leanest LightningModule"]
+            ),
             "psgd (Lightning)": lambda i: train(cfg, Path(tmp) / f"psgd{i}")["history"][-1]["samples_per_s"],
         }
         runs = compare.interleaved(configs, args.repeats)  # A B C A B C ..., as in compare.py
@@ -51,6 +59,15 @@ def main() -> None:
     print(f"framework overhead, psgd step time / vanilla:     {vanilla / psgd:.3f} (target <= 1.05)")
     print(f"  Lightning's loop, bare LightningModule / vanilla: {vanilla / bare:.3f}")
     print(f"  psgd on top of it, psgd / bare LightningModule:   {bare / psgd:.3f}")
+    print(f"Lightning's floor, leanest LightningModule / vanilla: {vanilla / med['leanest LightningModule']:.3f}")
+    # Where the floor's time goes: the same step body (zero_grad .. optimizer step) in both loops, timed
+    # per step; everything else is the loop's own (fetching the batch, hooks, bookkeeping).
+    batch = cfg.data.batch_size
+    print("per step, epoch 2 (us; means over all runs): step time = body (zero_grad .. opt.step) + the loop's own")
+    for name, times in bodies.items():
+        step_us = statistics.mean(batch / v for v in runs[name]) * 1e6
+        body_us = statistics.mean(times) * 1e6
+        print(f"  {name:24s} step {step_us:7.0f} = body {body_us:7.0f} + loop {step_us - body_us:5.0f}")
 
 
 if __name__ == "__main__":
