@@ -10,10 +10,11 @@ Sections (each a table; all results also go to benchmarks/results/compare.json a
               worker, 1 epoch; runs interleaved (A B A B ...) in fresh processes, medians reported.
   overhead    psgd's LightningModule + Trainer vs a minimal vanilla loop over the same data path
               (same loader, model, optimizer, threads), split into what Lightning's own loop costs
-              (the smallest LightningModule on the same data path) and what psgd adds on top; and
-              the leanest LightningModule (manual optimization, the vanilla step verbatim) as
-              Lightning's floor; and the data path: a vanilla epoch vs the same number of steps on one fixed in-memory
-              batch. Epoch 2 of each run is timed.
+              (the smallest LightningModule on the same data path) and what psgd adds on top; the
+              leanest LightningModule (manual optimization, the vanilla step verbatim) as
+              Lightning's floor; the same overhead measured paired (vanilla chunks interleaved in one
+              psgd run, so drift hits both alike); and the data path: a vanilla epoch vs the same
+              number of steps on one fixed in-memory batch. Epoch 2 of each run is timed.
   flops       the lab CNN's training FLOPs per sample (torch's FlopCounterMode), a matmul peak
               measured on the same cores, and the fraction of it psgd achieves.
   workers     samples/s of ddp, model_averaging and hogwild for workers 1..5, one thread per
@@ -266,6 +267,80 @@ def lean_lightning(data_root: str, threads: int, bodies: list | None = None) -> 
     return batches * cfg.data.batch_size / seconds
 
 
+def paired_overhead(data_root: str, threads: int, chunk: int = 25, epochs: int = 3, overrides=()) -> dict:
+    """psgd's real run (train.py's default config, no validation) with the vanilla loop interleaved in
+    it: after every `chunk` psgd steps, `chunk` vanilla steps (a copy of the model and its own SGD, its
+    own pass over the same datamodule's batches) run in the same process and thread. Each pair of
+    chunks is timed back to back, so the machine's drift, which moves whole runs by several per cent
+    here, hits both sides of a pair alike. Epoch 1 is warm-up; `epochs` more are measured (`overrides`:
+    more train.py overrides, for short test runs). Returns
+    the per-pair step-time ratios psgd / vanilla, their median, and the ratio of the summed times."""
+    import copy
+    import tempfile
+
+    import pytorch_lightning as L
+    import torch
+    import torch.nn.functional as F
+    from hydra import compose, initialize_config_dir
+
+    from psgd.run import train
+
+    class Paired(L.Callback):
+        def __init__(self):
+            self.psgd_s: list[float] = []
+            self.vanilla_s: list[float] = []
+
+        def on_train_epoch_start(self, trainer, module):
+            self.on = trainer.current_epoch >= 1
+            self.start, self.vanilla_in_chunk = None, 0.0
+            if trainer.current_epoch == 1:  # the vanilla side: a copy of the warmed-up model, its own SGD
+                self.net = copy.deepcopy(module.net)
+                self.opt = torch.optim.SGD(self.net.parameters(), lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
+                self.loader = trainer.datamodule.train_dataloader()
+                self.batches = iter(())
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            if self.on and batch_idx % chunk == 0:
+                now = time.perf_counter()
+                if self.start is not None:  # a whole psgd chunk, up to this step, less the vanilla one in it
+                    self.psgd_s.append(now - self.start - self.vanilla_in_chunk)
+                self.start = now
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if self.on and self.start is not None and (batch_idx + 1) % chunk == 0:
+                begin = time.perf_counter()
+                for _ in range(chunk):
+                    x, y = self.next_batch()
+                    self.opt.zero_grad(set_to_none=True)
+                    F.cross_entropy(self.net(x), y).backward()
+                    self.opt.step()
+                self.vanilla_in_chunk = time.perf_counter() - begin
+                self.vanilla_s.append(self.vanilla_in_chunk)
+
+        def next_batch(self):
+            for b in self.batches:
+                return b
+            self.batches = iter(self.loader)
+            return next(self.batches)
+
+    over = [f"data.root={data_root}", "quiet=true", *psgd_overhead_overrides(threads), *overrides]
+    over[over.index("trainer.max_epochs=2")] = f"trainer.max_epochs={epochs + 1}"
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=over)
+    paired = Paired()
+    with tempfile.TemporaryDirectory() as tmp:
+        train(cfg, Path(tmp) / "run", callbacks=[paired])
+    pairs = list(zip(paired.psgd_s, paired.vanilla_s))  # the last chunk of an epoch may lack its partner
+    ratios = [p / v for p, v in pairs]
+    return {
+        "chunk": chunk,
+        "pairs": len(pairs),
+        "ratios": ratios,
+        "median": statistics.median(ratios),
+        "sum_ratio": sum(p for p, _ in pairs) / sum(v for _, v in pairs),
+    }
+
+
 def time_second_epoch(module, profiler=None, **fit_kwargs) -> tuple[float, int]:
     """Fit `module` for two epochs with the leanest Trainer (no logger, checkpoints, progress bar or
     summary); returns the second epoch's seconds and batches."""
@@ -382,8 +457,11 @@ def main() -> None:
         default=["trainer.max_epochs=3", "model.dropout=0.1"],
         help="train.py overrides for the time-to-99 %% run",
     )
-    parser.add_argument("--inner", choices=["vanilla", "fixed", "bare", "lean"], help=argparse.SUPPRESS)
+    parser.add_argument("--inner", choices=["vanilla", "fixed", "bare", "lean", "paired"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.inner == "paired":
+        print(json.dumps(paired_overhead(args.data_root, args.threads)))
+        return
     if args.inner in ("bare", "lean"):
         print((bare_lightning if args.inner == "bare" else lean_lightning)(args.data_root, args.threads))
         return
@@ -416,12 +494,21 @@ def main() -> None:
             own = med["bare LightningModule"] / med["psgd (Lightning)"]  # what psgd adds on top of it
             lean = med["vanilla loop"] / med["leanest LightningModule"]  # Lightning's per-batch loop alone
             data_path = med["vanilla, one fixed batch"] / med["vanilla loop"]  # epoch time / fixed-batch time
+            cmd = [sys.executable, __file__, "--data-root", args.data_root, "--inner", "paired"]
+            paired = json.loads(run([*cmd, "--threads", str(args.threads)]).stdout.strip().splitlines()[-1])
+            print(f"  paired chunks: psgd / vanilla median {paired['median']:.3f} over {paired['pairs']}", flush=True)
             rows = [[k, f"{med[k]:.0f}", " ".join(f"{v:.0f}" for v in samples[k])] for k in samples]
             ratios = [
                 ["framework overhead: psgd step time / vanilla", f"{overhead:.3f}", verdict(overhead, 1.05, False)],
                 ["  of which Lightning's loop: bare LightningModule / vanilla", f"{floor:.3f}", ""],
                 ["  of which psgd: psgd / bare LightningModule", f"{own:.3f}", ""],
                 ["Lightning's floor: leanest LightningModule / vanilla", f"{lean:.3f}", ""],
+                [
+                    f"framework overhead, paired: {paired['pairs']} chunks of {paired['chunk']} psgd steps, "
+                    "each followed by as many vanilla steps in the same process (median; ratio of sums)",
+                    f"{paired['median']:.3f}; {paired['sum_ratio']:.3f}",
+                    verdict(paired["median"], 1.05, False),
+                ],
                 ["data path: epoch time / one fixed batch", f"{data_path:.3f}", verdict(data_path, 1.05, False)],
             ]
             out["overhead"] = {
@@ -431,6 +518,7 @@ def main() -> None:
                 "lightning_floor": floor,
                 "psgd_over_bare_lightning": own,
                 "leanest_lightning": lean,
+                "paired": paired,
                 "data_path": data_path,
             }
             md += ["### Framework overhead and data path", "", table(rows, ["run", "samples/s (median)", "runs"]), ""]

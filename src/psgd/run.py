@@ -13,6 +13,7 @@ import os
 import random
 import socket
 import sys
+from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from pathlib import Path
@@ -280,18 +281,21 @@ def mark_status(record_path: Path, status: str, create: bool = False, **fields: 
         write_json(record_path, record)
 
 
-def train(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any] | None:
+def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] = ()) -> dict[str, Any] | None:
     """Run one configured training job in `run_dir`; returns the final metrics (also in metrics.json).
+
+    `callbacks`: Lightning callbacks of the caller's, added to the training Trainer after psgd's own
+    (with workers > 1 they are pickled into every worker process).
 
     Under torchrun / srun (one process per worker) only global rank 0 tests and returns metrics; the
     other workers return None.
     """
     plan = check(cfg)
     with quietness(bool(cfg.get("quiet"))):
-        return _train(cfg, Path(run_dir), plan)
+        return _train(cfg, Path(run_dir), plan, list(callbacks))
 
 
-def _train(cfg: DictConfig, run_dir: Path, plan: Plan) -> dict[str, Any] | None:
+def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.Callback]) -> dict[str, Any] | None:
     quiet = bool(cfg.get("quiet"))
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # before the model: same seed, same init
     net, image_size = build_model(cfg.model, cfg.data.name)
@@ -371,6 +375,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan) -> dict[str, Any] | None:
         callbacks.append(WeightRecorder(str(run_dir)))
     if not quiet:
         callbacks.append(TQDMProgressBar(refresh_rate=10))  # redrawing every step costs throughput
+    callbacks += extra_callbacks
     logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
     trainer_kwargs = {k: v for k, v in OmegaConf.to_container(t, resolve=True).items() if v is not None}
     trainer_kwargs.update(

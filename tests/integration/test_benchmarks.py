@@ -6,6 +6,9 @@ import sys
 
 from conftest import ROOT
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import compare  # noqa: E402
+
 
 def test_step_overhead_reports_every_loop_per_step(tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "step_overhead.py"), "--steps", "40", "--repeats", "1"]
@@ -26,3 +29,11 @@ def test_step_overhead_reports_every_loop_per_step(tmp_path):
     table = (tmp_path / "step_overhead.md").read_text()
     assert table.count("\n| ") == 7  # header + 6 loops
     assert "psgd's Classifier" in proc.stdout
+
+
+def test_paired_overhead_times_psgd_and_vanilla_chunks_in_one_run(tiny_data):
+    r = compare.paired_overhead(str(tiny_data), 1, chunk=2, epochs=2, overrides=["data.batch_size=16"])
+    # every full chunk of psgd steps after the warm-up epoch has its vanilla partner, each pair timed
+    assert r["pairs"] >= 4 and len(r["ratios"]) == r["pairs"]
+    assert all(x > 0 for x in r["ratios"])
+    assert min(r["ratios"]) <= r["median"] <= max(r["ratios"])

@@ -4,6 +4,7 @@ import logging
 import os
 
 import pytest
+import pytorch_lightning as L
 import torch
 from conftest import compose_cfg, run_cli
 from helpers import metrics, scalars, tensorboard, training_data
@@ -124,3 +125,19 @@ def test_a_profiler_the_user_asks_for_replaces_psgds_free_one(tiny_data, tmp_pat
     assert proc.returncode == 0, proc.stderr
     report = proc.stdout + proc.stderr
     assert "FIT Profiler Report" in report and "run_training_epoch" in report
+
+
+def test_a_callers_callbacks_see_every_training_batch(tiny_data, tmp_path):
+    class Count(L.Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            self.seen.append((trainer.current_epoch, batch_idx, trainer.num_training_batches))
+
+    count = Count()
+    cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=2", *TINY)
+    m = train(cfg, tmp_path / "run", callbacks=[count])
+    per_epoch = count.seen[0][2]
+    assert m["epochs"] == 2 and per_epoch > 1
+    assert [(e, b) for e, b, _ in count.seen] == [(e, b) for e in range(2) for b in range(per_epoch)]
