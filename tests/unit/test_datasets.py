@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import SHARED_DATA, make_cifar_like, make_mnist_like
 
-from psgd.data import ClassificationData, DataError, load_split
+from psgd.data import INFO, ClassificationData, DataError, load_split
 from psgd.data.datamodule import resize
 
 
@@ -84,6 +84,27 @@ def test_datamodule_normalises_and_holds_out_validation(tmp_path):
     assert x.mean().item() == pytest.approx(((raw - 0.1307) / 0.3081).mean().item(), abs=1.0)
     loader = dm.val_dataloader()
     assert sum(len(b[1]) for b in loader) == 50
+
+
+@pytest.mark.parametrize("name", ["mnist", "cifar10"])
+def test_batches_are_the_normalised_images_and_labels_in_sampler_order(tmp_path, name):
+    make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
+    make_cifar_like(tmp_path)
+    dm = ClassificationData(
+        name, str(tmp_path), batch_size=32, eval_batch_size=16, val_split=0.25, channels_last=True, verify_md5=False
+    )
+    dm.setup("fit")
+    images, labels = dm.val_set
+    info = INFO[name]
+    mean, std = torch.tensor(info.mean).view(1, -1, 1, 1), torch.tensor(info.std).view(1, -1, 1, 1)
+    start = 0
+    for x, y in dm.val_dataloader():  # the evaluation order is the split's own
+        want = (images[start : start + len(y)].float() / 255 - mean) / std
+        assert x.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(x, want, rtol=0, atol=1e-5)
+        assert torch.equal(y, labels[start : start + len(y)])
+        start += len(y)
+    assert start == len(labels)
 
 
 @pytest.mark.real_data
