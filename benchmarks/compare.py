@@ -227,21 +227,16 @@ def lean_lightning(data_root: str, threads: int, bodies: list | None = None) -> 
     import torch
     import torch.nn.functional as F
 
+    from psgd.module import PlainHookName
     from psgd.profiler import NoProfiler
 
     cfg, net, data = lab_cnn_setup(data_root, threads)
 
-    class Lean(L.LightningModule):
+    class Lean(PlainHookName, L.LightningModule):
         def __init__(self):
             super().__init__()
             self.net = net
             self.automatic_optimization = False
-
-        def __setattr__(self, name, value):
-            if name == "_current_fx_name":
-                object.__setattr__(self, name, value)
-            else:
-                super().__setattr__(name, value)
 
         def training_step(self, batch, batch_idx):
             step(*batch)

@@ -27,7 +27,7 @@ import pytorch_lightning as L
 import torch
 import torch.nn.functional as F
 
-from psgd.module import Classifier
+from psgd.module import Classifier, PlainHookName
 from psgd.profiler import NoProfiler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -79,12 +79,8 @@ class Bare(L.LightningModule):
         return sgd(self.parameters())
 
 
-class BareFastAttr(Bare):
-    def __setattr__(self, name, value):  # what psgd's Classifier does
-        if name == "_current_fx_name":
-            object.__setattr__(self, name, value)
-        else:
-            super().__setattr__(name, value)
+class BareFastAttr(PlainHookName, Bare):  # what psgd's Classifier does
+    pass
 
 
 class Manual(BareFastAttr):

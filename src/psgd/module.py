@@ -15,7 +15,20 @@ from typing_extensions import override
 from psgd.optim import build_scheduler
 
 
-class Classifier(L.LightningModule):
+class PlainHookName:
+    """LightningModule mixin: Lightning sets `_current_fx_name` before and after every hook call, ~40
+    times per training step; nn.Module.__setattr__ first looks the name up among parameters, buffers
+    and submodules, which it never is: ~60 us per step (benchmarks/step_overhead.py). This writes that
+    one attribute plainly; every other attribute goes through nn.Module as usual."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "_current_fx_name":
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
+
+class Classifier(PlainHookName, L.LightningModule):
     """Wraps a plain nn.Module. Metrics are accumulated per step and reduced once per epoch (over
     all workers), so no step pays for a collective other than the strategy's own."""
 
@@ -48,15 +61,6 @@ class Classifier(L.LightningModule):
                 num_classes, average="micro", validate_args=False, sync_on_compute=False
             )
             self.worker_val_loss = MeanMetric(sync_on_compute=False)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # Lightning sets _current_fx_name before and after every hook call, ~40 times per training step;
-        # nn.Module.__setattr__ first looks the name up among parameters, buffers and submodules, which
-        # it never is: ~60 us per step (benchmarks/step_overhead.py), so the plain attribute write.
-        if name == "_current_fx_name":
-            object.__setattr__(self, name, value)
-        else:
-            super().__setattr__(name, value)
 
     @override
     def forward(self, x: Tensor) -> Tensor:
