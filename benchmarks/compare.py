@@ -119,10 +119,10 @@ def interleaved(configs: dict, repeats: int) -> dict[str, list[float]]:
 
 
 # ---------------------------------------------------------------------------------------------- overhead
-def lab_cnn_setup(data_root: str, threads: int):
+def lab_cnn_setup(data_root: str, threads: int, overrides=()):
     """What the vanilla and the bare-Lightning loops share with psgd's default run: the composed
-    default config, `threads` torch threads, denormals flushed, the lab CNN (channels_last) and psgd's
-    datamodule."""
+    default config (plus `overrides`), `threads` torch threads, denormals flushed, the lab CNN
+    (channels_last) and psgd's datamodule."""
     import torch
     from hydra import compose, initialize_config_dir
 
@@ -130,13 +130,14 @@ def lab_cnn_setup(data_root: str, threads: int):
     from psgd.run import build_model
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[f"data.root={data_root}"])
+        cfg = compose(config_name="train", overrides=[f"data.root={data_root}", *overrides])
     torch.set_num_threads(threads)
     torch.set_flush_denormal(cfg.flush_denormal)  # as psgd's WorkerSetup does in every worker
     torch.manual_seed(0)
     net, size = build_model(cfg.model, cfg.data.name)
     net = net.to(memory_format=torch.channels_last)
-    return cfg, net, ClassificationData(root=data_root, image_size=size, channels_last=True)
+    data = ClassificationData(root=data_root, batch_size=cfg.data.batch_size, image_size=size, channels_last=True)
+    return cfg, net, data
 
 
 def vanilla(data_root: str, threads: int, fixed_batch: bool, bodies: list | None = None) -> float:
@@ -183,11 +184,16 @@ def bare_lightning(data_root: str, threads: int) -> float:
     """The floor Lightning itself sets: the smallest LightningModule (forward, loss, SGD; automatic
     optimization, no metrics, no logging, no callbacks, no checkpoints) on psgd's data path and model;
     samples/s of its second epoch."""
+    cfg, net, data = lab_cnn_setup(data_root, threads)
+    seconds, batches = time_second_epoch(bare_module(cfg, net), datamodule=data)
+    return batches * cfg.data.batch_size / seconds
+
+
+def bare_module(cfg, net):
+    """The smallest LightningModule, as a user writes it: forward, loss, SGD."""
     import pytorch_lightning as L
     import torch
     import torch.nn.functional as F
-
-    cfg, net, data = lab_cnn_setup(data_root, threads)
 
     class Bare(L.LightningModule):
         def __init__(self):
@@ -201,8 +207,7 @@ def bare_lightning(data_root: str, threads: int) -> float:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
 
-    seconds, batches = time_second_epoch(Bare(), datamodule=data)
-    return batches * cfg.data.batch_size / seconds
+    return Bare()
 
 
 def timed(fn, seconds: list):
@@ -262,14 +267,18 @@ def lean_lightning(data_root: str, threads: int, bodies: list | None = None) -> 
     return batches * cfg.data.batch_size / seconds
 
 
-def paired_overhead(data_root: str, threads: int, chunk: int = 25, epochs: int = 3, overrides=()) -> dict:
-    """psgd's real run (train.py's default config, no validation) with the vanilla loop interleaved in
-    it: after every `chunk` psgd steps, `chunk` vanilla steps (a copy of the model and its own SGD, its
-    own pass over the same datamodule's batches) run in the same process and thread. Each pair of
-    chunks is timed back to back, so the machine's drift, which moves whole runs by several per cent
-    here, hits both sides of a pair alike. Epoch 1 is warm-up; `epochs` more are measured (`overrides`:
-    more train.py overrides, for short test runs). Returns
-    the per-pair step-time ratios psgd / vanilla, their median, and the ratio of the summed times."""
+def paired_overhead(
+    data_root: str, threads: int, chunk: int = 25, epochs: int = 3, overrides=(), loop: str = "psgd"
+) -> dict:
+    """A Lightning run with the vanilla loop interleaved in it: after every `chunk` Lightning steps,
+    `chunk` vanilla steps (a copy of the model and its own SGD, its own pass over the same datamodule's
+    batches) run in the same process and thread. Each pair of chunks is timed back to back, so the
+    machine's drift, which moves whole runs by several per cent here, hits both sides of a pair alike.
+    `loop` "psgd": psgd's real run (train.py's default config, no validation); "bare": the smallest
+    LightningModule in the leanest Trainer, Lightning's own floor measured the same way. Epoch 1 is
+    warm-up; `epochs` more are measured (`overrides`: more train.py overrides, for short test runs).
+    Returns the per-pair step-time ratios Lightning / vanilla, their median, and the ratio of the
+    summed times."""
     import copy
     import tempfile
 
@@ -318,13 +327,17 @@ def paired_overhead(data_root: str, threads: int, chunk: int = 25, epochs: int =
             self.batches = iter(self.loader)
             return next(self.batches)
 
-    over = [f"data.root={data_root}", "quiet=true", *psgd_overhead_overrides(threads), *overrides]
-    over[over.index("trainer.max_epochs=2")] = f"trainer.max_epochs={epochs + 1}"
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=over)
     paired = Paired()
-    with tempfile.TemporaryDirectory() as tmp:
-        train(cfg, Path(tmp) / "run", callbacks=[paired])
+    if loop == "bare":
+        cfg, net, data = lab_cnn_setup(data_root, threads, overrides)
+        lean_trainer(epochs + 1, [paired]).fit(bare_module(cfg, net), datamodule=data)
+    else:
+        over = [f"data.root={data_root}", "quiet=true", *psgd_overhead_overrides(threads), *overrides]
+        over[over.index("trainer.max_epochs=2")] = f"trainer.max_epochs={epochs + 1}"
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=over)
+        with tempfile.TemporaryDirectory() as tmp:
+            train(cfg, Path(tmp) / "run", callbacks=[paired])
     pairs = list(zip(paired.psgd_s, paired.vanilla_s))  # the last chunk of an epoch may lack its partner
     ratios = [p / v for p, v in pairs]
     return {
@@ -351,19 +364,27 @@ def time_second_epoch(module, profiler=None, **fit_kwargs) -> tuple[float, int]:
             self.seconds = time.perf_counter() - self.start
 
     timer = EpochTimer()
-    trainer = L.Trainer(
-        max_epochs=2,
+    trainer = lean_trainer(2, [timer], profiler)
+    trainer.fit(module, **fit_kwargs)
+    return timer.seconds, trainer.num_training_batches
+
+
+def lean_trainer(max_epochs: int, callbacks: list, profiler=None):
+    """A CPU Trainer with nothing of its own: no logger, checkpoints, progress bar, summary or validation."""
+    import pytorch_lightning as L
+
+    return L.Trainer(
+        max_epochs=max_epochs,
         accelerator="cpu",
         devices=1,
         logger=False,
-        callbacks=[timer],
+        callbacks=callbacks,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        limit_val_batches=0,
         profiler=profiler,
     )
-    trainer.fit(module, **fit_kwargs)
-    return timer.seconds, trainer.num_training_batches
 
 
 def psgd_overhead_overrides(threads: int) -> list[str]:
@@ -452,10 +473,11 @@ def main() -> None:
         default=["trainer.max_epochs=3", "model.dropout=0.1"],
         help="train.py overrides for the time-to-99 %% run",
     )
-    parser.add_argument("--inner", choices=["vanilla", "fixed", "bare", "lean", "paired"], help=argparse.SUPPRESS)
+    inner = ["vanilla", "fixed", "bare", "lean", "paired-psgd", "paired-bare"]
+    parser.add_argument("--inner", choices=inner, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.inner == "paired":
-        print(json.dumps(paired_overhead(args.data_root, args.threads)))
+    if args.inner and args.inner.startswith("paired-"):
+        print(json.dumps(paired_overhead(args.data_root, args.threads, loop=args.inner.split("-")[1])))
         return
     if args.inner in ("bare", "lean"):
         print((bare_lightning if args.inner == "bare" else lean_lightning)(args.data_root, args.threads))
@@ -489,9 +511,12 @@ def main() -> None:
             own = med["bare LightningModule"] / med["psgd (Lightning)"]  # what psgd adds on top of it
             lean = med["vanilla loop"] / med["leanest LightningModule"]  # Lightning's per-batch loop alone
             data_path = med["vanilla, one fixed batch"] / med["vanilla loop"]  # epoch time / fixed-batch time
-            cmd = [sys.executable, __file__, "--data-root", args.data_root, "--inner", "paired"]
-            paired = json.loads(run([*cmd, "--threads", str(args.threads)]).stdout.strip().splitlines()[-1])
-            print(f"  paired chunks: psgd / vanilla median {paired['median']:.3f} over {paired['pairs']}", flush=True)
+            paired = {}
+            for loop in ("psgd", "bare"):
+                cmd = [sys.executable, __file__, "--data-root", args.data_root, "--threads", str(args.threads)]
+                paired[loop] = json.loads(run([*cmd, "--inner", f"paired-{loop}"]).stdout.strip().splitlines()[-1])
+                p = paired[loop]
+                print(f"  paired chunks: {loop} / vanilla median {p['median']:.3f} over {p['pairs']}", flush=True)
             rows = [[k, f"{med[k]:.0f}", " ".join(f"{v:.0f}" for v in samples[k])] for k in samples]
             ratios = [
                 ["framework overhead: psgd step time / vanilla", f"{overhead:.3f}", verdict(overhead, 1.05, False)],
@@ -499,10 +524,15 @@ def main() -> None:
                 ["  of which psgd: psgd / bare LightningModule", f"{own:.3f}", ""],
                 ["Lightning's floor: leanest LightningModule / vanilla", f"{lean:.3f}", ""],
                 [
-                    f"framework overhead, paired: {paired['pairs']} chunks of {paired['chunk']} psgd steps, "
-                    "each followed by as many vanilla steps in the same process (median; ratio of sums)",
-                    f"{paired['median']:.3f}; {paired['sum_ratio']:.3f}",
-                    verdict(paired["median"], 1.05, False),
+                    f"framework overhead, paired: {paired['psgd']['pairs']} chunks of {paired['psgd']['chunk']} "
+                    "psgd steps, each followed by as many vanilla steps in the same process (median; ratio of sums)",
+                    f"{paired['psgd']['median']:.3f}; {paired['psgd']['sum_ratio']:.3f}",
+                    verdict(paired["psgd"]["median"], 1.05, False),
+                ],
+                [
+                    "  Lightning's loop, paired the same way: bare LightningModule / vanilla",
+                    f"{paired['bare']['median']:.3f}; {paired['bare']['sum_ratio']:.3f}",
+                    "",
                 ],
                 ["data path: epoch time / one fixed batch", f"{data_path:.3f}", verdict(data_path, 1.05, False)],
             ]

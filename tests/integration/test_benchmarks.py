@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -31,8 +32,9 @@ def test_step_overhead_reports_every_loop_per_step(tmp_path):
     assert "psgd's Classifier" in proc.stdout
 
 
-def test_paired_overhead_times_psgd_and_vanilla_chunks_in_one_run(tiny_data):
-    r = compare.paired_overhead(str(tiny_data), 1, chunk=2, epochs=2, overrides=["data.batch_size=16"])
+@pytest.mark.parametrize("loop", ["psgd", "bare"])
+def test_paired_overhead_times_lightning_and_vanilla_chunks_in_one_run(tiny_data, loop):
+    r = compare.paired_overhead(str(tiny_data), 1, chunk=2, epochs=2, overrides=["data.batch_size=16"], loop=loop)
     # every full chunk of psgd steps after the warm-up epoch has its vanilla partner, each pair timed
     assert r["pairs"] >= 4 and len(r["ratios"]) == r["pairs"]
     assert all(x > 0 for x in r["ratios"])
