@@ -140,6 +140,25 @@ def lab_cnn_setup(data_root: str, threads: int, overrides=()):
     return cfg, net, data
 
 
+def sgd(cfg, params):
+    """The optimizer of every loop here: the default config's SGD."""
+    import torch
+
+    return torch.optim.SGD(params, lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
+
+
+def vanilla_step(net, opt):
+    """The minimal loop's step as a function of (x, y): zero_grad, forward, loss, backward, SGD step."""
+    import torch.nn.functional as F
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+
+    return step
+
+
 def vanilla(data_root: str, threads: int, fixed_batch: bool, bodies: list | None = None) -> float:
     """A minimal training loop on psgd's data path and model; samples/s of its second epoch.
 
@@ -147,20 +166,11 @@ def vanilla(data_root: str, threads: int, fixed_batch: bool, bodies: list | None
     memory: the difference is what producing batches costs. A `bodies` list gets the seconds each step
     of epoch 2 spent from zero_grad to the end of the optimizer step (the rest is the loop's own).
     """
-    import torch
-    import torch.nn.functional as F
-
     cfg, net, data = lab_cnn_setup(data_root, threads)
     data.prepare_data()
     data.setup("fit")
     loader = data.train_dataloader()
-    opt = torch.optim.SGD(net.parameters(), lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
-
-    def step(x, y):
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(net(x), y).backward()
-        opt.step()
-
+    step = vanilla_step(net, sgd(cfg, net.parameters()))
     for x, y in loader:  # epoch 1: warm-up (allocator, oneDNN kernels), not timed
         step(x, y)
     loader.sampler.set_epoch(1)
@@ -192,7 +202,6 @@ def bare_lightning(data_root: str, threads: int) -> float:
 def bare_module(cfg, net):
     """The smallest LightningModule, as a user writes it: forward, loss, SGD."""
     import pytorch_lightning as L
-    import torch
     import torch.nn.functional as F
 
     class Bare(L.LightningModule):
@@ -205,7 +214,7 @@ def bare_module(cfg, net):
             return F.cross_entropy(self.net(x), y)
 
         def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
+            return sgd(cfg, self.parameters())
 
     return Bare()
 
@@ -229,13 +238,13 @@ def lean_lightning(data_root: str, threads: int, bodies: list | None = None) -> 
     per-batch loop itself: fetcher, batch hooks, progress tracking, logger connector. samples/s of
     its second epoch; `bodies` as in vanilla()."""
     import pytorch_lightning as L
-    import torch
-    import torch.nn.functional as F
 
     from psgd.module import PlainHookName
     from psgd.profiler import NoProfiler
 
     cfg, net, data = lab_cnn_setup(data_root, threads)
+    opt = sgd(cfg, net.parameters())
+    plain_step = step = vanilla_step(net, opt)  # the vanilla loop's step verbatim
 
     class Lean(PlainHookName, L.LightningModule):
         def __init__(self):
@@ -252,18 +261,9 @@ def lean_lightning(data_root: str, threads: int, bodies: list | None = None) -> 
                 step = timed(plain_step, bodies)
 
         def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
+            return opt
 
-    module = Lean()
-
-    def plain_step(x, y):  # the vanilla loop's step verbatim
-        opt = module.trainer.optimizers[0]
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(net(x), y).backward()
-        opt.step()
-
-    step = plain_step
-    seconds, batches = time_second_epoch(module, NoProfiler(), datamodule=data)
+    seconds, batches = time_second_epoch(Lean(), NoProfiler(), datamodule=data)
     return batches * cfg.data.batch_size / seconds
 
 
@@ -283,41 +283,35 @@ def paired_overhead(
     import tempfile
 
     import pytorch_lightning as L
-    import torch
-    import torch.nn.functional as F
-    from hydra import compose, initialize_config_dir
 
     from psgd.run import train
 
     class Paired(L.Callback):
         def __init__(self):
-            self.psgd_s: list[float] = []
+            self.lightning_s: list[float] = []
             self.vanilla_s: list[float] = []
 
         def on_train_epoch_start(self, trainer, module):
             self.on = trainer.current_epoch >= 1
             self.start, self.vanilla_in_chunk = None, 0.0
             if trainer.current_epoch == 1:  # the vanilla side: a copy of the warmed-up model, its own SGD
-                self.net = copy.deepcopy(module.net)
-                self.opt = torch.optim.SGD(self.net.parameters(), lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
+                net = copy.deepcopy(module.net)
+                self.step = vanilla_step(net, sgd(cfg, net.parameters()))
                 self.loader = trainer.datamodule.train_dataloader()
                 self.batches = iter(())
 
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
             if self.on and batch_idx % chunk == 0:
                 now = time.perf_counter()
-                if self.start is not None:  # a whole psgd chunk, up to this step, less the vanilla one in it
-                    self.psgd_s.append(now - self.start - self.vanilla_in_chunk)
+                if self.start is not None:  # a whole Lightning chunk, up to this step, less the vanilla one in it
+                    self.lightning_s.append(now - self.start - self.vanilla_in_chunk)
                 self.start = now
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             if self.on and self.start is not None and (batch_idx + 1) % chunk == 0:
                 begin = time.perf_counter()
                 for _ in range(chunk):
-                    x, y = self.next_batch()
-                    self.opt.zero_grad(set_to_none=True)
-                    F.cross_entropy(self.net(x), y).backward()
-                    self.opt.step()
+                    self.step(*self.next_batch())
                 self.vanilla_in_chunk = time.perf_counter() - begin
                 self.vanilla_s.append(self.vanilla_in_chunk)
 
@@ -332,13 +326,10 @@ def paired_overhead(
         cfg, net, data = lab_cnn_setup(data_root, threads, overrides)
         lean_trainer(epochs + 1, [paired]).fit(bare_module(cfg, net), datamodule=data)
     else:
-        over = [f"data.root={data_root}", "quiet=true", *psgd_overhead_overrides(threads), *overrides]
-        over[over.index("trainer.max_epochs=2")] = f"trainer.max_epochs={epochs + 1}"
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=over)
+        cfg = psgd_overhead_cfg(data_root, threads, epochs + 1, overrides)
         with tempfile.TemporaryDirectory() as tmp:
             train(cfg, Path(tmp) / "run", callbacks=[paired])
-    pairs = list(zip(paired.psgd_s, paired.vanilla_s))  # the last chunk of an epoch may lack its partner
+    pairs = list(zip(paired.lightning_s, paired.vanilla_s))  # the last chunk of an epoch may lack its partner
     ratios = [p / v for p, v in pairs]
     return {
         "chunk": chunk,
@@ -387,10 +378,19 @@ def lean_trainer(max_epochs: int, callbacks: list, profiler=None):
     )
 
 
-def psgd_overhead_overrides(threads: int) -> list[str]:
+def psgd_overhead_overrides(threads: int, epochs: int = 2) -> list[str]:
     """psgd's side of the overhead comparison: the default run, 2 epochs (the second timed, as the loops
     above), no validation, `threads` torch threads."""
-    return ["trainer.max_epochs=2", "trainer.limit_val_batches=0", f"threads_per_worker={threads}"]
+    return [f"trainer.max_epochs={epochs}", "trainer.limit_val_batches=0", f"threads_per_worker={threads}"]
+
+
+def psgd_overhead_cfg(data_root: str, threads: int, epochs: int = 2, overrides=()):
+    """The composed config of that run, quiet, for psgd.run.train in this process."""
+    from hydra import compose, initialize_config_dir
+
+    over = [f"data.root={data_root}", "quiet=true", *psgd_overhead_overrides(threads, epochs), *overrides]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="train", overrides=over)
 
 
 def overhead_configs(args, tmp: Path, threads: int) -> dict[str, callable]:

@@ -31,14 +31,10 @@ def main() -> None:
 
     import tempfile
 
-    from hydra import compose, initialize_config_dir
-
     from psgd.run import train
 
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
-    over = [f"data.root={args.data_root}", "quiet=true", *compare.psgd_overhead_overrides(args.threads)]
-    with initialize_config_dir(config_dir=str(compare.ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=over)
+    cfg = compare.psgd_overhead_cfg(args.data_root, args.threads)
     bodies: dict[str, list[float]] = {"vanilla loop": [], "leanest LightningModule": []}
     with tempfile.TemporaryDirectory() as tmp:
         configs = {
