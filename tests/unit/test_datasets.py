@@ -88,8 +88,10 @@ def test_datamodule_normalises_and_holds_out_validation(tmp_path):
 
 @pytest.mark.parametrize("name", ["mnist", "cifar10"])
 def test_batches_are_the_normalised_images_and_labels_in_sampler_order(tmp_path, name):
-    make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
-    make_cifar_like(tmp_path)
+    if name == "mnist":
+        make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
+    else:
+        make_cifar_like(tmp_path)
     dm = ClassificationData(
         name, str(tmp_path), batch_size=32, eval_batch_size=16, val_split=0.25, channels_last=True, verify_md5=False
     )
