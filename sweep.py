@@ -4,23 +4,31 @@ Each job is a full `train.py` run in its own dir under the sweep dir (multirun/<
 started in a fresh process tree. A line is printed per finished job; when the multirun ends the sweep
 dir gets report.csv, summary.csv, report.md and PNG plots (psgd.report; rebuild them with
 `python -m psgd.report <sweep dir>`). A failed job is marked failed in the report and the others go
-on; the exit code is then 1.
+on; the exit code is then 1. A mistyped choice or key in any job is one line and exit code 2 before
+any job runs.
 """
 
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from psgd.cli import run_job
-from psgd.sweep import LAST
+from psgd.command_line import check_command_line  # light: torch and Lightning load once the line is checked
+
+CONF = Path(__file__).resolve().parent / "conf"
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="sweep")
 def main(cfg: DictConfig) -> float | None:
+    from psgd.cli import run_job
+
     return run_job(cfg)
 
 
 if __name__ == "__main__":
+    check_command_line("sweep", config_dir=CONF)
     main()
+    from psgd.sweep import LAST
+
     sys.exit(1 if LAST["failed"] else 0)

@@ -1,37 +1,21 @@
 """What `train.py` runs under Hydra: one job, with user errors turned into one line and exit code 2."""
 
 import logging
-import os
 import shutil
 import sys
 import traceback
-from datetime import datetime
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
+from psgd.command_line import fail
 from psgd.config import ConfigError
 from psgd.data import DataError
 from psgd.results import write_atomic
 from psgd.run import mark_status, train
-
-
-def run_name() -> str:
-    """The run dir under outputs/: <date>/<time>, or a name every process of one torchrun / srun job
-    computes alike, so that all workers (and a restarted worker) write into the same dir."""
-    env, today = os.environ, datetime.now().strftime("%Y-%m-%d")
-    if "TORCHELASTIC_RUN_ID" in env and "RANK" in env:
-        run_id = env["TORCHELASTIC_RUN_ID"]
-        return f"{today}/torchrun-" + (run_id if run_id not in ("", "none") else f"port{env.get('MASTER_PORT', '')}")
-    if "SLURM_JOB_ID" in env and "SLURM_STEP_ID" in env:
-        return f"{today}/slurm-{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
-    return datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
-
-
-OmegaConf.register_new_resolver("psgd_run_name", run_name, use_cache=True, replace=True)
 
 
 def _last_line(text: str) -> str:
@@ -45,11 +29,6 @@ def _discard_empty_run_dir(run_dir: Path) -> None:
         return
     if all(p.name == ".hydra" or p.suffix == ".log" for p in run_dir.iterdir()):
         shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def fail(message: str) -> None:
-    print(f"psgd: error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
 
 
 def error_line(e: BaseException, run_dir: Path) -> str:

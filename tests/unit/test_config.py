@@ -132,7 +132,7 @@ def test_under_srun_the_tasks_must_match_the_workers(monkeypatch):
 
 
 def test_every_process_of_a_torchrun_or_srun_job_names_the_same_run_dir(monkeypatch):
-    from psgd.cli import run_name
+    from psgd.command_line import run_name
 
     assert run_name() != run_name()  # a plain run: date/time with microseconds
     for k, v in {**TORCHRUN_2X2, "TORCHELASTIC_RUN_ID": "none", "MASTER_PORT": "29500"}.items():

@@ -1,0 +1,188 @@
+"""The command line of train.py and sweep.py, checked before Hydra runs it.
+
+A mistyped config group choice (`strategy=hogwlid`) or setting (`trainer.max_epoch=3`), or an override
+Hydra cannot parse, gets one line `psgd: error: ...` naming the bad value and what is allowed, and exit
+code 2; Hydra itself prints ~10 lines (its config search path, a hint about HYDRA_FULL_ERROR) and exits
+with 1. The check composes the config of every job the command line asks for, with Hydra's compose API
+(~10-70 ms each), before torch or Lightning are imported, so such a typo is reported in about a
+second. It only reports what Hydra would refuse anyway: anything it cannot judge is left to Hydra.
+
+This module stays light (Hydra and OmegaConf only): the scripts import it before anything else.
+"""
+
+import difflib
+import itertools
+import os
+import re
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+MAX_JOBS_COMPOSED = 64  # beyond this many jobs, every value of every key is composed once, not every product
+_NOT_JUDGED = ("--hydra-help", "--info", "--shell-completion", "-sc", "--help", "-h")
+
+
+def fail(message: str) -> None:
+    """A user error: one line on stderr, exit code 2."""
+    print(f"psgd: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def run_name() -> str:
+    """The run dir under outputs/: <date>/<time>, or a name every process of one torchrun / srun job
+    computes alike, so that all workers (and a restarted worker) write into the same dir."""
+    env, today = os.environ, datetime.now().strftime("%Y-%m-%d")
+    if "TORCHELASTIC_RUN_ID" in env and "RANK" in env:
+        run_id = env["TORCHELASTIC_RUN_ID"]
+        return f"{today}/torchrun-" + (run_id if run_id not in ("", "none") else f"port{env.get('MASTER_PORT', '')}")
+    if "SLURM_JOB_ID" in env and "SLURM_STEP_ID" in env:
+        return f"{today}/slurm-{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
+    return datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
+
+
+OmegaConf.register_new_resolver("psgd_run_name", run_name, use_cache=True, replace=True)
+
+
+def check_command_line(config_name: str, argv: list[str] | None = None, config_dir: Path = CONF) -> None:
+    """Exit with one line (code 2) if Hydra would refuse the overrides in `argv` (default: sys.argv)."""
+    try:
+        problem = command_line_problem(config_name, sys.argv[1:] if argv is None else argv, config_dir)
+    except Exception:  # a syntax this check does not know (glob sweeps need Hydra's loader): Hydra judges
+        problem = None
+    if problem:
+        fail(problem)
+
+
+def command_line_problem(config_name: str, argv: list[str], config_dir: Path = CONF) -> str | None:
+    """The one-line reason Hydra would refuse these arguments, or None (also for anything not judged
+    here: Hydra's own flags other than -m, or HYDRA_FULL_ERROR=1, which asks for Hydra's full report)."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        return None
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    texts = [a for a in argv if a not in ("-m", "--multirun")]
+    if any(a.startswith("-") and "=" not in a for a in texts) or any(a in _NOT_JUDGED for a in argv):
+        return None  # other Hydra flags (-cn, -cp, --cfg job ...): Hydra parses and reports those
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        overrides = OverridesParser.create().parse_overrides(texts)
+    except OverrideParseException as e:
+        why = [ln for ln in _lines(e.message) if not ln.startswith(("Error parsing override", "See https://"))]
+        return f"cannot read the override '{e.override}': {'; '.join(why) or 'not key=value'} (Hydra's override syntax)"
+    sweeps = [o for o in overrides if o.is_sweep_override()]
+    if sweeps and not multirun:
+        o = sweeps[0]
+        text, key = o.input_line, o.get_key_element()
+        values = ",".join(o.sweep_string_iterator()) if o.is_discrete_sweep() else "..."
+        return (
+            f"{text} gives {key} several values: to run one job per value add -m "
+            f"(python sweep.py -m {text}); for a list write {key}=[{values}]"
+        )
+    if any(o.is_sweep_override() and not o.is_discrete_sweep() for o in overrides):
+        return None  # interval() sweeps are for other sweepers, which compose their own jobs
+    for job in _jobs(overrides):
+        problem = _compose_problem(config_name, job, config_dir)
+        if problem:
+            return problem
+    return None
+
+
+def _jobs(overrides) -> list[list[str]]:
+    """The override list of each job, as Hydra's basic sweeper makes them (one job without sweeps)."""
+    per_key = [
+        [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.input_line]
+        for o in overrides
+    ]
+    if not per_key:
+        return [[]]
+    if _product_size(per_key) <= MAX_JOBS_COMPOSED:
+        return [list(job) for job in itertools.product(*per_key)]
+    longest = max(len(values) for values in per_key)  # every value once; their combinations are not checked
+    return [[values[i % len(values)] for values in per_key] for i in range(longest)]
+
+
+def _product_size(per_key: list[list[str]]) -> int:
+    size = 1
+    for values in per_key:
+        size *= len(values)
+    return size
+
+
+def _compose_problem(config_name: str, job: list[str], config_dir: Path) -> str | None:
+    from hydra.errors import ConfigCompositionException, MissingConfigException
+
+    try:
+        _compose(config_name, job, config_dir)
+    except MissingConfigException as e:
+        return _missing_choice(e)
+    except ConfigCompositionException as e:
+        found = re.match(r"Could not override '([^']+)'", str(e))
+        if found:
+            return _unknown_key(config_name, job, config_dir, found.group(1))
+        return " ".join(_lines(str(e)))
+    except Exception:  # nothing Hydra reports as a composition error: left to Hydra
+        return None
+    return None
+
+
+def _compose(config_name: str, overrides: list[str], config_dir: Path) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        return compose(config_name=config_name, overrides=overrides)
+
+
+def _missing_choice(e) -> str:
+    """`model=resnet50 is unknown; model can be: lab_cnn, mlp, ...` (the file Hydra could not find)."""
+    missing = e.missing_cfg_file or ""
+    if "/" not in missing or e.options is None:
+        return _lines(str(e))[0]
+    group, choice = missing.rsplit("/", 1)
+    options = list(e.options)
+    close = difflib.get_close_matches(choice, options, n=1)
+    hint = f" (did you mean {group}={close[0]}?)" if close else ""
+    return f"{group}={choice} is unknown{hint}; {group} can be: {', '.join(options)}"
+
+
+def _unknown_key(config_name: str, job: list[str], config_dir: Path, key: str) -> str:
+    """`trainer.max_epoch is not a setting (did you mean ...?); trainer has: ...; a new key: +...`"""
+    mine = [o for o in job if o.lstrip("~+").split("=", 1)[0] == key]
+    try:
+        cfg = _compose(config_name, [o for o in job if o not in mine], config_dir)
+    except Exception:
+        cfg = None
+    parent, node = key.rpartition(".")[0], None
+    while cfg is not None:  # the deepest existing section above the key
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        if isinstance(node, DictConfig) or not parent:
+            break
+        parent = parent.rpartition(".")[0]
+    keys = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
+    prefix = f"{parent}." if parent else ""
+    close = [prefix + k for k in difflib.get_close_matches(key[len(prefix) :], keys, n=1)]
+    if not close and cfg is not None:  # the same name elsewhere: `lr=0.1` for optimizer.lr
+        name = key.rpartition(".")[2]
+        close = [k for k in _dotted_keys(cfg) if k.rpartition(".")[2] == name][:1]
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    where = f"{parent} has" if parent else "the top level has"
+    listing = f"; {where}: {', '.join(keys)}" if keys else ""
+    add = f"; to add a new key write +{mine[0].lstrip('~+')}" if mine else ""
+    return f"{key} is not a setting{hint}{listing}{add}"
+
+
+def _dotted_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
+    keys = []
+    for k, v in cfg.items_ex(resolve=False):
+        keys.append(f"{prefix}{k}")
+        if isinstance(v, DictConfig):
+            keys += _dotted_keys(v, f"{prefix}{k}.")
+    return keys
+
+
+def _lines(text: str) -> list[str]:
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    return lines or ["unknown error"]

@@ -1,0 +1,78 @@
+"""The command-line check train.py and sweep.py run before Hydra: a mistyped choice or key is one line
+naming the bad value and what is allowed; anything Hydra accepts passes untouched."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from conftest import CONF
+
+from psgd.command_line import command_line_problem
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+BAD = [
+    (["model=resnet50"], "model=resnet50 is unknown (did you mean model=wide_resnet?); model can be: lab_cnn, mlp"),
+    (["strategy=hogwlid"], "strategy=hogwlid is unknown (did you mean strategy=hogwild?)"),
+    (["+experiment=nope"], "experiment=nope is unknown; experiment can be: dist_tuto, dli_cifar"),
+    (["trainer.max_epoch=3"], "trainer.max_epoch is not a setting (did you mean trainer.max_epochs?); trainer has: "),
+    (["lr=0.1"], "lr is not a setting (did you mean optimizer.lr?); the top level has: workers, "),
+    (["trainer.max_epoch=3"], "to add a new key write +trainer.max_epoch=3"),
+    (["model=wide_resnet", "model.drop=0.1"], "model.drop is not a setting (did you mean model.dropout?)"),
+    (["workers=1,2"], "workers=1,2 gives workers several values: to run one job per value add -m"),
+    (["workers=1,2"], "for a list write workers=[1,2]"),
+    (["foo"], "cannot read the override 'foo': missing EQUAL"),
+    (["+trainer.max_epochs=2"], "An item is already at 'trainer.max_epochs'"),
+    (["-m", "workers=1,2", "strategy=ddp,hogwlid"], "strategy=hogwlid is unknown"),
+    # more jobs than are composed one by one: every value is still composed once
+    (["-m", "seed=range(0,100)", "strategy=ddp,hogwild,model_averaging,hogwlid"], "strategy=hogwlid is unknown"),
+]
+
+
+@pytest.mark.parametrize("argv,expected", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_a_mistyped_choice_or_key_is_one_line_naming_it_and_what_is_allowed(argv, expected):
+    problem = command_line_problem("train", argv, CONF)
+    assert problem is not None and expected in problem
+    assert "\n" not in problem
+
+
+def test_the_sweep_config_is_checked_the_same_way():
+    assert "data=imagenet is unknown" in command_line_problem("sweep", ["-m", "data=mnist,imagenet"], CONF)
+
+
+def documented_commands() -> list[list[str]]:
+    """Every `python train.py ...` / `python sweep.py ...` the README and the config files' comments
+    show, but those with placeholders."""
+    commands = []
+    for doc in [README, *sorted(CONF.rglob("*.yaml"))]:
+        for found in re.finditer(r"python (train|sweep)\.py\b([^#`|\n]*)", doc.read_text()):
+            if not re.search(r"<|\.\.\.|--cfg", found.group(2)):
+                commands.append([found.group(1), *shlex.split(found.group(2))])
+    return commands
+
+
+def test_every_documented_command_passes():
+    commands = documented_commands()
+    assert len(commands) >= 45  # the README's usage, sweep, preset and reproduce sections; the presets
+    for script, *argv in commands:
+        assert command_line_problem(script, argv, CONF) is None, f"python {script}.py {' '.join(argv)}"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["hydra.job.chdir=true", "trainer.max_epochs=${workers}"],  # hydra keys, interpolations
+        ["-m", "workers=range(1,3)", "optimizer.lr=0.1,0.2"],
+        ["++trainer.max_epochs=2", "+trainer.new_key=1", "~trainer.deterministic"],
+        ["data.partition_sizes=[0.5,0.4]"],  # composes; psgd's own config check reports the sum later
+        ["--cfg", "job", "model=resnet50"],  # Hydra's own flags: left to Hydra
+    ],
+)
+def test_what_hydra_accepts_or_judges_itself_passes(argv):
+    assert command_line_problem("train", argv, CONF) is None
+
+
+def test_hydra_full_error_leaves_the_report_to_hydra(monkeypatch):
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    assert command_line_problem("train", ["model=resnet50"], CONF) is None
