@@ -39,3 +39,30 @@ def test_paired_overhead_times_lightning_and_vanilla_chunks_in_one_run(tiny_data
     assert r["pairs"] >= 4 and len(r["ratios"]) == r["pairs"]
     assert all(x > 0 for x in r["ratios"])
     assert min(r["ratios"]) <= r["median"] <= max(r["ratios"])
+
+
+def test_manual_optimization_variant_is_manual_trains_like_psgd_and_is_paired(tiny_data, tmp_path):
+    import overhead_manual
+    import pytorch_lightning as L
+
+    from psgd.module import Classifier
+    from psgd.run import train
+
+    modes = []
+
+    class Mode(L.Callback):
+        def on_train_start(self, trainer, module):
+            modes.append(module.automatic_optimization)
+
+    cfg = compare.psgd_overhead_cfg(str(tiny_data), 1, 2, ["data.batch_size=16"])
+    automatic = train(cfg, tmp_path / "automatic", callbacks=[Mode()])
+    with overhead_manual.manual_optimization():
+        manual = train(cfg, tmp_path / "manual", callbacks=[Mode()])
+    assert modes == [True, False]
+    # the same steps in the same order: the same final model
+    assert (manual["test_acc"], manual["test_loss"]) == (automatic["test_acc"], automatic["test_loss"])
+    assert Classifier.training_step is not overhead_manual.manual_training_step  # restored after the runs
+
+    runs = overhead_manual.measure(str(tiny_data), 1, 1, ["data.batch_size=16"], chunk=2, epochs=2)
+    assert list(runs) == ["automatic (psgd)", "manual"]
+    assert all(len(v) == 1 and v[0]["pairs"] >= 4 and v[0]["median"] > 0 for v in runs.values())

@@ -1,0 +1,115 @@
+"""What manual optimization would save psgd: compare.py's paired overhead measurement of psgd's real
+run (vanilla chunks interleaved in it), with psgd's Classifier as it is (Lightning's automatic
+optimization) and with its training step rewritten for manual optimization (zero_grad,
+manual_backward, optimizer step, the same training-metric counting; the schedule stepped at each
+epoch's end, as Lightning does in automatic optimization), runs alternating A B A B.
+
+    python benchmarks/overhead_manual.py --data-root ../shared/data   # ~5 min; --repeats 3
+
+Manual optimization is not psgd's default: gradient accumulation, clipping, the schedulers' stepping
+and every strategy hook psgd relies on would have to be written again in the module.
+Results: results/overhead_manual.{json,md}.
+"""
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+from contextlib import contextmanager
+from datetime import date
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from psgd.module import Classifier
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def manual_training_step(self, batch, batch_idx):
+    """Classifier.training_step for manual optimization: the same loss and counting, and the
+    optimizer step (through psgd's strategy, as in automatic optimization) done here."""
+    opt = self.optimizers()
+    x, y = batch
+    out = self(x)
+    loss = F.cross_entropy(out, y)
+    opt.zero_grad()
+    self.manual_backward(loss)
+    opt.step()
+    counts = self._train_counts
+    if counts is None or batch_idx == 0:
+        counts = self._train_counts = [torch.zeros((), device=out.device), torch.zeros((), device=out.device), 0]
+    counts[0].add_((out.argmax(1) == y).sum())
+    counts[1].add_(loss.detach(), alpha=len(y))
+    counts[2] += len(y)
+    return loss
+
+
+def manual_epoch_end(self):
+    scheduler = self.lr_schedulers()
+    if scheduler is not None:
+        scheduler.step()
+
+
+@contextmanager
+def manual_optimization():
+    """psgd's Classifier with manual optimization, for the runs started inside."""
+    keys = ("automatic_optimization", "training_step", "on_train_epoch_end")
+    saved = {k: Classifier.__dict__.get(k) for k in keys}
+    Classifier.automatic_optimization = property(lambda self: False, lambda self, value: None)
+    Classifier.training_step = manual_training_step
+    Classifier.on_train_epoch_end = manual_epoch_end
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                delattr(Classifier, k)
+            else:
+                setattr(Classifier, k, v)
+
+
+def measure(data_root: str, threads: int, repeats: int, overrides=(), **paired) -> dict[str, list[dict]]:
+    """`repeats` paired runs of each variant, alternating."""
+    runs: dict[str, list[dict]] = {"automatic (psgd)": [], "manual": []}
+    for _ in range(repeats):
+        runs["automatic (psgd)"].append(compare.paired_overhead(data_root, threads, overrides=overrides, **paired))
+        with manual_optimization():
+            runs["manual"].append(compare.paired_overhead(data_root, threads, overrides=overrides, **paired))
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-root", default="data")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+
+    runs = measure(args.data_root, args.threads, args.repeats)
+    rows = [
+        "| psgd's module | paired step-time ratio to the vanilla loop, median of each run | median |",
+        "|---|---|---|",
+    ]
+    for name, results in runs.items():
+        medians = [r["median"] for r in results]
+        rows.append(f"| {name} | {' '.join(f'{m:.3f}' for m in medians)} | {statistics.median(medians):.3f} |")
+    text = (
+        f"Framework overhead with automatic vs manual optimization, paired, {args.threads} threads, "
+        f"{args.repeats} runs each alternating ({date.today()})\n\n" + "\n".join(rows) + "\n"
+    )
+    print(text)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "overhead_manual.md").write_text(text)
+    (RESULTS / "overhead_manual.json").write_text(json.dumps({"date": str(date.today()), "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
