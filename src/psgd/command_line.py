@@ -12,6 +12,7 @@ This module stays light (Hydra and OmegaConf only): the scripts import it before
 
 import difflib
 import itertools
+import math
 import os
 import re
 import sys
@@ -22,7 +23,6 @@ from omegaconf import DictConfig, OmegaConf
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 MAX_JOBS_COMPOSED = 64  # beyond this many jobs, every value of every key is composed once, not every product
-_NOT_JUDGED = ("--hydra-help", "--info", "--shell-completion", "-sc", "--help", "-h")
 
 
 def fail(message: str) -> None:
@@ -63,8 +63,8 @@ def command_line_problem(config_name: str, argv: list[str], config_dir: Path = C
         return None
     multirun = any(a in ("-m", "--multirun") for a in argv)
     texts = [a for a in argv if a not in ("-m", "--multirun")]
-    if any(a.startswith("-") and "=" not in a for a in texts) or any(a in _NOT_JUDGED for a in argv):
-        return None  # other Hydra flags (-cn, -cp, --cfg job ...): Hydra parses and reports those
+    if any(a.startswith("-") for a in texts):  # no override starts with "-"
+        return None  # other Hydra flags (-cn, --config-dir=..., --cfg job, --help ...): Hydra's to judge
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -99,17 +99,10 @@ def _jobs(overrides) -> list[list[str]]:
     ]
     if not per_key:
         return [[]]
-    if _product_size(per_key) <= MAX_JOBS_COMPOSED:
+    if math.prod(len(values) for values in per_key) <= MAX_JOBS_COMPOSED:
         return [list(job) for job in itertools.product(*per_key)]
     longest = max(len(values) for values in per_key)  # every value once; their combinations are not checked
     return [[values[i % len(values)] for values in per_key] for i in range(longest)]
-
-
-def _product_size(per_key: list[list[str]]) -> int:
-    size = 1
-    for values in per_key:
-        size *= len(values)
-    return size
 
 
 def _compose_problem(config_name: str, job: list[str], config_dir: Path) -> str | None:

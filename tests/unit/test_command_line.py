@@ -46,8 +46,8 @@ def documented_commands() -> list[list[str]]:
     show, but those with placeholders."""
     commands = []
     for doc in [README, *sorted(CONF.rglob("*.yaml"))]:
-        for found in re.finditer(r"python (train|sweep)\.py\b([^#`|\n]*)", doc.read_text()):
-            if not re.search(r"<|\.\.\.|--cfg", found.group(2)):
+        for found in re.finditer(r"(?<!\$ )python (train|sweep)\.py\b([^#`|\n]*)", doc.read_text()):
+            if not re.search(r"<|\.\.\.|--cfg", found.group(2)):  # "$ python ...": an error example
                 commands.append([found.group(1), *shlex.split(found.group(2))])
     return commands
 
@@ -67,6 +67,7 @@ def test_every_documented_command_passes():
         ["++trainer.max_epochs=2", "+trainer.new_key=1", "~trainer.deterministic"],
         ["data.partition_sizes=[0.5,0.4]"],  # composes; psgd's own config check reports the sum later
         ["--cfg", "job", "model=resnet50"],  # Hydra's own flags: left to Hydra
+        ["--config-dir=elsewhere", "model=resnet50"],
     ],
 )
 def test_what_hydra_accepts_or_judges_itself_passes(argv):
@@ -76,3 +77,14 @@ def test_what_hydra_accepts_or_judges_itself_passes(argv):
 def test_hydra_full_error_leaves_the_report_to_hydra(monkeypatch):
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
     assert command_line_problem("train", ["model=resnet50"], CONF) is None
+
+
+def test_the_readmes_mistyped_examples_show_what_the_check_prints():
+    examples = re.findall(r"^\$ python (train|sweep)\.py (.*)\npsgd: error: (.*)$", README.read_text(), re.MULTILINE)
+    checked = 0
+    for script, args, shown in examples:
+        problem = command_line_problem(script, shlex.split(args), CONF)
+        if problem is not None:  # the others are psgd's config checks, later (tests/integration/test_cli_errors.py)
+            assert problem.startswith(shown.removesuffix("...")), (args, problem)
+            checked += 1
+    assert checked >= 2
