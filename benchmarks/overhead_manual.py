@@ -21,7 +21,6 @@ from contextlib import contextmanager
 from datetime import date
 from pathlib import Path
 
-import torch
 import torch.nn.functional as F
 
 from psgd.module import Classifier
@@ -42,12 +41,7 @@ def manual_training_step(self, batch, batch_idx):
     opt.zero_grad()
     self.manual_backward(loss)
     opt.step()
-    counts = self._train_counts
-    if counts is None or batch_idx == 0:
-        counts = self._train_counts = [torch.zeros((), device=out.device), torch.zeros((), device=out.device), 0]
-    counts[0].add_((out.argmax(1) == y).sum())
-    counts[1].add_(loss.detach(), alpha=len(y))
-    counts[2] += len(y)
+    self.count_train(out, y, loss, batch_idx)
     return loss
 
 

@@ -87,13 +87,18 @@ class Classifier(PlainHookName, L.LightningModule):
         x, y = batch
         out = self(x)
         loss = F.cross_entropy(out, y)
-        counts = self._train_counts  # [correct, loss sum] tensors and a sample count: five ops per step
+        self.count_train(out, y, loss, batch_idx)
+        return loss
+
+    def count_train(self, out: Tensor, y: Tensor, loss: Tensor, batch_idx: int) -> None:
+        """Add a training batch to this epoch's counts: [correct, loss sum] tensors and a sample
+        count, five ops per step; reduced once per epoch (_log_train_epoch)."""
+        counts = self._train_counts
         if counts is None or batch_idx == 0:
             counts = self._train_counts = [torch.zeros((), device=out.device), torch.zeros((), device=out.device), 0]
         counts[0].add_((out.argmax(1) == y).sum())
         counts[1].add_(loss.detach(), alpha=len(y))
         counts[2] += len(y)
-        return loss
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
