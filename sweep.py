@@ -27,7 +27,7 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    check_command_line("sweep", config_dir=CONF)
+    check_command_line("sweep", CONF)
     main()
     from psgd.sweep import LAST
 

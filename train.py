@@ -18,5 +18,5 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    check_command_line("train", config_dir=CONF)
+    check_command_line("train", CONF)
     main()

@@ -11,16 +11,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-from psgd.command_line import fail
+from psgd.command_line import fail, text_lines
 from psgd.config import ConfigError
 from psgd.data import DataError
 from psgd.results import write_atomic
 from psgd.run import mark_status, train
-
-
-def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else "unknown error"
 
 
 def _discard_empty_run_dir(run_dir: Path) -> None:
@@ -36,11 +31,11 @@ def error_line(e: BaseException, run_dir: Path) -> str:
     if isinstance(e, ConfigError | DataError):
         return str(e)
     if isinstance(e, ProcessRaisedException):
-        return f"worker rank {e.error_index} failed: {_last_line(e)}"
+        return f"worker rank {e.error_index} failed: {text_lines(e)[-1]}"
     if isinstance(e, ProcessExitedException):
         how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
         return f"worker rank {e.error_index} died ({how}); results of finished epochs are in {run_dir}"
-    return f"{type(e).__name__}: {_last_line(e)} (traceback in {run_dir / 'error.log'})"
+    return f"{type(e).__name__}: {text_lines(e)[-1]} (traceback in {run_dir / 'error.log'})"
 
 
 def record_failure(run_dir: Path, line: str, e: BaseException) -> None:

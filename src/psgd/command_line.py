@@ -21,7 +21,6 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
 MAX_JOBS_COMPOSED = 64  # beyond this many jobs, every value of every key is composed once, not every product
 
 
@@ -46,8 +45,9 @@ def run_name() -> str:
 OmegaConf.register_new_resolver("psgd_run_name", run_name, use_cache=True, replace=True)
 
 
-def check_command_line(config_name: str, argv: list[str] | None = None, config_dir: Path = CONF) -> None:
-    """Exit with one line (code 2) if Hydra would refuse the overrides in `argv` (default: sys.argv)."""
+def check_command_line(config_name: str, config_dir: Path, argv: list[str] | None = None) -> None:
+    """Exit with one line (code 2) if Hydra would refuse the overrides in `argv` (default: sys.argv)
+    to the script whose configs are `config_dir`/`config_name`.yaml."""
     try:
         problem = command_line_problem(config_name, sys.argv[1:] if argv is None else argv, config_dir)
     except Exception:  # a syntax this check does not know (glob sweeps need Hydra's loader): Hydra judges
@@ -56,7 +56,7 @@ def check_command_line(config_name: str, argv: list[str] | None = None, config_d
         fail(problem)
 
 
-def command_line_problem(config_name: str, argv: list[str], config_dir: Path = CONF) -> str | None:
+def command_line_problem(config_name: str, argv: list[str], config_dir: Path) -> str | None:
     """The one-line reason Hydra would refuse these arguments, or None (also for anything not judged
     here: Hydra's own flags other than -m, or HYDRA_FULL_ERROR=1, which asks for Hydra's full report)."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -71,7 +71,7 @@ def command_line_problem(config_name: str, argv: list[str], config_dir: Path = C
     try:
         overrides = OverridesParser.create().parse_overrides(texts)
     except OverrideParseException as e:
-        why = [ln for ln in _lines(e.message) if not ln.startswith(("Error parsing override", "See https://"))]
+        why = [ln for ln in text_lines(e.message) if not ln.startswith(("Error parsing override", "See https://"))]
         return f"cannot read the override '{e.override}': {'; '.join(why) or 'not key=value'} (Hydra's override syntax)"
     sweeps = [o for o in overrides if o.is_sweep_override()]
     if sweeps and not multirun:
@@ -82,7 +82,7 @@ def command_line_problem(config_name: str, argv: list[str], config_dir: Path = C
             f"{text} gives {key} several values: to run one job per value add -m "
             f"(python sweep.py -m {text}); for a list write {key}=[{values}]"
         )
-    if any(o.is_sweep_override() and not o.is_discrete_sweep() for o in overrides):
+    if any(not o.is_discrete_sweep() for o in sweeps):
         return None  # interval() sweeps are for other sweepers, which compose their own jobs
     for job in _jobs(overrides):
         problem = _compose_problem(config_name, job, config_dir)
@@ -116,7 +116,7 @@ def _compose_problem(config_name: str, job: list[str], config_dir: Path) -> str 
         found = re.match(r"Could not override '([^']+)'", str(e))
         if found:
             return _unknown_key(config_name, job, config_dir, found.group(1))
-        return " ".join(_lines(str(e)))
+        return " ".join(text_lines(e))
     except Exception:  # nothing Hydra reports as a composition error: left to Hydra
         return None
     return None
@@ -133,7 +133,7 @@ def _missing_choice(e) -> str:
     """`model=resnet50 is unknown; model can be: lab_cnn, mlp, ...` (the file Hydra could not find)."""
     missing = e.missing_cfg_file or ""
     if "/" not in missing or e.options is None:
-        return _lines(str(e))[0]
+        return text_lines(e)[0]
     group, choice = missing.rsplit("/", 1)
     options = list(e.options)
     close = difflib.get_close_matches(choice, options, n=1)
@@ -176,6 +176,7 @@ def _dotted_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
     return keys
 
 
-def _lines(text: str) -> list[str]:
+def text_lines(text: object) -> list[str]:
+    """The non-blank lines of a (multi-line) message, stripped; never empty."""
     lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
     return lines or ["unknown error"]
