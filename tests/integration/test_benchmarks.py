@@ -12,7 +12,7 @@ import compare  # noqa: E402
 
 
 def test_step_overhead_reports_every_loop_per_step(tmp_path):
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "step_overhead.py"), "--steps", "40", "--repeats", "1"]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "step_overhead.py"), "--steps", "200", "--repeats", "1"]
     proc = subprocess.run([*cmd, "--results", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = json.loads((tmp_path / "step_overhead.json").read_text())["us_per_step"]
