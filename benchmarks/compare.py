@@ -231,18 +231,27 @@ def timed(fn, seconds: list):
 
 
 def lean_lightning(data_root: str, threads: int, bodies: list | None = None) -> float:
-    """Lightning's floor: the leanest LightningModule there is. Its training_step is the vanilla loop's
-    step verbatim (zero_grad, forward, backward, SGD step on the raw optimizer: manual optimization,
-    so no closure and no optimizer/backward hooks), on psgd's data path and model, with psgd's two
-    per-hook fixes (NoProfiler, a plain `_current_fx_name` write). What remains is Lightning's
-    per-batch loop itself: fetcher, batch hooks, progress tracking, logger connector. samples/s of
-    its second epoch; `bodies` as in vanilla()."""
-    import pytorch_lightning as L
-
-    from psgd.module import PlainHookName
+    """Lightning's floor: the leanest LightningModule there is (lean_module) on psgd's data path and
+    model, in the leanest Trainer with psgd's NoProfiler. samples/s of its second epoch; `bodies` as
+    in vanilla()."""
     from psgd.profiler import NoProfiler
 
     cfg, net, data = lab_cnn_setup(data_root, threads)
+    seconds, batches = time_second_epoch(lean_module(cfg, net, bodies), NoProfiler(), datamodule=data)
+    return batches * cfg.data.batch_size / seconds
+
+
+def lean_module(cfg, net, bodies: list | None = None):
+    """The leanest LightningModule there is. Its training_step is the vanilla loop's step verbatim
+    (zero_grad, forward, backward, SGD step on the raw optimizer: manual optimization, so no closure
+    and no optimizer/backward hooks), with psgd's two per-hook fixes (NoProfiler, given to its Trainer,
+    and a plain `_current_fx_name` write). What remains is Lightning's per-batch loop itself: fetcher,
+    batch hooks, progress tracking, logger connector. A `bodies` list gets, from epoch 2 on, the
+    seconds each step body took."""
+    import pytorch_lightning as L
+
+    from psgd.module import PlainHookName
+
     opt = sgd(cfg, net.parameters())
     plain_step = step = vanilla_step(net, opt)  # the vanilla loop's step verbatim
 
@@ -263,8 +272,7 @@ def lean_lightning(data_root: str, threads: int, bodies: list | None = None) -> 
         def configure_optimizers(self):
             return opt
 
-    seconds, batches = time_second_epoch(Lean(), NoProfiler(), datamodule=data)
-    return batches * cfg.data.batch_size / seconds
+    return Lean()
 
 
 def paired_overhead(
@@ -275,7 +283,8 @@ def paired_overhead(
     batches) run in the same process and thread. Each pair of chunks is timed back to back, so the
     machine's drift, which moves whole runs by several per cent here, hits both sides of a pair alike.
     `loop` "psgd": psgd's real run (train.py's default config, no validation); "bare": the smallest
-    LightningModule in the leanest Trainer, Lightning's own floor measured the same way. Epoch 1 is
+    LightningModule in the leanest Trainer, what Lightning costs a user measured the same way; "lean":
+    the leanest LightningModule (lean_module, with NoProfiler), Lightning's own floor. Epoch 1 is
     warm-up; `epochs` more are measured (`overrides`: more train.py overrides, for short test runs).
     Returns the per-pair step-time ratios Lightning / vanilla, their median, and the ratio of the
     summed times."""
@@ -322,9 +331,12 @@ def paired_overhead(
             return next(self.batches)
 
     paired = Paired()
-    if loop == "bare":
+    if loop in ("bare", "lean"):
+        from psgd.profiler import NoProfiler
+
         cfg, net, data = lab_cnn_setup(data_root, threads, overrides)
-        lean_trainer(epochs + 1, [paired]).fit(bare_module(cfg, net), datamodule=data)
+        module = bare_module(cfg, net) if loop == "bare" else lean_module(cfg, net)
+        lean_trainer(epochs + 1, [paired], NoProfiler() if loop == "lean" else None).fit(module, datamodule=data)
     else:
         cfg = psgd_overhead_cfg(data_root, threads, epochs + 1, overrides)
         with tempfile.TemporaryDirectory() as tmp:

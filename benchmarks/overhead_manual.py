@@ -1,10 +1,17 @@
-"""What manual optimization would save psgd: compare.py's paired overhead measurement of psgd's real
-run (vanilla chunks interleaved in it), with psgd's Classifier as it is (Lightning's automatic
-optimization) and with its training step rewritten for manual optimization (zero_grad,
-manual_backward, optimizer step, the same training-metric counting; the schedule stepped at each
-epoch's end, as Lightning does in automatic optimization), runs alternating A B A B.
+"""What manual optimization would save psgd, and where Lightning's floor lies: compare.py's paired
+overhead measurement (vanilla chunks interleaved in the Lightning run) of
+- psgd's real run, its Classifier as it is (Lightning's automatic optimization);
+- the same run with the training step rewritten for manual optimization (zero_grad, manual_backward,
+  optimizer step through Lightning's optimizer wrapper, the same training-metric counting; the
+  schedule stepped at each epoch's end, as Lightning does in automatic optimization);
+- the smallest LightningModule a user writes (forward, loss; automatic optimization) in the leanest
+  Trainer: what Lightning itself costs such a user;
+- the leanest LightningModule there is (manual optimization; its training_step is the vanilla step
+  verbatim on the raw optimizer, no Lightning backward or optimizer plumbing; psgd's two per-hook
+  fixes; the leanest Trainer): Lightning's per-batch loop alone, its floor;
+runs alternating A B C D A B C D.
 
-    python benchmarks/overhead_manual.py --data-root ../shared/data   # ~5 min; --repeats 3
+    python benchmarks/overhead_manual.py --data-root ../shared/data   # ~10 min; --repeats 3
 
 Manual optimization is not psgd's default: gradient accumulation, clipping, the schedulers' stepping
 and every strategy hook psgd relies on would have to be written again in the module.
@@ -17,6 +24,7 @@ import logging
 import os
 import statistics
 import sys
+import warnings
 from contextlib import contextmanager
 from datetime import date
 from pathlib import Path
@@ -69,13 +77,23 @@ def manual_optimization():
                 setattr(Classifier, k, v)
 
 
+LOOPS = {  # name: what it is, for the table
+    "automatic (psgd)": "psgd's run as it is",
+    "manual": "psgd's run, manual optimization",
+    "smallest LightningModule": "forward + loss, automatic optimization, leanest Trainer",
+    "leanest LightningModule": "the vanilla step verbatim in training_step, leanest Trainer: Lightning's floor",
+}
+
+
 def measure(data_root: str, threads: int, repeats: int, overrides=(), **paired) -> dict[str, list[dict]]:
     """`repeats` paired runs of each variant, alternating."""
-    runs: dict[str, list[dict]] = {"automatic (psgd)": [], "manual": []}
+    runs: dict[str, list[dict]] = {name: [] for name in LOOPS}
     for _ in range(repeats):
         runs["automatic (psgd)"].append(compare.paired_overhead(data_root, threads, overrides=overrides, **paired))
         with manual_optimization():
             runs["manual"].append(compare.paired_overhead(data_root, threads, overrides=overrides, **paired))
+        for name, loop in (("smallest LightningModule", "bare"), ("leanest LightningModule", "lean")):
+            runs[name].append(compare.paired_overhead(data_root, threads, overrides=overrides, loop=loop, **paired))
     return runs
 
 
@@ -86,18 +104,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", ".*val_dataloader.*")  # the bare and lean modules validate nothing
 
     runs = measure(args.data_root, args.threads, args.repeats)
     rows = [
-        "| psgd's module | paired step-time ratio to the vanilla loop, median of each run | median |",
-        "|---|---|---|",
+        "| Lightning module | what | paired step-time ratio to the vanilla loop, median of each run | median |",
+        "|---|---|---|---|",
     ]
     for name, results in runs.items():
         medians = [r["median"] for r in results]
-        rows.append(f"| {name} | {' '.join(f'{m:.3f}' for m in medians)} | {statistics.median(medians):.3f} |")
+        cells = f"{' '.join(f'{m:.3f}' for m in medians)} | {statistics.median(medians):.3f}"
+        rows.append(f"| {name} | {LOOPS[name]} | {cells} |")
     text = (
-        f"Framework overhead with automatic vs manual optimization, paired, {args.threads} threads, "
-        f"{args.repeats} runs each alternating ({date.today()})\n\n" + "\n".join(rows) + "\n"
+        "Framework overhead of psgd (automatic and manual optimization) and of Lightning, paired, "
+        f"{args.threads} threads, {args.repeats} runs each alternating ({date.today()})\n\n" + "\n".join(rows) + "\n"
     )
     print(text)
     RESULTS.mkdir(exist_ok=True)

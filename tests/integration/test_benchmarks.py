@@ -32,7 +32,7 @@ def test_step_overhead_reports_every_loop_per_step(tmp_path):
     assert "psgd's Classifier" in proc.stdout
 
 
-@pytest.mark.parametrize("loop", ["psgd", "bare"])
+@pytest.mark.parametrize("loop", ["psgd", "bare", "lean"])
 def test_paired_overhead_times_lightning_and_vanilla_chunks_in_one_run(tiny_data, loop):
     r = compare.paired_overhead(str(tiny_data), 1, chunk=2, epochs=2, overrides=["data.batch_size=16"], loop=loop)
     # every full chunk of psgd steps after the warm-up epoch has its vanilla partner, each pair timed
@@ -64,5 +64,5 @@ def test_manual_optimization_variant_is_manual_trains_like_psgd_and_is_paired(ti
     assert Classifier.training_step is not overhead_manual.manual_training_step  # restored after the runs
 
     runs = overhead_manual.measure(str(tiny_data), 1, 1, ["data.batch_size=16"], chunk=2, epochs=2)
-    assert list(runs) == ["automatic (psgd)", "manual"]
+    assert list(runs) == ["automatic (psgd)", "manual", "smallest LightningModule", "leanest LightningModule"]
     assert all(len(v) == 1 and v[0]["pairs"] >= 4 and v[0]["median"] > 0 for v in runs.values())
