@@ -82,7 +82,15 @@ def command_line_problem(config_name: str, argv: list[str], config_dir: Path) ->
             f"{text} gives {key} several values: to run one job per value add -m "
             f"(python sweep.py -m {text}); for a list write {key}=[{values}]"
         )
-    if any(not o.is_discrete_sweep() for o in sweeps):
+    if multirun:  # a preset's hydra.sweeper.params sweep too (the command line wins for a key in both)
+        try:
+            preset = _sweeper_params(config_name, _jobs(overrides)[0], config_dir)
+        except Exception:  # the first job does not compose: the loop below reports why
+            preset = []
+        on_line = {o.get_key_element() for o in overrides}
+        from_preset = OverridesParser.create().parse_overrides(preset)
+        overrides = [o for o in from_preset if o.get_key_element() not in on_line] + overrides
+    if any(o.is_sweep_override() and not o.is_discrete_sweep() for o in overrides):
         return None  # interval() sweeps are for other sweepers, which compose their own jobs
     for job in _jobs(overrides):
         problem = _compose_problem(config_name, job, config_dir)
@@ -122,11 +130,18 @@ def _compose_problem(config_name: str, job: list[str], config_dir: Path) -> str 
     return None
 
 
-def _compose(config_name: str, overrides: list[str], config_dir: Path) -> DictConfig:
+def _compose(config_name: str, overrides: list[str], config_dir: Path, hydra_node: bool = False) -> DictConfig:
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        return compose(config_name=config_name, overrides=overrides)
+        return compose(config_name=config_name, overrides=overrides, return_hydra_config=hydra_node)
+
+
+def _sweeper_params(config_name: str, job: list[str], config_dir: Path) -> list[str]:
+    """The sweep a config itself asks for (`hydra.sweeper.params` of a preset), as overrides, the way
+    Hydra's basic sweeper reads them: `key=value` per entry."""
+    params = OmegaConf.select(_compose(config_name, job, config_dir, hydra_node=True), "hydra.sweeper.params")
+    return [f"{k}={v}" for k, v in params.items()] if isinstance(params, DictConfig) else []
 
 
 def _missing_choice(e) -> str:

@@ -88,3 +88,30 @@ def test_the_readmes_mistyped_examples_show_what_the_check_prints():
             assert problem.startswith(shown.removesuffix("...")), (args, problem)
             checked += 1
     assert checked >= 2
+
+
+@pytest.fixture
+def conf_with_my_preset(tmp_path):
+    """psgd's conf plus a preset of the user's own whose sweep has a mistyped value."""
+    import shutil
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf)
+    (conf / "experiment" / "mine.yaml").write_text(
+        "# @package _global_\nhydra:\n  sweeper:\n    params:\n      workers: 1,2\n      strategy: ddp,hogwlid\n"
+    )
+    return conf
+
+
+def test_a_presets_own_sweep_is_checked_before_any_job(conf_with_my_preset):
+    problem = command_line_problem("sweep", ["-m", "experiment=mine"], conf_with_my_preset)
+    assert problem is not None and problem.startswith("strategy=hogwlid is unknown (did you mean strategy=hogwild?)")
+
+
+def test_the_command_line_replaces_a_presets_sweep_of_the_same_key(conf_with_my_preset):
+    assert command_line_problem("sweep", ["-m", "experiment=mine", "strategy=ddp,hogwild"], conf_with_my_preset) is None
+    # a preset's sweep applies to multiruns only: without -m Hydra (and the check) ignore it
+    assert command_line_problem("train", ["experiment=mine"], conf_with_my_preset) is None
+    # the shipped presets' sweeps all compose
+    for preset in ("psgd_lab", "dist_tuto", "hogwild_lab", "threadpool_mlp"):
+        assert command_line_problem("sweep", ["-m", f"experiment={preset}"], CONF) is None
