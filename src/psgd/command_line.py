@@ -68,8 +68,9 @@ def command_line_problem(config_name: str, argv: list[str], config_dir: Path) ->
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
+    parser = OverridesParser.create()
     try:
-        overrides = OverridesParser.create().parse_overrides(texts)
+        overrides = parser.parse_overrides(texts)
     except OverrideParseException as e:
         why = [ln for ln in text_lines(e.message) if not ln.startswith(("Error parsing override", "See https://"))]
         return f"cannot read the override '{e.override}': {'; '.join(why) or 'not key=value'} (Hydra's override syntax)"
@@ -88,7 +89,7 @@ def command_line_problem(config_name: str, argv: list[str], config_dir: Path) ->
         except Exception:  # the first job does not compose: the loop below reports why
             preset = []
         on_line = {o.get_key_element() for o in overrides}
-        from_preset = OverridesParser.create().parse_overrides(preset)
+        from_preset = parser.parse_overrides(preset)
         overrides = [o for o in from_preset if o.get_key_element() not in on_line] + overrides
     if any(o.is_sweep_override() and not o.is_discrete_sweep() for o in overrides):
         return None  # interval() sweeps are for other sweepers, which compose their own jobs
