@@ -25,7 +25,7 @@ import os
 import statistics
 import sys
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import date
 from pathlib import Path
 
@@ -77,23 +77,25 @@ def manual_optimization():
                 setattr(Classifier, k, v)
 
 
-LOOPS = {  # name: what it is, for the table
-    "automatic (psgd)": "psgd's run as it is",
-    "manual": "psgd's run, manual optimization",
-    "smallest LightningModule": "forward + loss, automatic optimization, leanest Trainer",
-    "leanest LightningModule": "the vanilla step verbatim in training_step, leanest Trainer: Lightning's floor",
+ARMS = {  # name: (compare.paired_overhead's loop, psgd's module switched to manual optimization, what it is)
+    "automatic (psgd)": ("psgd", False, "psgd's run as it is"),
+    "manual": ("psgd", True, "psgd's run, manual optimization"),
+    "smallest LightningModule": ("bare", False, "forward + loss, automatic optimization, leanest Trainer"),
+    "leanest LightningModule": (
+        "lean",
+        False,
+        "the vanilla step verbatim in training_step, leanest Trainer: Lightning's floor",
+    ),
 }
 
 
 def measure(data_root: str, threads: int, repeats: int, overrides=(), **paired) -> dict[str, list[dict]]:
-    """`repeats` paired runs of each variant, alternating."""
-    runs: dict[str, list[dict]] = {name: [] for name in LOOPS}
+    """`repeats` paired runs of each arm, alternating."""
+    runs: dict[str, list[dict]] = {name: [] for name in ARMS}
     for _ in range(repeats):
-        runs["automatic (psgd)"].append(compare.paired_overhead(data_root, threads, overrides=overrides, **paired))
-        with manual_optimization():
-            runs["manual"].append(compare.paired_overhead(data_root, threads, overrides=overrides, **paired))
-        for name, loop in (("smallest LightningModule", "bare"), ("leanest LightningModule", "lean")):
-            runs[name].append(compare.paired_overhead(data_root, threads, overrides=overrides, loop=loop, **paired))
+        for name, (loop, manual, _) in ARMS.items():
+            with manual_optimization() if manual else nullcontext():
+                runs[name].append(compare.paired_overhead(data_root, threads, overrides=overrides, loop=loop, **paired))
     return runs
 
 
@@ -114,7 +116,7 @@ def main() -> None:
     for name, results in runs.items():
         medians = [r["median"] for r in results]
         cells = f"{' '.join(f'{m:.3f}' for m in medians)} | {statistics.median(medians):.3f}"
-        rows.append(f"| {name} | {LOOPS[name]} | {cells} |")
+        rows.append(f"| {name} | {ARMS[name][2]} | {cells} |")
     text = (
         "Framework overhead of psgd (automatic and manual optimization) and of Lightning, paired, "
         f"{args.threads} threads, {args.repeats} runs each alternating ({date.today()})\n\n" + "\n".join(rows) + "\n"
