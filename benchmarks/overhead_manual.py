@@ -4,14 +4,17 @@ overhead measurement (vanilla chunks interleaved in the Lightning run) of
 - the same run with the training step rewritten for manual optimization (zero_grad, manual_backward,
   optimizer step through Lightning's optimizer wrapper, the same training-metric counting; the
   schedule stepped at each epoch's end, as Lightning does in automatic optimization);
+- the same run with the minimal loop's step verbatim in training_step (the raw optimizer, no
+  Lightning backward or optimizer call: no strategy hooks, and global_step stays 0, so a measurement
+  only): the most any change to psgd's step could win;
 - the smallest LightningModule a user writes (forward, loss; automatic optimization) in the leanest
   Trainer: what Lightning itself costs such a user;
 - the leanest LightningModule there is (manual optimization; its training_step is the vanilla step
   verbatim on the raw optimizer, no Lightning backward or optimizer plumbing; psgd's two per-hook
   fixes; the leanest Trainer): Lightning's per-batch loop alone, its floor;
-runs alternating A B C D A B C D.
+runs alternating A B C D E A B C D E.
 
-    python benchmarks/overhead_manual.py --data-root ../shared/data   # ~10 min; --repeats 3
+    python benchmarks/overhead_manual.py --data-root ../shared/data   # ~14 min; --repeats 3
 
 Manual optimization is not psgd's default: gradient accumulation, clipping, the schedulers' stepping
 and every strategy hook psgd relies on would have to be written again in the module.
@@ -53,6 +56,19 @@ def manual_training_step(self, batch, batch_idx):
     return loss
 
 
+def raw_training_step(self, batch, batch_idx):
+    """The minimal loop's step verbatim on the raw optimizer, with psgd's counting: none of Lightning's
+    backward or optimizer plumbing (so none of the strategies' hooks; global_step is not advanced)."""
+    opt = self.trainer.optimizers[0]
+    x, y = batch
+    out = self(x)
+    loss = F.cross_entropy(out, y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    self.count_train(out, y, loss, batch_idx)
+
+
 def manual_epoch_end(self):
     scheduler = self.lr_schedulers()
     if scheduler is not None:
@@ -60,12 +76,12 @@ def manual_epoch_end(self):
 
 
 @contextmanager
-def manual_optimization():
-    """psgd's Classifier with manual optimization, for the runs started inside."""
+def manual_optimization(training_step=manual_training_step):
+    """psgd's Classifier with manual optimization and `training_step`, for the runs started inside."""
     keys = ("automatic_optimization", "training_step", "on_train_epoch_end")
     saved = {k: Classifier.__dict__.get(k) for k in keys}
     Classifier.automatic_optimization = property(lambda self: False, lambda self, value: None)
-    Classifier.training_step = manual_training_step
+    Classifier.training_step = training_step
     Classifier.on_train_epoch_end = manual_epoch_end
     try:
         yield
@@ -77,13 +93,18 @@ def manual_optimization():
                 setattr(Classifier, k, v)
 
 
-ARMS = {  # name: (compare.paired_overhead's loop, psgd's module switched to manual optimization, what it is)
-    "automatic (psgd)": ("psgd", False, "psgd's run as it is"),
-    "manual": ("psgd", True, "psgd's run, manual optimization"),
-    "smallest LightningModule": ("bare", False, "forward + loss, automatic optimization, leanest Trainer"),
+ARMS = {  # name: (compare.paired_overhead's loop, psgd's training_step for manual optimization or None, what it is)
+    "automatic (psgd)": ("psgd", None, "psgd's run as it is"),
+    "manual": ("psgd", manual_training_step, "psgd's run, manual optimization"),
+    "raw step": (
+        "psgd",
+        raw_training_step,
+        "psgd's run, the vanilla step verbatim in training_step (no Lightning plumbing, no strategy hooks)",
+    ),
+    "smallest LightningModule": ("bare", None, "forward + loss, automatic optimization, leanest Trainer"),
     "leanest LightningModule": (
         "lean",
-        False,
+        None,
         "the vanilla step verbatim in training_step, leanest Trainer: Lightning's floor",
     ),
 }
@@ -93,8 +114,8 @@ def measure(data_root: str, threads: int, repeats: int, overrides=(), **paired) 
     """`repeats` paired runs of each arm, alternating."""
     runs: dict[str, list[dict]] = {name: [] for name in ARMS}
     for _ in range(repeats):
-        for name, (loop, manual, _) in ARMS.items():
-            with manual_optimization() if manual else nullcontext():
+        for name, (loop, step, _) in ARMS.items():
+            with manual_optimization(step) if step else nullcontext():
                 runs[name].append(compare.paired_overhead(data_root, threads, overrides=overrides, loop=loop, **paired))
     return runs
 

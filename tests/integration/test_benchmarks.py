@@ -58,11 +58,16 @@ def test_manual_optimization_variant_is_manual_trains_like_psgd_and_is_paired(ti
     automatic = train(cfg, tmp_path / "automatic", callbacks=[Mode()])
     with overhead_manual.manual_optimization():
         manual = train(cfg, tmp_path / "manual", callbacks=[Mode()])
-    assert modes == [True, False]
+    with overhead_manual.manual_optimization(overhead_manual.raw_training_step):
+        raw = train(cfg, tmp_path / "raw", callbacks=[Mode()])
+    assert modes == [True, False, False]
     # the same steps in the same order: the same final model
-    assert (manual["test_acc"], manual["test_loss"]) == (automatic["test_acc"], automatic["test_loss"])
-    assert Classifier.training_step is not overhead_manual.manual_training_step  # restored after the runs
+    for other in (manual, raw):
+        assert (other["test_acc"], other["test_loss"]) == (automatic["test_acc"], automatic["test_loss"])
+    assert raw["history"][-1]["train_acc"] == automatic["history"][-1]["train_acc"]  # counted the same
+    assert Classifier.training_step not in (overhead_manual.manual_training_step, overhead_manual.raw_training_step)
 
     runs = overhead_manual.measure(str(tiny_data), 1, 1, ["data.batch_size=16"], chunk=2, epochs=2)
-    assert list(runs) == ["automatic (psgd)", "manual", "smallest LightningModule", "leanest LightningModule"]
+    arms = ["automatic (psgd)", "manual", "raw step", "smallest LightningModule", "leanest LightningModule"]
+    assert list(runs) == arms
     assert all(len(v) == 1 and v[0]["pairs"] >= 4 and v[0]["median"] > 0 for v in runs.values())
