@@ -52,10 +52,11 @@ class Classifier(PlainHookName, L.LightningModule):
         for stage in ("val", "test"):
             setattr(self, f"{stage}_acc", MulticlassAccuracy(num_classes, average="micro", validate_args=False))
             setattr(self, f"{stage}_loss", MeanMetric())
-        # Training accuracy and loss are counted on the hot path: correct, loss sum, samples. Updating
-        # two torchmetrics objects per step cost 0.21 ms of a 9.9 ms lab-CNN step (2 %; measured with
-        # benchmarks/compare.py's setup); the counts cost ~0.01 ms and are reduced once per epoch.
+        # Training accuracy and loss are counted by psgd (count_train): correct, loss sum, samples.
+        # Updating two torchmetrics objects per step cost 0.21 ms of a 9.9 ms lab-CNN step (2 %;
+        # measured with benchmarks/compare.py's setup); the counts are reduced once per epoch.
         self._train_counts: list | None = None
+        self._train_pending: list[tuple[Tensor, Tensor, Tensor]] = []
         if per_worker_metrics:  # replicas differ (model averaging): also keep each worker's own numbers
             self.worker_val_acc = MulticlassAccuracy(
                 num_classes, average="micro", validate_args=False, sync_on_compute=False
@@ -90,15 +91,34 @@ class Classifier(PlainHookName, L.LightningModule):
         self.count_train(out, y, loss, batch_idx)
         return loss
 
+    count_every = 32  # training batches kept before they are counted together
+
     def count_train(self, out: Tensor, y: Tensor, loss: Tensor, batch_idx: int) -> None:
-        """Add a training batch to this epoch's counts: [correct, loss sum] tensors and a sample
-        count, five ops per step; reduced once per epoch (_log_train_epoch)."""
-        counts = self._train_counts
-        if counts is None or batch_idx == 0:
-            counts = self._train_counts = [torch.zeros((), device=out.device), torch.zeros((), device=out.device), 0]
-        counts[0].add_((out.argmax(1) == y).sum())
-        counts[1].add_(loss.detach(), alpha=len(y))
-        counts[2] += len(y)
+        """Add a training batch to this epoch's accuracy and mean loss. The step only keeps its
+        detached output, labels and loss; every `count_every` batches, and at the epoch's end, the
+        kept ones are counted together (_count_pending) into [correct, loss sum] tensors and a
+        sample count, which are reduced once per epoch (_log_train_epoch). Counting each batch on
+        its own took six small ops per step (~11 us hot, a lab-CNN batch; ~4 us kept like this)."""
+        if self._train_counts is None or batch_idx == 0:
+            zero = torch.zeros((), dtype=torch.float64, device=out.device)
+            self._train_counts = [zero, zero.clone(), 0]
+            self._train_pending = []
+        pending = self._train_pending
+        pending.append((out.detach(), y, loss.detach()))
+        if len(pending) >= self.count_every:
+            self._count_pending()
+
+    def _count_pending(self) -> None:
+        pending, counts = self._train_pending, self._train_counts
+        if not pending:
+            return
+        outs, ys = torch.cat([p[0] for p in pending]), torch.cat([p[1] for p in pending])
+        losses = torch.stack([p[2] for p in pending]).double()
+        sizes = torch.tensor([len(p[1]) for p in pending], dtype=torch.float64, device=losses.device)
+        counts[0] += (outs.argmax(1) == ys).sum()
+        counts[1] += losses @ sizes
+        counts[2] += len(ys)
+        pending.clear()
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -110,8 +130,9 @@ class Classifier(PlainHookName, L.LightningModule):
         """Accuracy and mean loss over every sample every worker trained on this epoch, with one
         all-reduce after each worker's last step: every worker gets there once per epoch, also with
         shards of different sizes, and after any collective of its optimizer steps (averaging)."""
+        self._count_pending()
         correct, loss_sum, n = self._train_counts
-        sums = torch.stack([correct, loss_sum, torch.tensor(float(n), device=correct.device)]).double()
+        sums = torch.stack([correct, loss_sum, torch.tensor(float(n), dtype=torch.float64, device=correct.device)])
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(sums)
         correct, loss_sum, n = sums.tolist()
