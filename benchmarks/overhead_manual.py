@@ -139,7 +139,7 @@ def main() -> None:
         cells = f"{' '.join(f'{m:.3f}' for m in medians)} | {statistics.median(medians):.3f}"
         rows.append(f"| {name} | {ARMS[name][2]} | {cells} |")
     text = (
-        "Framework overhead of psgd (automatic and manual optimization) and of Lightning, paired, "
+        "Framework overhead of psgd (automatic, manual optimization, raw step) and of Lightning, paired, "
         f"{args.threads} threads, {args.repeats} runs each alternating ({date.today()})\n\n" + "\n".join(rows) + "\n"
     )
     print(text)
