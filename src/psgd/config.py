@@ -158,6 +158,8 @@ def check(cfg: DictConfig) -> Plan:
     _need(d.name in INFO, "data.name", d.name, f"allowed: {', '.join(INFO)}")
     for key in ("batch_size", "eval_batch_size"):
         _need(_is_int(d[key]) and d[key] >= 1, f"data.{key}", d[key], "must be an integer >= 1")
+    for key in ("download", "verify_md5", "drop_last", "on_device"):
+        _need(isinstance(d.get(key, False), bool), f"data.{key}", d.get(key), "must be true or false")
     _need(d.partition in SCHEMES, "data.partition", d.partition, f"allowed: {', '.join(SCHEMES)}")
     _need(d.augment in PRESETS, "data.augment", d.augment, f"allowed: {', '.join(PRESETS)}")
     _need(

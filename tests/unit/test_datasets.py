@@ -122,3 +122,72 @@ def test_real_files_decode_to_the_known_sizes(tmp_path, name, folder):
     )
     assert load_split(name, str(tmp_path), train=False)[0].shape == (10000, 1, 28, 28)
     assert sorted(os.listdir(tmp_path / folder / "raw")) == sorted(os.listdir(SHARED_DATA / folder / "raw"))
+
+
+class OneDevicePerOp(torch.overrides.TorchFunctionMode):
+    """CUDA's rule on any device: every tensor an op takes is on one device (0-dim host tensors aside)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        flat = [*args, *kwargs.values()]
+        flat += [t for a in flat if isinstance(a, list | tuple) for t in a]
+        tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+        devices = {t.device for t in tensors if not (t.dim() == 0 and t.device.type == "cpu")}
+        assert len(devices) <= 1, f"{getattr(func, '__name__', func)} mixes devices {devices}"
+        return func(*args, **kwargs)
+
+
+def _on(dm: ClassificationData, device: str) -> ClassificationData:
+    """`dm` as Lightning attaches it to a trainer whose device is `device`."""
+    from types import SimpleNamespace
+
+    strategy = SimpleNamespace(root_device=torch.device(device))
+    dm.trainer = SimpleNamespace(strategy=strategy, world_size=2, global_rank=1)
+    return dm
+
+
+@pytest.mark.parametrize("augment", ["none", "pad_crop_flip"])
+def test_on_device_makes_every_batch_on_the_trainers_device_from_the_same_shard(tmp_path, augment):
+    # No GPU here: the meta device stands in for one. It holds no values, so this checks where the data
+    # and every batch go (values are checked on the host above; the ops are the same on any device).
+    make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
+    kw = dict(batch_size=32, eval_batch_size=16, channels_last=True, augment=augment, record_shards=True)
+    host = _on(ClassificationData("mnist", str(tmp_path), **kw), "meta")  # on_device off: the device is ignored
+    dev = _on(ClassificationData("mnist", str(tmp_path), on_device=True, **kw), "meta")
+    for dm in (host, dev):
+        dm.setup("fit")
+    assert host.device().type == "cpu" and dev.device().type == "meta"
+    train_host, train_dev = host.train_dataloader(), dev.train_dataloader()
+    shapes = [(x.shape, y.shape) for x, y in train_host]
+    with OneDevicePerOp():
+        batches = list(train_dev)
+    assert [(x.shape, y.shape) for x, y in batches] == shapes and len(shapes) == 4  # rank 1 of 2: 100 samples
+    assert all(x.device.type == "meta" and y.device.type == "meta" for x, y in batches)
+    assert all(x.dtype == torch.float32 and x.is_contiguous(memory_format=torch.channels_last) for x, _ in batches)
+    assert all(x.device.type == "cpu" for x, _ in train_host)
+    # the shard and its order come from the host labels, as without on_device; recorded indices stay on the host
+    assert [i.tolist() for i in train_dev.seen] == [i.tolist() for i in train_host.seen]
+    assert all(i.device.type == "cpu" for i in train_dev.seen)
+    for loader in (dev.val_dataloader(), dev.test_dataloader()):
+        with OneDevicePerOp():
+            evaluated = list(loader)
+        assert sum(len(y) for _, y in evaluated) == 25 and all(x.device.type == "meta" for x, _ in evaluated)
+    # copied once per split and device, and never pickled into a worker
+    assert len(dev._placed) == 2  # train, test (= val)
+    dev.train_dataloader()
+    assert len(dev._placed) == 2
+    import pickle
+
+    dev.trainer = None
+    assert pickle.loads(pickle.dumps(dev))._placed == {}
+
+
+def test_on_device_on_the_host_gives_the_same_batches(tmp_path):
+    make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
+    a = _on(ClassificationData("mnist", str(tmp_path), batch_size=32), "cpu")
+    b = _on(ClassificationData("mnist", str(tmp_path), batch_size=32, on_device=True), "cpu")
+    for dm in (a, b):
+        dm.setup("fit")
+    for (xa, ya), (xb, yb) in zip(a.train_dataloader(), b.train_dataloader(), strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert b._placed == {}  # nothing copied: the host is where batches are made anyway
