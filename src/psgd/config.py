@@ -147,6 +147,8 @@ def check(cfg: DictConfig) -> Plan:
         threads,
         "must be an integer >= 1, or null for cores // workers",
     )
+    ddp_one = cfg.strategy.get("ddp_for_one_worker", False)
+    _need(isinstance(ddp_one, bool), "strategy.ddp_for_one_worker", ddp_one, "must be true or false")
     for key in ("channels_last", "flush_denormal"):
         _need(isinstance(cfg.get(key), bool), key, cfg.get(key), "must be true or false")
     if t.get("sync_batchnorm") and accelerator == "cpu":

@@ -175,7 +175,7 @@ def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path):
     if s.name == "hogwild":
         common.pop("start_method")  # always forkserver: see SharedMemoryLauncher
         return HogwildStrategy(lock=s.lock, **common)
-    if plan.workers == 1 and cfg.trainer.num_nodes == 1:
+    if plan.workers == 1 and cfg.trainer.num_nodes == 1 and not s.get("ddp_for_one_worker", False):
         return "auto"  # one process: no process group, nothing to all-reduce
     ddp_kwargs: dict[str, Any] = {"bucket_cap_mb": s.bucket_cap_mb} if s.get("bucket_cap_mb") is not None else {}
     return DDPStrategy(
@@ -329,6 +329,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
     )
     ckpt_path = resolve_ckpt_path(elastic_resume(cfg.get("ckpt_path"), plan, run_dir), module)
     world_size = plan.workers * t.num_nodes
+    strategy = build_strategy(cfg, plan, run_dir)
     run_info = {
         "strategy": cfg.strategy.name,
         "workers": plan.workers,
@@ -336,6 +337,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         "num_nodes": t.num_nodes,
         "threads_per_worker": plan.threads_per_worker,
         "launcher": plan.launcher,
+        "lightning_strategy": strategy if isinstance(strategy, str) else type(strategy).__name__,
         "model": cfg.model.name,
         "data": cfg.data.name,
         "partition": cfg.data.partition,
@@ -384,7 +386,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
     trainer_kwargs.setdefault("profiler", NoProfiler())
     trainer = L.Trainer(
         **trainer_kwargs,
-        strategy=build_strategy(cfg, plan, run_dir),
+        strategy=strategy,
         callbacks=callbacks,
         logger=logger,
         use_distributed_sampler=False,  # the datamodule shards; Lightning must not shard a second time

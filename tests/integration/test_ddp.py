@@ -95,3 +95,28 @@ def test_uneven_sizes_partition_runs_in_lockstep_without_hanging(tiny_data, tmp_
     big, small = shards(run_dir, 0, 2)
     # the 0.3 shard (154 samples) allows 5 batches of 32; the 0.7 worker takes the same 5 steps
     assert (len(small), len(big)) == (154, 160)
+
+
+def test_one_worker_runs_without_ddp_unless_asked_and_then_trains_the_same(tiny_data, tmp_path):
+    # ddp_for_one_worker: a one-process gloo group around the same training (what DDP itself costs);
+    # all-reducing one worker's gradients changes nothing, so the weights equal the plain run's
+    runs = {}
+    for wrap in (False, True):
+        run_dir = tmp_path / f"wrap{wrap}"
+        proc = run_cli(
+            "train.py",
+            f"data.root={tiny_data}",
+            "trainer.max_epochs=1",
+            f"strategy.ddp_for_one_worker={str(wrap).lower()}",
+            f"hydra.run.dir={run_dir}",
+            *TINY,
+        )
+        assert proc.returncode == 0, proc.stderr
+        runs[wrap] = run_dir
+    assert metrics(runs[False])["lightning_strategy"] == "auto"
+    wrapped = metrics(runs[True])
+    assert (wrapped["lightning_strategy"], wrapped["world_size"], wrapped["status"]) == ("DDPStrategy", 1, "completed")
+    plain, ddp = (torch.load(runs[w] / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"] for w in runs)
+    for key in plain:
+        torch.testing.assert_close(ddp[key], plain[key], rtol=1e-5, atol=1e-6)
+    assert wrapped["test_acc"] == pytest.approx(metrics(runs[False])["test_acc"], abs=1e-3)

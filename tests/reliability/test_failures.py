@@ -170,9 +170,13 @@ def test_two_runs_started_at_once_do_not_collide(tiny_data, tmp_path):
 @pytest.mark.parametrize(
     "strategy,partition",
     [
-        ("ddp", ["data.partition=by_label"]),
+        # slow: DDP's lockstep over uneven shards is also run by test_ddp (partition=sizes), and model
+        # averaging over uneven shards by test_model_averaging (sizes, by_label)
+        pytest.param("ddp", ["data.partition=by_label"], marks=pytest.mark.slow),
         ("ddp", ["data.partition=dirichlet", "data.dirichlet_alpha=0.3"]),
-        ("model_averaging", ["data.partition=dirichlet", "data.dirichlet_alpha=0.3"]),
+        pytest.param(
+            "model_averaging", ["data.partition=dirichlet", "data.dirichlet_alpha=0.3"], marks=pytest.mark.slow
+        ),
         ("hogwild", ["data.partition=dirichlet", "data.dirichlet_alpha=0.3"]),
     ],
     ids=["ddp-by_label", "ddp-dirichlet", "model_averaging-dirichlet", "hogwild-dirichlet"],
