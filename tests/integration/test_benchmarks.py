@@ -71,3 +71,33 @@ def test_manual_optimization_variant_is_manual_trains_like_psgd_and_is_paired(ti
     arms = ["automatic (psgd)", "manual", "raw step", "smallest LightningModule", "leanest LightningModule"]
     assert list(runs) == arms
     assert all(len(v) == 1 and v[0]["pairs"] >= 4 and v[0]["median"] > 0 for v in runs.values())
+
+
+@pytest.mark.slow  # ~30 s: four train.py runs; the features it measures have default tests of their own
+def test_gpu_benchmark_runs_every_variant_and_reports_the_ratios(tiny_data, tmp_path):
+    # on CPU (the runs are the same; on_device and NCCL then mean the host and gloo): the script itself works
+    script = str(ROOT / "benchmarks" / "gpu.py")
+    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--accelerator=cpu", "--epochs=1", "--repeats=1"]
+    cmd += ["--limit-batches=3", "--models", "lab CNN", f"--results={tmp_path}", "--name=g"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads((tmp_path / "g.json").read_text())
+    assert list(out["median"]) == [
+        "lab CNN | host batches, fp32",
+        "lab CNN | on device, fp32",
+        "lab CNN | on device, bf16 autocast",
+        "lab CNN | on device, fp32, DDP (1 process)",
+    ]
+    assert all(v > 0 for v in out["median"].values())
+    assert len(out["ratios"]) == 3 and "CPU" in out["device"]
+    md = (tmp_path / "g.md").read_text()
+    assert md.count("| lab CNN |") == 7 and "bf16 autocast / fp32" in md
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")
+def test_gpu_benchmark_without_cuda_is_a_one_line_error(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), f"--results={tmp_path}"], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "no CUDA device" in proc.stderr and not list(tmp_path.iterdir())

@@ -1,0 +1,112 @@
+"""The GPU figures: lab CNN and WideResNet samples/s with the dataset resident on the GPU
+(`data.on_device=true`) against host batches, fp32 against bf16 autocast
+(`trainer.precision=bf16-mixed`), and DDP over NCCL on the one GPU (`strategy.ddp_for_one_worker=true`,
+a one-process group) against the same run without DDP.
+
+    python benchmarks/gpu.py --data-root ../shared/data                   # needs CUDA; ~10 min on one GPU
+    python benchmarks/gpu.py --data-root DIR --accelerator cpu --epochs 1 --limit-batches 5 --repeats 1
+                                                                          # the same runs on CPU: a smoke test
+
+Each run is one `train.py` job in a fresh process: lab CNN on MNIST, WideResNet on FashionMNIST, batch
+128, `--epochs` epochs without validation; its last epoch's samples/s (metrics.json, training only) is
+the figure. Runs are interleaved (A B C ... A B C ...), medians of `--repeats`. Results go to
+benchmarks/results/<name>.json and .md, with the device and the date.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare import psgd_run, table  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+MODELS = {"lab CNN": ["model=lab_cnn", "data=mnist"], "WideResNet": ["model=wide_resnet", "data=fashion_mnist"]}
+VARIANTS = {  # name: train.py overrides
+    "host batches, fp32": ["data.on_device=false"],
+    "on device, fp32": ["data.on_device=true"],
+    "on device, bf16 autocast": ["data.on_device=true", "trainer.precision=bf16-mixed"],
+    "on device, fp32, DDP (1 process)": ["data.on_device=true", "strategy.ddp_for_one_worker=true"],
+}
+RATIOS = [  # (what, numerator variant, denominator variant)
+    ("dataset on the device / batches made on the host", "on device, fp32", "host batches, fp32"),
+    ("bf16 autocast / fp32", "on device, bf16 autocast", "on device, fp32"),
+    ("DDP (one process) / no DDP", "on device, fp32, DDP (1 process)", "on device, fp32"),
+]  # fmt: skip
+
+
+def device_name(accelerator: str) -> str:
+    import torch
+
+    if accelerator == "gpu":
+        return f"{torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}, torch {torch.__version__}"
+    return f"{platform.processor() or platform.machine()} CPU, torch {torch.__version__}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-root", default="data")
+    parser.add_argument("--accelerator", choices=["gpu", "cpu"], default="gpu")
+    parser.add_argument("--epochs", type=int, default=2, help="the last one is measured")
+    parser.add_argument("--limit-batches", type=int, default=None, help="training batches per epoch (default all)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--name", default="gpu")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for <name>.json and .md")
+    args = parser.parse_args()
+    if args.accelerator == "gpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.exit(2, "gpu.py: error: --accelerator gpu, but torch sees no CUDA device here; run it on a GPU "
+                        "machine, or pass --accelerator cpu to smoke-test the runs\n")  # fmt: skip
+
+    common = [
+        f"trainer.accelerator={args.accelerator}",
+        f"trainer.max_epochs={args.epochs}",
+        "trainer.limit_val_batches=0",
+        "data.batch_size=128",
+    ]
+    if args.limit_batches is not None:
+        common.append(f"trainer.limit_train_batches={args.limit_batches}")
+    configs = {(m, v): [*MODELS[m], *VARIANTS[v], *common] for m in args.models for v in VARIANTS}
+    samples: dict[tuple[str, str], list[float]] = {c: [] for c in configs}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.repeats):
+            for i, (config, overrides) in enumerate(configs.items()):  # interleaved: A B C ... A B C ...
+                m = psgd_run(Path(tmp) / f"{rep}-{i}", overrides, args)
+                want = "DDPStrategy" if "DDP" in config[1] else "auto"
+                if m["lightning_strategy"] != want:  # the run must be what its row says
+                    raise SystemExit(f"gpu.py: {config} ran with {m['lightning_strategy']}, not {want}")
+                samples[config].append(m["history"][-1]["samples_per_s"])
+                print(f"  rep {rep + 1}/{args.repeats}  {config[0]}, {config[1]:48s} {samples[config][-1]:10.1f}",
+                      flush=True)  # fmt: skip
+    med = {c: statistics.median(v) for c, v in samples.items()}
+    rows = [[m, v, f"{med[(m, v)]:.0f}", " ".join(f"{s:.0f}" for s in samples[(m, v)])] for m, v in configs]
+    ratios = [[m, what, f"{med[(m, a)] / med[(m, b)]:.2f}"] for m in args.models for what, a, b in RATIOS]
+    device = device_name(args.accelerator)
+    title = f"### {device}, {time.strftime('%Y-%m-%d')}: samples/s, batch 128, epoch {args.epochs} of {args.epochs}"
+    md = [title, "", table(rows, ["model", "run", "samples/s (median)", "runs"]), ""]
+    md += [table(ratios, ["model", "ratio", "value"]), ""]
+    print("\n".join(md))
+    args.results.mkdir(parents=True, exist_ok=True)
+    out = {
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "date": time.strftime("%Y-%m-%d"),
+        "device": device,
+        "samples": {f"{m} | {v}": s for (m, v), s in samples.items()},
+        "median": {f"{m} | {v}": s for (m, v), s in med.items()},
+        "ratios": {f"{r[0]} | {r[1]}": float(r[2]) for r in ratios},
+    }
+    (args.results / f"{args.name}.json").write_text(json.dumps(out, indent=2) + "\n")
+    (args.results / f"{args.name}.md").write_text("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
