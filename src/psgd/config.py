@@ -131,6 +131,8 @@ def check(cfg: DictConfig) -> Plan:
     if cfg.strategy.name == "ddp":
         cap = cfg.strategy.get("bucket_cap_mb")
         _need(cap is None or (isinstance(cap, int | float) and cap > 0), "strategy.bucket_cap_mb", cap, "must be > 0")
+    ddp_one = cfg.strategy.get("ddp_for_one_worker", False)
+    _need(isinstance(ddp_one, bool), "strategy.ddp_for_one_worker", ddp_one, "must be true or false")
     _need(
         _is_int(cfg.strategy.timeout_s) and cfg.strategy.timeout_s > 0,
         "strategy.timeout_s",
@@ -147,8 +149,6 @@ def check(cfg: DictConfig) -> Plan:
         threads,
         "must be an integer >= 1, or null for cores // workers",
     )
-    ddp_one = cfg.strategy.get("ddp_for_one_worker", False)
-    _need(isinstance(ddp_one, bool), "strategy.ddp_for_one_worker", ddp_one, "must be true or false")
     for key in ("channels_last", "flush_denormal"):
         _need(isinstance(cfg.get(key), bool), key, cfg.get(key), "must be true or false")
     if t.get("sync_batchnorm") and accelerator == "cpu":

@@ -70,6 +70,9 @@ BAD = [
     (["strategy=model_averaging", "strategy.period=0"], "strategy.period=0"),
     (["strategy=hogwild", "trainer.num_nodes=2"], "trainer.num_nodes=2"),
     (["flush_denormal=maybe"], "flush_denormal='maybe'"),
+    (["data.on_device=yes"], "data.on_device='yes' is invalid: must be true or false"),
+    (["data.drop_last=1"], "data.drop_last=1 is invalid: must be true or false"),
+    (["strategy.ddp_for_one_worker=2"], "strategy.ddp_for_one_worker=2 is invalid: must be true or false"),
     (["channels_last=1"], "channels_last=1"),
     (["strategy=nonsense"], None),
 ]

@@ -278,8 +278,7 @@ class ClassificationData(L.LightningDataModule):
         """Each worker's share of `split`; or, unsharded (model averaging), all of it for every worker,
         since each worker then evaluates a replica of its own."""
         workers, rank = self._world() if (self.shard_eval if sharded is None else sharded) else (1, 0)
-        images, labels = split
-        sampler = EvalSampler(len(labels), workers, rank, self.eval_batch_size)
+        sampler = EvalSampler(len(split[1]), workers, rank, self.eval_batch_size)
         images, labels = self._on_device(split)
         return TensorLoader(images, labels, sampler, self._transform(train=False))
 
