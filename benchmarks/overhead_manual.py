@@ -1,6 +1,8 @@
 """What manual optimization would save psgd, and where Lightning's floor lies: compare.py's paired
 overhead measurement (vanilla chunks interleaved in the Lightning run) of
 - psgd's real run, its Classifier as it is (Lightning's automatic optimization);
+- the same run with every hook dispatched (without psgd.hooks.skip_unused_hooks, which takes the
+  per-batch hooks nobody implements out of Lightning's dispatch);
 - the same run with the training step rewritten for manual optimization (zero_grad, manual_backward,
   optimizer step through Lightning's optimizer wrapper, the same training-metric counting; the
   schedule stepped at each epoch's end, as Lightning does in automatic optimization);
@@ -12,9 +14,9 @@ overhead measurement (vanilla chunks interleaved in the Lightning run) of
 - the leanest LightningModule there is (manual optimization; its training_step is the vanilla step
   verbatim on the raw optimizer, no Lightning backward or optimizer plumbing; psgd's two per-hook
   fixes; the leanest Trainer): Lightning's per-batch loop alone, its floor;
-runs alternating A B C D E A B C D E.
+runs alternating A B C D E F A B C D E F.
 
-    python benchmarks/overhead_manual.py --data-root ../shared/data   # ~14 min; --repeats 3
+    python benchmarks/overhead_manual.py --data-root ../shared/data   # ~17 min; --repeats 3
 
 Manual optimization is not psgd's default: gradient accumulation, clipping, the schedulers' stepping
 and every strategy hook psgd relies on would have to be written again in the module.
@@ -93,8 +95,22 @@ def manual_optimization(training_step=manual_training_step):
                 setattr(Classifier, k, v)
 
 
+@contextmanager
+def every_hook_dispatched():
+    """psgd's runs started inside keep every hook in Lightning's dispatch (no skip_unused_hooks)."""
+    import psgd.run
+
+    real = psgd.run.skip_unused_hooks
+    psgd.run.skip_unused_hooks = lambda trainer, module: None
+    try:
+        yield
+    finally:
+        psgd.run.skip_unused_hooks = real
+
+
 ARMS = {  # name: (compare.paired_overhead's loop, psgd's training_step for manual optimization or None, what it is)
     "automatic (psgd)": ("psgd", None, "psgd's run as it is"),
+    "every hook dispatched": ("psgd", None, "psgd's run without skip_unused_hooks"),
     "manual": ("psgd", manual_training_step, "psgd's run, manual optimization"),
     "raw step": (
         "psgd",
@@ -115,7 +131,11 @@ def measure(data_root: str, threads: int, repeats: int, overrides=(), **paired) 
     runs: dict[str, list[dict]] = {name: [] for name in ARMS}
     for _ in range(repeats):
         for name, (loop, step, _) in ARMS.items():
-            with manual_optimization(step) if step else nullcontext():
+            if step:
+                context = manual_optimization(step)
+            else:
+                context = every_hook_dispatched() if name == "every hook dispatched" else nullcontext()
+            with context:
                 runs[name].append(compare.paired_overhead(data_root, threads, overrides=overrides, loop=loop, **paired))
     return runs
 
@@ -139,7 +159,8 @@ def main() -> None:
         cells = f"{' '.join(f'{m:.3f}' for m in medians)} | {statistics.median(medians):.3f}"
         rows.append(f"| {name} | {ARMS[name][2]} | {cells} |")
     text = (
-        "Framework overhead of psgd (automatic, manual optimization, raw step) and of Lightning, paired, "
+        "Framework overhead of psgd (automatic, every hook dispatched, manual optimization, raw step) and of "
+        "Lightning, paired, "
         f"{args.threads} threads, {args.repeats} runs each alternating ({date.today()})\n\n" + "\n".join(rows) + "\n"
     )
     print(text)

@@ -44,6 +44,7 @@ from psgd.callbacks import (
 from psgd.config import ConfigError, Plan, check
 from psgd.data import INFO, ClassificationData
 from psgd.data.datasets import DatasetInfo
+from psgd.hooks import skip_unused_hooks
 from psgd.module import Classifier
 from psgd.optim import scaled_lr
 from psgd.profiler import NoProfiler
@@ -393,6 +394,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         enable_progress_bar=not quiet,
         enable_model_summary=not quiet,
     )
+    skip_unused_hooks(trainer, module)  # ~400 Python calls less per training step
     try:
         if plan.launcher == "torchrun":  # where Lightning would make it, inside fit: same failure handling
             init_elastic_process_group(plan, cfg.strategy.backend, timedelta(seconds=cfg.strategy.timeout_s))

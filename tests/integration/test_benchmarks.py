@@ -32,6 +32,28 @@ def test_step_overhead_reports_every_loop_per_step(tmp_path):
     assert "psgd's Classifier" in proc.stdout
 
 
+def test_calls_per_step_counts_each_loop_and_psgd_skips_the_empty_hooks(tiny_data, tmp_path):
+    script = str(ROOT / "benchmarks" / "calls_per_step.py")
+    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--skip=2", "--steps=4", "--batch-size=16"]
+    proc = subprocess.run([*cmd, f"--results={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    per_step = json.loads((tmp_path / "calls_per_step.json").read_text())["per_step"]
+    calls = {name: v["python"] for name, v in per_step.items()}
+    assert list(calls) == [
+        "vanilla loop",
+        "leanest LightningModule",
+        "smallest LightningModule",
+        "psgd's run, every hook dispatched",
+        "psgd's run",
+    ]
+    # a step is counted: forward, loss, backward and the optimizer are dozens of calls even in the vanilla loop
+    assert 20 < calls["vanilla loop"] < calls["leanest LightningModule"] < calls["smallest LightningModule"]
+    # the skipped hooks: ~6 per step, each ~8 calls per callback on the dispatch path
+    assert calls["psgd's run"] < calls["psgd's run, every hook dispatched"] - 100
+    table = (tmp_path / "calls_per_step.md").read_text()
+    assert "psgd's run" in proc.stdout and table.count("\n| ") == 6  # header + 5 loops
+
+
 @pytest.mark.parametrize("loop", ["psgd", "bare", "lean"])
 def test_paired_overhead_times_lightning_and_vanilla_chunks_in_one_run(tiny_data, loop):
     r = compare.paired_overhead(str(tiny_data), 1, chunk=2, epochs=2, overrides=["data.batch_size=16"], loop=loop)
@@ -68,7 +90,14 @@ def test_manual_optimization_variant_is_manual_trains_like_psgd_and_is_paired(ti
     assert Classifier.training_step not in (overhead_manual.manual_training_step, overhead_manual.raw_training_step)
 
     runs = overhead_manual.measure(str(tiny_data), 1, 1, ["data.batch_size=16"], chunk=2, epochs=2)
-    arms = ["automatic (psgd)", "manual", "raw step", "smallest LightningModule", "leanest LightningModule"]
+    arms = [
+        "automatic (psgd)",
+        "every hook dispatched",
+        "manual",
+        "raw step",
+        "smallest LightningModule",
+        "leanest LightningModule",
+    ]
     assert list(runs) == arms
     assert all(len(v) == 1 and v[0]["pairs"] >= 4 and v[0]["median"] > 0 for v in runs.values())
 

@@ -132,8 +132,13 @@ def test_a_callers_callbacks_see_every_training_batch(tiny_data, tmp_path):
         def __init__(self):
             self.seen = []
 
+            self.steps = 0
+
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             self.seen.append((trainer.current_epoch, batch_idx, trainer.num_training_batches))
+
+        def on_before_optimizer_step(self, trainer, module, optimizer):
+            self.steps += 1
 
     count = Count()
     cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=2", *TINY)
@@ -141,3 +146,5 @@ def test_a_callers_callbacks_see_every_training_batch(tiny_data, tmp_path):
     per_epoch = count.seen[0][2]
     assert m["epochs"] == 2 and per_epoch > 1
     assert [(e, b) for e, b, _ in count.seen] == [(e, b) for e in range(2) for b in range(per_epoch)]
+    assert count.steps == 2 * per_epoch
+    assert count.on_before_zero_grad is None  # psgd took the empty hooks it inherits out of Lightning's dispatch

@@ -1,14 +1,21 @@
 """psgd's per-worker settings: denormal flushing, the free profiler, Lightning's hook bookkeeping, the
-process group's end."""
+empty hooks taken out of Lightning's dispatch, the process group's end."""
 
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
+import pytorch_lightning as L
 import torch
+import torch.nn.functional as F
+from pytorch_lightning.profilers import PassThroughProfiler
+from pytorch_lightning.utilities.model_helpers import is_overridden
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from psgd.callbacks import WorkerSetup, denormals_flushed
+from psgd.hooks import does_nothing, skip_empty_hooks, skip_unused_hooks
 from psgd.module import Classifier
 from psgd.profiler import NoProfiler
 
@@ -85,3 +92,143 @@ WorkerSetup(threads=1).setup(None, None, "fit")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "group alive at the end: False" in proc.stdout
+
+
+class Counting(L.Callback):
+    """Implements two per-step hooks and inherits Lightning's empty others."""
+
+    def __init__(self):
+        self.calls = Counter()
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.calls["on_train_batch_end"] += 1
+
+    def on_before_backward(self, trainer, module, loss):
+        self.calls["on_before_backward"] += 1
+
+
+class CountingChild(Counting):
+    def on_train_batch_end(self, *args):
+        super().on_train_batch_end(*args)  # the parent's hook, through the class
+        self.calls["child"] += 1
+
+
+def test_does_nothing_only_for_empty_bodies():
+    def doc():
+        """Only a docstring."""
+
+    def passes(a, b):
+        pass
+
+    def dots(*args, **kwargs): ...
+
+    def explicit():
+        return None
+
+    def returns():
+        return 1
+
+    def works(seen):
+        seen.append(1)
+
+    assert all(map(does_nothing, (doc, passes, dots, explicit, L.Callback.on_before_zero_grad)))
+    assert not any(map(does_nothing, (returns, works, L.LightningModule.backward, len, Counting.on_before_backward)))
+
+
+def test_only_inherited_empty_hooks_are_taken_out_and_only_on_the_instance():
+    cb = CountingChild()
+    skipped = skip_empty_hooks(cb)
+    assert {"on_before_zero_grad", "on_after_backward", "on_train_batch_start", "on_validation_batch_end"} <= set(
+        skipped
+    )
+    assert "on_train_batch_end" not in skipped and "on_before_backward" not in skipped
+    assert cb.on_before_zero_grad is None and not is_overridden("on_before_zero_grad", cb)
+    assert callable(CountingChild().on_before_zero_grad) and callable(L.Callback().on_before_zero_grad)
+
+    mine = Counting()
+    mine.on_after_backward = lambda *args: None  # set on the instance by its owner: kept
+    assert "on_after_backward" not in skip_empty_hooks(mine)
+
+    class Base:
+        def on_train_batch_end(self, *args):
+            self.seen = True
+
+        def on_train_batch_start(self, *args):
+            pass
+
+    class Child(Base):
+        def on_train_batch_start(self, *args):
+            self.seen = False
+
+    class Quiet(Base):
+        def on_train_batch_end(self, *args):
+            """Overridden to do nothing."""
+
+    assert skip_empty_hooks(Child()) == []  # every hook it has does something: kept
+    assert skip_empty_hooks(Quiet()) == ["on_train_batch_start", "on_train_batch_end"]
+
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(4, 3)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def on_before_optimizer_step(self, optimizer):
+        self.stepped = getattr(self, "stepped", 0) + 1
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.5, momentum=0.9)
+
+
+class Names(PassThroughProfiler):
+    """Records the name of every hook call Lightning makes."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = Counter()
+
+    def profile(self, action_name):
+        self.names[action_name] += 1
+        return super().profile(action_name)
+
+
+def fit_tiny(skip: bool) -> tuple[Tiny, CountingChild, Counter]:
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(40, 4), torch.randint(0, 3, (40,)))
+    module, cb, profiler = Tiny(), CountingChild(), Names()
+    trainer = L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=False,
+        callbacks=[cb],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        profiler=profiler,
+    )
+    if skip:
+        skip_unused_hooks(trainer, module)
+    trainer.fit(module, DataLoader(data, batch_size=8))
+    return module, cb, profiler.names
+
+
+def test_a_run_without_the_empty_hooks_calls_every_implemented_one_and_trains_the_same():
+    plain, plain_cb, plain_calls = fit_tiny(skip=False)
+    skipped, cb, calls = fit_tiny(skip=True)
+    steps = 10  # 2 epochs of 5 batches
+    assert cb.calls == plain_cb.calls == {"on_train_batch_end": steps, "on_before_backward": steps, "child": steps}
+    assert skipped.stepped == plain.stepped == steps  # the module's own hook still runs
+    for p, q in zip(plain.parameters(), skipped.parameters(), strict=True):
+        assert torch.equal(p, q)
+    # what is no longer dispatched: the inherited empty hooks of the callback and of the module
+    assert plain_calls["[Callback]CountingChild.on_before_zero_grad"] == steps
+    assert plain_calls["[LightningModule]Tiny.on_after_backward"] == steps
+    assert "[Callback]CountingChild.on_before_zero_grad" not in calls
+    assert "[LightningModule]Tiny.on_after_backward" not in calls
+    assert calls["[Callback]CountingChild.on_before_backward"] == steps
+    assert calls["[LightningModule]Tiny.on_before_optimizer_step"] == steps
+    assert sum(calls.values()) < sum(plain_calls.values()) - 6 * steps

@@ -1,0 +1,183 @@
+"""How many Python function calls each training loop makes per step: the loop's own work, counted
+exactly, so that a change to it shows without timing noise.
+
+    python benchmarks/calls_per_step.py --data-root ../shared/data   # ~1 min; results/calls_per_step.{json,md}
+
+The lab CNN at batch 128 on psgd's data path (compare.py's setup), counted with sys.setprofile over
+--steps training steps after --skip warm-up steps (psgd counts its training metrics every 32
+batches: the default 64 steps hold two of those), in
+- the minimal vanilla loop (fetch the batch, zero_grad, forward, loss, backward, SGD step);
+- the leanest LightningModule (that step verbatim in training_step, manual optimization) and the
+  smallest one a user writes (forward + loss, automatic optimization), in the leanest Trainer;
+- psgd's run (train.py's default config), and the same run without psgd.hooks.skip_unused_hooks,
+  which takes the hooks nobody implements out of Lightning's per-step dispatch.
+A Python call costs ~0.5 us here after a lab-CNN step has evicted the loop's code from the caches
+(README, Performance): compare.py's paired overhead measures what the calls cost in time.
+"""
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import pytorch_lightning as L
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare  # noqa: E402
+
+
+class Calls:
+    """Counts Python ('call') and C ('c_call') function calls while on, and the steps counted."""
+
+    def __init__(self):
+        self.python = Counter()
+        self.c = 0
+        self.steps = 0
+
+    def _event(self, frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            self.python[f"{Path(code.co_filename).name}:{code.co_name}"] += 1
+        elif event == "c_call":
+            self.c += 1
+
+    def start(self):
+        sys.setprofile(self._event)
+
+    def stop(self):
+        sys.setprofile(None)
+
+
+class CountSteps(L.Callback):
+    """Counts the calls of training steps skip .. skip + steps - 1 of the first epoch."""
+
+    def __init__(self, skip: int, steps: int):
+        self.calls, self.skip, self.steps = Calls(), skip, steps
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if trainer.current_epoch == 0 and batch_idx == self.skip:
+            self.calls.start()
+        elif trainer.current_epoch == 0 and batch_idx == self.skip + self.steps:
+            self.calls.stop()
+            self.calls.steps = self.steps
+
+    def on_train_epoch_end(self, trainer, module):
+        self.calls.stop()  # the epoch was shorter than skip + steps: main() reports it
+
+
+def vanilla(data_root: str, skip: int, steps: int, overrides=()) -> Calls:
+    cfg, net, data = compare.lab_cnn_setup(data_root, 1, overrides)
+    data.prepare_data()
+    data.setup("fit")
+    step = compare.vanilla_step(net, compare.sgd(cfg, net.parameters()))
+    calls = Calls()
+    for i, (x, y) in enumerate(data.train_dataloader()):
+        if i == skip:
+            calls.start()
+        elif i == skip + steps:
+            calls.stop()
+            calls.steps = steps
+            break
+        step(x, y)
+    calls.stop()
+    return calls
+
+
+def lightning(data_root: str, skip: int, steps: int, module: str, overrides=()) -> Calls:
+    from psgd.profiler import NoProfiler
+
+    cfg, net, data = compare.lab_cnn_setup(data_root, 1, overrides)
+    counter = CountSteps(skip, steps)
+    model = compare.lean_module(cfg, net) if module == "lean" else compare.bare_module(cfg, net)
+    trainer = compare.lean_trainer(1, [counter], NoProfiler() if module == "lean" else None)
+    trainer.limit_train_batches = skip + steps + 1
+    trainer.fit(model, datamodule=data)
+    return counter.calls
+
+
+def psgd(data_root: str, skip: int, steps: int, overrides=(), skip_hooks: bool = True) -> Calls:
+    import psgd.run
+
+    counter = CountSteps(skip, steps)
+    over = [f"trainer.limit_train_batches={skip + steps + 1}", *overrides]
+    cfg = compare.psgd_overhead_cfg(data_root, 1, 1, over)
+    real = psgd.run.skip_unused_hooks
+    if not skip_hooks:
+        psgd.run.skip_unused_hooks = lambda trainer, module: None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            psgd.run.train(cfg, Path(tmp) / "run", callbacks=[counter])
+    finally:
+        psgd.run.skip_unused_hooks = real
+    return counter.calls
+
+
+def settings(a) -> tuple:
+    return a.data_root, a.skip, a.steps
+
+
+def overrides(a) -> list[str]:
+    return [f"data.batch_size={a.batch_size}"]
+
+
+LOOPS = {
+    "vanilla loop": lambda a: vanilla(*settings(a), overrides(a)),
+    "leanest LightningModule": lambda a: lightning(*settings(a), "lean", overrides(a)),
+    "smallest LightningModule": lambda a: lightning(*settings(a), "bare", overrides(a)),
+    "psgd's run, every hook dispatched": lambda a: psgd(*settings(a), overrides(a), skip_hooks=False),
+    "psgd's run": lambda a: psgd(*settings(a), overrides(a)),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-root", default="data")
+    parser.add_argument("--skip", type=int, default=8, help="warm-up steps before counting")
+    parser.add_argument("--steps", type=int, default=64, help="steps counted")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--top", type=int, default=15, help="functions listed: psgd's run's most called")
+    parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parent / "results")
+    args = parser.parse_args()
+    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")  # Lightning's advice (workers, val_dataloader) is not the subject here
+
+    counted = {name: go(args) for name, go in LOOPS.items()}
+    short = [name for name, c in counted.items() if c.steps != args.steps]
+    if short:
+        sys.exit(
+            f"calls_per_step: an epoch has fewer than --skip + --steps = {args.skip + args.steps} + 1 batches "
+            f"({', '.join(short)}); lower --skip or --steps"
+        )
+    per_step = {
+        name: {"python": sum(c.python.values()) / args.steps, "c": c.c / args.steps} for name, c in counted.items()
+    }
+    base = per_step["vanilla loop"]["python"]
+    date = time.strftime("%Y-%m-%d")
+    md = [
+        f"Function calls per training step, lab CNN, batch {args.batch_size}, {args.steps} steps after {args.skip} "
+        f"({date})",
+        "",
+        "| loop | Python calls/step | C calls/step | Python calls + vs the vanilla loop |",
+        "|---|---|---|---|",
+    ]
+    md += [f"| {n} | {v['python']:.1f} | {v['c']:.1f} | {v['python'] - base:.1f} |" for n, v in per_step.items()]
+    top = counted["psgd's run"].python.most_common(args.top)
+    md += ["", f"psgd's run, its {args.top} most called Python functions (calls/step):", ""]
+    md += [f"- {name}: {n / args.steps:.1f}" for name, n in top]
+    text = "\n".join(md) + "\n"
+    print(text)
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "calls_per_step.md").write_text(text)
+    settings = {**vars(args), "results": str(args.results)}
+    (args.results / "calls_per_step.json").write_text(
+        json.dumps({"date": date, "args": settings, "per_step": per_step}, indent=2) + "\n"
+    )
+
+
+if __name__ == "__main__":
+    main()
