@@ -61,6 +61,7 @@ def test_two_worker_metrics_and_tensorboard(ddp2):
     assert "_hparams_/session_start_info" in acc.PluginTagToContent("hparams")
 
 
+@pytest.mark.slow  # ~25 s: 4 processes on 2 cores; 4-way shards are unit-tested, 2-worker DDP runs by default
 def test_four_processes_via_trainer_devices(tiny_data, tmp_path):
     run_dir = tmp_path / "run"
     proc = run_cli(
@@ -97,6 +98,7 @@ def test_uneven_sizes_partition_runs_in_lockstep_without_hanging(tiny_data, tmp_
     assert (len(small), len(big)) == (154, 160)
 
 
+@pytest.mark.slow  # ~20 s: two runs; the flag's value check is in test_config
 def test_one_worker_runs_without_ddp_unless_asked_and_then_trains_the_same(tiny_data, tmp_path):
     # ddp_for_one_worker: a one-process gloo group around the same training (what DDP itself costs);
     # all-reducing one worker's gradients changes nothing, so the weights equal the plain run's

@@ -121,7 +121,10 @@ def test_period_one_is_exactly_synchronous_sgd(tiny_data, tmp_path):
 
 @pytest.mark.parametrize(
     "partition",
-    [["data.partition=sizes", "data.partition_sizes=[0.7,0.3]"], ["data.partition=by_label"]],
+    [
+        ["data.partition=sizes", "data.partition_sizes=[0.7,0.3]"],
+        pytest.param(["data.partition=by_label"], marks=pytest.mark.slow),  # uneven as well: sizes runs by default
+    ],
     ids=["sizes", "by_label"],
 )
 def test_uneven_shards_complete_with_periodic_averaging(tiny_data, tmp_path, partition):

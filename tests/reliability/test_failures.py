@@ -58,7 +58,11 @@ def _state(pid: int) -> str:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("strategy", ["ddp", "model_averaging", "hogwild"])
+@pytest.mark.parametrize(
+    "strategy",
+    # slow: model averaging's workers are started and watched as DDP's are (spawn); hogwild's by a fork server
+    ["ddp", pytest.param("model_averaging", marks=pytest.mark.slow), "hogwild"],
+)
 def test_a_killed_worker_ends_the_run_with_its_rank(tiny_data, tmp_path, strategy):
     run_dir = tmp_path / "run"
     proc = start(
@@ -117,6 +121,7 @@ def test_ctrl_c_leaves_a_valid_metrics_file_marked_interrupted(tiny_data, tmp_pa
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # ~25 s; resuming to the uninterrupted weights over workers is also run by test_model_averaging
 def test_ddp_resume_ends_with_the_same_weights_as_an_uninterrupted_run(tiny_data, tmp_path):
     common = ["workers=2", f"data.root={tiny_data}", "trainer.max_epochs=2", *TINY]  # dropout on: reseeded per epoch
     straight = tmp_path / "straight"
@@ -152,6 +157,7 @@ def test_a_checkpoint_of_another_model_is_a_clear_error(tiny_data, tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # ~20 s: four processes at once on 2 cores
 def test_two_runs_started_at_once_do_not_collide(tiny_data, tmp_path):
     # default output dirs (microsecond timestamps) and free rendezvous ports, chosen independently
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "PSGD_OUTPUTS": str(tmp_path / "outputs")}
@@ -170,14 +176,15 @@ def test_two_runs_started_at_once_do_not_collide(tiny_data, tmp_path):
 @pytest.mark.parametrize(
     "strategy,partition",
     [
-        # slow: DDP's lockstep over uneven shards is also run by test_ddp (partition=sizes), and model
-        # averaging over uneven shards by test_model_averaging (sizes, by_label)
+        # all slow: the default run has uneven shards for each strategy in its own test file: DDP's
+        # lockstep in test_ddp (sizes), model averaging in test_model_averaging (sizes), HogWild in
+        # test_hogwild (sizes); the partitions themselves have unit tests
         pytest.param("ddp", ["data.partition=by_label"], marks=pytest.mark.slow),
-        ("ddp", ["data.partition=dirichlet", "data.dirichlet_alpha=0.3"]),
+        pytest.param("ddp", ["data.partition=dirichlet", "data.dirichlet_alpha=0.3"], marks=pytest.mark.slow),
         pytest.param(
             "model_averaging", ["data.partition=dirichlet", "data.dirichlet_alpha=0.3"], marks=pytest.mark.slow
         ),
-        ("hogwild", ["data.partition=dirichlet", "data.dirichlet_alpha=0.3"]),
+        pytest.param("hogwild", ["data.partition=dirichlet", "data.dirichlet_alpha=0.3"], marks=pytest.mark.slow),
     ],
     ids=["ddp-by_label", "ddp-dirichlet", "model_averaging-dirichlet", "hogwild-dirichlet"],
 )
