@@ -13,7 +13,9 @@ Lightning skips a hook whose attribute is not callable (`_call_callback_hooks`,
 where an instance's hook has an empty body (inherited from Lightning's base class, or an override
 that does nothing, as LatestCheckpoint's on_train_batch_end) that attribute is set to None on the
 instance: the class, subclasses and `super()` calls are untouched, a hook with a body is kept, and
-so is a base hook that gets a body in some later Lightning version.
+so is a base hook that gets a body in some later Lightning version. Code of one's own that calls
+such a hook on the instance directly (Lightning calls them; user code rarely does) finds None there:
+call it through the class or `super()`.
 """
 
 import dis
