@@ -23,6 +23,8 @@ import tempfile
 import time
 import warnings
 from collections import Counter
+from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytorch_lightning as L
@@ -101,37 +103,26 @@ def lightning(data_root: str, skip: int, steps: int, module: str, overrides=()) 
 
 
 def psgd(data_root: str, skip: int, steps: int, overrides=(), skip_hooks: bool = True) -> Calls:
-    import psgd.run
+    from psgd.run import train
 
     counter = CountSteps(skip, steps)
     over = [f"trainer.limit_train_batches={skip + steps + 1}", *overrides]
     cfg = compare.psgd_overhead_cfg(data_root, 1, 1, over)
-    real = psgd.run.skip_unused_hooks
-    if not skip_hooks:
-        psgd.run.skip_unused_hooks = lambda trainer, module: None
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            psgd.run.train(cfg, Path(tmp) / "run", callbacks=[counter])
-    finally:
-        psgd.run.skip_unused_hooks = real
+    with nullcontext() if skip_hooks else compare.every_hook_dispatched(), tempfile.TemporaryDirectory() as tmp:
+        train(cfg, Path(tmp) / "run", callbacks=[counter])
     return counter.calls
 
 
-def settings(a) -> tuple:
-    return a.data_root, a.skip, a.steps
-
-
-def overrides(a) -> list[str]:
-    return [f"data.batch_size={a.batch_size}"]
-
-
-LOOPS = {
-    "vanilla loop": lambda a: vanilla(*settings(a), overrides(a)),
-    "leanest LightningModule": lambda a: lightning(*settings(a), "lean", overrides(a)),
-    "smallest LightningModule": lambda a: lightning(*settings(a), "bare", overrides(a)),
-    "psgd's run, every hook dispatched": lambda a: psgd(*settings(a), overrides(a), skip_hooks=False),
-    "psgd's run": lambda a: psgd(*settings(a), overrides(a)),
-}
+def loops(a: argparse.Namespace) -> dict[str, Callable[[], Calls]]:
+    """Each loop counted, with the command line's settings."""
+    common, over = (a.data_root, a.skip, a.steps), [f"data.batch_size={a.batch_size}"]
+    return {
+        "vanilla loop": lambda: vanilla(*common, over),
+        "leanest LightningModule": lambda: lightning(*common, "lean", over),
+        "smallest LightningModule": lambda: lightning(*common, "bare", over),
+        "psgd's run, every hook dispatched": lambda: psgd(*common, over, skip_hooks=False),
+        "psgd's run": lambda: psgd(*common, over),
+    }
 
 
 def main() -> None:
@@ -146,7 +137,7 @@ def main() -> None:
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")  # Lightning's advice (workers, val_dataloader) is not the subject here
 
-    counted = {name: go(args) for name, go in LOOPS.items()}
+    counted = {name: count() for name, count in loops(args).items()}
     short = [name for name, c in counted.items() if c.steps != args.steps]
     if short:
         sys.exit(
@@ -173,9 +164,9 @@ def main() -> None:
     print(text)
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "calls_per_step.md").write_text(text)
-    settings = {**vars(args), "results": str(args.results)}
+    run_args = {**vars(args), "results": str(args.results)}
     (args.results / "calls_per_step.json").write_text(
-        json.dumps({"date": date, "args": settings, "per_step": per_step}, indent=2) + "\n"
+        json.dumps({"date": date, "args": run_args, "per_step": per_step}, indent=2) + "\n"
     )
 
 

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -273,6 +274,20 @@ def lean_module(cfg, net, bodies: list | None = None):
             return opt
 
     return Lean()
+
+
+@contextmanager
+def every_hook_dispatched():
+    """psgd's runs started inside keep every hook in Lightning's dispatch (no psgd.hooks.skip_unused_hooks):
+    what that skipping saves."""
+    import psgd.run
+
+    real = psgd.run.skip_unused_hooks
+    psgd.run.skip_unused_hooks = lambda trainer, module: None
+    try:
+        yield
+    finally:
+        psgd.run.skip_unused_hooks = real
 
 
 def paired_overhead(

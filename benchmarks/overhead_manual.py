@@ -32,6 +32,7 @@ import sys
 import warnings
 from contextlib import contextmanager, nullcontext
 from datetime import date
+from functools import partial
 from pathlib import Path
 
 import torch.nn.functional as F
@@ -95,32 +96,19 @@ def manual_optimization(training_step=manual_training_step):
                 setattr(Classifier, k, v)
 
 
-@contextmanager
-def every_hook_dispatched():
-    """psgd's runs started inside keep every hook in Lightning's dispatch (no skip_unused_hooks)."""
-    import psgd.run
-
-    real = psgd.run.skip_unused_hooks
-    psgd.run.skip_unused_hooks = lambda trainer, module: None
-    try:
-        yield
-    finally:
-        psgd.run.skip_unused_hooks = real
-
-
-ARMS = {  # name: (compare.paired_overhead's loop, psgd's training_step for manual optimization or None, what it is)
-    "automatic (psgd)": ("psgd", None, "psgd's run as it is"),
-    "every hook dispatched": ("psgd", None, "psgd's run without skip_unused_hooks"),
-    "manual": ("psgd", manual_training_step, "psgd's run, manual optimization"),
+ARMS = {  # name: (compare.paired_overhead's loop, the context its run starts in, what it is)
+    "automatic (psgd)": ("psgd", nullcontext, "psgd's run as it is"),
+    "every hook dispatched": ("psgd", compare.every_hook_dispatched, "psgd's run without skip_unused_hooks"),
+    "manual": ("psgd", manual_optimization, "psgd's run, manual optimization"),
     "raw step": (
         "psgd",
-        raw_training_step,
+        partial(manual_optimization, raw_training_step),
         "psgd's run, the vanilla step verbatim in training_step (no Lightning plumbing, no strategy hooks)",
     ),
-    "smallest LightningModule": ("bare", None, "forward + loss, automatic optimization, leanest Trainer"),
+    "smallest LightningModule": ("bare", nullcontext, "forward + loss, automatic optimization, leanest Trainer"),
     "leanest LightningModule": (
         "lean",
-        None,
+        nullcontext,
         "the vanilla step verbatim in training_step, leanest Trainer: Lightning's floor",
     ),
 }
@@ -130,12 +118,8 @@ def measure(data_root: str, threads: int, repeats: int, overrides=(), **paired) 
     """`repeats` paired runs of each arm, alternating."""
     runs: dict[str, list[dict]] = {name: [] for name in ARMS}
     for _ in range(repeats):
-        for name, (loop, step, _) in ARMS.items():
-            if step:
-                context = manual_optimization(step)
-            else:
-                context = every_hook_dispatched() if name == "every hook dispatched" else nullcontext()
-            with context:
+        for name, (loop, context, _) in ARMS.items():
+            with context():
                 runs[name].append(compare.paired_overhead(data_root, threads, overrides=overrides, loop=loop, **paired))
     return runs
 
