@@ -135,7 +135,7 @@ def test_does_nothing_only_for_empty_bodies():
     assert not any(map(does_nothing, (returns, works, L.LightningModule.backward, len, Counting.on_before_backward)))
 
 
-def test_only_inherited_empty_hooks_are_taken_out_and_only_on_the_instance():
+def test_only_empty_hooks_are_taken_out_inherited_or_overridden_and_only_on_the_instance():
     cb = CountingChild()
     skipped = skip_empty_hooks(cb)
     assert {"on_before_zero_grad", "on_after_backward", "on_train_batch_start", "on_validation_batch_end"} <= set(
