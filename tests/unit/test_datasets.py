@@ -182,6 +182,40 @@ def test_on_device_makes_every_batch_on_the_trainers_device_from_the_same_shard(
     assert pickle.loads(pickle.dumps(dev))._placed == {}
 
 
+class IndexTransfers(torch.overrides.TorchFunctionMode):
+    """Counts index tensors (int64) copied from the host to another device."""
+
+    count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.Tensor.to and args[0].dtype == torch.int64 and args[0].device != out.device:
+            self.count += 1
+        return out
+
+
+def test_on_device_copies_an_epochs_index_batches_in_one_transfer(tmp_path):
+    # a small host-to-GPU copy per step costs a driver call each; the epoch's order is known at its start
+    make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
+    dev = _on(ClassificationData("mnist", str(tmp_path), batch_size=32, on_device=True, record_shards=True), "meta")
+    host = _on(ClassificationData("mnist", str(tmp_path), batch_size=32, record_shards=True), "meta")
+    for dm in (dev, host):
+        dm.setup("fit")
+    loader, host_loader = dev.train_dataloader(), host.train_dataloader()
+    for epoch in (0, 1):
+        loader.sampler.set_epoch(epoch)
+        host_loader.sampler.set_epoch(epoch)
+        with IndexTransfers() as moves:
+            batches = list(loader)
+        assert moves.count == 1 and len(batches) == 4  # rank 1 of 2: 100 samples
+        assert [len(y) for _, y in batches] == [len(y) for _, y in host_loader]
+        assert [i.tolist() for i in loader.seen] == [i.tolist() for i in host_loader.seen]
+    val = dev.val_dataloader()  # places the split on the device (once, tested above)
+    with IndexTransfers() as moves:
+        evaluated = list(val)
+    assert moves.count == 1 and sum(len(y) for _, y in evaluated) == 25
+
+
 def test_on_device_on_the_host_gives_the_same_batches(tmp_path):
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
     a = _on(ClassificationData("mnist", str(tmp_path), batch_size=32), "cpu")
