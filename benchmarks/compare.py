@@ -290,6 +290,26 @@ def every_hook_dispatched():
         psgd.run.skip_unused_hooks = real
 
 
+class VanillaSide:
+    """The minimal loop run beside a Lightning run, in its process and thread: a copy of the module's
+    (warmed-up) net, its own SGD and its own pass over the datamodule's training batches."""
+
+    def __init__(self, cfg, module, datamodule):
+        import copy
+
+        self.net = copy.deepcopy(module.net)
+        self.opt = sgd(cfg, self.net.parameters())
+        self.step = vanilla_step(self.net, self.opt)
+        self.loader = datamodule.train_dataloader()
+        self.batches = iter(())
+
+    def next_batch(self):
+        for b in self.batches:
+            return b
+        self.batches = iter(self.loader)
+        return next(self.batches)
+
+
 def paired_overhead(
     data_root: str, threads: int, chunk: int = 25, epochs: int = 3, overrides=(), loop: str = "psgd"
 ) -> dict:
@@ -303,7 +323,6 @@ def paired_overhead(
     warm-up; `epochs` more are measured (`overrides`: more train.py overrides, for short test runs).
     Returns the per-pair step-time ratios Lightning / vanilla, their median, and the ratio of the
     summed times."""
-    import copy
     import tempfile
 
     import pytorch_lightning as L
@@ -318,11 +337,8 @@ def paired_overhead(
         def on_train_epoch_start(self, trainer, module):
             self.on = trainer.current_epoch >= 1
             self.start, self.vanilla_in_chunk = None, 0.0
-            if trainer.current_epoch == 1:  # the vanilla side: a copy of the warmed-up model, its own SGD
-                net = copy.deepcopy(module.net)
-                self.step = vanilla_step(net, sgd(cfg, net.parameters()))
-                self.loader = trainer.datamodule.train_dataloader()
-                self.batches = iter(())
+            if trainer.current_epoch == 1:
+                self.vanilla = VanillaSide(cfg, module, trainer.datamodule)
 
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
             if self.on and batch_idx % chunk == 0:
@@ -335,15 +351,9 @@ def paired_overhead(
             if self.on and self.start is not None and (batch_idx + 1) % chunk == 0:
                 begin = time.perf_counter()
                 for _ in range(chunk):
-                    self.step(*self.next_batch())
+                    self.vanilla.step(*self.vanilla.next_batch())
                 self.vanilla_in_chunk = time.perf_counter() - begin
                 self.vanilla_s.append(self.vanilla_in_chunk)
-
-        def next_batch(self):
-            for b in self.batches:
-                return b
-            self.batches = iter(self.loader)
-            return next(self.batches)
 
     paired = Paired()
     if loop in ("bare", "lean"):

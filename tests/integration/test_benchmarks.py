@@ -54,6 +54,34 @@ def test_calls_per_step_counts_each_loop_and_psgd_skips_the_empty_hooks(tiny_dat
     assert "psgd's run" in proc.stdout and table.count("\n| ") == 6  # header + 5 loops
 
 
+def test_step_phases_splits_both_loops_steps_into_the_same_phases(tiny_data, tmp_path):
+    script = str(ROOT / "benchmarks" / "step_phases.py")
+    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--chunk=3", "--epochs=1", "--batch-size=16"]
+    proc = subprocess.run([*cmd, "--repeats=1", f"--results={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads((tmp_path / "step_phases.json").read_text())
+    (run,) = out["runs"]
+    batches = 512 // 16  # tiny_data holds 512 MNIST training images
+    # every step of the timed epoch but its first is psgd's; a vanilla chunk follows every 3rd psgd step
+    assert run["steps"] == {"psgd": batches - 1, "vanilla": batches // 3 * 3}
+    med = out["median_us"]
+    for loop in ("psgd", "vanilla"):
+        assert list(med[loop]) == out["phases"] and all(us > 0 for us in med[loop].values())
+        assert out["total_us"][loop] == pytest.approx(sum(med[loop].values()))
+    # the convolutions dominate both loops alike; Lightning's loop between steps does far more than fetching
+    assert med["psgd"]["next batch + loop"] > 2 * med["vanilla"]["next batch + loop"]
+    table = (tmp_path / "step_phases.md").read_text()
+    assert table.count("\n| ") == 7 and "step time ratio psgd / vanilla" in proc.stdout  # header, 5 phases, step
+
+
+def test_step_phases_with_chunks_longer_than_an_epoch_is_a_one_line_error(tiny_data, tmp_path):
+    script = str(ROOT / "benchmarks" / "step_phases.py")
+    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--chunk=1000", "--epochs=1", "--repeats=1"]
+    proc = subprocess.run([*cmd, f"--results={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "--chunk=1000" in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "step_phases.json").exists()
+
+
 @pytest.mark.parametrize("loop", ["psgd", "bare", "lean"])
 def test_paired_overhead_times_lightning_and_vanilla_chunks_in_one_run(tiny_data, loop):
     r = compare.paired_overhead(str(tiny_data), 1, chunk=2, epochs=2, overrides=["data.batch_size=16"], loop=loop)
