@@ -24,6 +24,7 @@ Sections (each a table; all results also go to benchmarks/results/compare.json a
 """
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -295,8 +296,6 @@ class VanillaSide:
     (warmed-up) net, its own SGD and its own pass over the datamodule's training batches."""
 
     def __init__(self, cfg, module, datamodule):
-        import copy
-
         self.net = copy.deepcopy(module.net)
         self.opt = sgd(cfg, self.net.parameters())
         self.step = vanilla_step(self.net, self.opt)

@@ -1,6 +1,6 @@
 """Where a lab-CNN step's time goes, phase by phase, in psgd's run and in the minimal vanilla loop.
 
-    python benchmarks/step_phases.py --data-root ../shared/data   # ~3 min; results/step_phases.{json,md}
+    python benchmarks/step_phases.py --data-root ../shared/data   # ~2 min; results/step_phases.{json,md}
 
 compare.py's paired overhead measurement with each step cut into phases: psgd's real run (train.py's
 default config, no validation) with, after every --chunk of its steps, --chunk steps of the vanilla
