@@ -12,7 +12,7 @@ batches: the default 64 steps hold two of those), in
 - psgd's run (train.py's default config), and the same run without psgd.hooks.skip_unused_hooks,
   which takes the hooks nobody implements out of Lightning's per-step dispatch.
 A Python call costs ~0.5 us here after a lab-CNN step has evicted the loop's code from the caches
-(README, Performance): compare.py's paired overhead measures what the calls cost in time.
+(benchmarks/README.md): compare.py's paired overhead measures what the calls cost in time.
 """
 
 import argparse

@@ -89,7 +89,7 @@ class Phases(L.Callback):
 
     def vanilla_chunk(self):
         """compare.vanilla_step's ops, timed phase by phase, in Lightning's order (forward, zero_grad,
-        backward, step; vanilla_step zeroes first: the order measured within the noise, README)."""
+        backward, step; vanilla_step zeroes first: the order measured within the noise, benchmarks/README.md)."""
         side, clock = self.side, time.perf_counter
         for _ in range(self.chunk):
             a = clock()
