@@ -43,10 +43,15 @@ class Classifier(PlainHookName, L.LightningModule):
         num_classes: int = 10,
         channels_last: bool = False,
         per_worker_metrics: bool = False,
+        input_shape: tuple[int, int, int] | None = None,
     ):
         super().__init__()
-        self.save_hyperparameters(ignore=["net", "optimizer"])
+        self.save_hyperparameters(ignore=["net", "optimizer", "input_shape"])
         self.net = net.to(memory_format=torch.channels_last) if channels_last else net
+        if input_shape is not None:
+            # one (channels, height, width) image: Lightning's model summary at the start of fit runs it
+            # through the network and shows each layer's input and output sizes and its forward FLOPs
+            self.example_input_array = torch.zeros(1, *input_shape)
         self.optimizer_factory = optimizer
         self.scheduler_cfg = scheduler  # a plain dict: checkpoints stay loadable with weights_only=True
         for stage in ("val", "test"):

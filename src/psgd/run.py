@@ -327,6 +327,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         num_classes=INFO[cfg.data.name].num_classes,
         channels_last=cfg.channels_last,
         per_worker_metrics=not one_model,
+        input_shape=(INFO[cfg.data.name].channels, image_size, image_size),
     )
     ckpt_path = resolve_ckpt_path(elastic_resume(cfg.get("ckpt_path"), plan, run_dir), module)
     world_size = plan.workers * t.num_nodes

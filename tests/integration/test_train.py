@@ -2,6 +2,7 @@
 
 import logging
 import os
+import re
 
 import pytest
 import pytorch_lightning as L
@@ -113,7 +114,9 @@ def test_early_stop_after_patience_epochs_at_target(tiny_data, tmp_path):
     assert m["epochs"] == stop + 1 < 30
 
 
-def test_a_profiler_the_user_asks_for_replaces_psgds_free_one(tiny_data, tmp_path):
+def test_a_profiler_the_user_asks_for_replaces_psgds_free_one_and_the_summary_shows_sizes_and_flops(
+    tiny_data, tmp_path
+):
     proc = run_cli(
         "train.py",
         f"data.root={tiny_data}",
@@ -125,6 +128,12 @@ def test_a_profiler_the_user_asks_for_replaces_psgds_free_one(tiny_data, tmp_pat
     assert proc.returncode == 0, proc.stderr
     report = proc.stdout + proc.stderr
     assert "FIT Profiler Report" in report and "run_training_epoch" in report
+    # the model summary at the start of fit: the lab CNN's input (one 28x28 image resized to its 32x32)
+    # and output sizes, and its forward FLOPs per image (FlopCounterMode; 0 without an example input)
+    net_row = next(line for line in report.splitlines() if "| net " in line)
+    assert "LabCNN" in net_row and "[1, 1, 32, 32]" in net_row and "[1, 10]" in net_row, net_row
+    total = re.search(r"^\s*([\d.]+ ?[KMGB]?)\s+Total Flops", report, re.MULTILINE)
+    assert total and total.group(1).strip() not in ("0", ""), report[-2000:]
 
 
 def test_a_callers_callbacks_see_every_training_batch(tiny_data, tmp_path):

@@ -304,6 +304,8 @@ class ClassificationData(L.LightningDataModule):
     def transfer_batch_to_device(self, batch: tuple[Tensor, Tensor], device: torch.device, dataloader_idx: int):
         # every loader yields an (images, labels) pair of tensors: skip Lightning's generic walk over any
         # collection, which costs measurably per step on CPU, where there is nothing to move
+        if isinstance(batch, Tensor):  # the module's example_input_array, for Lightning's model summary
+            return batch.to(device)
         x, y = batch
         if x.device == device and y.device == device:
             return batch
