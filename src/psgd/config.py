@@ -238,6 +238,8 @@ def check(cfg: DictConfig) -> Plan:
     launcher = external_launcher(workers * t.num_nodes)
     if launcher:
         check_external(launcher, cfg.strategy.name, workers, t.num_nodes)
+    elif accelerator == "gpu":
+        check_gpu_count(workers, "workers" if t.get("devices") is None else "trainer.devices")
     per_node = workers
     threads = threads or max(1, cpu_count() // per_node)
     return Plan(
@@ -247,6 +249,18 @@ def check(cfg: DictConfig) -> Plan:
         accumulate_grad_batches=accumulate,
         launcher=launcher or "psgd",
     )
+
+
+def check_gpu_count(workers: int, key: str = "workers") -> None:
+    """Workers psgd starts on GPU get one visible device each: Lightning refuses more devices than it
+    sees (with a traceback), and NCCL two ranks on one GPU. (torchrun and srun place their own
+    workers: a task there may see only its own GPU.)"""
+    gpus = torch.cuda.device_count()
+    if workers > gpus:
+        raise ConfigError(
+            f"{key}={workers} is invalid on GPU: {gpus} CUDA device{'' if gpus == 1 else 's'} visible and each "
+            f"worker needs its own; use {key}<={gpus}, or trainer.accelerator=cpu"
+        )
 
 
 def resolve_accumulation(cfg: DictConfig, world_size: int) -> int:

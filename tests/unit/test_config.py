@@ -90,6 +90,23 @@ def test_bad_values_are_one_clear_line(overrides, fragment):
     assert "\n" not in str(e.value)
 
 
+def test_more_workers_than_visible_gpus_is_one_clear_line(monkeypatch):
+    # the check reads only how many CUDA devices torch sees: a machine with one GPU, stood in for here
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    assert check(compose_cfg("trainer.accelerator=gpu")).accelerator == "gpu"  # one worker, one GPU
+    for strategy in ("ddp", "model_averaging"):
+        with pytest.raises(ConfigError) as e:
+            check(compose_cfg(f"strategy={strategy}", "workers=2", "trainer.accelerator=gpu"))
+        assert str(e.value) == (
+            "workers=2 is invalid on GPU: 1 CUDA device visible and each worker needs its own; "
+            "use workers<=1, or trainer.accelerator=cpu"
+        )
+    with pytest.raises(ConfigError) as e:  # the key the user set is the one named
+        check(compose_cfg("trainer.devices=3", "trainer.accelerator=gpu"))
+    assert str(e.value).startswith("trainer.devices=3 is invalid on GPU") and "use trainer.devices<=1" in str(e.value)
+
+
 @pytest.mark.parametrize("model,data", [("singa_cnn", "cifar10"), ("mlp", "cifar10")])
 def test_model_data_pairings_that_cannot_work_are_config_errors(model, data):
     cfg = compose_cfg(f"model={model}", f"data={data}")
