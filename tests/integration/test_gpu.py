@@ -1,0 +1,72 @@
+"""The GPU paths, through train.py as a user starts them: the dataset kept on the GPU, bf16 autocast,
+DDP over NCCL. They need a CUDA device and are skipped without one; on a GPU machine:
+
+    python -m pytest -m gpu
+
+PSGD_TEST_ACCELERATOR=cpu runs the same tests on the CPU (on_device has no effect there and the
+one-process DDP group is gloo): a check of the tests themselves where no GPU is lent.
+"""
+
+import os
+
+import pytest
+import torch
+from conftest import run_cli
+from helpers import metrics
+
+ACCELERATOR = os.environ.get("PSGD_TEST_ACCELERATOR", "gpu")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(ACCELERATOR == "gpu" and not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+TINY = ["quiet=true", "data.batch_size=32", "data.eval_batch_size=64", "trainer.max_epochs=3"]
+
+
+def gpu_run(tiny_data, run_dir, *overrides: str) -> dict:
+    proc = run_cli(
+        "train.py", f"data.root={tiny_data}", f"trainer.accelerator={ACCELERATOR}", f"hydra.run.dir={run_dir}",
+        *TINY, *overrides,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = metrics(run_dir)
+    assert m["status"] == "completed" and m["device"].startswith("cuda" if ACCELERATOR == "gpu" else "cpu"), m
+    return m
+
+
+@pytest.fixture(scope="module")
+def on_device_run(tiny_data, tmp_path_factory) -> dict:
+    return gpu_run(tiny_data, tmp_path_factory.mktemp("gpu") / "on_device", "data.on_device=true")
+
+
+def test_the_dataset_on_the_device_trains_as_batches_made_on_the_host(on_device_run, tiny_data, tmp_path):
+    host = gpu_run(tiny_data, tmp_path / "host", "data.on_device=false")
+    assert on_device_run["test_acc"] > 0.5 and host["test_acc"] > 0.5  # chance is 0.1
+    # the same seed, samples and normalisation: only the kernels' rounding may differ
+    assert on_device_run["test_acc"] == pytest.approx(host["test_acc"], abs=0.05)
+    assert [h["samples"] for h in on_device_run["history"]] == [h["samples"] for h in host["history"]]
+
+
+def test_bf16_autocast_learns(tiny_data, tmp_path):
+    m = gpu_run(tiny_data, tmp_path / "bf16", "data.on_device=true", "trainer.precision=bf16-mixed")
+    assert m["test_acc"] > 0.5
+
+
+def test_ddp_over_nccl_in_one_process_trains_as_the_run_without_ddp(on_device_run, tiny_data, tmp_path):
+    # all-reducing one worker's gradients changes nothing: the same run, through NCCL
+    m = gpu_run(tiny_data, tmp_path / "ddp", "data.on_device=true", "strategy.ddp_for_one_worker=true")
+    assert (m["lightning_strategy"], m["world_size"]) == ("DDPStrategy", 1)
+    assert m["test_acc"] == pytest.approx(on_device_run["test_acc"], abs=0.05)
+
+
+def test_more_workers_than_gpus_is_one_line_before_any_worker_starts(tiny_data, tmp_path):
+    if ACCELERATOR != "gpu":
+        pytest.skip("counts CUDA devices")
+    too_many = torch.cuda.device_count() + 1
+    run_dir = tmp_path / "too_many"
+    proc = run_cli(
+        "train.py", f"data.root={tiny_data}", "trainer.accelerator=gpu", f"workers={too_many}",
+        f"hydra.run.dir={run_dir}", *TINY,
+    )  # fmt: skip
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"workers={too_many} is invalid on GPU" in proc.stderr and not run_dir.exists()
