@@ -6,6 +6,10 @@ a one-process group) against the same run without DDP.
     python benchmarks/gpu.py --data-root ../shared/data                   # needs CUDA; ~10 min on one GPU
     python benchmarks/gpu.py --data-root DIR --accelerator cpu --epochs 1 --limit-batches 5 --repeats 1
                                                                           # the same runs on CPU: a smoke test
+    python benchmarks/gpu.py --data-root ../shared/data --accelerator cpu --models "lab CNN" --name cpu_bf16
+                                                                          # the CPU's own figures, ~4.5 min
+On CPU, data.on_device has no effect (that ratio is ~1) and the one-process DDP group is gloo; the
+bf16 ratio is the CPU's own: on CPUs with AMX or AVX512-BF16, autocast runs the convolutions in bf16.
 
 Each run is one `train.py` job in a fresh process: lab CNN on MNIST, WideResNet on FashionMNIST, batch
 128, `--epochs` epochs without validation; its last epoch's samples/s (metrics.json, training only) is
@@ -15,7 +19,6 @@ benchmarks/results/<name>.json and .md, with the device and the date.
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -44,9 +47,10 @@ RATIOS = [  # (what, numerator variant, denominator variant)
 def device_name(accelerator: str) -> str:
     import torch
 
-    if accelerator == "gpu":
-        return f"{torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}, torch {torch.__version__}"
-    return f"{platform.processor() or platform.machine()} CPU, torch {torch.__version__}"
+    from psgd.results import device_description  # as every run's metrics.json names its device
+
+    cuda = f", CUDA {torch.version.cuda}" if accelerator == "gpu" else ""
+    return f"{device_description(accelerator)}{cuda}, torch {torch.__version__}"
 
 
 def main() -> None:
