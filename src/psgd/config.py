@@ -219,6 +219,11 @@ def check(cfg: DictConfig) -> Plan:
         sch.warmup_epochs,
         "must be an integer >= 0",
     )
+    if sch.warmup_epochs > t.max_epochs and not t.get("fast_dev_run"):  # the lr would never reach optimizer.lr
+        raise ConfigError(
+            f"scheduler.warmup_epochs={sch.warmup_epochs} is invalid with trainer.max_epochs={t.max_epochs}: the "
+            f"warm-up would not end before training does; use warmup_epochs<={t.max_epochs}"
+        )
     _need(sch.decay in DECAYS, "scheduler.decay", sch.decay, f"allowed: {', '.join(DECAYS)}")
     sf = sch.get("start_factor")
     _need(sf is None or 0 < sf <= 1, "scheduler.start_factor", sf, "must be in (0, 1], or null for 1/workers")

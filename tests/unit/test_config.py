@@ -50,6 +50,11 @@ BAD = [
     (["optimizer.momentum=1.0"], "optimizer.momentum=1.0"),
     (["optimizer.momentum=-0.5"], "optimizer.momentum=-0.5"),
     (["scheduler=warmup", "scheduler.warmup_epochs=-1"], "scheduler.warmup_epochs=-1"),
+    (
+        ["scheduler=warmup", "trainer.max_epochs=3"],  # the preset's 5 warm-up epochs
+        "scheduler.warmup_epochs=5 is invalid with trainer.max_epochs=3: the warm-up would not end before "
+        "training does; use warmup_epochs<=3",
+    ),
     (["workers=2", "data.partition=sizes", "data.partition_sizes=[0.5,0.4]"], "sum to 1"),
     (["workers=3", "data.partition=sizes", "data.partition_sizes=[0.5,0.5]"], "one fraction per worker (3)"),
     (["workers=2", "data.partition=sizes", "data.partition_sizes=[1.0,0]"], "must be > 0"),
