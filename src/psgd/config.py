@@ -256,7 +256,7 @@ def check(cfg: DictConfig) -> Plan:
     )
 
 
-def check_gpu_count(workers: int, key: str = "workers") -> None:
+def check_gpu_count(workers: int, key: str) -> None:
     """Workers psgd starts on GPU get one visible device each: Lightning refuses more devices than it
     sees (with a traceback), and NCCL two ranks on one GPU. (torchrun and srun place their own
     workers: a task there may see only its own GPU.)"""

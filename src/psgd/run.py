@@ -317,6 +317,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
 
     t = cfg.trainer
     lr = scaled_lr(cfg.optimizer.lr, plan.workers * t.num_nodes, cfg.lr_scaling)
+    info = INFO[cfg.data.name]
     module = Classifier(
         net,
         instantiate(cfg.optimizer),
@@ -324,10 +325,10 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         workers=plan.workers,
         max_epochs=t.max_epochs,
         scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True),
-        num_classes=INFO[cfg.data.name].num_classes,
+        num_classes=info.num_classes,
         channels_last=cfg.channels_last,
         per_worker_metrics=not one_model,
-        input_shape=(INFO[cfg.data.name].channels, image_size, image_size),
+        input_shape=(info.channels, image_size, image_size),
     )
     ckpt_path = resolve_ckpt_path(elastic_resume(cfg.get("ckpt_path"), plan, run_dir), module)
     world_size = plan.workers * t.num_nodes

@@ -140,7 +140,6 @@ def test_a_callers_callbacks_see_every_training_batch(tiny_data, tmp_path):
     class Count(L.Callback):
         def __init__(self):
             self.seen = []
-
             self.steps = 0
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
