@@ -13,7 +13,8 @@ from typing_extensions import override
 
 from psgd.data.partition import generator
 from psgd.results import write_csv, write_json
-from psgd.strategies._lightning import without_per_step_collectives
+from psgd.signals import die_with_parent, handler_for_this_process
+from psgd.strategies._lightning import handle_sigterm_with, without_per_step_collectives
 
 
 def denormals_flushed() -> bool:
@@ -44,7 +45,8 @@ _exit_hook_registered = False
 
 class WorkerSetup(Callback):
     """Per worker process: torch's intra-op threads (speedup curves lie without a fixed count), denormal
-    floats, the process group's end (destroyed at exit) and the random stream (dropout, augmentation).
+    floats, the process group's end (destroyed at exit), SIGTERM (psgd.signals: no hang, no orphan)
+    and the random stream (dropout, augmentation).
     The stream is reseeded at every epoch from (seed, rank, epoch), so it is the same in-process or
     spawned, and a run resumed at an epoch boundary draws exactly what the uninterrupted run drew.
 
@@ -62,6 +64,8 @@ class WorkerSetup(Callback):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         torch.set_num_threads(self.threads)
+        handle_sigterm_with(trainer, handler_for_this_process())
+        die_with_parent()
         if dist.is_available() and dist.is_initialized():
             destroy_process_group_at_exit()
         self._flushed_before = denormals_flushed()

@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
-from psgd import quietness
+from psgd import quietness, signals
 from psgd.callbacks import (
     LatestCheckpoint,
     LocalSigtermCheck,
@@ -282,6 +282,20 @@ def mark_status(record_path: Path, status: str, create: bool = False, **fields: 
         write_json(record_path, record)
 
 
+def mark_stopped(run_dir: Path, e: BaseException) -> None:
+    """Mark a run that `e` stopped: interrupted (Ctrl-C, SIGTERM: one line says so) or failed. Its
+    finished epochs stay in metrics.json."""
+    interrupted = isinstance(e, KeyboardInterrupt | SystemExit)  # Lightning turns Ctrl-C into exit(1)
+    if interrupted:
+        # the workers got the signal too (psgd.signals): let them end before this write, none left behind
+        signals.wind_down_children()
+    # every worker has stopped by now, so nothing races this write
+    mark_status(run_dir / "metrics.json", "interrupted" if interrupted else "failed")
+    if interrupted:
+        how = f" ({signals.received})" if signals.received else ""
+        print(f"psgd: interrupted{how}; finished epochs are kept in {run_dir}", file=sys.stderr, flush=True)
+
+
 def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] = ()) -> dict[str, Any] | None:
     """Run one configured training job in `run_dir`; returns the final metrics (also in metrics.json).
 
@@ -400,14 +414,10 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
     try:
         if plan.launcher == "torchrun":  # where Lightning would make it, inside fit: same failure handling
             init_elastic_process_group(plan, cfg.strategy.backend, timedelta(seconds=cfg.strategy.timeout_s))
-        with rendezvous_port() if plan.launcher == "psgd" else nullcontext():
+        with rendezvous_port() if plan.launcher == "psgd" else nullcontext(), signals.sigterm_interrupts():
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     except BaseException as e:
-        # Lightning has stopped every worker by now, so nothing races this write; keep their epochs
-        interrupted = isinstance(e, KeyboardInterrupt | SystemExit)  # Lightning turns Ctrl-C into exit(1)
-        mark_status(run_dir / "metrics.json", "interrupted" if interrupted else "failed")
-        if interrupted:
-            print(f"psgd: interrupted; finished epochs are kept in {run_dir}", file=sys.stderr, flush=True)
+        mark_stopped(run_dir, e)
         raise
 
     if plan.launcher != "psgd":  # torchrun / srun: every worker is a process like this one
@@ -432,7 +442,12 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
             precision=t.precision,
             **limits,
         )
-    (tested,) = test_trainer.test(module, datamodule=datamodule, verbose=False)
+    try:
+        with signals.sigterm_interrupts():
+            (tested,) = test_trainer.test(module, datamodule=datamodule, verbose=False)
+    except (KeyboardInterrupt, SystemExit) as e:
+        mark_stopped(run_dir, e)
+        raise
 
     record_path = run_dir / "metrics.json"
     metrics = read_json(record_path) if record_path.exists() else callbacks[1].summary("trained")

@@ -15,7 +15,8 @@ from conftest import ROOT, run_cli
 TINY = ["quiet=true", "data.batch_size=16", "data.eval_batch_size=64"]
 
 
-def start(run_dir: Path, *overrides: str) -> subprocess.Popen:
+def start(run_dir: Path, *overrides: str, background: bool = False) -> subprocess.Popen:
+    """train.py in a session of its own; `background`: with SIGINT ignored, as a shell starts `cmd &`."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     return subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", *overrides],
@@ -24,6 +25,7 @@ def start(run_dir: Path, *overrides: str) -> subprocess.Popen:
         text=True,
         env=env,
         start_new_session=True,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if background else None,
     )
 
 
@@ -44,6 +46,22 @@ def wait_for_epochs(run_dir: Path, proc: subprocess.Popen, epochs: int, timeout:
 def children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
     return sorted(int(p) for p in out.split())
+
+
+def worker_pids(launcher: int) -> list[int]:
+    """The training workers of a psgd launcher process, in rank order (rank = start order)."""
+    workers = [p for p in children(launcher) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+    if not workers:  # forkserver (hogwild): the workers are children of the fork server
+        server = [p for p in children(launcher) if "forkserver" in Path(f"/proc/{p}/cmdline").read_text()]
+        workers = sorted(c for s in server for c in children(s))
+    return workers
+
+
+def gone_within(pids: list[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not alive(pids)
 
 
 def alive(pids: list[int]) -> list[int]:
@@ -71,10 +89,7 @@ def test_a_killed_worker_ends_the_run_with_its_rank(tiny_data, tmp_path, strateg
     try:
         # two epochs in metrics.json: the first epoch's checkpoint is written before the second starts
         wait_for_epochs(run_dir, proc, 2)
-        workers = [p for p in children(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
-        if not workers:  # forkserver (hogwild): the workers are children of the fork server
-            server = [p for p in children(proc.pid) if "forkserver" in Path(f"/proc/{p}/cmdline").read_text()]
-            workers = sorted(c for s in server for c in children(s))
+        workers = worker_pids(proc.pid)
         assert len(workers) == 2, workers
         victim = 1
         os.kill(workers[victim], signal.SIGKILL)
@@ -93,6 +108,104 @@ def test_a_killed_worker_ends_the_run_with_its_rank(tiny_data, tmp_path, strateg
     assert alive(workers) == []  # no process left behind
     m = json.loads((run_dir / "metrics.json").read_text())
     assert len(m["history"]) >= 2 and m["status"] == "failed"  # finished epochs stay on disk
+    assert_resumable(run_dir)
+
+
+@pytest.mark.distributed
+def test_sigterm_to_one_worker_ends_the_run_with_its_rank(tiny_data, tmp_path):
+    # Lightning's SIGTERM handler broadcast from inside the handler: with psgd's workers not joining
+    # it, the run hung until the process group's timeout (30 min)
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY)
+    try:
+        wait_for_epochs(run_dir, proc, 2)
+        workers = worker_pids(proc.pid)
+        assert len(workers) == 2, workers
+        os.kill(workers[1], signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert stderr.strip().splitlines()[-1].startswith("psgd: error: worker rank 1 died (signal SIGTERM)"), stderr
+    assert gone_within(workers, 5)
+    m = json.loads((run_dir / "metrics.json").read_text())
+    assert len(m["history"]) >= 2 and m["status"] == "failed"
+    assert_resumable(run_dir)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    "strategy,to",
+    [
+        ("ddp", "launcher"),  # kill <pid>, timeout: the launching process only
+        pytest.param("ddp", "group", marks=pytest.mark.slow),  # scancel, kill -- -<pgid>: every process
+        pytest.param("hogwild", "launcher", marks=pytest.mark.slow),  # workers started by a fork server
+    ],
+)
+def test_sigterm_stops_the_run_as_ctrl_c_does(tiny_data, tmp_path, strategy, to):
+    # started in the background (SIGINT ignored), where the workers had trained on, orphaned, to the end
+    run_dir = tmp_path / "run"
+    args = [f"strategy={strategy}", "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY]
+    proc = start(run_dir, *args, background=True)
+    try:
+        wait_for_epochs(run_dir, proc, 2)
+        workers = worker_pids(proc.pid)
+        assert len(workers) == 2, workers
+        if to == "launcher":
+            os.kill(proc.pid, signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert stderr.strip().splitlines()[-1].startswith("psgd: interrupted (SIGTERM); finished epochs are kept"), stderr
+    assert gone_within(workers, 5)
+    m = json.loads((run_dir / "metrics.json").read_text())
+    assert m["status"] == "interrupted" and len(m["history"]) >= 2
+    assert_resumable(run_dir)
+    assert not list(run_dir.glob("**/.*.tmp"))
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    "strategy",
+    # hogwild's fork-server workers are the harder case (their parent, the fork server, outlives the
+    # launcher); spawned workers are watched the same way
+    [pytest.param("ddp", marks=pytest.mark.slow), "hogwild"],
+)
+def test_workers_do_not_outlive_a_killed_launcher(tiny_data, tmp_path, strategy):
+    run_dir = tmp_path / "run"
+    args = [f"strategy={strategy}", "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY]
+    proc = start(run_dir, *args, background=True)
+    try:
+        wait_for_epochs(run_dir, proc, 2)
+        workers = worker_pids(proc.pid)
+        assert len(workers) == 2, workers
+        os.kill(proc.pid, signal.SIGKILL)  # nothing of the launcher's runs: the workers must notice
+        proc.communicate(timeout=10)
+        assert gone_within(workers, 30), "workers still training after their launcher died"
+    finally:
+        for p in alive(locals().get("workers", [])):
+            os.kill(p, signal.SIGKILL)
+
+
+def test_sigterm_to_a_one_worker_run(tiny_data, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY, background=True)
+    try:
+        wait_for_epochs(run_dir, proc, 2)
+        os.kill(proc.pid, signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert stderr.strip().splitlines()[-1].startswith("psgd: interrupted (SIGTERM)"), stderr
+    m = json.loads((run_dir / "metrics.json").read_text())
+    assert m["status"] == "interrupted" and len(m["history"]) >= 2
     assert_resumable(run_dir)
 
 

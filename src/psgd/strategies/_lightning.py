@@ -9,7 +9,7 @@ import torch.distributed as dist
 from pytorch_lightning.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-__all__ = ["SharedMemoryLauncher", "without_per_step_collectives"]
+__all__ = ["SharedMemoryLauncher", "handle_sigterm_with", "without_per_step_collectives"]
 
 
 def without_per_step_collectives(trainer: L.Trainer) -> None:
@@ -25,6 +25,18 @@ def without_per_step_collectives(trainer: L.Trainer) -> None:
             raise SIGTERMException()
 
     loop._broadcast_sigterm_tensor = local_sigterm_check
+
+
+def handle_sigterm_with(trainer: L.Trainer, handler: Any) -> None:
+    """Lightning registers its SIGTERM handler (`_SignalConnector._sigterm_notifier_fn`) in every
+    worker when fit starts, after the `setup` hooks. That handler broadcasts a flag from rank 0 from
+    inside the signal handler: a collective that the other workers, which no longer broadcast it
+    every step (above), never join, so a worker sent SIGTERM waited in it until the process group's
+    timeout. Call from a `setup` hook: Lightning then registers `handler` in its place (and keeps
+    composing it with a handler set before, as it does its own)."""
+    connector = getattr(trainer, "_signal_connector", None)
+    if connector is not None and hasattr(connector, "_sigterm_notifier_fn"):
+        connector._sigterm_notifier_fn = handler
 
 
 class SharedMemoryLauncher(_MultiProcessingLauncher):

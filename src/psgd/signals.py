@@ -1,0 +1,103 @@
+"""SIGTERM stops a run as Ctrl-C does, and never leaves a worker behind or hanging.
+
+SIGTERM is what `kill <pid>`, `timeout`, a job scheduler (Slurm's scancel, Kubernetes) and torchrun's
+agent send. Python's default ended psgd's launching process on the spot: no line, metrics.json left
+"running", and workers started in the background (which ignore SIGINT, so torch's parent-death
+signal SIGINT never reached them) trained on, orphaned, to the end. In a worker, Lightning's own
+SIGTERM handler broadcasts a flag to the other workers from inside the handler, a collective they
+never join (psgd checks that flag locally instead of broadcasting it every step:
+psgd.strategies._lightning), so a run whose worker got SIGTERM hung until the process group's
+timeout (30 min).
+
+Now:
+- a process that runs the Trainer itself (psgd's launching process, a one-worker run, a torchrun or
+  srun worker) handles SIGTERM with `interrupt`: it passes the signal on to its multiprocessing
+  children (the workers it launched) and raises KeyboardInterrupt, which Lightning and psgd wind
+  down as they do Ctrl-C (finished epochs kept, metrics.json marked "interrupted", one line);
+- a worker that psgd's launcher started ends at once by the signal (`die`), as a killed worker
+  does: its launcher then stops the others and names its rank (or, when the launcher sent it, has
+  already marked the run interrupted);
+- such a worker sends itself SIGTERM when its launching process dies, even by SIGKILL
+  (`die_with_parent`).
+"""
+
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+received: str | None = None  # the name of the signal that interrupted this process's run, if one did
+
+
+def interrupt(signum: int, frame: object = None) -> None:
+    """Signal handler: pass `signum` on to this process's multiprocessing children, then raise
+    KeyboardInterrupt. Further SIGTERMs are ignored while the run winds down (a process group gets
+    the signal once from the sender and once from its launcher)."""
+    global received
+    received = signal.Signals(signum).name
+    signal.signal(signum, signal.SIG_IGN)
+    for child in multiprocessing.active_children():
+        with suppress(OSError):
+            os.kill(child.pid, signum)
+    raise KeyboardInterrupt(received)
+
+
+def die(signum: int, frame: object = None) -> None:
+    """Signal handler: end this process by `signum` itself, as if it had no handler."""
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def handler_for_this_process():
+    """`die` in a worker process started by a multiprocessing launcher (psgd's), else `interrupt`."""
+    return die if multiprocessing.parent_process() is not None else interrupt
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """While the block runs, SIGTERM raises KeyboardInterrupt here (after passing it on to the
+    workers). Python lets only the main thread set handlers: elsewhere this does nothing."""
+    global received
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = None
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def wind_down_children(timeout: float = 60.0) -> list[int]:
+    """After an interrupt: wait up to `timeout` seconds for this process's multiprocessing children
+    (the workers, which got the signal too) to finish their own shutdown, then kill any left.
+    Returns the pids that had to be killed."""
+    children = multiprocessing.active_children()
+    killed = []
+    for child in children:
+        child.join(timeout)
+        if child.is_alive():
+            child.kill()
+            child.join(5)
+            killed.append(child.pid)
+    return killed
+
+
+def die_with_parent() -> None:
+    """In a worker process started by multiprocessing: SIGTERM to itself when the process that
+    launched it dies (even by SIGKILL). A daemon thread waits on the launcher's sentinel, a pipe that
+    closes when it exits. torch's spawn asks the kernel for SIGINT on the parent's death instead, which
+    a worker of a background job ignores, and which never comes for a fork-server child (HogWild):
+    the fork server is its parent and outlives the launcher while the worker holds its alive-pipe."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="psgd-launcher-watch", daemon=True).start()

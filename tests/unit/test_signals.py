@@ -1,0 +1,52 @@
+"""psgd.signals: SIGTERM as Ctrl-C in the launching process, passed on to its workers."""
+
+import multiprocessing
+import os
+import signal
+import time
+
+import pytest
+
+from psgd import signals
+
+
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def _ignore_sigterm_and_sleep(seconds: float) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(seconds)
+
+
+def _start(target, *args) -> multiprocessing.Process:
+    child = multiprocessing.get_context("spawn").Process(target=target, args=args)
+    child.start()
+    return child
+
+
+def test_sigterm_raises_keyboard_interrupt_and_reaches_the_workers():
+    before = signal.getsignal(signal.SIGTERM)
+    child = _start(_sleep, 60)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with signals.sigterm_interrupts():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises here
+        assert signals.received == "SIGTERM"
+        child.join(10)
+        assert child.exitcode == -signal.SIGTERM  # it got the signal passed on
+    finally:
+        if child.is_alive():
+            child.kill()
+    assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler is back
+
+
+def test_wind_down_kills_a_worker_that_does_not_stop():
+    child = _start(_ignore_sigterm_and_sleep, 60)
+    time.sleep(1)  # let it install its handler
+    os.kill(child.pid, signal.SIGTERM)
+    start = time.monotonic()
+    assert signals.wind_down_children(timeout=0.5) == [child.pid]
+    assert time.monotonic() - start < 10
+    assert child.exitcode == -signal.SIGKILL
