@@ -5,7 +5,7 @@ started in a fresh process tree. A line is printed per finished job; when the mu
 dir gets report.csv, summary.csv, report.md and PNG plots (psgd.report; rebuild them with
 `python -m psgd.report <sweep dir>`). A failed job is marked failed in the report and the others go
 on; the exit code is then 1. A mistyped choice or key in any job is one line and exit code 2 before
-any job runs.
+any job runs. A sweep stopped early (Ctrl-C, SIGTERM) writes the report of the jobs that ran.
 """
 
 import sys
@@ -28,7 +28,13 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     check_command_line("sweep", CONF)
-    main()
+    try:
+        main()
+    except BaseException:  # Ctrl-C, SIGTERM: the jobs that ran still get their report
+        from psgd.sweep import report_stopped_sweep
+
+        report_stopped_sweep()
+        raise
     from psgd.sweep import LAST
 
     sys.exit(1 if LAST["failed"] else 0)

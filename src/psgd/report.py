@@ -257,10 +257,13 @@ def _pm(mean: float | None, std: float | None, scale: float = 1.0, digits: int =
 
 def render_markdown(sweep_dir: Path, report: Report) -> str:
     ok = len(report.jobs) - len(report.failed)
+    interrupted = sum(j.status == "interrupted" for j in report.failed)
     out = [
         f"# Sweep report: {sweep_dir}",
         "",
-        f"{len(report.jobs)} jobs: {ok} completed, {len(report.failed)} failed. "
+        f"{len(report.jobs)} jobs: {ok} completed, {len(report.failed) - interrupted} failed"
+        + (f", {interrupted} interrupted" if interrupted else "")
+        + ". "
         f"Swept: {', '.join(report.swept) or 'nothing'}.",
         "Times are training only (validation and process start excluded). "
         "Speedup S(P) = T(1)/T(P) within a group (same strategy and other swept values), efficiency = S(P)/P.",
@@ -275,7 +278,7 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
     job_cols += ["speedup", "efficiency"] + (["time_to_target_s", "speedup_to_target"] if targets else [])
     out.append(markdown_table(report.rows, job_cols))
     if report.failed:
-        out += ["", "## Failed jobs", ""]
+        out += ["", "## Failed or interrupted jobs" if interrupted else "## Failed jobs", ""]
         out += [f"- job {j.num} ({j.path.name}): {j.error or j.status}" for j in report.failed]
     if report.summary:
         out += ["", "## Speedup and accuracy per group (mean ± std over seeds)", ""]
@@ -454,15 +457,14 @@ def write_report(sweep_dir: str | Path) -> Report:
 
 def describe(report: Report, sweep_dir: Path) -> str:
     ok = len(report.jobs) - len(report.failed)
-    return (
-        f"psgd: sweep finished: {ok}/{len(report.jobs)} jobs completed"
-        + (
-            f", {len(report.failed)} failed (jobs {', '.join(str(j.num) for j in report.failed)})"
-            if report.failed
-            else ""
-        )
-        + f"; report in {sweep_dir / 'report.md'}"
-    )
+    parts = [f"psgd: sweep finished: {ok}/{len(report.jobs)} jobs completed"]
+    for word, jobs in (
+        ("failed", [j for j in report.failed if j.status != "interrupted"]),
+        ("interrupted", [j for j in report.failed if j.status == "interrupted"]),
+    ):
+        if jobs:
+            parts.append(f", {len(jobs)} {word} (jobs {', '.join(str(j.num) for j in jobs)})")
+    return "".join(parts) + f"; report in {sweep_dir / 'report.md'}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ Hydra's in-process launcher and with launchers that run jobs elsewhere (submitit
 """
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,9 @@ from omegaconf import DictConfig
 from psgd.report import describe, write_report
 from psgd.results import read_json
 
-# What the last multirun in this process found: sweep.py turns failed jobs into a non-zero exit code.
-LAST: dict[str, int] = {"failed": 0}
+# What the last multirun in this process found: sweep.py turns failed jobs into a non-zero exit code,
+# and reports the finished jobs of a multirun that stopped early (no "ended").
+LAST: dict[str, Any] = {"failed": 0, "sweep_dir": None, "ended": False}
 
 
 def sweep_lengths(sweeper_params: dict[str, str] | None, task_overrides: list[str]) -> dict[str, int]:
@@ -53,7 +55,7 @@ class SweepReport(Callback):
         self.swept: set[str] = set()  # keys with several values: the ones a progress line shows
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        LAST.update(failed=0)
+        LAST.update(failed=0, sweep_dir=str(config.hydra.sweep.dir), ended=False)
         params = config.hydra.sweeper.get("params")
         try:
             lengths = sweep_lengths(dict(params) if params else None, list(config.hydra.overrides.task))
@@ -69,6 +71,7 @@ class SweepReport(Callback):
         print(line, flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        LAST.update(ended=True)
         sweep_dir = Path(config.hydra.sweep.dir)
         try:
             report = write_report(sweep_dir)
@@ -78,3 +81,25 @@ class SweepReport(Callback):
             return
         LAST.update(failed=len(report.failed))
         print(describe(report, sweep_dir), flush=True)
+
+
+def report_stopped_sweep() -> None:
+    """After a multirun that stopped before its end (Ctrl-C, SIGTERM: Hydra runs no end callback then):
+    write the report of the jobs that ran and say so in one line. Nothing if none was started."""
+    if LAST["sweep_dir"] is None or LAST["ended"]:
+        return
+    sweep_dir = Path(LAST["sweep_dir"])
+    try:
+        report = write_report(sweep_dir)
+    except FileNotFoundError:
+        print(f"psgd: sweep stopped before any job ran ({sweep_dir})", file=sys.stderr, flush=True)
+        return
+    ok = len(report.jobs) - len(report.failed)
+    stopped = ", ".join(f"{j.num} {j.status}" for j in report.failed)
+    print(
+        f"psgd: sweep stopped early: {ok} job(s) completed"
+        + (f", job {stopped}" if stopped else "")
+        + f"; report of these in {sweep_dir / 'report.md'}",
+        file=sys.stderr,
+        flush=True,
+    )

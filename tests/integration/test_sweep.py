@@ -124,3 +124,55 @@ def test_a_failed_job_is_marked_and_the_rest_reported(tiny_data, tmp_path):
     rebuilt = subprocess.run([sys.executable, "-m", "psgd.report", str(sweep_dir)], capture_output=True, timeout=120)
     assert rebuilt.returncode == 1
     assert [r["status"] for r in read_csv(sweep_dir / "report.csv")] == ["completed", "failed"]
+
+
+def test_a_sweep_stopped_early_reports_the_jobs_that_ran(tiny_data, tmp_path):
+    # Ctrl-C or SIGTERM in the middle of a job: Hydra runs no end-of-multirun callback then
+    import json
+    import os
+    import signal
+    import time
+
+    from conftest import ROOT
+
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "sweep.py"),
+            "-m",
+            "trainer.max_epochs=1,200",  # job 0 ends, job 1 would run long
+            f"data.root={tiny_data}",
+            "data.batch_size=64",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            try:
+                if json.loads((sweep_dir / "1" / "metrics.json").read_text())["history"]:
+                    break
+            except (FileNotFoundError, json.JSONDecodeError, KeyError):
+                pass
+            time.sleep(0.2)
+        else:
+            raise AssertionError("job 1 finished no epoch in 180 s")
+        os.kill(proc.pid, signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    lines = stderr.strip().splitlines()
+    report = sweep_dir / "report.md"
+    assert lines[-1] == f"psgd: sweep stopped early: 1 job(s) completed, job 1 interrupted; report of these in {report}"
+    ok, stopped = read_csv(sweep_dir / "report.csv")
+    assert ok["status"] == "completed" and float(ok["test_acc"]) > 0
+    assert stopped["status"] == "interrupted" and int(stopped["epochs"]) >= 1
+    assert "2 jobs: 1 completed, 0 failed, 1 interrupted" in (sweep_dir / "report.md").read_text()
