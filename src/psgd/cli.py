@@ -14,6 +14,7 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 from psgd.command_line import fail, text_lines
 from psgd.config import ConfigError
 from psgd.data import DataError
+from psgd.module import TrainingDiverged
 from psgd.results import write_atomic
 from psgd.run import mark_status, train
 
@@ -26,12 +27,21 @@ def _discard_empty_run_dir(run_dir: Path) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+# errors whose message is the whole story: one line, no traceback, also when a worker raised them
+KNOWN_ERRORS = (ConfigError, DataError, TrainingDiverged)
+_RAISED_IN_WORKER = tuple(f"{c.__module__}.{c.__qualname__}: " for c in KNOWN_ERRORS)
+
+
 def error_line(e: BaseException, run_dir: Path) -> str:
     """The one line a user sees for a job that did not finish."""
-    if isinstance(e, ConfigError | DataError):
+    if isinstance(e, KNOWN_ERRORS):
         return str(e)
     if isinstance(e, ProcessRaisedException):
-        return f"worker rank {e.error_index} failed: {text_lines(e)[-1]}"
+        last = text_lines(e)[-1]
+        for prefix in _RAISED_IN_WORKER:
+            if last.startswith(prefix):
+                return last[len(prefix) :]
+        return f"worker rank {e.error_index} failed: {last}"
     if isinstance(e, ProcessExitedException):
         how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
         return f"worker rank {e.error_index} died ({how}); results of finished epochs are in {run_dir}"
@@ -58,7 +68,7 @@ def run_job(cfg: DictConfig) -> float | None:
     try:
         metrics = train(cfg, run_dir)
     except Exception as e:
-        known = isinstance(e, ConfigError | DataError | ProcessRaisedException | ProcessExitedException)
+        known = isinstance(e, KNOWN_ERRORS + (ProcessRaisedException, ProcessExitedException))
         if not (known or sweeping):
             raise
         line = error_line(e, run_dir)
@@ -68,6 +78,8 @@ def run_job(cfg: DictConfig) -> float | None:
             return None
         if isinstance(e, ConfigError | DataError):
             _discard_empty_run_dir(run_dir)
+        else:  # the run's record says why it stopped, as a sweep job's does
+            mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
         fail(line)
     if metrics is None:  # a torchrun / srun worker other than rank 0: rank 0 reports
         return None

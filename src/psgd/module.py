@@ -1,5 +1,6 @@
 """The LightningModule for image classification: loss, torchmetrics accuracy, optimizer and schedule."""
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,10 @@ from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from psgd.optim import build_scheduler
+
+
+class TrainingDiverged(RuntimeError):
+    """The training loss became NaN or infinite; str() is the one-line message shown to the user."""
 
 
 class PlainHookName:
@@ -141,6 +146,13 @@ class Classifier(PlainHookName, L.LightningModule):
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(sums)
         correct, loss_sum, n = sums.tolist()
+        if not math.isfinite(loss_sum):
+            # every worker has the same reduced sum, so all stop here together; NaN weights never
+            # recover, and each further epoch would only cost time (and NaN warnings from the metrics)
+            raise TrainingDiverged(
+                f"training diverged: the mean training loss of epoch {self.current_epoch} is {loss_sum / max(n, 1)}; "
+                f"lower optimizer.lr (the run's lr is {self.hparams.lr:g}) or warm up (scheduler=warmup)"
+            )
         # the same value on every worker; sync_dist (a mean of equal values) keeps Lightning's epoch
         # bookkeeping the same across ranks
         self.log("train/acc", correct / max(n, 1), on_step=False, on_epoch=True, sync_dist=True)

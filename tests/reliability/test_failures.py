@@ -324,3 +324,26 @@ def test_uneven_shards_never_hang(tiny_data, tmp_path, strategy, partition):
         assert abs(sizes[0] - sizes[1]) < 16
     else:  # each worker its own whole shard
         assert sum(sizes) == 512
+
+
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.distributed)], ids=["in-process", "ddp-2"])
+def test_a_diverged_run_stops_with_one_line(tiny_data, tmp_path, workers):
+    # before, a NaN loss trained on to the last epoch and "completed" at chance accuracy
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        "train.py",
+        f"workers={workers}",
+        f"data.root={tiny_data}",
+        "optimizer.lr=1e4",
+        "trainer.max_epochs=5",
+        f"hydra.run.dir={run_dir}",
+        *TINY,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("psgd: error: training diverged: the mean training loss of epoch 0 is nan"), proc.stderr
+    assert "lower optimizer.lr (the run's lr is 10000)" in lines[-1]
+    assert "Traceback" not in proc.stderr
+    m = json.loads((run_dir / "metrics.json").read_text())
+    assert m["status"] == "failed" and m["error"] == lines[-1].removeprefix("psgd: error: ")
+    assert m.get("history", []) == []  # stopped in the epoch that diverged, not 4 epochs later
