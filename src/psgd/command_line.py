@@ -16,6 +16,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 from datetime import datetime
 from pathlib import Path
 
@@ -93,10 +94,33 @@ def command_line_problem(config_name: str, argv: list[str], config_dir: Path) ->
         overrides = [o for o in from_preset if o.get_key_element() not in on_line] + overrides
     if any(o.is_sweep_override() and not o.is_discrete_sweep() for o in overrides):
         return None  # interval() sweeps are for other sweepers, which compose their own jobs
-    for job in _jobs(overrides):
+    jobs = _jobs(overrides)
+    for job in jobs:
         problem = _compose_problem(config_name, job, config_dir)
         if problem:
             return problem
+    return _output_problem(config_name, jobs[0], config_dir, multirun)
+
+
+def _output_problem(config_name: str, job: list[str], config_dir: Path, multirun: bool) -> str | None:
+    """Why the results could not be written where Hydra will put them (hydra.run.dir, or
+    hydra.sweep.dir with -m), or None. Hydra would stop with a traceback when it makes that dir; this
+    tries to make a folder in its nearest existing ancestor (and removes it), so nothing is left."""
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    try:
+        out = Path(str(OmegaConf.select(_compose(config_name, job, config_dir, hydra_node=True), key)))
+    except Exception:  # left to Hydra
+        return None
+    existing = out.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    fix = f"set PSGD_OUTPUTS=<dir> or {key}=<dir> to a writable folder"
+    if not existing.is_dir():
+        return f"cannot write results to {out}: {existing} is not a folder; {fix}"
+    try:
+        Path(tempfile.mkdtemp(prefix=".psgd-write-check-", dir=existing)).rmdir()
+    except OSError as e:
+        return f"cannot write results to {out}: {e.strerror or e} in {existing}; {fix}"
     return None
 
 

@@ -115,3 +115,26 @@ def test_the_command_line_replaces_a_presets_sweep_of_the_same_key(conf_with_my_
     # the shipped presets' sweeps all compose
     for preset in ("psgd_lab", "dist_tuto", "hogwild_lab", "threadpool_mlp"):
         assert command_line_problem("sweep", ["-m", f"experiment={preset}"], CONF) is None
+
+
+def test_an_output_dir_that_cannot_be_made_is_one_line_before_anything_runs(tmp_path, monkeypatch):
+    # Hydra stopped with a traceback when it made the run dir
+    a_file = tmp_path / "results.txt"
+    a_file.write_text("not a folder")
+    problem = command_line_problem("train", [f"hydra.run.dir={a_file}/run"], CONF)
+    assert problem == (
+        f"cannot write results to {a_file}/run: {a_file} is not a folder; "
+        "set PSGD_OUTPUTS=<dir> or hydra.run.dir=<dir> to a writable folder"
+    )
+    monkeypatch.setenv("PSGD_OUTPUTS", f"{a_file}/out")
+    assert "hydra.sweep.dir=<dir>" in command_line_problem("sweep", ["-m", "seed=0,1"], CONF)
+    # a writable place passes, and the check leaves nothing behind
+    monkeypatch.setenv("PSGD_OUTPUTS", str(tmp_path / "new" / "outputs"))
+    assert command_line_problem("train", [], CONF) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.txt"]
+
+
+@pytest.mark.skipif(not Path("/proc/1").is_dir(), reason="needs Linux /proc")
+def test_a_folder_where_nothing_can_be_made_is_one_line():
+    problem = command_line_problem("train", ["hydra.run.dir=/proc/1/psgd-run"], CONF)
+    assert problem.startswith("cannot write results to /proc/1/psgd-run: ") and "in /proc/1;" in problem
