@@ -39,6 +39,19 @@ def test_threads_default_to_cores_over_workers_at_least_one(monkeypatch):
     assert check(compose_cfg("workers=4", "threads_per_worker=3")).threads_per_worker == 3
 
 
+def test_more_threads_than_cores_is_warned_about(monkeypatch, capsys):
+    monkeypatch.setattr("psgd.config.cpu_count", lambda: 2)
+    for fine in (["workers=2"], ["workers=5", "threads_per_worker=1"], ["threads_per_worker=2"]):
+        check(compose_cfg(*fine))
+        assert capsys.readouterr().err == "", fine
+    assert check(compose_cfg("workers=2", "threads_per_worker=2")).threads_per_worker == 2  # a warning only
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "psgd: warning: threads_per_worker=2 x 2 worker(s) is 4 threads on 2 cores: oversubscribed, every step "
+        "waits on threads sharing a core (much slower); threads_per_worker=null uses cores // workers"
+    ]
+
+
 BAD = [
     (["workers=0"], "workers=0"),
     (["workers=-2"], "workers=-2"),
