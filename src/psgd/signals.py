@@ -10,13 +10,13 @@ psgd.strategies._lightning), so a run whose worker got SIGTERM hung until the pr
 timeout (30 min).
 
 Now:
-- a process that runs the Trainer itself (psgd's launching process, a one-worker run, a torchrun or
+- the process that calls psgd.run.train (psgd's launching process, a one-worker run, a torchrun or
   srun worker) handles SIGTERM with `interrupt`: it passes the signal on to its multiprocessing
   children (the workers it launched) and raises KeyboardInterrupt, which Lightning and psgd wind
   down as they do Ctrl-C (finished epochs kept, metrics.json marked "interrupted", one line);
 - a worker that psgd's launcher started ends at once by the signal (`die`), as a killed worker
-  does: its launcher then stops the others and names its rank (or, when the launcher sent it, has
-  already marked the run interrupted);
+  does: its launcher then stops the others and names its rank (or, when the launcher passed the
+  signal on, marks the run interrupted once its workers are gone);
 - such a worker sends itself SIGTERM when its launching process dies, even by SIGKILL
   (`die_with_parent`).
 """
