@@ -64,6 +64,23 @@ def gone_within(pids: list[int], seconds: float) -> bool:
     return not alive(pids)
 
 
+def stop_after_two_epochs(run_dir: Path, proc: subprocess.Popen, send, workers: int = 2) -> tuple[str, list[int]]:
+    """Once `proc` has finished two epochs (the first epoch's checkpoint is written before the second
+    starts), call `send(worker_pids)`; returns its stderr once it has ended (at most 60 s later, else
+    it is killed and the test fails) and the worker pids."""
+    try:
+        wait_for_epochs(run_dir, proc, 2)
+        pids = worker_pids(proc.pid) if workers > 1 else []
+        assert len(pids) == (workers if workers > 1 else 0), pids
+        send(pids)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    return stderr, pids
+
+
 def alive(pids: list[int]) -> list[int]:
     return [p for p in pids if Path(f"/proc/{p}").exists() and "zombie" not in _state(p)]
 
@@ -86,20 +103,8 @@ def test_a_killed_worker_ends_the_run_with_its_rank(tiny_data, tmp_path, strateg
     proc = start(
         run_dir, f"strategy={strategy}", "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY
     )
-    try:
-        # two epochs in metrics.json: the first epoch's checkpoint is written before the second starts
-        wait_for_epochs(run_dir, proc, 2)
-        workers = worker_pids(proc.pid)
-        assert len(workers) == 2, workers
-        victim = 1
-        os.kill(workers[victim], signal.SIGKILL)
-        t0 = time.monotonic()
-        _, stderr = proc.communicate(timeout=60)
-        assert time.monotonic() - t0 < 60
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0
+    victim = 1
+    stderr, workers = stop_after_two_epochs(run_dir, proc, lambda pids: os.kill(pids[victim], signal.SIGKILL))
     lines = stderr.strip().splitlines()
     assert lines[-1].startswith(f"psgd: error: worker rank {victim} died (signal SIGKILL)"), stderr
     # (a surviving worker that loses its peer mid-collective may, in a race with torch's clean-up, print
@@ -117,16 +122,7 @@ def test_sigterm_to_one_worker_ends_the_run_with_its_rank(tiny_data, tmp_path):
     # it, the run hung until the process group's timeout (30 min)
     run_dir = tmp_path / "run"
     proc = start(run_dir, "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY)
-    try:
-        wait_for_epochs(run_dir, proc, 2)
-        workers = worker_pids(proc.pid)
-        assert len(workers) == 2, workers
-        os.kill(workers[1], signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0
+    stderr, workers = stop_after_two_epochs(run_dir, proc, lambda pids: os.kill(pids[1], signal.SIGTERM))
     assert stderr.strip().splitlines()[-1].startswith("psgd: error: worker rank 1 died (signal SIGTERM)"), stderr
     assert gone_within(workers, 5)
     m = json.loads((run_dir / "metrics.json").read_text())
@@ -148,19 +144,8 @@ def test_sigterm_stops_the_run_as_ctrl_c_does(tiny_data, tmp_path, strategy, to)
     run_dir = tmp_path / "run"
     args = [f"strategy={strategy}", "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY]
     proc = start(run_dir, *args, background=True)
-    try:
-        wait_for_epochs(run_dir, proc, 2)
-        workers = worker_pids(proc.pid)
-        assert len(workers) == 2, workers
-        if to == "launcher":
-            os.kill(proc.pid, signal.SIGTERM)
-        else:
-            os.killpg(proc.pid, signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0
+    send = os.kill if to == "launcher" else os.killpg
+    stderr, workers = stop_after_two_epochs(run_dir, proc, lambda pids: send(proc.pid, signal.SIGTERM))
     assert stderr.strip().splitlines()[-1].startswith("psgd: interrupted (SIGTERM); finished epochs are kept"), stderr
     assert gone_within(workers, 5)
     m = json.loads((run_dir / "metrics.json").read_text())
@@ -195,14 +180,7 @@ def test_workers_do_not_outlive_a_killed_launcher(tiny_data, tmp_path, strategy)
 def test_sigterm_to_a_one_worker_run(tiny_data, tmp_path):
     run_dir = tmp_path / "run"
     proc = start(run_dir, f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY, background=True)
-    try:
-        wait_for_epochs(run_dir, proc, 2)
-        os.kill(proc.pid, signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0
+    stderr, _ = stop_after_two_epochs(run_dir, proc, lambda pids: os.kill(proc.pid, signal.SIGTERM), workers=1)
     assert stderr.strip().splitlines()[-1].startswith("psgd: interrupted (SIGTERM)"), stderr
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["status"] == "interrupted" and len(m["history"]) >= 2
@@ -219,14 +197,8 @@ def assert_resumable(run_dir: Path) -> None:
 def test_ctrl_c_leaves_a_valid_metrics_file_marked_interrupted(tiny_data, tmp_path, workers):
     run_dir = tmp_path / "run"
     proc = start(run_dir, f"workers={workers}", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY)
-    try:
-        wait_for_epochs(run_dir, proc, 2)
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: the whole foreground process group
-        proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0
+    # what Ctrl-C sends: SIGINT to the whole foreground process group
+    stop_after_two_epochs(run_dir, proc, lambda pids: os.killpg(proc.pid, signal.SIGINT), workers=workers)
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["status"] == "interrupted" and len(m["history"]) >= 2
     assert_resumable(run_dir)
