@@ -9,6 +9,7 @@ Layout of a run directory (Hydra's output dir):
 """
 
 import logging
+import math
 import os
 import random
 import socket
@@ -238,7 +239,8 @@ def resolve_ckpt_path(value: str | None, module: nn.Module) -> str | None:
     if not path.is_file():
         raise ConfigError(f"ckpt_path={value!r} is invalid: no checkpoint at {path} (give a .ckpt file or a run dir)")
     try:  # weights only: a checkpoint is data, never code
-        saved = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        saved = checkpoint["state_dict"]
     except Exception as e:
         raise ConfigError(
             f"ckpt_path={value!r} is not a psgd checkpoint loadable as weights only "
@@ -258,7 +260,36 @@ def resolve_ckpt_path(value: str | None, module: nn.Module) -> str | None:
             f"ckpt_path={value!r} does not fit this run's model: the checkpoint has extra "
             f"weights such as {unexpected[0]} (was it saved with another model= or data=?)"
         )
+    problem = schedule_change(checkpoint.get("hyper_parameters") or {}, dict(module.hparams))
+    if problem:
+        raise ConfigError(
+            f"ckpt_path={value!r} cannot be resumed with {problem}: resuming restores its optimizer and lr "
+            "schedule as they were, which would not follow this change; resume with the checkpoint's settings "
+            "(to train a finished run further, start a new run)"
+        )
     return str(path)
+
+
+def schedule_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """What of the lr and its schedule this run changes from the checkpoint's run (hyper-parameters
+    of the Classifier), as `key=new (the checkpoint's run had old)`, or None. The lr and every
+    scheduler setting count; trainer.max_epochs counts under a cosine decay, whose horizon it is
+    (resuming a 1-epoch cosine run with max_epochs=2 trained the extra epoch at lr 0)."""
+    if not saved:  # not written by psgd's Classifier: nothing to compare
+        return None
+    old_s = {k: v for k, v in (saved.get("scheduler") or {}).items() if k != "name"}
+    new_s = {k: v for k, v in (now.get("scheduler") or {}).items() if k != "name"}
+    if "lr" in saved and not math.isclose(saved["lr"], now["lr"], rel_tol=1e-9):
+        return f"lr {now['lr']:g} (optimizer.lr x lr_scaling; the checkpoint's run had {saved['lr']:g})"
+    for key in sorted(set(old_s) | set(new_s)):
+        if old_s.get(key) != new_s.get(key):
+            return f"scheduler.{key}={new_s.get(key)} (the checkpoint's run had {old_s.get(key)})"
+    if new_s.get("decay") == "cosine" and saved.get("max_epochs") not in (None, now["max_epochs"]):
+        return (
+            f"trainer.max_epochs={now['max_epochs']} under a cosine decay "
+            f"(the checkpoint's run had {saved['max_epochs']}: its cosine reaches lr 0 there)"
+        )
+    return None
 
 
 def elastic_resume(ckpt_path: str | None, plan: Plan, run_dir: Path) -> str | None:

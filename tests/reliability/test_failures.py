@@ -234,6 +234,17 @@ def test_a_checkpoint_of_another_model_is_a_clear_error(tiny_data, tmp_path):
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "does not fit this run's model" in lines[0], proc.stderr
+    # the same model with another lr schedule: resuming would restore the checkpoint's (before, a
+    # 1-epoch cosine run resumed with trainer.max_epochs=2 trained its second epoch at lr 0)
+    longer = ["trainer.max_epochs=2", f"ckpt_path={first}"]
+    proc = run_cli("train.py", f"data.root={tiny_data}", *longer, f"hydra.run.dir={second}", *TINY)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"psgd: error: ckpt_path='{first}' cannot be resumed with trainer.max_epochs=2 under a cosine decay "
+        "(the checkpoint's run had 1: its cosine reaches lr 0 there): resuming restores its optimizer and lr "
+        "schedule as they were, which would not follow this change; resume with the checkpoint's settings "
+        "(to train a finished run further, start a new run)"
+    ]
     garbage = tmp_path / "garbage.ckpt"
     garbage.write_bytes(b"not a checkpoint")
     proc = run_cli("train.py", f"data.root={tiny_data}", f"ckpt_path={garbage}", f"hydra.run.dir={second}", *TINY)

@@ -56,3 +56,20 @@ def test_step_decay_and_explicit_start_factor():
 
 def test_no_schedule_when_nothing_asked():
     assert build_scheduler(sgd(0.1), workers=4, max_epochs=3) is None
+
+
+def test_a_resume_that_changes_the_lr_schedule_is_named():
+    from psgd.run import schedule_change
+
+    cosine = {"name": "cosine", "warmup_epochs": 0, "start_factor": None, "decay": "cosine", "step_size": 30}
+    constant = {**cosine, "name": "none", "decay": "none"}
+    saved = {"lr": 0.02, "max_epochs": 1, "scheduler": cosine}
+    assert schedule_change(saved, dict(saved)) is None
+    assert schedule_change({}, saved) is None  # not a psgd checkpoint's hyper-parameters: not judged
+    assert schedule_change(saved, {**saved, "max_epochs": 2}).startswith("trainer.max_epochs=2 under a cosine")
+    assert schedule_change(saved, {**saved, "lr": 0.04}).startswith("lr 0.04 ")
+    assert schedule_change(saved, {**saved, "scheduler": {**cosine, "warmup_epochs": 2}}).startswith(
+        "scheduler.warmup_epochs=2 (the checkpoint's run had 0)"
+    )
+    # a constant lr does not depend on the number of epochs: such a run may be resumed to train longer
+    assert schedule_change({**saved, "scheduler": constant}, {**saved, "scheduler": constant, "max_epochs": 5}) is None
