@@ -229,8 +229,9 @@ def _quiet_lightning_banner():
         log.setLevel(level)
 
 
-def resolve_ckpt_path(value: str | None, module: nn.Module) -> str | None:
-    """The checkpoint to resume from, checked against the model this run builds."""
+def resolve_ckpt_path(value: str | None, module: nn.Module, world_size: int = 1) -> str | None:
+    """The checkpoint to resume from, checked against the model, the lr schedule and (for a checkpoint
+    that holds each worker's own state) the number of workers this run has."""
     if value is None:
         return None
     path = Path(value)
@@ -259,6 +260,12 @@ def resolve_ckpt_path(value: str | None, module: nn.Module) -> str | None:
         raise ConfigError(
             f"ckpt_path={value!r} does not fit this run's model: the checkpoint has extra "
             f"weights such as {unexpected[0]} (was it saved with another model= or data=?)"
+        )
+    replicas = checkpoint.get("replicas")  # model averaging / HogWild mid-run: one state per worker
+    if replicas and not checkpoint.get("averaged") and len(replicas) != world_size:
+        raise ConfigError(
+            f"ckpt_path={value!r} holds {len(replicas)} workers' own state but this run has {world_size} "
+            f"workers; resume with workers={len(replicas)}"
         )
     problem = schedule_change(checkpoint.get("hyper_parameters") or {}, dict(module.hparams))
     if problem:
@@ -375,8 +382,8 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         per_worker_metrics=not one_model,
         input_shape=(info.channels, image_size, image_size),
     )
-    ckpt_path = resolve_ckpt_path(elastic_resume(cfg.get("ckpt_path"), plan, run_dir), module)
     world_size = plan.workers * t.num_nodes
+    ckpt_path = resolve_ckpt_path(elastic_resume(cfg.get("ckpt_path"), plan, run_dir), module, world_size)
     strategy = build_strategy(cfg, plan, run_dir)
     run_info = {
         "strategy": cfg.strategy.name,
