@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint, TQDMProgressBar
 from pytorch_lightning.loggers import TensorBoardLogger
 from pytorch_lightning.strategies import DDPStrategy
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summary
@@ -42,6 +43,7 @@ from psgd.callbacks import (
     WeightRecorder,
     WorkerSetup,
 )
+from psgd.command_line import text_lines
 from psgd.config import ConfigError, Plan, check
 from psgd.data import INFO, ClassificationData
 from psgd.data.datasets import DatasetInfo
@@ -439,15 +441,18 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         accelerator=plan.accelerator, devices=plan.workers, accumulate_grad_batches=plan.accumulate_grad_batches
     )
     trainer_kwargs.setdefault("profiler", NoProfiler())
-    trainer = L.Trainer(
-        **trainer_kwargs,
-        strategy=strategy,
-        callbacks=callbacks,
-        logger=logger,
-        use_distributed_sampler=False,  # the datamodule shards; Lightning must not shard a second time
-        enable_progress_bar=not quiet,
-        enable_model_summary=not quiet,
-    )
+    try:
+        trainer = L.Trainer(
+            **trainer_kwargs,
+            strategy=strategy,
+            callbacks=callbacks,
+            logger=logger,
+            use_distributed_sampler=False,  # the datamodule shards; Lightning must not shard a second time
+            enable_progress_bar=not quiet,
+            enable_model_summary=not quiet,
+        )
+    except (TypeError, ValueError, MisconfigurationException) as e:  # a trainer.* value Lightning refuses
+        raise ConfigError(f"Lightning refuses a trainer setting: {' '.join(text_lines(e))}") from e
     skip_unused_hooks(trainer, module)  # ~250 Python calls less per training step (benchmarks/calls_per_step.py)
     try:
         if plan.launcher == "torchrun":  # where Lightning would make it, inside fit: same failure handling

@@ -9,6 +9,10 @@ CASES = [
     (["trainer.devices=0"], "trainer.devices=0"),
     (["workers=2", "data.partition=sizes", "data.partition_sizes=[0.5,0.4]"], "sum to 1"),
     (["model=singa_cnn", "data=cifar10"], "needs 28x28 inputs"),
+    # values psgd passes on to Lightning's Trainer unchecked: Lightning's reason, in one line
+    (["trainer.precision=fp8"], "Lightning refuses a trainer setting: Precision 'fp8' is invalid. Allowed"),
+    (["trainer.limit_train_batches=-2"], "invalid value -2 for limit_train_batches"),
+    (["+trainer.foo=1"], "unexpected keyword argument 'foo'"),
 ]
 
 
