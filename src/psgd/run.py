@@ -457,8 +457,10 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
     try:
         if plan.launcher == "torchrun":  # where Lightning would make it, inside fit: same failure handling
             init_elastic_process_group(plan, cfg.strategy.backend, timedelta(seconds=cfg.strategy.timeout_s))
-        with rendezvous_port() if plan.launcher == "psgd" else nullcontext(), signals.sigterm_interrupts():
-            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        launcher = plan.launcher == "psgd"
+        with rendezvous_port() if launcher else nullcontext(), signals.launching() if launcher else nullcontext():
+            with signals.sigterm_interrupts():
+                trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     except BaseException as e:
         mark_stopped(run_dir, e)
         raise

@@ -50,9 +50,37 @@ def die(signum: int, frame: object = None) -> None:
     os.kill(os.getpid(), signum)
 
 
+LAUNCHER_ENV = "PSGD_LAUNCHER_PID"  # set by the process that starts workers, while they run (`launching`)
+
+
+@contextmanager
+def launching() -> Iterator[None]:
+    """While the block runs, worker processes started from this one know it as their launcher (the
+    variable is inherited when they start): `launched_worker` tells them from other processes."""
+    previous = os.environ.get(LAUNCHER_ENV)
+    os.environ[LAUNCHER_ENV] = str(os.getpid())
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(LAUNCHER_ENV, None)
+        else:
+            os.environ[LAUNCHER_ENV] = previous
+
+
+def launched_worker() -> multiprocessing.process.BaseProcess | None:
+    """The launcher of this process when it is a worker that psgd's launcher started (spawn or fork
+    server), else None (the launcher itself, a one-worker run, a torchrun or srun worker, a process
+    that some other multiprocessing pool runs psgd in)."""
+    parent = multiprocessing.parent_process()
+    if parent is None or os.environ.get(LAUNCHER_ENV) != str(parent.pid):
+        return None
+    return parent
+
+
 def handler_for_this_process():
-    """`die` in a worker process started by a multiprocessing launcher (psgd's), else `interrupt`."""
-    return die if multiprocessing.parent_process() is not None else interrupt
+    """`die` in a worker that psgd's launcher started, else `interrupt`."""
+    return die if launched_worker() is not None else interrupt
 
 
 @contextmanager
@@ -87,12 +115,12 @@ def wind_down_children(timeout: float = 60.0) -> list[int]:
 
 
 def die_with_parent() -> None:
-    """In a worker process started by multiprocessing: SIGTERM to itself when the process that
+    """In a worker that psgd's launcher started: SIGTERM to itself when the process that
     launched it dies (even by SIGKILL). A daemon thread waits on the launcher's sentinel, a pipe that
     closes when it exits. torch's spawn asks the kernel for SIGINT on the parent's death instead, which
     a worker of a background job ignores, and which never comes for a fork-server child (HogWild):
     the fork server is its parent and outlives the launcher while the worker holds its alive-pipe."""
-    parent = multiprocessing.parent_process()
+    parent = launched_worker()
     if parent is None:
         return
 

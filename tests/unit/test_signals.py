@@ -1,5 +1,6 @@
 """psgd.signals: SIGTERM as Ctrl-C in the launching process, passed on to its workers."""
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -17,6 +18,10 @@ def _sleep(seconds: float) -> None:
 def _ignore_sigterm_and_sleep(seconds: float) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     time.sleep(seconds)
+
+
+def _exit_with_whether_launched() -> None:
+    raise SystemExit(3 if signals.launched_worker() is not None else 4)
 
 
 def _start(target, *args) -> multiprocessing.Process:
@@ -50,3 +55,15 @@ def test_wind_down_kills_a_worker_that_does_not_stop():
     assert signals.wind_down_children(timeout=0.5) == [child.pid]
     assert time.monotonic() - start < 10
     assert child.exitcode == -signal.SIGKILL
+
+
+def test_only_workers_of_psgds_launcher_die_by_sigterm():
+    # a process that merely runs under some multiprocessing pool (a sweep launcher's) keeps the
+    # Ctrl-C handling: it is the launcher of its own run
+    assert signals.launched_worker() is None and signals.handler_for_this_process() is signals.interrupt
+    for launching, code in ((True, 3), (False, 4)):
+        with signals.launching() if launching else contextlib.nullcontext():
+            child = _start(_exit_with_whether_launched)
+            child.join(30)
+        assert child.exitcode == code
+    assert signals.LAUNCHER_ENV not in os.environ
