@@ -94,21 +94,24 @@ def command_line_problem(config_name: str, argv: list[str], config_dir: Path) ->
         overrides = [o for o in from_preset if o.get_key_element() not in on_line] + overrides
     if any(o.is_sweep_override() and not o.is_discrete_sweep() for o in overrides):
         return None  # interval() sweeps are for other sweepers, which compose their own jobs
-    jobs = _jobs(overrides)
-    for job in jobs:
-        problem = _compose_problem(config_name, job, config_dir)
+    first = None
+    for job in _jobs(overrides):
+        # the first job with Hydra's own node, which holds the output dir (one composition, not two)
+        problem, cfg = _compose_problem(config_name, job, config_dir, hydra_node=first is None)
         if problem:
             return problem
-    return _output_problem(config_name, jobs[0], config_dir, multirun)
+        first = cfg if first is None else first
+    return _output_problem(first, multirun) if first is not None else None
 
 
-def _output_problem(config_name: str, job: list[str], config_dir: Path, multirun: bool) -> str | None:
+def _output_problem(cfg: DictConfig, multirun: bool) -> str | None:
     """Why the results could not be written where Hydra will put them (hydra.run.dir, or
-    hydra.sweep.dir with -m), or None. Hydra would stop with a traceback when it makes that dir; this
-    tries to make a folder in its nearest existing ancestor (and removes it), so nothing is left."""
+    hydra.sweep.dir with -m, of the composed `cfg`), or None. Hydra would stop with a traceback when it
+    makes that dir; this tries to make a folder in its nearest existing ancestor (and removes it), so
+    nothing is left."""
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     try:
-        out = Path(str(OmegaConf.select(_compose(config_name, job, config_dir, hydra_node=True), key)))
+        out = Path(str(OmegaConf.select(cfg, key)))
     except Exception:  # left to Hydra
         return None
     existing = out.absolute()
@@ -138,21 +141,24 @@ def _jobs(overrides) -> list[list[str]]:
     return [[values[i % len(values)] for values in per_key] for i in range(longest)]
 
 
-def _compose_problem(config_name: str, job: list[str], config_dir: Path) -> str | None:
+def _compose_problem(
+    config_name: str, job: list[str], config_dir: Path, hydra_node: bool = False
+) -> tuple[str | None, DictConfig | None]:
+    """(why Hydra would refuse to compose `job`, None) or (None, the composed config; None where the
+    failure is left to Hydra)."""
     from hydra.errors import ConfigCompositionException, MissingConfigException
 
     try:
-        _compose(config_name, job, config_dir)
+        return None, _compose(config_name, job, config_dir, hydra_node)
     except MissingConfigException as e:
-        return _missing_choice(e)
+        return _missing_choice(e), None
     except ConfigCompositionException as e:
         found = re.match(r"Could not override '([^']+)'", str(e))
         if found:
-            return _unknown_key(config_name, job, config_dir, found.group(1))
-        return " ".join(text_lines(e))
+            return _unknown_key(config_name, job, config_dir, found.group(1)), None
+        return " ".join(text_lines(e)), None
     except Exception:  # nothing Hydra reports as a composition error: left to Hydra
-        return None
-    return None
+        return None, None
 
 
 def _compose(config_name: str, overrides: list[str], config_dir: Path, hydra_node: bool = False) -> DictConfig:
