@@ -67,7 +67,13 @@ class Report:
 
     @property
     def failed(self) -> list[Job]:
+        """Every job that did not complete: failed or interrupted."""
         return [j for j in self.jobs if not j.ok]
+
+    @property
+    def interrupted(self) -> list[Job]:
+        """Those of `failed` stopped by Ctrl-C or SIGTERM."""
+        return [j for j in self.failed if j.status == "interrupted"]
 
 
 def _parse_override(text: str) -> tuple[str, str]:
@@ -257,7 +263,7 @@ def _pm(mean: float | None, std: float | None, scale: float = 1.0, digits: int =
 
 def render_markdown(sweep_dir: Path, report: Report) -> str:
     ok = len(report.jobs) - len(report.failed)
-    interrupted = sum(j.status == "interrupted" for j in report.failed)
+    interrupted = len(report.interrupted)
     out = [
         f"# Sweep report: {sweep_dir}",
         "",
@@ -460,7 +466,7 @@ def describe(report: Report, sweep_dir: Path) -> str:
     parts = [f"psgd: sweep finished: {ok}/{len(report.jobs)} jobs completed"]
     for word, jobs in (
         ("failed", [j for j in report.failed if j.status != "interrupted"]),
-        ("interrupted", [j for j in report.failed if j.status == "interrupted"]),
+        ("interrupted", report.interrupted),
     ):
         if jobs:
             parts.append(f", {len(jobs)} {word} (jobs {', '.join(str(j.num) for j in jobs)})")

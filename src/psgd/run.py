@@ -458,9 +458,12 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         if plan.launcher == "torchrun":  # where Lightning would make it, inside fit: same failure handling
             init_elastic_process_group(plan, cfg.strategy.backend, timedelta(seconds=cfg.strategy.timeout_s))
         launcher = plan.launcher == "psgd"
-        with rendezvous_port() if launcher else nullcontext(), signals.launching() if launcher else nullcontext():
-            with signals.sigterm_interrupts():
-                trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+        with (
+            rendezvous_port() if launcher else nullcontext(),
+            signals.launching() if launcher else nullcontext(),
+            signals.sigterm_interrupts(),
+        ):
+            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     except BaseException as e:
         mark_stopped(run_dir, e)
         raise
