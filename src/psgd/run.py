@@ -283,7 +283,8 @@ def schedule_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
     """What of the lr and its schedule this run changes from the checkpoint's run (hyper-parameters
     of the Classifier), as `key=new (the checkpoint's run had old)`, or None. The lr and every
     scheduler setting count; trainer.max_epochs counts under a cosine decay, whose horizon it is
-    (resuming a 1-epoch cosine run with max_epochs=2 trained the extra epoch at lr 0)."""
+    (resuming a 1-epoch cosine run with max_epochs=2 trained the extra epoch at lr 0); workers counts
+    under a warm-up whose start factor is the default 1/workers."""
     if not saved:  # not written by psgd's Classifier: nothing to compare
         return None
     old_s = {k: v for k, v in (saved.get("scheduler") or {}).items() if k != "name"}
@@ -293,6 +294,12 @@ def schedule_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
     for key in sorted(set(old_s) | set(new_s)):
         if old_s.get(key) != new_s.get(key):
             return f"scheduler.{key}={new_s.get(key)} (the checkpoint's run had {old_s.get(key)})"
+    warming_up = (new_s.get("warmup_epochs") or 0) > 0 and new_s.get("start_factor") is None
+    if warming_up and saved.get("workers") not in (None, now.get("workers")):
+        return (
+            f"workers={now['workers']} under a warm-up from 1/workers of the lr "
+            f"(the checkpoint's run had {saved['workers']}: its warm-up starts at lr/{saved['workers']})"
+        )
     if new_s.get("decay") == "cosine" and saved.get("max_epochs") not in (None, now["max_epochs"]):
         return (
             f"trainer.max_epochs={now['max_epochs']} under a cosine decay "

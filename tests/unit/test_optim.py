@@ -71,5 +71,17 @@ def test_a_resume_that_changes_the_lr_schedule_is_named():
     assert schedule_change(saved, {**saved, "scheduler": {**cosine, "warmup_epochs": 2}}).startswith(
         "scheduler.warmup_epochs=2 (the checkpoint's run had 0)"
     )
+    # the default warm-up starts at lr/workers, which the restored scheduler keeps
+    warmup = {**constant, "name": "warmup", "warmup_epochs": 2}
+    at_2 = {**saved, "workers": 2, "scheduler": warmup}
+    assert schedule_change(at_2, {**at_2, "workers": 4}).startswith("workers=4 under a warm-up from 1/workers")
+    assert (
+        schedule_change(
+            {**at_2, "scheduler": {**warmup, "start_factor": 0.1}},
+            {**at_2, "workers": 4, "scheduler": {**warmup, "start_factor": 0.1}},
+        )
+        is None
+    )  # a fixed start: no matter
+    assert schedule_change({**saved, "workers": 2}, {**saved, "workers": 4}) is None  # no warm-up: no matter
     # a constant lr does not depend on the number of epochs: such a run may be resumed to train longer
     assert schedule_change({**saved, "scheduler": constant}, {**saved, "scheduler": constant, "max_epochs": 5}) is None
