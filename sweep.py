@@ -8,6 +8,8 @@ on; the exit code is then 1. A mistyped choice or key in any job is one line and
 any job runs. A sweep stopped early (Ctrl-C, SIGTERM) writes the report of the jobs that ran.
 """
 
+import atexit
+import gc
 import sys
 from pathlib import Path
 
@@ -27,6 +29,8 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    # the last exit handler: spare the exit its full-heap collections (~1.3 s with torch and Lightning loaded)
+    atexit.register(gc.freeze)
     check_command_line("sweep", CONF)
     try:
         main()

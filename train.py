@@ -1,5 +1,7 @@
 """Train one network: `python train.py [group=choice ...] [key=value ...]` (see conf/train.yaml)."""
 
+import atexit
+import gc
 from pathlib import Path
 
 import hydra
@@ -18,5 +20,7 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    # the last exit handler: spare the exit its full-heap collections (~1.3 s with torch and Lightning loaded)
+    atexit.register(gc.freeze)
     check_command_line("train", CONF)
     main()

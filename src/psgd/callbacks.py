@@ -1,6 +1,7 @@
 """Lightning callbacks: threads per worker, epoch timing and result files, the target-accuracy stop."""
 
 import atexit
+import gc
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from typing_extensions import override
 
 from psgd.data.partition import generator
 from psgd.results import write_csv, write_json
-from psgd.signals import die_with_parent, handler_for_this_process
+from psgd.signals import die_with_parent, handler_for_this_process, launched_worker
 from psgd.strategies._lightning import handle_sigterm_with, without_per_step_collectives
 
 
@@ -76,6 +77,8 @@ class WorkerSetup(Callback):
         if self._flushed_before is not None:
             torch.set_flush_denormal(self._flushed_before)
             self._flushed_before = None
+        if launched_worker() is not None:
+            gc.freeze()  # this process ends next: spare it the full-heap collections of interpreter exit (~1.3 s)
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -223,19 +223,15 @@ def test_ddp_resume_ends_with_the_same_weights_as_an_uninterrupted_run(tiny_data
     assert json.loads((resumed / "metrics.json").read_text())["epochs"] == 2
 
 
-def test_a_checkpoint_of_another_model_is_a_clear_error(tiny_data, tmp_path):
+def test_a_resume_that_would_not_follow_the_command_line_is_one_line(tiny_data, tmp_path):
+    # the checks themselves (another model, a file that is not a checkpoint, another schedule or
+    # worker count) are unit tests in tests/unit/test_resume.py; here one of them, end to end
     first = tmp_path / "first"
     proc = run_cli("train.py", f"data.root={tiny_data}", "trainer.max_epochs=1", f"hydra.run.dir={first}", *TINY)
     assert proc.returncode == 0, proc.stderr
-    second = tmp_path / "second"
-    proc = run_cli(
-        "train.py", "model=singa_cnn", f"data.root={tiny_data}", f"ckpt_path={first}", f"hydra.run.dir={second}", *TINY
-    )
-    assert proc.returncode != 0
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "does not fit this run's model" in lines[0], proc.stderr
     # the same model with another lr schedule: resuming would restore the checkpoint's (before, a
     # 1-epoch cosine run resumed with trainer.max_epochs=2 trained its second epoch at lr 0)
+    second = tmp_path / "second"
     longer = ["trainer.max_epochs=2", f"ckpt_path={first}"]
     proc = run_cli("train.py", f"data.root={tiny_data}", *longer, f"hydra.run.dir={second}", *TINY)
     assert proc.returncode == 2
@@ -245,10 +241,6 @@ def test_a_checkpoint_of_another_model_is_a_clear_error(tiny_data, tmp_path):
         "schedule as they were, which would not follow this change; resume with the checkpoint's settings "
         "(to train a finished run further, start a new run)"
     ]
-    garbage = tmp_path / "garbage.ckpt"
-    garbage.write_bytes(b"not a checkpoint")
-    proc = run_cli("train.py", f"data.root={tiny_data}", f"ckpt_path={garbage}", f"hydra.run.dir={second}", *TINY)
-    assert proc.returncode != 0 and "not a psgd checkpoint" in proc.stderr.strip().splitlines()[-1]
     assert not second.exists()
 
 
