@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig
 
+from psgd.command_line import text_lines
 from psgd.data.augment import PRESETS
 from psgd.data.datasets import INFO
 from psgd.data.partition import SCHEMES
@@ -69,6 +70,10 @@ def check_external(launcher: str, strategy: str, workers: int, num_nodes: int) -
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def _need(ok: bool, key: str, value, allowed: str) -> None:
@@ -212,7 +217,13 @@ def check(cfg: DictConfig) -> Plan:
             "must be in [0, 1)",
         )
     if "weight_decay" in opt:
-        _need(opt.weight_decay >= 0, "optimizer.weight_decay", opt.weight_decay, "must be >= 0")
+        _need(
+            _is_number(opt.weight_decay) and opt.weight_decay >= 0,
+            "optimizer.weight_decay",
+            opt.weight_decay,
+            "must be >= 0",
+        )
+    check_optimizer(opt)
     _need(cfg.lr_scaling in LR_SCALING, "lr_scaling", cfg.lr_scaling, f"allowed: {', '.join(LR_SCALING)}")
     _need(
         _is_int(sch.warmup_epochs) and sch.warmup_epochs >= 0,
@@ -227,7 +238,12 @@ def check(cfg: DictConfig) -> Plan:
         )
     _need(sch.decay in DECAYS, "scheduler.decay", sch.decay, f"allowed: {', '.join(DECAYS)}")
     sf = sch.get("start_factor")
-    _need(sf is None or 0 < sf <= 1, "scheduler.start_factor", sf, "must be in (0, 1], or null for 1/workers")
+    _need(
+        sf is None or (_is_number(sf) and 0 < sf <= 1),
+        "scheduler.start_factor",
+        sf,
+        "must be in (0, 1], or null for 1/workers",
+    )
 
     es = cfg.early_stop
     _need(
@@ -237,8 +253,11 @@ def check(cfg: DictConfig) -> Plan:
         "must be in (0, 1], or null for no early stop",
     )
     _need(_is_int(es.patience) and es.patience >= 1, "early_stop.patience", es.patience, "must be an integer >= 1")
+    _need(isinstance(cfg.model.get("name"), str), "model.name", cfg.model.get("name"), "must be a name (a string)")
+    logs = t.get("log_every_n_steps")
+    _need(logs is None or (_is_int(logs) and logs >= 1), "trainer.log_every_n_steps", logs, "must be an integer >= 1")
     dropout = cfg.model.get("dropout")
-    _need(dropout is None or 0 <= dropout < 1, "model.dropout", dropout, "must be in [0, 1)")
+    _need(dropout is None or (_is_number(dropout) and 0 <= dropout < 1), "model.dropout", dropout, "must be in [0, 1)")
 
     accumulate = resolve_accumulation(cfg, workers * t.num_nodes)
     launcher = external_launcher(workers * t.num_nodes)
@@ -266,6 +285,24 @@ def check(cfg: DictConfig) -> Plan:
         accumulate_grad_batches=accumulate,
         launcher=launcher or "psgd",
     )
+
+
+def check_optimizer(opt: DictConfig) -> None:
+    """The optimizer's own checks, here rather than in each worker: build it once on a stand-in
+    parameter, so a value its constructor refuses (`optimizer.betas=[2,3]` for NovoGrad, SGD's
+    `nesterov=true` with `momentum=0`, a `+optimizer.<key>` it has no argument for) is one line
+    naming the settings before anything starts, not a traceback from every worker."""
+    from hydra.utils import instantiate
+
+    try:
+        instantiate(opt)([torch.zeros(1, requires_grad=True)])
+    except Exception as e:
+        settings = " ".join(f"{k}={v}" for k, v in opt.items() if not str(k).startswith("_"))
+        reason = text_lines(e.__cause__ or e)[-1]
+        raise ConfigError(
+            f"optimizer settings are invalid: {opt.get('_target_')} refuses them ({reason}); "
+            f"the settings were: {settings}"
+        ) from e
 
 
 def check_gpu_count(workers: int, key: str) -> None:

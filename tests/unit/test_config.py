@@ -92,6 +92,23 @@ BAD = [
     (["data.drop_last=1"], "data.drop_last=1 is invalid: must be true or false"),
     (["strategy.ddp_for_one_worker=2"], "strategy.ddp_for_one_worker=2 is invalid: must be true or false"),
     (["channels_last=1"], "channels_last=1"),
+    # text where a number belongs: before, a TypeError traceback from the comparison
+    (["optimizer.weight_decay=abc"], "optimizer.weight_decay='abc' is invalid: must be >= 0"),
+    (["model.dropout=abc"], "model.dropout='abc' is invalid: must be in [0, 1)"),
+    (["scheduler=warmup", "scheduler.start_factor=abc"], "scheduler.start_factor='abc' is invalid"),
+    (["trainer.log_every_n_steps=abc"], "trainer.log_every_n_steps='abc' is invalid: must be an integer >= 1"),
+    (["model.name=[1,2]"], "model.name=[1, 2] is invalid: must be a name"),
+    # what the optimizer's own constructor refuses: before, a traceback from inside fit
+    (
+        ["optimizer=novograd", "optimizer.betas=[2,3]"],
+        "optimizer settings are invalid: torch_optimizer.NovoGrad refuses them (Invalid beta parameter at index "
+        "0: 2); the settings were: lr=0.01 betas=[2, 3] eps=1e-08 weight_decay=0.0 grad_averaging=True amsgrad=False",
+    ),
+    (
+        ["optimizer.nesterov=true", "optimizer.momentum=0"],
+        "torch.optim.SGD refuses them (Nesterov momentum requires a momentum and zero dampening)",
+    ),
+    (["+optimizer.foo=1"], "unexpected keyword argument 'foo'"),
     (["strategy=nonsense"], None),
 ]
 
