@@ -158,3 +158,15 @@ def test_gpu_benchmark_without_cuda_is_a_one_line_error(tmp_path):
     )
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "no CUDA device" in proc.stderr and not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow  # ~20 s: three fresh processes that import torch and Lightning
+def test_startup_benchmark_times_each_run_to_its_last_line_and_its_exit(tiny_data, tmp_path):
+    script = str(ROOT / "benchmarks" / "startup.py")
+    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--workers", "1", "--repeats=1", "--batches=2"]
+    proc = subprocess.run([*cmd, f"--results={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "startup.json").read_text())
+    assert [r["run"] for r in result["rows"]] == ["train.py workers=1", "imports only", "imports only + gc.freeze()"]
+    assert all(r["to_last_line_s"] > 0 and r["exit_s"] > 0 for r in result["rows"])
+    assert "gc.freeze() before exit saves" in (tmp_path / "startup.md").read_text()
