@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,17 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
 
-    arms = [f"train.py workers={w}" for w in args.workers] + ["imports only", "imports only + gc.freeze()"]
+    # each arm: (its command, given a fresh output dir; the stdout line that ends its work)
+    arms = {f"train.py workers={w}": (partial(train_cmd, w, args), "psgd: test_acc=") for w in args.workers}
+    for arm, freeze in (("imports only", ""), ("imports only + gc.freeze()", "gc.freeze(); ")):
+        arms[arm] = (lambda out, freeze=freeze: [sys.executable, "-c", IMPORTS.format(freeze=freeze)], "ready")
     times: dict[str, list[tuple[float, float]]] = {a: [] for a in arms}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
-            for i, arm in enumerate(arms):  # interleaved: A B A B ...
-                if arm.startswith("train.py"):
-                    cmd, marker = train_cmd(args.workers[i], args, Path(tmp) / f"{rep}-{i}"), "psgd: test_acc="
-                else:
-                    freeze = "gc.freeze(); " if "freeze" in arm else ""
-                    cmd, marker = [sys.executable, "-c", IMPORTS.format(freeze=freeze)], "ready"
-                times[arm].append(timed(cmd, marker))
+            for i, (arm, (command, marker)) in enumerate(arms.items()):  # interleaved: A B A B ...
+                times[arm].append(timed(command(Path(tmp) / f"{rep}-{i}"), marker))
                 to_line, exit_s = times[arm][-1]
                 print(f"  rep {rep + 1}/{args.repeats} {arm:28s} {to_line:6.2f} s, exit {exit_s:5.2f} s", flush=True)
 
