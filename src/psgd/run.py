@@ -472,7 +472,8 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         ):
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     except BaseException as e:
-        mark_stopped(run_dir, e)
+        if plan.launcher == "psgd" or trainer.global_rank == 0:  # torchrun / srun: each worker gets here, one says so
+            mark_stopped(run_dir, e)
         raise
 
     if plan.launcher != "psgd":  # torchrun / srun: every worker is a process like this one

@@ -30,8 +30,16 @@ def free_port() -> int:
 
 
 def torchrun(
-    *overrides: str, nnodes: int, node_rank: int, nproc: int, port: int, restarts: int = 0, rdzv: str = "static"
+    *overrides: str,
+    nnodes: int,
+    node_rank: int,
+    nproc: int,
+    port: int,
+    restarts: int = 0,
+    rdzv: str = "static",
+    session: bool = False,
 ):
+    """torchrun running train.py; `session`: in a process group of its own, as a terminal's job is."""
     if rdzv == "static":  # fixed node ranks, the master's address
         rendezvous = [f"--node-rank={node_rank}", "--master-addr=127.0.0.1", f"--master-port={port}"]
     else:  # elastic: the agents agree on the ranks through a c10d store
@@ -48,7 +56,9 @@ def torchrun(
         *overrides,
     ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=session
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str, str]:
@@ -128,3 +138,30 @@ def test_elastic_restart_resumes_from_the_last_checkpoint(rdzv, strategy, tiny_d
     # resumed, not started over: the epochs in the checkpoint (all but perhaps the one the kill hit) are
     # the ones trained before the kill, timings and all
     assert m["history"][: killed_at - 1] == before[: killed_at - 1]
+
+
+def test_ctrl_c_on_a_torchrun_job_marks_it_interrupted_and_says_so_once(tiny_data, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = torchrun(
+        "workers=2",
+        "trainer.max_epochs=200",
+        f"data.root={tiny_data}",
+        f"hydra.run.dir={run_dir}",
+        *TINY,
+        nnodes=1,
+        node_rank=0,
+        nproc=2,
+        port=free_port(),
+        session=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (run_dir / "metrics.json").exists() or metrics(run_dir)["epochs"] < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, "no finished epoch before Ctrl-C"
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: SIGINT to the agent and both workers
+    rc, _, err = finish(proc)
+    assert rc != 0
+    # one line for the job, from global rank 0 (each worker used to print it)
+    assert err.count("psgd: interrupted") == 1, err[-3000:]
+    m = metrics(run_dir)
+    assert m["status"] == "interrupted" and m["epochs"] >= 2
