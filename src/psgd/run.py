@@ -375,6 +375,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         shard_eval=one_model,  # replicas that differ are each evaluated on the whole split
     )
     datamodule.prepare_data()  # a missing dataset fails here, before any worker starts
+    datamodule.check_batches(plan.workers * cfg.trainer.num_nodes)  # so does a worker without a batch
 
     t = cfg.trainer
     lr = scaled_lr(cfg.optimizer.lr, plan.workers * t.num_nodes, cfg.lr_scaling)

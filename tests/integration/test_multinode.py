@@ -2,7 +2,7 @@
 
 Two torchrun invocations with node ranks 0 and 1 make a real 2-node x 2-process job (static
 rendezvous at 127.0.0.1); an elastic job with --max-restarts 1 survives one killed worker, with static
-and with c10d rendezvous. Slow:
+and with c10d rendezvous; Ctrl-C on a torchrun job marks it interrupted, once. Slow:
     pytest -m slow tests/integration/test_multinode.py
 """
 

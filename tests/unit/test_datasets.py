@@ -86,6 +86,46 @@ def test_datamodule_normalises_and_holds_out_validation(tmp_path):
     assert sum(len(b[1]) for b in loader) == 50
 
 
+def test_a_run_where_a_worker_gets_no_training_batch_is_refused_before_it_starts(tmp_path):
+    # under DDP such a run used to train zero steps and report success; otherwise Lightning failed in a worker
+    make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
+
+    def data(**kw):
+        dm = ClassificationData("mnist", str(tmp_path), **kw)
+        dm.prepare_data()
+        return dm
+
+    # 150 training samples after the hold-out, 75 per worker: a batch of 75 fits, 76 with drop_last does not
+    data(batch_size=75, val_split=0.25, drop_last=True).check_batches(2)
+    with pytest.raises(DataError) as e:
+        data(batch_size=76, val_split=0.25, drop_last=True).check_batches(2)
+    assert str(e.value).startswith("no training batch for worker 0 (75 samples), worker 1 (75 samples) of 2")
+    assert "data.batch_size=76 and data.drop_last=true: use a smaller data.batch_size" in str(e.value)
+    data(batch_size=76, val_split=0.25).check_batches(2)  # the partial batch is kept
+    # a share too small for one sample
+    with pytest.raises(DataError, match=r"for worker 1 \(0 samples\) of 2 .* give it a larger share"):
+        data(partition="sizes", partition_sizes=[0.999, 0.001]).check_batches(2)
+    with pytest.raises(DataError, match="^data.partition=dirichlet: dirichlet_alpha=0.0001 left worker"):
+        data(partition="dirichlet", dirichlet_alpha=1e-4).check_batches(10)
+
+
+def test_the_check_counts_the_shards_the_workers_will_train_on(tmp_path):
+    # the check reads only the labels, before setup: its shards must be the ones setup gives the workers
+    make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
+    kw = {"batch_size": 32, "val_split": 0.2, "partition": "sizes", "partition_sizes": [0.8, 0.05, 0.15]}
+    real = ClassificationData("mnist", str(tmp_path), drop_last=True, **kw)
+    real.setup("fit")
+    sizes = [len(s) for s in real.train_sampler(3, 0).shards()]
+    assert sizes == [128, 8, 24] and real.train_sampler(3, 0).counts() == [4, 0, 0]
+    checked = ClassificationData("mnist", str(tmp_path), drop_last=True, **kw)
+    checked.prepare_data()
+    with pytest.raises(DataError, match=r"worker 1 \(8 samples\), worker 2 \(24 samples\) of 3 with 160 training"):
+        checked.check_batches(3)
+    kept = ClassificationData("mnist", str(tmp_path), **kw)  # drop_last=false: 4, 1 and 1 batches
+    kept.prepare_data()
+    kept.check_batches(3)
+
+
 @pytest.mark.parametrize("name", ["mnist", "cifar10"])
 def test_batches_are_the_normalised_images_and_labels_in_sampler_order(tmp_path, name):
     if name == "mnist":

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from psgd.data.augment import PRESETS
-from psgd.data.datasets import INFO, load_split
+from psgd.data.datasets import INFO, DataError, load_split
 from psgd.data.partition import HOLDOUT, generator, num_batches, partition
 
 
@@ -227,14 +227,45 @@ class ClassificationData(L.LightningDataModule):
         if stage in ("fit", "validate", None) and self.train_set is None:
             images, labels = self._load(train=True)
             if self.val_split > 0:
-                perm = torch.randperm(len(labels), generator=generator(self.seed, HOLDOUT))
-                n_val = int(round(self.val_split * len(labels)))
-                self.val_set = (images[perm[:n_val]], labels[perm[:n_val]])
-                keep = perm[n_val:].sort().values
+                held, keep = self._holdout(len(labels))
+                self.val_set = (images[held], labels[held])
                 images, labels = images[keep], labels[keep]
             else:
                 self.val_set = self.test_set
             self.train_set = (images, labels)
+
+    def _holdout(self, n: int) -> tuple[Tensor, Tensor]:
+        """The indices `val_split` holds out of n training samples, and the rest (sorted)."""
+        perm = torch.randperm(n, generator=generator(self.seed, HOLDOUT))
+        n_val = int(round(self.val_split * n))
+        return perm[:n_val], perm[n_val:].sort().values
+
+    def check_batches(self, workers: int) -> None:
+        """Refuse, before any worker starts, a run in which a worker would get no training batch
+        (a silent run of zero steps under DDP; Lightning's error inside a worker otherwise). Needs
+        prepare_data; reads only the labels."""
+        labels = self._decoded[True][1]
+        if self.val_split > 0:
+            labels = labels[self._holdout(len(labels))[1]]
+        try:
+            sampler = self.train_sampler(workers, 0, labels)
+            sizes, counts = [len(s) for s in sampler.shards()], sampler.counts()
+        except ValueError as e:  # a partition that leaves a worker nothing (dirichlet)
+            raise DataError(f"data.partition={self.scheme}: {e}") from e
+        empty = [r for r, c in enumerate(counts) if c == 0]
+        if not empty:
+            return
+        shards = ", ".join(f"worker {r} ({sizes[r]} samples)" for r in empty)
+        fix = (
+            "use a smaller data.batch_size or data.drop_last=false"
+            if self.drop_last
+            else "each worker needs at least one sample: give it a larger share or use fewer workers"
+        )
+        raise DataError(
+            f"no training batch for {shards} of {workers} with {len(labels)} training samples, "
+            f"data.partition={self.scheme}, data.batch_size={self.batch_size} and "
+            f"data.drop_last={str(self.drop_last).lower()}: {fix}"
+        )
 
     def __getstate__(self) -> dict:
         # workers start from the host copies and place their own (keys are object ids of this process)
@@ -265,9 +296,9 @@ class ClassificationData(L.LightningDataModule):
         augment = PRESETS[self.augment] if train else None
         return BatchTransform(self.info.mean, self.info.std, augment, self.channels_last)
 
-    def train_sampler(self, workers: int, rank: int) -> ShardSampler:
+    def train_sampler(self, workers: int, rank: int, labels: Tensor | None = None) -> ShardSampler:
         return ShardSampler(
-            self.train_set[1],
+            self.train_set[1] if labels is None else labels,
             workers,
             rank,
             self.batch_size,
