@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from psgd.command_line import text_lines
 from psgd.data.augment import PRESETS
@@ -17,6 +17,40 @@ from psgd.optim import DECAYS, LR_SCALING
 from psgd.results import cpu_count
 
 STRATEGIES = ("ddp", "model_averaging", "hogwild")
+# how Lightning starts the workers of each strategy (HogWild's is fixed: Lightning's spawn would clone the
+# shared model), and the process-group backends psgd runs on
+START_METHODS = {
+    "ddp": ("spawn", "fork", "popen"),
+    "model_averaging": ("spawn", "fork", "popen"),
+    "hogwild": ("forkserver",),
+}
+BACKENDS = ("gloo", "nccl", "mpi")
+# settings that are true or false. Anything else is refused, not guessed: a typo such as `flase` is
+# the string "flase", which Python reads as true. (trainer.* switches are Lightning's to check.)
+SWITCHES = (
+    "quiet",
+    "record_shards",
+    "record_weights",
+    "checkpoint_every_epoch",
+    "channels_last",
+    "flush_denormal",
+    "data.download",
+    "data.verify_md5",
+    "data.drop_last",
+    "data.on_device",
+    "model.batch_norm",
+    "strategy.same_init",
+    "strategy.average_buffers",
+    "strategy.average_optimizer_state",
+    "strategy.save_replicas",
+    "strategy.lock",
+    "strategy.find_unused_parameters",
+    "strategy.ddp_for_one_worker",
+    "optimizer.nesterov",
+    "optimizer.grad_averaging",
+    "optimizer.amsgrad",
+)
+_ABSENT = object()
 
 
 class ConfigError(ValueError):
@@ -66,6 +100,28 @@ def check_external(launcher: str, strategy: str, workers: int, num_nodes: int) -
                 f"workers={workers} trainer.num_nodes={num_nodes} do not match torchrun's {local} processes per "
                 f"node and {world} in all: use workers={local} trainer.num_nodes={world // max(local, 1)}"
             )
+
+
+def check_processes(s: DictConfig, accelerator: str) -> None:
+    """How the strategy's workers start and talk: strategy.start_method and strategy.backend."""
+    methods = START_METHODS[s.name]
+    method = s.get("start_method")
+    if len(methods) == 1:
+        _need(
+            method in (None, *methods), "strategy.start_method", method, f"strategy={s.name} always uses {methods[0]}"
+        )
+    else:
+        _need(method in methods, "strategy.start_method", method, f"allowed: {', '.join(methods)}")
+    backend = s.get("backend")
+    _need(
+        backend is None or backend in BACKENDS, "strategy.backend", backend, f"allowed: {', '.join(BACKENDS)}, or null"
+    )
+    if backend == "nccl" and (accelerator == "cpu" or s.name == "hogwild"):
+        raise ConfigError(
+            "strategy.backend=nccl is invalid on CPU: NCCL runs between GPUs; use gloo, or null for the default"
+        )
+    if backend == "mpi" and not torch.distributed.is_mpi_available():
+        raise ConfigError("strategy.backend=mpi is invalid: this torch was built without MPI; use gloo or nccl")
 
 
 def _is_int(v) -> bool:
@@ -137,8 +193,10 @@ def check(cfg: DictConfig) -> Plan:
     if cfg.strategy.name == "ddp":
         cap = cfg.strategy.get("bucket_cap_mb")
         _need(cap is None or (isinstance(cap, int | float) and cap > 0), "strategy.bucket_cap_mb", cap, "must be > 0")
-    ddp_one = cfg.strategy.get("ddp_for_one_worker", False)
-    _need(isinstance(ddp_one, bool), "strategy.ddp_for_one_worker", ddp_one, "must be true or false")
+    for key in SWITCHES:
+        value = OmegaConf.select(cfg, key, default=_ABSENT)
+        _need(value is _ABSENT or isinstance(value, bool), key, value, "must be true or false")
+    check_processes(cfg.strategy, accelerator)
     _need(
         _is_int(cfg.strategy.timeout_s) and cfg.strategy.timeout_s > 0,
         "strategy.timeout_s",
@@ -155,8 +213,6 @@ def check(cfg: DictConfig) -> Plan:
         threads,
         "must be an integer >= 1, or null for cores // workers",
     )
-    for key in ("channels_last", "flush_denormal"):
-        _need(isinstance(cfg.get(key), bool), key, cfg.get(key), "must be true or false")
     if t.get("sync_batchnorm") and accelerator == "cpu":
         raise ConfigError(
             "trainer.sync_batchnorm=true is invalid on CPU: torch's SyncBatchNorm needs CUDA; "
@@ -166,8 +222,7 @@ def check(cfg: DictConfig) -> Plan:
     _need(d.name in INFO, "data.name", d.name, f"allowed: {', '.join(INFO)}")
     for key in ("batch_size", "eval_batch_size"):
         _need(_is_int(d[key]) and d[key] >= 1, f"data.{key}", d[key], "must be an integer >= 1")
-    for key in ("download", "verify_md5", "drop_last", "on_device"):
-        _need(isinstance(d.get(key, False), bool), f"data.{key}", d.get(key), "must be true or false")
+    _need(isinstance(d.root, str), "data.root", d.root, "must be a folder (a path)")
     _need(d.partition in SCHEMES, "data.partition", d.partition, f"allowed: {', '.join(SCHEMES)}")
     _need(d.augment in PRESETS, "data.augment", d.augment, f"allowed: {', '.join(PRESETS)}")
     _need(
@@ -177,9 +232,9 @@ def check(cfg: DictConfig) -> Plan:
         "must be in [0, 1)",
     )
     if d.partition == "sizes":
-        sizes = list(d.partition_sizes) if d.partition_sizes is not None else None
+        sizes = list(d.partition_sizes) if OmegaConf.is_list(d.partition_sizes) else d.partition_sizes
         _need(
-            sizes is not None and len(sizes) == workers,
+            isinstance(sizes, list) and len(sizes) == workers,
             "data.partition_sizes",
             sizes,
             f"needs one fraction per worker ({workers})",
@@ -254,6 +309,8 @@ def check(cfg: DictConfig) -> Plan:
     )
     _need(_is_int(es.patience) and es.patience >= 1, "early_stop.patience", es.patience, "must be an integer >= 1")
     _need(isinstance(cfg.model.get("name"), str), "model.name", cfg.model.get("name"), "must be a name (a string)")
+    ckpt = cfg.get("ckpt_path")
+    _need(ckpt is None or isinstance(ckpt, str), "ckpt_path", ckpt, "must be a checkpoint file or run dir (a path)")
     logs = t.get("log_every_n_steps")
     _need(logs is None or (_is_int(logs) and logs >= 1), "trainer.log_every_n_steps", logs, "must be an integer >= 1")
     dropout = cfg.model.get("dropout")

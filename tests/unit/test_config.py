@@ -109,6 +109,19 @@ BAD = [
         "torch.optim.SGD refuses them (Nesterov momentum requires a momentum and zero dampening)",
     ),
     (["+optimizer.foo=1"], "unexpected keyword argument 'foo'"),
+    # a typo in a switch used to be read as true ("flase" is a non-empty string); a list failed in a worker
+    (["workers=2", "strategy=model_averaging", "strategy.same_init=flase"], "strategy.same_init='flase' is invalid"),
+    (["workers=2", "strategy=hogwild", "strategy.lock=[1,2]"], "strategy.lock=[1, 2] is invalid: must be true or"),
+    # how workers start and talk: before, Lightning's or torch's error from inside a worker
+    (["workers=2", "strategy.start_method=spwan"], "strategy.start_method='spwan' is invalid: allowed: spawn, fork"),
+    (["workers=2", "strategy=hogwild", "strategy.start_method=spawn"], "strategy=hogwild always uses forkserver"),
+    (["workers=2", "strategy.backend=glo"], "strategy.backend='glo' is invalid: allowed: gloo, nccl, mpi, or null"),
+    (["workers=2", "trainer.accelerator=cpu", "strategy.backend=nccl"], "strategy.backend=nccl is invalid on CPU"),
+    # not a path: before, a TypeError traceback
+    (["data.partition=sizes", "workers=2", "data.partition_sizes=3"], "data.partition_sizes=3 is invalid: needs one"),
+    (["data.partition=sizes", "workers=2", "data.partition_sizes=ab"], "data.partition_sizes='ab' is invalid"),
+    (["ckpt_path=3"], "ckpt_path=3 is invalid: must be a checkpoint file or run dir"),
+    (["data.root=[1,2]"], "data.root=[1, 2] is invalid: must be a folder"),
     (["strategy=nonsense"], None),
 ]
 
@@ -214,3 +227,38 @@ def test_slurm_sweep_launcher_composes(launcher):
     assert "psgd_report" in cfg.hydra.callbacks  # the report is still written when the jobs ran on SLURM
     if launcher == "psgd_slurm":
         assert (cfg.hydra.launcher.tasks_per_node, cfg.hydra.launcher.cpus_per_task) == (1, 8)
+
+
+def _switches(node, prefix=""):
+    for key, value in node.items():
+        if isinstance(value, dict):
+            yield from _switches(value, f"{prefix}{key}.")
+        elif isinstance(value, bool):
+            yield f"{prefix}{key}"
+
+
+def _first_choice_per_switch() -> list[tuple[str, str]]:
+    """Every true/false setting of every config file, with a group choice that has it (trainer.* goes
+    to Lightning, which checks its own; `_partial_` is Hydra's)."""
+    found: dict[str, str] = {}
+    for group, choice in [("strategy", "ddp")] + [
+        (g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))
+    ]:
+        if group in ("experiment", "hydra", "trainer"):
+            continue
+        for key in _switches(OmegaConf.to_container(compose_cfg(f"{group}={choice}"), resolve=False)):
+            if not key.startswith(("trainer.", "hydra.")) and not key.endswith("._partial_"):
+                found.setdefault(key, f"{group}={choice}")
+    return sorted((choice, key) for key, choice in found.items())
+
+
+SWITCH_CASES = _first_choice_per_switch()
+
+
+@pytest.mark.parametrize("choice,key", SWITCH_CASES, ids=[f"{c} {k}" for c, k in SWITCH_CASES])
+def test_every_switch_takes_only_true_or_false(choice, key):
+    base = [choice, "data.name=mnist"] + (["workers=2"] if choice.startswith("strategy=") else [])
+    check(compose_cfg(*base, f"{key}=false"))
+    for bad in ("flase", "1", "[1,2]"):
+        with pytest.raises(ConfigError, match=f"^{key}=.* is invalid: must be true or false$"):
+            check(compose_cfg(*base, f"{key}={bad}"))
