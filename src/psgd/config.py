@@ -192,7 +192,7 @@ def check(cfg: DictConfig) -> Plan:
             )
     if cfg.strategy.name == "ddp":
         cap = cfg.strategy.get("bucket_cap_mb")
-        _need(cap is None or (isinstance(cap, int | float) and cap > 0), "strategy.bucket_cap_mb", cap, "must be > 0")
+        _need(cap is None or (_is_number(cap) and cap > 0), "strategy.bucket_cap_mb", cap, "must be > 0")
     for key in SWITCHES:
         value = OmegaConf.select(cfg, key, default=_ABSENT)
         _need(value is _ABSENT or isinstance(value, bool), key, value, "must be true or false")
@@ -226,7 +226,7 @@ def check(cfg: DictConfig) -> Plan:
     _need(d.partition in SCHEMES, "data.partition", d.partition, f"allowed: {', '.join(SCHEMES)}")
     _need(d.augment in PRESETS, "data.augment", d.augment, f"allowed: {', '.join(PRESETS)}")
     _need(
-        isinstance(d.val_split, int | float) and 0 <= d.val_split < 1,
+        _is_number(d.val_split) and 0 <= d.val_split < 1,
         "data.val_split",
         d.val_split,
         "must be in [0, 1)",
@@ -240,7 +240,7 @@ def check(cfg: DictConfig) -> Plan:
             f"needs one fraction per worker ({workers})",
         )
         _need(
-            all(isinstance(s, int | float) and s > 0 for s in sizes),
+            all(_is_number(s) and s > 0 for s in sizes),
             "data.partition_sizes",
             sizes,
             "every fraction must be > 0",
@@ -261,12 +261,12 @@ def check(cfg: DictConfig) -> Plan:
         )
     if d.partition == "dirichlet":
         a = d.dirichlet_alpha
-        _need(isinstance(a, int | float) and a > 0, "data.dirichlet_alpha", a, "must be a number > 0")
+        _need(_is_number(a) and a > 0, "data.dirichlet_alpha", a, "must be a number > 0")
 
-    _need(isinstance(opt.lr, int | float) and opt.lr > 0, "optimizer.lr", opt.lr, "must be > 0")
+    _need(_is_number(opt.lr) and opt.lr > 0, "optimizer.lr", opt.lr, "must be > 0")
     if "momentum" in opt:
         _need(
-            isinstance(opt.momentum, int | float) and 0 <= opt.momentum < 1,
+            _is_number(opt.momentum) and 0 <= opt.momentum < 1,
             "optimizer.momentum",
             opt.momentum,
             "must be in [0, 1)",
@@ -302,7 +302,7 @@ def check(cfg: DictConfig) -> Plan:
 
     es = cfg.early_stop
     _need(
-        es.target_acc is None or (isinstance(es.target_acc, int | float) and 0 < es.target_acc <= 1),
+        es.target_acc is None or (_is_number(es.target_acc) and 0 < es.target_acc <= 1),
         "early_stop.target_acc",
         es.target_acc,
         "must be in (0, 1], or null for no early stop",

@@ -117,6 +117,10 @@ BAD = [
     (["workers=2", "strategy=hogwild", "strategy.start_method=spawn"], "strategy=hogwild always uses forkserver"),
     (["workers=2", "strategy.backend=glo"], "strategy.backend='glo' is invalid: allowed: gloo, nccl, mpi, or null"),
     (["workers=2", "trainer.accelerator=cpu", "strategy.backend=nccl"], "strategy.backend=nccl is invalid on CPU"),
+    # true is not a number (Python's bool is an int: these were accepted, lr as 1.0)
+    (["optimizer.lr=true"], "optimizer.lr=True is invalid: must be > 0"),
+    (["workers=2", "strategy.bucket_cap_mb=true"], "strategy.bucket_cap_mb=True is invalid"),
+    (["early_stop.target_acc=true"], "early_stop.target_acc=True is invalid"),
     # not a path: before, a TypeError traceback
     (["data.partition=sizes", "workers=2", "data.partition_sizes=3"], "data.partition_sizes=3 is invalid: needs one"),
     (["data.partition=sizes", "workers=2", "data.partition_sizes=ab"], "data.partition_sizes='ab' is invalid"),
