@@ -292,6 +292,9 @@ def check(cfg: DictConfig) -> Plan:
             f"warm-up would not end before training does; use warmup_epochs<={t.max_epochs}"
         )
     _need(sch.decay in DECAYS, "scheduler.decay", sch.decay, f"allowed: {', '.join(DECAYS)}")
+    step, gamma = sch.get("step_size", 1), sch.get("gamma", 1)
+    _need(_is_int(step) and step >= 1, "scheduler.step_size", step, "must be an integer >= 1 (epochs per lr step)")
+    _need(_is_number(gamma) and gamma > 0, "scheduler.gamma", gamma, "must be a number > 0 (the lr factor per step)")
     sf = sch.get("start_factor")
     _need(
         sf is None or (_is_number(sf) and 0 < sf <= 1),

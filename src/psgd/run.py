@@ -78,8 +78,10 @@ def build_model(model_cfg: DictConfig, data_name: str) -> tuple[nn.Module, int]:
         size = needed
     try:
         net = cls(in_channels=info.channels, num_classes=info.num_classes, **params)
-    except TypeError as e:
+    except TypeError as e:  # a setting the model has no argument for
         raise ConfigError(f"model={name}: {e}") from e
+    except ValueError as e:  # a value the model refuses, named in its message
+        raise ConfigError(str(e)) from e
     try:  # a dry forward pass catches any other shape mismatch now, not in a worker mid-run
         net.eval()
         with torch.no_grad():

@@ -117,6 +117,9 @@ BAD = [
     (["workers=2", "strategy=hogwild", "strategy.start_method=spawn"], "strategy=hogwild always uses forkserver"),
     (["workers=2", "strategy.backend=glo"], "strategy.backend='glo' is invalid: allowed: gloo, nccl, mpi, or null"),
     (["workers=2", "trainer.accelerator=cpu", "strategy.backend=nccl"], "strategy.backend=nccl is invalid on CPU"),
+    # read only by the step decay: before, a traceback once the step came (or never, for gamma)
+    (["scheduler.decay=step", "scheduler.step_size=0"], "scheduler.step_size=0 is invalid: must be an integer >= 1"),
+    (["scheduler.decay=step", "scheduler.gamma=abc"], "scheduler.gamma='abc' is invalid: must be a number > 0"),
     # true is not a number (Python's bool is an int: these were accepted, lr as 1.0)
     (["optimizer.lr=true"], "optimizer.lr=True is invalid: must be > 0"),
     (["workers=2", "strategy.bucket_cap_mb=true"], "strategy.bucket_cap_mb=True is invalid"),
@@ -164,6 +167,23 @@ def test_model_data_pairings_that_cannot_work_are_config_errors(model, data):
     cfg = compose_cfg(f"model={model}", f"data={data}")
     with pytest.raises(ConfigError, match=f"model={model} needs 28x28 inputs but data={data}"):
         build_model(cfg.model, cfg.data.name)
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        # before: an MLP of 0 hidden units trained; text gave a traceback from inside torch or fit
+        ("model.hidden=0", "model.hidden=0 is invalid: must be an integer >= 1 (hidden units)"),
+        ("model.hidden=abc", "model.hidden='abc' is invalid: must be an integer >= 1 (hidden units)"),
+        ("model.weight_decay_hidden=abc", "model.weight_decay_hidden='abc' is invalid: must be a number >= 0"),
+        ("model.weight_decay_output=-1", "model.weight_decay_output=-1 is invalid: must be a number >= 0"),
+    ],
+)
+def test_the_mlps_settings_are_checked_when_it_is_built(override, message):
+    cfg = compose_cfg("model=mlp", override)
+    with pytest.raises(ConfigError) as e:
+        build_model(cfg.model, "mnist")
+    assert str(e.value) == message
 
 
 @pytest.mark.parametrize(
