@@ -352,8 +352,20 @@ def check_optimizer(opt: DictConfig) -> None:
     parameter, so a value its constructor refuses (`optimizer.betas=[2,3]` for NovoGrad, SGD's
     `nesterov=true` with `momentum=0`, a `+optimizer.<key>` it has no argument for) is one line
     naming the settings before anything starts, not a traceback from every worker."""
-    from hydra.utils import instantiate
+    import inspect
 
+    from hydra.utils import get_class, instantiate
+
+    try:  # a number setting given true (Python's bool is an int: eps=true would run as eps=1) ...
+        defaults = inspect.signature(get_class(opt._target_)).parameters
+    except Exception:  # a target that is not a class: instantiate below names the problem
+        defaults = {}
+    for key, value in opt.items():
+        default = defaults[key].default if key in defaults else None
+        if isinstance(value, bool) and _is_number(default):
+            raise ConfigError(f"optimizer.{key}={value} is invalid: must be a number (the default is {default})")
+        if isinstance(default, bool) and not isinstance(value, bool):  # ... and a switch given anything else
+            _need(False, f"optimizer.{key}", value, "must be true or false")
     try:
         instantiate(opt)([torch.zeros(1, requires_grad=True)])
     except Exception as e:

@@ -124,6 +124,12 @@ BAD = [
     (["optimizer.lr=true"], "optimizer.lr=True is invalid: must be > 0"),
     (["workers=2", "strategy.bucket_cap_mb=true"], "strategy.bucket_cap_mb=True is invalid"),
     (["early_stop.target_acc=true"], "early_stop.target_acc=True is invalid"),
+    # any optimizer's settings, by the defaults of its constructor: numbers and switches
+    (
+        ["optimizer=adam", "+optimizer.eps=true"],
+        "optimizer.eps=True is invalid: must be a number (the default is 1e-08)",
+    ),
+    (["+optimizer.maximize=flase"], "optimizer.maximize='flase' is invalid: must be true or false"),
     # not a path: before, a TypeError traceback
     (["data.partition=sizes", "workers=2", "data.partition_sizes=3"], "data.partition_sizes=3 is invalid: needs one"),
     (["data.partition=sizes", "workers=2", "data.partition_sizes=ab"], "data.partition_sizes='ab' is invalid"),
