@@ -13,6 +13,7 @@ from psgd.command_line import text_lines
 from psgd.data.augment import PRESETS
 from psgd.data.datasets import INFO
 from psgd.data.partition import SCHEMES
+from psgd.models import BUILTIN
 from psgd.optim import DECAYS, LR_SCALING
 from psgd.results import cpu_count
 
@@ -312,6 +313,12 @@ def check(cfg: DictConfig) -> Plan:
     )
     _need(_is_int(es.patience) and es.patience >= 1, "early_stop.patience", es.patience, "must be an integer >= 1")
     _need(isinstance(cfg.model.get("name"), str), "model.name", cfg.model.get("name"), "must be a name (a string)")
+    name, target = cfg.model.name, cfg.model.get("_target_")
+    if name in BUILTIN and target != BUILTIN[name]:  # the label would say one model while another one trains
+        raise ConfigError(
+            f"model.name={name} is only the run's label and the model is still {target}: use model={name} "
+            "to train that model"
+        )
     ckpt = cfg.get("ckpt_path")
     _need(ckpt is None or isinstance(ckpt, str), "ckpt_path", ckpt, "must be a checkpoint file or run dir (a path)")
     logs = t.get("log_every_n_steps")

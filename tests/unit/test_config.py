@@ -98,6 +98,8 @@ BAD = [
     (["scheduler=warmup", "scheduler.start_factor=abc"], "scheduler.start_factor='abc' is invalid"),
     (["trainer.log_every_n_steps=abc"], "trainer.log_every_n_steps='abc' is invalid: must be an integer >= 1"),
     (["model.name=[1,2]"], "model.name=[1, 2] is invalid: must be a name"),
+    # the label of another built-in model: the lab CNN trained, recorded as the WideResNet
+    (["model.name=wide_resnet"], "model.name=wide_resnet is only the run's label and the model is still psgd.models"),
     # what the optimizer's own constructor refuses: before, a traceback from inside fit
     (
         ["optimizer=novograd", "optimizer.betas=[2,3]"],
@@ -292,3 +294,11 @@ def test_every_switch_takes_only_true_or_false(choice, key):
     for bad in ("flase", "1", "[1,2]"):
         with pytest.raises(ConfigError, match=f"^{key}=.* is invalid: must be true or false$"):
             check(compose_cfg(*base, f"{key}={bad}"))
+
+
+def test_every_model_choice_is_a_builtin_with_its_class():
+    from psgd.models import BUILTIN
+
+    choices = {p.stem: OmegaConf.load(p) for p in (CONF / "model").glob("*.yaml")}
+    assert {name: str(c._target_) for name, c in choices.items()} == BUILTIN
+    assert all(c.name == name for name, c in choices.items())

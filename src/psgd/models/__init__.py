@@ -5,4 +5,12 @@ from psgd.models.mlp import MLP
 from psgd.models.singa_cnn import SingaCNN
 from psgd.models.wide_resnet import WideResNet
 
-__all__ = ["LabCNN", "MLP", "SingaCNN", "WideResNet"]
+# each `model=<name>` choice of conf/model and the class it builds (`model.name` is the run's label)
+BUILTIN = {
+    "lab_cnn": "psgd.models.LabCNN",
+    "mlp": "psgd.models.MLP",
+    "singa_cnn": "psgd.models.SingaCNN",
+    "wide_resnet": "psgd.models.WideResNet",
+}
+
+__all__ = ["BUILTIN", "MLP", "LabCNN", "SingaCNN", "WideResNet"]
