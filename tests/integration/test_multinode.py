@@ -71,6 +71,19 @@ def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str, str]
     return proc.returncode, out, err
 
 
+def one_node_job(run_dir, *overrides: str, epochs: int, **launch) -> subprocess.Popen:
+    """A 2-process torchrun job of `epochs` epochs on this machine, started in the background."""
+    common = [f"trainer.max_epochs={epochs}", f"data.root={launch.pop('data')}", f"hydra.run.dir={run_dir}"]
+    return torchrun("workers=2", *overrides, *common, *TINY, nnodes=1, node_rank=0, nproc=2, port=free_port(), **launch)
+
+
+def wait_for_epochs(run_dir, proc: subprocess.Popen, epochs: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not (run_dir / "metrics.json").exists() or metrics(run_dir)["epochs"] < epochs:
+        assert proc.poll() is None and time.monotonic() < deadline, f"fewer than {epochs} epochs finished"
+        time.sleep(0.1)
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "model_averaging"])
 def test_two_nodes_of_two_processes_share_one_job(strategy, tiny_data, tmp_path):
     run_dir, port = tmp_path / "run", free_port()
@@ -105,24 +118,8 @@ def test_two_nodes_of_two_processes_share_one_job(strategy, tiny_data, tmp_path)
 @pytest.mark.parametrize(("rdzv", "strategy"), [("static", "ddp"), ("c10d", "ddp"), ("c10d", "model_averaging")])
 def test_elastic_restart_resumes_from_the_last_checkpoint(rdzv, strategy, tiny_data, tmp_path):
     run_dir, epochs = tmp_path / "run", 120
-    proc = torchrun(
-        f"strategy={strategy}",
-        "workers=2",
-        f"trainer.max_epochs={epochs}",
-        f"data.root={tiny_data}",
-        f"hydra.run.dir={run_dir}",
-        *TINY,
-        nnodes=1,
-        node_rank=0,
-        nproc=2,
-        port=free_port(),
-        restarts=1,
-        rdzv=rdzv,
-    )
-    deadline = time.monotonic() + 120
-    while not (run_dir / "metrics.json").exists() or metrics(run_dir)["epochs"] < 3:
-        assert proc.poll() is None and time.monotonic() < deadline, "no finished epoch before the kill"
-        time.sleep(0.1)
+    proc = one_node_job(run_dir, f"strategy={strategy}", epochs=epochs, data=tiny_data, restarts=1, rdzv=rdzv)
+    wait_for_epochs(run_dir, proc, 3)
     workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert len(workers) == 2, workers
     before = metrics(run_dir)["history"]
@@ -142,22 +139,8 @@ def test_elastic_restart_resumes_from_the_last_checkpoint(rdzv, strategy, tiny_d
 
 def test_ctrl_c_on_a_torchrun_job_marks_it_interrupted_and_says_so_once(tiny_data, tmp_path):
     run_dir = tmp_path / "run"
-    proc = torchrun(
-        "workers=2",
-        "trainer.max_epochs=200",
-        f"data.root={tiny_data}",
-        f"hydra.run.dir={run_dir}",
-        *TINY,
-        nnodes=1,
-        node_rank=0,
-        nproc=2,
-        port=free_port(),
-        session=True,
-    )
-    deadline = time.monotonic() + 120
-    while not (run_dir / "metrics.json").exists() or metrics(run_dir)["epochs"] < 2:
-        assert proc.poll() is None and time.monotonic() < deadline, "no finished epoch before Ctrl-C"
-        time.sleep(0.1)
+    proc = one_node_job(run_dir, epochs=200, data=tiny_data, session=True)
+    wait_for_epochs(run_dir, proc, 2)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends: SIGINT to the agent and both workers
     rc, _, err = finish(proc)
     assert rc != 0
