@@ -21,10 +21,10 @@ class MLP(nn.Module):
         weight_decay_output: float = 1e-5,
     ):
         super().__init__()
-        if not (type(hidden) is int and hidden >= 1):
+        if not (isinstance(hidden, int) and not isinstance(hidden, bool) and hidden >= 1):
             raise ValueError(f"model.hidden={hidden!r} is invalid: must be an integer >= 1 (hidden units)")
         for key, decay in (("weight_decay_hidden", weight_decay_hidden), ("weight_decay_output", weight_decay_output)):
-            if not (type(decay) in (int, float) and decay >= 0):
+            if not (isinstance(decay, int | float) and not isinstance(decay, bool) and decay >= 0):
                 raise ValueError(f"model.{key}={decay!r} is invalid: must be a number >= 0")
         self.hidden = nn.Linear(in_channels * 28 * 28, hidden)
         self.output = nn.Linear(hidden, num_classes)
