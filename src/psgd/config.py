@@ -27,7 +27,8 @@ START_METHODS = {
 }
 BACKENDS = ("gloo", "nccl", "mpi")
 # settings that are true or false. Anything else is refused, not guessed: a typo such as `flase` is
-# the string "flase", which Python reads as true. (trainer.* switches are Lightning's to check.)
+# the string "flase", which Python reads as true. (trainer.* switches are Lightning's to check; an
+# optimizer's are found from its constructor's defaults, in check_optimizer.)
 SWITCHES = (
     "quiet",
     "record_shards",
@@ -47,9 +48,6 @@ SWITCHES = (
     "strategy.lock",
     "strategy.find_unused_parameters",
     "strategy.ddp_for_one_worker",
-    "optimizer.nesterov",
-    "optimizer.grad_averaging",
-    "optimizer.amsgrad",
 )
 _ABSENT = object()
 
@@ -117,7 +115,7 @@ def check_processes(s: DictConfig, accelerator: str) -> None:
     _need(
         backend is None or backend in BACKENDS, "strategy.backend", backend, f"allowed: {', '.join(BACKENDS)}, or null"
     )
-    if backend == "nccl" and (accelerator == "cpu" or s.name == "hogwild"):
+    if backend == "nccl" and accelerator == "cpu":  # (HogWild on GPU is refused before this)
         raise ConfigError(
             "strategy.backend=nccl is invalid on CPU: NCCL runs between GPUs; use gloo, or null for the default"
         )
