@@ -20,12 +20,13 @@ Sections (each a table; all results also go to benchmarks/results/compare.json a
   workers     samples/s of ddp, model_averaging and hogwild for workers 1..5, one thread per
               worker (benchmarks/throughput.py's runs; --workers-repeats 1 for a quicker pass).
   target      time to 99.0 % MNIST test accuracy with the lab CNN on all cores (psgd train.py with
-              early_stop.target_acc=0.99).
+              early_stop.target_acc=0.99), one run per seed (--target-seeds, default 0 1 2), median.
 """
 
 import argparse
 import copy
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -479,6 +480,42 @@ def flops(threads: int) -> dict:
     return {"train_flops_per_sample": per_sample, "matmul_peak_flops": peak, "threads": threads}
 
 
+# ---------------------------------------------------------------------------------------------- target
+def median_time(times: list[float | None]) -> float | None:
+    """The median time to the target over runs, a run that never reached it counting as slower than
+    any that did; None when at least half of the runs did not reach it."""
+    med = statistics.median(math.inf if t is None else t for t in times)
+    return None if math.isinf(med) else med
+
+
+def time_to_target(args, tmp: Path) -> tuple[dict, list[str]]:
+    """One psgd run per seed (`args.target_seeds`) with early_stop.target_acc and `args.target_overrides`;
+    whether a run reaches 99.0 % within its epochs and at which epoch moves with the seed, so a single
+    run says little. Returns the runs and their median (see median_time) and the markdown lines."""
+    over = [f"early_stop.target_acc={args.target_acc}", "early_stop.patience=1", *args.target_overrides]
+    runs = []
+    for seed in args.target_seeds:
+        m = psgd_run(tmp / f"target-{seed}", [*over, f"seed={seed}"], args)
+        runs.append({"seed": seed, **{k: m.get(k) for k in ("time_to_target_s", "epoch_to_target", "test_acc")}})
+        runs[-1]["epoch_s"] = [h["epoch_s"] for h in m["history"]]
+    med = median_time([r["time_to_target_s"] for r in runs])
+    reached = sum(r["time_to_target_s"] is not None for r in runs)
+
+    def shown(t, epoch=None):
+        return "not reached" if t is None else f"{t:.1f} s" + (f" (epoch {epoch})" if epoch else "")
+
+    rows = [
+        [f"seed={r['seed']}", shown(r["time_to_target_s"], r["epoch_to_target"]), f"{r['test_acc']:.2%}",
+         " ".join(f"{e:.1f}" for e in r["epoch_s"]), ""]
+        for r in runs
+    ]  # fmt: skip
+    target = "MISSED (target ≤ 20.0)" if med is None else verdict(med, 20.0, False)
+    rows.append([f"**median of {len(runs)}** ({reached} reached)", f"**{shown(med)}**", "", "", target])
+    header = ["run", "time to target", "test acc", "training seconds per epoch", "target"]
+    lines = [f"`train.py {' '.join(over)} seed=S`", "", table(rows, header), ""]
+    return {"overrides": over, "runs": runs, "median_s": med, "reached": reached}, lines
+
+
 # ---------------------------------------------------------------------------------------------- report
 def table(rows: list[list], header: list[str]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -506,9 +543,11 @@ def main() -> None:
     parser.add_argument(
         "--target-overrides",
         nargs="*",
-        default=["trainer.max_epochs=3", "model.dropout=0.1"],
-        help="train.py overrides for the time-to-99 %% run",
+        default=["trainer.max_epochs=3", "model.dropout=0.1", "optimizer.lr=0.03"],
+        help="train.py overrides for the time-to-99 %% runs",
     )
+    parser.add_argument("--target-seeds", nargs="+", type=int, default=[0, 1, 2], help="one time-to-99 %% run each")
+    parser.add_argument("--target-acc", type=float, default=0.99, help=argparse.SUPPRESS)  # short test runs
     inner = ["vanilla", "fixed", "bare", "lean", "paired-psgd", "paired-bare"]
     parser.add_argument("--inner", choices=inner, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -608,23 +647,9 @@ def main() -> None:
             out["workers"] = {"repeats": reps, "rows": rows}
             md += [f"### Samples/s per worker count (one thread per worker, medians of {reps})", "", *lines, ""]
         if "target" in args.only:
-            print("== time to 99.0 % test accuracy (lab CNN, MNIST, all cores)", flush=True)
-            over = ["early_stop.target_acc=0.99", "early_stop.patience=1", *args.target_overrides]
-            m = psgd_run(tmp / "target", over, args)
-            ttt = m.get("time_to_target_s")
-            out["target"] = {k: m.get(k) for k in ("time_to_target_s", "epoch_to_target", "test_acc", "train_time_s")}
-            out["target"]["overrides"] = over
-            rows = [[
-                "train.py " + " ".join(over),
-                "not reached" if ttt is None else f"{ttt:.1f} s (epoch {m['epoch_to_target']})",
-                f"{m['test_acc']:.2%}",
-                "" if ttt is None else verdict(ttt, 20.0, False),
-            ]]  # fmt: skip
-            md += [
-                "### Time to 99.0 % test accuracy",
-                "",
-                table(rows, ["command", "time to 99 %", "test acc", "target"]),
-            ]
+            print(f"== time to {args.target_acc:.1%} test accuracy (lab CNN, MNIST, all cores)", flush=True)
+            out["target"], lines = time_to_target(args, tmp)
+            md += [f"### Time to {args.target_acc:.1%} test accuracy", "", *lines]
     text = "\n".join(md) + "\n"
     print("\n" + text)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -130,6 +130,33 @@ def test_manual_optimization_variant_is_manual_trains_like_psgd_and_is_paired(ti
     assert all(len(v) == 1 and v[0]["pairs"] >= 4 and v[0]["median"] > 0 for v in runs.values())
 
 
+def test_time_to_target_is_the_median_over_seeds_with_a_miss_counting_as_slowest():
+    assert compare.median_time([12.0, 19.0, 15.0]) == 15.0
+    assert compare.median_time([12.0, None, 19.0]) == 19.0  # the miss ranks above every time
+    assert compare.median_time([12.0, None, None]) is None  # most runs never reached it
+    assert compare.median_time([12.0, 14.0, None, None]) is None
+
+
+def test_time_to_target_runs_each_seed_and_reports_every_run_and_the_median(tiny_data, tmp_path):
+    import argparse
+
+    args = argparse.Namespace(
+        data_root=str(tiny_data), target_acc=0.05, target_seeds=[0, 1],
+        target_overrides=["trainer.max_epochs=2", "data.batch_size=64"],
+    )  # fmt: skip
+    result, lines = compare.time_to_target(args, tmp_path)
+    runs = result["runs"]
+    assert [r["seed"] for r in runs] == [0, 1] and result["reached"] == 2
+    # chance is 10 %: both reach 5 % after their first epoch, timed by the run itself, and stop there
+    assert all(r["epoch_to_target"] == 1 and len(r["epoch_s"]) == 1 for r in runs)
+    assert all(r["time_to_target_s"] == pytest.approx(r["epoch_s"][0], abs=1e-3) for r in runs)
+    assert result["median_s"] == pytest.approx(sum(r["time_to_target_s"] for r in runs) / 2)
+    for seed in (0, 1):  # each run got its seed
+        assert f"seed={seed}" in (tmp_path / f"target-{seed}" / ".hydra" / "overrides.yaml").read_text()
+    text = "\n".join(lines)
+    assert "seed=0" in text and "seed=1" in text and "median of 2** (2 reached)" in text and "met" in text
+
+
 @pytest.mark.slow  # ~30 s: four train.py runs; the features it measures have default tests of their own
 def test_gpu_benchmark_runs_every_variant_and_reports_the_ratios(tiny_data, tmp_path):
     # on CPU (the runs are the same; on_device and NCCL then mean the host and gloo): the script itself works
