@@ -220,7 +220,18 @@ class Classifier(PlainHookName, L.LightningModule):
         optimizer = self.optimizer_factory(groups, lr=self.hparams.lr)
         cfg = dict(self.scheduler_cfg or {})
         cfg.pop("name", None)
-        scheduler = build_scheduler(optimizer, self.hparams.workers, self.hparams.max_epochs, **cfg)
+        interval = cfg.pop("interval", "epoch")
+        steps_per_epoch = self.optimizer_steps_per_epoch() if interval == "step" else 1
+        scheduler = build_scheduler(
+            optimizer, self.hparams.workers, self.hparams.max_epochs, steps_per_epoch=steps_per_epoch, **cfg
+        )
         if scheduler is None:
             return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"}}
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
+
+    def optimizer_steps_per_epoch(self) -> int:
+        """This worker's optimizer steps per epoch (its shard's batches, after gradient accumulation,
+        limit_train_batches and fast_dev_run), as Lightning will run them."""
+        trainer = self.trainer
+        trainer.estimated_stepping_batches  # noqa: B018 -- sets up the training data if not yet done
+        return max(1, math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches))

@@ -7,6 +7,7 @@ from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, S
 
 LR_SCALING = ("none", "linear", "sqrt")
 DECAYS = ("none", "cosine", "step")
+INTERVALS = ("epoch", "step")
 
 
 def scaled_lr(base_lr: float, workers: int, rule: str = "none") -> float:
@@ -29,21 +30,26 @@ def build_scheduler(
     decay: str = "none",
     step_size: int = 30,
     gamma: float = 0.1,
+    steps_per_epoch: int = 1,
 ) -> LRScheduler | None:
-    """Per-epoch schedule: linear warm-up from lr*start_factor (default 1/workers, the workshop's
-    LinearLR(start_factor=1/num_gpus)) to lr over `warmup_epochs`, then optional cosine or step decay."""
+    """Linear warm-up from lr*start_factor (default 1/workers, the workshop's
+    LinearLR(start_factor=1/num_gpus)) to lr over `warmup_epochs`, then optional cosine or step decay.
+    Lengths are in epochs; the scheduler is stepped `steps_per_epoch` times per epoch: 1 (per epoch), or
+    the optimizer steps of an epoch for a schedule that moves after every step (scheduler.interval=step;
+    there `warmup_epochs` may be a fraction, e.g. 0.5)."""
     if decay not in DECAYS:
         raise ValueError(f"scheduler.decay={decay!r} is not one of {', '.join(DECAYS)}")
+    warmup = max(1, round(warmup_epochs * steps_per_epoch)) if warmup_epochs > 0 else 0
     parts: list[LRScheduler] = []
-    if warmup_epochs > 0:
+    if warmup > 0:
         factor = start_factor if start_factor is not None else 1.0 / workers
-        parts.append(LinearLR(optimizer, start_factor=factor, end_factor=1.0, total_iters=warmup_epochs))
+        parts.append(LinearLR(optimizer, start_factor=factor, end_factor=1.0, total_iters=warmup))
     if decay == "cosine":
-        parts.append(CosineAnnealingLR(optimizer, T_max=max(1, max_epochs - warmup_epochs)))
+        parts.append(CosineAnnealingLR(optimizer, T_max=max(1, max_epochs * steps_per_epoch - warmup)))
     elif decay == "step":
-        parts.append(StepLR(optimizer, step_size=step_size, gamma=gamma))
+        parts.append(StepLR(optimizer, step_size=step_size * steps_per_epoch, gamma=gamma))
     if not parts:
         return None
     if len(parts) == 1:
         return parts[0]
-    return SequentialLR(optimizer, parts, milestones=[warmup_epochs])
+    return SequentialLR(optimizer, parts, milestones=[warmup])

@@ -289,8 +289,9 @@ def schedule_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
     under a warm-up whose start factor is the default 1/workers."""
     if not saved:  # not written by psgd's Classifier: nothing to compare
         return None
-    old_s = {k: v for k, v in (saved.get("scheduler") or {}).items() if k != "name"}
-    new_s = {k: v for k, v in (now.get("scheduler") or {}).items() if k != "name"}
+    # checkpoints from before scheduler.interval existed stepped once per epoch
+    old_s = {"interval": "epoch", **{k: v for k, v in (saved.get("scheduler") or {}).items() if k != "name"}}
+    new_s = {"interval": "epoch", **{k: v for k, v in (now.get("scheduler") or {}).items() if k != "name"}}
     if "lr" in saved and not math.isclose(saved["lr"], now["lr"], rel_tol=1e-9):
         return f"lr {now['lr']:g} (optimizer.lr x lr_scaling; the checkpoint's run had {saved['lr']:g})"
     for key in sorted(set(old_s) | set(new_s)):

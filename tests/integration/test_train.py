@@ -156,3 +156,38 @@ def test_a_callers_callbacks_see_every_training_batch(tiny_data, tmp_path):
     assert [(e, b) for e, b, _ in count.seen] == [(e, b) for e in range(2) for b in range(per_epoch)]
     assert count.steps == 2 * per_epoch
     assert count.on_before_zero_grad is None  # psgd took the empty hooks it inherits out of Lightning's dispatch
+
+
+@pytest.mark.parametrize("interval", ["step", "epoch"])
+def test_a_per_step_warm_up_moves_the_lr_at_every_optimizer_step(tiny_data, tmp_path, interval):
+    """scheduler.interval=step: the lr rises at every optimizer step, and a one-epoch warm-up ends with
+    the epoch's last optimizer step, counted after gradient accumulation (parallel_batches=2: 8 steps
+    of 2 batches per epoch); per epoch, it stays put within each epoch."""
+
+    class Lrs(L.Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_before_optimizer_step(self, trainer, module, optimizer):
+            self.seen.append((trainer.current_epoch, optimizer.param_groups[0]["lr"]))
+
+    lrs = Lrs()
+    cfg = compose_cfg(
+        f"data.root={tiny_data}",
+        "trainer.max_epochs=2",
+        "parallel_batches=2",
+        "scheduler=warmup",
+        "scheduler.warmup_epochs=1",
+        "scheduler.start_factor=0.1",
+        f"scheduler.interval={interval}",
+        *TINY,
+    )
+    train(cfg, tmp_path / "run", callbacks=[lrs])
+    first = [lr for e, lr in lrs.seen if e == 0]
+    second = [lr for e, lr in lrs.seen if e == 1]
+    assert len(first) == len(second) == 8  # 16 batches of 32, two per step
+    assert second == pytest.approx([0.02] * 8)  # the warm-up is over when epoch 1 starts
+    if interval == "step":
+        assert first == pytest.approx([0.002 + 0.018 * i / 8 for i in range(8)])
+    else:
+        assert first == pytest.approx([0.002] * 8)

@@ -64,6 +64,13 @@ BAD = [
     (["optimizer.momentum=-0.5"], "optimizer.momentum=-0.5"),
     (["scheduler=warmup", "scheduler.warmup_epochs=-1"], "scheduler.warmup_epochs=-1"),
     (
+        ["scheduler=warmup", "scheduler.warmup_epochs=0.5"],  # a fraction of an epoch: only when stepping per step
+        "scheduler.warmup_epochs=0.5 is invalid: must be an integer >= 0 (fractions of an epoch need "
+        "scheduler.interval=step)",
+    ),
+    (["scheduler.interval=batch"], "scheduler.interval='batch' is invalid: allowed: epoch, step"),
+    (["scheduler.interval=step", "scheduler.warmup_epochs=-0.5"], "scheduler.warmup_epochs=-0.5"),
+    (
         ["scheduler=warmup", "trainer.max_epochs=3"],  # the preset's 5 warm-up epochs
         "scheduler.warmup_epochs=5 is invalid with trainer.max_epochs=3: the warm-up would not end before "
         "training does; use warmup_epochs<=3",

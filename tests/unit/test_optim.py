@@ -54,6 +54,31 @@ def test_step_decay_and_explicit_start_factor():
     assert lrs_per_epoch(sched, opt, 5) == pytest.approx([0.5, 1.0, 1.0, 0.1, 0.1])
 
 
+def test_a_per_step_schedule_ramps_within_epochs_and_meets_the_per_epoch_one_at_their_starts():
+    # 4 optimizer steps per epoch: a half-epoch warm-up (2 steps) from lr/2, then cosine to 0 at the
+    # end of epoch 3
+    opt = sgd(1.0)
+    sched = build_scheduler(opt, workers=2, max_epochs=3, warmup_epochs=0.5, decay="cosine", steps_per_epoch=4)
+    lrs = lrs_per_epoch(sched, opt, 13)
+    assert lrs[:3] == pytest.approx([0.5, 0.75, 1.0])
+    assert lrs[3] == pytest.approx(0.5 * (1 + math.cos(math.pi / 10)))  # 1 of the cosine's 10 steps
+    assert all(a > b for a, b in zip(lrs[2:12], lrs[3:12]))  # decays at every step
+    assert lrs[12] == pytest.approx(0.0, abs=1e-12)
+    # whole-epoch lengths: at each epoch's first step the per-step schedule has the per-epoch one's lr
+    opt = sgd(1.0)
+    per_epoch = lrs_per_epoch(build_scheduler(opt, 2, 4, 2, decay="cosine"), opt, 5)
+    opt = sgd(1.0)
+    per_step = lrs_per_epoch(build_scheduler(opt, 2, 4, 2, decay="cosine", steps_per_epoch=3), opt, 13)
+    assert per_step[::3] == pytest.approx(per_epoch)
+    assert per_step[1] == pytest.approx(0.5 + 0.5 / 6)  # and between them, a step's share of the change
+
+
+def test_a_per_step_step_decay_keeps_its_epochs():
+    opt = sgd(1.0)
+    sched = build_scheduler(opt, workers=1, max_epochs=5, decay="step", step_size=2, gamma=0.1, steps_per_epoch=3)
+    assert lrs_per_epoch(sched, opt, 7) == pytest.approx([1.0] * 6 + [0.1])
+
+
 def test_no_schedule_when_nothing_asked():
     assert build_scheduler(sgd(0.1), workers=4, max_epochs=3) is None
 
@@ -83,5 +108,10 @@ def test_a_resume_that_changes_the_lr_schedule_is_named():
         is None
     )  # a fixed start: no matter
     assert schedule_change({**saved, "workers": 2}, {**saved, "workers": 4}) is None  # no warm-up: no matter
+    # a checkpoint from before scheduler.interval existed stepped per epoch
+    assert schedule_change(saved, {**saved, "scheduler": {**cosine, "interval": "epoch"}}) is None
+    assert schedule_change(saved, {**saved, "scheduler": {**cosine, "interval": "step"}}).startswith(
+        "scheduler.interval=step (the checkpoint's run had epoch)"
+    )
     # a constant lr does not depend on the number of epochs: such a run may be resumed to train longer
     assert schedule_change({**saved, "scheduler": constant}, {**saved, "scheduler": constant, "max_epochs": 5}) is None
