@@ -130,6 +130,20 @@ def test_manual_optimization_variant_is_manual_trains_like_psgd_and_is_paired(ti
     assert all(len(v) == 1 and v[0]["pairs"] >= 4 and v[0]["median"] > 0 for v in runs.values())
 
 
+def test_reference_ratios_give_the_ratio_of_medians_and_the_median_of_per_round_ratios():
+    samples = {name: [100.0, 100.0, 100.0] for row in compare.REFERENCE_RATIOS for name in row[1:3]}
+    # averaging: one slow 2-worker round (the EPYC set of 2026-11-22 had one at 6.8k against 8.5-9.6k)
+    samples["psgd model_averaging, 1 worker"] = [5000.0, 4800.0, 4900.0]
+    samples["psgd model_averaging, 2 workers"] = [9700.0, 9200.0, 6800.0]
+    rows = {r["what"]: r for r in compare.reference_ratios(samples)}
+    assert len(rows) == len(compare.REFERENCE_RATIOS)
+    averaging = rows["psgd model averaging 2 workers / 1 worker"]
+    assert averaging["ratio"] == pytest.approx(9200 / 4900)
+    assert averaging["paired"] == pytest.approx(9200 / 4800)  # the rounds' 1.94, 1.917 and 1.388
+    assert averaging["target"] == 1.8
+    assert rows["psgd DDP / reference DDP, 2 workers"]["ratio"] == pytest.approx(1.0)
+
+
 def test_time_to_target_is_the_median_over_seeds_with_a_miss_counting_as_slowest():
     assert compare.median_time([12.0, 19.0, 15.0]) == 15.0
     assert compare.median_time([12.0, None, 19.0]) == 19.0  # the miss ranks above every time
