@@ -1,4 +1,6 @@
-"""The benchmark scripts run and report what they claim (short runs; the figures are not checked)."""
+"""The benchmark scripts run and report what they claim (short runs; the figures are not checked).
+The scripts that split the framework overhead further (step_overhead, calls_per_step, step_phases,
+overhead_manual) are tested in the slow suite, `python -m pytest -m slow`."""
 
 import json
 import subprocess
@@ -11,6 +13,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import compare  # noqa: E402
 
 
+@pytest.mark.slow  # the overhead-splitting scripts (~10 s each): pytest -m slow
 def test_step_overhead_reports_every_loop_per_step(tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "step_overhead.py"), "--steps", "200", "--repeats", "1"]
     proc = subprocess.run([*cmd, "--results", str(tmp_path)], capture_output=True, text=True, timeout=300)
@@ -32,6 +35,7 @@ def test_step_overhead_reports_every_loop_per_step(tmp_path):
     assert "psgd's Classifier" in proc.stdout
 
 
+@pytest.mark.slow  # the overhead-splitting scripts (~10 s each): pytest -m slow
 def test_calls_per_step_counts_each_loop_and_psgd_skips_the_empty_hooks(tiny_data, tmp_path):
     script = str(ROOT / "benchmarks" / "calls_per_step.py")
     cmd = [sys.executable, script, f"--data-root={tiny_data}", "--skip=2", "--steps=4", "--batch-size=16"]
@@ -54,6 +58,7 @@ def test_calls_per_step_counts_each_loop_and_psgd_skips_the_empty_hooks(tiny_dat
     assert "psgd's run" in proc.stdout and table.count("\n| ") == 6  # header + 5 loops
 
 
+@pytest.mark.slow  # the overhead-splitting scripts (~10 s each): pytest -m slow
 def test_step_phases_splits_both_loops_steps_into_the_same_phases(tiny_data, tmp_path):
     script = str(ROOT / "benchmarks" / "step_phases.py")
     cmd = [sys.executable, script, f"--data-root={tiny_data}", "--chunk=3", "--epochs=1", "--batch-size=16"]
@@ -74,6 +79,7 @@ def test_step_phases_splits_both_loops_steps_into_the_same_phases(tiny_data, tmp
     assert table.count("\n| ") == 7 and "step time ratio psgd / vanilla" in proc.stdout  # header, 5 phases, step
 
 
+@pytest.mark.slow  # the overhead-splitting scripts (~10 s each): pytest -m slow
 def test_step_phases_with_chunks_longer_than_an_epoch_is_a_one_line_error(tiny_data, tmp_path):
     script = str(ROOT / "benchmarks" / "step_phases.py")
     cmd = [sys.executable, script, f"--data-root={tiny_data}", "--chunk=1000", "--epochs=1", "--repeats=1"]
@@ -91,6 +97,7 @@ def test_paired_overhead_times_lightning_and_vanilla_chunks_in_one_run(tiny_data
     assert min(r["ratios"]) <= r["median"] <= max(r["ratios"])
 
 
+@pytest.mark.slow  # the overhead-splitting scripts (~10 s each): pytest -m slow
 def test_manual_optimization_variant_is_manual_trains_like_psgd_and_is_paired(tiny_data, tmp_path):
     import overhead_manual
     import pytorch_lightning as L
