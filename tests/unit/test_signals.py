@@ -15,8 +15,9 @@ def _sleep(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def _ignore_sigterm_and_sleep(seconds: float) -> None:
+def _ignore_sigterm_and_sleep(seconds: float, ready) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ready.set()
     time.sleep(seconds)
 
 
@@ -48,8 +49,9 @@ def test_sigterm_raises_keyboard_interrupt_and_reaches_the_workers():
 
 
 def test_wind_down_kills_a_worker_that_does_not_stop():
-    child = _start(_ignore_sigterm_and_sleep, 60)
-    time.sleep(1)  # let it install its handler
+    ready = multiprocessing.get_context("spawn").Event()
+    child = _start(_ignore_sigterm_and_sleep, 60, ready)
+    assert ready.wait(60)  # its handler is installed (a spawned child may take seconds to start)
     os.kill(child.pid, signal.SIGTERM)
     start = time.monotonic()
     assert signals.wind_down_children(timeout=0.5) == [child.pid]
