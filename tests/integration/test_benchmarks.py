@@ -158,6 +158,7 @@ def test_time_to_target_is_the_median_over_seeds_with_a_miss_counting_as_slowest
     assert compare.median_time([12.0, 14.0, None, None]) is None
 
 
+@pytest.mark.slow  # two train.py runs (13-30 s); the median's logic is tested above, in the default run
 def test_time_to_target_runs_each_seed_and_reports_every_run_and_the_median(tiny_data, tmp_path):
     import argparse
 

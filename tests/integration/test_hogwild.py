@@ -94,6 +94,7 @@ def test_locked_variant_and_uneven_sizes_complete(tiny_data, tmp_path):
     assert m["total_updates"] == sum(m["updates_per_worker"])  # under the lock the counter is exact
 
 
+@pytest.mark.slow  # two 2-worker runs (23-40 s); the default run resumes 2 workers in test_model_averaging
 def test_checkpoint_holds_each_workers_optimizer_and_resume_continues(tiny_data, tmp_path):
     common = ["strategy=hogwild", f"data.root={tiny_data}", "trainer.max_epochs=2", *TINY]
     two = tmp_path / "two"
