@@ -281,20 +281,15 @@ def check(cfg: DictConfig) -> Plan:
     _need(cfg.lr_scaling in LR_SCALING, "lr_scaling", cfg.lr_scaling, f"allowed: {', '.join(LR_SCALING)}")
     interval = sch.get("interval", "epoch")
     _need(interval in INTERVALS, "scheduler.interval", interval, f"allowed: {', '.join(INTERVALS)}")
-    if interval == "step":  # the lr moves after every optimizer step: a warm-up may end inside an epoch
-        _need(
-            _is_number(sch.warmup_epochs) and sch.warmup_epochs >= 0,
-            "scheduler.warmup_epochs",
-            sch.warmup_epochs,
-            "must be a number >= 0 (epochs; fractions allowed with scheduler.interval=step)",
-        )
-    else:
-        _need(
-            _is_int(sch.warmup_epochs) and sch.warmup_epochs >= 0,
-            "scheduler.warmup_epochs",
-            sch.warmup_epochs,
-            "must be an integer >= 0 (fractions of an epoch need scheduler.interval=step)",
-        )
+    per_step = interval == "step"  # the lr moves after every optimizer step: a warm-up may end inside an epoch
+    _need(
+        (_is_number if per_step else _is_int)(sch.warmup_epochs) and sch.warmup_epochs >= 0,
+        "scheduler.warmup_epochs",
+        sch.warmup_epochs,
+        "must be a number >= 0 (epochs; fractions allowed with scheduler.interval=step)"
+        if per_step
+        else "must be an integer >= 0 (fractions of an epoch need scheduler.interval=step)",
+    )
     if sch.warmup_epochs > t.max_epochs and not t.get("fast_dev_run"):  # the lr would never reach optimizer.lr
         raise ConfigError(
             f"scheduler.warmup_epochs={sch.warmup_epochs} is invalid with trainer.max_epochs={t.max_epochs}: the "
