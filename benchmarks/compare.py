@@ -556,7 +556,7 @@ def main() -> None:
     parser.add_argument(
         "--target-overrides",
         nargs="*",
-        default=["trainer.max_epochs=3", "model.dropout=0.1", "optimizer.lr=0.03"],
+        default=["trainer.max_epochs=3", "model.dropout=0.1", "optimizer.lr=0.03", "trainer.val_check_interval=0.25"],
         help="train.py overrides for the time-to-99 %% runs",
     )
     parser.add_argument("--target-seeds", nargs="+", type=int, default=[0, 1, 2], help="one time-to-99 %% run each")

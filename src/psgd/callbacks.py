@@ -235,8 +235,24 @@ class RunRecorder(Callback):
             self._val_s += time.perf_counter() - self._val_t0
 
     @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The first validation at the target (also one inside an epoch, trainer.val_check_interval < 1)
+        sets time_to_target_s: the training time up to it, the slowest worker's. val/acc is reduced
+        over the workers, so every worker takes this branch and joins the all-reduce."""
+        if trainer.state.fn != "fit" or trainer.sanity_checking or self.target_acc is None:
+            return
+        val_acc = _get(trainer.callback_metrics, "val/acc")
+        if self.time_to_target_s is None and val_acc is not None and val_acc >= self.target_acc:
+            (trained_s,) = _all_reduce(
+                [time.perf_counter() - self._t0 - self._val_s], dist.ReduceOp.MAX, pl_module.device
+            )
+            self.time_to_target_s, self.epoch_to_target = self.cumulative_s + trained_s, trainer.current_epoch + 1
+
+    @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         train_s = max(time.perf_counter() - self._t0 - self._val_s, 1e-9)
+        if hasattr(pl_module, "finish_train_epoch"):  # an epoch stopped early still reports its training numbers
+            pl_module.finish_train_epoch()
         (epoch_s,) = _all_reduce([train_s], dist.ReduceOp.MAX, pl_module.device)
         rate, samples = _all_reduce([self._samples / train_s, self._samples], dist.ReduceOp.SUM, pl_module.device)
         self.cumulative_s += epoch_s
@@ -257,13 +273,6 @@ class RunRecorder(Callback):
 
         metrics = trainer.callback_metrics
         val_acc = _get(metrics, "val/acc")
-        if (
-            self.target_acc is not None
-            and self.time_to_target_s is None
-            and val_acc is not None
-            and val_acc >= self.target_acc
-        ):
-            self.time_to_target_s, self.epoch_to_target = self.cumulative_s, trainer.current_epoch + 1
         self.history.append(
             {
                 "epoch": trainer.current_epoch + 1,

@@ -189,6 +189,20 @@ def check(cfg: DictConfig) -> Plan:
                 f"trainer.num_nodes={t.num_nodes} is invalid with strategy=hogwild: shared memory spans one "
                 "machine; use num_nodes=1"
             )
+    vci = t.get("val_check_interval")
+    if vci is not None:
+        _need(
+            _is_number(vci) and vci > 0 and (_is_int(vci) or vci <= 1),
+            "trainer.val_check_interval",
+            vci,
+            "must be a fraction of an epoch in (0, 1] (e.g. 0.25), a whole number of batches, or null (once per epoch)",
+        )
+        if workers * t.num_nodes > 1 and cfg.strategy.name != "ddp" and not (isinstance(vci, float) and vci == 1.0):
+            raise ConfigError(
+                f"trainer.val_check_interval={vci} is invalid with strategy={cfg.strategy.name} and "
+                f"{workers * t.num_nodes} workers: each worker runs a shard of its own length, so validations "
+                "inside an epoch would not line up; use it with strategy=ddp or one worker"
+            )
     if cfg.strategy.name == "ddp":
         cap = cfg.strategy.get("bucket_cap_mb")
         _need(cap is None or (_is_number(cap) and cap > 0), "strategy.bucket_cap_mb", cap, "must be > 0")

@@ -108,10 +108,29 @@ def test_early_stop_after_patience_epochs_at_target(tiny_data, tmp_path):
     accs = [h["val_acc"] for h in m["history"]]
     first = next(i for i, a in enumerate(accs) if a >= 0.3)
     assert m["epoch_to_target"] == first + 1
-    assert m["time_to_target_s"] == pytest.approx(m["history"][first]["time"], abs=1e-3)
+    # the training time up to that epoch's validation: its end
+    assert m["time_to_target_s"] == pytest.approx(m["history"][first]["time"], abs=0.01)
     # stopped at the first epoch that closes a run of 2 at-target epochs, long before max_epochs
     stop = next(i for i in range(1, len(accs)) if accs[i] >= 0.3 and accs[i - 1] >= 0.3)
     assert m["epochs"] == stop + 1 < 30
+
+
+def test_early_stop_inside_an_epoch_times_the_target_there_and_keeps_the_partial_epochs_numbers(tiny_data, tmp_path):
+    """trainer.val_check_interval=0.5: validation after half of each epoch; chance (10 %) already
+    passes a 5 % target there, so the run stops after 8 of epoch 1's 16 batches."""
+    cfg = compose_cfg(
+        f"data.root={tiny_data}",
+        "trainer.max_epochs=3",
+        "early_stop.target_acc=0.05",
+        "trainer.val_check_interval=0.5",
+        *TINY,
+    )
+    m = train(cfg, tmp_path / "run")
+    (epoch,) = m["history"]
+    assert (m["epochs"], m["epoch_to_target"], epoch["step"], epoch["samples"]) == (1, 1, 8, 256)
+    assert 0 < m["time_to_target_s"] <= epoch["time"] + 1e-3
+    # the stopped epoch's training accuracy and loss are reported like a whole epoch's
+    assert epoch["train_loss"] is not None and 0 <= epoch["train_acc"] <= 1
 
 
 def test_a_profiler_the_user_asks_for_replaces_psgds_free_one_and_the_summary_shows_sizes_and_flops(

@@ -69,6 +69,11 @@ BAD = [
         "scheduler.interval=step)",
     ),
     (["scheduler.interval=batch"], "scheduler.interval='batch' is invalid: allowed: epoch, step"),
+    (["trainer.val_check_interval=1.5"], "trainer.val_check_interval=1.5 is invalid: must be a fraction"),
+    (
+        ["strategy=model_averaging", "workers=2", "trainer.val_check_interval=0.5"],
+        "trainer.val_check_interval=0.5 is invalid with strategy=model_averaging and 2 workers",
+    ),
     (["scheduler.interval=step", "scheduler.warmup_epochs=-0.5"], "scheduler.warmup_epochs=-0.5"),
     (
         ["scheduler=warmup", "trainer.max_epochs=3"],  # the preset's 5 warm-up epochs
