@@ -67,7 +67,6 @@ class Classifier(PlainHookName, L.LightningModule):
         # measured with benchmarks/compare.py's setup); the counts are reduced once per epoch.
         self._train_counts: list | None = None
         self._train_pending: list[tuple[Tensor, Tensor, Tensor]] = []
-        self._train_logged_epoch: int | None = None  # the epoch whose training metrics are logged
         if per_worker_metrics:  # replicas differ (model averaging): also keep each worker's own numbers
             self.worker_val_acc = MulticlassAccuracy(
                 num_classes, average="micro", validate_args=False, sync_on_compute=False
@@ -141,17 +140,17 @@ class Classifier(PlainHookName, L.LightningModule):
         """For an epoch that ended before its last batch (an early stop after a validation inside the
         epoch, trainer.val_check_interval < 1, which every worker reaches at the same step): log its
         training accuracy and loss now. RunRecorder calls it at the epoch's end; a no-op when the last
-        batch already did."""
-        if self._train_counts is not None and self._train_logged_epoch != self.current_epoch:
+        batch already did (it consumed the counts)."""
+        if self._train_counts is not None:
             self._log_train_epoch()
 
     def _log_train_epoch(self) -> None:
         """Accuracy and mean loss over every sample every worker trained on this epoch, with one
         all-reduce after each worker's last step: every worker gets there once per epoch, also with
         shards of different sizes, and after any collective of its optimizer steps (averaging)."""
-        self._train_logged_epoch = self.current_epoch
         self._count_pending()
         correct, loss_sum, n = self._train_counts
+        self._train_counts = None  # logged; the next epoch's first batch starts new counts
         sums = torch.stack([correct, loss_sum, torch.tensor(float(n), dtype=torch.float64, device=correct.device)])
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(sums)
