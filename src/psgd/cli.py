@@ -20,16 +20,35 @@ from psgd.run import mark_status, train
 
 
 def _discard_empty_run_dir(run_dir: Path) -> None:
-    """A run that failed before training leaves no results: drop the dir Hydra made for it."""
+    """A run that failed before training leaves no results: drop the dir Hydra made for it. It may
+    hold Hydra's config, the log and a TensorBoard event file opened before the error (a check inside
+    the workers, e.g. a resume whose per-step schedule does not fit): psgd logs once per epoch, so
+    with no metrics.json no epoch finished and the event file has nothing in it."""
     if not run_dir.is_dir() or (run_dir / "metrics.json").exists():
         return
-    if all(p.name == ".hydra" or p.suffix == ".log" for p in run_dir.iterdir()):
+
+    def empty(p: Path) -> bool:
+        if p.name == "tensorboard" and p.is_dir():
+            return all(f.name.startswith("events.out.tfevents.") for f in p.iterdir())
+        return p.name == ".hydra" or p.suffix == ".log"
+
+    if all(empty(p) for p in run_dir.iterdir()):
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
 # errors whose message is the whole story: one line, no traceback, also when a worker raised them
 KNOWN_ERRORS = (ConfigError, DataError, TrainingDiverged)
 _RAISED_IN_WORKER = tuple(f"{c.__module__}.{c.__qualname__}: " for c in KNOWN_ERRORS)
+BAD_INPUT = (ConfigError, DataError)  # nothing trained: the run leaves no dir
+
+
+def bad_input(e: BaseException) -> bool:
+    """A bad value or bad data, found in this process or in a worker (a resume check that needs the
+    worker's data, a dataset read there)."""
+    if isinstance(e, ProcessRaisedException):
+        last = text_lines(e)[-1]
+        return any(last.startswith(f"{c.__module__}.{c.__qualname__}: ") for c in BAD_INPUT)
+    return isinstance(e, BAD_INPUT)
 
 
 def error_line(e: BaseException, run_dir: Path) -> str:
@@ -76,7 +95,7 @@ def run_job(cfg: DictConfig) -> float | None:
             record_failure(run_dir, line, e)
             print(f"psgd: error: {line}", file=sys.stderr, flush=True)
             return None
-        if isinstance(e, ConfigError | DataError):
+        if bad_input(e):
             _discard_empty_run_dir(run_dir)
         else:  # the run's record says why it stopped, as a sweep job's does
             mark_status(run_dir / "metrics.json", "failed", create=True, error=line)

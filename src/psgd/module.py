@@ -13,7 +13,11 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
+from psgd.config import ConfigError
 from psgd.optim import build_scheduler
+
+# a per-step schedule's optimizer steps per epoch (this worker's), kept in its checkpoints
+STEPS_PER_EPOCH_KEY = "psgd_steps_per_epoch"
 
 
 class TrainingDiverged(RuntimeError):
@@ -66,6 +70,9 @@ class Classifier(PlainHookName, L.LightningModule):
         # Updating two torchmetrics objects per step cost 0.21 ms of a 9.9 ms lab-CNN step (2 %;
         # measured with benchmarks/compare.py's setup); the counts are reduced once per epoch.
         self._train_counts: list | None = None
+        # per-step schedules: this run's optimizer steps per epoch and the resumed checkpoint's
+        self._steps_per_epoch: int | None = None
+        self._resumed_steps_per_epoch: int | None = None
         self._train_pending: list[tuple[Tensor, Tensor, Tensor]] = []
         if per_worker_metrics:  # replicas differ (model averaging): also keep each worker's own numbers
             self.worker_val_acc = MulticlassAccuracy(
@@ -231,12 +238,38 @@ class Classifier(PlainHookName, L.LightningModule):
         cfg.pop("name", None)
         interval = cfg.pop("interval", "epoch")
         steps_per_epoch = self.optimizer_steps_per_epoch() if interval == "step" else 1
+        self._steps_per_epoch = steps_per_epoch if interval == "step" else None
+        self._check_resumed_steps()
         scheduler = build_scheduler(
             optimizer, self.hparams.workers, self.hparams.max_epochs, steps_per_epoch=steps_per_epoch, **cfg
         )
         if scheduler is None:
             return optimizer
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self._steps_per_epoch is not None:
+            checkpoint[STEPS_PER_EPOCH_KEY] = self._steps_per_epoch
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._resumed_steps_per_epoch = checkpoint.get(STEPS_PER_EPOCH_KEY)
+        self._check_resumed_steps()
+
+    def _check_resumed_steps(self) -> None:
+        """A per-step schedule is restored in the checkpoint's optimizer steps: resumed with other steps
+        per epoch it would follow the old run's epochs, not this run's. Checked once both are known
+        (the checkpoint is loaded before configure_optimizers, or after it for model averaging); the
+        same settings give every worker the same count as before, so all workers agree."""
+        old, new = self._resumed_steps_per_epoch, self._steps_per_epoch
+        if old is None or new is None or old == new:
+            return
+        raise ConfigError(
+            f"ckpt_path cannot be resumed with {new} optimizer steps per epoch on worker {self.global_rank} "
+            f"under scheduler.interval=step (the checkpoint's run had {old}: its lr schedule counts those steps); "
+            "resume with the checkpoint's data.batch_size, workers, parallel_batches and trainer settings"
+        )
 
     def optimizer_steps_per_epoch(self) -> int:
         """This worker's optimizer steps per epoch (its shard's batches, after gradient accumulation,

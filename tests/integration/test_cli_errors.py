@@ -2,8 +2,12 @@
 
 (Every check itself is unit-tested in tests/unit/test_config.py; these run the CLI path end to end.)"""
 
+import re
+
 import pytest
-from conftest import run_cli
+from conftest import compose_cfg, run_cli
+
+from psgd.run import train
 
 CASES = [
     (["trainer.devices=0"], "trainer.devices=0"),
@@ -61,4 +65,29 @@ def test_missing_dataset_names_the_path_and_the_fix(tmp_path):
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and str(tmp_path / "empty") in lines[0] and "PSGD_DATA" in lines[0], proc.stderr
+    assert not run_dir.exists()
+
+
+@pytest.mark.distributed
+def test_a_resume_refused_inside_the_workers_is_one_line_and_leaves_no_run_dir(tiny_data, tmp_path):
+    """A per-step schedule's steps per epoch are known only once each worker has its data, so this
+    resume check runs inside the workers (both refuse, neither hangs); the run dir they had started,
+    with TensorBoard's empty event file, is dropped like that of any bad value."""
+    per_step = [f"data.root={tiny_data}", "scheduler.interval=step", "trainer.max_epochs=1", "data.batch_size=32"]
+    first = tmp_path / "first"
+    train(compose_cfg(*per_step, "quiet=true"), first)  # 512 samples: 16 steps per epoch
+    run_dir = tmp_path / "run"
+    # two workers halve each one's shard: 8 steps per epoch
+    resume = ["workers=2", f"ckpt_path={first}", f"hydra.run.dir={run_dir}"]
+    proc = run_cli("train.py", *per_step, "quiet=true", *resume, timeout=180)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    # both workers refuse; the line is the first one's
+    assert re.fullmatch(
+        r"psgd: error: ckpt_path cannot be resumed with 8 optimizer steps per epoch on worker [01] under "
+        r"scheduler.interval=step \(the checkpoint's run had 16: its lr schedule counts those steps\); resume "
+        r"with the checkpoint's data.batch_size, workers, parallel_batches and trainer settings",
+        lines[0],
+    ), lines[0]
     assert not run_dir.exists()

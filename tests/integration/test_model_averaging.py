@@ -11,6 +11,9 @@ TINY = ["quiet=true", "data.batch_size=32", "data.eval_batch_size=64"]
 # plain SGD with nothing that differs between one update rule and another: no momentum, weight
 # decay, BatchNorm, dropout or schedule
 PLAIN = ["model.dropout=0", "optimizer.momentum=0", "optimizer.weight_decay=0", "scheduler=none"]
+# the `averaged` run's shards differ in length and its cosine moves per step: each worker's lr schedule
+# counts its own steps, so each must resume its own
+UNEVEN_PER_STEP = ["data.partition=sizes", "data.partition_sizes=[0.6,0.4]", "scheduler.interval=step"]
 
 
 def weights(run_dir, name="last.ckpt"):
@@ -34,6 +37,7 @@ def averaged(tiny_data, tmp_path_factory):
         "trainer.max_epochs=2",
         "strategy.save_replicas=true",
         "checkpoint_every_epoch=true",
+        *UNEVEN_PER_STEP,
         f"hydra.run.dir={run_dir}",
         *TINY,
     )
@@ -79,6 +83,12 @@ def test_checkpoints_hold_every_replica_and_resume_gives_the_uninterrupted_weigh
         mid["replicas"][0]["state_dict"]["net.features.0.weight"],
         mid["replicas"][1]["state_dict"]["net.features.0.weight"],
     )
+    # and its own lr schedule: the shards differ in length, so the per-step cosines have counted
+    # different numbers of steps and have different horizons
+    steps = [r["psgd_steps_per_epoch"] for r in mid["replicas"]]
+    assert steps[0] > steps[1] > 0
+    assert [r["lr_schedulers"][0]["last_epoch"] for r in mid["replicas"]] == steps
+    assert [r["lr_schedulers"][0]["T_max"] for r in mid["replicas"]] == [2 * s for s in steps]
     # resume after epoch 1 (dropout on: each worker's random stream is reseeded per epoch); each worker
     # must continue from its own replica and momentum for the end result to match bit for bit
     resumed = tmp_path / "resumed"
@@ -89,6 +99,7 @@ def test_checkpoints_hold_every_replica_and_resume_gives_the_uninterrupted_weigh
         f"data.root={tiny_data}",
         "trainer.max_epochs=2",
         f"ckpt_path={averaged / 'checkpoints' / 'epoch0.ckpt'}",
+        *UNEVEN_PER_STEP,
         f"hydra.run.dir={resumed}",
         *TINY,
     )

@@ -11,6 +11,7 @@ from conftest import compose_cfg, run_cli
 from helpers import metrics, scalars, tensorboard, training_data
 
 from psgd.callbacks import denormals_flushed
+from psgd.config import ConfigError
 from psgd.run import train
 
 TINY = ["quiet=true", "data.batch_size=32", "data.eval_batch_size=64"]
@@ -177,19 +178,21 @@ def test_a_callers_callbacks_see_every_training_batch(tiny_data, tmp_path):
     assert count.on_before_zero_grad is None  # psgd took the empty hooks it inherits out of Lightning's dispatch
 
 
+class Lrs(L.Callback):
+    """The lr of every optimizer step, with its epoch."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        self.seen.append((trainer.current_epoch, optimizer.param_groups[0]["lr"]))
+
+
 @pytest.mark.parametrize("interval", ["step", "epoch"])
 def test_a_per_step_warm_up_moves_the_lr_at_every_optimizer_step(tiny_data, tmp_path, interval):
     """scheduler.interval=step: the lr rises at every optimizer step, and a one-epoch warm-up ends with
     the epoch's last optimizer step, counted after gradient accumulation (parallel_batches=2: 8 steps
     of 2 batches per epoch); per epoch, it stays put within each epoch."""
-
-    class Lrs(L.Callback):
-        def __init__(self):
-            self.seen = []
-
-        def on_before_optimizer_step(self, trainer, module, optimizer):
-            self.seen.append((trainer.current_epoch, optimizer.param_groups[0]["lr"]))
-
     lrs = Lrs()
     cfg = compose_cfg(
         f"data.root={tiny_data}",
@@ -210,3 +213,37 @@ def test_a_per_step_warm_up_moves_the_lr_at_every_optimizer_step(tiny_data, tmp_
         assert first == pytest.approx([0.002 + 0.018 * i / 8 for i in range(8)])
     else:
         assert first == pytest.approx([0.002] * 8)
+
+
+def test_a_per_step_schedule_resumes_on_its_steps_and_refuses_other_steps_per_epoch(tiny_data, tmp_path):
+    """A per-step schedule is restored in the checkpoint's optimizer steps. Resumed with the same
+    steps per epoch it goes on exactly as the straight run did; with other steps per epoch (here no
+    gradient accumulation: 16 steps instead of 8) it would follow the old run's epochs, so it is refused
+    in one line before training (it was silently accepted before)."""
+    common = [
+        f"data.root={tiny_data}",
+        "trainer.max_epochs=2",
+        "scheduler=warmup",
+        "scheduler.warmup_epochs=1.5",
+        "scheduler.start_factor=0.1",
+        "scheduler.interval=step",
+        *TINY,
+    ]
+    straight = Lrs()
+    train(
+        compose_cfg(*common, "parallel_batches=2", "checkpoint_every_epoch=true"), tmp_path / "a", callbacks=[straight]
+    )
+    epoch0 = tmp_path / "a" / "checkpoints" / "epoch0.ckpt"
+    assert torch.load(epoch0, weights_only=True)["psgd_steps_per_epoch"] == 8
+    resumed = Lrs()
+    train(compose_cfg(*common, "parallel_batches=2", f"ckpt_path={epoch0}"), tmp_path / "b", callbacks=[resumed])
+    second = [lr for e, lr in straight.seen if e == 1]
+    assert second[0] == pytest.approx(0.002 + 0.018 * 8 / 12)  # the warm-up ends half-way through epoch 1
+    assert [lr for _, lr in resumed.seen] == pytest.approx(second)
+    with pytest.raises(
+        ConfigError,
+        match=r"^ckpt_path cannot be resumed with 16 optimizer steps per epoch on worker 0 under "
+        r"scheduler.interval=step \(the checkpoint's run had 8: its lr schedule counts those steps\); resume "
+        r"with the checkpoint's data.batch_size, workers, parallel_batches and trainer settings$",
+    ):
+        train(compose_cfg(*common, f"ckpt_path={epoch0}"), tmp_path / "c")

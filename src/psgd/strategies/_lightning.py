@@ -9,6 +9,8 @@ import torch.distributed as dist
 from pytorch_lightning.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
+from psgd.module import STEPS_PER_EPOCH_KEY
+
 __all__ = ["SharedMemoryLauncher", "handle_sigterm_with", "without_per_step_collectives"]
 
 
@@ -61,35 +63,36 @@ class SharedMemoryLauncher(_MultiProcessingLauncher):
 
 class PerWorkerCheckpoints:
     """Mixin for strategies whose workers hold different state: a checkpoint stores each worker's
-    `per_worker_keys` under `replicas` (rank order), and resuming gives each worker its own."""
+    `per_worker_keys` under `replicas` (rank order), and resuming gives each worker its own. Each
+    worker's lr schedule is its own too: with scheduler.interval=step it counts that worker's steps,
+    and shards of different lengths give workers different steps per epoch."""
 
-    per_worker_keys: tuple[str, ...] = ("optimizer_states",)
+    per_worker_keys: tuple[str, ...] = ("optimizer_states", "lr_schedulers", STEPS_PER_EPOCH_KEY)
     _averaged = False
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
-        mine = {k: checkpoint.get(k) for k in self.per_worker_keys}
+        mine = {k: checkpoint[k] for k in self.per_worker_keys if k in checkpoint}
         replicas: list[Any] = [None] * self.world_size
         dist.all_gather_object(replicas, mine)
         if self.is_global_zero:
             checkpoint = {**checkpoint, "replicas": replicas, "averaged": self._averaged}
             super().save_checkpoint(checkpoint, filepath, storage_options)
 
-    def _own(self, checkpoint: dict[str, Any], key: str) -> dict[str, Any]:
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+        """The checkpoint as this worker resumes from it: its own replica's keys in place of rank 0's.
+        A plain or final (averaged) checkpoint is every worker's start as it is."""
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
         replicas = checkpoint.get("replicas")
-        if not replicas or checkpoint.get("averaged") or key not in replicas[0]:
-            return checkpoint  # plain or final (averaged) checkpoint: every worker starts from it
+        if not replicas or checkpoint.get("averaged"):
+            return checkpoint
         if len(replicas) != self.world_size:
             raise RuntimeError(
                 f"checkpoint holds {len(replicas)} workers' state but this run has {self.world_size} workers; "
                 "resume with the same number of workers"
             )
-        return {**checkpoint, key: replicas[self.global_rank][key]}
-
-    def load_model_state_dict(self, checkpoint: dict[str, Any], strict: bool = True) -> None:
-        super().load_model_state_dict(self._own(checkpoint, "state_dict"), strict=strict)
-
-    def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
-        super().load_optimizer_state_dict(self._own(checkpoint, "optimizer_states"))
+        own = replicas[self.global_rank]
+        # a key the replicas lack (a checkpoint written before it was kept per worker) stays rank 0's
+        return {**checkpoint, **{k: own[k] for k in self.per_worker_keys if k in own}}
 
 
 def gather_floats(values: list[float], device: torch.device) -> list[list[float]]:

@@ -28,10 +28,10 @@ from psgd.strategies._lightning import (
 
 
 class HogwildStrategy(PerWorkerCheckpoints, DDPStrategy):
-    """Workers share one CPU model and update it without locks; each keeps its own optimizer."""
+    """Workers share one CPU model and update it without locks; each keeps its own optimizer (and lr
+    schedule: PerWorkerCheckpoints' per-worker keys; the shared weights are one copy for all)."""
 
     strategy_name = "hogwild"
-    per_worker_keys = ("optimizer_states",)  # the weights are shared: one copy serves all workers
 
     def __init__(self, lock: bool = False, **ddp_kwargs: Any):
         ddp_kwargs["start_method"] = "forkserver"

@@ -66,7 +66,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, DDPStrategy):
     """Independent SGD per worker; parameters averaged every `period` steps and at the end."""
 
     strategy_name = "model_averaging"
-    per_worker_keys = ("state_dict", "optimizer_states")  # replicas differ between averaging points
+    per_worker_keys = ("state_dict", *PerWorkerCheckpoints.per_worker_keys)  # replicas differ between averaging points
 
     def __init__(
         self,
