@@ -245,7 +245,11 @@ class Classifier(PlainHookName, L.LightningModule):
         )
         if scheduler is None:
             return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
+        # named for TensorBoard: with interval=step, run.py's LearningRateMonitor logs it as lr_step
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": interval, "name": "lr_step"},
+        }
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

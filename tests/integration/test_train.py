@@ -202,6 +202,7 @@ def test_a_per_step_warm_up_moves_the_lr_at_every_optimizer_step(tiny_data, tmp_
         "scheduler.warmup_epochs=1",
         "scheduler.start_factor=0.1",
         f"scheduler.interval={interval}",
+        "trainer.log_every_n_steps=2",
         *TINY,
     )
     train(cfg, tmp_path / "run", callbacks=[lrs])
@@ -213,6 +214,14 @@ def test_a_per_step_warm_up_moves_the_lr_at_every_optimizer_step(tiny_data, tmp_
         assert first == pytest.approx([0.002 + 0.018 * i / 8 for i in range(8)])
     else:
         assert first == pytest.approx([0.002] * 8)
+    # TensorBoard: a per-step schedule's lr every log_every_n_steps optimizer steps (Lightning's
+    # LearningRateMonitor logs each micro-batch of an accumulated step, at that step: the same point)
+    tags = tensorboard(tmp_path / "run").Tags()["scalars"]
+    if interval == "step":
+        logged = {e.step: e.value for e in tensorboard(tmp_path / "run").Scalars("lr_step")}
+        assert logged == pytest.approx({n: 0.002 + 0.018 * min(n, 8) / 8 for n in range(1, 16, 2)})
+    else:
+        assert "lr_step" not in tags and "lr" in tags
 
 
 def test_a_per_step_schedule_resumes_on_its_steps_and_refuses_other_steps_per_epoch(tiny_data, tmp_path):
