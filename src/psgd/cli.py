@@ -21,15 +21,15 @@ from psgd.run import mark_status, train
 
 def _discard_empty_run_dir(run_dir: Path) -> None:
     """A run that failed before training leaves no results: drop the dir Hydra made for it. It may
-    hold Hydra's config, the log and a TensorBoard event file opened before the error (a check inside
-    the workers, e.g. a resume whose per-step schedule does not fit): psgd logs once per epoch, so
-    with no metrics.json no epoch finished and the event file has nothing in it."""
+    hold Hydra's config, the log and what TensorBoard's logger wrote before the error (a check inside
+    the workers, e.g. a resume whose per-step schedule does not fit): an event file and hparams.yaml.
+    With no metrics.json no epoch finished, and no validation ran: they hold no training numbers."""
     if not run_dir.is_dir() or (run_dir / "metrics.json").exists():
         return
 
     def empty(p: Path) -> bool:
         if p.name == "tensorboard" and p.is_dir():
-            return all(f.name.startswith("events.out.tfevents.") for f in p.iterdir())
+            return all(f.name.startswith("events.out.tfevents.") or f.name == "hparams.yaml" for f in p.iterdir())
         return p.name == ".hydra" or p.suffix == ".log"
 
     if all(empty(p) for p in run_dir.iterdir()):
@@ -38,16 +38,22 @@ def _discard_empty_run_dir(run_dir: Path) -> None:
 
 # errors whose message is the whole story: one line, no traceback, also when a worker raised them
 KNOWN_ERRORS = (ConfigError, DataError, TrainingDiverged)
-_RAISED_IN_WORKER = tuple(f"{c.__module__}.{c.__qualname__}: " for c in KNOWN_ERRORS)
 BAD_INPUT = (ConfigError, DataError)  # nothing trained: the run leaves no dir
+
+
+def _as_raised_in_worker(c: type) -> str:
+    """How the last line of a worker's traceback (ProcessRaisedException) starts for an error of class c."""
+    return f"{c.__module__}.{c.__qualname__}: "
+
+
+_RAISED_IN_WORKER = tuple(_as_raised_in_worker(c) for c in KNOWN_ERRORS)
 
 
 def bad_input(e: BaseException) -> bool:
     """A bad value or bad data, found in this process or in a worker (a resume check that needs the
     worker's data, a dataset read there)."""
     if isinstance(e, ProcessRaisedException):
-        last = text_lines(e)[-1]
-        return any(last.startswith(f"{c.__module__}.{c.__qualname__}: ") for c in BAD_INPUT)
+        return text_lines(e)[-1].startswith(tuple(_as_raised_in_worker(c) for c in BAD_INPUT))
     return isinstance(e, BAD_INPUT)
 
 

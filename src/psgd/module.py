@@ -263,17 +263,26 @@ class Classifier(PlainHookName, L.LightningModule):
 
     def _check_resumed_steps(self) -> None:
         """A per-step schedule is restored in the checkpoint's optimizer steps: resumed with other steps
-        per epoch it would follow the old run's epochs, not this run's. Checked once both are known
-        (the checkpoint is loaded before configure_optimizers, or after it for model averaging); the
-        same settings give every worker the same count as before, so all workers agree."""
+        per epoch it would follow the old run's epochs, not this run's. Checked once both are known:
+        the checkpoint is loaded before configure_optimizers, or after it (model averaging), in every
+        worker alike, so every worker gets here at the same point and they compare their counts
+        together: all refuse with the same line (one worker alone refusing would leave the others to
+        fail in their next collective, and that error could be the one reported)."""
         old, new = self._resumed_steps_per_epoch, self._steps_per_epoch
-        if old is None or new is None or old == new:
+        if old is None or new is None:
             return
-        raise ConfigError(
-            f"ckpt_path cannot be resumed with {new} optimizer steps per epoch on worker {self.global_rank} "
-            f"under scheduler.interval=step (the checkpoint's run had {old}: its lr schedule counts those steps); "
-            "resume with the checkpoint's data.batch_size, workers, parallel_batches and trainer settings"
-        )
+        counts = [(old, new)]
+        if dist.is_available() and dist.is_initialized():
+            counts = [None] * dist.get_world_size()
+            dist.all_gather_object(counts, (old, new))
+        for rank, (old, new) in enumerate(counts):
+            if old != new:
+                raise ConfigError(
+                    f"ckpt_path cannot be resumed with {new} optimizer steps per epoch on worker {rank} under "
+                    f"scheduler.interval=step (the checkpoint's run had {old}: its lr schedule counts those "
+                    "steps); resume with the checkpoint's data.batch_size, data.partition, workers, parallel_batches "
+                    "and trainer settings"
+                )
 
     def optimizer_steps_per_epoch(self) -> int:
         """This worker's optimizer steps per epoch (its shard's batches, after gradient accumulation,

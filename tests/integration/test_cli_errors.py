@@ -83,11 +83,11 @@ def test_a_resume_refused_inside_the_workers_is_one_line_and_leaves_no_run_dir(t
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    # both workers refuse; the line is the first one's
+    # both workers compare their counts together and refuse with the same line, naming the first
     assert re.fullmatch(
-        r"psgd: error: ckpt_path cannot be resumed with 8 optimizer steps per epoch on worker [01] under "
+        r"psgd: error: ckpt_path cannot be resumed with 8 optimizer steps per epoch on worker 0 under "
         r"scheduler.interval=step \(the checkpoint's run had 16: its lr schedule counts those steps\); resume "
-        r"with the checkpoint's data.batch_size, workers, parallel_batches and trainer settings",
+        r"with the checkpoint's data.batch_size, data.partition, workers, parallel_batches and trainer settings",
         lines[0],
     ), lines[0]
     assert not run_dir.exists()

@@ -110,6 +110,26 @@ def test_checkpoints_hold_every_replica_and_resume_gives_the_uninterrupted_weigh
     assert_close(final["state_dict"], weights(averaged), atol=0)
 
 
+def test_the_final_checkpoint_resumes_each_worker_on_the_average_and_its_own_schedule(averaged, tiny_data, tmp_path):
+    # the same run resumed from its end: nothing left to train, but every worker loads the checkpoint.
+    # Worker 1's per-step schedule counts its own (shorter) epochs; it used to get rank 0's count and
+    # the resume was refused
+    again = tmp_path / "again"
+    proc = run_cli(
+        "train.py",
+        "strategy=model_averaging",
+        "workers=2",
+        f"data.root={tiny_data}",
+        "trainer.max_epochs=2",
+        f"ckpt_path={averaged}",
+        *UNEVEN_PER_STEP,
+        f"hydra.run.dir={again}",
+        *TINY,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert metrics(again)["test_acc"] == pytest.approx(metrics(averaged)["test_acc"])
+
+
 def test_period_one_is_exactly_synchronous_sgd(tiny_data, tmp_path):
     runs = {}
     for strategy, extra in (("ddp", []), ("model_averaging", ["strategy.period=1"])):

@@ -253,6 +253,6 @@ def test_a_per_step_schedule_resumes_on_its_steps_and_refuses_other_steps_per_ep
         ConfigError,
         match=r"^ckpt_path cannot be resumed with 16 optimizer steps per epoch on worker 0 under "
         r"scheduler.interval=step \(the checkpoint's run had 8: its lr schedule counts those steps\); resume "
-        r"with the checkpoint's data.batch_size, workers, parallel_batches and trainer settings$",
+        r"with the checkpoint's data.batch_size, data.partition, workers, parallel_batches and trainer settings$",
     ):
         train(compose_cfg(*common, f"ckpt_path={epoch0}"), tmp_path / "c")

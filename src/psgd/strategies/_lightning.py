@@ -68,6 +68,8 @@ class PerWorkerCheckpoints:
     and shards of different lengths give workers different steps per epoch."""
 
     per_worker_keys: tuple[str, ...] = ("optimizer_states", "lr_schedulers", STEPS_PER_EPOCH_KEY)
+    # what the final (averaged) checkpoint gives every worker alike: the average and rank 0's optimizer
+    shared_when_averaged = ("state_dict", "optimizer_states")
     _averaged = False
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
@@ -80,19 +82,24 @@ class PerWorkerCheckpoints:
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         """The checkpoint as this worker resumes from it: its own replica's keys in place of rank 0's.
-        A plain or final (averaged) checkpoint is every worker's start as it is."""
+        From the final (averaged) checkpoint every worker starts on the average, with its own schedule
+        where the worker count is the same (any other count starts on rank 0's)."""
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
         replicas = checkpoint.get("replicas")
-        if not replicas or checkpoint.get("averaged"):
+        if not replicas:
             return checkpoint
+        averaged = checkpoint.get("averaged")
         if len(replicas) != self.world_size:
+            if averaged:
+                return checkpoint
             raise RuntimeError(
                 f"checkpoint holds {len(replicas)} workers' state but this run has {self.world_size} workers; "
                 "resume with the same number of workers"
             )
         own = replicas[self.global_rank]
         # a key the replicas lack (a checkpoint written before it was kept per worker) stays rank 0's
-        return {**checkpoint, **{k: own[k] for k in self.per_worker_keys if k in own}}
+        keys = [k for k in self.per_worker_keys if k in own and not (averaged and k in self.shared_when_averaged)]
+        return {**checkpoint, **{k: own[k] for k in keys}}
 
 
 def gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
