@@ -14,6 +14,7 @@ PLAIN = ["model.dropout=0", "optimizer.momentum=0", "optimizer.weight_decay=0", 
 # the `averaged` run's shards differ in length and its cosine moves per step: each worker's lr schedule
 # counts its own steps, so each must resume its own
 UNEVEN_PER_STEP = ["data.partition=sizes", "data.partition_sizes=[0.6,0.4]", "scheduler.interval=step"]
+AVERAGED = ["strategy=model_averaging", "workers=2", "trainer.max_epochs=2", *UNEVEN_PER_STEP, *TINY]
 
 
 def weights(run_dir, name="last.ckpt"):
@@ -31,15 +32,11 @@ def averaged(tiny_data, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ma") / "run"
     proc = run_cli(
         "train.py",
-        "strategy=model_averaging",
-        "workers=2",
+        *AVERAGED,
         f"data.root={tiny_data}",
-        "trainer.max_epochs=2",
         "strategy.save_replicas=true",
         "checkpoint_every_epoch=true",
-        *UNEVEN_PER_STEP,
         f"hydra.run.dir={run_dir}",
-        *TINY,
     )
     assert proc.returncode == 0, proc.stderr
     return run_dir
@@ -76,6 +73,14 @@ def test_reports_each_worker_and_the_averaged_model(averaged):
     assert scalars(acc, "val/acc")[-1] == pytest.approx(m["val_acc"], abs=1e-6)  # then the averaged model
 
 
+def resume_averaged(ckpt_path, run_dir, tiny_data) -> None:
+    """Resume the `averaged` run's settings from `ckpt_path` (a checkpoint or a run dir) into run_dir."""
+    proc = run_cli(
+        "train.py", *AVERAGED, f"data.root={tiny_data}", f"ckpt_path={ckpt_path}", f"hydra.run.dir={run_dir}"
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_checkpoints_hold_every_replica_and_resume_gives_the_uninterrupted_weights(averaged, tiny_data, tmp_path):
     mid = torch.load(averaged / "checkpoints" / "epoch0.ckpt", weights_only=True)
     assert len(mid["replicas"]) == 2 and mid["averaged"] is False
@@ -92,18 +97,7 @@ def test_checkpoints_hold_every_replica_and_resume_gives_the_uninterrupted_weigh
     # resume after epoch 1 (dropout on: each worker's random stream is reseeded per epoch); each worker
     # must continue from its own replica and momentum for the end result to match bit for bit
     resumed = tmp_path / "resumed"
-    proc = run_cli(
-        "train.py",
-        "strategy=model_averaging",
-        "workers=2",
-        f"data.root={tiny_data}",
-        "trainer.max_epochs=2",
-        f"ckpt_path={averaged / 'checkpoints' / 'epoch0.ckpt'}",
-        *UNEVEN_PER_STEP,
-        f"hydra.run.dir={resumed}",
-        *TINY,
-    )
-    assert proc.returncode == 0, proc.stderr
+    resume_averaged(averaged / "checkpoints" / "epoch0.ckpt", resumed, tiny_data)
     assert metrics(resumed)["epochs"] == 2
     final = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)
     assert final["averaged"] is True
@@ -115,18 +109,7 @@ def test_the_final_checkpoint_resumes_each_worker_on_the_average_and_its_own_sch
     # Worker 1's per-step schedule counts its own (shorter) epochs; it used to get rank 0's count and
     # the resume was refused
     again = tmp_path / "again"
-    proc = run_cli(
-        "train.py",
-        "strategy=model_averaging",
-        "workers=2",
-        f"data.root={tiny_data}",
-        "trainer.max_epochs=2",
-        f"ckpt_path={averaged}",
-        *UNEVEN_PER_STEP,
-        f"hydra.run.dir={again}",
-        *TINY,
-    )
-    assert proc.returncode == 0, proc.stderr
+    resume_averaged(averaged, again, tiny_data)
     assert metrics(again)["test_acc"] == pytest.approx(metrics(averaged)["test_acc"])
 
 
