@@ -237,11 +237,11 @@ class Classifier(PlainHookName, L.LightningModule):
         cfg = dict(self.scheduler_cfg or {})
         cfg.pop("name", None)
         interval = cfg.pop("interval", "epoch")
-        steps_per_epoch = self.optimizer_steps_per_epoch() if interval == "step" else 1
-        self._steps_per_epoch = steps_per_epoch if interval == "step" else None
+        # per epoch, the scheduler is stepped once per epoch; per step, once per optimizer step
+        self._steps_per_epoch = self.optimizer_steps_per_epoch() if interval == "step" else None
         self._check_resumed_steps()
         scheduler = build_scheduler(
-            optimizer, self.hparams.workers, self.hparams.max_epochs, steps_per_epoch=steps_per_epoch, **cfg
+            optimizer, self.hparams.workers, self.hparams.max_epochs, steps_per_epoch=self._steps_per_epoch or 1, **cfg
         )
         if scheduler is None:
             return optimizer
