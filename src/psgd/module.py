@@ -277,6 +277,10 @@ class Classifier(PlainHookName, L.LightningModule):
             dist.all_gather_object(counts, (old, new))
         for rank, (old, new) in enumerate(counts):
             if old != new:
+                if dist.is_available() and dist.is_initialized():
+                    # every worker is here together: end the gloo group now, not at exit, where a peer
+                    # that already left could make gloo abort this one with an extra stderr line
+                    dist.destroy_process_group()
                 raise ConfigError(
                     f"ckpt_path cannot be resumed with {new} optimizer steps per epoch on worker {rank} under "
                     f"scheduler.interval=step (the checkpoint's run had {old}: its lr schedule counts those "
