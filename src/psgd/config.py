@@ -219,6 +219,25 @@ def check(cfg: DictConfig) -> Plan:
     _need(_is_int(t.num_nodes) and t.num_nodes >= 1, "trainer.num_nodes", t.num_nodes, "must be an integer >= 1")
     _need(_is_int(t.max_epochs) and t.max_epochs >= 1, "trainer.max_epochs", t.max_epochs, "must be an integer >= 1")
     _need(_is_int(cfg.seed) and cfg.seed >= 0, "seed", cfg.seed, "must be an integer >= 0")
+    # Lightning takes 0 as "skip training" (the run then reports an untrained model as completed) and a
+    # negative clip value as "no clipping": neither is what a user writing them means
+    for split, least in (("train", 0), ("val", None), ("test", None)):
+        key = f"trainer.limit_{split}_batches"
+        limit = OmegaConf.select(cfg, key)
+        _need(
+            limit is None or (_is_number(limit) and (limit > 0 if least == 0 else limit >= 0)),
+            key,
+            limit,
+            f"must be {'>' if least == 0 else '>='} 0 (a fraction of the batches up to 1.0, or a number of batches), "
+            "or null for all",
+        )
+    clip = t.get("gradient_clip_val")
+    _need(
+        clip is None or (_is_number(clip) and clip >= 0),
+        "trainer.gradient_clip_val",
+        clip,
+        "must be a number > 0, or null (or 0) for no clipping",
+    )
     threads = cfg.get("threads_per_worker")
     _need(
         threads is None or (_is_int(threads) and threads >= 1),
@@ -415,7 +434,8 @@ def check_gpu_count(workers: int, key: str) -> None:
 
 def resolve_accumulation(cfg: DictConfig, world_size: int) -> int:
     """`parallel_batches` K spreads K micro-batches per update over the workers: K / world_size each."""
-    k, acc = cfg.get("parallel_batches"), cfg.trainer.get("accumulate_grad_batches") or 1
+    k, acc = cfg.get("parallel_batches"), cfg.trainer.get("accumulate_grad_batches")
+    acc = 1 if acc is None else acc
     _need(_is_int(acc) and acc >= 1, "trainer.accumulate_grad_batches", acc, "must be an integer >= 1")
     if k is None:
         return acc

@@ -30,6 +30,7 @@ from pytorch_lightning.loggers import TensorBoardLogger
 from pytorch_lightning.strategies import DDPStrategy
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import nn
+from torch.multiprocessing import ProcessRaisedException
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
@@ -332,6 +333,19 @@ def mark_status(record_path: Path, status: str, create: bool = False, **fields: 
         write_json(record_path, record)
 
 
+def lightning_refusal(e: BaseException) -> str | None:
+    """The message of a MisconfigurationException Lightning raised inside fit, here or in a worker
+    (a value it checks only once it has the data, e.g. trainer.limit_val_batches=0.01 of 4 batches)."""
+    if isinstance(e, MisconfigurationException):
+        return " ".join(text_lines(e))
+    if isinstance(e, ProcessRaisedException):
+        last = text_lines(e)[-1]
+        raised = f"{MisconfigurationException.__module__}.{MisconfigurationException.__qualname__}: "
+        if last.startswith(raised):
+            return last[len(raised) :]
+    return None
+
+
 def mark_stopped(run_dir: Path, e: BaseException) -> None:
     """Mark a run that `e` stopped: interrupted (Ctrl-C, SIGTERM: one line says so) or failed. Its
     finished epochs stay in metrics.json."""
@@ -482,6 +496,9 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
     except BaseException as e:
         if plan.launcher == "psgd" or trainer.global_rank == 0:  # torchrun / srun: each worker gets here, one says so
             mark_stopped(run_dir, e)
+        refused = lightning_refusal(e)
+        if refused:
+            raise ConfigError(f"Lightning refuses a setting: {refused}") from e
         raise
 
     if plan.launcher != "psgd":  # torchrun / srun: every worker is a process like this one

@@ -18,7 +18,9 @@ CASES = [
     # values psgd passes on to Lightning's Trainer unchecked: Lightning's reason, in one line
     (["trainer.precision=fp8"], "Lightning refuses a trainer setting: Precision 'fp8' is invalid. Allowed"),
     pytest.param(
-        ["trainer.limit_train_batches=-2"], "invalid value -2 for limit_train_batches", marks=pytest.mark.slow
+        ["trainer.limit_val_batches=0.01"],  # checked by Lightning once it has the data: inside fit
+        "Lightning refuses a setting: You requested to check 0.01 of the `val_dataloader` but 0.01 * 1 < 1.",
+        marks=pytest.mark.slow,
     ),
     pytest.param(["+trainer.foo=1"], "unexpected keyword argument 'foo'", marks=pytest.mark.slow),
 ]
@@ -65,6 +67,22 @@ def test_missing_dataset_names_the_path_and_the_fix(tmp_path):
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and str(tmp_path / "empty") in lines[0] and "PSGD_DATA" in lines[0], proc.stderr
+    assert not run_dir.exists()
+
+
+@pytest.mark.distributed
+def test_a_value_lightning_refuses_inside_the_workers_is_one_line_and_leaves_no_run_dir(tiny_data, tmp_path):
+    """Lightning checks limit_*_batches against the batches only inside fit, in every worker: its reason
+    comes back as psgd's one line (before: a worker's traceback, exit code 1)."""
+    run_dir = tmp_path / "run"
+    overrides = ["workers=2", "trainer.limit_train_batches=0.01", "quiet=true", f"hydra.run.dir={run_dir}"]
+    proc = run_cli("train.py", f"data.root={tiny_data}", *overrides, timeout=180)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [
+        "psgd: error: Lightning refuses a setting: You requested to check 0.01 of the `train_dataloader` but "
+        "0.01 * 2 < 1. Please increase the `limit_train_batches` argument. Try at least `limit_train_batches=0.5`"
+    ], proc.stderr
     assert not run_dir.exists()
 
 

@@ -149,6 +149,15 @@ BAD = [
     (["data.partition=sizes", "workers=2", "data.partition_sizes=ab"], "data.partition_sizes='ab' is invalid"),
     (["ckpt_path=3"], "ckpt_path=3 is invalid: must be a checkpoint file or run dir"),
     (["data.root=[1,2]"], "data.root=[1, 2] is invalid: must be a folder"),
+    # Lightning reads these as "skip training" / "no clipping": an untrained model reported as completed
+    (["trainer.limit_train_batches=0"], "trainer.limit_train_batches=0 is invalid: must be > 0"),
+    (["trainer.limit_train_batches=-0.5"], "trainer.limit_train_batches=-0.5 is invalid"),
+    (["trainer.limit_val_batches=-1"], "trainer.limit_val_batches=-1 is invalid: must be >= 0"),
+    (["trainer.limit_test_batches=abc"], "trainer.limit_test_batches='abc' is invalid: must be >= 0"),
+    (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val=-1 is invalid: must be a number > 0, or null"),
+    (["trainer.gradient_clip_val=abc"], "trainer.gradient_clip_val='abc' is invalid"),
+    # 0 was read as 1 (the default) and trained without a word
+    (["trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches=0 is invalid: must be an integer >= 1"),
     (["strategy=nonsense"], None),
 ]
 
