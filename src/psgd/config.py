@@ -231,6 +231,27 @@ def check(cfg: DictConfig) -> Plan:
             f"must be {'>' if least == 0 else '>='} 0 (a fraction of the batches up to 1.0, or a number of batches), "
             "or null for all",
         )
+    every = t.get("check_val_every_n_epoch")  # 0: a ZeroDivisionError traceback from inside fit
+    _need(
+        every is None or (_is_int(every) and every >= 1),
+        "trainer.check_val_every_n_epoch",
+        every,
+        "must be an integer >= 1",
+    )
+    sanity = t.get("num_sanity_val_steps")  # below -1: silently none
+    _need(
+        sanity is None or (_is_int(sanity) and sanity >= -1),
+        "trainer.num_sanity_val_steps",
+        sanity,
+        "must be an integer >= 0, or -1 for all validation batches",
+    )
+    deterministic = t.get("deterministic")  # any other text ran as if true
+    _need(
+        deterministic is None or isinstance(deterministic, bool) or deterministic == "warn",
+        "trainer.deterministic",
+        deterministic,
+        "allowed: true, false, warn",
+    )
     clip = t.get("gradient_clip_val")
     _need(
         clip is None or (_is_number(clip) and clip >= 0),

@@ -156,6 +156,9 @@ BAD = [
     (["trainer.limit_test_batches=abc"], "trainer.limit_test_batches='abc' is invalid: must be >= 0"),
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val=-1 is invalid: must be a number > 0, or null"),
     (["trainer.gradient_clip_val=abc"], "trainer.gradient_clip_val='abc' is invalid"),
+    (["trainer.check_val_every_n_epoch=0"], "trainer.check_val_every_n_epoch=0 is invalid: must be an integer >= 1"),
+    (["trainer.num_sanity_val_steps=-5"], "trainer.num_sanity_val_steps=-5 is invalid: must be an integer >= 0, or -1"),
+    (["trainer.deterministic=abc"], "trainer.deterministic='abc' is invalid: allowed: true, false, warn"),
     # 0 was read as 1 (the default) and trained without a word
     (["trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches=0 is invalid: must be an integer >= 1"),
     (["strategy=nonsense"], None),
@@ -172,6 +175,22 @@ def test_bad_values_are_one_clear_line(overrides, fragment):
         check(compose_cfg(*overrides))
     assert fragment in str(e.value)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "trainer.deterministic=warn",
+        "trainer.num_sanity_val_steps=-1",
+        "trainer.check_val_every_n_epoch=null",
+        "trainer.gradient_clip_val=0",
+        "trainer.limit_train_batches=0.5",
+        "trainer.limit_train_batches=3",
+        "trainer.limit_val_batches=0",
+    ],
+)
+def test_trainer_values_psgd_checks_still_take_everything_lightning_means_by_them(override):
+    check(compose_cfg(override))
 
 
 def test_more_workers_than_visible_gpus_is_one_clear_line(monkeypatch):
