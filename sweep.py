@@ -1,4 +1,5 @@
-"""Sweep training jobs: `python sweep.py -m workers=1,2,3,4,5 [strategy=ddp,hogwild ...]`.
+"""Sweep training jobs: `python sweep.py -m workers=1,2,3,4,5 [strategy=ddp,hogwild ...]` (the -m,
+Hydra's multirun flag, is implied: sweep.py always runs a multirun).
 
 Each job is a full `train.py` run in its own dir under the sweep dir (multirun/<date>/<time>/<n>/),
 started in a fresh process tree. A line is printed per finished job; when the multirun ends the sweep
@@ -16,7 +17,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from psgd.command_line import check_command_line  # light: torch and Lightning load once the line is checked
+from psgd.command_line import check_command_line, sweep_argv  # light: torch and Lightning load after the check
 
 CONF = Path(__file__).resolve().parent / "conf"
 
@@ -31,6 +32,7 @@ def main(cfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     # the last exit handler: spare the exit its full-heap collections (~1.3 s with torch and Lightning loaded)
     atexit.register(gc.freeze)
+    sys.argv[1:] = sweep_argv(sys.argv[1:])
     check_command_line("sweep", CONF)
     try:
         main()

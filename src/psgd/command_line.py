@@ -46,6 +46,18 @@ def run_name() -> str:
 OmegaConf.register_new_resolver("psgd_run_name", run_name, use_cache=True, replace=True)
 
 
+def sweep_argv(argv: list[str]) -> list[str]:
+    """sweep.py's arguments (argv[1:]) as Hydra must get them: always a multirun, `-m` first.
+
+    Hydra reads a `-m` after an override as an unknown argument (argparse's usage text, exit 2), and
+    without `-m` it would run one plain job: sweep.py adds it, in front. A line with other Hydra flags
+    (--cfg, -cn, --help ...) is passed on as it is, for Hydra to judge."""
+    rest = [a for a in argv if a not in ("-m", "--multirun")]
+    if any(a.startswith("-") for a in rest):
+        return argv
+    return ["-m", *rest]
+
+
 def check_command_line(config_name: str, config_dir: Path, argv: list[str] | None = None) -> None:
     """Exit with one line (code 2) if Hydra would refuse the overrides in `argv` (default: sys.argv)
     to the script whose configs are `config_dir`/`config_name`.yaml."""

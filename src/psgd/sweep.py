@@ -11,6 +11,7 @@ from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from psgd.report import describe, write_report
@@ -65,6 +66,8 @@ class SweepReport(Callback):
             self.total, self.swept = math.prod(lengths.values()), {k for k, n in lengths.items() if n > 1}
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        if config.hydra.mode != RunMode.MULTIRUN:  # sweep.py with Hydra flags of its own and no -m: no sweep
+            return
         job_dir = Path(config.hydra.runtime.output_dir)
         overrides = [o for o in config.hydra.overrides.task if o.split("=", 1)[0].lstrip("+~") in self.swept]
         line = progress_line(config.hydra.job.num, self.total, overrides, job_dir)

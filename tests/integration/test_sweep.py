@@ -102,11 +102,11 @@ def test_a_failed_job_is_marked_and_the_rest_reported(tiny_data, tmp_path):
     sweep_dir = tmp_path / "sweep"
     proc = run_cli(
         "sweep.py",
-        "-m",
         "data.batch_size=64,0",
         f"data.root={tiny_data}",
         "trainer.max_epochs=1",
         f"hydra.sweep.dir={sweep_dir}",
+        "-m",  # where Hydra alone would not read it (sweep.py puts it first; it may also be left out)
         timeout=300,
     )
     assert proc.returncode == 1, proc.stderr[-2000:]

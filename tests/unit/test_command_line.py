@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import CONF
 
-from psgd.command_line import command_line_problem
+from psgd.command_line import command_line_problem, sweep_argv
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -35,6 +35,24 @@ def test_a_mistyped_choice_or_key_is_one_line_naming_it_and_what_is_allowed(argv
     problem = command_line_problem("train", argv, CONF)
     assert problem is not None and expected in problem
     assert "\n" not in problem
+
+
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        ([], ["-m"]),  # the defaults: a sweep of one job, with its report (before: a plain run, then a warning)
+        (["workers=1,2"], ["-m", "workers=1,2"]),
+        # Hydra takes -m only before the overrides (after them: argparse's usage text, exit 2)
+        (["workers=1,2", "seed=0", "-m"], ["-m", "workers=1,2", "seed=0"]),
+        (["--multirun", "workers=1,2"], ["-m", "workers=1,2"]),
+        (["-m", "workers=1,2"], ["-m", "workers=1,2"]),
+        # other Hydra flags: left to Hydra as written
+        (["--cfg", "job", "workers=1"], ["--cfg", "job", "workers=1"]),
+        (["workers=1,2", "-m", "--info"], ["workers=1,2", "-m", "--info"]),
+    ],
+)
+def test_sweep_py_always_runs_a_multirun_with_the_flag_where_hydra_reads_it(argv, expected):
+    assert sweep_argv(argv) == expected
 
 
 def test_the_sweep_config_is_checked_the_same_way():
