@@ -27,6 +27,23 @@ def test_missing_dataset_without_download_names_path_and_fix(tmp_path):
     assert "\n" not in msg and str(tmp_path / "nowhere") in msg and "PSGD_DATA" in msg and "data.root" in msg
 
 
+def test_a_failed_download_leaves_no_empty_folders_behind(tmp_path, monkeypatch, capsys):
+    """Offline (stood in for by a download that raises, as urllib does without a network): torchvision
+    has made <root>/MNIST/raw by then; a mistyped data.root must not leave that tree behind."""
+    from urllib.error import URLError
+
+    def offline(*args, **kwargs):
+        raise URLError("no network")
+
+    monkeypatch.setattr("torchvision.datasets.mnist.download_and_extract_archive", offline)
+    (tmp_path / "kept").mkdir()  # what was there stays
+    for root in (tmp_path / "typo" / "deeper", tmp_path):
+        with pytest.raises(DataError, match="not found or unreadable"):
+            load_split("mnist", str(root), train=True, download=True)
+    capsys.readouterr()  # torchvision's own lines about each mirror
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
+
+
 def test_truncated_file_is_one_line_naming_the_file(tmp_path):
     make_mnist_like(tmp_path, "MNIST", n_train=50, n_test=20)
     path = tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte.gz"

@@ -6,9 +6,11 @@ them (so a read-only data folder works), and CIFAR10's md5 check can be turned o
 made copies in CIFAR's format (``data.verify_md5=false``).
 """
 
+import contextlib
 import gzip
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.error import URLError
 
 import numpy as np
@@ -117,6 +119,19 @@ class CIFAR10(tvd.CIFAR10):
 _CLASSES = {"mnist": MNIST, "fashion_mnist": FashionMNIST, "cifar10": CIFAR10}
 
 
+def _dirs_around(root: str) -> set[Path]:
+    """The folders a dataset download may make: `root`, its parents, and two levels below it."""
+    top = Path(root).absolute()
+    below = [p for p in (*top.glob("*"), *top.glob("*/*")) if p.is_dir()] if top.is_dir() else []
+    return {*(p for p in (top, *top.parents) if p.is_dir()), *below}
+
+
+def _remove_new_empty_dirs(root: str, before: set[Path]) -> None:
+    for d in sorted(_dirs_around(root) - before, key=lambda p: len(p.parts), reverse=True):  # deepest first
+        with contextlib.suppress(OSError):  # not empty (a partial file is kept for the user to look at)
+            d.rmdir()
+
+
 def load_split(
     name: str, root: str, train: bool, download: bool = True, verify_md5: bool = True
 ) -> tuple[Tensor, Tensor]:
@@ -125,11 +140,13 @@ def load_split(
         raise DataError(f"unknown dataset {name!r}; allowed: {', '.join(_CLASSES)}")
     root = os.path.expanduser(str(root))
     kwargs = {"verify_md5": verify_md5} if name == "cifar10" else {}
+    before = _dirs_around(root)
     try:
         ds = _CLASSES[name](root, train=train, download=download, **kwargs)
     except DataError:
         raise
     except (RuntimeError, URLError, OSError) as e:
+        _remove_new_empty_dirs(root, before)  # a download that failed leaves no empty <root>/MNIST/raw behind
         where = os.path.abspath(root)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(
