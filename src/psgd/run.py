@@ -376,6 +376,7 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
 
 def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.Callback]) -> dict[str, Any] | None:
     quiet = bool(cfg.get("quiet"))
+    bars = not quiet and sys.stdout.isatty()  # into a file or pipe (SLURM, CI, `> log`): a line per epoch instead
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # before the model: same seed, same init
     net, image_size = build_model(cfg.model, cfg.data.name)
 
@@ -436,7 +437,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
     es = cfg.early_stop
     callbacks: list = [
         WorkerSetup(plan.threads_per_worker, cfg.seed, cfg.flush_denormal),
-        RunRecorder(str(run_dir), run_info, es.target_acc),
+        RunRecorder(str(run_dir), run_info, es.target_acc, echo=not quiet and not bars),
         LatestCheckpoint(run_dir / "checkpoints"),  # first: it is trainer.checkpoint_callback
     ]
     if cfg.checkpoint_every_epoch:
@@ -461,7 +462,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         callbacks.append(ShardRecorder(str(run_dir)))
     if cfg.get("record_weights"):
         callbacks.append(WeightRecorder(str(run_dir)))
-    if not quiet:
+    if bars:
         callbacks.append(TQDMProgressBar(refresh_rate=10))  # redrawing every step costs throughput
     callbacks += extra_callbacks
     logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
@@ -477,7 +478,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
             callbacks=callbacks,
             logger=logger,
             use_distributed_sampler=False,  # the datamodule shards; Lightning must not shard a second time
-            enable_progress_bar=not quiet,
+            enable_progress_bar=bars,
             enable_model_summary=not quiet,
         )
     except (TypeError, ValueError, MisconfigurationException) as e:  # a trainer.* value Lightning refuses

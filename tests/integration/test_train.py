@@ -20,9 +20,22 @@ TINY = ["quiet=true", "data.batch_size=32", "data.eval_batch_size=64"]
 @pytest.fixture(scope="module")
 def single_run(tiny_data, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("single") / "run"
-    proc = run_cli("train.py", f"data.root={tiny_data}", "trainer.max_epochs=3", f"hydra.run.dir={run_dir}", *TINY)
+    overrides = [f"data.root={tiny_data}", "trainer.max_epochs=3", f"hydra.run.dir={run_dir}", *TINY, "quiet=false"]
+    proc = run_cli("train.py", *overrides)
     assert proc.returncode == 0, proc.stderr
     return run_dir, proc
+
+
+def test_output_into_a_file_is_a_line_per_epoch_not_progress_bars(single_run):
+    """stdout is a pipe here, as under SLURM or `> log`: tqdm's bars would be carriage-return noise."""
+    run_dir, proc = single_run
+    assert "\r" not in proc.stdout + proc.stderr and "Epoch 0:" not in proc.stdout
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("psgd: epoch ")]
+    history = metrics(run_dir)["history"]
+    assert len(lines) == 3
+    for line, h in zip(lines, history, strict=True):
+        assert line.startswith(f"psgd: epoch {h['epoch']}/3 train_loss={h['train_loss']:.4f} ")
+        assert f" val_acc={h['val_acc']:.4f} epoch_s={h['epoch_s']:.1f} samples_per_s={h['samples_per_s']:.1f}" in line
 
 
 def test_run_learns_and_reports_its_test_accuracy(single_run):
