@@ -228,7 +228,11 @@ class Classifier(PlainHookName, L.LightningModule):
 
     @override
     def on_train_epoch_start(self) -> None:
-        self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=False, on_epoch=True, sync_dist=True)
+        # at the epoch's first optimizer step, from which this lr is used (as lr_step places its values);
+        # self.log would place it at the epoch's last step, an epoch late next to the losses
+        lr = self.trainer.optimizers[0].param_groups[0]["lr"]
+        for logger in self.loggers:  # rank 0 writes (Lightning's loggers log on rank 0 only)
+            logger.log_metrics({"lr": lr}, step=self.trainer.global_step)
 
     @override
     def configure_optimizers(self):
