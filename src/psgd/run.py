@@ -27,7 +27,6 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 from pytorch_lightning.loggers import TensorBoardLogger
-from pytorch_lightning.strategies import DDPStrategy
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import nn
 from torch.multiprocessing import ProcessRaisedException
@@ -54,6 +53,7 @@ from psgd.optim import scaled_lr
 from psgd.profiler import NoProfiler
 from psgd.results import cpu_count, device_description, read_json, versions, write_json
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
+from psgd.strategies._lightning import ReportsFirstFailure
 
 HPARAM_METRICS = ("test/acc", "test/loss", "val/acc", "val/loss", "time/samples_per_s", "time/cumulative_s")
 
@@ -185,7 +185,7 @@ def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path):
     if plan.workers == 1 and cfg.trainer.num_nodes == 1 and not s.get("ddp_for_one_worker", False):
         return "auto"  # one process: no process group, nothing to all-reduce
     ddp_kwargs: dict[str, Any] = {"bucket_cap_mb": s.bucket_cap_mb} if s.get("bucket_cap_mb") is not None else {}
-    return DDPStrategy(
+    return ReportsFirstFailure(  # Lightning's DDPStrategy; a failed run names the worker that failed first
         **common, find_unused_parameters=s.find_unused_parameters, gradient_as_bucket_view=True, **ddp_kwargs
     )
 
@@ -420,7 +420,14 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         "num_nodes": t.num_nodes,
         "threads_per_worker": plan.threads_per_worker,
         "launcher": plan.launcher,
-        "lightning_strategy": strategy if isinstance(strategy, str) else type(strategy).__name__,
+        # Lightning's name for plain DDP (psgd's subclass only changes how a failure is reported)
+        "lightning_strategy": (
+            strategy
+            if isinstance(strategy, str)
+            else "DDPStrategy"
+            if type(strategy) is ReportsFirstFailure
+            else type(strategy).__name__
+        ),
         "model": cfg.model.name,
         "data": cfg.data.name,
         "partition": cfg.data.partition,

@@ -1,5 +1,6 @@
 """Failing loud and fast: dead workers, Ctrl-C, resume, bad checkpoints, concurrent runs."""
 
+import atexit
 import json
 import os
 import signal
@@ -9,8 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
+import pytorch_lightning as L
 import torch
-from conftest import ROOT, run_cli
+import torch.distributed as dist
+from conftest import ROOT, compose_cfg, run_cli
+from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+
+from psgd.run import train
 
 TINY = ["quiet=true", "data.batch_size=16", "data.eval_batch_size=64"]
 
@@ -322,3 +328,55 @@ def test_a_diverged_run_stops_with_one_line(tiny_data, tmp_path, workers):
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["status"] == "failed" and m["error"] == lines[-1].removeprefix("psgd: error: ")
     assert m.get("history", []) == []  # stopped in the epoch that diverged, not 4 epochs later
+
+
+class FailsAloneOnRank1(L.Callback):
+    """Worker 1 fails on its own after its first step (an error, or SIGKILL as from the OOM killer),
+    while worker 0 waits on it in a collective (of a gloo group of this callback's: DDP's own group
+    stays open while its reducer holds it). Worker 1 closes that group first and outlives worker 0,
+    whose collective then lost its peer. torch reports the process that exits first: without psgd's
+    launcher, worker 0's gloo error."""
+
+    def __init__(self, how: str):
+        self.how = how
+
+    def on_train_start(self, trainer, pl_module):
+        self.pids = trainer.strategy.all_gather(torch.tensor(os.getpid())).tolist()
+        self.group = dist.new_group(backend="gloo")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx != 0:
+            return
+        if trainer.global_rank == 0:
+            dist.barrier(group=self.group)  # waits for worker 1, which never comes
+        elif self.how == "killed":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torch's SIGTERM to the survivors: not the cause
+            self.close_then_outlive_worker_0()
+            os.kill(os.getpid(), signal.SIGKILL)
+        else:
+            atexit.register(self.close_then_outlive_worker_0)  # runs before psgd's own teardown (last in, first out)
+            raise ValueError("a failure of worker 1 alone")
+
+    def close_then_outlive_worker_0(self):
+        group, self.group = self.group, None
+        dist.destroy_process_group(group)
+        del group  # its sockets close: worker 0's barrier fails with "Connection closed by peer"
+        stat = Path(f"/proc/{self.pids[0]}/stat")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z":
+            time.sleep(0.05)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("how", ["raised", "killed"])
+def test_a_worker_failing_alone_is_the_one_reported_not_the_peer_that_lost_it(tiny_data, tmp_path, how):
+    cfg = compose_cfg(f"data.root={tiny_data}", "workers=2", "trainer.max_epochs=1", *TINY)
+    with pytest.raises((ProcessRaisedException, ProcessExitedException)) as e:
+        train(cfg, tmp_path / "run", callbacks=[FailsAloneOnRank1(how)])
+    assert e.value.error_index == 1
+    if how == "raised":
+        assert str(e.value).strip().splitlines()[-1] == "ValueError: a failure of worker 1 alone"
+    else:
+        assert isinstance(e.value, ProcessExitedException) and e.value.signal_name == "SIGKILL"
+    # what worker 0 got (gloo's "Connection closed by peer" or the like) is kept as the cause
+    assert e.value.__cause__.error_index == 0 and "remote worker" in str(e.value.__cause__)

@@ -1,17 +1,34 @@
 """The one place psgd touches Lightning's private API: its multiprocessing launcher and the training
 loop's per-step SIGTERM broadcast. Keep this file small; it is what a Lightning upgrade may break."""
 
+import shutil
+import signal
+import tempfile
+import traceback
+from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as L
 import torch
 import torch.distributed as dist
+from pytorch_lightning.strategies import DDPStrategy
 from pytorch_lightning.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from pytorch_lightning.utilities.exceptions import SIGTERMException
+from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd.module import STEPS_PER_EPOCH_KEY
 
-__all__ = ["SharedMemoryLauncher", "handle_sigterm_with", "without_per_step_collectives"]
+__all__ = [
+    "FirstFailureLauncher",
+    "ReportsFirstFailure",
+    "SharedMemoryLauncher",
+    "handle_sigterm_with",
+    "without_per_step_collectives",
+]
+
+# how a collective ends in the workers still running when a peer is gone (gloo's messages, lowercased;
+# it adds "This is typically caused by a remote worker crashing" / "... hanging or bugs in the application")
+PEER_LOST = ("connection closed by peer", "connection reset by peer", "caused by a remote worker")
 
 
 def without_per_step_collectives(trainer: L.Trainer) -> None:
@@ -41,7 +58,76 @@ def handle_sigterm_with(trainer: L.Trainer, handler: Any) -> None:
         connector._sigterm_notifier_fn = handler
 
 
-class SharedMemoryLauncher(_MultiProcessingLauncher):
+def lost_a_peer(e: BaseException) -> bool:
+    """A worker's error that only says another worker went away (gloo's connection loss)."""
+    lines = str(e).strip().splitlines()
+    return bool(lines) and any(s in lines[-1].lower() for s in PEER_LOST)
+
+
+class FirstFailureLauncher(_MultiProcessingLauncher):
+    """Lightning's spawn/fork launcher, reporting the worker whose failure ended the run.
+
+    torch reports the first worker process to exit with an error. When one worker fails alone (an
+    error of its own, the OOM killer), its peers' next collective fails with gloo's "Connection closed
+    by peer" as soon as its connections close, and one of them may exit first: the run then names the
+    wrong worker and an error that says nothing. Each worker records its error here before its
+    connections close (they close when it exits); if the reported error is a lost peer, the recorded
+    error of a worker that failed on its own, or the signal that killed one, is raised in its place.
+    """
+
+    def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
+        self._errors_dir = tempfile.mkdtemp(prefix="psgd-worker-errors-")  # pickled into each worker with self
+        try:
+            return super().launch(function, *args, trainer=trainer, **kwargs)
+        except ProcessRaisedException as e:
+            cause = self._first_failure(e)
+            if cause is e:
+                raise
+            raise cause from e
+        finally:
+            shutil.rmtree(self._errors_dir, ignore_errors=True)
+
+    def _wrapping_function(self, process_idx: int, *args: Any, **kwargs: Any) -> None:
+        try:
+            super()._wrapping_function(process_idx, *args, **kwargs)
+        except Exception:
+            (Path(self._errors_dir) / f"{process_idx}").write_text(traceback.format_exc())
+            raise
+
+    def _first_failure(self, e: ProcessRaisedException) -> BaseException:
+        if not lost_a_peer(e):
+            return e
+        for rank in range(len(self.procs)):
+            path = Path(self._errors_dir) / str(rank)
+            if rank != e.error_index and path.is_file():
+                text = path.read_text()
+                if not lost_a_peer(Exception(text)):
+                    header = f"\n\n-- Process {rank:d} terminated with the following error:\n"
+                    return ProcessRaisedException(header + text, rank, self.procs[rank].pid)
+        for rank, proc in enumerate(self.procs):  # killed: no error recorded (torch's own SIGTERM aside)
+            code = proc.exitcode
+            if code is not None and code < 0 and -code != signal.SIGTERM:
+                name = signal.Signals(-code).name
+                return ProcessExitedException(
+                    f"process {rank:d} terminated with signal {name}",
+                    error_index=rank,
+                    error_pid=proc.pid,
+                    exit_code=code,
+                    signal_name=name,
+                )
+        return e
+
+
+class ReportsFirstFailure(DDPStrategy):
+    """A DDPStrategy whose spawn/fork workers are started by FirstFailureLauncher."""
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        if type(self._launcher) is _MultiProcessingLauncher:
+            self._launcher = FirstFailureLauncher(self, start_method=self._start_method)
+
+
+class SharedMemoryLauncher(FirstFailureLauncher):
     """Starts workers with `forkserver` so that module tensors stay shared.
 
     Lightning's launcher clones every module tensor in `spawn`ed CPU workers

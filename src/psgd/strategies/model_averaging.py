@@ -19,11 +19,15 @@ from typing import Any
 import pytorch_lightning as L
 import torch
 import torch.distributed as dist
-from pytorch_lightning.strategies import DDPStrategy
 from torch import Tensor, nn
 from typing_extensions import override
 
-from psgd.strategies._lightning import PerWorkerCheckpoints, gather_floats, without_per_step_collectives
+from psgd.strategies._lightning import (
+    PerWorkerCheckpoints,
+    ReportsFirstFailure,
+    gather_floats,
+    without_per_step_collectives,
+)
 
 
 def average_tensors(tensors: list[Tensor]) -> None:
@@ -62,7 +66,7 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[Tensor]:
     return out
 
 
-class ModelAveragingStrategy(PerWorkerCheckpoints, DDPStrategy):
+class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
     """Independent SGD per worker; parameters averaged every `period` steps and at the end."""
 
     strategy_name = "model_averaging"
