@@ -219,46 +219,7 @@ def check(cfg: DictConfig) -> Plan:
     _need(_is_int(t.num_nodes) and t.num_nodes >= 1, "trainer.num_nodes", t.num_nodes, "must be an integer >= 1")
     _need(_is_int(t.max_epochs) and t.max_epochs >= 1, "trainer.max_epochs", t.max_epochs, "must be an integer >= 1")
     _need(_is_int(cfg.seed) and cfg.seed >= 0, "seed", cfg.seed, "must be an integer >= 0")
-    # Lightning takes 0 as "skip training" (the run then reports an untrained model as completed) and a
-    # negative clip value as "no clipping": neither is what a user writing them means
-    for split, least in (("train", 0), ("val", None), ("test", None)):
-        key = f"trainer.limit_{split}_batches"
-        limit = OmegaConf.select(cfg, key)
-        _need(
-            limit is None or (_is_number(limit) and (limit > 0 if least == 0 else limit >= 0)),
-            key,
-            limit,
-            f"must be {'>' if least == 0 else '>='} 0 (a fraction of the batches up to 1.0, or a number of batches), "
-            "or null for all",
-        )
-    every = t.get("check_val_every_n_epoch")  # 0: a ZeroDivisionError traceback from inside fit
-    _need(
-        every is None or (_is_int(every) and every >= 1),
-        "trainer.check_val_every_n_epoch",
-        every,
-        "must be an integer >= 1",
-    )
-    sanity = t.get("num_sanity_val_steps")  # below -1: silently none
-    _need(
-        sanity is None or (_is_int(sanity) and sanity >= -1),
-        "trainer.num_sanity_val_steps",
-        sanity,
-        "must be an integer >= 0, or -1 for all validation batches",
-    )
-    deterministic = t.get("deterministic")  # any other text ran as if true
-    _need(
-        deterministic is None or isinstance(deterministic, bool) or deterministic == "warn",
-        "trainer.deterministic",
-        deterministic,
-        "allowed: true, false, warn",
-    )
-    clip = t.get("gradient_clip_val")
-    _need(
-        clip is None or (_is_number(clip) and clip >= 0),
-        "trainer.gradient_clip_val",
-        clip,
-        "must be a number > 0, or null (or 0) for no clipping",
-    )
+    _check_trainer_values(cfg)
     threads = cfg.get("threads_per_worker")
     _need(
         threads is None or (_is_int(threads) and threads >= 1),
@@ -451,6 +412,52 @@ def check_gpu_count(workers: int, key: str) -> None:
             f"{key}={workers} is invalid on GPU: {gpus} CUDA device{'' if gpus == 1 else 's'} visible and each "
             f"worker needs its own; use {key}<={gpus}, or trainer.accelerator=cpu"
         )
+
+
+def _check_trainer_values(cfg: DictConfig) -> None:
+    """trainer.* values Lightning would take silently for something other than what they say, or
+    fail on with a traceback from inside fit."""
+    t = cfg.trainer
+    # Lightning takes 0 as "skip training" (the run then reports an untrained model as completed) and a
+    # negative clip value as "no clipping": neither is what a user writing them means
+    for split, least in (("train", 0), ("val", None), ("test", None)):
+        key = f"trainer.limit_{split}_batches"
+        limit = OmegaConf.select(cfg, key)
+        _need(
+            limit is None or (_is_number(limit) and (limit > 0 if least == 0 else limit >= 0)),
+            key,
+            limit,
+            f"must be {'>' if least == 0 else '>='} 0 (a fraction of the batches up to 1.0, or a number of batches), "
+            "or null for all",
+        )
+    every = t.get("check_val_every_n_epoch")  # 0: a ZeroDivisionError traceback from inside fit
+    _need(
+        every is None or (_is_int(every) and every >= 1),
+        "trainer.check_val_every_n_epoch",
+        every,
+        "must be an integer >= 1",
+    )
+    sanity = t.get("num_sanity_val_steps")  # below -1: silently none
+    _need(
+        sanity is None or (_is_int(sanity) and sanity >= -1),
+        "trainer.num_sanity_val_steps",
+        sanity,
+        "must be an integer >= 0, or -1 for all validation batches",
+    )
+    deterministic = t.get("deterministic")  # any other text ran as if true
+    _need(
+        deterministic is None or isinstance(deterministic, bool) or deterministic == "warn",
+        "trainer.deterministic",
+        deterministic,
+        "allowed: true, false, warn",
+    )
+    clip = t.get("gradient_clip_val")
+    _need(
+        clip is None or (_is_number(clip) and clip >= 0),
+        "trainer.gradient_clip_val",
+        clip,
+        "must be a number > 0, or null (or 0) for no clipping",
+    )
 
 
 def resolve_accumulation(cfg: DictConfig, world_size: int) -> int:
