@@ -1,5 +1,6 @@
-"""The one place psgd touches Lightning's private API: its multiprocessing launcher and the training
-loop's per-step SIGTERM broadcast. Keep this file small; it is what a Lightning upgrade may break."""
+"""The one place psgd touches Lightning's private API: its multiprocessing launcher (which worker a
+failure is reported for; HogWild's shared memory) and the training loop's per-step SIGTERM broadcast.
+Keep this file small; it is what a Lightning upgrade may break."""
 
 import shutil
 import signal
