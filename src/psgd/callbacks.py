@@ -110,6 +110,14 @@ class LatestCheckpoint(ModelCheckpoint):
     def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to do per step: this checkpoint is written per epoch only (no step or time trigger)."""
 
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """A resume into another run dir (the usual `ckpt_path=<old run dir>`) starts this dir's
+        checkpoint afresh. Lightning's own would warn that the old dir's top-k bookkeeping is not
+        restored (on every resume, also in quiet runs): there is none to restore, only last.ckpt."""
+        if state_dict.get("dirpath", self.dirpath) == self.dirpath:
+            super().load_state_dict(state_dict)
+
 
 class LocalSigtermCheck(Callback):
     """DDP: check for SIGTERM locally instead of Lightning's per-step broadcast from rank 0 (one

@@ -3,6 +3,7 @@
 import logging
 import os
 import re
+import warnings
 
 import pytest
 import pytorch_lightning as L
@@ -259,7 +260,11 @@ def test_a_per_step_schedule_resumes_on_its_steps_and_refuses_other_steps_per_ep
     epoch0 = tmp_path / "a" / "checkpoints" / "epoch0.ckpt"
     assert torch.load(epoch0, weights_only=True)["psgd_steps_per_epoch"] == 8
     resumed = Lrs()
-    train(compose_cfg(*common, "parallel_batches=2", f"ckpt_path={epoch0}"), tmp_path / "b", callbacks=[resumed])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(compose_cfg(*common, "parallel_batches=2", f"ckpt_path={epoch0}"), tmp_path / "b", callbacks=[resumed])
+    # resuming into a new run dir is the usual resume: Lightning's ModelCheckpoint warned about it every time
+    assert not [w for w in caught if "dirpath has changed" in str(w.message)]
     second = [lr for e, lr in straight.seen if e == 1]
     assert second[0] == pytest.approx(0.002 + 0.018 * 8 / 12)  # the warm-up ends half-way through epoch 1
     assert [lr for _, lr in resumed.seen] == pytest.approx(second)
