@@ -279,6 +279,15 @@ def resolve_ckpt_path(value: str | None, module: nn.Module, world_size: int = 1)
             "schedule as they were, which would not follow this change; resume with the checkpoint's settings "
             "(to train a finished run further, start a new run)"
         )
+    trained = ((checkpoint.get("loops") or {}).get("fit_loop") or {}).get("epoch_progress", {})
+    trained = trained.get("current", {}).get("processed")  # epochs whose training ended (Lightning's count)
+    max_epochs = dict(getattr(module, "hparams", {})).get("max_epochs")
+    if isinstance(trained, int) and isinstance(max_epochs, int) and trained >= max_epochs:
+        print(
+            f"psgd: ckpt_path={value} already trained {trained} epoch(s), trainer.max_epochs={max_epochs}: "
+            "nothing is left to train; its final weights are tested",
+            flush=True,
+        )
     return str(path)
 
 

@@ -54,6 +54,18 @@ def test_run_learns_and_reports_its_test_accuracy(single_run):
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
 
 
+def test_resuming_a_finished_run_says_nothing_is_left_to_train(single_run, tiny_data, tmp_path):
+    run_dir, _ = single_run
+    again = tmp_path / "again"
+    overrides = [f"data.root={tiny_data}", "trainer.max_epochs=3", f"ckpt_path={run_dir}", f"hydra.run.dir={again}"]
+    proc = run_cli("train.py", *overrides, *TINY)
+    assert proc.returncode == 0, proc.stderr
+    assert f"psgd: ckpt_path={run_dir} already trained 3 epoch(s), trainer.max_epochs=3: nothing is left to train" in (
+        proc.stdout
+    )
+    assert metrics(again)["test_acc"] == metrics(run_dir)["test_acc"]  # the same final weights, tested
+
+
 def test_training_data_csv_has_the_workshops_columns(single_run):
     run_dir, _ = single_run
     rows = training_data(run_dir)
@@ -239,7 +251,7 @@ def test_a_per_step_warm_up_moves_the_lr_at_every_optimizer_step(tiny_data, tmp_
         assert "lr_step" not in tags and "lr" in tags
 
 
-def test_a_per_step_schedule_resumes_on_its_steps_and_refuses_other_steps_per_epoch(tiny_data, tmp_path):
+def test_a_per_step_schedule_resumes_on_its_steps_and_refuses_other_steps_per_epoch(tiny_data, tmp_path, capsys):
     """A per-step schedule is restored in the checkpoint's optimizer steps. Resumed with the same
     steps per epoch it goes on exactly as the straight run did; with other steps per epoch (here no
     gradient accumulation: 16 steps instead of 8) it would follow the old run's epochs, so it is refused
@@ -265,6 +277,7 @@ def test_a_per_step_schedule_resumes_on_its_steps_and_refuses_other_steps_per_ep
         train(compose_cfg(*common, "parallel_batches=2", f"ckpt_path={epoch0}"), tmp_path / "b", callbacks=[resumed])
     # resuming into a new run dir is the usual resume: Lightning's ModelCheckpoint warned about it every time
     assert not [w for w in caught if "dirpath has changed" in str(w.message)]
+    assert "nothing is left to train" not in capsys.readouterr().out  # 1 of 2 epochs trained
     second = [lr for e, lr in straight.seen if e == 1]
     assert second[0] == pytest.approx(0.002 + 0.018 * 8 / 12)  # the warm-up ends half-way through epoch 1
     assert [lr for _, lr in resumed.seen] == pytest.approx(second)
