@@ -16,7 +16,7 @@ from psgd.config import ConfigError
 from psgd.data import DataError
 from psgd.module import TrainingDiverged
 from psgd.results import write_atomic
-from psgd.run import mark_status, train
+from psgd.run import mark_status, raised_in_worker, train
 
 
 def _discard_empty_run_dir(run_dir: Path) -> None:
@@ -41,20 +41,10 @@ KNOWN_ERRORS = (ConfigError, DataError, TrainingDiverged)
 BAD_INPUT = (ConfigError, DataError)  # nothing trained: the run leaves no dir
 
 
-def _as_raised_in_worker(c: type) -> str:
-    """How the last line of a worker's traceback (ProcessRaisedException) starts for an error of class c."""
-    return f"{c.__module__}.{c.__qualname__}: "
-
-
-_RAISED_IN_WORKER = tuple(_as_raised_in_worker(c) for c in KNOWN_ERRORS)
-
-
 def bad_input(e: BaseException) -> bool:
     """A bad value or bad data, found in this process or in a worker (a resume check that needs the
     worker's data, a dataset read there)."""
-    if isinstance(e, ProcessRaisedException):
-        return text_lines(e)[-1].startswith(tuple(_as_raised_in_worker(c) for c in BAD_INPUT))
-    return isinstance(e, BAD_INPUT)
+    return isinstance(e, BAD_INPUT) or raised_in_worker(e, BAD_INPUT) is not None
 
 
 def error_line(e: BaseException, run_dir: Path) -> str:
@@ -62,11 +52,8 @@ def error_line(e: BaseException, run_dir: Path) -> str:
     if isinstance(e, KNOWN_ERRORS):
         return str(e)
     if isinstance(e, ProcessRaisedException):
-        last = text_lines(e)[-1]
-        for prefix in _RAISED_IN_WORKER:
-            if last.startswith(prefix):
-                return last[len(prefix) :]
-        return f"worker rank {e.error_index} failed: {last}"
+        known = raised_in_worker(e, KNOWN_ERRORS)
+        return known if known is not None else f"worker rank {e.error_index} failed: {text_lines(e)[-1]}"
     if isinstance(e, ProcessExitedException):
         how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
         return f"worker rank {e.error_index} died ({how}); results of finished epochs are in {run_dir}"

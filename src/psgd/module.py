@@ -276,12 +276,13 @@ class Classifier(PlainHookName, L.LightningModule):
         if old is None or new is None:
             return
         counts = [(old, new)]
-        if dist.is_available() and dist.is_initialized():
+        distributed = dist.is_available() and dist.is_initialized()
+        if distributed:
             counts = [None] * dist.get_world_size()
             dist.all_gather_object(counts, (old, new))
         for rank, (old, new) in enumerate(counts):
             if old != new:
-                if dist.is_available() and dist.is_initialized():
+                if distributed:
                     # every worker is here together: end the gloo group now, not at exit, where a peer
                     # that already left could make gloo abort this one with an extra stderr line
                     dist.destroy_process_group()

@@ -342,17 +342,25 @@ def mark_status(record_path: Path, status: str, create: bool = False, **fields: 
         write_json(record_path, record)
 
 
+def raised_in_worker(e: BaseException, classes: tuple[type, ...]) -> str | None:
+    """The message of an error of one of `classes` that a worker raised (`e` a ProcessRaisedException,
+    whose last traceback line is `<module>.<class>: <message>`), or None."""
+    if not isinstance(e, ProcessRaisedException):
+        return None
+    last = text_lines(e)[-1]
+    for c in classes:
+        prefix = f"{c.__module__}.{c.__qualname__}: "
+        if last.startswith(prefix):
+            return last[len(prefix) :]
+    return None
+
+
 def lightning_refusal(e: BaseException) -> str | None:
     """The message of a MisconfigurationException Lightning raised inside fit, here or in a worker
     (a value it checks only once it has the data, e.g. trainer.limit_val_batches=0.01 of 4 batches)."""
     if isinstance(e, MisconfigurationException):
         return " ".join(text_lines(e))
-    if isinstance(e, ProcessRaisedException):
-        last = text_lines(e)[-1]
-        raised = f"{MisconfigurationException.__module__}.{MisconfigurationException.__qualname__}: "
-        if last.startswith(raised):
-            return last[len(raised) :]
-    return None
+    return raised_in_worker(e, (MisconfigurationException,))
 
 
 def mark_stopped(run_dir: Path, e: BaseException) -> None:

@@ -59,9 +59,10 @@ def handle_sigterm_with(trainer: L.Trainer, handler: Any) -> None:
         connector._sigterm_notifier_fn = handler
 
 
-def lost_a_peer(e: BaseException) -> bool:
-    """A worker's error that only says another worker went away (gloo's connection loss)."""
-    lines = str(e).strip().splitlines()
+def lost_a_peer(error: str) -> bool:
+    """Whether a worker's error (its traceback text) only says another worker went away (gloo's
+    connection loss)."""
+    lines = error.strip().splitlines()
     return bool(lines) and any(s in lines[-1].lower() for s in PEER_LOST)
 
 
@@ -96,13 +97,13 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
             raise
 
     def _first_failure(self, e: ProcessRaisedException) -> BaseException:
-        if not lost_a_peer(e):
+        if not lost_a_peer(str(e)):
             return e
         for rank in range(len(self.procs)):
             path = Path(self._errors_dir) / str(rank)
             if rank != e.error_index and path.is_file():
                 text = path.read_text()
-                if not lost_a_peer(Exception(text)):
+                if not lost_a_peer(text):
                     header = f"\n\n-- Process {rank:d} terminated with the following error:\n"
                     return ProcessRaisedException(header + text, rank, self.procs[rank].pid)
         for rank, proc in enumerate(self.procs):  # killed: no error recorded (torch's own SIGTERM aside)
