@@ -12,6 +12,7 @@ This module stays light (Hydra and OmegaConf only): the scripts import it before
 
 import difflib
 import itertools
+import json
 import math
 import os
 import re
@@ -31,13 +32,32 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
+def process_start(pid: int) -> datetime | None:
+    """When process `pid` started (Linux: /proc), or None where that cannot be read."""
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        boot = next(ln for ln in Path("/proc/stat").read_text().splitlines() if ln.startswith("btime "))
+        return datetime.fromtimestamp(int(boot.split()[1]) + ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
 def run_name() -> str:
     """The run dir under outputs/: <date>/<time>, or a name every process of one torchrun / srun job
     computes alike, so that all workers (and a restarted worker) write into the same dir."""
     env, today = os.environ, datetime.now().strftime("%Y-%m-%d")
     if "TORCHELASTIC_RUN_ID" in env and "RANK" in env:
         run_id = env["TORCHELASTIC_RUN_ID"]
-        return f"{today}/torchrun-" + (run_id if run_id not in ("", "none") else f"port{env.get('MASTER_PORT', '')}")
+        if run_id not in ("", "none"):  # --rdzv-id, or the id torchrun makes up for one machine
+            return f"{today}/torchrun-{run_id}"
+        # "none": a static rendezvous (--master-port given). On one machine every worker, restarted
+        # ones too, is a child of the one torchrun process: its pid and start time name this job (the
+        # port alone would name every such job of the day alike). Across machines, only the port.
+        agent = os.getppid()
+        started = process_start(agent) if env.get("WORLD_SIZE") == env.get("LOCAL_WORLD_SIZE") else None
+        if started is not None:
+            return started.strftime(f"%Y-%m-%d/%H-%M-%S-torchrun{agent}")
+        return f"{today}/torchrun-port{env.get('MASTER_PORT', '')}"
     if "SLURM_JOB_ID" in env and "SLURM_STEP_ID" in env:
         return f"{today}/slurm-{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
     return datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
@@ -136,7 +156,33 @@ def _output_problem(cfg: DictConfig, multirun: bool) -> str | None:
         Path(tempfile.mkdtemp(prefix=".psgd-write-check-", dir=existing)).rmdir()
     except OSError as e:
         return f"cannot write results to {out}: {e.strerror or e} in {existing}; {fix}"
-    return None
+    return _earlier_results(out, key)
+
+
+def _earlier_results(out: Path, key: str) -> str | None:
+    """Why `out` (hydra.run.dir, or hydra.sweep.dir with key "hydra.sweep.dir") cannot take this run:
+    it holds an earlier run's record (metrics.json) or sweep's (report.md, job records), which this one
+    would overwrite, its Hydra config first. None if it holds none, or for a worker that torchrun
+    restarted, which goes on in its job's dir."""
+    fix = f"set {key} to a new folder, or delete that one"
+    if key == "hydra.sweep.dir":
+        jobs = len(list(out.glob("*/metrics.json")))
+        held = [f"{jobs} job record(s)"] if jobs else []
+        held += ["report.md"] if (out / "report.md").exists() else []
+        if not held:
+            return None
+        return f"{out} holds an earlier sweep's results ({', '.join(held)}), which this sweep would overwrite: {fix}"
+    record = out / "metrics.json"
+    if not record.is_file() or int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0:
+        return None
+    try:
+        status = json.loads(record.read_text()).get("status", "unknown")
+    except (OSError, ValueError, AttributeError):
+        status = "unreadable"
+    return (
+        f"{out} holds an earlier run's results (metrics.json: {status}), which this run would overwrite: {fix} "
+        f"(ckpt_path={out} resumes that run in a new folder)"
+    )
 
 
 def _jobs(overrides) -> list[list[str]]:

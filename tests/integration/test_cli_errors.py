@@ -59,6 +59,27 @@ def test_a_mistyped_choice_or_key_is_one_line_and_no_job_runs(tiny_data, tmp_pat
     assert "Traceback" not in proc.stdout + proc.stderr and not out.exists()
 
 
+@pytest.mark.parametrize("script", ["train.py", "sweep.py"])
+def test_a_dir_holding_earlier_results_is_refused_and_left_as_it_was(tiny_data, tmp_path, script):
+    """Reusing a hydra.run.dir (or sweep dir) used to overwrite the earlier run's config, record and
+    checkpoints, and mix two runs' TensorBoard curves in one dir."""
+    earlier = tmp_path / "earlier"
+    record = earlier / ("metrics.json" if script == "train.py" else "0/metrics.json")
+    files = {record: '{"status": "completed", "test_acc": 0.99}', earlier / ".hydra" / "config.yaml": "seed: 0\n"}
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    dirs = [f"hydra.run.dir={earlier}", f"hydra.sweep.dir={earlier}"]
+    proc = run_cli(script, f"data.root={tiny_data}", *dirs, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [lines[0]] and lines[0].startswith(f"psgd: error: {earlier} holds an earlier "), proc.stderr
+    assert {p: p.read_text() for p in files} == files
+    assert sorted(str(p.relative_to(earlier)) for p in earlier.rglob("*")) == sorted(
+        {".hydra", ".hydra/config.yaml", str(record.relative_to(earlier)), *(["0"] if script == "sweep.py" else [])}
+    )
+
+
 def test_missing_dataset_names_the_path_and_the_fix(tmp_path):
     run_dir = tmp_path / "run"
     proc = run_cli(

@@ -156,3 +156,30 @@ def test_an_output_dir_that_cannot_be_made_is_one_line_before_anything_runs(tmp_
 def test_a_folder_where_nothing_can_be_made_is_one_line():
     problem = command_line_problem("train", ["hydra.run.dir=/proc/1/psgd-run"], CONF)
     assert problem.startswith("cannot write results to /proc/1/psgd-run: ") and "in /proc/1;" in problem
+
+
+def test_a_dir_holding_an_earlier_runs_results_is_refused_before_hydra_writes_into_it(tmp_path, monkeypatch):
+    """Hydra would rewrite the earlier run's .hydra config and psgd its metrics.json, checkpoints and
+    TensorBoard events (two runs' curves mixed in one dir)."""
+    run = tmp_path / "run"
+    assert command_line_problem("train", [f"hydra.run.dir={run}"], CONF) is None  # new
+    (run / ".hydra").mkdir(parents=True)
+    (run / "train.log").write_text("")
+    assert command_line_problem("train", [f"hydra.run.dir={run}"], CONF) is None  # no record: nothing finished
+    (run / "metrics.json").write_text('{"status": "completed", "epochs": 3}')
+    assert command_line_problem("train", [f"hydra.run.dir={run}"], CONF) == (
+        f"{run} holds an earlier run's results (metrics.json: completed), which this run would overwrite: "
+        f"set hydra.run.dir to a new folder, or delete that one (ckpt_path={run} resumes that run in a new folder)"
+    )
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # torchrun restarted the job's workers: it goes on there
+    assert command_line_problem("train", [f"hydra.run.dir={run}"], CONF) is None
+
+    sweep = tmp_path / "sweep"
+    assert command_line_problem("sweep", ["-m", "seed=0,1", f"hydra.sweep.dir={sweep}"], CONF) is None
+    (sweep / "0").mkdir(parents=True)
+    (sweep / "0" / "metrics.json").write_text('{"status": "failed"}')
+    (sweep / "report.md").write_text("")
+    assert command_line_problem("sweep", ["-m", "seed=0,1", f"hydra.sweep.dir={sweep}"], CONF) == (
+        f"{sweep} holds an earlier sweep's results (1 job record(s), report.md), which this sweep would "
+        "overwrite: set hydra.sweep.dir to a new folder, or delete that one"
+    )

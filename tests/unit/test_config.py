@@ -1,3 +1,11 @@
+import os
+import re
+import shlex
+import subprocess
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+
 import pytest
 from conftest import CONF, compose_cfg
 from omegaconf import OmegaConf
@@ -280,11 +288,32 @@ def test_every_process_of_a_torchrun_or_srun_job_names_the_same_run_dir(monkeypa
     assert run_name() == run_name() and run_name().endswith("/torchrun-port29500")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
     assert run_name().endswith("/torchrun-job7")
+    # one machine with a fixed --master-port: the port would name every such job of the day alike;
+    # the workers' parent (torchrun, which also restarts them) names the job instead
+    one_machine = {**os.environ, "LOCAL_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "none", "RANK": "0"}
+    name = [sys.executable, "-c", "from psgd.command_line import run_name; print(run_name())"]
+    restarts = [subprocess.run(name, env=one_machine, capture_output=True, text=True, check=True).stdout for _ in "ab"]
+    another = subprocess.run(["sh", "-c", f"{shlex.join(name)}; true"], env=one_machine, capture_output=True, text=True)
+    assert restarts[0] == restarts[1]
+    assert re.fullmatch(rf"\d{{4}}-\d\d-\d\d/\d\d-\d\d-\d\d-torchrun{os.getpid()}\n", restarts[0])
+    assert another.stdout.endswith("\n") and another.stdout != restarts[0]
     for k in [*TORCHRUN_2X2, "TORCHELASTIC_RUN_ID"]:
         monkeypatch.delenv(k)
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("SLURM_STEP_ID", "0")
     assert run_name() == run_name() and run_name().endswith("/slurm-4242.0")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_a_process_start_time_is_read_to_the_second():
+    from psgd.command_line import process_start
+
+    before = datetime.now()
+    with subprocess.Popen(["sleep", "30"]) as p:
+        started = process_start(p.pid)
+        p.kill()
+    assert before - timedelta(seconds=1) <= started <= datetime.now() + timedelta(seconds=1)
+    assert process_start(2**22 + 1) is None  # above Linux's pid limit: no such process
 
 
 @pytest.mark.parametrize("launcher", ["submitit_slurm", "psgd_slurm"])
