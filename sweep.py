@@ -5,8 +5,9 @@ Each job is a full `train.py` run in its own dir under the sweep dir (multirun/<
 started in a fresh process tree. A line is printed per finished job; when the multirun ends the sweep
 dir gets report.csv, summary.csv, report.md and PNG plots (psgd.report; rebuild them with
 `python -m psgd.report <sweep dir>`). A failed job is marked failed in the report and the others go
-on; the exit code is then 1. A mistyped choice or key in any job is one line and exit code 2 before
-any job runs. A sweep stopped early (Ctrl-C, SIGTERM) writes the report of the jobs that ran.
+on; the exit code is then 1. A mistyped choice or key, or a value psgd refuses, in any job is one
+line and exit code 2 before any job runs. A sweep stopped early (Ctrl-C, SIGTERM) writes the report
+of the jobs that ran.
 """
 
 import atexit
@@ -29,11 +30,18 @@ def main(cfg: DictConfig) -> float | None:
     return run_job(cfg)
 
 
+def values_problem(jobs) -> str | None:
+    """psgd's checks of every job's values (psgd.config imports torch: only once Hydra accepts the line)."""
+    from psgd.config import sweep_values_problem
+
+    return sweep_values_problem(jobs)
+
+
 if __name__ == "__main__":
     # the last exit handler: spare the exit its full-heap collections (~1.3 s with torch and Lightning loaded)
     atexit.register(gc.freeze)
     sys.argv[1:] = sweep_argv(sys.argv[1:])
-    check_command_line("sweep", CONF)
+    check_command_line("sweep", CONF, job_check=values_problem)
     try:
         main()
     except BaseException:  # Ctrl-C, SIGTERM: the jobs that ran still get their report

@@ -18,6 +18,7 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -78,20 +79,30 @@ def sweep_argv(argv: list[str]) -> list[str]:
     return ["-m", *rest]
 
 
-def check_command_line(config_name: str, config_dir: Path, argv: list[str] | None = None) -> None:
+# Judges the composed jobs once Hydra would accept them all: (overrides, config) of each job, the
+# first with Hydra's node; returns a one-line problem or None (sweep.py: psgd's value checks).
+JobCheck = Callable[[list[tuple[list[str], DictConfig]]], str | None]
+
+
+def check_command_line(
+    config_name: str, config_dir: Path, argv: list[str] | None = None, job_check: JobCheck | None = None
+) -> None:
     """Exit with one line (code 2) if Hydra would refuse the overrides in `argv` (default: sys.argv)
-    to the script whose configs are `config_dir`/`config_name`.yaml."""
+    to the script whose configs are `config_dir`/`config_name`.yaml, or `job_check` the jobs."""
     try:
-        problem = command_line_problem(config_name, sys.argv[1:] if argv is None else argv, config_dir)
+        problem = command_line_problem(config_name, sys.argv[1:] if argv is None else argv, config_dir, job_check)
     except Exception:  # a syntax this check does not know (glob sweeps need Hydra's loader): Hydra judges
         problem = None
     if problem:
         fail(problem)
 
 
-def command_line_problem(config_name: str, argv: list[str], config_dir: Path) -> str | None:
+def command_line_problem(
+    config_name: str, argv: list[str], config_dir: Path, job_check: JobCheck | None = None
+) -> str | None:
     """The one-line reason Hydra would refuse these arguments, or None (also for anything not judged
-    here: Hydra's own flags other than -m, or HYDRA_FULL_ERROR=1, which asks for Hydra's full report)."""
+    here: Hydra's own flags other than -m, or HYDRA_FULL_ERROR=1, which asks for Hydra's full report).
+    Then, with every job composed, `job_check`'s reason, if any."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         return None
     multirun = any(a in ("-m", "--multirun") for a in argv)
@@ -126,14 +137,18 @@ def command_line_problem(config_name: str, argv: list[str], config_dir: Path) ->
         overrides = [o for o in from_preset if o.get_key_element() not in on_line] + overrides
     if any(o.is_sweep_override() and not o.is_discrete_sweep() for o in overrides):
         return None  # interval() sweeps are for other sweepers, which compose their own jobs
-    first = None
+    composed: list[tuple[list[str], DictConfig]] = []
     for job in _jobs(overrides):
         # the first job with Hydra's own node, which holds the output dir (one composition, not two)
-        problem, cfg = _compose_problem(config_name, job, config_dir, hydra_node=first is None)
+        problem, cfg = _compose_problem(config_name, job, config_dir, hydra_node=not composed)
         if problem:
             return problem
-        first = cfg if first is None else first
-    return _output_problem(first, multirun) if first is not None else None
+        if cfg is not None:
+            composed.append((job, cfg))
+    if not composed:
+        return None
+    problem = _output_problem(composed[0][1], multirun)
+    return problem or (job_check(composed) if job_check else None)
 
 
 def _output_problem(cfg: DictConfig, multirun: bool) -> str | None:

@@ -1,6 +1,8 @@
 """Checking a composed config before any worker starts: each problem is one line naming the key,
 the bad value and what is allowed."""
 
+import contextlib
+import io
 import math
 import os
 import sys
@@ -370,6 +372,28 @@ def check(cfg: DictConfig) -> Plan:
         accumulate_grad_batches=accumulate,
         launcher=launcher or "psgd",
     )
+
+
+def sweep_values_problem(jobs: list[tuple[list[str], DictConfig]]) -> str | None:
+    """Why a job of this sweep would stop at its start, for every job before the first one starts:
+    `check` of each composed job, as the job itself will run it, or None. Only for Hydra's basic
+    launcher, which runs the jobs here: jobs that run elsewhere (submitit on SLURM) see their own GPUs
+    and environment and are checked there. `jobs`: (overrides, config) of each job, the first with
+    Hydra's node (psgd.command_line composes them)."""
+    launcher = str(OmegaConf.select(jobs[0][1], "hydra.launcher._target_", default=""))
+    if not launcher.endswith(".BasicLauncher"):
+        return None
+    swept = {o for job, _ in jobs for o in job if not all(o in other for other, _ in jobs)}
+    for job, cfg in jobs:
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # a warning: each job prints its own as it starts
+                check(cfg)
+        except ConfigError as e:
+            values = " ".join(o for o in job if o in swept)
+            return f"{e} (in the job {values or 'of the defaults'}; no job was started)"
+        except Exception:  # anything else: left to the job, which reports it as its failure
+            continue
+    return None
 
 
 def check_optimizer(opt: DictConfig) -> None:

@@ -43,6 +43,12 @@ MISTYPED = [
     ("train.py", ["trainer.max_epoch=3"], "trainer.max_epoch is not a setting (did you mean trainer.max_epochs?)"),
     ("train.py", ["workers=1,2"], "to run one job per value add -m"),
     ("sweep.py", ["-m", "workers=1,2", "strategy=ddp,hogwlid"], "strategy=hogwlid is unknown"),
+    # a value psgd refuses, in any job: it used to run the jobs before it first
+    (
+        "sweep.py",
+        ["-m", "data.batch_size=64,0", "workers=1,2"],
+        "data.batch_size=0 is invalid: must be an integer >= 1 (in the job data.batch_size=0 workers=1; no job was",
+    ),
 ]
 
 

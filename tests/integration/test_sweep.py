@@ -102,7 +102,8 @@ def test_a_failed_job_is_marked_and_the_rest_reported(tiny_data, tmp_path):
     sweep_dir = tmp_path / "sweep"
     proc = run_cli(
         "sweep.py",
-        "data.batch_size=64,0",
+        "data.batch_size=64,1024",  # 1024: no training batch, found once the job reads its data
+        "data.drop_last=true",
         f"data.root={tiny_data}",
         "trainer.max_epochs=1",
         f"hydra.sweep.dir={sweep_dir}",
@@ -113,8 +114,8 @@ def test_a_failed_job_is_marked_and_the_rest_reported(tiny_data, tmp_path):
     ok, bad = read_csv(sweep_dir / "report.csv")
     assert ok["status"] == "completed" and float(ok["test_acc"]) > 0
     assert bad["status"] == "failed"
-    assert bad["error"] == "data.batch_size=0 is invalid: must be an integer >= 1"
-    assert "psgd: [2/2] data.batch_size=0: failed: data.batch_size=0 is invalid" in proc.stdout
+    assert bad["error"].startswith("no training batch for worker 0 (512 samples) of 1 with 512 training samples")
+    assert "psgd: [2/2] data.batch_size=1024: failed: no training batch for worker 0" in proc.stdout
     assert "1 failed (jobs 1)" in proc.stdout
     assert "## Failed jobs" in (sweep_dir / "report.md").read_text()
     assert imread(sweep_dir / "accuracy_vs_batch.png").ndim == 3

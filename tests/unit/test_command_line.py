@@ -77,6 +77,20 @@ def test_every_documented_command_passes():
         assert command_line_problem(script, argv, CONF) is None, f"python {script}.py {' '.join(argv)}"
 
 
+@pytest.mark.slow  # ~20 s: every documented sweep's jobs are composed and checked
+def test_every_documented_sweep_passes_psgds_value_checks():
+    import torch
+
+    from psgd.config import sweep_values_problem
+
+    sweeps = [argv for script, *argv in documented_commands() if script == "sweep"]
+    assert len(sweeps) >= 15
+    for argv in sweeps:
+        if "trainer.accelerator=gpu" in argv and not torch.cuda.is_available():
+            continue
+        assert command_line_problem("sweep", argv, CONF, job_check=sweep_values_problem) is None, " ".join(argv)
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -183,3 +197,22 @@ def test_a_dir_holding_an_earlier_runs_results_is_refused_before_hydra_writes_in
         f"{sweep} holds an earlier sweep's results (1 job record(s), report.md), which this sweep would "
         "overwrite: set hydra.sweep.dir to a new folder, or delete that one"
     )
+
+
+def test_a_value_psgd_refuses_in_any_job_of_a_sweep_is_one_line_before_any_job_runs():
+    from psgd.config import sweep_values_problem
+
+    line = ["-m", "optimizer.lr=0.1,-1", "workers=1,2", "seed=3"]
+    assert command_line_problem("sweep", line, CONF, job_check=sweep_values_problem) == (
+        "optimizer.lr=-1 is invalid: must be > 0 (in the job optimizer.lr=-1 workers=1; no job was started)"
+    )
+    # a warm-up longer than training is refused only in combination: each job is checked whole
+    line = ["-m", "scheduler=warmup", "scheduler.warmup_epochs=2,4", "trainer.max_epochs=3"]
+    assert "scheduler.warmup_epochs=4 is invalid with trainer.max_epochs=3" in command_line_problem(
+        "sweep", line, CONF, job_check=sweep_values_problem
+    )
+    assert command_line_problem("sweep", ["-m", "optimizer.lr=0.1,0.2"], CONF, job_check=sweep_values_problem) is None
+    # jobs that SLURM runs elsewhere are checked there, with that machine's GPUs and environment
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    slurm = ["-m", "hydra/launcher=psgd_slurm", "optimizer.lr=0.1,-1"]
+    assert command_line_problem("sweep", slurm, CONF, job_check=sweep_values_problem) is None
