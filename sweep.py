@@ -18,7 +18,11 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from psgd.command_line import check_command_line, sweep_argv  # light: torch and Lightning load after the check
+from psgd.command_line import (
+    check_command_line,
+    exit_interrupted,
+    sweep_argv,
+)  # light: torch and Lightning load after the check
 
 CONF = Path(__file__).resolve().parent / "conf"
 
@@ -41,13 +45,16 @@ if __name__ == "__main__":
     # the last exit handler: spare the exit its full-heap collections (~1.3 s with torch and Lightning loaded)
     atexit.register(gc.freeze)
     sys.argv[1:] = sweep_argv(sys.argv[1:])
-    check_command_line("sweep", CONF, job_check=values_problem)
     try:
-        main()
-    except BaseException:  # Ctrl-C, SIGTERM: the jobs that ran still get their report
-        from psgd.sweep import report_stopped_sweep
+        check_command_line("sweep", CONF, job_check=values_problem)
+        import psgd.cli  # noqa: F401  (torch and Lightning: loaded before Hydra makes the sweep dir)
 
-        report_stopped_sweep()
+        main()
+    except BaseException as e:  # Ctrl-C, SIGTERM: the jobs that ran still get their report
+        sweep = sys.modules.get("psgd.sweep")  # not loaded: no sweep started
+        said = sweep is not None and sweep.report_stopped_sweep()
+        if isinstance(e, KeyboardInterrupt):
+            exit_interrupted(said)
         raise
     from psgd.sweep import LAST
 

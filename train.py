@@ -7,7 +7,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from psgd.command_line import check_command_line  # light: torch and Lightning load once the line is checked
+from psgd.command_line import check_command_line, exit_interrupted  # light: torch loads once the line is checked
 
 CONF = Path(__file__).resolve().parent / "conf"
 
@@ -22,5 +22,10 @@ def main(cfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     # the last exit handler: spare the exit its full-heap collections (~1.3 s with torch and Lightning loaded)
     atexit.register(gc.freeze)
-    check_command_line("train", CONF)
-    main()
+    try:
+        check_command_line("train", CONF)
+        import psgd.cli  # noqa: F401  (torch and Lightning: loaded before Hydra makes the run dir)
+
+        main()
+    except KeyboardInterrupt:
+        exit_interrupted()

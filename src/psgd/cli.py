@@ -79,6 +79,9 @@ def run_job(cfg: DictConfig) -> float | None:
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         metrics = train(cfg, run_dir)
+    except KeyboardInterrupt:  # before training (inside, Lightning and psgd wind the run down): nothing to keep
+        _discard_empty_run_dir(run_dir)
+        raise
     except Exception as e:
         known = isinstance(e, KNOWN_ERRORS + (ProcessRaisedException, ProcessExitedException))
         if not (known or sweeping):

@@ -33,6 +33,16 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
+def exit_interrupted(said: bool = False) -> None:
+    """Ctrl-C that reached the script: outside training (while torch loads, the checks run or the data
+    is read), where no handler of Lightning's or psgd's winds a run down (psgd.run.mark_stopped). One
+    line (unless `said`) and exit code 130, as a shell reports SIGINT, not a traceback of whatever was
+    loading."""
+    if not said:
+        print("psgd: interrupted before training started; nothing was written", file=sys.stderr, flush=True)
+    raise SystemExit(130)
+
+
 def process_start(pid: int) -> datetime | None:
     """When process `pid` started (Linux: /proc), or None where that cannot be read."""
     try:

@@ -374,7 +374,10 @@ def mark_stopped(run_dir: Path, e: BaseException) -> None:
     mark_status(run_dir / "metrics.json", "interrupted" if interrupted else "failed")
     if interrupted:
         how = f" ({signals.received})" if signals.received else ""
-        print(f"psgd: interrupted{how}; finished epochs are kept in {run_dir}", file=sys.stderr, flush=True)
+        record = run_dir / "metrics.json"
+        finished = read_json(record).get("epochs", 0) if record.exists() else 0
+        kept = f"finished epochs are kept in {run_dir}" if finished else f"no epoch had finished ({run_dir})"
+        print(f"psgd: interrupted{how}; {kept}", file=sys.stderr, flush=True)
 
 
 def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] = ()) -> dict[str, Any] | None:

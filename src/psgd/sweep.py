@@ -86,17 +86,18 @@ class SweepReport(Callback):
         print(describe(report, sweep_dir), flush=True)
 
 
-def report_stopped_sweep() -> None:
+def report_stopped_sweep() -> bool:
     """After a multirun that stopped before its end (Ctrl-C, SIGTERM: Hydra runs no end callback then):
-    write the report of the jobs that ran and say so in one line. Nothing if none was started."""
+    write the report of the jobs that ran and say so in one line. Nothing if none was started.
+    Returns whether it said something."""
     if LAST["sweep_dir"] is None or LAST["ended"]:
-        return
+        return False
     sweep_dir = Path(LAST["sweep_dir"])
     try:
         report = write_report(sweep_dir)
     except FileNotFoundError:
         print(f"psgd: sweep stopped before any job ran ({sweep_dir})", file=sys.stderr, flush=True)
-        return
+        return True
     ok = len(report.jobs) - len(report.failed)
     stopped = ", ".join(f"{j.num} {j.status}" for j in report.failed)
     print(
@@ -106,3 +107,4 @@ def report_stopped_sweep() -> None:
         file=sys.stderr,
         flush=True,
     )
+    return True

@@ -211,6 +211,32 @@ def test_ctrl_c_leaves_a_valid_metrics_file_marked_interrupted(tiny_data, tmp_pa
     assert not list(run_dir.glob(".*.tmp"))  # no half-written temp files left
 
 
+@pytest.mark.parametrize("script", ["train.py", "sweep.py"])
+def test_ctrl_c_while_starting_up_is_one_line_and_leaves_nothing(tiny_data, tmp_path, script):
+    """Ctrl-C in the first seconds (the checks, torch loading) printed a traceback of whatever was
+    loading (torch's operator registry, scipy's docstrings ...)."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / script),
+            f"data.root={tiny_data}",
+            f"hydra.run.dir={out}",
+            f"hydra.sweep.dir={out}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    time.sleep(1.0)  # still loading: torch alone takes longer
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines() == ["psgd: interrupted before training started; nothing was written"]
+    assert not out.exists()
+
+
 @pytest.mark.distributed
 @pytest.mark.slow  # ~25 s; resuming to the uninterrupted weights over workers is also run by test_model_averaging
 def test_ddp_resume_ends_with_the_same_weights_as_an_uninterrupted_run(tiny_data, tmp_path):
