@@ -3,6 +3,7 @@
 import atexit
 import gc
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +57,15 @@ class WorkerSetup(Callback):
     a slow microcode path; flushing them to zero keeps the step time flat (the update changes by less
     than 1e-38). CPU only: CUDA kernels are not affected. The process's previous mode is restored at
     teardown, so an in-process run leaves the caller's numerics as they were.
+
+    step_logs: whether anything is logged per step (a per-step lr schedule's lr_step). Without, Lightning's
+    warning that an epoch has fewer batches than trainer.log_every_n_steps ("Set a lower value ... if you
+    want to see logs for the training epoch") is wrong: psgd logs every epoch whatever the interval. It
+    is filtered in this process (a run in the caller's process: until the run ends, psgd.quietness).
     """
 
-    def __init__(self, threads: int, seed: int | None = None, flush_denormal: bool = True):
-        self.threads, self.seed, self.flush_denormal = threads, seed, flush_denormal
+    def __init__(self, threads: int, seed: int | None = None, flush_denormal: bool = True, step_logs: bool = True):
+        self.threads, self.seed, self.flush_denormal, self.step_logs = threads, seed, flush_denormal, step_logs
         self._flushed_before: bool | None = None
 
     @override
@@ -71,6 +77,10 @@ class WorkerSetup(Callback):
             destroy_process_group_at_exit()
         self._flushed_before = denormals_flushed()
         torch.set_flush_denormal(self.flush_denormal)
+        if not self.step_logs:
+            warnings.filterwarnings(
+                "ignore", message=r"The number of training batches \(\d+\) is smaller than the logging"
+            )
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

@@ -463,7 +463,9 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
     }
     es = cfg.early_stop
     callbacks: list = [
-        WorkerSetup(plan.threads_per_worker, cfg.seed, cfg.flush_denormal),
+        WorkerSetup(
+            plan.threads_per_worker, cfg.seed, cfg.flush_denormal, step_logs=cfg.scheduler.get("interval") == "step"
+        ),
         RunRecorder(str(run_dir), run_info, es.target_acc, echo=not quiet and not bars),
         LatestCheckpoint(run_dir / "checkpoints"),  # first: it is trainer.checkpoint_callback
     ]
