@@ -18,11 +18,13 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from psgd.command_line import (
+from psgd.command_line import (  # light: torch and Lightning load after the check
     check_command_line,
     exit_interrupted,
+    exit_pipe_closed,
+    load_training,
     sweep_argv,
-)  # light: torch and Lightning load after the check
+)
 
 CONF = Path(__file__).resolve().parent / "conf"
 
@@ -47,14 +49,15 @@ if __name__ == "__main__":
     sys.argv[1:] = sweep_argv(sys.argv[1:])
     try:
         check_command_line("sweep", CONF, job_check=values_problem)
-        import psgd.cli  # noqa: F401  (torch and Lightning: loaded before Hydra makes the sweep dir)
-
+        load_training()
         main()
     except BaseException as e:  # Ctrl-C, SIGTERM: the jobs that ran still get their report
         sweep = sys.modules.get("psgd.sweep")  # not loaded: no sweep started
         said = sweep is not None and sweep.report_stopped_sweep()
         if isinstance(e, KeyboardInterrupt):
             exit_interrupted(said)
+        if isinstance(e, BrokenPipeError):
+            exit_pipe_closed()
         raise
     from psgd.sweep import LAST
 

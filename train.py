@@ -7,7 +7,12 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from psgd.command_line import check_command_line, exit_interrupted  # light: torch loads once the line is checked
+from psgd.command_line import (  # light: torch loads once the line is checked
+    check_command_line,
+    exit_interrupted,
+    exit_pipe_closed,
+    load_training,
+)
 
 CONF = Path(__file__).resolve().parent / "conf"
 
@@ -24,8 +29,9 @@ if __name__ == "__main__":
     atexit.register(gc.freeze)
     try:
         check_command_line("train", CONF)
-        import psgd.cli  # noqa: F401  (torch and Lightning: loaded before Hydra makes the run dir)
-
+        load_training()
         main()
     except KeyboardInterrupt:
         exit_interrupted()
+    except BrokenPipeError:
+        exit_pipe_closed()

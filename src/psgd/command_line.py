@@ -33,6 +33,23 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
+INFO_FLAGS = ("-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-sc", "--shell-completion")
+
+
+def load_training() -> None:
+    """Import what a job runs (torch, Lightning: ~3 s) before Hydra makes the run dir, so that Ctrl-C
+    meanwhile leaves none; not for Hydra's flags that only print (--help, --cfg job ...)."""
+    if not any(a.split("=", 1)[0] in INFO_FLAGS for a in sys.argv[1:]):
+        import psgd.cli  # noqa: F401
+
+
+def exit_pipe_closed() -> None:
+    """stdout was a pipe whose reader left (`python train.py --help | head`): exit quietly, as a shell
+    command does, not with Python's BrokenPipeError traceback (Python's documented recipe)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+    raise SystemExit(141)  # 128 + SIGPIPE, what a shell reports
+
+
 def exit_interrupted(said: bool = False) -> None:
     """Ctrl-C that reached the script: outside training (while torch loads, the checks run or the data
     is read), where no handler of Lightning's or psgd's winds a run down (psgd.run.mark_stopped). One

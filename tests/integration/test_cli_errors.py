@@ -136,3 +136,22 @@ def test_a_resume_refused_inside_the_workers_is_one_line_and_leaves_no_run_dir(t
         lines[0],
     ), lines[0]
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("script", ["train.py", "sweep.py"])
+def test_help_says_what_the_script_does_and_a_closed_pipe_ends_it_quietly(script):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    proc = run_cli(script, "--help", timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith(f"psgd {script}: "), proc.stderr
+    assert f"python {script} -m " in proc.stdout or f"python {script} [group=choice" in proc.stdout
+    # `python sweep.py --help | head -1`: the reader leaves before the help is written
+    reader_gone = subprocess.Popen(
+        [sys.executable, str(ROOT / script), "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    reader_gone.stdout.close()
+    assert reader_gone.wait(timeout=60) in (0, 141)  # 0: the help fitted in the pipe before it closed
+    assert reader_gone.stderr.read() == ""  # it was Python's BrokenPipeError traceback
