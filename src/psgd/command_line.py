@@ -86,7 +86,9 @@ def run_name() -> str:
         if started is not None:
             return started.strftime(f"%Y-%m-%d/%H-%M-%S-torchrun{agent}")
         return f"{today}/torchrun-port{env.get('MASTER_PORT', '')}"
-    if "SLURM_JOB_ID" in env and "SLURM_STEP_ID" in env:
+    if "SLURM_JOB_ID" in env and "SLURM_STEP_ID" in env and int(env.get("SLURM_NTASKS") or 1) > 1:
+        # srun's tasks (one per worker); one task, e.g. `python train.py` lines in a batch script, has
+        # no other process to agree with and gets a name of its own, as anywhere
         return f"{today}/slurm-{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
     return datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
 

@@ -301,6 +301,8 @@ def test_every_process_of_a_torchrun_or_srun_job_names_the_same_run_dir(monkeypa
         monkeypatch.delenv(k)
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("SLURM_STEP_ID", "0")
+    assert run_name() != run_name()  # one task (a batch script's `python train.py` lines): a run of its own
+    monkeypatch.setenv("SLURM_NTASKS", "4")
     assert run_name() == run_name() and run_name().endswith("/slurm-4242.0")
 
 
