@@ -17,10 +17,9 @@ CASES = [
     (["data.drop_last=true", "data.batch_size=1024"], "no training batch for worker 0 (512 samples) of 1"),
     # values psgd passes on to Lightning's Trainer unchecked: Lightning's reason, in one line
     (["trainer.precision=fp8"], "Lightning refuses a trainer setting: Precision 'fp8' is invalid. Allowed"),
-    pytest.param(
-        ["trainer.limit_val_batches=0.01"],  # checked by Lightning once it has the data: inside fit
+    (  # checked by Lightning once it has the data: inside fit (in the workers: a slow test below)
+        ["trainer.limit_val_batches=0.01", "quiet=true"],  # quiet: no Trainer banner before the line
         "Lightning refuses a setting: You requested to check 0.01 of the `val_dataloader` but 0.01 * 1 < 1.",
-        marks=pytest.mark.slow,
     ),
     pytest.param(["+trainer.foo=1"], "unexpected keyword argument 'foo'", marks=pytest.mark.slow),
 ]
@@ -98,6 +97,7 @@ def test_missing_dataset_names_the_path_and_the_fix(tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # ~14 s; a worker's error comes back as the resume refusal below does (run.raised_in_worker)
 def test_a_value_lightning_refuses_inside_the_workers_is_one_line_and_leaves_no_run_dir(tiny_data, tmp_path):
     """Lightning checks limit_*_batches against the batches only inside fit, in every worker: its reason
     comes back as psgd's one line (before: a worker's traceback, exit code 1)."""

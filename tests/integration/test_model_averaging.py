@@ -104,6 +104,7 @@ def test_checkpoints_hold_every_replica_and_resume_gives_the_uninterrupted_weigh
     assert_close(final["state_dict"], weights(averaged), atol=0)
 
 
+@pytest.mark.slow  # ~13 s; resuming every replica from a mid-run checkpoint is tested by default above
 def test_the_final_checkpoint_resumes_each_worker_on_the_average_and_its_own_schedule(averaged, tiny_data, tmp_path):
     # the same run resumed from its end: nothing left to train, but every worker loads the checkpoint.
     # Worker 1's per-step schedule counts its own (shorter) epochs; it used to get rank 0's count and

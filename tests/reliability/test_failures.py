@@ -101,8 +101,9 @@ def _state(pid: int) -> str:
 @pytest.mark.distributed
 @pytest.mark.parametrize(
     "strategy",
-    # slow: model averaging's workers are started and watched as DDP's are (spawn); hogwild's by a fork server
-    ["ddp", pytest.param("model_averaging", marks=pytest.mark.slow), "hogwild"],
+    # slow: model averaging's workers are started and watched as DDP's are (spawn); hogwild's are started by a
+    # fork server and watched by the same launcher code (test_workers_do_not_outlive_a_killed_launcher: hogwild)
+    ["ddp", pytest.param("model_averaging", marks=pytest.mark.slow), pytest.param("hogwild", marks=pytest.mark.slow)],
 )
 def test_a_killed_worker_ends_the_run_with_its_rank(tiny_data, tmp_path, strategy):
     run_dir = tmp_path / "run"
@@ -394,7 +395,8 @@ class FailsAloneOnRank1(L.Callback):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("how", ["raised", "killed"])
+# slow: a killed worker is reported by the same launcher code (its recorded failure, or the signal)
+@pytest.mark.parametrize("how", ["raised", pytest.param("killed", marks=pytest.mark.slow)])
 def test_a_worker_failing_alone_is_the_one_reported_not_the_peer_that_lost_it(tiny_data, tmp_path, how):
     cfg = compose_cfg(f"data.root={tiny_data}", "workers=2", "trainer.max_epochs=1", *TINY)
     with pytest.raises((ProcessRaisedException, ProcessExitedException)) as e:
