@@ -11,6 +11,17 @@ from contextlib import contextmanager
 # Lightning 2.6 calls a torch pytree API that torch 2.14 deprecates; harmless, and printed by every worker.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 
+
+class _NoAdvert(logging.Filter):
+    """Lightning 2.6 prints a tip to install its cloud logger (litlogger) whenever a Trainer is made
+    without it: every run. psgd logs to TensorBoard; the tip is noise in every run's output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip: For seamless cloud logging")
+
+
+logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(_NoAdvert())
+
 QUIET_ENV = "PSGD_QUIET"  # set by a quiet run for its worker processes, which import psgd when they start
 LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning_fabric", "lightning")
 

@@ -34,6 +34,8 @@ def test_output_into_a_file_is_a_line_per_epoch_not_progress_bars(single_run):
     # Lightning's advice to lower log_every_n_steps "to see logs for the training epoch" (16 batches here,
     # fewer than 50) is wrong for psgd, which logs every epoch: shown only with a per-step lr schedule
     assert "smaller than the logging interval" not in proc.stderr
+    # Lightning's banner stays (a non-quiet run), without its advert for a cloud logger
+    assert "GPU available: " in proc.stderr and "litlogger" not in proc.stdout + proc.stderr
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("psgd: epoch ")]
     history = metrics(run_dir)["history"]
     assert len(lines) == 3
