@@ -333,13 +333,16 @@ def elastic_resume(ckpt_path: str | None, plan: Plan, run_dir: Path) -> str | No
     return ckpt_path
 
 
-def mark_status(record_path: Path, status: str, create: bool = False, **fields: Any) -> None:
+def mark_status(record_path: Path, status: str, create: bool = False, **fields: Any) -> dict[str, Any] | None:
     """Mark the on-disk record of a run that stopped early, keeping its finished epochs; with `create`
-    a run that never wrote one gets a record of its own (a failed sweep job, for the report)."""
-    if record_path.exists() or create:
-        record = read_json(record_path) if record_path.exists() else {}
-        record.update(status=status, **fields)
-        write_json(record_path, record)
+    a run that never wrote one gets a record of its own (a failed sweep job, for the report). Returns
+    the record as written, or None where there was none to mark."""
+    if not (record_path.exists() or create):
+        return None
+    record = read_json(record_path) if record_path.exists() else {}
+    record.update(status=status, **fields)
+    write_json(record_path, record)
+    return record
 
 
 def raised_in_worker(e: BaseException, classes: tuple[type, ...]) -> str | None:
@@ -371,11 +374,10 @@ def mark_stopped(run_dir: Path, e: BaseException) -> None:
         # the workers got the signal too (psgd.signals): let them end before this write, none left behind
         signals.wind_down_children()
     # every worker has stopped by now, so nothing races this write
-    mark_status(run_dir / "metrics.json", "interrupted" if interrupted else "failed")
+    record = mark_status(run_dir / "metrics.json", "interrupted" if interrupted else "failed")
     if interrupted:
         how = f" ({signals.received})" if signals.received else ""
-        record = run_dir / "metrics.json"
-        finished = read_json(record).get("epochs", 0) if record.exists() else 0
+        finished = (record or {}).get("epochs", 0)
         kept = f"finished epochs are kept in {run_dir}" if finished else f"no epoch had finished ({run_dir})"
         print(f"psgd: interrupted{how}; {kept}", file=sys.stderr, flush=True)
 
