@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd.command_line import fail, text_lines
-from psgd.config import ConfigError
+from psgd.config import ConfigError, DirInUse
 from psgd.data import DataError
 from psgd.module import TrainingDiverged
 from psgd.results import write_atomic
@@ -88,7 +88,8 @@ def run_job(cfg: DictConfig) -> float | None:
             raise
         line = error_line(e, run_dir)
         if sweeping:
-            record_failure(run_dir, line, e)
+            if not isinstance(e, DirInUse):  # the earlier job's record stays as it was
+                record_failure(run_dir, line, e)
             print(f"psgd: error: {line}", file=sys.stderr, flush=True)
             return None
         if bad_input(e):

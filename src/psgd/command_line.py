@@ -200,14 +200,15 @@ def _output_problem(cfg: DictConfig, multirun: bool) -> str | None:
         Path(tempfile.mkdtemp(prefix=".psgd-write-check-", dir=existing)).rmdir()
     except OSError as e:
         return f"cannot write results to {out}: {e.strerror or e} in {existing}; {fix}"
-    return _earlier_results(out, key)
+    return earlier_results(out, key)
 
 
-def _earlier_results(out: Path, key: str) -> str | None:
-    """Why `out` (hydra.run.dir, or hydra.sweep.dir with key "hydra.sweep.dir") cannot take this run:
-    it holds an earlier run's record (metrics.json) or sweep's (report.md, job records), which this one
-    would overwrite, its Hydra config first. None if it holds none, or for a worker that torchrun
-    restarted, which goes on in its job's dir."""
+def earlier_results(out: Path, key: str) -> str | None:
+    """Why `out` cannot take this run: it holds an earlier run's record (metrics.json) or sweep's
+    (report.md, job records; with key "hydra.sweep.dir"), which this one would overwrite, its Hydra
+    config first. None if it holds none, or for a worker that torchrun restarted, which goes on in its
+    job's dir. `key` names what the user sets to choose another dir (hydra.run.dir, or train()'s
+    run_dir)."""
     fix = f"set {key} to a new folder, or delete that one"
     if key == "hydra.sweep.dir":
         jobs = len(list(out.glob("*/metrics.json")))

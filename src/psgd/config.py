@@ -58,6 +58,10 @@ class ConfigError(ValueError):
     """A bad configuration value; str() is the one-line message shown to the user."""
 
 
+class DirInUse(ConfigError):
+    """The run dir holds an earlier run's results: nothing may be written there, not even a failure."""
+
+
 @dataclass(frozen=True)
 class Plan:
     """What the config resolves to: how many workers, threads each, and where they run."""

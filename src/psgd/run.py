@@ -23,6 +23,8 @@ from typing import Any
 import pytorch_lightning as L
 import torch
 import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
@@ -43,8 +45,8 @@ from psgd.callbacks import (
     WeightRecorder,
     WorkerSetup,
 )
-from psgd.command_line import text_lines
-from psgd.config import ConfigError, Plan, check
+from psgd.command_line import earlier_results, text_lines
+from psgd.config import ConfigError, DirInUse, Plan, check
 from psgd.data import INFO, ClassificationData
 from psgd.data.datasets import DatasetInfo
 from psgd.hooks import skip_unused_hooks
@@ -382,6 +384,13 @@ def mark_stopped(run_dir: Path, e: BaseException) -> None:
         print(f"psgd: interrupted{how}; {kept}", file=sys.stderr, flush=True)
 
 
+def _run_dir_key() -> str:
+    """What a user sets to choose the run dir: train()'s argument, or Hydra's key when Hydra runs it."""
+    if not HydraConfig.initialized():
+        return "run_dir"
+    return "hydra.sweep.dir" if HydraConfig.get().mode == RunMode.MULTIRUN else "hydra.run.dir"
+
+
 def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] = ()) -> dict[str, Any] | None:
     """Run one configured training job in `run_dir`; returns the final metrics (also in metrics.json).
 
@@ -390,8 +399,14 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
 
     Under torchrun / srun (one process per worker) only global rank 0 tests and returns metrics; the
     other workers return None.
+
+    A `run_dir` that holds an earlier run's metrics.json is refused (DirInUse) before anything is
+    written into it, unless torchrun restarted this job's workers (they go on in their own dir).
     """
     plan = check(cfg)
+    in_use = earlier_results(Path(run_dir), _run_dir_key())
+    if in_use:
+        raise DirInUse(in_use)
     with quietness(bool(cfg.get("quiet"))):
         return _train(cfg, Path(run_dir), plan, list(callbacks))
 

@@ -7,6 +7,7 @@ import re
 import pytest
 from conftest import compose_cfg, run_cli
 
+from psgd.config import DirInUse
 from psgd.run import train
 
 CASES = [
@@ -83,6 +84,51 @@ def test_a_dir_holding_earlier_results_is_refused_and_left_as_it_was(tiny_data, 
     assert sorted(str(p.relative_to(earlier)) for p in earlier.rglob("*")) == sorted(
         {".hydra", ".hydra/config.yaml", str(record.relative_to(earlier)), *(["0"] if script == "sweep.py" else [])}
     )
+
+
+def _used_run_dir(path):
+    """A dir as a finished run leaves it: its record, a checkpoint and TensorBoard events."""
+    files = {
+        path / "metrics.json": '{"status": "completed", "test_acc": 0.99}',
+        path / "checkpoints" / "last.ckpt": "weights",
+        path / "tensorboard" / "events.out.tfevents.1.host": "events",
+    }
+    for p, text in files.items():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return files
+
+
+def test_train_from_python_refuses_a_run_dir_holding_earlier_results(tiny_data, tmp_path):
+    """psgd.run.train(cfg, run_dir) has no command-line check in front of it: it used to write its
+    checkpoints, events and metrics.json over the earlier run's."""
+    earlier = tmp_path / "earlier"
+    files = _used_run_dir(earlier)
+    with pytest.raises(DirInUse) as refused:
+        train(compose_cfg(f"data.root={tiny_data}", "quiet=true"), earlier)
+    assert str(refused.value).startswith(f"{earlier} holds an earlier run's results (metrics.json: completed)")
+    assert "set run_dir to a new folder" in str(refused.value)
+    assert {p: p.read_text() for p in files} == files
+    assert sorted(p for p in earlier.rglob("*") if p.is_file()) == sorted(files)
+
+
+def test_a_used_run_dir_is_refused_in_the_job_when_the_command_line_check_is_skipped(tiny_data, tmp_path):
+    """HYDRA_FULL_ERROR=1 skips psgd's command-line check (Hydra reports instead); the job itself still
+    refuses the dir before training, so the earlier record, checkpoints and events stay as they were
+    (Hydra has rewritten only its .hydra config by then)."""
+    earlier = tmp_path / "earlier"
+    files = _used_run_dir(earlier)
+    proc = run_cli(
+        "train.py", f"data.root={tiny_data}", f"hydra.run.dir={earlier}", "quiet=true", env={"HYDRA_FULL_ERROR": "1"}
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"psgd: error: {earlier} holds an earlier run's results (metrics.json: completed), which this run would "
+        f"overwrite: set hydra.run.dir to a new folder, or delete that one (ckpt_path={earlier} resumes that run "
+        "in a new folder)"
+    ], proc.stderr
+    assert {p: p.read_text() for p in files} == files
+    assert not (earlier / "tensorboard" / "hparams.yaml").exists()
 
 
 def test_missing_dataset_names_the_path_and_the_fix(tmp_path):
