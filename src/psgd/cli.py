@@ -1,6 +1,7 @@
 """What `train.py` runs under Hydra: one job, with user errors turned into one line and exit code 2."""
 
 import logging
+import os
 import shutil
 import sys
 import traceback
@@ -17,6 +18,7 @@ from psgd.data import DataError
 from psgd.module import TrainingDiverged
 from psgd.results import write_atomic
 from psgd.run import mark_status, raised_in_worker, train
+from psgd.strategies._lightning import WorkerUnresponsive, lost_a_peer, timed_out
 
 
 def _discard_empty_run_dir(run_dir: Path) -> None:
@@ -47,13 +49,42 @@ def bad_input(e: BaseException) -> bool:
     return isinstance(e, BAD_INPUT) or raised_in_worker(e, BAD_INPUT) is not None
 
 
+def _global_rank() -> str | None:
+    """This process's global rank when torchrun or srun started it as one of the workers, else None."""
+    return os.environ.get("RANK", os.environ.get("SLURM_PROCID"))
+
+
+def collective_failure(e: BaseException) -> str | None:
+    """The line for a worker that torchrun / srun started (one process per worker) whose collective lost
+    its peer or waited past strategy.timeout_s, or None. (Workers that psgd starts come back as a
+    ProcessRaisedException, and psgd's launcher names the worker that ended the run; here the tool's
+    own summary does, e.g. torchrun's table of every worker's exit.)"""
+    if not isinstance(e, RuntimeError):
+        return None
+    last = text_lines(e)[-1]
+    if timed_out(last):
+        why = "it waited longer than strategy.timeout_s for another worker"
+    elif lost_a_peer(last):
+        why = "another worker went away"
+    else:
+        return None
+    return f"worker rank {_global_rank() or '?'} failed: {type(e).__name__}: {last} ({why})"
+
+
 def error_line(e: BaseException, run_dir: Path) -> str:
     """The one line a user sees for a job that did not finish."""
     if isinstance(e, KNOWN_ERRORS):
         return str(e)
+    if collective_failure(e):
+        return collective_failure(e)
+    if isinstance(e, WorkerUnresponsive):
+        return f"{e}; results of finished epochs are in {run_dir}"
     if isinstance(e, ProcessRaisedException):
         known = raised_in_worker(e, KNOWN_ERRORS)
-        return known if known is not None else f"worker rank {e.error_index} failed: {text_lines(e)[-1]}"
+        if known is not None:
+            return known
+        why = " (it waited longer than strategy.timeout_s for another worker)" if timed_out(str(e)) else ""
+        return f"worker rank {e.error_index} failed: {text_lines(e)[-1]}{why}"
     if isinstance(e, ProcessExitedException):
         how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
         return f"worker rank {e.error_index} died ({how}); results of finished epochs are in {run_dir}"
@@ -84,7 +115,7 @@ def run_job(cfg: DictConfig) -> float | None:
         raise
     except Exception as e:
         known = isinstance(e, KNOWN_ERRORS + (ProcessRaisedException, ProcessExitedException))
-        if not (known or sweeping):
+        if not (known or sweeping or collective_failure(e)):
             raise
         line = error_line(e, run_dir)
         if sweeping:
@@ -94,7 +125,7 @@ def run_job(cfg: DictConfig) -> float | None:
             return None
         if bad_input(e):
             _discard_empty_run_dir(run_dir)
-        else:  # the run's record says why it stopped, as a sweep job's does
+        elif _global_rank() in ("0", None):  # the record says why it stopped, as a sweep job's does (one writer)
             mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
         fail(line)
     if metrics is None:  # a torchrun / srun worker other than rank 0: rank 0 reports

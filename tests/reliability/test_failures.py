@@ -138,6 +138,28 @@ def test_sigterm_to_one_worker_ends_the_run_with_its_rank(tiny_data, tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # ~50 s, most of it torch's 30 s SIGTERM grace; the verdict is unit-tested in test_launcher.py
+def test_a_stopped_worker_ends_the_run_naming_it_not_the_peer_that_timed_out(tiny_data, tmp_path):
+    """A worker that stops (SIGSTOP here; a deadlock or a hung system call alike) does not die: its peer's
+    collective times out after strategy.timeout_s, and that peer's gloo error used to be the verdict
+    ("worker rank 0 failed: RuntimeError: [...] Timed out waiting 5000ms for recv operation to complete")."""
+    run_dir = tmp_path / "run"
+    overrides = ["workers=2", "strategy.timeout_s=5", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY]
+    proc = start(run_dir, *overrides)
+    stderr, workers = stop_after_two_epochs(run_dir, proc, lambda pids: os.kill(pids[1], signal.SIGSTOP))
+    line = (
+        "psgd: error: worker rank 1 stopped responding: worker rank 0 waited for it in a collective (5 s, "
+        "strategy.timeout_s) and it did not exit on SIGTERM either (stopped, deadlocked or stuck in a system call); "
+        f"results of finished epochs are in {run_dir}"
+    )
+    assert stderr.strip().splitlines()[-1] == line, stderr
+    assert gone_within(workers, 5)
+    m = json.loads((run_dir / "metrics.json").read_text())
+    assert len(m["history"]) >= 2 and m["status"] == "failed" and m["error"] == line.removeprefix("psgd: error: ")
+    assert_resumable(run_dir)
+
+
+@pytest.mark.distributed
 @pytest.mark.parametrize(
     "strategy,to",
     [

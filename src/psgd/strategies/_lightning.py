@@ -23,6 +23,7 @@ __all__ = [
     "FirstFailureLauncher",
     "ReportsFirstFailure",
     "SharedMemoryLauncher",
+    "WorkerUnresponsive",
     "handle_sigterm_with",
     "without_per_step_collectives",
 ]
@@ -30,6 +31,8 @@ __all__ = [
 # how a collective ends in the workers still running when a peer is gone (gloo's messages, lowercased;
 # it adds "This is typically caused by a remote worker crashing" / "... hanging or bugs in the application")
 PEER_LOST = ("connection closed by peer", "connection reset by peer", "caused by a remote worker")
+# how a collective ends in a worker that waited longer than the strategy's timeout for a peer (gloo)
+TIMED_OUT = ("timed out waiting",)
 
 
 def without_per_step_collectives(trainer: L.Trainer) -> None:
@@ -66,6 +69,32 @@ def lost_a_peer(error: str) -> bool:
     return bool(lines) and any(s in lines[-1].lower() for s in PEER_LOST)
 
 
+def timed_out(error: str) -> bool:
+    """Whether a worker's error (its traceback text) is a collective that waited past its timeout."""
+    lines = error.strip().splitlines()
+    return bool(lines) and any(s in lines[-1].lower() for s in TIMED_OUT)
+
+
+class WorkerUnresponsive(ProcessExitedException):
+    """A worker that stopped responding: a peer's collective timed out waiting for it, and it did not
+    exit on torch's SIGTERM either (torch killed it 30 s later)."""
+
+    def __init__(self, rank: int, pid: int, waiter: int, timeout_s: float | None):
+        self._args = (rank, pid, waiter, timeout_s)
+        waited = f"{timeout_s:g} s, strategy.timeout_s" if timeout_s is not None else "strategy.timeout_s"
+        super().__init__(
+            f"worker rank {rank} stopped responding: worker rank {waiter} waited for it in a collective ({waited}) "
+            "and it did not exit on SIGTERM either (stopped, deadlocked or stuck in a system call)",
+            error_index=rank,
+            error_pid=pid,
+            exit_code=-signal.SIGKILL,
+            signal_name="SIGKILL",
+        )
+
+    def __reduce__(self):
+        return type(self), self._args
+
+
 class FirstFailureLauncher(_MultiProcessingLauncher):
     """Lightning's spawn/fork launcher, reporting the worker whose failure ended the run.
 
@@ -75,6 +104,8 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
     wrong worker and an error that says nothing. Each worker records its error here before its
     connections close (they close when it exits); if the reported error is a lost peer, the recorded
     error of a worker that failed on its own, or the signal that killed one, is raised in its place.
+    If the reported error is a collective's timeout, a worker that recorded no error and had to be
+    killed (it did not exit on SIGTERM) is the one that stopped responding: WorkerUnresponsive.
     """
 
     def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
@@ -97,6 +128,8 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
             raise
 
     def _first_failure(self, e: ProcessRaisedException) -> BaseException:
+        if timed_out(str(e)):
+            return self._unresponsive(e) or e
         if not lost_a_peer(str(e)):
             return e
         for rank in range(len(self.procs)):
@@ -118,6 +151,14 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
                     signal_name=name,
                 )
         return e
+
+    def _unresponsive(self, e: ProcessRaisedException) -> WorkerUnresponsive | None:
+        timeout = getattr(self._strategy, "_timeout", None)
+        for rank, proc in enumerate(self.procs):
+            recorded = (Path(self._errors_dir) / str(rank)).is_file()
+            if rank != e.error_index and proc.exitcode == -signal.SIGKILL and not recorded:
+                return WorkerUnresponsive(rank, proc.pid, e.error_index, timeout and timeout.total_seconds())
+        return None
 
 
 class ReportsFirstFailure(DDPStrategy):

@@ -1,0 +1,108 @@
+"""Which worker a failed multi-process run names (psgd.strategies._lightning.FirstFailureLauncher),
+decided over real processes that ended the ways workers end. The whole runs are in
+tests/reliability/test_failures.py (a killed, SIGTERMed, failing-alone and stopped worker)."""
+
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+
+from psgd.cli import collective_failure, error_line
+from psgd.strategies._lightning import FirstFailureLauncher, ReportsFirstFailure, WorkerUnresponsive
+
+TIMED_OUT = (
+    "RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 7000ms for recv operation to complete"
+)
+LOST_PEER = "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:41234"
+
+
+def ended(how: str) -> multiprocessing.Process:
+    """A real process that ended as a worker can: `failed` (exit code 1, as a worker that raised),
+    `terminated` (it exited on SIGTERM), `killed` (SIGKILL: torch's last resort, or the OOM killer)."""
+    proc = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+    proc.start()
+    if how == "failed":
+        proc.kill()
+        proc.join()
+        proc = multiprocessing.get_context("fork").Process(target=sys.exit, args=(1,))
+        proc.start()
+    else:
+        os.kill(proc.pid, signal.SIGTERM if how == "terminated" else signal.SIGKILL)
+    proc.join()
+    return proc
+
+
+def launcher(tmp_path, *endings: str, recorded: dict[int, str]) -> FirstFailureLauncher:
+    """A launcher as it is after its workers ended: their processes, and the errors they recorded."""
+    fl = FirstFailureLauncher(ReportsFirstFailure(timeout=timedelta(seconds=7)), start_method="spawn")
+    fl.procs = [ended(how) for how in endings]
+    fl._errors_dir = str(tmp_path)
+    for rank, text in recorded.items():
+        (tmp_path / str(rank)).write_text(f"Traceback (most recent call last):\n  ...\n{text}\n")
+    return fl
+
+
+def raised(rank: int, last_line: str, pid: int = 0) -> ProcessRaisedException:
+    return ProcessRaisedException(
+        f"\n\n-- Process {rank} terminated with the following error:\nTraceback:\n  ...\n{last_line}\n", rank, pid
+    )
+
+
+def test_a_peer_that_timed_out_waiting_names_the_worker_that_stopped_responding(tmp_path):
+    fl = launcher(tmp_path, "failed", "killed", recorded={0: TIMED_OUT})
+    verdict = fl._first_failure(raised(0, TIMED_OUT))
+    assert isinstance(verdict, WorkerUnresponsive) and verdict.error_index == 1
+    assert verdict.error_pid == fl.procs[1].pid
+    assert str(pickle.loads(pickle.dumps(verdict))) == str(verdict)  # as a sweep launcher returns it
+    assert error_line(verdict, tmp_path / "run") == (
+        "worker rank 1 stopped responding: worker rank 0 waited for it in a collective (7 s, strategy.timeout_s) "
+        f"and it did not exit on SIGTERM either (stopped, deadlocked or stuck in a system call); results of "
+        f"finished epochs are in {tmp_path / 'run'}"
+    )
+
+
+@pytest.mark.parametrize(
+    "other,recorded",
+    [
+        ("terminated", {}),  # it exited on SIGTERM: it was responding, maybe only slower
+        ("killed", {1: "ValueError: its own error"}),  # it failed on its own, and was killed while reporting
+    ],
+    ids=["it-exited-on-sigterm", "it-recorded-an-error"],
+)
+def test_a_timeout_with_no_unresponsive_worker_stays_the_peers_error_and_says_what_timed_out(tmp_path, other, recorded):
+    fl = launcher(tmp_path, "failed", other, recorded={0: TIMED_OUT, **recorded})
+    e = raised(0, TIMED_OUT)
+    assert fl._first_failure(e) is e
+    assert error_line(e, tmp_path) == (
+        f"worker rank 0 failed: {TIMED_OUT} (it waited longer than strategy.timeout_s for another worker)"
+    )
+
+
+def test_a_lost_peer_still_names_the_worker_that_was_killed(tmp_path):
+    """The OOM killer's case: the survivor's gloo connection closes at once (no timeout)."""
+    fl = launcher(tmp_path, "failed", "killed", recorded={0: LOST_PEER})
+    verdict = fl._first_failure(raised(0, LOST_PEER))
+    assert type(verdict) is ProcessExitedException and verdict.error_index == 1
+    assert error_line(verdict, tmp_path).startswith("worker rank 1 died (signal SIGKILL)")
+
+
+@pytest.mark.parametrize(
+    "message,why",
+    [
+        (TIMED_OUT.removeprefix("RuntimeError: "), "it waited longer than strategy.timeout_s for another worker"),
+        (LOST_PEER.removeprefix("RuntimeError: "), "another worker went away"),
+    ],
+    ids=["timed-out", "lost-peer"],
+)
+def test_a_torchrun_workers_collective_failure_is_its_one_line_naming_its_rank(tmp_path, monkeypatch, message, why):
+    """Under torchrun each worker is a train.py process: its gloo error used to go to Hydra's report
+    ("Error executing job with overrides: [...]", the error, "Set the environment variable HYDRA_FULL_ERROR=1")."""
+    monkeypatch.setenv("RANK", "3")
+    assert error_line(RuntimeError(message), tmp_path) == f"worker rank 3 failed: RuntimeError: {message} ({why})"
+    assert collective_failure(RuntimeError("CUDA error: an illegal memory access")) is None  # not a peer's doing
