@@ -18,7 +18,8 @@ Now:
   does: its launcher then stops the others and names its rank (or, when the launcher passed the
   signal on, marks the run interrupted once its workers are gone);
 - such a worker sends itself SIGTERM when its launching process dies, even by SIGKILL
-  (`die_with_parent`).
+  (`die_with_parent`), from its first line on: a worker still in the process group's rendezvous,
+  blocked in C++ where Python runs no handler, ends by SIGTERM's default action then.
 """
 
 import multiprocessing
@@ -120,8 +121,9 @@ def die_with_parent() -> None:
     closes when it exits. torch's spawn asks the kernel for SIGINT on the parent's death instead, which
     a worker of a background job ignores, and which never comes for a fork-server child (HogWild):
     the fork server is its parent and outlives the launcher while the worker holds its alive-pipe."""
+    global _watching
     parent = launched_worker()
-    if parent is None:
+    if parent is None or _watching:
         return
 
     def watch() -> None:
@@ -129,3 +131,7 @@ def die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="psgd-launcher-watch", daemon=True).start()
+    _watching = True
+
+
+_watching = False  # die_with_parent's thread runs in this process (one is enough)

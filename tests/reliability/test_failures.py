@@ -206,6 +206,31 @@ def test_workers_do_not_outlive_a_killed_launcher(tiny_data, tmp_path, strategy)
             os.kill(p, signal.SIGKILL)
 
 
+@pytest.mark.distributed
+def test_a_worker_still_starting_does_not_outlive_its_launcher(tiny_data, tmp_path):
+    """The OOM killer took a launcher and one worker while the workers were starting: the others waited
+    in the process group's rendezvous for the dead one's store, orphaned, until strategy.timeout_s (30
+    min by default). Killing the launcher and worker 0 just after the spawn is that case."""
+    run_dir = tmp_path / "run"
+    args = ["workers=2", "strategy.timeout_s=300", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY]
+    proc = start(run_dir, *args, background=True)
+    workers = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers) < 2 and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1]
+            workers = worker_pids(proc.pid)
+            time.sleep(0.05)
+        assert len(workers) == 2, workers
+        for pid in (proc.pid, workers[0]):
+            os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=10)  # (its output pipes stay open while a worker lives)
+        assert gone_within(workers, 20), "a worker still waits for its peers after its launcher died"
+    finally:
+        for p in alive(workers):
+            os.kill(p, signal.SIGKILL)
+
+
 def test_sigterm_to_a_one_worker_run(tiny_data, tmp_path):
     run_dir = tmp_path / "run"
     proc = start(run_dir, f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY, background=True)

@@ -18,6 +18,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd.module import STEPS_PER_EPOCH_KEY
+from psgd.signals import die_with_parent
 
 __all__ = [
     "FirstFailureLauncher",
@@ -121,6 +122,9 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
             shutil.rmtree(self._errors_dir, ignore_errors=True)
 
     def _wrapping_function(self, process_idx: int, *args: Any, **kwargs: Any) -> None:
+        # before the rendezvous: a worker whose launcher died (the OOM killer, SIGKILL) while a peer it
+        # waits for there died too would otherwise wait out strategy.timeout_s, orphaned
+        die_with_parent()
         try:
             super()._wrapping_function(process_idx, *args, **kwargs)
         except Exception:
