@@ -412,6 +412,8 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
 
 
 def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.Callback]) -> dict[str, Any] | None:
+    if plan.launcher == "torchrun":
+        signals.stop_with_agent()  # an agent killed outright (OOM, kill -9) left its workers training on
     quiet = bool(cfg.get("quiet"))
     bars = not quiet and sys.stdout.isatty()  # into a file or pipe (SLURM, CI, `> log`): a line per epoch instead
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # before the model: same seed, same init

@@ -24,8 +24,10 @@ Now:
 
 import multiprocessing
 import os
+import select
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
@@ -135,3 +137,29 @@ def die_with_parent() -> None:
 
 
 _watching = False  # die_with_parent's thread runs in this process (one is enough)
+_agent_watched = False  # and stop_with_agent's
+
+
+def stop_with_agent() -> None:
+    """In a worker that torchrun started: SIGTERM to itself when torchrun's agent, its parent, dies
+    (the OOM killer, `kill -9`). torchrun starts each worker in a session of its own and asks for no
+    parent-death signal, so its workers trained on to the end, orphaned. SIGTERM then stops this worker
+    as a SIGTERM from the agent would (`interrupt`; before the process group is made, at once)."""
+    global _agent_watched
+    if _agent_watched:
+        return
+    _agent_watched = True
+    agent = os.getppid()
+    try:
+        exited = os.pidfd_open(agent)  # readable once that process has exited (Linux >= 5.3)
+    except (AttributeError, OSError):
+        exited = None
+
+    def watch() -> None:
+        if exited is not None:
+            select.select([exited], [], [])
+        while os.getppid() == agent:  # (the fallback; with the pidfd, already reparented)
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="psgd-agent-watch", daemon=True).start()

@@ -2,16 +2,19 @@
 
 Two torchrun invocations with node ranks 0 and 1 make a real 2-node x 2-process job (static
 rendezvous at 127.0.0.1); an elastic job with --max-restarts 1 survives one killed worker, with static
-and with c10d rendezvous; Ctrl-C on a torchrun job marks it interrupted, once. Slow:
+and with c10d rendezvous; Ctrl-C on a torchrun job marks it interrupted, once; killing the agent
+outright stops its workers. Slow:
     pytest -m slow tests/integration/test_multinode.py
 """
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -148,3 +151,37 @@ def test_ctrl_c_on_a_torchrun_job_marks_it_interrupted_and_says_so_once(tiny_dat
     assert err.count("psgd: interrupted") == 1, err[-3000:]
     m = metrics(run_dir)
     assert m["status"] == "interrupted" and m["epochs"] >= 2
+
+
+def test_workers_stop_when_the_torchrun_agent_is_killed(tiny_data, tmp_path):
+    """torchrun starts its workers in sessions of their own with no parent-death signal: an agent taken
+    by the OOM killer or `kill -9` left them training on, orphaned, to the last epoch."""
+    run_dir = tmp_path / "run"
+    proc = one_node_job(run_dir, epochs=200, data=tiny_data)
+    wait_for_epochs(run_dir, proc, 2)
+    out = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout
+    workers = [int(p) for p in out.split()]
+    assert len(workers) == 2, workers
+    proc.kill()  # the agent, outright
+
+    def running() -> list[int]:  # (an exited worker not yet reaped is a zombie: "Z")
+        left = []
+        for p in workers:
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{p}/stat").read_text().split(")")[-1].split()[0] != "Z":
+                    left.append(p)
+        return left
+
+    try:
+        deadline = time.monotonic() + 20
+        while running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert running() == [], "workers still training after their torchrun agent died"
+    finally:
+        for p in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+    _, err = proc.communicate(timeout=10)
+    m = metrics(run_dir)
+    assert m["status"] == "interrupted" and 2 <= m["epochs"] < 200
+    assert f"psgd: interrupted (SIGTERM); finished epochs are kept in {run_dir}" in err
