@@ -15,7 +15,7 @@ from typing_extensions import override
 
 from psgd.data.partition import generator
 from psgd.results import write_csv, write_json
-from psgd.signals import die_with_parent, handler_for_this_process, launched_worker
+from psgd.signals import handler_for_this_process, launched_worker
 from psgd.strategies._lightning import handle_sigterm_with, without_per_step_collectives
 
 
@@ -71,8 +71,7 @@ class WorkerSetup(Callback):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         torch.set_num_threads(self.threads)
-        handle_sigterm_with(trainer, handler_for_this_process())
-        die_with_parent()
+        handle_sigterm_with(trainer, handler_for_this_process())  # (the launcher watch: FirstFailureLauncher)
         if dist.is_available() and dist.is_initialized():
             destroy_process_group_at_exit()
         self._flushed_before = denormals_flushed()

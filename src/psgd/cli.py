@@ -75,8 +75,8 @@ def error_line(e: BaseException, run_dir: Path) -> str:
     """The one line a user sees for a job that did not finish."""
     if isinstance(e, KNOWN_ERRORS):
         return str(e)
-    if collective_failure(e):
-        return collective_failure(e)
+    if line := collective_failure(e):
+        return line
     if isinstance(e, WorkerUnresponsive):
         return f"{e}; results of finished epochs are in {run_dir}"
     if isinstance(e, ProcessRaisedException):

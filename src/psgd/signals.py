@@ -123,9 +123,8 @@ def die_with_parent() -> None:
     closes when it exits. torch's spawn asks the kernel for SIGINT on the parent's death instead, which
     a worker of a background job ignores, and which never comes for a fork-server child (HogWild):
     the fork server is its parent and outlives the launcher while the worker holds its alive-pipe."""
-    global _watching
     parent = launched_worker()
-    if parent is None or _watching:
+    if parent is None:
         return
 
     def watch() -> None:
@@ -133,11 +132,9 @@ def die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="psgd-launcher-watch", daemon=True).start()
-    _watching = True
 
 
-_watching = False  # die_with_parent's thread runs in this process (one is enough)
-_agent_watched = False  # and stop_with_agent's
+_agent_watched = False  # stop_with_agent's thread runs in this process (one is enough)
 
 
 def stop_with_agent() -> None:

@@ -63,17 +63,20 @@ def handle_sigterm_with(trainer: L.Trainer, handler: Any) -> None:
         connector._sigterm_notifier_fn = handler
 
 
-def lost_a_peer(error: str) -> bool:
-    """Whether a worker's error (its traceback text) only says another worker went away (gloo's
-    connection loss)."""
+def _last_line_says(error: str, phrases: tuple[str, ...]) -> bool:
+    """Whether the last line of a worker's error (its traceback text) holds one of `phrases`."""
     lines = error.strip().splitlines()
-    return bool(lines) and any(s in lines[-1].lower() for s in PEER_LOST)
+    return bool(lines) and any(s in lines[-1].lower() for s in phrases)
+
+
+def lost_a_peer(error: str) -> bool:
+    """Whether a worker's error only says another worker went away (gloo's connection loss)."""
+    return _last_line_says(error, PEER_LOST)
 
 
 def timed_out(error: str) -> bool:
-    """Whether a worker's error (its traceback text) is a collective that waited past its timeout."""
-    lines = error.strip().splitlines()
-    return bool(lines) and any(s in lines[-1].lower() for s in TIMED_OUT)
+    """Whether a worker's error is a collective that waited past its timeout."""
+    return _last_line_says(error, TIMED_OUT)
 
 
 class WorkerUnresponsive(ProcessExitedException):
