@@ -479,6 +479,10 @@ def _check_trainer_values(cfg: DictConfig) -> None:
         deterministic,
         "allowed: true, false, warn",
     )
+    benchmark = t.get("benchmark")  # text would reach torch.backends.cudnn.benchmark
+    _need(
+        benchmark is None or isinstance(benchmark, bool), "trainer.benchmark", benchmark, "allowed: true, false, null"
+    )
     clip = t.get("gradient_clip_val")
     _need(
         clip is None or (_is_number(clip) and clip >= 0),

@@ -167,6 +167,7 @@ BAD = [
     (["trainer.check_val_every_n_epoch=0"], "trainer.check_val_every_n_epoch=0 is invalid: must be an integer >= 1"),
     (["trainer.num_sanity_val_steps=-5"], "trainer.num_sanity_val_steps=-5 is invalid: must be an integer >= 0, or -1"),
     (["trainer.deterministic=abc"], "trainer.deterministic='abc' is invalid: allowed: true, false, warn"),
+    (["trainer.benchmark=flase"], "trainer.benchmark='flase' is invalid: allowed: true, false, null"),
     # 0 was read as 1 (the default) and trained without a word
     (["trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches=0 is invalid: must be an integer >= 1"),
     (["strategy=nonsense"], None),
@@ -189,6 +190,7 @@ def test_bad_values_are_one_clear_line(overrides, fragment):
     "override",
     [
         "trainer.deterministic=warn",
+        "trainer.benchmark=true",
         "trainer.num_sanity_val_steps=-1",
         "trainer.check_val_every_n_epoch=null",
         "trainer.gradient_clip_val=0",
