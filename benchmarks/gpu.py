@@ -1,9 +1,10 @@
 """The GPU figures: lab CNN and WideResNet samples/s with the dataset resident on the GPU
 (`data.on_device=true`) against host batches, fp32 against bf16 autocast
 (`trainer.precision=bf16-mixed`), and DDP over NCCL on the one GPU (`strategy.ddp_for_one_worker=true`,
-a one-process group) against the same run without DDP.
+a one-process group) against the same run without DDP, and cuDNN's autotuner (`trainer.benchmark=true`)
+against bf16 without it. benchmarks/gpu_step.py gives the bare step's ceiling to read these against.
 
-    python benchmarks/gpu.py --data-root ../shared/data                   # needs CUDA; ~10 min on one GPU
+    python benchmarks/gpu.py --data-root ../shared/data                   # needs CUDA; ~14 min on one H200
     python benchmarks/gpu.py --data-root DIR --accelerator cpu --epochs 1 --limit-batches 5 --repeats 1
                                                                           # the same runs on CPU: a smoke test
     python benchmarks/gpu.py --data-root ../shared/data --accelerator cpu --models "lab CNN" --name cpu_bf16
@@ -35,12 +36,18 @@ VARIANTS = {  # name: train.py overrides
     "host batches, fp32": ["data.on_device=false"],
     "on device, fp32": ["data.on_device=true"],
     "on device, bf16 autocast": ["data.on_device=true", "trainer.precision=bf16-mixed"],
+    "on device, bf16 autocast, cuDNN autotuner": [
+        "data.on_device=true",
+        "trainer.precision=bf16-mixed",
+        "trainer.benchmark=true",
+    ],
     "on device, fp32, DDP (1 process)": ["data.on_device=true", "strategy.ddp_for_one_worker=true"],
 }
 RATIOS = [  # (what, numerator variant, denominator variant)
     ("dataset on the device / batches made on the host", "on device, fp32", "host batches, fp32"),
     ("bf16 autocast / fp32", "on device, bf16 autocast", "on device, fp32"),
     ("DDP (one process) / no DDP", "on device, fp32, DDP (1 process)", "on device, fp32"),
+    ("cuDNN autotuner / without (bf16)", "on device, bf16 autocast, cuDNN autotuner", "on device, bf16 autocast"),
 ]  # fmt: skip
 
 

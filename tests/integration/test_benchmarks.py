@@ -192,12 +192,38 @@ def test_gpu_benchmark_runs_every_variant_and_reports_the_ratios(tiny_data, tmp_
         "lab CNN | host batches, fp32",
         "lab CNN | on device, fp32",
         "lab CNN | on device, bf16 autocast",
+        "lab CNN | on device, bf16 autocast, cuDNN autotuner",
         "lab CNN | on device, fp32, DDP (1 process)",
     ]
     assert all(v > 0 for v in out["median"].values())
-    assert len(out["ratios"]) == 3 and out["device"].startswith("cpu: ")
+    assert len(out["ratios"]) == 4 and out["device"].startswith("cpu: ")
     md = (tmp_path / "g.md").read_text()
-    assert md.count("| lab CNN |") == 7 and "bf16 autocast / fp32" in md
+    assert md.count("| lab CNN |") == 9 and "bf16 autocast / fp32" in md and "cuDNN autotuner / without" in md
+
+
+def test_gpu_step_benchmark_counts_the_lab_cnn_flop_and_times_every_variant(tmp_path):
+    # on CPU: the script itself (the figures are the GPU's); ~10 s
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), "--device=cpu", "--steps=2", "--batches", "4", "8"]
+    proc = subprocess.run([*cmd, "--models", "lab CNN", f"--results={tmp_path}"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "gpu_step.json").read_text())["rows"]
+    variants = [(r["batch"], r["precision"], r["cudnn.benchmark"]) for r in rows]
+    assert variants == [(b, p, a) for b in (4, 8) for p in ("fp32", "bf16 autocast") for a in (False, True)]
+    # the figure: a lab-CNN training sample (forward and backward) costs 10.1 MFLOP
+    assert {r["gflop_per_sample"] for r in rows} == {0.0101}
+    for r in rows:
+        assert r["samples_per_s"] > 0
+        assert r["samples_per_s"] == pytest.approx(r["batch"] * 1000 / r["ms_per_step"], rel=0.01)
+        assert r["tflop_per_s"] == pytest.approx(r["samples_per_s"] * 0.0101e-3, abs=0.01)
+    assert "lab CNN: 0.0101 GFLOP per training sample" in (tmp_path / "gpu_step.md").read_text()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")
+def test_gpu_step_benchmark_without_cuda_is_a_one_line_error(tmp_path):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), f"--results={tmp_path}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "no CUDA device" in proc.stderr and not list(tmp_path.iterdir())
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")

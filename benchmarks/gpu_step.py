@@ -1,0 +1,134 @@
+"""What one training step costs on the GPU, with no framework and no data path: the ceiling that
+benchmarks/gpu.py's psgd runs are read against.
+
+    python benchmarks/gpu_step.py                      # needs CUDA; ~2 min on one GPU
+    python benchmarks/gpu_step.py --device cpu --steps 3 --models "lab CNN"   # a smoke test of the script
+
+For the lab CNN and the WideResNet (psgd's own models, channels_last, 1x28x28 inputs as on MNIST and
+FashionMNIST) and psgd's default SGD, a bare loop (zero_grad, forward, cross-entropy, backward, SGD
+step) trains on one batch already on the device; samples/s over `--steps` steps after a warm-up, with
+the device synchronised before and after. Variants: fp32 and bf16 autocast, cuDNN's autotuner
+(torch.backends.cudnn.benchmark) off and on, and batch 128 (gpu.py's) and 1024: a step that takes as
+long at 1024 as at 128 is bound by launching kernels from Python, not by the GPU. FLOP per sample are
+counted with torch.utils.flop_counter (forward and backward), so each row also gives the TFLOP/s the
+step achieved. Results go to benchmarks/results/<name>.json and .md.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare import ROOT, table  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODELS = {"lab CNN": ("lab_cnn", "mnist"), "WideResNet": ("wide_resnet", "fashion_mnist")}
+
+
+def build(model: str):
+    from hydra import compose, initialize_config_dir
+
+    from psgd.run import build_model
+
+    name, data = MODELS[model]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"model={name}", f"data={data}"])
+    net, size = build_model(cfg.model, cfg.data.name)
+    return cfg, net, size
+
+
+def flop_per_sample(net, x, y) -> float:
+    import torch.nn.functional as F
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        F.cross_entropy(net(x), y).backward()
+    net.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / len(x)
+
+
+def measure(model: str, batch: int, bf16: bool, autotune: bool, steps: int, device: str) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    torch.backends.cudnn.benchmark = autotune
+    torch.manual_seed(0)
+    cfg, net, size = build(model)
+    net = net.to(device, memory_format=torch.channels_last).train()
+    opt = torch.optim.SGD(net.parameters(), lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
+    x = torch.randn(batch, 1, size, size, device=device).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (batch,), device=device)
+    flop = flop_per_sample(net, x, y)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=bf16)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with autocast:
+            loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+
+    for _ in range(max(3, steps // 10)):  # warm-up: the autotuner's trials, the allocator, lazy inits
+        step()
+    sync()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    seconds = time.perf_counter() - start
+    per_s = steps * batch / seconds
+    return {
+        "model": model,
+        "batch": batch,
+        "precision": "bf16 autocast" if bf16 else "fp32",
+        "cudnn.benchmark": autotune,
+        "samples_per_s": round(per_s, 1),
+        "ms_per_step": round(1000 * seconds / steps, 3),
+        "gflop_per_sample": round(flop / 1e9, 4),
+        "tflop_per_s": round(per_s * flop / 1e12, 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--steps", type=int, default=200, help="timed steps per row")
+    parser.add_argument("--batches", type=int, nargs="+", default=[128, 1024])
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--name", default="gpu_step")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for <name>.json and .md")
+    args = parser.parse_args()
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.exit(2, "gpu_step.py: error: --device cuda, but torch sees no CUDA device here; pass --device cpu "
+                    "to smoke-test the script\n")  # fmt: skip
+    from gpu import device_name
+
+    rows = []
+    for model in args.models:
+        for batch in args.batches:
+            for bf16 in (False, True):
+                for autotune in (False, True):
+                    r = measure(model, batch, bf16, autotune, args.steps, args.device)
+                    rows.append(r)
+                    print(json.dumps(r), flush=True)
+    device = device_name("gpu" if args.device == "cuda" else "cpu")
+    keys = ["model", "batch", "precision", "cudnn.benchmark", "samples_per_s", "ms_per_step", "tflop_per_s"]
+    title = f"### {device}, {time.strftime('%Y-%m-%d')}: a bare training step on one resident batch"
+    md = [title, "", table([[str(r[k]) for k in keys] for r in rows], keys), ""]
+    flop = {r["model"]: r["gflop_per_sample"] for r in rows}
+    md += ["; ".join(f"{m}: {g} GFLOP per training sample (forward and backward)" for m, g in flop.items()), ""]
+    print("\n".join(md))
+    args.results.mkdir(parents=True, exist_ok=True)
+    out = {"date": time.strftime("%Y-%m-%d"), "device": device, "steps": args.steps, "rows": rows}
+    (args.results / f"{args.name}.json").write_text(json.dumps(out, indent=2) + "\n")
+    (args.results / f"{args.name}.md").write_text("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
