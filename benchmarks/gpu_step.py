@@ -1,7 +1,7 @@
 """What one training step costs on the GPU, with no framework and no data path: the ceiling that
 benchmarks/gpu.py's psgd runs are read against.
 
-    python benchmarks/gpu_step.py                      # needs CUDA; ~2 min on one GPU
+    python benchmarks/gpu_step.py                      # needs CUDA; ~1 min on one H200
     python benchmarks/gpu_step.py --device cpu --steps 3 --models "lab CNN"   # a smoke test of the script
 
 For the lab CNN and the WideResNet (psgd's own models, channels_last, 1x28x28 inputs as on MNIST and
@@ -93,11 +93,17 @@ def measure(model: str, batch: int, bf16: bool, autotune: bool, steps: int, devi
     }
 
 
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--steps", type=int, default=200, help="timed steps per row")
-    parser.add_argument("--batches", type=int, nargs="+", default=[128, 1024])
+    parser.add_argument("--steps", type=positive, default=100, help="timed steps per row")
+    parser.add_argument("--batches", type=positive, nargs="+", default=[128, 1024])
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--name", default="gpu_step")
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder for <name>.json and .md")

@@ -218,6 +218,14 @@ def test_gpu_step_benchmark_counts_the_lab_cnn_flop_and_times_every_variant(tmp_
     assert "lab CNN: 0.0101 GFLOP per training sample" in (tmp_path / "gpu_step.md").read_text()
 
 
+@pytest.mark.parametrize("bad", [["--steps", "0"], ["--batches", "128", "-4"]])
+def test_gpu_step_benchmark_refuses_a_count_below_one_in_one_line(bad, tmp_path):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), "--device=cpu", *bad, f"--results={tmp_path}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 2 and f"'{bad[-1]}' is not an integer >= 1" in proc.stderr, proc.stderr
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")
 def test_gpu_step_benchmark_without_cuda_is_a_one_line_error(tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), f"--results={tmp_path}"]
