@@ -8,6 +8,14 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from psgd.signals import LAUNCHER_ENV, prefer_as_oom_victim
+
+if os.environ.get(LAUNCHER_ENV, str(os.getpid())) != str(os.getpid()):
+    # a process that psgd's launcher started (a worker, or HogWild's fork server), as early as it
+    # imports psgd, before torch: workers starting at once can run a machine out of memory, and the
+    # kernel must then kill one of them, not the launcher that can say so and mark the run failed
+    prefer_as_oom_victim()
+
 # Lightning 2.6 calls a torch pytree API that torch 2.14 deprecates; harmless, and printed by every worker.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 

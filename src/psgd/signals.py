@@ -160,3 +160,35 @@ def stop_with_agent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="psgd-agent-watch", daemon=True).start()
+
+
+VMSTAT = "/proc/vmstat"
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's out-of-memory killer has killed since boot, a memory cgroup's
+    kills included (Linux >= 4.13); None where the kernel does not say."""
+    try:
+        with open(VMSTAT) as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+# A worker's oom_score_adj (-1000..1000; 0 by default): when memory runs out, the kernel's OOM killer
+# then picks a worker before the launcher, which is as large (it holds the same dataset and model)
+# but is the process that can say what happened, mark the run failed and end the other workers.
+WORKER_OOM_SCORE_ADJ = 500
+
+
+def prefer_as_oom_victim(adj: int = WORKER_OOM_SCORE_ADJ, path: str = "/proc/self/oom_score_adj") -> None:
+    """Raise this process's oom_score_adj to `adj` (never lower it; raising needs no privilege)."""
+    with suppress(OSError, ValueError):
+        with open(path) as f:
+            current = int(f.read())
+        if current < adj:
+            with open(path, "w") as f:
+                f.write(str(adj))

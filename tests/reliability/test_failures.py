@@ -1,6 +1,7 @@
 """Failing loud and fast: dead workers, Ctrl-C, resume, bad checkpoints, concurrent runs."""
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -455,3 +456,38 @@ def test_a_worker_failing_alone_is_the_one_reported_not_the_peer_that_lost_it(ti
         assert isinstance(e.value, ProcessExitedException) and e.value.signal_name == "SIGKILL"
     # what worker 0 got (gloo's "Connection closed by peer" or the like) is kept as the cause
     assert e.value.__cause__.error_index == 0 and "remote worker" in str(e.value.__cause__)
+
+
+MEMCG = Path("/sys/fs/cgroup/memory")  # cgroup v1's memory controller: a memory limit for one run
+
+
+@pytest.mark.slow  # ~20 s; needs root and cgroup v1's memory controller (the development VM has both)
+@pytest.mark.skipif(
+    not (hasattr(os, "geteuid") and os.geteuid() == 0 and os.access(MEMCG, os.W_OK)),
+    reason="needs root and a writable cgroup v1 memory controller to give a run a memory limit",
+)
+def test_a_run_out_of_memory_loses_a_worker_not_the_launcher_and_says_so(tiny_data, tmp_path):
+    """Four workers in 1.2 GB: the kernel's OOM killer ends one while they start. It used to pick the
+    launcher (the largest process), and the user saw only the shell's "Killed" (exit 137), with
+    nothing marking the run failed."""
+    group = MEMCG / f"psgd-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(1_200_000_000))
+        run_dir = tmp_path / "run"
+        cmd = f'echo $$ > {group}/cgroup.procs && exec "$0" "$@"'
+        args = [sys.executable, str(ROOT / "train.py"), "workers=4", f"data.root={tiny_data}", "quiet=true"]
+        args += ["trainer.max_epochs=1", f"hydra.run.dir={run_dir}"]
+        proc = subprocess.run(["sh", "-c", cmd, *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert "was killed by the kernel's out-of-memory killer" in lines[-1] and "use fewer workers" in lines[-1]
+        m = json.loads((run_dir / "metrics.json").read_text())
+        assert m["status"] == "failed" and m["error"] == lines[-1].removeprefix("psgd: error: ")
+        deadline = time.monotonic() + 10
+        while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not (group / "cgroup.procs").read_text().strip(), "a worker outlived the run"
+    finally:
+        with contextlib.suppress(OSError):
+            group.rmdir()

@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import subprocess
 import sys
 import time
 from datetime import timedelta
@@ -13,8 +14,9 @@ from datetime import timedelta
 import pytest
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
+from psgd import signals
 from psgd.cli import collective_failure, error_line
-from psgd.strategies._lightning import FirstFailureLauncher, ReportsFirstFailure, WorkerUnresponsive
+from psgd.strategies._lightning import FirstFailureLauncher, ReportsFirstFailure, WorkerOutOfMemory, WorkerUnresponsive
 
 TIMED_OUT = (
     "RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 7000ms for recv operation to complete"
@@ -92,6 +94,63 @@ def test_a_lost_peer_still_names_the_worker_that_was_killed(tmp_path):
     assert error_line(verdict, tmp_path).startswith("worker rank 1 died (signal SIGKILL)")
 
 
+def oom_kills_now(tmp_path, monkeypatch, count: int | None) -> None:
+    """The kernel's OOM-kill count as /proc/vmstat gives it (None: a kernel that does not count them)."""
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 1000\n" + (f"oom_kill {count}\n" if count is not None else "") + "numa_hit 5\n")
+    monkeypatch.setattr(signals, "VMSTAT", str(vmstat))
+
+
+def killed(rank: int, pid: int) -> ProcessExitedException:
+    """torch's report of a worker that died of SIGKILL, as it raises it when that worker ended first."""
+    return ProcessExitedException(
+        f"process {rank} terminated with signal SIGKILL", error_index=rank, error_pid=pid, exit_code=-9,
+        signal_name="SIGKILL",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("first", ["killed-first", "peer-lost-first"])
+def test_a_worker_killed_while_the_kernels_oom_count_rose_is_named_as_out_of_memory(tmp_path, monkeypatch, first):
+    fl = launcher(tmp_path, "failed", "killed", recorded={0: LOST_PEER})
+    oom_kills_now(tmp_path, monkeypatch, 41)
+    fl._oom_kills_at_launch = signals.oom_kills()
+    oom_kills_now(tmp_path, monkeypatch, 42)  # the OOM killer acted during the run
+    e = killed(1, fl.procs[1].pid) if first == "killed-first" else raised(0, LOST_PEER)
+    verdict = fl._explain(e)
+    assert isinstance(verdict, WorkerOutOfMemory) and (verdict.error_index, verdict.error_pid) == (1, fl.procs[1].pid)
+    assert str(pickle.loads(pickle.dumps(verdict))) == str(verdict)  # as a sweep launcher returns it
+    assert error_line(verdict, tmp_path / "run") == (
+        "worker rank 1 was killed by the kernel's out-of-memory killer (SIGKILL; the kernel's OOM-kill count rose "
+        "by 1 during the run): each worker is a process with its own torch, data and buffers; use fewer workers "
+        f"or a smaller data.batch_size; results of finished epochs are in {tmp_path / 'run'}"
+    )
+
+
+@pytest.mark.parametrize(
+    "before,after", [(42, 42), (None, None), (42, None)], ids=["no-oom-kill", "not-counted", "unreadable"]
+)
+def test_a_killed_worker_is_only_called_out_of_memory_when_the_kernel_counted_an_oom_kill(
+    tmp_path, monkeypatch, before, after
+):
+    fl = launcher(tmp_path, "failed", "killed", recorded={})
+    oom_kills_now(tmp_path, monkeypatch, before)
+    fl._oom_kills_at_launch = signals.oom_kills()
+    oom_kills_now(tmp_path, monkeypatch, after)
+    e = killed(1, fl.procs[1].pid)
+    assert fl._explain(e) is e
+    assert error_line(e, tmp_path).startswith("worker rank 1 died (signal SIGKILL)")
+
+
+def test_oom_kills_reads_this_kernels_count():
+    if not os.path.exists("/proc/vmstat"):
+        pytest.skip("no /proc/vmstat")
+    with open("/proc/vmstat") as f:
+        counted = any(line.startswith("oom_kill ") for line in f)
+    assert (signals.oom_kills() is not None) == counted
+    if counted:
+        assert signals.oom_kills() >= 0
+
+
 @pytest.mark.parametrize(
     "message,why",
     [
@@ -106,3 +165,36 @@ def test_a_torchrun_workers_collective_failure_is_its_one_line_naming_its_rank(t
     monkeypatch.setenv("RANK", "3")
     assert error_line(RuntimeError(message), tmp_path) == f"worker rank 3 failed: RuntimeError: {message} ({why})"
     assert collective_failure(RuntimeError("CUDA error: an illegal memory access")) is None  # not a peer's doing
+
+
+def oom_score_adj_of_a_process_importing_psgd(env: dict) -> int:
+    code = "import psgd; print(open('/proc/self/oom_score_adj').read())"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr
+    return int(proc.stdout)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/oom_score_adj"), reason="no oom_score_adj (not Linux)")
+def test_a_worker_is_the_oom_killers_first_choice_from_its_first_import_and_the_launcher_is_not(monkeypatch):
+    """Out of memory while workers start (each imports torch at once), the kernel killed the launcher:
+    the user saw only "Killed" and the run was not marked failed. Started by psgd's launcher, a process
+    raises its oom_score_adj as it imports psgd, so the kernel kills a worker and the launcher names it."""
+    monkeypatch.delenv(signals.LAUNCHER_ENV, raising=False)
+    with open("/proc/self/oom_score_adj") as f:
+        mine = int(f.read())
+    started_by_this_launcher = {signals.LAUNCHER_ENV: str(os.getpid())}
+    assert oom_score_adj_of_a_process_importing_psgd(started_by_this_launcher) == max(
+        mine, signals.WORKER_OOM_SCORE_ADJ
+    )
+    assert oom_score_adj_of_a_process_importing_psgd({}) == mine  # a launcher or a plain run keeps its own
+
+
+def test_prefer_as_oom_victim_raises_but_never_lowers(tmp_path):
+    adj = tmp_path / "oom_score_adj"
+    adj.write_text("100\n")
+    signals.prefer_as_oom_victim(500, str(adj))
+    assert adj.read_text() == "500"
+    adj.write_text("800\n")  # set higher already (by the user, or a container): kept
+    signals.prefer_as_oom_victim(500, str(adj))
+    assert adj.read_text() == "800\n"
+    signals.prefer_as_oom_victim(500, str(tmp_path / "missing"))  # no such file: nothing to do, no error

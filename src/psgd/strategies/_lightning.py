@@ -18,12 +18,13 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd.module import STEPS_PER_EPOCH_KEY
-from psgd.signals import die_with_parent
+from psgd.signals import die_with_parent, oom_kills
 
 __all__ = [
     "FirstFailureLauncher",
     "ReportsFirstFailure",
     "SharedMemoryLauncher",
+    "WorkerOutOfMemory",
     "WorkerUnresponsive",
     "handle_sigterm_with",
     "without_per_step_collectives",
@@ -99,6 +100,26 @@ class WorkerUnresponsive(ProcessExitedException):
         return type(self), self._args
 
 
+class WorkerOutOfMemory(ProcessExitedException):
+    """A worker the kernel's out-of-memory killer ended: it died of SIGKILL, and the kernel's count of
+    OOM kills rose while the run's workers ran."""
+
+    def __init__(self, rank: int, pid: int, kills: int):
+        self._args = (rank, pid, kills)
+        super().__init__(
+            f"worker rank {rank} was killed by the kernel's out-of-memory killer (SIGKILL; the kernel's OOM-kill "
+            f"count rose by {kills} during the run): each worker is a process with its own torch, data and buffers; "
+            "use fewer workers or a smaller data.batch_size",
+            error_index=rank,
+            error_pid=pid,
+            exit_code=-signal.SIGKILL,
+            signal_name="SIGKILL",
+        )
+
+    def __reduce__(self):
+        return type(self), self._args
+
+
 class FirstFailureLauncher(_MultiProcessingLauncher):
     """Lightning's spawn/fork launcher, reporting the worker whose failure ended the run.
 
@@ -109,20 +130,37 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
     connections close (they close when it exits); if the reported error is a lost peer, the recorded
     error of a worker that failed on its own, or the signal that killed one, is raised in its place.
     If the reported error is a collective's timeout, a worker that recorded no error and had to be
-    killed (it did not exit on SIGTERM) is the one that stopped responding: WorkerUnresponsive.
+    killed (it did not exit on SIGTERM) is the one that stopped responding: WorkerUnresponsive. A
+    worker killed by SIGKILL while the kernel's OOM-kill count rose is WorkerOutOfMemory.
     """
+
+    _oom_kills_at_launch: int | None = None
 
     def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
         self._errors_dir = tempfile.mkdtemp(prefix="psgd-worker-errors-")  # pickled into each worker with self
+        self._oom_kills_at_launch = oom_kills()
         try:
             return super().launch(function, *args, trainer=trainer, **kwargs)
-        except ProcessRaisedException as e:
-            cause = self._first_failure(e)
+        except (ProcessRaisedException, ProcessExitedException) as e:
+            cause = self._explain(e)
             if cause is e:
                 raise
             raise cause from e
         finally:
             shutil.rmtree(self._errors_dir, ignore_errors=True)
+
+    def _explain(self, e: ProcessRaisedException | ProcessExitedException) -> BaseException:
+        """What the run raises for the failure torch reported: `e`, or the worker and cause behind it."""
+        return self._out_of_memory(self._first_failure(e) if isinstance(e, ProcessRaisedException) else e)
+
+    def _out_of_memory(self, cause: BaseException) -> BaseException:
+        """`cause`, or WorkerOutOfMemory where it is a worker's SIGKILL and the OOM killer acted since launch."""
+        if type(cause) is not ProcessExitedException or cause.exit_code != -signal.SIGKILL:
+            return cause
+        before, now = self._oom_kills_at_launch, oom_kills()
+        if before is None or now is None or now <= before:
+            return cause
+        return WorkerOutOfMemory(cause.error_index, cause.error_pid, now - before)
 
     def _wrapping_function(self, process_idx: int, *args: Any, **kwargs: Any) -> None:
         # before the rendezvous: a worker whose launcher died (the OOM killer, SIGKILL) while a peer it
