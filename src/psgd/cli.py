@@ -18,7 +18,7 @@ from psgd.data import DataError
 from psgd.module import TrainingDiverged
 from psgd.results import write_atomic
 from psgd.run import mark_status, raised_in_worker, train
-from psgd.strategies._lightning import WorkerOutOfMemory, WorkerUnresponsive, lost_a_peer, timed_out
+from psgd.strategies._lightning import KilledWorker, lost_a_peer, timed_out
 
 
 def _discard_empty_run_dir(run_dir: Path) -> None:
@@ -77,7 +77,7 @@ def error_line(e: BaseException, run_dir: Path) -> str:
         return str(e)
     if line := collective_failure(e):
         return line
-    if isinstance(e, (WorkerUnresponsive, WorkerOutOfMemory)):
+    if isinstance(e, KilledWorker):  # WorkerUnresponsive, WorkerOutOfMemory: the message says why
         return f"{e}; results of finished epochs are in {run_dir}"
     if isinstance(e, ProcessRaisedException):
         known = raised_in_worker(e, KNOWN_ERRORS)

@@ -22,6 +22,7 @@ from psgd.signals import die_with_parent, oom_kills
 
 __all__ = [
     "FirstFailureLauncher",
+    "KilledWorker",
     "ReportsFirstFailure",
     "SharedMemoryLauncher",
     "WorkerOutOfMemory",
@@ -80,44 +81,42 @@ def timed_out(error: str) -> bool:
     return _last_line_says(error, TIMED_OUT)
 
 
-class WorkerUnresponsive(ProcessExitedException):
+class KilledWorker(ProcessExitedException):
+    """A worker that died of SIGKILL, with why: its message is the run's verdict. Picklable from its
+    constructor's arguments (a sweep launcher returns it from another process)."""
+
+    def __init__(self, message: str, rank: int, pid: int, *args: Any):
+        self._args = (rank, pid, *args)
+        super().__init__(message, error_index=rank, error_pid=pid, exit_code=-signal.SIGKILL, signal_name="SIGKILL")
+
+    def __reduce__(self):
+        return type(self), self._args
+
+
+class WorkerUnresponsive(KilledWorker):
     """A worker that stopped responding: a peer's collective timed out waiting for it, and it did not
     exit on torch's SIGTERM either (torch killed it 30 s later)."""
 
     def __init__(self, rank: int, pid: int, waiter: int, timeout_s: float | None):
-        self._args = (rank, pid, waiter, timeout_s)
         waited = f"{timeout_s:g} s, strategy.timeout_s" if timeout_s is not None else "strategy.timeout_s"
-        super().__init__(
+        message = (
             f"worker rank {rank} stopped responding: worker rank {waiter} waited for it in a collective ({waited}) "
-            "and it did not exit on SIGTERM either (stopped, deadlocked or stuck in a system call)",
-            error_index=rank,
-            error_pid=pid,
-            exit_code=-signal.SIGKILL,
-            signal_name="SIGKILL",
+            "and it did not exit on SIGTERM either (stopped, deadlocked or stuck in a system call)"
         )
-
-    def __reduce__(self):
-        return type(self), self._args
+        super().__init__(message, rank, pid, waiter, timeout_s)
 
 
-class WorkerOutOfMemory(ProcessExitedException):
+class WorkerOutOfMemory(KilledWorker):
     """A worker the kernel's out-of-memory killer ended: it died of SIGKILL, and the kernel's count of
     OOM kills rose while the run's workers ran."""
 
     def __init__(self, rank: int, pid: int, kills: int):
-        self._args = (rank, pid, kills)
-        super().__init__(
+        message = (
             f"worker rank {rank} was killed by the kernel's out-of-memory killer (SIGKILL; the kernel's OOM-kill "
             f"count rose by {kills} during the run): each worker is a process with its own torch, data and buffers; "
-            "use fewer workers or a smaller data.batch_size",
-            error_index=rank,
-            error_pid=pid,
-            exit_code=-signal.SIGKILL,
-            signal_name="SIGKILL",
+            "use fewer workers or a smaller data.batch_size"
         )
-
-    def __reduce__(self):
-        return type(self), self._args
+        super().__init__(message, rank, pid, kills)
 
 
 class FirstFailureLauncher(_MultiProcessingLauncher):
