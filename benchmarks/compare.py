@@ -465,10 +465,21 @@ def overhead_configs(args, tmp: Path, threads: int) -> dict[str, callable]:
 
 
 # ---------------------------------------------------------------------------------------------- flops
-def flops(threads: int) -> dict:
-    import torch
+def flop_per_sample(net, x, y) -> float:
+    """FLOP of one training sample (forward, cross-entropy, backward) of `net` on the batch (x, y),
+    counted by torch's FlopCounterMode; the gradients it leaves are cleared."""
     import torch.nn.functional as F
     from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        F.cross_entropy(net(x), y).backward()
+    net.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / len(x)
+
+
+def flops(threads: int) -> dict:
+    import torch
 
     from psgd.models import LabCNN
 
@@ -476,10 +487,7 @@ def flops(threads: int) -> dict:
     net = LabCNN().to(memory_format=torch.channels_last)
     x = torch.randn(128, 1, 32, 32).to(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (128,))
-    counter = FlopCounterMode(display=False)
-    with counter:
-        F.cross_entropy(net(x), y).backward()
-    per_sample = counter.get_total_flops() / 128
+    per_sample = flop_per_sample(net, x, y)
     n = 2048
     a, b = torch.randn(n, n), torch.randn(n, n)
     for _ in range(3):

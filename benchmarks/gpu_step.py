@@ -15,13 +15,14 @@ step achieved. Results go to benchmarks/results/<name>.json and .md.
 """
 
 import argparse
+import itertools
 import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import ROOT, table  # noqa: E402
+from compare import ROOT, flop_per_sample, sgd, table  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = {"lab CNN": ("lab_cnn", "mnist"), "WideResNet": ("wide_resnet", "fashion_mnist")}
@@ -39,17 +40,6 @@ def build(model: str):
     return cfg, net, size
 
 
-def flop_per_sample(net, x, y) -> float:
-    import torch.nn.functional as F
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
-    with counter:
-        F.cross_entropy(net(x), y).backward()
-    net.zero_grad(set_to_none=True)
-    return counter.get_total_flops() / len(x)
-
-
 def measure(model: str, batch: int, bf16: bool, autotune: bool, steps: int, device: str) -> dict:
     import torch
     import torch.nn.functional as F
@@ -58,7 +48,7 @@ def measure(model: str, batch: int, bf16: bool, autotune: bool, steps: int, devi
     torch.manual_seed(0)
     cfg, net, size = build(model)
     net = net.to(device, memory_format=torch.channels_last).train()
-    opt = torch.optim.SGD(net.parameters(), lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
+    opt = sgd(cfg, net.parameters())
     x = torch.randn(batch, 1, size, size, device=device).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (batch,), device=device)
     flop = flop_per_sample(net, x, y)
@@ -116,13 +106,9 @@ def main() -> None:
     from gpu import device_name
 
     rows = []
-    for model in args.models:
-        for batch in args.batches:
-            for bf16 in (False, True):
-                for autotune in (False, True):
-                    r = measure(model, batch, bf16, autotune, args.steps, args.device)
-                    rows.append(r)
-                    print(json.dumps(r), flush=True)
+    for model, batch, bf16, autotune in itertools.product(args.models, args.batches, (False, True), (False, True)):
+        rows.append(measure(model, batch, bf16, autotune, args.steps, args.device))
+        print(json.dumps(rows[-1]), flush=True)
     device = device_name("gpu" if args.device == "cuda" else "cpu")
     keys = ["model", "batch", "precision", "cudnn.benchmark", "samples_per_s", "ms_per_step", "tflop_per_s"]
     title = f"### {device}, {time.strftime('%Y-%m-%d')}: a bare training step on one resident batch"
