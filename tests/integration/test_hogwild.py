@@ -47,7 +47,11 @@ def test_workers_share_one_model_and_see_the_same_weights(by_label):
 def test_updates_of_each_worker_land_in_the_shared_model_during_training(by_label):
     m = metrics(by_label)
     assert all(u > 0 for u in m["updates_per_worker"])
-    assert m["total_updates"] == pytest.approx(sum(m["updates_per_worker"]), abs=2)  # lock-free counter
+    # one counter in shared memory that both processes bump without a lock: it counts both workers'
+    # updates (a counter of each process's own would hold one worker's), less the bumps that collided
+    # (194 of 198 on a loaded CI machine; this said "within 2")
+    total, each = m["total_updates"], m["updates_per_worker"]
+    assert max(each) < total <= sum(each) and total >= 0.95 * sum(each)
     # other workers' writes landed between a worker's read and its write: they interleave live
     assert max(h["staleness"] for h in m["history"]) > 0
     assert len(scalars(tensorboard(by_label), "hogwild/staleness")) == 6
