@@ -17,7 +17,7 @@ from psgd.config import ConfigError, DirInUse
 from psgd.data import DataError
 from psgd.module import TrainingDiverged
 from psgd.results import write_atomic
-from psgd.run import mark_status, raised_in_worker, train
+from psgd.run import WorkerGone, mark_status, raised_in_worker, train
 from psgd.strategies._lightning import KilledWorker, lost_a_peer, timed_out
 
 
@@ -39,7 +39,7 @@ def _discard_empty_run_dir(run_dir: Path) -> None:
 
 
 # errors whose message is the whole story: one line, no traceback, also when a worker raised them
-KNOWN_ERRORS = (ConfigError, DataError, TrainingDiverged)
+KNOWN_ERRORS = (ConfigError, DataError, TrainingDiverged, WorkerGone)
 BAD_INPUT = (ConfigError, DataError)  # nothing trained: the run leaves no dir
 
 
@@ -125,8 +125,10 @@ def run_job(cfg: DictConfig) -> float | None:
             return None
         if bad_input(e):
             _discard_empty_run_dir(run_dir)
-        elif _global_rank() in ("0", None):  # the record says why it stopped, as a sweep job's does (one writer)
+        elif _global_rank() in ("0", None) or getattr(e, "records", False):  # the record says why (one writer)
             mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
+        if isinstance(e, WorkerGone) and not e.says_so:  # another worker on this machine says it
+            raise SystemExit(2) from None
         fail(line)
     if metrics is None:  # a torchrun / srun worker other than rank 0: rank 0 reports
         return None

@@ -14,6 +14,7 @@ import os
 import random
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
@@ -55,7 +56,7 @@ from psgd.optim import scaled_lr
 from psgd.profiler import NoProfiler
 from psgd.results import cpu_count, device_description, read_json, versions, write_json
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
-from psgd.strategies._lightning import ReportsFirstFailure
+from psgd.strategies._lightning import ReportsFirstFailure, lost_a_peer
 
 HPARAM_METRICS = ("test/acc", "test/loss", "val/acc", "val/loss", "time/samples_per_s", "time/cumulative_s")
 
@@ -368,6 +369,50 @@ def lightning_refusal(e: BaseException) -> str | None:
     return raised_in_worker(e, (MisconfigurationException,))
 
 
+class WorkerGone(RuntimeError):
+    """Under torchrun: workers on this machine ended without an error of their own (a signal such as the
+    OOM killer's SIGKILL, a crash) while this one trained; torchrun's agent then stopped the others with
+    SIGTERM, or this one's collective lost them first. str() is the line a user sees. `says_so`: this
+    worker prints it (the lowest rank on this machine that did not die, so the line comes once);
+    `records`: it also marks metrics.json failed (rank 0, or the one saying so where rank 0 died)."""
+
+    def __init__(self, ranks: list[int], survivors: list[int], run_dir: Path, oom_kills: int):
+        rank, self.ranks = int(os.environ.get("RANK", "0")), ranks
+        self.says_so = rank == survivors[0]
+        self.records = rank == 0 or (0 in ranks and self.says_so)
+        which = f"worker rank {ranks[0]}" if len(ranks) == 1 else f"worker ranks {', '.join(map(str, ranks))}"
+        if oom_kills > 0:
+            why = (
+                f"killed by the kernel's out-of-memory killer (its OOM-kill count rose by {oom_kills} during the "
+                "run): use fewer workers per machine or a smaller data.batch_size"
+            )
+        else:
+            why = "the process ended without an error of its own: a signal or a crash; torchrun's summary says which"
+        super().__init__(f"{which} died ({why}); results of finished epochs are in {run_dir}")
+
+
+def torchrun_worker_gone(e: BaseException, run_dir: Path) -> WorkerGone | None:
+    """Why a torchrun worker's fit stopped with `e`, when a worker on this machine died without a word:
+    `e` is the interrupt of the agent's SIGTERM that followed, or this worker's collective losing its
+    peer. A peer's sockets close as it dies, a moment before its process is seen gone: that case looks
+    again for up to a second. None when no worker here died that way (a user's SIGTERM or Ctrl-C, a
+    worker's own error, which it reports itself, or a worker on another machine)."""
+    signalled = isinstance(e, KeyboardInterrupt | SystemExit) and signals.received == "SIGTERM"
+    lost = isinstance(e, RuntimeError) and lost_a_peer(text_lines(e)[-1])
+    if not (signalled or lost):
+        return None
+    deadline = time.monotonic() + (1.0 if lost else 0.0)
+    gone, survivors = signals.torchrun_workers_gone()
+    while not gone and time.monotonic() < deadline:
+        time.sleep(0.05)
+        gone, survivors = signals.torchrun_workers_gone()
+    if not gone:
+        return None
+    now = signals.oom_kills()
+    rose = now - signals.oom_kills_at_mark if now is not None and signals.oom_kills_at_mark is not None else 0
+    return WorkerGone(gone, survivors, run_dir, rose)
+
+
 def mark_stopped(run_dir: Path, e: BaseException) -> None:
     """Mark a run that `e` stopped: interrupted (Ctrl-C, SIGTERM: one line says so) or failed. Its
     finished epochs stay in metrics.json."""
@@ -414,6 +459,7 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
 def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.Callback]) -> dict[str, Any] | None:
     if plan.launcher == "torchrun":
         signals.stop_with_agent()  # an agent killed outright (OOM, kill -9) left its workers training on
+        signals.mark_running_under_torchrun()  # so that a worker that dies without a word can be named
     quiet = bool(cfg.get("quiet"))
     bars = not quiet and sys.stdout.isatty()  # into a file or pipe (SLURM, CI, `> log`): a line per epoch instead
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # before the model: same seed, same init
@@ -543,6 +589,13 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         ):
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     except BaseException as e:
+        gone = None
+        if plan.launcher == "torchrun":
+            # torchrun's agent SIGTERMs the workers once one failed: this one is on its way out, and says why first
+            signals.ignore_sigterm()
+            gone = torchrun_worker_gone(e, run_dir)
+        if gone is not None:  # not an interrupt, not this worker's own failure: psgd.cli reports it
+            raise gone from e
         if plan.launcher == "psgd" or trainer.global_rank == 0:  # torchrun / srun: each worker gets here, one says so
             mark_stopped(run_dir, e)
         refused = lightning_refusal(e)

@@ -22,14 +22,17 @@ Now:
   blocked in C++ where Python runs no handler, ends by SIGTERM's default action then.
 """
 
+import atexit
 import multiprocessing
 import os
 import select
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from pathlib import Path
 
 received: str | None = None  # the name of the signal that interrupted this process's run, if one did
 
@@ -102,6 +105,13 @@ def sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def ignore_sigterm() -> None:
+    """From now on SIGTERM does nothing here (a process on its way out that still has to say why);
+    Python lets only the main thread set handlers: elsewhere this does nothing."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def wind_down_children(timeout: float = 60.0) -> list[int]:
     """After an interrupt: wait up to `timeout` seconds for this process's multiprocessing children
     (the workers, which got the signal too) to finish their own shutdown, then kill any left.
@@ -135,6 +145,8 @@ def die_with_parent() -> None:
 
 
 _agent_watched = False  # stop_with_agent's thread runs in this process (one is enough)
+agent_gone = False  # stop_with_agent's thread found torchrun's agent gone (and stops this worker)
+oom_kills_at_mark: int | None = None  # the kernel's OOM-kill count when this torchrun worker marked itself
 
 
 def stop_with_agent() -> None:
@@ -157,9 +169,111 @@ def stop_with_agent() -> None:
             select.select([exited], [], [])
         while os.getppid() == agent:  # (the fallback; with the pidfd, already reparented)
             time.sleep(1.0)
+        global agent_gone
+        agent_gone = True
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="psgd-agent-watch", daemon=True).start()
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (state first, then the parent's pid ...,
+    the start time at index 19), or [] where there is no such process or no /proc."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _torchrun_marks() -> tuple[Path, int] | None:
+    """In a worker that torchrun started: the folder of this job attempt's running marks on this
+    machine (named by the agent's pid and the restart count) and this worker's local rank; else None."""
+    env = os.environ
+    if "TORCHELASTIC_RUN_ID" not in env or agent_gone or os.getppid() == 1:
+        return None
+    try:
+        local_rank = int(env["LOCAL_RANK"])
+    except (KeyError, ValueError):
+        return None
+    agent, attempt = os.getppid(), env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    fields = _stat(agent)
+    started = fields[19] if len(fields) > 19 else "0"  # with the pid: this agent, not a later one of its pid
+    return Path(tempfile.gettempdir(), f"psgd-torchrun-{agent}-{started}-{attempt}"), local_rank
+
+
+def mark_running_under_torchrun() -> None:
+    """In a worker that torchrun started: leave a mark (a file named by the local rank, holding the
+    pid) that says "ended" once this process exits in any way Python sees (done, an error, an
+    interrupt). A worker that ends without saying so (SIGKILL, the OOM killer, a crash) is found by
+    `torchrun_workers_gone`; torchrun's agent then stops the others with SIGTERM, and they can say
+    which rank died instead of calling the run interrupted."""
+    where = _torchrun_marks()
+    if where is None:
+        return
+    global oom_kills_at_mark
+    oom_kills_at_mark = oom_kills()
+    folder, local_rank = where
+    agent, me = os.getppid(), os.getpid()
+    with suppress(OSError):
+        folder.mkdir(exist_ok=True)
+        _write_mark(folder, local_rank, str(me))
+
+        def ended() -> None:
+            with suppress(OSError):
+                _write_mark(folder, local_rank, f"{me} ended")
+            marks = _marks(folder)
+            # the last one out takes the folder away: every other worker ended, or died (two ending at
+            # once may both take it)
+            if not any(_running(pid, agent) and not done for pid, done in marks.values()):
+                for rank in marks:
+                    with suppress(OSError):
+                        (folder / str(rank)).unlink()
+                with suppress(OSError):
+                    folder.rmdir()
+
+        atexit.register(ended)
+
+
+def _write_mark(folder: Path, local_rank: int, text: str) -> None:
+    """Write a mark whole (a reader never sees half of it)."""
+    part = folder / f".{local_rank}.{os.getpid()}"
+    part.write_text(text)
+    os.replace(part, folder / str(local_rank))
+
+
+def _marks(folder: Path) -> dict[int, tuple[int, bool]]:
+    """The marks in `folder`: local rank -> (pid, whether it ended as Python sees it)."""
+    marks = {}
+    with suppress(OSError):
+        for mark in folder.iterdir():
+            with suppress(OSError, ValueError):
+                pid, *said = mark.read_text().split()
+                marks[int(mark.name)] = (int(pid), said == ["ended"])
+    return marks
+
+
+def _running(pid: int, parent: int) -> bool:
+    """Whether process `pid` is a running (not exiting, not a zombie) child of `parent` (Linux: /proc)."""
+    fields = _stat(pid)
+    return len(fields) > 1 and fields[1] == str(parent) and fields[0] not in ("Z", "X", "x")
+
+
+def torchrun_workers_gone() -> tuple[list[int], list[int]]:
+    """In a worker that torchrun started: (the global ranks of the workers on this machine that died
+    without a word: their mark does not say "ended", `mark_running_under_torchrun`, and their process
+    is gone or a zombie; the global ranks of the others here, this one's included, running or ended as
+    Python sees it); ([], []) elsewhere. torchrun numbers one machine's workers RANK - LOCAL_RANK +
+    local rank. Workers on other machines cannot be seen from here."""
+    where = _torchrun_marks()
+    if where is None:
+        return [], []
+    folder, local_rank = where
+    agent, base = os.getppid(), int(os.environ.get("RANK", local_rank)) - local_rank
+    gone, others = [], [base + local_rank]
+    for rank, (pid, ended) in _marks(folder).items():
+        if rank != local_rank:
+            (others if ended or _running(pid, agent) else gone).append(base + rank)
+    return sorted(gone), sorted(others)
 
 
 VMSTAT = "/proc/vmstat"

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -74,10 +75,23 @@ def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str, str]
     return proc.returncode, out, err
 
 
-def one_node_job(run_dir, *overrides: str, epochs: int, **launch) -> subprocess.Popen:
-    """A 2-process torchrun job of `epochs` epochs on this machine, started in the background."""
+def one_node_job(run_dir, *overrides: str, epochs: int, nproc: int = 2, **launch) -> subprocess.Popen:
+    """An `nproc`-process torchrun job of `epochs` epochs on this machine, started in the background."""
     common = [f"trainer.max_epochs={epochs}", f"data.root={launch.pop('data')}", f"hydra.run.dir={run_dir}"]
-    return torchrun("workers=2", *overrides, *common, *TINY, nnodes=1, node_rank=0, nproc=2, port=free_port(), **launch)
+    return torchrun(
+        f"workers={nproc}", *overrides, *common, *TINY, nnodes=1, node_rank=0, nproc=nproc, port=free_port(), **launch
+    )
+
+
+def worker_pids(agent: int) -> dict[int, int]:
+    """The workers a torchrun agent started: global rank -> pid."""
+    out = subprocess.run(["pgrep", "-P", str(agent)], capture_output=True, text=True).stdout
+    ranks = {}
+    for pid in map(int, out.split()):
+        with contextlib.suppress(OSError):
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            ranks[int(next(v for v in env if v.startswith(b"RANK="))[5:])] = pid
+    return ranks
 
 
 def wait_for_epochs(run_dir, proc: subprocess.Popen, epochs: int, timeout: float = 120) -> None:
@@ -151,6 +165,30 @@ def test_ctrl_c_on_a_torchrun_job_marks_it_interrupted_and_says_so_once(tiny_dat
     assert err.count("psgd: interrupted") == 1, err[-3000:]
     m = metrics(run_dir)
     assert m["status"] == "interrupted" and m["epochs"] >= 2
+
+
+@pytest.mark.parametrize(("strategy", "killed"), [("ddp", 1), ("model_averaging", 0)])
+def test_a_torchrun_worker_killed_outright_is_named_and_the_run_marked_failed(strategy, killed, tiny_data, tmp_path):
+    """A worker killed by SIGKILL (the OOM killer, kill -9) says nothing; torchrun's agent then SIGTERMs
+    the others (or their collective fails first). The run used to end as "interrupted" (or "worker rank 0
+    failed: ... another worker went away"), as if a user had stopped it: it names the dead rank now, once,
+    also when rank 0 (the one that writes metrics.json) is the one that died."""
+    run_dir = tmp_path / "run"
+    proc = one_node_job(run_dir, f"strategy={strategy}", epochs=300, nproc=3, data=tiny_data)
+    wait_for_epochs(run_dir, proc, 2)
+    workers = worker_pids(proc.pid)
+    assert sorted(workers) == [0, 1, 2], workers
+    marks = list(Path(tempfile.gettempdir()).glob(f"psgd-torchrun-{proc.pid}-*"))
+    assert len(marks) == 1 and sorted(p.name for p in marks[0].iterdir()) == ["0", "1", "2"]
+    os.kill(workers[killed], signal.SIGKILL)
+    rc, _, err = finish(proc)
+    assert rc != 0
+    line = f"psgd: error: worker rank {killed} died ("
+    assert err.count(line) == 1, err[-3000:]  # one line, from the lowest rank still running
+    assert "psgd: interrupted" not in err and "another worker went away" not in err
+    m = metrics(run_dir)
+    assert m["status"] == "failed" and m["error"].startswith(f"worker rank {killed} died (") and m["epochs"] >= 2
+    assert not marks[0].exists()  # the last worker out took the dead one's mark too
 
 
 def test_workers_stop_when_the_torchrun_agent_is_killed(tiny_data, tmp_path):

@@ -1,9 +1,13 @@
-"""psgd.signals: SIGTERM as Ctrl-C in the launching process, passed on to its workers."""
+"""psgd.signals: SIGTERM as Ctrl-C in the launching process, passed on to its workers; a torchrun
+worker that died without a word told from one that ended."""
 
 import contextlib
+import json
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -69,3 +73,109 @@ def test_only_workers_of_psgds_launcher_die_by_sigterm():
             child.join(30)
         assert child.exitcode == code
     assert signals.LAUNCHER_ENV not in os.environ
+
+
+# A torchrun agent's stand-in: starts three workers as its children, with torchrun's variables (this
+# machine's local ranks 0..2 are global ranks 4..6), kills local rank 1 outright (left a zombie, as
+# until torchrun reaps it), lets local rank 2 end as Python sees it, then asks local rank 0 what it sees.
+AGENT = r"""
+import json, os, signal, subprocess, sys, time
+WORKER = '''
+import sys
+from psgd import signals
+signals.mark_running_under_torchrun()
+print(signals._torchrun_marks()[0], flush=True)
+for line in sys.stdin:
+    if line.strip() == "scan":
+        print(list(signals.torchrun_workers_gone()), flush=True)
+    else:
+        break
+'''
+env = dict(os.environ, TORCHELASTIC_RUN_ID="test", TORCHELASTIC_RESTART_COUNT="0", LOCAL_WORLD_SIZE="3")
+workers = [
+    subprocess.Popen([sys.executable, "-c", WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                     env=dict(env, RANK=str(4 + r), LOCAL_RANK=str(r)))
+    for r in range(3)
+]
+folders = {w.stdout.readline().strip() for w in workers}  # each has written its mark by then
+(folder,) = folders
+marked = sorted(os.listdir(folder))
+def scan():
+    workers[0].stdin.write("scan\n"); workers[0].stdin.flush()
+    return json.loads(workers[0].stdout.readline())
+before = scan()
+os.kill(workers[1].pid, signal.SIGKILL)
+while open(f"/proc/{workers[1].pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+    time.sleep(0.01)
+killed = scan()
+workers[2].communicate("exit\n")
+ended = scan()
+workers[0].communicate("exit\n")
+workers[1].wait()
+print(json.dumps({"marked": marked, "before": before, "killed": killed, "ended": ended,
+                  "left": os.path.exists(folder)}))
+"""
+
+
+def test_a_torchrun_worker_that_died_without_a_word_is_told_from_one_that_ended():
+    out = subprocess.run([sys.executable, "-c", AGENT], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert seen["marked"] == ["0", "1", "2"]
+    assert seen["before"] == [[], [4, 5, 6]]  # (died, the others here): none died yet
+    assert seen["killed"] == [[5], [4, 6]]  # SIGKILLed, still a zombie: it died
+    assert seen["ended"] == [[5], [4, 6]]  # global rank 6 ended as Python sees it (done, an error): it did not
+    assert seen["left"] is False  # the last one out took the marks away, the dead one's too
+
+
+def test_outside_torchrun_no_worker_is_marked_or_seen_gone(monkeypatch, tmp_path):
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    signals.mark_running_under_torchrun()
+    assert list(tmp_path.iterdir()) == []
+    assert signals.torchrun_workers_gone() == ([], [])
+
+
+@pytest.mark.parametrize(
+    ("rank", "gone", "survivors", "says_so", "records"),
+    [
+        ("0", [1], [0, 2], True, True),  # rank 0 is there: it says so and writes metrics.json
+        ("2", [1], [0, 2], False, False),
+        ("1", [0], [1, 2], True, True),  # rank 0 died: the lowest rank left says so and writes the record
+        ("2", [0], [1, 2], False, False),
+    ],
+)
+def test_one_torchrun_worker_says_which_died_and_one_records_it(
+    monkeypatch, tmp_path, rank, gone, survivors, says_so, records
+):
+    from psgd.run import WorkerGone
+
+    monkeypatch.setenv("RANK", rank)
+    e = WorkerGone(gone, survivors, tmp_path, oom_kills=0)
+    assert (e.says_so, e.records) == (says_so, records)
+    assert str(e).startswith(f"worker rank {gone[0]} died (the process ended without an error of its own")
+    assert str(e).endswith(f"results of finished epochs are in {tmp_path}")
+
+
+def test_a_torchrun_worker_gone_while_the_oom_count_rose_is_called_out_of_memory(monkeypatch, tmp_path):
+    from psgd.run import WorkerGone
+
+    monkeypatch.setenv("RANK", "0")
+    line = str(WorkerGone([1, 3], [0, 2], tmp_path, oom_kills=2))
+    assert line.startswith("worker ranks 1, 3 died (killed by the kernel's out-of-memory killer (its OOM-kill count")
+    assert "data.batch_size" in line
+
+
+def test_a_users_stop_or_a_workers_own_error_is_not_a_worker_gone(monkeypatch, tmp_path):
+    from psgd.run import torchrun_worker_gone
+
+    seen = []
+    monkeypatch.setattr(signals, "torchrun_workers_gone", lambda: seen.append(1) or ([1], [0]))
+    monkeypatch.setattr(signals, "received", None)
+    assert torchrun_worker_gone(KeyboardInterrupt(), tmp_path) is None  # Ctrl-C: an interrupt
+    assert torchrun_worker_gone(ValueError("bad"), tmp_path) is None  # this worker's own error
+    assert seen == []  # neither looked for a dead worker
+    monkeypatch.setattr(signals, "received", "SIGTERM")  # the agent's SIGTERM after a worker died
+    assert torchrun_worker_gone(KeyboardInterrupt("SIGTERM"), tmp_path).ranks == [1]
+    lost = RuntimeError("[gloo/transport/tcp/pair.cc:545] Read error: Connection reset by peer.")
+    assert torchrun_worker_gone(lost, tmp_path).ranks == [1]
