@@ -140,13 +140,14 @@ def load_split(
         raise DataError(f"unknown dataset {name!r}; allowed: {', '.join(_CLASSES)}")
     root = os.path.expanduser(str(root))
     kwargs = {"verify_md5": verify_md5} if name == "cifar10" else {}
-    before = _dirs_around(root)
+    before = _dirs_around(root) if download else None  # only a download makes folders (a large root: slow glob)
     try:
         ds = _CLASSES[name](root, train=train, download=download, **kwargs)
     except DataError:
         raise
     except (RuntimeError, URLError, OSError) as e:
-        _remove_new_empty_dirs(root, before)  # a download that failed leaves no empty <root>/MNIST/raw behind
+        if before is not None:  # a download that failed leaves no empty <root>/MNIST/raw behind
+            _remove_new_empty_dirs(root, before)
         where = os.path.abspath(root)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(
