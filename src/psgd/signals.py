@@ -19,7 +19,10 @@ Now:
   signal on, marks the run interrupted once its workers are gone);
 - such a worker sends itself SIGTERM when its launching process dies, even by SIGKILL
   (`die_with_parent`), from its first line on: a worker still in the process group's rendezvous,
-  blocked in C++ where Python runs no handler, ends by SIGTERM's default action then.
+  blocked in C++ where Python runs no handler, ends by SIGTERM's default action then;
+- a worker that torchrun started stops as on SIGTERM when its agent dies (`stop_with_agent`), and
+  leaves a mark while it runs (`mark_running_under_torchrun`), so that when torchrun's agent SIGTERMs
+  the workers after one died without a word (SIGKILL, the OOM killer), the others name it.
 """
 
 import atexit
@@ -187,7 +190,8 @@ def _stat(pid: int) -> list[str]:
 
 def _torchrun_marks() -> tuple[Path, int] | None:
     """In a worker that torchrun started: the folder of this job attempt's running marks on this
-    machine (named by the agent's pid and the restart count) and this worker's local rank; else None."""
+    machine (named by the agent's pid and start time and the restart count) and this worker's local
+    rank; else None."""
     env = os.environ
     if "TORCHELASTIC_RUN_ID" not in env or agent_gone or os.getppid() == 1:
         return None
@@ -253,7 +257,7 @@ def _marks(folder: Path) -> dict[int, tuple[int, bool]]:
 
 
 def _running(pid: int, parent: int) -> bool:
-    """Whether process `pid` is a running (not exiting, not a zombie) child of `parent` (Linux: /proc)."""
+    """Whether process `pid` is a child of `parent` that has not exited (a zombie has; Linux: /proc)."""
     fields = _stat(pid)
     return len(fields) > 1 and fields[1] == str(parent) and fields[0] not in ("Z", "X", "x")
 
