@@ -29,6 +29,7 @@ import atexit
 import multiprocessing
 import os
 import select
+import shutil
 import signal
 import tempfile
 import threading
@@ -148,6 +149,7 @@ def die_with_parent() -> None:
 
 
 _agent_watched = False  # stop_with_agent's thread runs in this process (one is enough)
+TORCHRUN_MARKS = "psgd-torchrun-"  # the temp folder of a torchrun job's marks on a machine: + agent's tag, attempt
 agent_gone = False  # stop_with_agent's thread found torchrun's agent gone (and stops this worker)
 oom_kills_at_mark: int | None = None  # the kernel's OOM-kill count when this torchrun worker marked itself
 
@@ -188,6 +190,28 @@ def _stat(pid: int) -> list[str]:
         return []
 
 
+def process_tag(pid: int) -> str:
+    """`<pid>-<start time>`: names one process for as long as the machine runs (a pid is reused)."""
+    fields = _stat(pid)
+    return f"{pid}-{fields[19] if len(fields) > 19 else 0}"
+
+
+def temp_folder_of_this_process(prefix: str) -> Path:
+    """A new folder `<temp dir>/<prefix><pid>-<start time>-<random>` for this process to take away
+    when done. Those that earlier processes left (killed outright before they could) go here."""
+    remove_left_folders(prefix)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{process_tag(os.getpid())}-"))
+
+
+def remove_left_folders(prefix: str) -> None:
+    """Take away this user's folders `<temp dir>/<prefix><pid>-<start time>-...` whose process is gone."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+        with suppress(OSError, ValueError):
+            pid, started = folder.name[len(prefix) :].split("-")[:2]
+            if folder.stat().st_uid == os.getuid() and process_tag(int(pid)) != f"{pid}-{started}":
+                shutil.rmtree(folder, ignore_errors=True)
+
+
 def _torchrun_marks() -> tuple[Path, int] | None:
     """In a worker that torchrun started: the folder of this job attempt's running marks on this
     machine (named by the agent's pid and start time and the restart count) and this worker's local
@@ -199,10 +223,8 @@ def _torchrun_marks() -> tuple[Path, int] | None:
         local_rank = int(env["LOCAL_RANK"])
     except (KeyError, ValueError):
         return None
-    agent, attempt = os.getppid(), env.get("TORCHELASTIC_RESTART_COUNT", "0")
-    fields = _stat(agent)
-    started = fields[19] if len(fields) > 19 else "0"  # with the pid: this agent, not a later one of its pid
-    return Path(tempfile.gettempdir(), f"psgd-torchrun-{agent}-{started}-{attempt}"), local_rank
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return Path(tempfile.gettempdir(), f"{TORCHRUN_MARKS}{process_tag(os.getppid())}-{attempt}"), local_rank
 
 
 def mark_running_under_torchrun() -> None:
@@ -216,6 +238,7 @@ def mark_running_under_torchrun() -> None:
         return
     global oom_kills_at_mark
     oom_kills_at_mark = oom_kills()
+    remove_left_folders(TORCHRUN_MARKS)  # of jobs whose workers were all killed outright
     folder, local_rank = where
     agent, me = os.getppid(), os.getpid()
     with suppress(OSError):

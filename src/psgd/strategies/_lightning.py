@@ -4,7 +4,6 @@ Keep this file small; it is what a Lightning upgrade may break."""
 
 import shutil
 import signal
-import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd.module import STEPS_PER_EPOCH_KEY
-from psgd.signals import die_with_parent, oom_kills
+from psgd.signals import die_with_parent, oom_kills, temp_folder_of_this_process
 
 __all__ = [
     "FirstFailureLauncher",
@@ -136,7 +135,7 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
     _oom_kills_at_launch: int | None = None
 
     def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
-        self._errors_dir = tempfile.mkdtemp(prefix="psgd-worker-errors-")  # pickled into each worker with self
+        self._errors_dir = str(temp_folder_of_this_process("psgd-worker-errors-"))  # pickled into each worker
         self._oom_kills_at_launch = oom_kills()
         try:
             return super().launch(function, *args, trainer=trainer, **kwargs)
