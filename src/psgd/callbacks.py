@@ -227,7 +227,8 @@ class RunRecorder(Callback):
         self._trained = False
         self.cumulative_s = 0.0
         self.time_to_target_s: float | None = None
-        self.epoch_to_target: int | None = None
+        self.epoch_to_target: int | None = None  # the epoch (from 1) whose validation first reached it
+        self.step_to_target: int | None = None  # each worker's optimizer steps by then (finer, mid-epoch checks)
         self._t0 = self._val_t0 = 0.0
         self._val_s = 0.0
         self._samples = 0
@@ -267,6 +268,7 @@ class RunRecorder(Callback):
                 [time.perf_counter() - self._t0 - self._val_s], dist.ReduceOp.MAX, pl_module.device
             )
             self.time_to_target_s, self.epoch_to_target = self.cumulative_s + trained_s, trainer.current_epoch + 1
+            self.step_to_target = trainer.global_step
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -339,6 +341,7 @@ class RunRecorder(Callback):
             "target_acc": self.target_acc,
             "time_to_target_s": None if self.time_to_target_s is None else round(self.time_to_target_s, 4),
             "epoch_to_target": self.epoch_to_target,
+            "step_to_target": self.step_to_target,
             **self._averaging_summary(),
             "history": self.history,
         }
@@ -365,6 +368,7 @@ class RunRecorder(Callback):
             "cumulative_s": self.cumulative_s,
             "time_to_target_s": self.time_to_target_s,
             "epoch_to_target": self.epoch_to_target,
+            "step_to_target": self.step_to_target,
         }
 
     @override
@@ -373,6 +377,7 @@ class RunRecorder(Callback):
         self.cumulative_s = state_dict["cumulative_s"]
         self.time_to_target_s = state_dict["time_to_target_s"]
         self.epoch_to_target = state_dict["epoch_to_target"]
+        self.step_to_target = state_dict.get("step_to_target")  # (a checkpoint of an earlier psgd has none)
 
 
 def epoch_line(record: dict[str, Any], max_epochs: int | None) -> str:

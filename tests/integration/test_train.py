@@ -141,11 +141,28 @@ def test_early_stop_after_patience_epochs_at_target(tiny_data, tmp_path):
     accs = [h["val_acc"] for h in m["history"]]
     first = next(i for i, a in enumerate(accs) if a >= 0.3)
     assert m["epoch_to_target"] == first + 1
+    assert m["step_to_target"] == m["history"][first]["step"]  # validated at that epoch's end
     # the training time up to that epoch's validation: its end
     assert m["time_to_target_s"] == pytest.approx(m["history"][first]["time"], abs=0.01)
     # stopped at the first epoch that closes a run of 2 at-target epochs, long before max_epochs
     stop = next(i for i in range(1, len(accs)) if accs[i] >= 0.3 and accs[i - 1] >= 0.3)
     assert m["epochs"] == stop + 1 < 30
+
+
+def test_the_step_at_target_is_that_of_the_first_validation_at_target_inside_an_epoch(tiny_data, tmp_path):
+    """Validated after each half epoch (8 of 16 steps) and stopped only after 3 checks at the target:
+    epoch_to_target says epoch 1, step_to_target the half of it where the target was first reached."""
+    cfg = compose_cfg(
+        f"data.root={tiny_data}",
+        "trainer.max_epochs=3",
+        "early_stop.target_acc=0.05",
+        "early_stop.patience=3",
+        "trainer.val_check_interval=0.5",
+        *TINY,
+    )
+    m = train(cfg, tmp_path / "run")
+    assert (m["epoch_to_target"], m["step_to_target"]) == (1, 8)
+    assert m["history"][-1]["step"] > 8  # trained on after it
 
 
 def test_early_stop_inside_an_epoch_times_the_target_there_and_keeps_the_partial_epochs_numbers(tiny_data, tmp_path):
@@ -161,6 +178,7 @@ def test_early_stop_inside_an_epoch_times_the_target_there_and_keeps_the_partial
     m = train(cfg, tmp_path / "run")
     (epoch,) = m["history"]
     assert (m["epochs"], m["epoch_to_target"], epoch["step"], epoch["samples"]) == (1, 1, 8, 256)
+    assert m["step_to_target"] == 8
     assert 0 < m["time_to_target_s"] <= epoch["time"] + 1e-3
     # the stopped epoch's training accuracy and loss are reported like a whole epoch's
     assert epoch["train_loss"] is not None and 0 <= epoch["train_acc"] <= 1
