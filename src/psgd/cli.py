@@ -125,7 +125,7 @@ def run_job(cfg: DictConfig) -> float | None:
             return None
         if bad_input(e):
             _discard_empty_run_dir(run_dir)
-        elif _global_rank() in ("0", None) or getattr(e, "records", False):  # the record says why (one writer)
+        elif _global_rank() in ("0", None) or (isinstance(e, WorkerGone) and e.records):  # one writer
             mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
         if isinstance(e, WorkerGone) and not e.says_so:  # another worker on this machine says it
             raise SystemExit(2) from None

@@ -24,6 +24,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from psgd.signals import proc_stat
+
 MAX_JOBS_COMPOSED = 64  # beyond this many jobs, every value of every key is composed once, not every product
 
 
@@ -63,7 +65,7 @@ def exit_interrupted(said: bool = False) -> None:
 def process_start(pid: int) -> datetime | None:
     """When process `pid` started (Linux: /proc), or None where that cannot be read."""
     try:
-        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        ticks = int(proc_stat(pid)[19])  # field 22, starttime
         boot = next(ln for ln in Path("/proc/stat").read_text().splitlines() if ln.startswith("btime "))
         return datetime.fromtimestamp(int(boot.split()[1]) + ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError, StopIteration):

@@ -408,9 +408,7 @@ def torchrun_worker_gone(e: BaseException, run_dir: Path) -> WorkerGone | None:
         gone, survivors = signals.torchrun_workers_gone()
     if not gone:
         return None
-    now = signals.oom_kills()
-    rose = now - signals.oom_kills_at_mark if now is not None and signals.oom_kills_at_mark is not None else 0
-    return WorkerGone(gone, survivors, run_dir, rose)
+    return WorkerGone(gone, survivors, run_dir, signals.oom_kills_since(signals.oom_kills_at_mark))
 
 
 def mark_stopped(run_dir: Path, e: BaseException) -> None:

@@ -181,7 +181,7 @@ def stop_with_agent() -> None:
     threading.Thread(target=watch, name="psgd-agent-watch", daemon=True).start()
 
 
-def _stat(pid: int) -> list[str]:
+def proc_stat(pid: int) -> list[str]:
     """The fields of /proc/<pid>/stat after the command name (state first, then the parent's pid ...,
     the start time at index 19), or [] where there is no such process or no /proc."""
     try:
@@ -192,7 +192,7 @@ def _stat(pid: int) -> list[str]:
 
 def process_tag(pid: int) -> str:
     """`<pid>-<start time>`: names one process for as long as the machine runs (a pid is reused)."""
-    fields = _stat(pid)
+    fields = proc_stat(pid)
     return f"{pid}-{fields[19] if len(fields) > 19 else 0}"
 
 
@@ -281,7 +281,7 @@ def _marks(folder: Path) -> dict[int, tuple[int, bool]]:
 
 def _running(pid: int, parent: int) -> bool:
     """Whether process `pid` is a child of `parent` that has not exited (a zombie has; Linux: /proc)."""
-    fields = _stat(pid)
+    fields = proc_stat(pid)
     return len(fields) > 1 and fields[1] == str(parent) and fields[0] not in ("Z", "X", "x")
 
 
@@ -317,6 +317,13 @@ def oom_kills() -> int | None:
     except (OSError, ValueError):
         pass
     return None
+
+
+def oom_kills_since(before: int | None) -> int:
+    """By how many the kernel's OOM-kill count (`oom_kills`) rose since it was `before`; 0 where
+    either count is unknown."""
+    now = oom_kills()
+    return max(now - before, 0) if now is not None and before is not None else 0
 
 
 # A worker's oom_score_adj (-1000..1000; 0 by default): when memory runs out, the kernel's OOM killer

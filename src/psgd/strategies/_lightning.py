@@ -17,7 +17,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd.module import STEPS_PER_EPOCH_KEY
-from psgd.signals import die_with_parent, oom_kills, temp_folder_of_this_process
+from psgd.signals import die_with_parent, oom_kills, oom_kills_since, temp_folder_of_this_process
 
 __all__ = [
     "FirstFailureLauncher",
@@ -155,10 +155,8 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
         """`cause`, or WorkerOutOfMemory where it is a worker's SIGKILL and the OOM killer acted since launch."""
         if type(cause) is not ProcessExitedException or cause.exit_code != -signal.SIGKILL:
             return cause
-        before, now = self._oom_kills_at_launch, oom_kills()
-        if before is None or now is None or now <= before:
-            return cause
-        return WorkerOutOfMemory(cause.error_index, cause.error_pid, now - before)
+        rose = oom_kills_since(self._oom_kills_at_launch)
+        return WorkerOutOfMemory(cause.error_index, cause.error_pid, rose) if rose else cause
 
     def _wrapping_function(self, process_idx: int, *args: Any, **kwargs: Any) -> None:
         # before the rendezvous: a worker whose launcher died (the OOM killer, SIGKILL) while a peer it
