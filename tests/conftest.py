@@ -73,6 +73,42 @@ def tiny_data(tmp_path_factory) -> Path:
     return root
 
 
+# sitecustomize for ThreadsAtExit: imported first by every process of a run (train.py, its workers), its exit
+# hook is registered before any other, so it runs last, after psgd's, and records the threads still running
+_THREADS_AT_EXIT = """
+import atexit, os
+
+def _record():
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    with open(os.path.join(os.environ["PSGD_TEST_THREADS_AT_EXIT"], str(os.getpid())), "w") as f:
+        f.write(" ".join(names))
+
+atexit.register(_record)
+"""
+
+
+class ThreadsAtExit:
+    """The threads each process of a run still has when its last exit hook has run, just before Python
+    shuts down (Linux: /proc/self/task): pass `env` to the run, then read `gloo_left`."""
+
+    def __init__(self, folder: Path):
+        self.site, self.out = folder / "site", folder / "threads"
+        self.site.mkdir(parents=True)
+        self.out.mkdir()
+        (self.site / "sitecustomize.py").write_text(_THREADS_AT_EXIT)
+        path = [str(self.site), *filter(None, [os.environ.get("PYTHONPATH")])]
+        self.env = {"PYTHONPATH": os.pathsep.join(path), "PSGD_TEST_THREADS_AT_EXIT": str(self.out)}
+
+    def processes(self) -> dict[str, list[str]]:
+        """Thread names by pid, for every process of the run that exited through Python's exit."""
+        return {p.name: p.read_text().split() for p in self.out.iterdir()}
+
+    def gloo_left(self) -> list[str]:
+        """The pids whose process group's threads (torch's gloo workers, gloo's socket loop) outlived
+        every exit hook."""
+        return [pid for pid, names in self.processes().items() if {"pt_gloo_runloop", "gloo_tcp_loop"} & set(names)]
+
+
 def compose_cfg(*overrides: str):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="train", overrides=list(overrides))

@@ -2,11 +2,10 @@
 
 (Every check itself is unit-tested in tests/unit/test_config.py; these run the CLI path end to end.)"""
 
-import os
 import re
 
 import pytest
-from conftest import compose_cfg, run_cli
+from conftest import ThreadsAtExit, compose_cfg, run_cli
 
 from psgd.config import DirInUse
 from psgd.run import train
@@ -143,20 +142,6 @@ def test_missing_dataset_names_the_path_and_the_fix(tmp_path):
     assert not run_dir.exists()
 
 
-# Imported first by every process of a run (train.py, its workers) when its folder is on PYTHONPATH: an
-# exit hook registered before any other runs last, after psgd's, and records the threads still running.
-THREADS_AT_EXIT = """
-import atexit, os
-
-def _record():
-    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-    with open(os.path.join(os.environ["THREADS_AT_EXIT"], str(os.getpid())), "w") as f:
-        f.write(" ".join(names))
-
-atexit.register(_record)
-"""
-
-
 @pytest.mark.distributed
 @pytest.mark.slow  # ~14 s; a worker's error comes back as the resume refusal below does (run.raised_in_worker)
 def test_a_value_lightning_refuses_inside_the_workers_is_one_line_and_leaves_no_run_dir(tiny_data, tmp_path):
@@ -166,14 +151,9 @@ def test_a_value_lightning_refuses_inside_the_workers_is_one_line_and_leaves_no_
     threads (pt_gloo_runloop) used to outlive the exit hooks, and now and then one of them still letting go
     of the last all-reduce's tensors aborted the worker ("terminate called without an active exception"
     on stderr, 1 run in ~15; the thread count below fails every run without the fix)."""
-    run_dir, site, threads = tmp_path / "run", tmp_path / "site", tmp_path / "threads"
-    site.mkdir()
-    threads.mkdir()
-    (site / "sitecustomize.py").write_text(THREADS_AT_EXIT)
+    run_dir, threads = tmp_path / "run", ThreadsAtExit(tmp_path)
     overrides = ["workers=2", "trainer.limit_train_batches=0.01", "quiet=true", f"hydra.run.dir={run_dir}"]
-    path = [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {"PYTHONPATH": os.pathsep.join(path), "THREADS_AT_EXIT": str(threads)}
-    proc = run_cli("train.py", f"data.root={tiny_data}", *overrides, timeout=180, env=env)
+    proc = run_cli("train.py", f"data.root={tiny_data}", *overrides, timeout=180, env=threads.env)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert lines == [
@@ -181,10 +161,8 @@ def test_a_value_lightning_refuses_inside_the_workers_is_one_line_and_leaves_no_
         "0.01 * 2 < 1. Please increase the `limit_train_batches` argument. Try at least `limit_train_batches=0.5`"
     ], proc.stderr
     assert not run_dir.exists()
-    at_exit = {p.name: p.read_text().split() for p in threads.iterdir()}
-    assert len(at_exit) >= 3, at_exit  # train.py and its two workers (and multiprocessing's resource tracker)
-    gloo_left = [pid for pid, names in at_exit.items() if {"pt_gloo_runloop", "gloo_tcp_loop"} & set(names)]
-    assert not gloo_left, at_exit
+    assert len(threads.processes()) >= 3  # train.py and its two workers (and multiprocessing's resource tracker)
+    assert not threads.gloo_left(), threads.processes()
 
 
 @pytest.mark.distributed

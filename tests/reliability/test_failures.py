@@ -14,7 +14,7 @@ import pytest
 import pytorch_lightning as L
 import torch
 import torch.distributed as dist
-from conftest import ROOT, compose_cfg, run_cli
+from conftest import ROOT, ThreadsAtExit, compose_cfg, run_cli
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd.run import train
@@ -22,9 +22,9 @@ from psgd.run import train
 TINY = ["quiet=true", "data.batch_size=16", "data.eval_batch_size=64"]
 
 
-def start(run_dir: Path, *overrides: str, background: bool = False) -> subprocess.Popen:
+def start(run_dir: Path, *overrides: str, background: bool = False, env: dict | None = None) -> subprocess.Popen:
     """train.py in a session of its own; `background`: with SIGINT ignored, as a shell starts `cmd &`."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
     return subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", *overrides],
         stdout=subprocess.PIPE,
@@ -250,12 +250,17 @@ def assert_resumable(run_dir: Path) -> None:
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["in-process", "ddp-2"])
 def test_ctrl_c_leaves_a_valid_metrics_file_marked_interrupted(tiny_data, tmp_path, workers):
-    run_dir = tmp_path / "run"
-    proc = start(run_dir, f"workers={workers}", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY)
+    """The interrupted workers let go of the process group before Python shuts down (its threads outlived
+    every exit hook, which could abort a worker: see the limit_train_batches test in test_cli_errors.py)."""
+    run_dir, threads = tmp_path / "run", ThreadsAtExit(tmp_path)
+    overrides = [f"workers={workers}", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY]
+    proc = start(run_dir, *overrides, env=threads.env)
     # what Ctrl-C sends: SIGINT to the whole foreground process group
-    stop_after_two_epochs(run_dir, proc, lambda pids: os.killpg(proc.pid, signal.SIGINT), workers=workers)
+    stderr, _ = stop_after_two_epochs(run_dir, proc, lambda pids: os.killpg(proc.pid, signal.SIGINT), workers=workers)
+    assert stderr.strip().splitlines() == [f"psgd: interrupted; finished epochs are kept in {run_dir}"]
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["status"] == "interrupted" and len(m["history"]) >= 2
+    assert len(threads.processes()) >= workers and not threads.gloo_left(), threads.processes()
     assert_resumable(run_dir)
     assert not list(run_dir.glob(".*.tmp"))  # no half-written temp files left
 

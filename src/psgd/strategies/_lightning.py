@@ -164,8 +164,9 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
         die_with_parent()
         try:
             super()._wrapping_function(process_idx, *args, **kwargs)
-        except Exception:
-            (Path(self._errors_dir) / f"{process_idx}").write_text(traceback.format_exc())
+        except BaseException as e:
+            if isinstance(e, Exception):  # its own error (Ctrl-C's KeyboardInterrupt is the user's)
+                (Path(self._errors_dir) / f"{process_idx}").write_text(traceback.format_exc())
             let_go_of_the_process_group(args[0] if args else None)
             raise
 
@@ -204,7 +205,7 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
 
 
 def let_go_of_the_process_group(trainer: L.Trainer | None) -> None:
-    """In a worker whose fit raised: tear the strategy down as a finished fit does (the DDP wrapper, the
+    """In a worker whose fit raised or was interrupted (Ctrl-C): tear the strategy down as a finished fit does (the DDP wrapper, the
     last holder of the process group besides torch's registry, is unwrapped), so that the exit hook
     (callbacks.destroy_process_group_at_exit) frees the group and joins gloo's threads while the
     interpreter is whole. Lightning tears down after an error only in the main process, and the trainer
