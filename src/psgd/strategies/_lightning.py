@@ -205,16 +205,16 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
 
 
 def let_go_of_the_process_group(trainer: L.Trainer | None) -> None:
-    """In a worker whose fit raised or was interrupted (Ctrl-C): tear the strategy down as a finished fit does (the DDP wrapper, the
-    last holder of the process group besides torch's registry, is unwrapped), so that the exit hook
-    (callbacks.destroy_process_group_at_exit) frees the group and joins gloo's threads while the
-    interpreter is whole. Lightning tears down after an error only in the main process, and the trainer
-    stays referenced until the worker process ends (garbage collection does not free it), so the group
-    outlived Python's shutdown: a gloo thread still letting go of the last collective's tensors (decref needs the GIL)
-    was then ended mid-destructor, "terminate called without an active exception" on stderr and
-    SIGABRT (1 run in ~15 of Lightning's limit_train_batches refusal, whose check follows an
-    all-reduce of each worker's batch count). A teardown that fails changes nothing: the worker's own
-    error is what is reported."""
+    """In a worker whose fit raised or was interrupted (Ctrl-C): tear the strategy down as a finished fit
+    does (the DDP wrapper, the last holder of the process group besides torch's registry, is unwrapped),
+    so that the exit hook (callbacks.destroy_process_group_at_exit) frees the group and joins gloo's
+    threads while the interpreter is whole. Lightning tears down after an error only in the main
+    process, and the trainer stays referenced until the worker process ends (garbage collection does
+    not free it), so the group outlived Python's shutdown: a gloo thread still letting go of the last
+    collective's tensors (decref needs the GIL) was then ended mid-destructor, "terminate called
+    without an active exception" on stderr and SIGABRT (1 run in ~15 of Lightning's limit_train_batches
+    refusal, whose check follows an all-reduce of each worker's batch count). A teardown that fails
+    changes nothing: the worker's own error is what is reported."""
     if trainer is None:
         return
     try:
