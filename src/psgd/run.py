@@ -427,6 +427,14 @@ def mark_stopped(run_dir: Path, e: BaseException) -> None:
         print(f"psgd: interrupted{how}; {kept}", file=sys.stderr, flush=True)
 
 
+def exit_if_interrupted(e: BaseException) -> None:
+    """After mark_stopped: a run that Ctrl-C or SIGTERM stopped exits as a shell reports the signal, 130
+    or 143, as it does when stopped before training (Lightning turns either into exit code 1 inside fit,
+    which a script could not tell from a failed run)."""
+    if isinstance(e, KeyboardInterrupt | SystemExit):
+        raise SystemExit(signals.interrupted_exit_code()) from None
+
+
 def _run_dir_key() -> str:
     """What a user sets to choose the run dir: train()'s argument, or Hydra's key when Hydra runs it."""
     if not HydraConfig.initialized():
@@ -596,6 +604,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
             raise gone from e
         if plan.launcher == "psgd" or trainer.global_rank == 0:  # torchrun / srun: each worker gets here, one says so
             mark_stopped(run_dir, e)
+        exit_if_interrupted(e)
         refused = lightning_refusal(e)
         if refused:
             raise ConfigError(f"Lightning refuses a setting: {refused}") from e
@@ -628,6 +637,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
             (tested,) = test_trainer.test(module, datamodule=datamodule, verbose=False)
     except (KeyboardInterrupt, SystemExit) as e:
         mark_stopped(run_dir, e)
+        exit_if_interrupted(e)
         raise
 
     record_path = run_dir / "metrics.json"

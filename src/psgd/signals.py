@@ -54,6 +54,12 @@ def interrupt(signum: int, frame: object = None) -> None:
     raise KeyboardInterrupt(received)
 
 
+def interrupted_exit_code() -> int:
+    """The exit code of a run that a signal stopped, as a shell reports it: 128 + the signal (SIGTERM
+    when `interrupt` received one, else Ctrl-C's SIGINT)."""
+    return 128 + (signal.SIGTERM if received == "SIGTERM" else signal.SIGINT)
+
+
 def die(signum: int, frame: object = None) -> None:
     """Signal handler: end this process by `signum` itself, as if it had no handler."""
     signal.signal(signum, signal.SIG_DFL)

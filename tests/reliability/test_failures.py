@@ -177,6 +177,7 @@ def test_sigterm_stops_the_run_as_ctrl_c_does(tiny_data, tmp_path, strategy, to)
     send = os.kill if to == "launcher" else os.killpg
     stderr, workers = stop_after_two_epochs(run_dir, proc, lambda pids: send(proc.pid, signal.SIGTERM))
     assert stderr.strip().splitlines()[-1].startswith("psgd: interrupted (SIGTERM); finished epochs are kept"), stderr
+    assert proc.returncode == 128 + signal.SIGTERM  # as a shell reports it (Lightning's exit code was 1)
     assert gone_within(workers, 5)
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["status"] == "interrupted" and len(m["history"]) >= 2
@@ -237,6 +238,7 @@ def test_sigterm_to_a_one_worker_run(tiny_data, tmp_path):
     proc = start(run_dir, f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY, background=True)
     stderr, _ = stop_after_two_epochs(run_dir, proc, lambda pids: os.kill(proc.pid, signal.SIGTERM), workers=1)
     assert stderr.strip().splitlines()[-1].startswith("psgd: interrupted (SIGTERM)"), stderr
+    assert proc.returncode == 128 + signal.SIGTERM
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["status"] == "interrupted" and len(m["history"]) >= 2
     assert_resumable(run_dir)
@@ -258,6 +260,7 @@ def test_ctrl_c_leaves_a_valid_metrics_file_marked_interrupted(tiny_data, tmp_pa
     # what Ctrl-C sends: SIGINT to the whole foreground process group
     stderr, _ = stop_after_two_epochs(run_dir, proc, lambda pids: os.killpg(proc.pid, signal.SIGINT), workers=workers)
     assert stderr.strip().splitlines() == [f"psgd: interrupted; finished epochs are kept in {run_dir}"]
+    assert proc.returncode == 128 + signal.SIGINT  # 130, as before training started (Lightning's exit code was 1)
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["status"] == "interrupted" and len(m["history"]) >= 2
     assert len(threads.processes()) >= workers and not threads.gloo_left(), threads.processes()
