@@ -173,10 +173,10 @@ def test_a_resume_refused_inside_the_workers_is_one_line_and_leaves_no_run_dir(t
     per_step = [f"data.root={tiny_data}", "scheduler.interval=step", "trainer.max_epochs=1", "data.batch_size=32"]
     first = tmp_path / "first"
     train(compose_cfg(*per_step, "quiet=true"), first)  # 512 samples: 16 steps per epoch
-    run_dir = tmp_path / "run"
+    run_dir, threads = tmp_path / "run", ThreadsAtExit(tmp_path)
     # two workers halve each one's shard: 8 steps per epoch
     resume = ["workers=2", f"ckpt_path={first}", f"hydra.run.dir={run_dir}"]
-    proc = run_cli("train.py", *per_step, "quiet=true", *resume, timeout=180)
+    proc = run_cli("train.py", *per_step, "quiet=true", *resume, timeout=180, env=threads.env)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
@@ -188,6 +188,8 @@ def test_a_resume_refused_inside_the_workers_is_one_line_and_leaves_no_run_dir(t
         lines[0],
     ), lines[0]
     assert not run_dir.exists()
+    # the failed workers let go of the process group before Python shuts down (see the test above)
+    assert len(threads.processes()) >= 3 and not threads.gloo_left(), threads.processes()
 
 
 @pytest.mark.parametrize("script", ["train.py", "sweep.py"])
