@@ -28,9 +28,12 @@ def destroy_process_group_at_exit() -> None:
     """Destroy this process's process group when Python exits, while the interpreter is still whole.
 
     Lightning does this for NCCL only. A gloo group left for interpreter finalization can abort the
-    worker ("terminate called without an active exception", SIGABRT: gloo threads still holding work
-    when the group is torn down; pytorch/pytorch#190489): seen for rank 1 of 2-worker DDP runs that had
-    finished training. Registered once per process; a no-op if the group is gone by then."""
+    worker ("terminate called without an active exception", SIGABRT): a gloo thread that lets go of a
+    collective's tensors needs the GIL, and once Python has begun to shut down, taking it ends the
+    thread mid-destructor (seen in a core dump here; pytorch/pytorch#190489). Seen for rank 1 of 2-worker
+    DDP runs that had finished training. The group is freed here only if nothing else holds it: a
+    worker whose fit raised first has its strategy torn down (strategies._lightning,
+    let_go_of_the_process_group). Registered once per process; a no-op if the group is gone by then."""
     global _exit_hook_registered
     if not _exit_hook_registered:
         atexit.register(_destroy_process_group)
