@@ -25,6 +25,7 @@ from psgd.command_line import (  # light: torch and Lightning load after the che
     load_training,
     sweep_argv,
 )
+from psgd.signals import interrupt_on_sigterm  # light too: the standard library only
 
 CONF = Path(__file__).resolve().parent / "conf"
 
@@ -46,6 +47,7 @@ def values_problem(jobs) -> str | None:
 if __name__ == "__main__":
     # the last exit handler: spare the exit its full-heap collections (~1.3 s with torch and Lightning loaded)
     atexit.register(gc.freeze)
+    interrupt_on_sigterm()  # as Ctrl-C, also while torch loads
     sys.argv[1:] = sweep_argv(sys.argv[1:])
     try:
         check_command_line("sweep", CONF, job_check=values_problem)

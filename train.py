@@ -13,6 +13,7 @@ from psgd.command_line import (  # light: torch loads once the line is checked
     exit_pipe_closed,
     load_training,
 )
+from psgd.signals import interrupt_on_sigterm  # light too: the standard library only
 
 CONF = Path(__file__).resolve().parent / "conf"
 
@@ -27,6 +28,7 @@ def main(cfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     # the last exit handler: spare the exit its full-heap collections (~1.3 s with torch and Lightning loaded)
     atexit.register(gc.freeze)
+    interrupt_on_sigterm()  # as Ctrl-C, also while torch loads
     try:
         check_command_line("train", CONF)
         load_training()

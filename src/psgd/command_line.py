@@ -24,6 +24,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from psgd import signals
 from psgd.signals import proc_stat
 
 MAX_JOBS_COMPOSED = 64  # beyond this many jobs, every value of every key is composed once, not every product
@@ -53,13 +54,14 @@ def exit_pipe_closed() -> None:
 
 
 def exit_interrupted(said: bool = False) -> None:
-    """Ctrl-C that reached the script: outside training (while torch loads, the checks run or the data
-    is read), where no handler of Lightning's or psgd's winds a run down (psgd.run.mark_stopped). One
-    line (unless `said`) and exit code 130, as a shell reports SIGINT, not a traceback of whatever was
-    loading."""
+    """Ctrl-C or SIGTERM that reached the script: outside training (while torch loads, the checks run or
+    the data is read), where no handler of Lightning's or psgd's winds a run down (psgd.run.mark_stopped).
+    One line (unless `said`) and exit code 130 or 143, as a shell reports SIGINT or SIGTERM, not a
+    traceback of whatever was loading."""
     if not said:
-        print("psgd: interrupted before training started; nothing was written", file=sys.stderr, flush=True)
-    raise SystemExit(130)
+        how = f" ({signals.received})" if signals.received else ""
+        print(f"psgd: interrupted{how} before training started; nothing was written", file=sys.stderr, flush=True)
+    raise SystemExit(signals.interrupted_exit_code())
 
 
 def process_start(pid: int) -> datetime | None:

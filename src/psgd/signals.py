@@ -115,6 +115,15 @@ def sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def interrupt_on_sigterm() -> None:
+    """For train.py and sweep.py, from their first line: SIGTERM stops them as Ctrl-C does also outside
+    a run's fit and test (while torch loads, the data is read, between a sweep's jobs), where its default
+    action ended the script without a word and could leave a run dir without results. Python lets only
+    the main thread set handlers: elsewhere this does nothing."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
+
+
 def ignore_sigterm() -> None:
     """From now on SIGTERM does nothing here (a process on its way out that still has to say why);
     Python lets only the main thread set handlers: elsewhere this does nothing."""
