@@ -17,7 +17,7 @@ from psgd.config import ConfigError, DirInUse
 from psgd.data import DataError
 from psgd.module import TrainingDiverged
 from psgd.results import write_atomic
-from psgd.run import WorkerGone, exit_if_interrupted, mark_status, mark_stopped, raised_in_worker, train
+from psgd.run import WorkerGone, mark_status, raised_in_worker, train
 from psgd.strategies._lightning import KilledWorker, lost_a_peer, timed_out
 
 
@@ -110,12 +110,8 @@ def run_job(cfg: DictConfig) -> float | None:
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         metrics = train(cfg, run_dir)
-    except KeyboardInterrupt as e:  # outside fit and test, where Lightning and psgd wind the run down
-        if (run_dir / "metrics.json").exists():  # after fit (before the test, or the last writes): epochs to keep
-            if _global_rank() in ("0", None):  # torchrun / srun: one writer, one line
-                mark_stopped(run_dir, e)
-            exit_if_interrupted(e)
-        _discard_empty_run_dir(run_dir)  # before training: nothing to keep
+    except KeyboardInterrupt:  # before training (from fit on, psgd.run winds the run down): nothing to keep
+        _discard_empty_run_dir(run_dir)
         raise
     except Exception as e:
         known = isinstance(e, KNOWN_ERRORS + (ProcessRaisedException, ProcessExitedException))

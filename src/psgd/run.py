@@ -610,40 +610,42 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
             raise ConfigError(f"Lightning refuses a setting: {refused}") from e
         raise
 
-    if plan.launcher != "psgd":  # torchrun / srun: every worker is a process like this one
-        rank = trainer.global_rank
-        if dist.is_initialized():  # the test below must not sync metrics with the other workers
-            dist.barrier()
-            dist.destroy_process_group()
-        if rank != 0:
-            return None
-    # Test the final weights here, on one device: the workers have exited (spawn) or are this process.
-    limits = {"limit_test_batches": t.limit_test_batches} if t.get("limit_test_batches") is not None else {}
-    with _quiet_lightning_banner():
-        test_trainer = L.Trainer(
-            accelerator=plan.accelerator,
-            devices=1,
-            logger=False,
-            callbacks=[WorkerSetup(cpu_count(), flush_denormal=cfg.flush_denormal)],
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            enable_checkpointing=False,
-            fast_dev_run=t.fast_dev_run,
-            precision=t.precision,
-            **limits,
-        )
-    try:
+    try:  # Ctrl-C, SIGTERM in the test, or between fit and test and in the last writes (outside any run
+        # handler: the scripts raise KeyboardInterrupt on either, psgd.signals.interrupt_on_sigterm)
+        if plan.launcher != "psgd":  # torchrun / srun: every worker is a process like this one
+            rank = trainer.global_rank
+            if dist.is_initialized():  # the test below must not sync metrics with the other workers
+                dist.barrier()
+                dist.destroy_process_group()
+            if rank != 0:
+                return None
+        # Test the final weights here, on one device: the workers have exited (spawn) or are this process.
+        limits = {"limit_test_batches": t.limit_test_batches} if t.get("limit_test_batches") is not None else {}
+        with _quiet_lightning_banner():
+            test_trainer = L.Trainer(
+                accelerator=plan.accelerator,
+                devices=1,
+                logger=False,
+                callbacks=[WorkerSetup(cpu_count(), flush_denormal=cfg.flush_denormal)],
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                enable_checkpointing=False,
+                fast_dev_run=t.fast_dev_run,
+                precision=t.precision,
+                **limits,
+            )
         with signals.sigterm_interrupts():
             (tested,) = test_trainer.test(module, datamodule=datamodule, verbose=False)
+        record_path = run_dir / "metrics.json"
+        metrics = read_json(record_path) if record_path.exists() else callbacks[1].summary("trained")
+        metrics.update(
+            status="completed", test_acc=round(tested["test/acc"], 6), test_loss=round(tested["test/loss"], 6)
+        )
+        write_json(record_path, metrics)
+        steps = metrics["history"][-1]["step"] if metrics["history"] else 0
+        write_tensorboard_summary(run_dir / "tensorboard", cfg, metrics, steps)
     except (KeyboardInterrupt, SystemExit) as e:
-        mark_stopped(run_dir, e)
-        exit_if_interrupted(e)
-        raise
-
-    record_path = run_dir / "metrics.json"
-    metrics = read_json(record_path) if record_path.exists() else callbacks[1].summary("trained")
-    metrics.update(status="completed", test_acc=round(tested["test/acc"], 6), test_loss=round(tested["test/loss"], 6))
-    write_json(record_path, metrics)
-    steps = metrics["history"][-1]["step"] if metrics["history"] else 0
-    write_tensorboard_summary(run_dir / "tensorboard", cfg, metrics, steps)
+        if plan.launcher == "psgd" or trainer.global_rank == 0:  # torchrun / srun: one writer, one line
+            mark_stopped(run_dir, e)
+        exit_if_interrupted(e)  # (always raises here)
     return metrics

@@ -268,19 +268,40 @@ def test_ctrl_c_leaves_a_valid_metrics_file_marked_interrupted(tiny_data, tmp_pa
     assert not list(run_dir.glob(".*.tmp"))  # no half-written temp files left
 
 
-@pytest.mark.parametrize("trained", [True, False], ids=["after-fit", "before-training"])
-def test_ctrl_c_outside_fit_and_test_says_what_was_kept(tmp_path, monkeypatch, capsys, trained):
-    """Between fit and the test (and during the last writes) no handler of Lightning's or psgd's winds a
-    run down, so Ctrl-C there reaches the job: it used to say "interrupted before training started;
-    nothing was written" of a run whose finished epochs were in its dir, and leave metrics.json "trained".
-    (The job's train() is stood in for: that window cannot be hit on cue in a real run.)"""
+def test_ctrl_c_between_fit_and_test_keeps_the_epochs_and_says_so(tiny_data, tmp_path, monkeypatch, capsys):
+    """Between fit and the test (and during the last writes) no handler of Lightning's winds a run down:
+    Ctrl-C there reached the script, which said "interrupted before training started; nothing was
+    written" of a run whose finished epochs were in its dir, and left metrics.json "trained"."""
+    import psgd.run
+    from psgd import signals
+
+    def ctrl_c():  # where the test's Trainer is made, after fit
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(psgd.run, "_quiet_lightning_banner", ctrl_c)
+    monkeypatch.setattr(signals, "received", None)
+    run_dir = tmp_path / "run"
+    try:  # (a KeyboardInterrupt left to pytest would stop the whole test run)
+        train(compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=1", *TINY), run_dir)
+        pytest.fail("train returned")
+    except KeyboardInterrupt:
+        code = "KeyboardInterrupt"  # on to the script, which says "before training started; nothing was written"
+    except SystemExit as e:
+        code = e.code
+    assert code == 130
+    assert capsys.readouterr().err.strip() == f"psgd: interrupted; finished epochs are kept in {run_dir}"
+    m = json.loads((run_dir / "metrics.json").read_text())
+    assert m["status"] == "interrupted" and len(m["history"]) == 1
+
+
+def test_ctrl_c_before_training_leaves_no_run_dir_for_the_script_to_report(tmp_path, monkeypatch, capsys):
+    """Ctrl-C before fit (the data being read) goes on to the script (command_line.exit_interrupted says
+    so) once the dir Hydra made is gone. (The job's train() is stood in for, to stop it on cue.)"""
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
     import psgd.cli as cli
-    from psgd import signals
-    from psgd.results import write_json
 
     run_dir = tmp_path / "run"
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -290,12 +311,9 @@ def test_ctrl_c_outside_fit_and_test_says_what_was_kept(tmp_path, monkeypatch, c
     hydra = HydraConfig.instance()
     monkeypatch.setattr(hydra, "cfg", None)  # the singleton is restored after the test
     hydra.set_config(cfg)
-    monkeypatch.setattr(signals, "received", None)
 
     def stopped(cfg, run_dir: Path):
         (run_dir / ".hydra").mkdir(parents=True)
-        if trained:
-            write_json(run_dir / "metrics.json", {"status": "trained", "epochs": 2, "history": [{}, {}]})
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "train", stopped)
@@ -303,15 +321,10 @@ def test_ctrl_c_outside_fit_and_test_says_what_was_kept(tmp_path, monkeypatch, c
         cli.run_job(cfg)
         pytest.fail("run_job returned")
     except KeyboardInterrupt:
-        code = "KeyboardInterrupt"  # on to the script, which says "before training started; nothing was written"
+        code = "KeyboardInterrupt"
     except SystemExit as e:
         code = e.code
-    if not trained:
-        assert code == "KeyboardInterrupt" and not run_dir.exists() and capsys.readouterr().err == ""
-        return
-    assert code == 130
-    assert capsys.readouterr().err.strip() == f"psgd: interrupted; finished epochs are kept in {run_dir}"
-    assert json.loads((run_dir / "metrics.json").read_text())["status"] == "interrupted"
+    assert code == "KeyboardInterrupt" and not run_dir.exists() and capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("script", ["train.py", "sweep.py"])
