@@ -37,11 +37,12 @@ def main(cfg: DictConfig) -> float | None:
     return run_job(cfg)
 
 
-def values_problem(jobs) -> str | None:
-    """psgd's checks of every job's values (psgd.config imports torch: only once Hydra accepts the line)."""
-    from psgd.config import sweep_values_problem
+def jobs_problem(jobs) -> str | None:
+    """psgd's checks of every job's values: first those that need no torch (a bad value is reported
+    in about a second), then, with torch loaded, those that depend on this machine."""
+    from psgd.config import sweep_values_problem, values_problem
 
-    return sweep_values_problem(jobs)
+    return values_problem(jobs, name_the_job=True) or sweep_values_problem(jobs)
 
 
 if __name__ == "__main__":
@@ -50,7 +51,7 @@ if __name__ == "__main__":
     interrupt_on_sigterm()  # as Ctrl-C, also while torch loads
     sys.argv[1:] = sweep_argv(sys.argv[1:])
     try:
-        check_command_line("sweep", CONF, job_check=values_problem)
+        check_command_line("sweep", CONF, job_check=jobs_problem)
         load_training()
         main()
     except BaseException as e:  # Ctrl-C, SIGTERM: the jobs that ran still get their report

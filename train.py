@@ -13,6 +13,7 @@ from psgd.command_line import (  # light: torch loads once the line is checked
     exit_pipe_closed,
     load_training,
 )
+from psgd.config import values_problem  # light too: psgd's value checks that need no torch
 from psgd.signals import interrupt_on_sigterm  # light too: the standard library only
 
 CONF = Path(__file__).resolve().parent / "conf"
@@ -30,7 +31,7 @@ if __name__ == "__main__":
     atexit.register(gc.freeze)
     interrupt_on_sigterm()  # as Ctrl-C, also while torch loads
     try:
-        check_command_line("train", CONF)
+        check_command_line("train", CONF, job_check=lambda jobs: values_problem(jobs, name_the_job=len(jobs) > 1))
         load_training()
         main()
     except KeyboardInterrupt:

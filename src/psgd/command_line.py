@@ -5,7 +5,9 @@ Hydra cannot parse, gets one line `psgd: error: ...` naming the bad value and wh
 code 2; Hydra itself prints ~10 lines (its config search path, a hint about HYDRA_FULL_ERROR) and exits
 with 1. The check composes the config of every job the command line asks for, with Hydra's compose API
 (~10-70 ms each), before torch or Lightning are imported, so such a typo is reported in about a
-second. It only reports what Hydra would refuse anyway: anything it cannot judge is left to Hydra.
+second. It reports what Hydra would refuse anyway (anything it cannot judge is left to Hydra), then
+what the script's job check finds in the composed jobs: psgd's value checks that need no torch
+(psgd.config.check_values), so a bad value is reported as quickly.
 
 This module stays light (Hydra and OmegaConf only): the scripts import it before anything else.
 """

@@ -1,22 +1,25 @@
 """Checking a composed config before any worker starts: each problem is one line naming the key,
-the bad value and what is allowed."""
+the bad value and what is allowed.
+
+`check_values` judges what the config alone decides and needs neither torch nor Lightning: the
+scripts run it on the command line's jobs before those load (~4 s), so that a bad value is reported
+in a fraction of a second. `check`, at the start of every job, runs it again and then what depends on the
+machine and on torch: the accelerator, the process-group backend, the optimizer's own constructor,
+the GPUs, torchrun / srun, the cores.
+"""
 
 import contextlib
 import io
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
+from psgd.choices import AUGMENTATIONS, BUILTIN, DECAYS, INFO, INTERVALS, LR_SCALING, SCHEMES
 from psgd.command_line import text_lines
-from psgd.data.augment import PRESETS
-from psgd.data.datasets import INFO
-from psgd.data.partition import SCHEMES
-from psgd.models import BUILTIN
-from psgd.optim import DECAYS, INTERVALS, LR_SCALING
 from psgd.results import cpu_count
 
 STRATEGIES = ("ddp", "model_averaging", "hogwild")
@@ -107,7 +110,7 @@ def check_external(launcher: str, strategy: str, workers: int, num_nodes: int) -
             )
 
 
-def check_processes(s: DictConfig, accelerator: str) -> None:
+def check_processes(s: DictConfig) -> None:
     """How the strategy's workers start and talk: strategy.start_method and strategy.backend."""
     methods = START_METHODS[s.name]
     method = s.get("start_method")
@@ -121,6 +124,12 @@ def check_processes(s: DictConfig, accelerator: str) -> None:
     _need(
         backend is None or backend in BACKENDS, "strategy.backend", backend, f"allowed: {', '.join(BACKENDS)}, or null"
     )
+
+
+def check_backend(backend: str | None, accelerator: str) -> None:
+    """strategy.backend on this machine, with this torch."""
+    import torch
+
     if backend == "nccl" and accelerator == "cpu":  # (HogWild on GPU is refused before this)
         raise ConfigError(
             "strategy.backend=nccl is invalid on CPU: NCCL runs between GPUs; use gloo, or null for the default"
@@ -159,9 +168,17 @@ def resolve_workers(cfg: DictConfig) -> int:
     return devices
 
 
-def resolve_accelerator(cfg: DictConfig) -> str:
+def check_accelerator_name(cfg: DictConfig) -> str:
     accelerator = cfg.trainer.get("accelerator", "auto")
     _need(accelerator in ("auto", "cpu", "gpu", "cuda"), "trainer.accelerator", accelerator, "allowed: auto, cpu, gpu")
+    return accelerator
+
+
+def resolve_accelerator(cfg: DictConfig) -> str:
+    """cpu or gpu: trainer.accelerator, with auto and cuda resolved on this machine."""
+    import torch
+
+    accelerator = check_accelerator_name(cfg)
     if accelerator == "auto":
         return "gpu" if torch.cuda.is_available() else "cpu"
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
@@ -169,10 +186,11 @@ def resolve_accelerator(cfg: DictConfig) -> str:
     return "gpu" if accelerator == "cuda" else accelerator
 
 
-def check(cfg: DictConfig) -> Plan:
-    """Validate every user-facing value; returns the resolved plan or raises ConfigError."""
+def check_values(cfg: DictConfig) -> int:
+    """Every value the config alone decides (no torch, no machine: the command line's check runs it
+    before either); raises ConfigError, or returns the workers per node."""
     workers = resolve_workers(cfg)
-    accelerator = resolve_accelerator(cfg)
+    check_accelerator_name(cfg)
     t, d, opt, sch = cfg.trainer, cfg.data, cfg.optimizer, cfg.scheduler
 
     _need(cfg.strategy.name in STRATEGIES, "strategy", cfg.strategy.name, f"allowed: {', '.join(STRATEGIES)}")
@@ -185,11 +203,6 @@ def check(cfg: DictConfig) -> Plan:
             "must be an integer >= 1 (average every that many steps), or null for only at the end",
         )
     if cfg.strategy.name == "hogwild":
-        if accelerator != "cpu":
-            raise ConfigError(
-                "strategy=hogwild is invalid on GPU: its workers share one model in CPU shared memory; "
-                "use trainer.accelerator=cpu (or strategy=ddp / model_averaging on GPU)"
-            )
         if t.num_nodes != 1:
             raise ConfigError(
                 f"trainer.num_nodes={t.num_nodes} is invalid with strategy=hogwild: shared memory spans one "
@@ -215,7 +228,7 @@ def check(cfg: DictConfig) -> Plan:
     for key in SWITCHES:
         value = OmegaConf.select(cfg, key, default=_ABSENT)
         _need(value is _ABSENT or isinstance(value, bool), key, value, "must be true or false")
-    check_processes(cfg.strategy, accelerator)
+    check_processes(cfg.strategy)
     _need(
         _is_int(cfg.strategy.timeout_s) and cfg.strategy.timeout_s > 0,
         "strategy.timeout_s",
@@ -233,18 +246,13 @@ def check(cfg: DictConfig) -> Plan:
         threads,
         "must be an integer >= 1, or null for cores // workers",
     )
-    if t.get("sync_batchnorm") and accelerator == "cpu":
-        raise ConfigError(
-            "trainer.sync_batchnorm=true is invalid on CPU: torch's SyncBatchNorm needs CUDA; "
-            "use it with trainer.accelerator=gpu or leave it false"
-        )
 
     _need(d.name in INFO, "data.name", d.name, f"allowed: {', '.join(INFO)}")
     for key in ("batch_size", "eval_batch_size"):
         _need(_is_int(d[key]) and d[key] >= 1, f"data.{key}", d[key], "must be an integer >= 1")
     _need(isinstance(d.root, str), "data.root", d.root, "must be a folder (a path)")
     _need(d.partition in SCHEMES, "data.partition", d.partition, f"allowed: {', '.join(SCHEMES)}")
-    _need(d.augment in PRESETS, "data.augment", d.augment, f"allowed: {', '.join(PRESETS)}")
+    _need(d.augment in AUGMENTATIONS, "data.augment", d.augment, f"allowed: {', '.join(AUGMENTATIONS)}")
     _need(
         _is_number(d.val_split) and 0 <= d.val_split < 1,
         "data.val_split",
@@ -298,7 +306,6 @@ def check(cfg: DictConfig) -> Plan:
             opt.weight_decay,
             "must be >= 0",
         )
-    check_optimizer(opt)
     _need(cfg.lr_scaling in LR_SCALING, "lr_scaling", cfg.lr_scaling, f"allowed: {', '.join(LR_SCALING)}")
     interval = sch.get("interval", "epoch")
     _need(interval in INTERVALS, "scheduler.interval", interval, f"allowed: {', '.join(INTERVALS)}")
@@ -350,13 +357,35 @@ def check(cfg: DictConfig) -> Plan:
     dropout = cfg.model.get("dropout")
     _need(dropout is None or (_is_number(dropout) and 0 <= dropout < 1), "model.dropout", dropout, "must be in [0, 1)")
 
+    resolve_accumulation(cfg, workers * t.num_nodes)
+    return workers
+
+
+def check(cfg: DictConfig) -> Plan:
+    """Validate every user-facing value, here on this machine (check_values, then what depends on the
+    accelerator, torch and the environment); returns the resolved plan or raises ConfigError."""
+    workers = check_values(cfg)
+    accelerator = resolve_accelerator(cfg)
+    t = cfg.trainer
+    if cfg.strategy.name == "hogwild" and accelerator != "cpu":
+        raise ConfigError(
+            "strategy=hogwild is invalid on GPU: its workers share one model in CPU shared memory; "
+            "use trainer.accelerator=cpu (or strategy=ddp / model_averaging on GPU)"
+        )
+    check_backend(cfg.strategy.get("backend"), accelerator)
+    if t.get("sync_batchnorm") and accelerator == "cpu":
+        raise ConfigError(
+            "trainer.sync_batchnorm=true is invalid on CPU: torch's SyncBatchNorm needs CUDA; "
+            "use it with trainer.accelerator=gpu or leave it false"
+        )
+    check_optimizer(cfg.optimizer)
     accumulate = resolve_accumulation(cfg, workers * t.num_nodes)
     launcher = external_launcher(workers * t.num_nodes)
     if launcher:
         check_external(launcher, cfg.strategy.name, workers, t.num_nodes)
     elif accelerator == "gpu":
         check_gpu_count(workers, "workers" if t.get("devices") is None else "trainer.devices")
-    per_node = workers
+    per_node, threads = workers, cfg.get("threads_per_worker")
     if threads and threads > 1 and accelerator == "cpu" and threads * per_node > cpu_count():
         # OpenMP threads that share a core wait on each other at every parallel region: the lab CNN ran
         # ~45x slower with threads_per_worker=64 on 2 cores (192 vs ~9000 samples/s). One thread per
@@ -378,21 +407,36 @@ def check(cfg: DictConfig) -> Plan:
     )
 
 
-def sweep_values_problem(jobs: list[tuple[list[str], DictConfig]]) -> str | None:
+Jobs = list[tuple[list[str], DictConfig]]  # (overrides, config) of each job, as psgd.command_line composes them
+
+
+def values_problem(jobs: Jobs, name_the_job: bool) -> str | None:
+    """Why a job of this command line would stop at its start for a value `check_values` refuses, or
+    None: the scripts' check before torch loads, for every job wherever it will run (a value means the
+    same on any machine). `name_the_job`: add which job of a sweep it is."""
+    return _first_problem(jobs, check_values, name_the_job)
+
+
+def sweep_values_problem(jobs: Jobs) -> str | None:
     """Why a job of this sweep would stop at its start, for every job before the first one starts:
     `check` of each composed job, as the job itself will run it, or None. Only for Hydra's basic
     launcher, which runs the jobs here: jobs that run elsewhere (submitit on SLURM) see their own GPUs
-    and environment and are checked there. `jobs`: (overrides, config) of each job, the first with
-    Hydra's node (psgd.command_line composes them)."""
+    and environment and are checked there. `jobs`: the first with Hydra's node."""
     launcher = str(OmegaConf.select(jobs[0][1], "hydra.launcher._target_", default=""))
     if not launcher.endswith(".BasicLauncher"):
         return None
+    return _first_problem(jobs, check, name_the_job=True)
+
+
+def _first_problem(jobs: Jobs, judge: Callable[[DictConfig], object], name_the_job: bool) -> str | None:
     swept = {o for job, _ in jobs for o in job if not all(o in other for other, _ in jobs)}
     for job, cfg in jobs:
         try:
             with contextlib.redirect_stderr(io.StringIO()):  # a warning: each job prints its own as it starts
-                check(cfg)
+                judge(cfg)
         except ConfigError as e:
+            if not name_the_job:
+                return str(e)
             values = " ".join(o for o in job if o in swept)
             return f"{e} (in the job {values or 'of the defaults'}; no job was started)"
         except Exception:  # anything else: left to the job, which reports it as its failure
@@ -407,6 +451,7 @@ def check_optimizer(opt: DictConfig) -> None:
     naming the settings before anything starts, not a traceback from every worker."""
     import inspect
 
+    import torch
     from hydra.utils import get_class, instantiate
 
     try:  # a number setting given true (Python's bool is an int: eps=true would run as eps=1) ...
@@ -434,6 +479,8 @@ def check_gpu_count(workers: int, key: str) -> None:
     """Workers psgd starts on GPU get one visible device each: Lightning refuses more devices than it
     sees (with a traceback), and NCCL two ranks on one GPU. (torchrun and srun place their own
     workers: a task there may see only its own GPU.)"""
+    import torch
+
     gpus = torch.cuda.device_count()
     if workers > gpus:
         raise ConfigError(

@@ -5,9 +5,7 @@ import math
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, SequentialLR, StepLR
 
-LR_SCALING = ("none", "linear", "sqrt")
-DECAYS = ("none", "cosine", "step")
-INTERVALS = ("epoch", "step")
+from psgd.choices import DECAYS, LR_SCALING
 
 
 def scaled_lr(base_lr: float, workers: int, rule: str = "none") -> float:

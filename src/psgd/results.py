@@ -9,8 +9,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
     """Write via a temp file in the same folder and rename: readers see the old file or the new one."""
@@ -65,6 +63,8 @@ def cpu_count() -> int:
 
 
 def device_description(accelerator: str) -> str:
+    import torch
+
     if accelerator == "gpu" and torch.cuda.is_available():
         return f"cuda: {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
     return f"cpu: {_cpu_name()} ({cpu_count()} cores)"
@@ -73,6 +73,7 @@ def device_description(accelerator: str) -> str:
 def versions() -> dict[str, str]:
     import hydra
     import pytorch_lightning
+    import torch
     import torchvision
 
     import psgd

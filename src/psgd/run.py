@@ -46,10 +46,10 @@ from psgd.callbacks import (
     WeightRecorder,
     WorkerSetup,
 )
+from psgd.choices import INFO, DatasetInfo
 from psgd.command_line import earlier_results, text_lines
 from psgd.config import ConfigError, DirInUse, Plan, check
-from psgd.data import INFO, ClassificationData
-from psgd.data.datasets import DatasetInfo
+from psgd.data import ClassificationData
 from psgd.hooks import skip_unused_hooks
 from psgd.module import Classifier
 from psgd.optim import scaled_lr

@@ -200,7 +200,7 @@ def test_a_dir_holding_an_earlier_runs_results_is_refused_before_hydra_writes_in
 
 
 def test_a_value_psgd_refuses_in_any_job_of_a_sweep_is_one_line_before_any_job_runs():
-    from psgd.config import sweep_values_problem
+    from psgd.config import sweep_values_problem, values_problem
 
     line = ["-m", "optimizer.lr=0.1,-1", "workers=1,2", "seed=3"]
     assert command_line_problem("sweep", line, CONF, job_check=sweep_values_problem) == (
@@ -212,7 +212,11 @@ def test_a_value_psgd_refuses_in_any_job_of_a_sweep_is_one_line_before_any_job_r
         "sweep", line, CONF, job_check=sweep_values_problem
     )
     assert command_line_problem("sweep", ["-m", "optimizer.lr=0.1,0.2"], CONF, job_check=sweep_values_problem) is None
-    # jobs that SLURM runs elsewhere are checked there, with that machine's GPUs and environment
+    # jobs that SLURM runs elsewhere are checked there, with that machine's GPUs and environment ...
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     slurm = ["-m", "hydra/launcher=psgd_slurm", "optimizer.lr=0.1,-1"]
     assert command_line_problem("sweep", slurm, CONF, job_check=sweep_values_problem) is None
+    # ... but a value that means the same on any machine is found here, before any job is submitted
+    assert command_line_problem("sweep", slurm, CONF, job_check=lambda jobs: values_problem(jobs, True)) == (
+        "optimizer.lr=-1 is invalid: must be > 0 (in the job optimizer.lr=-1; no job was started)"
+    )

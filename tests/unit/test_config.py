@@ -10,7 +10,8 @@ import pytest
 from conftest import CONF, compose_cfg
 from omegaconf import OmegaConf
 
-from psgd.config import ConfigError, check
+from psgd.choices import AUGMENTATIONS
+from psgd.config import ConfigError, check, check_values
 from psgd.run import build_model
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
@@ -174,8 +175,22 @@ BAD = [
 ]
 
 
+# judged only with torch loaded, on the machine that runs the job (check, not check_values)
+NEEDS_THE_MACHINE = {
+    "trainer.sync_batchnorm=true trainer.accelerator=cpu",
+    "workers=2 trainer.accelerator=cpu strategy.backend=nccl",
+    "optimizer=novograd optimizer.betas=[2,3]",
+    "optimizer.nesterov=true optimizer.momentum=0",
+    "+optimizer.foo=1",
+    "optimizer=adam +optimizer.eps=true",
+    "+optimizer.maximize=flase",
+}
+
+
 @pytest.mark.parametrize("overrides,fragment", BAD, ids=[" ".join(o) for o, _ in BAD])
 def test_bad_values_are_one_clear_line(overrides, fragment):
+    """check() at a job's start; check_values(), which the scripts run before torch loads, finds the
+    same line, unless the value is one only the machine can judge."""
     if fragment is None:  # an unknown group choice: Hydra refuses it and lists the choices
         with pytest.raises(Exception, match="Available options"):
             compose_cfg(*overrides)
@@ -184,6 +199,24 @@ def test_bad_values_are_one_clear_line(overrides, fragment):
         check(compose_cfg(*overrides))
     assert fragment in str(e.value)
     assert "\n" not in str(e.value)
+    if " ".join(overrides) in NEEDS_THE_MACHINE:
+        assert check_values(compose_cfg(*overrides)) >= 1
+    else:
+        with pytest.raises(ConfigError) as early:
+            check_values(compose_cfg(*overrides))
+        assert str(early.value) == str(e.value)
+
+
+def test_the_value_checks_the_scripts_run_first_load_no_torch():
+    code = "import sys, psgd.config; print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'torchvision'}))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def test_the_augmentations_the_config_allows_are_the_ones_implemented():
+    from psgd.data.augment import PRESETS
+
+    assert tuple(PRESETS) == AUGMENTATIONS
 
 
 @pytest.mark.parametrize(

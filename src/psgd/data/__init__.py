@@ -1,7 +1,8 @@
 """Data: datasets decoded into tensors, partition schemes, batched augmentation, the DataModule."""
 
+from psgd.choices import INFO
 from psgd.data.datamodule import ClassificationData
-from psgd.data.datasets import INFO, DataError, load_split
+from psgd.data.datasets import DataError, load_split
 from psgd.data.partition import SCHEMES, partition
 
 __all__ = ["INFO", "SCHEMES", "ClassificationData", "DataError", "load_split", "partition"]

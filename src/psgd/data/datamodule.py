@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from psgd.choices import INFO
 from psgd.data.augment import PRESETS
-from psgd.data.datasets import INFO, DataError, load_split
+from psgd.data.datasets import DataError, load_split
 from psgd.data.partition import HOLDOUT, generator, num_batches, partition
 
 

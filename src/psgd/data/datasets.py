@@ -9,7 +9,6 @@ made copies in CIFAR's format (``data.verify_md5=false``).
 import contextlib
 import gzip
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.error import URLError
 
@@ -21,22 +20,6 @@ from torchvision import datasets as tvd
 
 class DataError(RuntimeError):
     """A dataset that is missing, truncated or corrupted; the message is one line with the fix."""
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    channels: int
-    size: int
-    num_classes: int
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-
-
-INFO = {
-    "mnist": DatasetInfo(1, 28, 10, (0.1307,), (0.3081,)),
-    "fashion_mnist": DatasetInfo(1, 28, 10, (0.2860,), (0.3530,)),
-    "cifar10": DatasetInfo(3, 32, 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-}
 
 
 def read_idx(path: str) -> np.ndarray:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-SCHEMES = ("iid", "sizes", "by_label", "dirichlet")
+from psgd.choices import SCHEMES
 
 # Salts that keep the streams of different uses apart (SeedSequence takes non-negative integers).
 MEMBERSHIP, HOLDOUT = 1_000_003, 1_000_033

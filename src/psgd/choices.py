@@ -1,0 +1,37 @@
+"""The names a config chooses from: datasets (with the sizes the models are built for), partition
+schemes, augmentation presets, models, learning-rate rules.
+
+Standard library only: psgd.config checks a command line's values with these before torch and
+Lightning load (~4 s), so a bad value is reported in a fraction of a second. The modules that implement each
+choice take their names from here.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    channels: int
+    size: int
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+INFO = {  # data.name
+    "mnist": DatasetInfo(1, 28, 10, (0.1307,), (0.3081,)),
+    "fashion_mnist": DatasetInfo(1, 28, 10, (0.2860,), (0.3530,)),
+    "cifar10": DatasetInfo(3, 32, 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+}
+SCHEMES = ("iid", "sizes", "by_label", "dirichlet")  # data.partition (psgd.data.partition)
+AUGMENTATIONS = ("none", "cifar", "pad_crop_flip")  # data.augment (psgd.data.augment.PRESETS)
+# each `model=<name>` choice of conf/model and the class it builds (`model.name` is the run's label)
+BUILTIN = {
+    "lab_cnn": "psgd.models.LabCNN",
+    "mlp": "psgd.models.MLP",
+    "singa_cnn": "psgd.models.SingaCNN",
+    "wide_resnet": "psgd.models.WideResNet",
+}
+LR_SCALING = ("none", "linear", "sqrt")  # lr_scaling (psgd.optim)
+DECAYS = ("none", "cosine", "step")  # scheduler.decay
+INTERVALS = ("epoch", "step")  # scheduler.interval
