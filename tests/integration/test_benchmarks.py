@@ -88,6 +88,19 @@ def test_step_phases_with_chunks_longer_than_an_epoch_is_a_one_line_error(tiny_d
     assert not (tmp_path / "step_phases.json").exists()
 
 
+def test_paired_data_path_times_loader_and_fixed_batch_chunks_over_whole_epochs(tiny_data):
+    r = compare.paired_data_path(str(tiny_data), 1, chunk=3, epochs=2, overrides=["data.batch_size=16"])
+    # every batch of each measured epoch is in one loader chunk, paired with as many fixed-batch steps
+    from psgd.data import ClassificationData
+
+    data = ClassificationData(root=str(tiny_data), batch_size=16)
+    data.setup("fit")
+    batches = len(data.train_dataloader())
+    assert r["pairs"] == 2 * -(-batches // 3) and len(r["ratios"]) == r["pairs"]
+    assert all(x > 0 for x in r["ratios"]) and r["sum_ratio"] > 0
+    assert min(r["ratios"]) <= r["median"] <= max(r["ratios"])
+
+
 @pytest.mark.parametrize("loop", ["psgd", "bare", "lean"])
 def test_paired_overhead_times_lightning_and_vanilla_chunks_in_one_run(tiny_data, loop):
     r = compare.paired_overhead(str(tiny_data), 1, chunk=2, epochs=2, overrides=["data.batch_size=16"], loop=loop)
