@@ -20,6 +20,8 @@ Now:
 - such a worker sends itself SIGTERM when its launching process dies, even by SIGKILL
   (`die_with_parent`), from its first line on: a worker still in the process group's rendezvous,
   blocked in C++ where Python runs no handler, ends by SIGTERM's default action then;
+- a KeyboardInterrupt of Ctrl-C or `interrupt` that Python could not raise, because the handler ran
+  inside a finalizer, is raised again (`raise_lost_interrupts_again`);
 - a worker that torchrun started stops as on SIGTERM when its agent dies (`stop_with_agent`), and
   leaves a mark while it runs (`mark_running_under_torchrun`), so that when torchrun's agent SIGTERMs
   the workers after one died without a word (SIGKILL, the OOM killer), the others name it.
@@ -31,6 +33,7 @@ import os
 import select
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -52,6 +55,48 @@ def interrupt(signum: int, frame: object = None) -> None:
         with suppress(OSError):
             os.kill(child.pid, signum)
     raise KeyboardInterrupt(received)
+
+
+def _interrupt_again(signum: int, frame: object = None) -> None:
+    """`interrupt`'s KeyboardInterrupt once more (the workers already have the signal), for
+    `_lost_interrupts_raised_again`."""
+    signal.signal(signum, signal.SIG_IGN)
+    raise KeyboardInterrupt(received)
+
+
+def _lost_interrupts_raised_again(unraisable) -> None:
+    """sys.unraisablehook while interrupts stop runs. Python runs a signal handler between any two
+    bytecodes of the main thread, inside a finalizer too (a __del__, a weakref callback: Lightning's
+    Profiler.__del__ was one), and an exception raised there cannot propagate: Python prints
+    "Exception ignored in ..." with a traceback and goes on. Ctrl-C's KeyboardInterrupt or
+    `interrupt`'s lost that way (a sweep given SIGTERM ran its next job to the end and exited 0) is
+    raised again, with no traceback printed: the signal is sent to the main thread once more, shortly
+    after, from another thread (sent from here, its handler would run inside this hook, itself a
+    place an exception cannot leave)."""
+    lost = isinstance(unraisable.exc_value, KeyboardInterrupt)
+    if not lost or threading.current_thread() is not threading.main_thread():
+        _unraisablehook_before(unraisable)
+        return
+    sig = signal.SIGINT
+    if received is not None:  # interrupt's: SIGTERM is ignored now, so through a handler of its own
+        sig = signal.SIGTERM
+        signal.signal(sig, _interrupt_again)
+    elif not callable(signal.getsignal(sig)):  # no handler of Python's would raise it (SIGINT ignored)
+        return
+    again = threading.Timer(0.05, signal.pthread_kill, (threading.main_thread().ident, sig))
+    again.daemon = True
+    again.start()
+
+
+_unraisablehook_before = sys.unraisablehook
+
+
+def raise_lost_interrupts_again() -> None:
+    """From now on a KeyboardInterrupt lost in a finalizer is raised again (`_lost_interrupts_raised_again`)."""
+    global _unraisablehook_before
+    if sys.unraisablehook is not _lost_interrupts_raised_again:
+        _unraisablehook_before = sys.unraisablehook
+        sys.unraisablehook = _lost_interrupts_raised_again
 
 
 def interrupted_exit_code() -> int:
@@ -109,10 +154,13 @@ def sigterm_interrupts() -> Iterator[None]:
         return
     received = None
     previous = signal.signal(signal.SIGTERM, interrupt)
+    hook = sys.unraisablehook
+    raise_lost_interrupts_again()
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        sys.unraisablehook = hook
 
 
 def interrupt_on_sigterm() -> None:
@@ -122,6 +170,7 @@ def interrupt_on_sigterm() -> None:
     the main thread set handlers: elsewhere this does nothing."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, interrupt)
+        raise_lost_interrupts_again()
 
 
 def ignore_sigterm() -> None:

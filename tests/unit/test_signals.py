@@ -52,6 +52,45 @@ def test_sigterm_raises_keyboard_interrupt_and_reaches_the_workers():
     assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler is back
 
 
+FINALIZER_INTERRUPTED = """
+import os, signal, sys, time
+from psgd import signals
+
+{install}
+sig = getattr(signal, sys.argv[1])
+
+
+class Finalized:
+    def __del__(self):
+        os.kill(os.getpid(), sig)  # its handler runs at the next bytecode: in this __del__
+        for _ in range(1000):
+            pass
+
+
+try:
+    Finalized()
+    time.sleep(60)
+    print("went on")
+except KeyboardInterrupt as e:
+    print("interrupted", signals.received)
+"""
+
+
+# the scripts' handler from their first line, and the one around fit and test (psgd.run.train from Python)
+@pytest.mark.parametrize(
+    "install", ["signals.interrupt_on_sigterm()", "(run := signals.sigterm_interrupts()).__enter__()"]
+)
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_an_interrupt_that_lands_in_a_finalizer_still_stops_the_run(tmp_path, install, sig):
+    """Python cannot raise an exception out of a __del__: it prints it and goes on. A sweep given
+    SIGTERM while Lightning's Profiler.__del__ ran went on with its next job and exited 0."""
+    script = tmp_path / "finalizer.py"
+    script.write_text(FINALIZER_INTERRUPTED.format(install=install))
+    proc = subprocess.run([sys.executable, str(script), sig], capture_output=True, text=True, timeout=30)
+    assert proc.stdout.split() == ["interrupted", "SIGTERM" if sig == "SIGTERM" else "None"], proc.stdout
+    assert proc.stderr == ""  # no "Exception ignored in ..." traceback either
+
+
 def test_wind_down_kills_a_worker_that_does_not_stop():
     ready = multiprocessing.get_context("spawn").Event()
     child = _start(_ignore_sigterm_and_sleep, 60, ready)
