@@ -182,6 +182,28 @@ def test_batches_are_the_normalised_images_and_labels_in_sampler_order(tmp_path,
     assert start == len(labels)
 
 
+def test_training_batches_made_several_at_once_are_each_sampler_batch_in_order(tmp_path, monkeypatch):
+    """The CPU loader makes consecutive batches together (psgd.data.datamodule.MADE_TOGETHER_BYTES):
+    each is still its own index batch of the epoch's order, normalised, the last one short."""
+    from psgd.data import datamodule
+
+    make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
+    dm = ClassificationData("mnist", str(tmp_path), batch_size=32, record_shards=True, channels_last=True)
+    dm.setup("fit")
+    monkeypatch.setattr(datamodule, "MADE_TOGETHER_BYTES", 3 * 32 * 32 * 32 * 4)  # 3 batches of 32 at once
+    loader = dm.train_dataloader()
+    loader.sampler.set_epoch(1)
+    want = list(loader.sampler)  # the epoch's index batches: 6 of 32 and one of 8
+    assert [len(i) for i in want] == [32] * 6 + [8]
+    got = list(loader)
+    images, labels = dm.train_set
+    info = INFO["mnist"]
+    for (x, y), idx in zip(got, want, strict=True):
+        torch.testing.assert_close(x, (images[idx].float() / 255 - info.mean[0]) / info.std[0], rtol=0, atol=1e-5)
+        assert torch.equal(y, labels[idx]) and x.is_contiguous(memory_format=torch.channels_last)
+    assert [i.tolist() for i in loader.seen] == [i.tolist() for i in want]  # what record_shards writes
+
+
 @pytest.mark.real_data
 @pytest.mark.skipif(not (SHARED_DATA / "MNIST").exists(), reason="../shared/data not present")
 @pytest.mark.parametrize("name,folder", [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
