@@ -178,6 +178,19 @@ def vanilla_step(net, opt):
     return step
 
 
+def warmed_up_vanilla(data_root: str, threads: int, overrides=()):
+    """psgd's training loader and the minimal loop's step on the lab CNN, after one epoch of warm-up
+    (allocator, oneDNN kernels)."""
+    cfg, net, data = lab_cnn_setup(data_root, threads, overrides)
+    data.prepare_data()
+    data.setup("fit")
+    loader = data.train_dataloader()
+    step = vanilla_step(net, sgd(cfg, net.parameters()))
+    for x, y in loader:
+        step(x, y)
+    return loader, step
+
+
 def vanilla(data_root: str, threads: int, fixed_batch: bool, bodies: list | None = None) -> float:
     """A minimal training loop on psgd's data path and model; samples/s of its second epoch.
 
@@ -185,13 +198,7 @@ def vanilla(data_root: str, threads: int, fixed_batch: bool, bodies: list | None
     memory: the difference is what producing batches costs. A `bodies` list gets the seconds each step
     of epoch 2 spent from zero_grad to the end of the optimizer step (the rest is the loop's own).
     """
-    cfg, net, data = lab_cnn_setup(data_root, threads)
-    data.prepare_data()
-    data.setup("fit")
-    loader = data.train_dataloader()
-    step = vanilla_step(net, sgd(cfg, net.parameters()))
-    for x, y in loader:  # epoch 1: warm-up (allocator, oneDNN kernels), not timed
-        step(x, y)
+    loader, step = warmed_up_vanilla(data_root, threads)
     loader.sampler.set_epoch(1)
     if bodies is not None:
         step = timed(step, bodies)
@@ -216,13 +223,7 @@ def paired_data_path(data_root: str, threads: int, chunk: int = 25, epochs: int 
     loader's iterator) is timed in its first chunk, so the summed loader time is the epochs' time.
     Returns the per-pair ratios loader / fixed batch, their median, and the ratio of the summed times
     (epoch time / the same steps on one fixed batch: the target's figure)."""
-    cfg, net, data = lab_cnn_setup(data_root, threads, overrides)
-    data.prepare_data()
-    data.setup("fit")
-    loader = data.train_dataloader()
-    step = vanilla_step(net, sgd(cfg, net.parameters()))
-    for x, y in loader:  # epoch 0: warm-up (allocator, oneDNN kernels), not timed
-        step(x, y)
+    loader, step = warmed_up_vanilla(data_root, threads, overrides)
     fixed = next(iter(loader))
     pairs: list[tuple[float, float]] = []
     for epoch in range(1, epochs + 1):
@@ -244,6 +245,11 @@ def paired_data_path(data_root: str, threads: int, chunk: int = 25, epochs: int 
             end = time.perf_counter()
             pairs.append((mid - start, end - mid))
             start = time.perf_counter()
+    return paired_figures(pairs, chunk)
+
+
+def paired_figures(pairs: list[tuple[float, float]], chunk: int) -> dict:
+    """Per-pair ratios of the (measured, reference) chunk times, their median and the ratio of the sums."""
     ratios = [a / b for a, b in pairs]
     return {
         "chunk": chunk,
@@ -428,14 +434,7 @@ def paired_overhead(
         with tempfile.TemporaryDirectory() as tmp:
             train(cfg, Path(tmp) / "run", callbacks=[paired])
     pairs = list(zip(paired.lightning_s, paired.vanilla_s))  # the last chunk of an epoch may lack its partner
-    ratios = [p / v for p, v in pairs]
-    return {
-        "chunk": chunk,
-        "pairs": len(pairs),
-        "ratios": ratios,
-        "median": statistics.median(ratios),
-        "sum_ratio": sum(p for p, _ in pairs) / sum(v for _, v in pairs),
-    }
+    return paired_figures(pairs, chunk)
 
 
 def time_second_epoch(module, profiler=None, **fit_kwargs) -> tuple[float, int]:
