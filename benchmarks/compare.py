@@ -28,6 +28,7 @@ Sections (each a table; all results also go to benchmarks/results/compare.json a
 
 import argparse
 import copy
+import itertools
 import json
 import math
 import os
@@ -232,11 +233,9 @@ def paired_data_path(data_root: str, threads: int, chunk: int = 25, epochs: int 
         batches = iter(loader)
         while True:
             taken = 0
-            for x, y in batches:
+            for x, y in itertools.islice(batches, chunk):
                 step(x, y)
                 taken += 1
-                if taken == chunk:
-                    break
             if not taken:
                 break
             mid = time.perf_counter()
