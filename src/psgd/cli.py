@@ -129,7 +129,7 @@ def run_job(cfg: DictConfig) -> float | None:
             mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
         if isinstance(e, WorkerGone) and not e.says_so:  # another worker on this machine says it
             raise SystemExit(2) from None
-        fail(line)
+        fail(line, every_worker_finds_it=getattr(e, "every_worker_finds_it", False))
     if metrics is None:  # a torchrun / srun worker other than rank 0: rank 0 reports
         return None
     if not sweeping:  # a sweep prints one progress line per job instead (psgd.sweep)

@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -32,10 +33,38 @@ from psgd.signals import proc_stat
 MAX_JOBS_COMPOSED = 64  # beyond this many jobs, every value of every key is composed once, not every product
 
 
-def fail(message: str) -> None:
-    """A user error: one line on stderr, exit code 2."""
-    print(f"psgd: error: {message}", file=sys.stderr, flush=True)
+def fail(message: str, every_worker_finds_it: bool = False) -> None:
+    """A user error: one line on stderr, exit code 2. `every_worker_finds_it`: the line follows from
+    the config and the machine alone, so that under torchrun each worker of a machine finds it: the
+    first one (local rank 0) says it and the others leave it to that one (see leave_it_to_the_first)."""
+    if not (every_worker_finds_it and leave_it_to_the_first()):
+        print(f"psgd: error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(2)
+
+
+# how long a torchrun worker waits for its agent's SIGTERM once the first worker has said the problem
+AGENT_STOPS_WITHIN_S = 10.0
+
+
+def other_torchrun_worker() -> bool:
+    """A worker that torchrun started other than the first on its machine (local rank 0)."""
+    env = os.environ
+    return "TORCHELASTIC_RUN_ID" in env and "RANK" in env and env.get("LOCAL_RANK", "0") != "0"
+
+
+def leave_it_to_the_first() -> bool:
+    """In a torchrun worker other than its machine's first, which found the same problem as that one:
+    wait for the agent to stop this worker (it sends SIGTERM to the others once one has exited), so that
+    the first worker says it, once, and is not stopped by the agent before it could. True when stopped
+    so, and the problem was said; False elsewhere, or when no SIGTERM came in time (then this worker
+    says it too). (srun keeps one line per task: it stops the others only with --kill-on-bad-exit.)"""
+    if not other_torchrun_worker():
+        return False
+    try:
+        time.sleep(AGENT_STOPS_WITHIN_S)
+    except KeyboardInterrupt:  # the agent's SIGTERM (signals.interrupt_on_sigterm), or Ctrl-C
+        return True
+    return False
 
 
 INFO_FLAGS = ("-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-sc", "--shell-completion")
@@ -60,7 +89,7 @@ def exit_interrupted(said: bool = False) -> None:
     the data is read), where no handler of Lightning's or psgd's winds a run down (psgd.run.mark_stopped).
     One line (unless `said`) and exit code 130 or 143, as a shell reports SIGINT or SIGTERM, not a
     traceback of whatever was loading."""
-    if not said:
+    if not (said or other_torchrun_worker()):  # torchrun: the first worker of a machine says it
         how = f" ({signals.received})" if signals.received else ""
         print(f"psgd: interrupted{how} before training started; nothing was written", file=sys.stderr, flush=True)
     raise SystemExit(signals.interrupted_exit_code())
@@ -129,7 +158,7 @@ def check_command_line(
     except Exception:  # a syntax this check does not know (glob sweeps need Hydra's loader): Hydra judges
         problem = None
     if problem:
-        fail(problem)
+        fail(problem, every_worker_finds_it=True)
 
 
 def command_line_problem(

@@ -454,7 +454,11 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
     A `run_dir` that holds an earlier run's metrics.json is refused (DirInUse) before anything is
     written into it, unless torchrun restarted this job's workers (they go on in their own dir).
     """
-    plan = check(cfg)
+    try:
+        plan = check(cfg)
+    except ConfigError as e:  # the config and the machine decide it: every worker there finds the same
+        e.every_worker_finds_it = True
+        raise
     in_use = earlier_results(Path(run_dir), _run_dir_key())
     if in_use:
         raise DirInUse(in_use)

@@ -2,10 +2,13 @@
 
 (Every check itself is unit-tested in tests/unit/test_config.py; these run the CLI path end to end.)"""
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
-from conftest import ThreadsAtExit, compose_cfg, run_cli
+from conftest import ROOT, ThreadsAtExit, compose_cfg, run_cli
 
 from psgd.config import DirInUse
 from psgd.run import train
@@ -234,3 +237,30 @@ def test_help_says_what_the_script_does_and_a_closed_pipe_ends_it_quietly(script
     reader_gone.stdout.close()
     assert reader_gone.wait(timeout=60) in (0, 141)  # 0: the help fitted in the pipe before it closed
     assert reader_gone.stderr.read() == ""  # it was Python's BrokenPipeError traceback
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    "overrides,line",
+    [  # found by the command line's check (before torch loads), and by check() in train (torchrun's counts)
+        (["workers=0"], "psgd: error: workers=0 is invalid: must be an integer >= 1"),
+        (["workers=3"], "psgd: error: workers=3 trainer.num_nodes=1 do not match torchrun's 2 processes per node"),
+    ],
+)
+def test_a_bad_value_under_torchrun_is_said_once(tiny_data, tmp_path, overrides, line):
+    """Every torchrun worker finds the same bad value: each used to print it, and a worker the agent
+    stopped first (once another had exited) printed "interrupted (SIGTERM) before training started"
+    instead, in any order. The first worker of the machine says it now, the others stay quiet."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(ROOT / "train.py")]
+    proc = subprocess.run(
+        [*cmd, f"data.root={tiny_data}", f"hydra.run.dir={out}", "quiet=true", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert proc.returncode != 0
+    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("psgd:")]
+    assert len(said) == 1 and said[0].startswith(line), proc.stderr[-3000:]
+    assert not out.exists()

@@ -1,13 +1,18 @@
 """The command-line check train.py and sweep.py run before Hydra: a mistyped choice or key is one line
 naming the bad value and what is allowed; anything Hydra accepts passes untouched."""
 
+import os
 import re
 import shlex
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from conftest import CONF
 
+from psgd import command_line, signals
 from psgd.command_line import command_line_problem, sweep_argv
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -220,3 +225,42 @@ def test_a_value_psgd_refuses_in_any_job_of_a_sweep_is_one_line_before_any_job_r
     assert command_line_problem("sweep", slurm, CONF, job_check=lambda jobs: values_problem(jobs, True)) == (
         "optimizer.lr=-1 is invalid: must be > 0 (in the job optimizer.lr=-1; no job was started)"
     )
+
+
+TORCHRUN_WORKER = {"TORCHELASTIC_RUN_ID": "job", "RANK": "1", "LOCAL_RANK": "1"}
+
+
+@pytest.mark.parametrize(
+    "env,agent_stops,said,waited",
+    [
+        ({}, False, True, False),  # not under torchrun: said at once
+        ({**TORCHRUN_WORKER, "RANK": "2", "LOCAL_RANK": "0"}, False, True, False),  # a machine's first worker
+        ({**TORCHRUN_WORKER, "RANK": "5"}, True, False, False),  # another one, stopped by the agent: quiet
+        (TORCHRUN_WORKER, False, True, True),  # another one the agent did not stop in time: says it too
+    ],
+)
+def test_a_problem_every_torchrun_worker_finds_is_said_by_the_machines_first(
+    monkeypatch, capsys, env, agent_stops, said, waited
+):
+    for key in TORCHRUN_WORKER:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(command_line, "AGENT_STOPS_WITHIN_S", 0.5)
+    monkeypatch.setattr(signals, "received", None)  # interrupt() records the signal there
+    previous = signal.signal(signal.SIGTERM, signals.interrupt)  # as train.py's interrupt_on_sigterm() does
+    agent = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)) if agent_stops else None
+    try:
+        if agent:
+            agent.start()
+        start = time.monotonic()
+        with pytest.raises(SystemExit) as exited:
+            command_line.fail("workers=0 is invalid", every_worker_finds_it=True)
+        took = time.monotonic() - start
+    finally:
+        if agent:
+            agent.join()
+        signal.signal(signal.SIGTERM, previous)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == ("psgd: error: workers=0 is invalid\n" if said else "")
+    assert (took >= 0.5) == waited  # the first worker does not wait for anyone
