@@ -643,7 +643,10 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         record_path = run_dir / "metrics.json"
         metrics = read_json(record_path) if record_path.exists() else callbacks[1].summary("trained")
         metrics.update(
-            status="completed", test_acc=round(tested["test/acc"], 6), test_loss=round(tested["test/loss"], 6)
+            status="completed",
+            test_acc=round(tested["test/acc"], 6),
+            test_loss=round(tested["test/loss"], 6),
+            test_acc_per_class=module.test_acc_per_class,
         )
         write_json(record_path, metrics)
         steps = metrics["history"][-1]["step"] if metrics["history"] else 0

@@ -13,6 +13,7 @@ from helpers import metrics, scalars, tensorboard, training_data
 
 from psgd.callbacks import denormals_flushed
 from psgd.config import ConfigError
+from psgd.data.datasets import MNIST
 from psgd.run import train
 
 TINY = ["quiet=true", "data.batch_size=32", "data.eval_batch_size=64"]
@@ -44,11 +45,16 @@ def test_output_into_a_file_is_a_line_per_epoch_not_progress_bars(single_run):
         assert f" val_acc={h['val_acc']:.4f} epoch_s={h['epoch_s']:.1f} samples_per_s={h['samples_per_s']:.1f}" in line
 
 
-def test_run_learns_and_reports_its_test_accuracy(single_run):
+def test_run_learns_and_reports_its_test_accuracy(single_run, tiny_data):
     run_dir, proc = single_run
     m = metrics(run_dir)
     assert m["status"] == "completed"
     assert m["test_acc"] > 0.5  # chance is 0.1: the network really learned the generated classes
+    # each class's accuracy, which weighted by the class's test samples makes up test_acc
+    per_class = torch.bincount(MNIST(str(tiny_data), train=False).targets, minlength=10)
+    assert len(m["test_acc_per_class"]) == 10 and None not in m["test_acc_per_class"]
+    weighted = sum(a * n for a, n in zip(m["test_acc_per_class"], per_class.tolist(), strict=True))
+    assert weighted / per_class.sum().item() == pytest.approx(m["test_acc"], abs=1e-5)
     assert f"test_acc={m['test_acc']:.4f}" in proc.stdout
     assert (m["epochs"], m["world_size"], m["workers"], m["strategy"]) == (3, 1, 1, "ddp")
     assert m["threads_per_worker"] >= 1 and m["versions"]["torch"] == torch.__version__

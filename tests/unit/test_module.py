@@ -45,3 +45,23 @@ def test_train_metrics_count_every_sample_of_the_epoch(batches, count_every):
         out = net(x[:n])
     assert float(metrics["train/acc"]) == pytest.approx((out.argmax(1) == y[:n]).float().mean().item(), abs=1e-6)
     assert float(metrics["train/loss"]) == pytest.approx(F.cross_entropy(out, y[:n]).item(), rel=1e-5)
+
+
+def test_the_test_reports_each_classs_accuracy_and_none_for_a_class_it_never_saw():
+    """metrics.json's test_acc_per_class: the share of each class's test samples the final model got
+    right, which shows a model that knows only some labels (label-skewed shards) behind its test_acc."""
+    torch.manual_seed(0)
+    x, y = torch.randn(90, 6), torch.tensor([0] * 40 + [1] * 30 + [2] * 20)  # class 3: no test sample
+    net = nn.Linear(6, 4)
+    with torch.no_grad():  # predicts class 0 for x[:, 0] > 0, else class 1; never 2 or 3
+        net.weight.zero_(), net.bias.zero_()
+        net.weight[0, 0], net.weight[1, 0] = 1.0, -1.0
+    module = Classifier(net, partial(torch.optim.SGD), lr=0.0, num_classes=4)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    (tested,) = trainer.test(module, DataLoader(TensorDataset(x, y), batch_size=32), verbose=False)
+    pred = torch.where(x[:, 0] > 0, 0, 1)
+    expected = [((pred == y) & (y == c)).sum().item() / (y == c).sum().item() for c in range(3)]
+    assert 0.2 < expected[0] < 0.8 and 0.2 < expected[1] < 0.8 and expected[2] == 0  # not a trivial case
+    assert module.test_acc_per_class == pytest.approx([*expected, None])
+    # the per-class figures weighted by each class's samples make up test_acc
+    assert tested["test/acc"] == pytest.approx((expected[0] * 40 + expected[1] * 30) / 90)
