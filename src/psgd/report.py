@@ -174,6 +174,7 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
         speedup = _ratio(t1, job.get("train_time_s")) if job.ok else None
         speedup_t = _ratio(ttt1, job.get("time_to_target_s")) if job.ok else None
         worker_acc = job.get("worker_test_acc")
+        class_acc = [a for a in job.get("test_acc_per_class") or [] if a is not None]
         rows.append(
             {
                 "job": job.num,
@@ -188,6 +189,7 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                 "samples_per_s": job.get("samples_per_s"),
                 "test_acc": job.get("test_acc"),
                 "worker_test_acc": " ".join(f"{a:.4f}" for a in worker_acc) if worker_acc else None,
+                "worst_class_acc": round(min(class_acc), 4) if class_acc else None,  # the label known least
                 "time_to_target_s": _r(job.get("time_to_target_s"), 2),
                 "speedup": _r(speedup, 3),
                 "efficiency": _r(_ratio(speedup, job.workers), 3),
@@ -280,7 +282,10 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
     targets = any(j.get("target_acc") is not None for j in report.jobs)
     averaging = any(j.get("worker_test_acc") for j in report.jobs)
     job_cols = ["job", *extra_columns(report.swept), "status", "strategy", "workers", "epochs", "train_time_s"]
+    # label-skewed shards: a test_acc can hide labels the final model hardly knows
+    skewed = any(j.overrides.get("data.partition", "iid") != "iid" for j in report.jobs)
     job_cols += ["samples_per_s", "test_acc"] + (["worker_test_acc"] if averaging else [])
+    job_cols += ["worst_class_acc"] if skewed else []
     job_cols += ["speedup", "efficiency"] + (["time_to_target_s", "speedup_to_target"] if targets else [])
     out.append(markdown_table(report.rows, job_cols))
     if report.failed:
