@@ -47,6 +47,7 @@ class Job:
     strategy: str
     workers: int
     metrics: dict[str, Any] = field(default_factory=dict)
+    partition: str = "iid"  # the job's data.partition (command line or preset)
 
     @property
     def ok(self) -> bool:
@@ -103,6 +104,7 @@ def load_job(path: Path) -> Job | None:
         strategy=metrics.get("strategy") or str(OmegaConf.select(cfg, "strategy.name", default="?")),
         workers=int(workers),
         metrics=metrics,
+        partition=str(OmegaConf.select(cfg, "data.partition", default="iid")),
     )
 
 
@@ -283,7 +285,7 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
     averaging = any(j.get("worker_test_acc") for j in report.jobs)
     job_cols = ["job", *extra_columns(report.swept), "status", "strategy", "workers", "epochs", "train_time_s"]
     # label-skewed shards: a test_acc can hide labels the final model hardly knows
-    skewed = any(j.overrides.get("data.partition", "iid") != "iid" for j in report.jobs)
+    skewed = any(j.partition != "iid" for j in report.jobs)
     job_cols += ["samples_per_s", "test_acc"] + (["worker_test_acc"] if averaging else [])
     job_cols += ["worst_class_acc"] if skewed else []
     job_cols += ["speedup", "efficiency"] + (["time_to_target_s", "speedup_to_target"] if targets else [])

@@ -14,11 +14,14 @@ from psgd.sweep import progress_line, sweep_lengths
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def make_job(sweep: Path, num: int, overrides: dict, metrics: dict | None, workers: int = 1) -> Path:
+def make_job(
+    sweep: Path, num: int, overrides: dict, metrics: dict | None, workers: int = 1, partition: str = "iid"
+) -> Path:
     job = sweep / str(num)
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"{k}={v}" for k, v in overrides.items()]))
     cfg = {"workers": workers, "trainer": {"devices": None, "num_nodes": 1}, "strategy": {"name": "ddp"}}
+    cfg["data"] = {"partition": partition}
     (job / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
     if metrics is not None:
         (job / "metrics.json").write_text(json.dumps(metrics))
@@ -174,8 +177,10 @@ def test_progress_line_says_values_time_and_accuracy_or_the_error(tmp_path):
     assert progress_line(1, 5, ["workers=3"], bad) == "psgd: [2/5] workers=3: failed: data.batch_size=0 is invalid"
 
 
-@pytest.mark.parametrize("partition", ["by_label", "iid"])
-def test_label_skewed_shards_show_the_label_each_job_knows_least(tmp_path, partition):
+@pytest.mark.parametrize(
+    "partition,on_the_command_line", [("by_label", True), ("dirichlet", False), ("iid", True)]
+)  # not on the command line: a preset's (experiment=...)
+def test_label_skewed_shards_show_the_label_each_job_knows_least(tmp_path, partition, on_the_command_line):
     """With by_label shards HogWild ended at 88.9 % test accuracy knowing one digit at 40 % (README,
     Results): the report shows each job's worst class when the sweep skews the shards."""
     per_class = {
@@ -184,7 +189,8 @@ def test_label_skewed_shards_show_the_label_each_job_knows_least(tmp_path, parti
     }
     for num, (strategy, accs) in enumerate(per_class.items()):
         m = done(strategy, 2, 10.0, 0.9, test_acc_per_class=accs)
-        make_job(tmp_path, num, {"strategy": strategy, "data.partition": partition}, m, workers=2)
+        overrides = {"strategy": strategy, **({"data.partition": partition} if on_the_command_line else {})}
+        make_job(tmp_path, num, overrides, m, workers=2, partition=partition)
     report = write_report(tmp_path)
     assert [r["worst_class_acc"] for r in report.rows] == [0.975, 0.3988]  # a class with no test sample: None
     table = (tmp_path / "report.md").read_text().split("## Jobs", 1)[1].split("\n\n")[1].splitlines()
