@@ -211,8 +211,10 @@ def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
 
 
 def write_tensorboard_summary(log_dir: Path, cfg: DictConfig, metrics: dict[str, Any], step: int) -> None:
-    """hparams for the HParams tab (one run per job) plus the final test metrics."""
+    """hparams for the HParams tab (one run per job) plus the final test metrics, each class's
+    accuracy as test/acc_class/<label>."""
     final = {"test/acc": metrics.get("test_acc"), "test/loss": metrics.get("test_loss")}
+    final |= {f"test/acc_class/{c}": acc for c, acc in enumerate(metrics.get("test_acc_per_class") or [])}
     writer = SummaryWriter(log_dir=str(log_dir))
     try:
         for key, value in final.items():
