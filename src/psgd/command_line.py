@@ -46,10 +46,14 @@ def fail(message: str, every_worker_finds_it: bool = False) -> None:
 AGENT_STOPS_WITHIN_S = 10.0
 
 
+def torchrun_worker() -> bool:
+    """This process is one of the workers that torchrun (torch elastic) started."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ
+
+
 def other_torchrun_worker() -> bool:
     """A worker that torchrun started other than the first on its machine (local rank 0)."""
-    env = os.environ
-    return "TORCHELASTIC_RUN_ID" in env and "RANK" in env and env.get("LOCAL_RANK", "0") != "0"
+    return torchrun_worker() and os.environ.get("LOCAL_RANK", "0") != "0"
 
 
 def leave_it_to_the_first() -> bool:
@@ -109,7 +113,7 @@ def run_name() -> str:
     """The run dir under outputs/: <date>/<time>, or a name every process of one torchrun / srun job
     computes alike, so that all workers (and a restarted worker) write into the same dir."""
     env, today = os.environ, datetime.now().strftime("%Y-%m-%d")
-    if "TORCHELASTIC_RUN_ID" in env and "RANK" in env:
+    if torchrun_worker():
         run_id = env["TORCHELASTIC_RUN_ID"]
         if run_id not in ("", "none"):  # --rdzv-id, or the id torchrun makes up for one machine
             return f"{today}/torchrun-{run_id}"
