@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -76,9 +77,12 @@ INFO_FLAGS = ("-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-s
 
 def load_training() -> None:
     """Import what a job runs (torch, Lightning: ~3 s) before Hydra makes the run dir, so that Ctrl-C
-    meanwhile leaves none; not for Hydra's flags that only print (--help, --cfg job ...)."""
+    meanwhile leaves none; not for Hydra's flags that only print (--help, --cfg job ...). Ctrl-C or
+    SIGTERM while it loads is handled as soon as it has loaded (signals.held): inside torch's C++
+    initialisers it aborted the process."""
     if not any(a.split("=", 1)[0] in INFO_FLAGS for a in sys.argv[1:]):
-        import psgd.cli  # noqa: F401
+        with signals.held(signal.SIGINT, signal.SIGTERM):  # Ctrl-C or SIGTERM meanwhile: handled once loaded
+            import psgd.cli  # noqa: F401
 
 
 def exit_pipe_closed() -> None:

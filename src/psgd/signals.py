@@ -163,6 +163,24 @@ def sigterm_interrupts() -> Iterator[None]:
         sys.unraisablehook = hook
 
 
+@contextmanager
+def held(*signums: int) -> Iterator[None]:
+    """Signals `signums` sent while the block runs wait, blocked, and are handled as usual as soon as it
+    ends (in the main thread; elsewhere this holds nothing). For torch's import: a handler that
+    raises (Ctrl-C, `interrupt`) run inside one of its C++ initialisers that call back into Python
+    (torch.distributed's _c10d_init) makes pybind11 end the process with "terminate called after
+    throwing ... KeyboardInterrupt" and SIGABRT, not the one line and exit code 130 / 143. Threads
+    started in the block inherit the mask, so none of them takes the signal instead."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a pending signal is handled here
+
+
 def interrupt_on_sigterm() -> None:
     """For train.py and sweep.py, from their first line: SIGTERM stops them as Ctrl-C does also outside
     a run's fit and test (while torch loads, the data is read, between a sweep's jobs), where its default

@@ -238,3 +238,28 @@ def test_temp_folders_left_by_processes_killed_outright_are_taken_away(monkeypat
     mine = signals.temp_folder_of_this_process("psgd-worker-errors-")
     assert mine.is_dir() and mine.name.startswith(f"psgd-worker-errors-{signals.process_tag(os.getpid())}-")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, unnamed.name, mine.name])
+
+
+HELD = """
+import os, signal, sys, time
+from psgd import signals
+signals.interrupt_on_sigterm()  # as train.py and sweep.py do first
+mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+try:
+    with signals.held(signal.SIGINT, signal.SIGTERM):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # not held, the handler raises in here
+        print("pending", signal.SIGTERM in signal.sigpending(), flush=True)
+except KeyboardInterrupt:
+    print("raised after the block", signals.received, signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask)
+"""
+
+
+def test_a_signal_held_while_torch_loads_is_handled_as_soon_as_the_block_ends():
+    """Taken inside torch's import (a C++ initialiser calling back into Python), `interrupt`'s
+    KeyboardInterrupt aborted the process ("terminate called after throwing ...") or left numpy
+    half-imported (a RecursionError traceback); held, it is raised once the block ends, and the
+    signal mask is as it was. (In a process of its own, as train.py: in pytest's, another thread
+    could take the signal.)"""
+    proc = subprocess.run([sys.executable, "-c", HELD], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.splitlines() == ["pending True", "raised after the block SIGTERM True"], proc.stderr
