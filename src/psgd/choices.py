@@ -13,15 +13,23 @@ from dataclasses import dataclass
 class DatasetInfo:
     channels: int
     size: int
-    num_classes: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    classes: tuple[str, ...]  # each label's name, as torchvision's dataset class has it
 
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+_DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+_FASHION = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
+_CIFAR10 = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 INFO = {  # data.name
-    "mnist": DatasetInfo(1, 28, 10, (0.1307,), (0.3081,)),
-    "fashion_mnist": DatasetInfo(1, 28, 10, (0.2860,), (0.3530,)),
-    "cifar10": DatasetInfo(3, 32, 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "mnist": DatasetInfo(1, 28, (0.1307,), (0.3081,), tuple(f"{i} - {n}" for i, n in enumerate(_DIGITS))),
+    "fashion_mnist": DatasetInfo(1, 28, (0.2860,), (0.3530,), _FASHION),
+    "cifar10": DatasetInfo(3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), _CIFAR10),
 }
 SCHEMES = ("iid", "sizes", "by_label", "dirichlet")  # data.partition (psgd.data.partition)
 AUGMENTATIONS = ("none", "cifar", "pad_crop_flip")  # data.augment (psgd.data.augment.PRESETS)

@@ -143,6 +143,17 @@ def group_key(job: Job, swept: list[str]) -> tuple[str, ...]:
     return (job.strategy, *rest)
 
 
+def worst_class(accs: list[float | None] | None, names: list[str] | None) -> tuple[str, float] | None:
+    """The class the final model knows least and its test accuracy, from metrics.json's
+    test_acc_per_class and test_classes (its label where a record has no names); None without a
+    class that had test samples."""
+    known = [(a, c) for c, a in enumerate(accs or []) if a is not None]
+    if not known:
+        return None
+    acc, label = min(known)
+    return (names[label] if names and label < len(names) else str(label)), round(acc, 4)
+
+
 def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
@@ -176,7 +187,7 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
         speedup = _ratio(t1, job.get("train_time_s")) if job.ok else None
         speedup_t = _ratio(ttt1, job.get("time_to_target_s")) if job.ok else None
         worker_acc = job.get("worker_test_acc")
-        class_acc = [a for a in job.get("test_acc_per_class") or [] if a is not None]
+        worst = worst_class(job.get("test_acc_per_class"), job.get("test_classes"))
         rows.append(
             {
                 "job": job.num,
@@ -191,7 +202,8 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                 "samples_per_s": job.get("samples_per_s"),
                 "test_acc": job.get("test_acc"),
                 "worker_test_acc": " ".join(f"{a:.4f}" for a in worker_acc) if worker_acc else None,
-                "worst_class_acc": round(min(class_acc), 4) if class_acc else None,  # the label known least
+                "worst_class_acc": worst and worst[1],  # the label the final model knows least
+                "worst_class": worst and worst[0],
                 "time_to_target_s": _r(job.get("time_to_target_s"), 2),
                 "speedup": _r(speedup, 3),
                 "efficiency": _r(_ratio(speedup, job.workers), 3),
@@ -287,7 +299,7 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
     # label-skewed shards: a test_acc can hide labels the final model hardly knows
     skewed = any(j.partition != "iid" for j in report.jobs)
     job_cols += ["samples_per_s", "test_acc"] + (["worker_test_acc"] if averaging else [])
-    job_cols += ["worst_class_acc"] if skewed else []
+    job_cols += ["worst_class_acc", "worst_class"] if skewed else []
     job_cols += ["speedup", "efficiency"] + (["time_to_target_s", "speedup_to_target"] if targets else [])
     out.append(markdown_table(report.rows, job_cols))
     if report.failed:

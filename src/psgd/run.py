@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import random
+import re
 import socket
 import sys
 import time
@@ -210,11 +211,22 @@ def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
     return out
 
 
+def class_tag(label: int, name: str) -> str:
+    """A class's TensorBoard tag name: its label, then its name in letters, digits and underscores
+    ('6_Shirt', '0_T_shirt_top'; MNIST's '0 - zero' is '0_zero')."""
+    word = re.sub(r"\W+", "_", name).strip("_")
+    if word.startswith(f"{label}_") or word == str(label):
+        return word
+    return f"{label}_{word}" if word else str(label)
+
+
 def write_tensorboard_summary(log_dir: Path, cfg: DictConfig, metrics: dict[str, Any], step: int) -> None:
     """hparams for the HParams tab (one run per job) plus the final test metrics, each class's
-    accuracy as test/acc_class/<label>."""
+    accuracy as test/acc_class/<label>_<name> (test/acc_class/6_Shirt)."""
     final = {"test/acc": metrics.get("test_acc"), "test/loss": metrics.get("test_loss")}
-    final |= {f"test/acc_class/{c}": acc for c, acc in enumerate(metrics.get("test_acc_per_class") or [])}
+    names = metrics.get("test_classes") or []
+    for c, acc in enumerate(metrics.get("test_acc_per_class") or []):
+        final[f"test/acc_class/{class_tag(c, names[c] if c < len(names) else '')}"] = acc
     writer = SummaryWriter(log_dir=str(log_dir))
     try:
         for key, value in final.items():
@@ -649,6 +661,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
             test_acc=round(tested["test/acc"], 6),
             test_loss=round(tested["test/loss"], 6),
             test_acc_per_class=module.test_acc_per_class,
+            test_classes=list(INFO[cfg.data.name].classes),
         )
         write_json(record_path, metrics)
         steps = metrics["history"][-1]["step"] if metrics["history"] else 0

@@ -109,8 +109,10 @@ def test_tensorboard_events_hold_curves_hparams_and_test_metrics(single_run):
     assert scalars(acc, "val/acc") == pytest.approx([h["val_acc"] for h in m["history"]], abs=1e-6)
     assert scalars(acc, "test/acc") == pytest.approx([m["test_acc"]], abs=1e-6)
     assert len(m["test_acc_per_class"]) == 10
+    assert m["test_classes"] == MNIST.classes  # torchvision's names: '0 - zero', ...
+    names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
     for label, class_acc in enumerate(m["test_acc_per_class"]):  # each class's, beside test/acc
-        assert scalars(acc, f"test/acc_class/{label}") == pytest.approx([class_acc], abs=1e-6)
+        assert scalars(acc, f"test/acc_class/{label}_{names[label]}") == pytest.approx([class_acc], abs=1e-6)
     # the default cosine decay, 3 epochs of 16 steps: each epoch's lr where the epoch starts
     assert {e.step: e.value for e in acc.Scalars("lr")} == pytest.approx({0: 0.02, 16: 0.015, 32: 0.005})
     plugins = acc.PluginTagToContent("hparams")

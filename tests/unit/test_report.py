@@ -187,16 +187,20 @@ def test_label_skewed_shards_show_the_label_each_job_knows_least(tmp_path, parti
         "ddp": [0.99, 0.98, 0.985, 0.99, 0.99, 0.98, 0.975, 0.99, 0.98, 0.99],
         "hogwild": [1.0, 0.99, 0.99, 1.0, 0.99, 0.95, 0.9, 0.398833, None, 0.8],
     }
+    # the ddp job's metrics.json has no class names (written before psgd recorded them): its label is shown
+    names = {"hogwild": {"test_classes": [f"class {c}" for c in range(10)]}, "ddp": {}}
     for num, (strategy, accs) in enumerate(per_class.items()):
-        m = done(strategy, 2, 10.0, 0.9, test_acc_per_class=accs)
+        m = done(strategy, 2, 10.0, 0.9, test_acc_per_class=accs, **names[strategy])
         overrides = {"strategy": strategy, **({"data.partition": partition} if on_the_command_line else {})}
         make_job(tmp_path, num, overrides, m, workers=2, partition=partition)
     report = write_report(tmp_path)
     assert [r["worst_class_acc"] for r in report.rows] == [0.975, 0.3988]  # a class with no test sample: None
+    assert [r["worst_class"] for r in report.rows] == ["6", "class 7"]  # by name where metrics.json has names
     table = (tmp_path / "report.md").read_text().split("## Jobs", 1)[1].split("\n\n")[1].splitlines()
     if partition == "iid":
-        assert "worst_class_acc" not in table[0]
+        assert "worst_class_acc" not in table[0] and "worst_class" not in table[0]
     else:
         column = table[0].split(" | ").index("worst_class_acc")
-        assert [row.split(" | ")[column] for row in table[2:]] == ["0.975", "0.3988"]
+        assert [row.split(" | ")[column : column + 2] for row in table[2:]] == [["0.975", "6"], ["0.3988", "class 7"]]
     assert read_csv(tmp_path / "report.csv")[1]["worst_class_acc"] == "0.3988"
+    assert read_csv(tmp_path / "report.csv")[1]["worst_class"] == "class 7"
