@@ -16,6 +16,7 @@ from psgd.command_line import fail, text_lines
 from psgd.config import ConfigError, DirInUse
 from psgd.data import DataError
 from psgd.module import TrainingDiverged
+from psgd.report import skew_note
 from psgd.results import write_atomic
 from psgd.run import WorkerGone, mark_status, raised_in_worker, train
 from psgd.strategies._lightning import KilledWorker, lost_a_peer, timed_out
@@ -134,7 +135,7 @@ def run_job(cfg: DictConfig) -> float | None:
         return None
     if not sweeping:  # a sweep prints one progress line per job instead (psgd.sweep)
         print(
-            f"psgd: test_acc={metrics['test_acc']:.4f} train_time_s={metrics['train_time_s']:.1f} "
+            f"psgd: test_acc={metrics['test_acc']:.4f}{skew_note(metrics)} train_time_s={metrics['train_time_s']:.1f} "
             f"samples_per_s={metrics['samples_per_s']} results in {run_dir}",
             flush=True,
         )

@@ -154,6 +154,15 @@ def worst_class(accs: list[float | None] | None, names: list[str] | None) -> tup
     return (names[label] if names and label < len(names) else str(label)), round(acc, 4)
 
 
+def skew_note(record: dict) -> str:
+    """' (worst class 3 - three at 0.0396)' for a finished run whose shards were label-skewed
+    (metrics.json's partition is not iid): the label its test_acc hides; '' otherwise."""
+    worst = worst_class(record.get("test_acc_per_class"), record.get("test_classes"))
+    if worst is None or record.get("partition", "iid") == "iid":
+        return ""
+    return f" (worst class {worst[0]} at {worst[1]:.4f})"
+
+
 def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 

@@ -14,7 +14,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from psgd.report import describe, write_report
+from psgd.report import describe, skew_note, write_report
 from psgd.results import read_json
 
 # What the last multirun in this process found: sweep.py turns failed jobs into a non-zero exit code,
@@ -43,7 +43,7 @@ def progress_line(num: int, total: int | None, overrides: list[str], job_dir: Pa
         target = f", target reached at {ttt:.1f} s" if ttt is not None else ""
         return (
             f"psgd: {where} {values}: completed, {record.get('train_time_s', 0):.1f} s training, "
-            f"{record.get('samples_per_s')} samples/s, test_acc {record.get('test_acc'):.4f}{target}"
+            f"{record.get('samples_per_s')} samples/s, test_acc {record.get('test_acc'):.4f}{skew_note(record)}{target}"
         )
     return f"psgd: {where} {values}: {status}: {record.get('error') or 'no result written'}"
 

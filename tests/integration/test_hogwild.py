@@ -11,8 +11,13 @@ TINY = ["quiet=true", "data.batch_size=16", "data.eval_batch_size=64"]
 
 
 @pytest.fixture(scope="module")
-def by_label(tiny_data, tmp_path_factory):
-    """2 workers, worker 0 sees only digits 0-4 and worker 1 only 5-9."""
+def by_label(by_label_run):
+    return by_label_run[0]
+
+
+@pytest.fixture(scope="module")
+def by_label_run(tiny_data, tmp_path_factory):
+    """2 workers, worker 0 sees only digits 0-4 and worker 1 only 5-9: the run's dir and process."""
     run_dir = tmp_path_factory.mktemp("hogwild") / "run"
     proc = run_cli(
         "train.py",
@@ -30,7 +35,7 @@ def by_label(tiny_data, tmp_path_factory):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    return run_dir
+    return run_dir, proc
 
 
 def test_workers_share_one_model_and_see_the_same_weights(by_label):
@@ -67,6 +72,14 @@ def test_the_shared_model_learned_both_workers_halves(by_label):
     # fixture's lr and momentum, probes reach 1.0.
     accs = [h["val_acc"] for h in metrics(by_label)["history"]]
     assert max(accs) > 0.6, accs
+
+
+def test_the_last_line_names_the_class_the_final_model_knows_least(by_label_run):
+    """A label-skewed run's test_acc can hide a label the model hardly knows: its last line names it."""
+    run_dir, proc = by_label_run
+    m = metrics(run_dir)
+    acc, label = min((a, c) for c, a in enumerate(m["test_acc_per_class"]) if a is not None)
+    assert f"psgd: test_acc={m['test_acc']:.4f} (worst class {m['test_classes'][label]} at {acc:.4f}) " in proc.stdout
 
 
 def test_locked_variant_and_uneven_sizes_complete(tiny_data, tmp_path):

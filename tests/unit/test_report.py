@@ -173,6 +173,11 @@ def test_progress_line_says_values_time_and_accuracy_or_the_error(tmp_path):
     ok = make_job(tmp_path, 0, {"workers": 2}, done("ddp", 2, 12.34, 0.98125))
     line = progress_line(0, 5, ["workers=2"], ok)
     assert line.startswith("psgd: [1/5] workers=2: completed, 12.3 s training") and "test_acc 0.9812" in line
+    skewed = done("hogwild", 2, 9.0, 0.889, partition="by_label", test_acc_per_class=[0.99, None, 0.398833, 0.5])
+    line = progress_line(
+        2, 5, ["workers=2"], make_job(tmp_path, 2, {"workers": 2}, skewed | {"test_classes": list("abcd")})
+    )
+    assert line.endswith("test_acc 0.8890 (worst class c at 0.3988)")  # the label a label-skewed job knows least
     bad = make_job(tmp_path, 1, {"workers": 3}, {"status": "failed", "error": "data.batch_size=0 is invalid"})
     assert progress_line(1, 5, ["workers=3"], bad) == "psgd: [2/5] workers=3: failed: data.batch_size=0 is invalid"
 
