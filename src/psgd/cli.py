@@ -1,7 +1,9 @@
 """What `train.py` runs under Hydra: one job, with user errors turned into one line and exit code 2."""
 
+import contextlib
 import logging
 import os
+import re
 import shutil
 import sys
 import traceback
@@ -37,6 +39,9 @@ def _discard_empty_run_dir(run_dir: Path) -> None:
 
     if all(empty(p) for p in run_dir.iterdir()):
         shutil.rmtree(run_dir, ignore_errors=True)
+        if re.fullmatch(r"\d{4}-\d{2}-\d{2}", run_dir.parent.name):  # the default <date>/<time>: today's
+            with contextlib.suppress(OSError):  # folder goes too if this run was all it held
+                run_dir.parent.rmdir()
 
 
 # errors whose message is the whole story: one line, no traceback, also when a worker raised them

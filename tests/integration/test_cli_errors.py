@@ -160,14 +160,18 @@ def test_a_used_run_dir_is_refused_in_the_job_when_the_command_line_check_is_ski
 
 
 def test_missing_dataset_names_the_path_and_the_fix(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = run_cli(
-        "train.py", f"data.root={tmp_path / 'empty'}", "data.download=false", f"hydra.run.dir={run_dir}", timeout=120
-    )
+    outputs = tmp_path / "outputs"  # the default run dir, outputs/<date>/<time>
+    (outputs / "2026-01-02" / "03-04-05-000000").mkdir(parents=True)  # an earlier day's run
+    env = {"PSGD_OUTPUTS": str(outputs)}
+    proc = run_cli("train.py", f"data.root={tmp_path / 'empty'}", "data.download=false", timeout=120, env=env)
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and str(tmp_path / "empty") in lines[0] and "PSGD_DATA" in lines[0], proc.stderr
-    assert not run_dir.exists()
+    # neither the run's dir nor a date folder that held only it is left; other runs' folders stay
+    assert sorted(p.relative_to(outputs).as_posix() for p in outputs.rglob("*")) == [
+        "2026-01-02",
+        "2026-01-02/03-04-05-000000",
+    ]
 
 
 @pytest.mark.distributed
