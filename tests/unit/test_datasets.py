@@ -26,6 +26,8 @@ def test_missing_dataset_without_download_names_path_and_fix(tmp_path):
         load_split("fashion_mnist", str(tmp_path / "nowhere"), train=True, download=False)
     msg = str(e.value)
     assert "\n" not in msg and str(tmp_path / "nowhere") in msg and "PSGD_DATA" in msg and "data.root" in msg
+    # the way to let it download is psgd's setting, not torchvision's argument
+    assert "drop data.download=false" in msg and "download=True" not in msg
 
 
 def test_a_failed_download_leaves_no_empty_folders_behind(tmp_path, monkeypatch, capsys):
@@ -39,8 +41,10 @@ def test_a_failed_download_leaves_no_empty_folders_behind(tmp_path, monkeypatch,
     monkeypatch.setattr("torchvision.datasets.mnist.download_and_extract_archive", offline)
     (tmp_path / "kept").mkdir()  # what was there stays
     for root in (tmp_path / "typo" / "deeper", tmp_path):
-        with pytest.raises(DataError, match="not found or unreadable"):
+        with pytest.raises(DataError, match="not found or unreadable") as e:
             load_split("mnist", str(root), train=True, download=True)
+        # torchvision's several lines end in each mirror's reason: the one line gives the last one
+        assert "(Error downloading train-images-idx3-ubyte.gz: <urlopen error no network>)" in str(e.value)
     capsys.readouterr()  # torchvision's own lines about each mirror
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
 

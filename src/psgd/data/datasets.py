@@ -9,6 +9,7 @@ made copies in CIFAR's format (``data.verify_md5=false``).
 import contextlib
 import gzip
 import os
+import re
 from pathlib import Path
 from urllib.error import URLError
 
@@ -132,10 +133,18 @@ def load_split(
         if before is not None:  # a download that failed leaves no empty <root>/MNIST/raw behind
             _remove_new_empty_dirs(root, before)
         where = os.path.abspath(root)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        first = lines[0]
+        if first.endswith(":") and len(lines) > 1:  # torchvision's "Error downloading <file>:", each
+            first = f"{first} {lines[-1]}"  # mirror's reason below it: the last one's says why
+        if not download:  # torchvision's "You can use download=True ...": psgd's own setting below says it
+            first = re.sub(r"\s*You can use download=True.*", "", first) or first
+        fetch = (
+            "run once with network access" if download else "drop data.download=false and run once with network access"
+        )
         raise DataError(
             f"dataset {name} not found or unreadable under {where} ({first}); set data.root=<dir> or "
-            f"PSGD_DATA=<dir> to where it lives, or run once with network access so it can be downloaded"
+            f"PSGD_DATA=<dir> to where it lives, or {fetch} so it can be downloaded"
         ) from e
     except Exception as e:  # pickle/format errors from a damaged CIFAR batch
         raise DataError(f"dataset {name} under {os.path.abspath(root)} is corrupted ({type(e).__name__}: {e})") from e
