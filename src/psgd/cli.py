@@ -89,12 +89,26 @@ def error_line(e: BaseException, run_dir: Path) -> str:
         known = raised_in_worker(e, KNOWN_ERRORS)
         if known is not None:
             return known
-        why = " (it waited longer than strategy.timeout_s for another worker)" if timed_out(str(e)) else ""
+        if timed_out(str(e)):
+            why = " (it waited longer than strategy.timeout_s for another worker)"
+        else:  # an error of its own, a bug maybe (its traceback is the worker's, in the exception's text)
+            why = f" (traceback in {run_dir / 'error.log'})" if keeps_traceback(e) else ""
         return f"worker rank {e.error_index} failed: {text_lines(e)[-1]}{why}"
     if isinstance(e, ProcessExitedException):
         how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
         return f"worker rank {e.error_index} died ({how}); results of finished epochs are in {run_dir}"
     return f"{type(e).__name__}: {text_lines(e)[-1]} (traceback in {run_dir / 'error.log'})"
+
+
+def keeps_traceback(e: BaseException) -> bool:
+    """An error whose line does not tell the whole story (a bug, here or in a worker: its traceback
+    goes to the run's error.log), unlike psgd's own errors, a lost peer or a worker's death."""
+    if isinstance(e, KNOWN_ERRORS + (KilledWorker, ProcessExitedException)) or collective_failure(e):
+        return False
+    if isinstance(e, ProcessRaisedException):
+        last = text_lines(e)[-1]
+        return raised_in_worker(e, KNOWN_ERRORS) is None and not (timed_out(str(e)) or lost_a_peer(last))
+    return True
 
 
 def record_failure(run_dir: Path, line: str, e: BaseException) -> None:
@@ -121,8 +135,8 @@ def run_job(cfg: DictConfig) -> float | None:
         raise
     except Exception as e:
         known = isinstance(e, KNOWN_ERRORS + (ProcessRaisedException, ProcessExitedException))
-        if not (known or sweeping or collective_failure(e)):
-            raise
+        if not (known or sweeping or collective_failure(e) or _global_rank() is None):
+            raise  # a torchrun / srun worker's own bug: Hydra's report, which that tool shows per worker
         line = error_line(e, run_dir)
         if sweeping:
             if not isinstance(e, DirInUse):  # the earlier job's record stays as it was
@@ -133,6 +147,8 @@ def run_job(cfg: DictConfig) -> float | None:
             _discard_empty_run_dir(run_dir)
         elif _global_rank() in ("0", None) or (isinstance(e, WorkerGone) and e.records):  # one writer
             mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
+            if keeps_traceback(e):  # the line names error.log: the whole traceback, a worker's included
+                write_atomic(run_dir / "error.log", "".join(traceback.format_exception(e)))
         if isinstance(e, WorkerGone) and not e.says_so:  # another worker on this machine says it
             raise SystemExit(2) from None
         fail(line, every_worker_finds_it=getattr(e, "every_worker_finds_it", False))

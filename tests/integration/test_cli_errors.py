@@ -2,6 +2,7 @@
 
 (Every check itself is unit-tested in tests/unit/test_config.py; these run the CLI path end to end.)"""
 
+import json
 import os
 import re
 import subprocess
@@ -268,3 +269,49 @@ def test_a_bad_value_under_torchrun_is_said_once(tiny_data, tmp_path, overrides,
     said = [ln for ln in proc.stderr.splitlines() if ln.startswith("psgd:")]
     assert len(said) == 1 and said[0].startswith(line), proc.stderr[-3000:]
     assert not out.exists()
+
+
+BUGGY_MODEL = '''
+from torch import nn
+
+
+class Buggy(nn.Module):
+    """A user's network with a bug that shows only in its fifth training step."""
+
+    def __init__(self, in_channels=1, num_classes=10, **lab_cnn_settings):
+        super().__init__()
+        self.fc, self.calls = nn.Linear(in_channels * 28 * 28, num_classes), 0
+
+    def forward(self, x):
+        self.calls += self.training
+        if self.calls == 5:
+            raise ValueError("a bug deep in my model")
+        return self.fc(x.flatten(1))
+'''
+
+
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.distributed)], ids=["in-process", "ddp-2"])
+def test_a_bug_in_a_users_model_is_one_line_and_its_whole_traceback_is_kept(tiny_data, tmp_path, workers):
+    """A bug in the user's own code (here a model of theirs) is not one of psgd's errors: its line says
+    where the traceback is. Before, one worker printed Hydra's abridged report, and two workers' run
+    said 'worker rank 0 failed: ValueError: ...' with the traceback nowhere."""
+    (tmp_path / "usercode").mkdir()
+    (tmp_path / "usercode" / "buggy_net.py").write_text(BUGGY_MODEL)
+    run_dir = tmp_path / "run"
+    over = [f"workers={workers}", "model._target_=buggy_net.Buggy", "model.name=buggy", f"hydra.run.dir={run_dir}"]
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "usercode"), os.environ.get("PYTHONPATH", "")])}
+    proc = run_cli("train.py", f"data.root={tiny_data}", "quiet=true", "data.batch_size=16", *over, env=env)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    rank = "worker rank [01] failed: " if workers == 2 else ""
+    want = (
+        rf"psgd: error: {rank}ValueError: a bug deep in my model \(traceback in {re.escape(str(run_dir))}/error.log\)"
+    )
+    assert len(lines) == 1 and re.fullmatch(want, lines[0]), proc.stderr
+    log = (run_dir / "error.log").read_text()
+    where = next(n for n, text in enumerate(BUGGY_MODEL.splitlines(), 1) if "raise ValueError" in text)
+    assert f'buggy_net.py", line {where}, in forward' in log and log.rstrip().endswith(
+        "ValueError: a bug deep in my model"
+    )
+    m = json.loads((run_dir / "metrics.json").read_text())
+    assert m["status"] == "failed" and m["error"] == lines[0].removeprefix("psgd: error: ")
