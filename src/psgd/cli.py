@@ -92,12 +92,21 @@ def error_line(e: BaseException, run_dir: Path) -> str:
         if timed_out(str(e)):
             why = " (it waited longer than strategy.timeout_s for another worker)"
         else:  # an error of its own, a bug maybe (its traceback is the worker's, in the exception's text)
-            why = f" (traceback in {run_dir / 'error.log'})" if keeps_traceback(e) else ""
+            why = f" (traceback in {traceback_path(run_dir)})" if keeps_traceback(e) else ""
         return f"worker rank {e.error_index} failed: {text_lines(e)[-1]}{why}"
     if isinstance(e, ProcessExitedException):
         how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
         return f"worker rank {e.error_index} died ({how}); results of finished epochs are in {run_dir}"
-    return f"{type(e).__name__}: {text_lines(e)[-1]} (traceback in {run_dir / 'error.log'})"
+    rank = _global_rank()  # under torchrun / srun each worker is a train.py process and says its rank
+    who = f"worker rank {rank} failed: " if rank is not None else ""
+    return f"{who}{type(e).__name__}: {text_lines(e)[-1]} (traceback in {traceback_path(run_dir)})"
+
+
+def traceback_path(run_dir: Path) -> Path:
+    """Where a failed job keeps its error's whole traceback: error.log, and under torchrun / srun
+    error.rank<r>.log for each worker other than rank 0 (each one a train.py process of its own)."""
+    rank = _global_rank()
+    return run_dir / ("error.log" if rank in (None, "0") else f"error.rank{rank}.log")
 
 
 def keeps_traceback(e: BaseException) -> bool:
@@ -114,7 +123,7 @@ def keeps_traceback(e: BaseException) -> bool:
 def record_failure(run_dir: Path, line: str, e: BaseException) -> None:
     """A sweep job that failed keeps its dir, marked failed with its error line, for the report."""
     mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
-    write_atomic(run_dir / "error.log", "".join(traceback.format_exception(e)))
+    write_atomic(traceback_path(run_dir), "".join(traceback.format_exception(e)))
 
 
 def run_job(cfg: DictConfig) -> float | None:
@@ -134,9 +143,6 @@ def run_job(cfg: DictConfig) -> float | None:
         _discard_empty_run_dir(run_dir)
         raise
     except Exception as e:
-        known = isinstance(e, KNOWN_ERRORS + (ProcessRaisedException, ProcessExitedException))
-        if not (known or sweeping or collective_failure(e) or _global_rank() is None):
-            raise  # a torchrun / srun worker's own bug: Hydra's report, which that tool shows per worker
         line = error_line(e, run_dir)
         if sweeping:
             if not isinstance(e, DirInUse):  # the earlier job's record stays as it was
@@ -147,8 +153,8 @@ def run_job(cfg: DictConfig) -> float | None:
             _discard_empty_run_dir(run_dir)
         elif _global_rank() in ("0", None) or (isinstance(e, WorkerGone) and e.records):  # one writer
             mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
-            if keeps_traceback(e):  # the line names error.log: the whole traceback, a worker's included
-                write_atomic(run_dir / "error.log", "".join(traceback.format_exception(e)))
+        if keeps_traceback(e):  # the line names the file: the whole traceback, a worker's included
+            write_atomic(traceback_path(run_dir), "".join(traceback.format_exception(e)))
         if isinstance(e, WorkerGone) and not e.says_so:  # another worker on this machine says it
             raise SystemExit(2) from None
         fail(line, every_worker_finds_it=getattr(e, "every_worker_finds_it", False))
