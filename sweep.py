@@ -42,7 +42,13 @@ def jobs_problem(jobs) -> str | None:
     in about a second), then, with torch loaded, those that depend on this machine."""
     from psgd.config import sweep_values_problem, values_problem
 
-    return values_problem(jobs, name_the_job=True) or sweep_values_problem(jobs)
+    problem = values_problem(jobs, name_the_job=True)
+    if problem:
+        return problem
+    # torch loads for the second: with Ctrl-C and SIGTERM held, as load_training always does (a Ctrl-C
+    # inside numpy's import left it half-loaded: "ImportError: cannot load module more than once")
+    load_training()
+    return sweep_values_problem(jobs)
 
 
 if __name__ == "__main__":

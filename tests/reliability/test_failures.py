@@ -356,6 +356,47 @@ def test_ctrl_c_while_starting_up_is_one_line_and_leaves_nothing(tiny_data, tmp_
     assert not out.exists()
 
 
+TORCH_IMPORT_SPY = """
+import atexit, runpy, signal, sys
+
+seen = []
+
+
+class Spy:  # on the meta path: notes the signal mask when torch is first imported, imports nothing
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and not seen:
+            seen.append(sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+        return None
+
+
+sys.meta_path.insert(0, Spy())
+report = sys.argv.pop()
+atexit.register(lambda: open(report, "w").write(repr(seen)))
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize(
+    "script,sweep", [("train.py", []), ("sweep.py", ["workers=1,2"])], ids=["train.py", "sweep.py"]
+)
+def test_torch_is_first_imported_with_ctrl_c_and_sigterm_held(tmp_path, script, sweep):
+    """A Ctrl-C inside torch's import can abort the process (pybind11) or, caught as an ImportError by a
+    check that skips what it cannot judge, leave numpy half-loaded: a clean clone's CI run of
+    test_ctrl_c_while_starting_up[ctrl-c-sweep.py] ended in "ImportError: cannot load module more than
+    once per process", exit 1. sweep.py's checks of each job on this machine imported torch before
+    load_training held the signals; now both scripts import it first with them held."""
+    seen = tmp_path / "mask"
+    out = [f"hydra.run.dir={tmp_path / 'out'}", f"hydra.sweep.dir={tmp_path / 'out'}"]
+    args = [str(ROOT / script), *sweep, f"data.root={tmp_path / 'nodata'}", "data.download=false", *out, str(seen)]
+    proc = subprocess.run(
+        [sys.executable, "-c", TORCH_IMPORT_SPY, *args], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert proc.returncode in (1, 2), proc.stderr  # the missing data: the run, or the sweep's jobs, failed
+    masks = eval(seen.read_text())
+    assert len(masks) == 1 and {int(signal.SIGINT), int(signal.SIGTERM)} <= set(masks[0]), masks
+
+
 @pytest.mark.distributed
 @pytest.mark.slow  # ~25 s; resuming to the uninterrupted weights over workers is also run by test_model_averaging
 def test_ddp_resume_ends_with_the_same_weights_as_an_uninterrupted_run(tiny_data, tmp_path):
