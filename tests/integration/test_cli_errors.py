@@ -248,7 +248,9 @@ def test_help_says_what_the_script_does_and_a_closed_pipe_ends_it_quietly(script
 @pytest.mark.parametrize(
     "overrides,line",
     [  # found by the command line's check (before torch loads), and by check() in train (torchrun's counts)
-        (["workers=0"], "psgd: error: workers=0 is invalid: must be an integer >= 1"),
+        pytest.param(  # ~10 s; the waiting and its SIGTERM are unit-tested (tests/unit/test_command_line.py)
+            ["workers=0"], "psgd: error: workers=0 is invalid: must be an integer >= 1", marks=pytest.mark.slow
+        ),
         (["workers=3"], "psgd: error: workers=3 trainer.num_nodes=1 do not match torchrun's 2 processes per node"),
     ],
 )
@@ -294,8 +296,9 @@ class Buggy(nn.Module):
     "launch",
     [
         "in-process",
-        pytest.param("ddp-2", marks=pytest.mark.distributed),
-        pytest.param("torchrun-2", marks=[pytest.mark.distributed, pytest.mark.slow]),  # ~20 s
+        # ~15 s each; the worker's line and log are unit-tested (tests/unit/test_launcher.py)
+        pytest.param("ddp-2", marks=[pytest.mark.distributed, pytest.mark.slow]),
+        pytest.param("torchrun-2", marks=[pytest.mark.distributed, pytest.mark.slow]),
     ],
 )
 def test_a_bug_in_a_users_model_is_one_line_and_its_whole_traceback_is_kept(tiny_data, tmp_path, launch):

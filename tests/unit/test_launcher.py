@@ -15,7 +15,7 @@ import pytest
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd import signals
-from psgd.cli import collective_failure, error_line
+from psgd.cli import collective_failure, error_line, keeps_traceback, traceback_path
 from psgd.strategies._lightning import FirstFailureLauncher, ReportsFirstFailure, WorkerOutOfMemory, WorkerUnresponsive
 
 TIMED_OUT = (
@@ -198,3 +198,26 @@ def test_prefer_as_oom_victim_raises_but_never_lowers(tmp_path):
     signals.prefer_as_oom_victim(500, str(adj))
     assert adj.read_text() == "800\n"
     signals.prefer_as_oom_victim(500, str(tmp_path / "missing"))  # no such file: nothing to do, no error
+
+
+def test_a_workers_own_error_names_the_log_with_its_traceback_and_psgds_errors_or_a_lost_peer_do_not(tmp_path):
+    """A worker's error that is not psgd's (a bug in the user's model) is 'worker rank r failed: <its
+    last line> (traceback in <run dir>/error.log)', and keeps_traceback says to write that log; a worker's
+    DataError, a timed-out collective or a dead worker say all there is in their line."""
+    bug = raised(1, "ValueError: a bug deep in my model")
+    assert error_line(bug, tmp_path) == (
+        f"worker rank 1 failed: ValueError: a bug deep in my model (traceback in {tmp_path / 'error.log'})"
+    )
+    assert keeps_traceback(bug) and keeps_traceback(ValueError("in this process"))
+    data = raised(0, "psgd.data.datasets.DataError: dataset mnist not found or unreadable under /x (...)")
+    for e in (data, raised(0, TIMED_OUT), ProcessExitedException("", 1, 0, 9, "SIGKILL")):
+        assert not keeps_traceback(e) and "traceback in" not in error_line(e, tmp_path), e
+
+
+def test_under_torchrun_each_worker_keeps_its_own_traceback(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    assert error_line(ValueError("a bug"), tmp_path) == (
+        f"worker rank 3 failed: ValueError: a bug (traceback in {tmp_path / 'error.rank3.log'})"
+    )
+    monkeypatch.setenv("RANK", "0")
+    assert traceback_path(tmp_path) == tmp_path / "error.log"  # rank 0's is the run's error.log
