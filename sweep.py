@@ -25,6 +25,7 @@ from psgd.command_line import (  # light: torch and Lightning load after the che
     load_training,
     sweep_argv,
 )
+from psgd.forkserver import start_early  # light too: starts the workers' fork server, where they need one
 from psgd.signals import interrupt_on_sigterm  # light too: the standard library only
 
 CONF = Path(__file__).resolve().parent / "conf"
@@ -45,6 +46,7 @@ def jobs_problem(jobs) -> str | None:
     problem = values_problem(jobs, name_the_job=True)
     if problem:
         return problem
+    start_early(jobs)  # the fork server of the jobs' workers, if any needs one: it imports while this process does
     # torch loads for the second: with Ctrl-C and SIGTERM held, as load_training always does (a Ctrl-C
     # inside numpy's import left it half-loaded: "ImportError: cannot load module more than once")
     load_training()

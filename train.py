@@ -14,9 +14,19 @@ from psgd.command_line import (  # light: torch loads once the line is checked
     load_training,
 )
 from psgd.config import values_problem  # light too: psgd's value checks that need no torch
+from psgd.forkserver import start_early  # light too: starts the workers' fork server, where they need one
 from psgd.signals import interrupt_on_sigterm  # light too: the standard library only
 
 CONF = Path(__file__).resolve().parent / "conf"
+
+
+def jobs_problem(jobs) -> str | None:
+    """psgd's checks of the job's values that need no torch; with none found, the fork server that will
+    start its workers is started now, to import torch and Lightning while this process does."""
+    problem = values_problem(jobs, name_the_job=len(jobs) > 1)
+    if problem is None:
+        start_early(jobs)
+    return problem
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
@@ -31,7 +41,7 @@ if __name__ == "__main__":
     atexit.register(gc.freeze)
     interrupt_on_sigterm()  # as Ctrl-C, also while torch loads
     try:
-        check_command_line("train", CONF, job_check=lambda jobs: values_problem(jobs, name_the_job=len(jobs) > 1))
+        check_command_line("train", CONF, job_check=jobs_problem)
         load_training()
         main()
     except KeyboardInterrupt:

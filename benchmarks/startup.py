@@ -5,7 +5,9 @@
 Each measurement is one `train.py` run in a fresh process (a few batches of MNIST with the lab CNN),
 interleaved across worker counts (A B A B ...); medians over `--repeats`. Per run: the wall time to
 its result line (`psgd: test_acc=...`: imports, workers started, a few steps, test) and the exit
-after it (the process gone). Beside them, a process that only imports torch and Lightning, timed
+after it (the process gone). Each worker count above one runs twice: with psgd's fork server (the
+default on CPU: workers forked already loaded, psgd.forkserver) and with spawn (each worker imports
+torch and Lightning itself). Beside them, a process that only imports torch and Lightning, timed
 from its last line to its end with and without `gc.freeze()` before it exits (what train.py and
 sweep.py do as their last exit handler, and psgd's launched workers at their teardown): the exit cost
 the freeze saves. Results also go to benchmarks/results/<name>.json and .md.
@@ -42,11 +44,12 @@ def timed(cmd: list[str], marker: str) -> tuple[float, float]:
     return seen - start, end - seen
 
 
-def train_cmd(workers: int, args: argparse.Namespace, out: Path) -> list[str]:
+def train_cmd(workers: int, start_method: str | None, args: argparse.Namespace, out: Path) -> list[str]:
     return [
         sys.executable,
         str(ROOT / "train.py"),
         f"strategy={args.strategy}",
+        *([f"strategy.start_method={start_method}"] if start_method else []),
         f"workers={workers}",
         "threads_per_worker=1",
         "trainer.max_epochs=1",
@@ -62,7 +65,7 @@ def train_cmd(workers: int, args: argparse.Namespace, out: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-root", required=True)
-    p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--strategy", default="ddp")
     p.add_argument("--batches", type=int, default=5, help="training and test batches per run")
     p.add_argument("--repeats", type=int, default=3)
@@ -71,7 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     # each arm: (its command, given a fresh output dir; the stdout line that ends its work)
-    arms = {f"train.py workers={w}": (partial(train_cmd, w, args), "psgd: test_acc=") for w in args.workers}
+    arms = {f"train.py workers={w}": (partial(train_cmd, w, None, args), "psgd: test_acc=") for w in args.workers}
+    spawned = [w for w in args.workers if w > 1 and args.strategy != "hogwild"]  # psgd's default: its fork server
+    for w in spawned:
+        spawn = partial(train_cmd, w, "spawn", args)
+        arms[f"train.py workers={w} strategy.start_method=spawn"] = (spawn, "psgd: test_acc=")
     for arm, freeze in (("imports only", ""), ("imports only + gc.freeze()", "gc.freeze(); ")):
         arms[arm] = (lambda out, freeze=freeze: [sys.executable, "-c", IMPORTS.format(freeze=freeze)], "ready")
     times: dict[str, list[tuple[float, float]]] = {a: [] for a in arms}
@@ -88,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         exit_s = statistics.median(e for _, e in times[arm])
         rows.append({"run": arm, "to_last_line_s": round(to_line, 2), "exit_s": round(exit_s, 2)})
     saved = rows[-2]["exit_s"] - rows[-1]["exit_s"]
+    by_run = {r["run"]: r["to_last_line_s"] for r in rows}
+    sooner = {
+        w: round(by_run[f"train.py workers={w} strategy.start_method=spawn"] - by_run[f"train.py workers={w}"], 2)
+        for w in spawned
+    }
     lines = [
         f"Start-up and exit (medians of {args.repeats}, {args.strategy}, {args.batches} training and test batches; "
         "exit: from the last line to the process's end)",
@@ -97,10 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         *[f"| {r['run']} | {r['to_last_line_s']:.2f} | {r['exit_s']:.2f} |" for r in rows],
         "",
         f"gc.freeze() before exit saves {saved:.2f} s per process that imported torch and Lightning.",
+        *[
+            f"psgd's fork server (the default on CPU) gets {w} workers to their result {s:.2f} s sooner than spawn."
+            for w, s in sooner.items()
+        ],
     ]
     print("\n".join(lines))
     args.results.mkdir(parents=True, exist_ok=True)
-    result = {"rows": rows, "freeze_saves_s": round(saved, 2)}
+    result = {"rows": rows, "freeze_saves_s": round(saved, 2), "forkserver_sooner_than_spawn_s": sooner}
     (args.results / f"{args.name}.json").write_text(json.dumps(result, indent=1))
     (args.results / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     return 0

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
+from psgd import forkserver
 from psgd.choices import AUGMENTATIONS, BUILTIN, DECAYS, INFO, INTERVALS, LR_SCALING, SCHEMES
 from psgd.command_line import text_lines
 from psgd.results import cpu_count
@@ -26,8 +27,8 @@ STRATEGIES = ("ddp", "model_averaging", "hogwild")
 # how Lightning starts the workers of each strategy (HogWild's is fixed: Lightning's spawn would clone the
 # shared model), and the process-group backends psgd runs on
 START_METHODS = {
-    "ddp": ("spawn", "fork", "popen"),
-    "model_averaging": ("spawn", "fork", "popen"),
+    "ddp": ("forkserver", "spawn", "popen"),
+    "model_averaging": ("forkserver", "spawn", "popen"),
     "hogwild": ("forkserver",),
 }
 BACKENDS = ("gloo", "nccl", "mpi")
@@ -74,6 +75,7 @@ class Plan:
     accelerator: str
     accumulate_grad_batches: int = 1  # micro-batches each worker accumulates per update
     launcher: str = "psgd"  # who starts the worker processes: psgd, or torchrun / srun (one per worker)
+    start_method: str = "spawn"  # how psgd's launcher starts them (strategy.start_method, resolved)
 
 
 def external_launcher(world_size: int) -> str | None:
@@ -119,11 +121,32 @@ def check_processes(s: DictConfig) -> None:
             method in (None, *methods), "strategy.start_method", method, f"strategy={s.name} always uses {methods[0]}"
         )
     else:
-        _need(method in methods, "strategy.start_method", method, f"allowed: {', '.join(methods)}")
+        # fork is not offered: a worker forked from a launcher that ran a torch operation on several
+        # threads hangs in its first parallel one (GNU OpenMP's thread pool does not survive a fork)
+        why = "a forked worker hangs once the launcher has used OpenMP's threads; " if method == "fork" else ""
+        allowed = f"{why}allowed: {', '.join(methods)}, or null"
+        _need(method in (None, *methods), "strategy.start_method", method, allowed)
     backend = s.get("backend")
     _need(
         backend is None or backend in BACKENDS, "strategy.backend", backend, f"allowed: {', '.join(BACKENDS)}, or null"
     )
+
+
+def resolve_start_method(s: DictConfig, accelerator: str) -> str:
+    """strategy.start_method, or for null psgd's choice: HogWild's forkserver; on CPU psgd's fork server
+    (psgd.forkserver: workers start already loaded); on GPU spawn, since a process that has used CUDA
+    cannot fork workers that use it (nor can Lightning let it start a fork server's)."""
+    methods, method = START_METHODS[s.name], s.get("start_method")
+    if method is None:
+        method = methods[0] if len(methods) == 1 or (accelerator == "cpu" and forkserver.available()) else "spawn"
+    if method == "forkserver" and accelerator != "cpu" and len(methods) > 1:
+        raise ConfigError(
+            f"strategy.start_method={method} is invalid on GPU: CUDA cannot be used in forked workers; "
+            "use spawn, or null for the default"
+        )
+    if method == "forkserver" and not forkserver.available():
+        raise ConfigError("strategy.start_method=forkserver is invalid on this platform (no fork servers); use spawn")
+    return method
 
 
 def check_backend(backend: str | None, accelerator: str) -> None:
@@ -399,6 +422,7 @@ def check(cfg: DictConfig) -> Plan:
         )
     threads = threads or max(1, cpu_count() // per_node)
     return Plan(
+        start_method=resolve_start_method(cfg.strategy, accelerator),
         workers=workers,
         threads_per_worker=threads,
         accelerator=accelerator,

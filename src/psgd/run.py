@@ -166,7 +166,7 @@ def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path):
     s = cfg.strategy
     common = {
         "process_group_backend": s.backend,  # None: gloo on CPU, nccl on GPU
-        "start_method": s.start_method,
+        "start_method": plan.start_method,
         "timeout": timedelta(seconds=s.timeout_s),
     }
     if plan.launcher != "psgd":
@@ -529,6 +529,8 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         "num_nodes": t.num_nodes,
         "threads_per_worker": plan.threads_per_worker,
         "launcher": plan.launcher,
+        # how psgd started the worker processes (null: it started none, one worker or torchrun / srun)
+        "start_method": plan.start_method if plan.launcher == "psgd" and world_size > 1 else None,
         # Lightning's name for plain DDP (psgd's subclass only changes how a failure is reported)
         "lightning_strategy": (
             strategy

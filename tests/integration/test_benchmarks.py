@@ -256,13 +256,22 @@ def test_gpu_benchmark_without_cuda_is_a_one_line_error(tmp_path):
     assert "no CUDA device" in proc.stderr and not list(tmp_path.iterdir())
 
 
-@pytest.mark.slow  # ~20 s: three fresh processes that import torch and Lightning
+@pytest.mark.slow  # ~40 s: four fresh processes that import torch and Lightning, two with 2 workers
 def test_startup_benchmark_times_each_run_to_its_last_line_and_its_exit(tiny_data, tmp_path):
     script = str(ROOT / "benchmarks" / "startup.py")
-    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--workers", "1", "--repeats=1", "--batches=2"]
+    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--workers", "2", "--repeats=1", "--batches=2"]
     proc = subprocess.run([*cmd, f"--results={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "startup.json").read_text())
-    assert [r["run"] for r in result["rows"]] == ["train.py workers=1", "imports only", "imports only + gc.freeze()"]
+    assert [r["run"] for r in result["rows"]] == [
+        "train.py workers=2",
+        "train.py workers=2 strategy.start_method=spawn",
+        "imports only",
+        "imports only + gc.freeze()",
+    ]
     assert all(r["to_last_line_s"] > 0 and r["exit_s"] > 0 for r in result["rows"])
-    assert "gc.freeze() before exit saves" in (tmp_path / "startup.md").read_text()
+    md = (tmp_path / "startup.md").read_text()
+    assert "gc.freeze() before exit saves" in md
+    spawn, server = (r["to_last_line_s"] for r in result["rows"][1::-1])
+    assert result["forkserver_sooner_than_spawn_s"] == {"2": round(spawn - server, 2)}
+    assert "fork server (the default on CPU) gets 2 workers to their result" in md

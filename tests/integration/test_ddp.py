@@ -10,22 +10,23 @@ pytestmark = pytest.mark.distributed
 TINY = ["quiet=true", "data.batch_size=32", "data.eval_batch_size=64", "record_shards=true"]
 
 
+# two workers, a warm-up per step and linear lr scaling: the `ddp2` run
+DDP2 = [
+    "strategy=ddp",
+    "workers=2",
+    "trainer.max_epochs=3",
+    "lr_scaling=linear",
+    "scheduler=warmup",
+    "scheduler.warmup_epochs=1.5",
+    "scheduler.interval=step",  # the lr moves after every step; its length counts each worker's own steps
+    *TINY,
+]
+
+
 @pytest.fixture(scope="module")
 def ddp2(tiny_data, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ddp2") / "run"
-    proc = run_cli(
-        "train.py",
-        "strategy=ddp",
-        "workers=2",
-        f"data.root={tiny_data}",
-        "trainer.max_epochs=3",
-        "lr_scaling=linear",
-        "scheduler=warmup",
-        "scheduler.warmup_epochs=1.5",
-        "scheduler.interval=step",  # the lr moves after every step; its length counts each worker's own steps
-        f"hydra.run.dir={run_dir}",
-        *TINY,
-    )
+    proc = run_cli("train.py", *DDP2, f"data.root={tiny_data}", f"hydra.run.dir={run_dir}")
     assert proc.returncode == 0, proc.stderr
     return run_dir
 
@@ -61,6 +62,21 @@ def test_two_worker_metrics_and_tensorboard(ddp2):
     assert scalars(acc, "val/acc") == pytest.approx([h["val_acc"] for h in m["history"]], abs=1e-6)
     assert len(scalars(acc, "time/samples_per_s")) == 3
     assert "_hparams_/session_start_info" in acc.PluginTagToContent("hparams")
+
+
+def test_workers_from_the_fork_server_train_exactly_as_spawned_ones(ddp2, tiny_data, tmp_path):
+    """psgd's fork server (the default on CPU) forks its workers already loaded; each must still get its
+    own copy of the model (torch hands the model over in shared memory: two DDP workers stepping one copy
+    trained to other weights), the launcher's random state and environment, as a spawned worker does."""
+    spawned = tmp_path / "spawned"
+    spawn = ["strategy.start_method=spawn", f"data.root={tiny_data}", f"hydra.run.dir={spawned}"]
+    proc = run_cli("train.py", *DDP2, *spawn)
+    assert proc.returncode == 0, proc.stderr
+    assert (metrics(ddp2)["start_method"], metrics(spawned)["start_method"]) == ("forkserver", "spawn")
+    ckpts = (torch.load(d / "checkpoints" / "last.ckpt", weights_only=True) for d in (ddp2, spawned))
+    forked, spawn = (c["state_dict"] for c in ckpts)
+    assert forked.keys() == spawn.keys() and all(torch.equal(forked[k], spawn[k]) for k in forked)
+    assert [h["val_acc"] for h in metrics(ddp2)["history"]] == [h["val_acc"] for h in metrics(spawned)["history"]]
 
 
 @pytest.mark.slow  # ~25 s: 4 processes on 2 cores; 4-way shards are unit-tested, 2-worker DDP runs by default

@@ -327,17 +327,21 @@ def test_ctrl_c_before_training_leaves_no_run_dir_for_the_script_to_report(tmp_p
     assert code == "KeyboardInterrupt" and not run_dir.exists() and capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize("script", ["train.py", "sweep.py"])
+@pytest.mark.parametrize(
+    "script,workers", [("train.py", 1), ("sweep.py", 1), ("train.py", 2)], ids=["train.py", "sweep.py", "2-workers"]
+)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_ctrl_c_while_starting_up_is_one_line_and_leaves_nothing(tiny_data, tmp_path, script, sig):
+def test_ctrl_c_while_starting_up_is_one_line_and_leaves_nothing(tiny_data, tmp_path, script, workers, sig):
     """Ctrl-C in the first seconds (the checks, torch loading) printed a traceback of whatever was
     loading (torch's operator registry, scipy's docstrings ...); SIGTERM ended the script without a word
-    (and, once Hydra had made the run dir, left it without results)."""
+    (and, once Hydra had made the run dir, left it without results). With 2 workers psgd's fork server
+    is importing too by then (psgd.forkserver): it says nothing and ends with the script."""
     out = tmp_path / "out"
     proc = subprocess.Popen(
         [
             sys.executable,
             str(ROOT / script),
+            f"workers={workers}",
             f"data.root={tiny_data}",
             f"hydra.run.dir={out}",
             f"hydra.sweep.dir={out}",
@@ -347,13 +351,26 @@ def test_ctrl_c_while_starting_up_is_one_line_and_leaves_nothing(tiny_data, tmp_
         text=True,
         start_new_session=True,
     )
-    time.sleep(1.0)  # still loading: torch alone takes longer
+    time.sleep(1.0 if workers == 1 else 2.0)  # still loading: torch alone takes longer (the server starts at ~1 s)
     os.killpg(proc.pid, sig)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 128 + sig, stderr  # 130, 143: as a shell reports the signal
     how = " (SIGTERM)" if sig == signal.SIGTERM else ""
     assert stderr.strip().splitlines() == [f"psgd: interrupted{how} before training started; nothing was written"]
     assert not out.exists()
+    assert gone_within_session(proc.pid, 10), "a process of the run outlived it"
+
+
+def gone_within_session(session: int, seconds: float) -> bool:
+    """Every process of the session (process group) `session` has ended within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(session, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 TORCH_IMPORT_SPY = """
@@ -560,7 +577,10 @@ class FailsAloneOnRank1(L.Callback):
 # slow: a killed worker is reported by the same launcher code (its recorded failure, or the signal)
 @pytest.mark.parametrize("how", ["raised", pytest.param("killed", marks=pytest.mark.slow)])
 def test_a_worker_failing_alone_is_the_one_reported_not_the_peer_that_lost_it(tiny_data, tmp_path, how):
-    cfg = compose_cfg(f"data.root={tiny_data}", "workers=2", "trainer.max_epochs=1", *TINY)
+    # spawn: worker 1 waits for worker 0 to be reaped by the launcher (FailsAloneOnRank1), which only a
+    # spawned worker is (psgd's fork server reaps its own children); the launcher's code is the same
+    overrides = ["workers=2", "strategy.start_method=spawn", "trainer.max_epochs=1"]
+    cfg = compose_cfg(f"data.root={tiny_data}", *overrides, *TINY)
     with pytest.raises((ProcessRaisedException, ProcessExitedException)) as e:
         train(cfg, tmp_path / "run", callbacks=[FailsAloneOnRank1(how)])
     assert e.value.error_index == 1

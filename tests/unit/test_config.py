@@ -136,7 +136,12 @@ BAD = [
     (["workers=2", "strategy=model_averaging", "strategy.same_init=flase"], "strategy.same_init='flase' is invalid"),
     (["workers=2", "strategy=hogwild", "strategy.lock=[1,2]"], "strategy.lock=[1, 2] is invalid: must be true or"),
     # how workers start and talk: before, Lightning's or torch's error from inside a worker
-    (["workers=2", "strategy.start_method=spwan"], "strategy.start_method='spwan' is invalid: allowed: spawn, fork"),
+    (
+        ["workers=2", "strategy.start_method=spwan"],
+        "strategy.start_method='spwan' is invalid: allowed: forkserver, spawn, popen, or null",
+    ),
+    # fork hung once the launcher had run a torch operation on several threads (GNU OpenMP)
+    (["workers=2", "strategy.start_method=fork"], "'fork' is invalid: a forked worker hangs once the launcher"),
     (["workers=2", "strategy=hogwild", "strategy.start_method=spawn"], "strategy=hogwild always uses forkserver"),
     (["workers=2", "strategy.backend=glo"], "strategy.backend='glo' is invalid: allowed: gloo, nccl, mpi, or null"),
     (["workers=2", "trainer.accelerator=cpu", "strategy.backend=nccl"], "strategy.backend=nccl is invalid on CPU"),

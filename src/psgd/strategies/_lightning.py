@@ -12,10 +12,15 @@ import pytorch_lightning as L
 import torch
 import torch.distributed as dist
 from pytorch_lightning.strategies import DDPStrategy
-from pytorch_lightning.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+from pytorch_lightning.strategies.launchers.multiprocessing import (
+    _disable_module_memory_sharing,
+    _GlobalStateSnapshot,
+    _MultiProcessingLauncher,
+)
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
+from psgd import forkserver
 from psgd.module import STEPS_PER_EPOCH_KEY
 from psgd.signals import die_with_parent, oom_kills, oom_kills_since, temp_folder_of_this_process
 
@@ -130,13 +135,26 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
     If the reported error is a collective's timeout, a worker that recorded no error and had to be
     killed (it did not exit on SIGTERM) is the one that stopped responding: WorkerUnresponsive. A
     worker killed by SIGKILL while the kernel's OOM-kill count rose is WorkerOutOfMemory.
+
+    With `forkserver` (psgd's default on CPU) each worker is forked from psgd's fork server
+    (psgd.forkserver), already loaded, and takes what a spawned worker would have had: the launcher's
+    environment and SIGINT handling, Lightning's global state (RNG states, deterministic flags), and
+    a private copy of the model, as Lightning gives spawned CPU workers (torch hands tensors to a
+    worker in shared memory: DDP workers would otherwise all step one set of weights).
     """
 
     _oom_kills_at_launch: int | None = None
+    _private_models = True  # forkserver: each worker gets its own copy of the model, as with spawn
+    _launcher_state: dict[str, Any] | None = None
+    _global_states: _GlobalStateSnapshot | None = None
 
     def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
         self._errors_dir = str(temp_folder_of_this_process("psgd-worker-errors-"))  # pickled into each worker
         self._oom_kills_at_launch = oom_kills()
+        if self._start_method == "forkserver":  # (attributes set here are pickled into every worker)
+            forkserver.start()  # unless the script started it already
+            self._launcher_state = forkserver.launcher_state()
+            self._global_states = _GlobalStateSnapshot.capture() if self._private_models else None
         try:
             return super().launch(function, *args, trainer=trainer, **kwargs)
         except (ProcessRaisedException, ProcessExitedException) as e:
@@ -159,6 +177,12 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
         return WorkerOutOfMemory(cause.error_index, cause.error_pid, rose) if rose else cause
 
     def _wrapping_function(self, process_idx: int, *args: Any, **kwargs: Any) -> None:
+        if self._launcher_state is not None:  # a fork-server child: what spawn would have given it
+            forkserver.adopt_launcher_state(self._launcher_state)
+            if self._private_models and args:
+                trainer, function, fargs, fkwargs, return_queue = args[:5]
+                fargs, fkwargs = _disable_module_memory_sharing((fargs, fkwargs))
+                args = (trainer, function, fargs, fkwargs, return_queue, self._global_states)
         # before the rendezvous: a worker whose launcher died (the OOM killer, SIGKILL) while a peer it
         # waits for there died too would otherwise wait out strategy.timeout_s, orphaned
         die_with_parent()
@@ -242,6 +266,8 @@ class SharedMemoryLauncher(FirstFailureLauncher):
     `fork`, each worker starts from a clean server process, not a copy of a parent whose OpenMP
     threads may be mid-flight.
     """
+
+    _private_models = False
 
     def __init__(self, strategy: Any, prepare: Any):
         super().__init__(strategy, start_method="forkserver")

@@ -1,0 +1,113 @@
+"""The fork server that starts psgd's worker processes on CPU (strategy.start_method=forkserver, the
+default there).
+
+A spawned worker is a fresh interpreter that imports torch, Lightning and psgd again before it can
+train: ~5 s on 2 cores, and spawned workers import at once, so that 4 workers on 2 cores took ~12 s
+more to start than one (benchmarks/startup.py). psgd's fork server imports all of that once (PRELOAD)
+and then forks each worker from itself: a worker starts in a fraction of a second, already loaded. The
+server is a fresh process that never runs a torch operation, so its children can use OpenMP, which a
+worker forked from the launcher cannot once the launcher has run one (GNU OpenMP's thread pool does not
+survive a fork: the child hangs in its first parallel operation). It lives as long as the process that
+started it; the jobs of a sweep share it.
+
+The scripts start it as soon as the command line is checked (`start_early`), so that it imports while
+the launcher itself imports; otherwise the first launch starts it. This module stays light (the
+standard library and psgd.signals only): the scripts import it before torch.
+"""
+
+import multiprocessing
+import os
+import signal
+from collections.abc import Iterable
+from multiprocessing import forkserver
+from pathlib import Path
+from typing import Any
+
+from psgd import QUIET_ENV
+from psgd.signals import LAUNCHER_ENV
+
+# what every worker needs: imported once, in the server, before it forks any worker
+PRELOAD = ("torch", "pytorch_lightning", "psgd.run")
+
+
+def available() -> bool:
+    """This platform has fork servers (Linux, macOS; not Windows)."""
+    return "forkserver" in multiprocessing.get_all_start_methods()
+
+
+def start() -> None:
+    """Start the server unless it runs (multiprocessing keeps one per process; a dead one is replaced).
+    It knows this process as its workers' launcher (psgd.signals.launching): imported by the server,
+    psgd offers it and its workers to the out-of-memory killer before the launcher. It ignores Ctrl-C
+    (SIGINT) from the start, also while it imports: Ctrl-C is the launcher's to handle, and a server
+    stopped in an import would print its traceback; each worker takes the launcher's SIGINT handling
+    when it starts (launcher_state). It is not quiet whatever the job: a worker is quiet when its job is."""
+    if not available():
+        return
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    environ = os.environ
+    saved = {k: environ.get(k) for k in (LAUNCHER_ENV, QUIET_ENV)}
+    environ[LAUNCHER_ENV] = str(os.getpid())
+    environ.pop(QUIET_ENV, None)
+    sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the server (ignored stays ignored)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+        for key, value in saved.items():
+            if value is None:
+                environ.pop(key, None)
+            else:
+                environ[key] = value
+
+
+def nvidia_gpu_present() -> bool:
+    """An NVIDIA driver's device node is here (without importing torch: a hint, not CUDA's own answer)."""
+    return Path("/dev/nvidiactl").exists() and os.environ.get("CUDA_VISIBLE_DEVICES", None) not in ("", "-1")
+
+
+def will_use_server(cfg: Any) -> bool:
+    """Whether psgd will start this composed job's workers from the fork server, as far as can be told
+    before torch loads (config.resolve_start_method decides with torch): more than one worker started
+    by psgd (not torchrun / srun), with strategy=hogwild or, on CPU, start_method forkserver or null."""
+    s, trainer = cfg.strategy, cfg.trainer
+    workers = trainer.get("devices") if trainer.get("devices") is not None else cfg.get("workers", 1)
+    if not isinstance(workers, int) or workers < 2 or trainer.get("num_nodes", 1) != 1:
+        return False
+    if "TORCHELASTIC_RUN_ID" in os.environ or int(os.environ.get("SLURM_NTASKS") or 1) > 1:
+        return False
+    if s.name == "hogwild":
+        return True
+    if s.get("start_method") not in (None, "forkserver"):
+        return False
+    accelerator = trainer.get("accelerator")
+    return accelerator == "cpu" or (accelerator in (None, "auto") and not nvidia_gpu_present())
+
+
+def start_early(jobs: Iterable[tuple[list[str], Any]]) -> None:
+    """Start the server now if any of these composed jobs will need it: its imports then run while this
+    process imports torch for the job (two cores: in about the time of one import). A server that no job
+    uses in the end (a GPU took the job: spawn) only sleeps until this process exits."""
+    try:
+        if available() and any(will_use_server(cfg) for _, cfg in jobs):
+            start()
+    except Exception:  # only a head start: the first launch starts it otherwise
+        pass
+
+
+def launcher_state() -> dict[str, Any]:
+    """What a worker takes over from its launcher at launch, which a spawned worker would inherit and
+    a fork-server child would not (it inherits the server's): the environment (MASTER_PORT, PSGD_QUIET,
+    the launcher's pid) and whether SIGINT is ignored (a background job)."""
+    return {"environ": dict(os.environ), "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN}
+
+
+def adopt_launcher_state(state: dict[str, Any]) -> None:
+    """In a worker the fork server started: take the launcher's state (launcher_state)."""
+    os.environ.clear()
+    os.environ.update(state["environ"])
+    signal.signal(signal.SIGINT, signal.SIG_IGN if state["sigint_ignored"] else signal.default_int_handler)
+    if os.environ.get(QUIET_ENV) == "1":
+        from psgd import quiet_lightning
+
+        quiet_lightning()

@@ -1,0 +1,118 @@
+"""psgd's fork server (psgd.forkserver): which jobs get it, how it starts, what a worker takes over."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import ROOT, compose_cfg
+
+from psgd import forkserver
+from psgd.config import ConfigError, check, resolve_start_method
+
+pytestmark = pytest.mark.skipif(not forkserver.available(), reason="no fork servers on this platform")
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (["workers=2"], True),  # DDP on CPU: the default
+        (["trainer.devices=4"], True),
+        (["workers=2", "strategy=model_averaging"], True),
+        (["workers=2", "strategy=hogwild"], True),
+        (["workers=1"], False),  # in-process: no worker to start
+        (["workers=2", "strategy.start_method=spawn"], False),
+        (["workers=2", "strategy.start_method=popen"], False),
+        (["workers=2", "trainer.accelerator=gpu"], False),  # spawn on GPU
+        (["workers=2", "trainer.num_nodes=2"], False),  # torchrun / srun start them
+    ],
+)
+def test_the_server_is_started_early_only_for_jobs_whose_workers_it_will_start(overrides, expected):
+    assert forkserver.will_use_server(compose_cfg(*overrides)) is expected
+
+
+def test_under_torchrun_no_server_is_started(monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "1")
+    assert not forkserver.will_use_server(compose_cfg("workers=2"))
+
+
+@pytest.mark.parametrize(
+    "overrides,accelerator,method",
+    [
+        (["workers=2"], "cpu", "forkserver"),
+        (["workers=2"], "gpu", "spawn"),
+        (["workers=2", "strategy.start_method=spawn"], "cpu", "spawn"),
+        (["workers=2", "strategy=model_averaging"], "cpu", "forkserver"),
+        (["workers=2", "strategy=hogwild"], "cpu", "forkserver"),
+    ],
+)
+def test_null_start_method_is_the_fork_server_on_cpu_and_spawn_on_gpu(overrides, accelerator, method):
+    assert resolve_start_method(compose_cfg(*overrides).strategy, accelerator) == method
+
+
+def test_the_fork_server_on_gpu_is_one_line():
+    with pytest.raises(ConfigError, match=r"^strategy.start_method=forkserver is invalid on GPU: CUDA cannot"):
+        resolve_start_method(compose_cfg("workers=2", "strategy.start_method=forkserver").strategy, "gpu")
+
+
+def test_the_plan_carries_the_resolved_start_method():
+    assert check(compose_cfg("workers=2", "trainer.accelerator=cpu")).start_method == "forkserver"
+    assert check(compose_cfg("workers=2", "trainer.accelerator=cpu", "strategy.start_method=spawn")).start_method == (
+        "spawn"
+    )
+
+
+SERVER = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from multiprocessing import forkserver as mp_forkserver
+    from psgd import forkserver
+    os.environ["PSGD_QUIET"] = "1"
+    forkserver.start()
+    pid = mp_forkserver._forkserver._forkserver_pid
+    # this process: Ctrl-C handled as before, its environment as before
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert os.environ["PSGD_QUIET"] == "1" and "PSGD_LAUNCHER_PID" not in os.environ
+    env = dict(s.split("=", 1) for s in open(f"/proc/{pid}/environ").read().split("\\0") if "=" in s)
+    ignored = int(next(ln for ln in open(f"/proc/{pid}/status") if ln.startswith("SigIgn:")).split()[1], 16)
+    print(pid, env.get("PSGD_LAUNCHER_PID"), env.get("PSGD_QUIET"), bool(ignored & (1 << (signal.SIGINT - 1))))
+    sys.stdout.flush()
+    forkserver.start()  # running: the same server
+    assert mp_forkserver._forkserver._forkserver_pid == pid
+    """
+)
+
+
+def test_the_server_knows_its_launcher_ignores_ctrl_c_is_never_quiet_and_ends_with_its_launcher():
+    proc = subprocess.run([sys.executable, "-c", SERVER], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    pid, launcher, quiet, sigint_ignored = proc.stdout.split()
+    # psgd's workers offer themselves to the OOM killer first (psgd.signals.LAUNCHER_ENV): so does the server
+    assert launcher != "None" and quiet == "None" and sigint_ignored == "True"
+    for _ in range(100):  # it ends once its launcher has
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            break
+        __import__("time").sleep(0.1)
+    else:
+        pytest.fail("the fork server outlived its launcher")
+
+
+def test_a_worker_takes_its_launchers_environment_and_ctrl_c_handling(monkeypatch):
+    monkeypatch.setenv("MASTER_PORT", "12345")
+    state = forkserver.launcher_state()
+    assert state["environ"]["MASTER_PORT"] == "12345" and state["sigint_ignored"] is False
+    monkeypatch.setenv("MASTER_PORT", "1")
+    monkeypatch.setenv("LEFT_FROM_THE_SERVER", "x")
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a fork-server child starts
+    try:
+        forkserver.adopt_launcher_state(state)
+        assert os.environ["MASTER_PORT"] == "12345" and "LEFT_FROM_THE_SERVER" not in os.environ
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        forkserver.adopt_launcher_state({**state, "sigint_ignored": True})  # a background job's worker
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
