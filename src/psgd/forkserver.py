@@ -26,8 +26,9 @@ from typing import Any
 from psgd import QUIET_ENV
 from psgd.signals import LAUNCHER_ENV
 
-# what every worker needs: imported once, in the server, before it forks any worker
-PRELOAD = ("torch", "pytorch_lightning", "psgd.run")
+# what every worker needs: imported once, in the server, before it forks any worker (then the server's
+# quick exit: psgd._in_forkserver)
+PRELOAD = ("torch", "pytorch_lightning", "psgd.run", "psgd._in_forkserver")
 
 
 def available() -> bool:
