@@ -85,12 +85,24 @@ def will_use_server(cfg: Any) -> bool:
     return accelerator == "cpu" or (accelerator in (None, "auto") and not nvidia_gpu_present())
 
 
+def runs_jobs_here(first_job: Any) -> bool:
+    """Hydra's basic launcher runs the jobs in this process; another (submitit on SLURM) runs them
+    elsewhere, where they start their own server. `first_job`: composed with Hydra's node."""
+    from omegaconf import OmegaConf
+
+    launcher = str(OmegaConf.select(first_job, "hydra.launcher._target_", default="") or "")
+    return launcher == "" or launcher.endswith(".BasicLauncher")
+
+
 def start_early(jobs: Iterable[tuple[list[str], Any]]) -> None:
     """Start the server now if any of these composed jobs will need it: its imports then run while this
     process imports torch for the job (two cores: in about the time of one import). A server that no job
     uses in the end (a GPU took the job: spawn) only sleeps until this process exits."""
+    jobs = list(jobs)
     try:
-        if available() and any(will_use_server(cfg) for _, cfg in jobs):
+        if not jobs or not available() or not runs_jobs_here(jobs[0][1]):
+            return
+        if any(will_use_server(cfg) for _, cfg in jobs):
             start()
     except Exception:  # only a head start: the first launch starts it otherwise
         pass

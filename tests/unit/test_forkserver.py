@@ -116,3 +116,12 @@ def test_a_worker_takes_its_launchers_environment_and_ctrl_c_handling(monkeypatc
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("launcher,here", [([], True), (["hydra/launcher=psgd_slurm"], False)])
+def test_a_sweep_whose_jobs_run_elsewhere_starts_no_server_here(launcher, here):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        first = compose(config_name="sweep", overrides=["workers=2", *launcher], return_hydra_config=True)
+    assert forkserver.runs_jobs_here(first) is here
