@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from psgd import QUIET_ENV
-from psgd.signals import LAUNCHER_ENV
+from psgd.signals import LAUNCHER_ENV, prefer_as_oom_victim, proc_stat
 
 # what every worker needs: imported once, in the server, before it forks any worker (then the server's
 # quick exit: psgd._in_forkserver)
@@ -38,17 +38,18 @@ def available() -> bool:
 
 def start() -> None:
     """Start the server unless it runs (multiprocessing keeps one per process; a dead one is replaced).
-    It knows this process as its workers' launcher (psgd.signals.launching): imported by the server,
-    psgd offers it and its workers to the out-of-memory killer before the launcher. It ignores Ctrl-C
-    (SIGINT) from the start, also while it imports: Ctrl-C is the launcher's to handle, and a server
-    stopped in an import would print its traceback; each worker takes the launcher's SIGINT handling
-    when it starts (launcher_state). It is not quiet whatever the job: a worker is quiet when its job is."""
+    It ignores Ctrl-C (SIGINT) from the start, also while it imports: Ctrl-C is the launcher's to
+    handle, and a server stopped in an import would print its traceback; each worker takes the
+    launcher's SIGINT handling when it starts (launcher_state). It is not quiet whatever the job (a
+    worker is quiet when its job is), and it keeps the launcher's standing with the out-of-memory
+    killer: its workers offer themselves first (adopt_launcher_state), since the server's death ends
+    every worker's run (the launcher can no longer learn how its workers ended)."""
     if not available():
         return
     multiprocessing.set_forkserver_preload(list(PRELOAD))
     environ = os.environ
     saved = {k: environ.get(k) for k in (LAUNCHER_ENV, QUIET_ENV)}
-    environ[LAUNCHER_ENV] = str(os.getpid())
+    environ.pop(LAUNCHER_ENV, None)  # (psgd, imported by a process its launcher started, prefers it as OOM victim)
     environ.pop(QUIET_ENV, None)
     sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the server (ignored stays ignored)
     try:
@@ -108,6 +109,16 @@ def start_early(jobs: Iterable[tuple[list[str], Any]]) -> None:
         pass
 
 
+def server_died() -> int | None:
+    """The pid of the fork server this process started, where it has died (the kernel's out-of-memory
+    killer, a kill), else None. Its workers' exit codes then read 255 (multiprocessing cannot ask it)."""
+    server = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if server is None:
+        return None
+    state = proc_stat(server)[:1]
+    return server if state in ([], ["Z"], ["X"]) else None
+
+
 def launcher_state() -> dict[str, Any]:
     """What a worker takes over from its launcher at launch, which a spawned worker would inherit and
     a fork-server child would not (it inherits the server's): the environment (MASTER_PORT, PSGD_QUIET,
@@ -116,7 +127,10 @@ def launcher_state() -> dict[str, Any]:
 
 
 def adopt_launcher_state(state: dict[str, Any]) -> None:
-    """In a worker the fork server started: take the launcher's state (launcher_state)."""
+    """In a worker the fork server started: take the launcher's state (launcher_state), and offer this
+    process to the out-of-memory killer before the launcher and the server, as a spawned worker does
+    when it imports psgd (psgd.signals.prefer_as_oom_victim)."""
+    prefer_as_oom_victim()
     os.environ.clear()
     os.environ.update(state["environ"])
     signal.signal(signal.SIGINT, signal.SIG_IGN if state["sigint_ignored"] else signal.default_int_handler)

@@ -185,7 +185,9 @@ def test_a_value_lightning_refuses_inside_the_workers_is_one_line_and_leaves_no_
     of the last all-reduce's tensors aborted the worker ("terminate called without an active exception"
     on stderr, 1 run in ~15; the thread count below fails every run without the fix)."""
     run_dir, threads = tmp_path / "run", ThreadsAtExit(tmp_path)
-    overrides = ["workers=2", "trainer.limit_train_batches=0.01", "quiet=true", f"hydra.run.dir={run_dir}"]
+    # spawn: a spawned worker shuts Python down at its exit (a fork server's child leaves by os._exit)
+    overrides = ["workers=2", "strategy.start_method=spawn", "trainer.limit_train_batches=0.01", "quiet=true"]
+    overrides.append(f"hydra.run.dir={run_dir}")
     proc = run_cli("train.py", f"data.root={tiny_data}", *overrides, timeout=180, env=threads.env)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

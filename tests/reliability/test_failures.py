@@ -125,6 +125,35 @@ def test_a_killed_worker_ends_the_run_with_its_rank(tiny_data, tmp_path, strateg
 
 
 @pytest.mark.distributed
+def test_a_killed_fork_server_ends_the_run_saying_so_and_takes_its_workers(tiny_data, tmp_path):
+    """psgd's fork server (the default start on CPU) tells the launcher how each of its workers ended;
+    killed (by the OOM killer, say), it could tell nothing: the run said "worker rank 0 died (exit code
+    255)", and the orphaned workers could train on."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY)
+    servers: list[int] = []
+
+    def kill_the_server(workers: list[int]) -> None:
+        servers.append(int(_stat_field(workers[0], 1)))  # the workers' parent
+        os.kill(servers[0], signal.SIGKILL)
+
+    stderr, workers = stop_after_two_epochs(run_dir, proc, kill_the_server)
+    assert stderr.strip().splitlines()[-1] == (
+        f"psgd: error: psgd's fork server (pid {servers[0]}), which started the workers, died (killed by a signal); "
+        f"they were stopped; results of finished epochs are in {run_dir}"
+    ), stderr
+    assert proc.returncode == 2
+    assert gone_within(workers, 5)
+    m = json.loads((run_dir / "metrics.json").read_text())
+    assert len(m["history"]) >= 2 and m["status"] == "failed"
+
+
+def _stat_field(pid: int, index: int) -> str:
+    """Field `index` of /proc/<pid>/stat after the command name (0: state, 1: the parent's pid)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[index]
+
+
+@pytest.mark.distributed
 def test_sigterm_to_one_worker_ends_the_run_with_its_rank(tiny_data, tmp_path):
     # Lightning's SIGTERM handler broadcast from inside the handler: with psgd's workers not joining
     # it, the run hung until the process group's timeout (30 min)
@@ -250,12 +279,19 @@ def assert_resumable(run_dir: Path) -> None:
     assert ckpt["global_step"] > 0 and ckpt["state_dict"]
 
 
-@pytest.mark.parametrize("workers", [1, 2], ids=["in-process", "ddp-2"])
-def test_ctrl_c_leaves_a_valid_metrics_file_marked_interrupted(tiny_data, tmp_path, workers):
+@pytest.mark.parametrize(
+    "workers,method",
+    [(1, None), (2, None), pytest.param(2, "spawn", marks=pytest.mark.slow)],
+    ids=["in-process", "ddp-2", "ddp-2-spawn"],
+)
+def test_ctrl_c_leaves_a_valid_metrics_file_marked_interrupted(tiny_data, tmp_path, workers, method):
     """The interrupted workers let go of the process group before Python shuts down (its threads outlived
-    every exit hook, which could abort a worker: see the limit_train_batches test in test_cli_errors.py)."""
+    every exit hook, which could abort a worker: see the limit_train_batches test in test_cli_errors.py).
+    That shutdown is a spawned worker's; psgd's fork server (the default) is ignoring Ctrl-C, its
+    workers are not, and they leave by os._exit."""
     run_dir, threads = tmp_path / "run", ThreadsAtExit(tmp_path)
     overrides = [f"workers={workers}", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY]
+    overrides += [f"strategy.start_method={method}"] if method else []
     proc = start(run_dir, *overrides, env=threads.env)
     # what Ctrl-C sends: SIGINT to the whole foreground process group
     stderr, _ = stop_after_two_epochs(run_dir, proc, lambda pids: os.killpg(proc.pid, signal.SIGINT), workers=workers)
@@ -263,7 +299,9 @@ def test_ctrl_c_leaves_a_valid_metrics_file_marked_interrupted(tiny_data, tmp_pa
     assert proc.returncode == 128 + signal.SIGINT  # 130, as before training started (Lightning's exit code was 1)
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["status"] == "interrupted" and len(m["history"]) >= 2
-    assert len(threads.processes()) >= workers and not threads.gloo_left(), threads.processes()
+    # train.py (and multiprocessing's resource tracker); spawned workers too
+    assert len(threads.processes()) >= (1 if method is None else 1 + workers), threads.processes()
+    assert not threads.gloo_left(), threads.processes()
     assert_resumable(run_dir)
     assert not list(run_dir.glob(".*.tmp"))  # no half-written temp files left
 

@@ -2,6 +2,8 @@
 failure is reported for; HogWild's shared memory) and the training loop's per-step SIGTERM broadcast.
 Keep this file small; it is what a Lightning upgrade may break."""
 
+import contextlib
+import os
 import shutil
 import signal
 import traceback
@@ -26,6 +28,7 @@ from psgd.signals import die_with_parent, oom_kills, oom_kills_since, temp_folde
 
 __all__ = [
     "FirstFailureLauncher",
+    "ForkServerDied",
     "KilledWorker",
     "ReportsFirstFailure",
     "SharedMemoryLauncher",
@@ -123,6 +126,22 @@ class WorkerOutOfMemory(KilledWorker):
         super().__init__(message, rank, pid, kills)
 
 
+class ForkServerDied(KilledWorker):
+    """psgd's fork server, which started the workers and tells the launcher how each ended, died while
+    they ran: their exit codes read 255 (multiprocessing's "cannot ask"). The launcher kills them."""
+
+    def __init__(self, server: int, kills: int | None):
+        why = (
+            f"killed by the kernel's out-of-memory killer (its OOM-kill count rose by {kills} during the run): "
+            "use fewer workers or a smaller data.batch_size"
+            if kills
+            else "killed by a signal"
+        )
+        message = f"psgd's fork server (pid {server}), which started the workers, died ({why}); they were stopped"
+        super().__init__(message, 0, server)
+        self._args = (server, kills)  # (pickled from these)
+
+
 class FirstFailureLauncher(_MultiProcessingLauncher):
     """Lightning's spawn/fork launcher, reporting the worker whose failure ended the run.
 
@@ -167,6 +186,13 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
 
     def _explain(self, e: ProcessRaisedException | ProcessExitedException) -> BaseException:
         """What the run raises for the failure torch reported: `e`, or the worker and cause behind it."""
+        if self._launcher_state is not None and isinstance(e, ProcessExitedException) and e.exit_code == 255:
+            server = forkserver.server_died()
+            if server is not None:
+                for proc in self.procs:  # orphaned, they would train on (and write) after the run failed
+                    with contextlib.suppress(OSError):
+                        os.kill(proc.pid, signal.SIGKILL)
+                return ForkServerDied(server, oom_kills_since(self._oom_kills_at_launch))
         return self._out_of_memory(self._first_failure(e) if isinstance(e, ProcessRaisedException) else e)
 
     def _out_of_memory(self, cause: BaseException) -> BaseException:
