@@ -223,8 +223,9 @@ def test_a_resume_refused_inside_the_workers_is_one_line_and_leaves_no_run_dir(t
         lines[0],
     ), lines[0]
     assert not run_dir.exists()
-    # the failed workers let go of the process group before Python shuts down (see the test above)
-    assert len(threads.processes()) >= 3 and not threads.gloo_left(), threads.processes()
+    # no gloo thread outlives the exit hooks of any process that shuts Python down (the launcher here: the
+    # fork server's workers leave by os._exit; a spawned worker's shutdown is the test above's subject)
+    assert threads.processes() and not threads.gloo_left(), threads.processes()
 
 
 @pytest.mark.parametrize("script", ["train.py", "sweep.py"])
