@@ -1,18 +1,18 @@
-"""The fork server that starts psgd's worker processes on CPU (strategy.start_method=forkserver, the
-default there).
+"""The fork server that starts psgd's worker processes on CPU (strategy.start_method=forkserver, what
+null resolves to there).
 
 A spawned worker is a fresh interpreter that imports torch, Lightning and psgd again before it can
-train: ~5 s on 2 cores, and spawned workers import at once, so that 4 workers on 2 cores took ~12 s
-more to start than one (benchmarks/startup.py). psgd's fork server imports all of that once (PRELOAD)
-and then forks each worker from itself: a worker starts in a fraction of a second, already loaded. The
-server is a fresh process that never runs a torch operation, so its children can use OpenMP, which a
-worker forked from the launcher cannot once the launcher has run one (GNU OpenMP's thread pool does not
-survive a fork: the child hangs in its first parallel operation). It lives as long as the process that
-started it; the jobs of a sweep share it.
+train: ~4.5 s on 2 cores, and spawned workers import at once, so that a short run with 4 workers on 2
+cores reached its result ~15 s later than with one (benchmarks/startup.py). psgd's fork server
+imports all of that once (PRELOAD) and then forks each worker from itself: a worker starts in a
+fraction of a second, already loaded. The server is a fresh process that never runs a torch
+operation, so its children can use OpenMP, which a worker forked from the launcher cannot once the
+launcher has run one (GNU OpenMP's thread pool does not survive a fork: the child hangs in its first
+parallel operation). It lives as long as the process that started it; the jobs of a sweep share it.
 
 The scripts start it as soon as the command line is checked (`start_early`), so that it imports while
 the launcher itself imports; otherwise the first launch starts it. This module stays light (the
-standard library and psgd.signals only): the scripts import it before torch.
+standard library, psgd's package and psgd.signals; OmegaConf): the scripts import it before torch.
 """
 
 import multiprocessing
