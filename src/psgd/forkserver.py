@@ -18,6 +18,7 @@ standard library, psgd's package and psgd.signals; OmegaConf): the scripts impor
 import multiprocessing
 import os
 import signal
+import time
 from collections.abc import Iterable
 from multiprocessing import forkserver
 from pathlib import Path
@@ -109,14 +110,20 @@ def start_early(jobs: Iterable[tuple[list[str], Any]]) -> None:
         pass
 
 
-def server_died() -> int | None:
+def server_died(wait_s: float = 2.0) -> int | None:
     """The pid of the fork server this process started, where it has died (the kernel's out-of-memory
-    killer, a kill), else None. Its workers' exit codes then read 255 (multiprocessing cannot ask it)."""
+    killer, a kill), else None. Its workers' exit codes then read 255 (multiprocessing cannot ask it).
+    A dying process closes its files (which is how its workers were seen to end) a moment before it is
+    a zombie: that is waited for, up to `wait_s`."""
     server = getattr(forkserver._forkserver, "_forkserver_pid", None)
     if server is None:
         return None
-    state = proc_stat(server)[:1]
-    return server if state in ([], ["Z"], ["X"]) else None
+    deadline = time.monotonic() + wait_s
+    while proc_stat(server)[:1] not in ([], ["Z"], ["X"]):
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.02)
+    return server
 
 
 def launcher_state() -> dict[str, Any]:
