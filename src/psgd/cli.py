@@ -120,10 +120,15 @@ def keeps_traceback(e: BaseException) -> bool:
     return True
 
 
+def write_traceback(run_dir: Path, e: BaseException) -> None:
+    """The whole traceback of `e` (a worker's included, in its text) into the file its line names."""
+    write_atomic(traceback_path(run_dir), "".join(traceback.format_exception(e)))
+
+
 def record_failure(run_dir: Path, line: str, e: BaseException) -> None:
     """A sweep job that failed keeps its dir, marked failed with its error line, for the report."""
     mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
-    write_atomic(traceback_path(run_dir), "".join(traceback.format_exception(e)))
+    write_traceback(run_dir, e)
 
 
 def run_job(cfg: DictConfig) -> float | None:
@@ -153,8 +158,8 @@ def run_job(cfg: DictConfig) -> float | None:
             _discard_empty_run_dir(run_dir)
         elif _global_rank() in ("0", None) or (isinstance(e, WorkerGone) and e.records):  # one writer
             mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
-        if keeps_traceback(e):  # the line names the file: the whole traceback, a worker's included
-            write_atomic(traceback_path(run_dir), "".join(traceback.format_exception(e)))
+        if keeps_traceback(e):  # the line names the file
+            write_traceback(run_dir, e)
         if isinstance(e, WorkerGone) and not e.says_so:  # another worker on this machine says it
             raise SystemExit(2) from None
         fail(line, every_worker_finds_it=getattr(e, "every_worker_finds_it", False))

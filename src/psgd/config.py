@@ -139,7 +139,7 @@ def resolve_start_method(s: DictConfig, accelerator: str) -> str:
     methods, method = START_METHODS[s.name], s.get("start_method")
     if method is None:
         method = methods[0] if len(methods) == 1 or (accelerator == "cpu" and forkserver.available()) else "spawn"
-    if method == "forkserver" and accelerator != "cpu" and len(methods) > 1:
+    if method == "forkserver" and accelerator != "cpu":  # (HogWild on GPU is refused before this)
         raise ConfigError(
             f"strategy.start_method={method} is invalid on GPU: CUDA cannot be used in forked workers; "
             "use spawn, or null for the default"

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from psgd import QUIET_ENV
+from psgd.command_line import torchrun_worker
 from psgd.signals import LAUNCHER_ENV, prefer_as_oom_victim, proc_stat
 
 # what every worker needs: imported once, in the server, before it forks any worker (then the server's
@@ -73,11 +74,12 @@ def will_use_server(cfg: Any) -> bool:
     """Whether psgd will start this composed job's workers from the fork server, as far as can be told
     before torch loads (config.resolve_start_method decides with torch): more than one worker started
     by psgd (not torchrun / srun), with strategy=hogwild or, on CPU, start_method forkserver or null."""
+    from psgd.config import resolve_workers  # (psgd.config imports this module)
+
     s, trainer = cfg.strategy, cfg.trainer
-    workers = trainer.get("devices") if trainer.get("devices") is not None else cfg.get("workers", 1)
-    if not isinstance(workers, int) or workers < 2 or trainer.get("num_nodes", 1) != 1:
+    if resolve_workers(cfg) < 2 or trainer.get("num_nodes", 1) != 1:
         return False
-    if "TORCHELASTIC_RUN_ID" in os.environ or int(os.environ.get("SLURM_NTASKS") or 1) > 1:
+    if torchrun_worker() or int(os.environ.get("SLURM_NTASKS") or 1) > 1:  # (config.external_launcher, light)
         return False
     if s.name == "hogwild":
         return True

@@ -18,6 +18,7 @@ from conftest import ROOT, ThreadsAtExit, compose_cfg, run_cli
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd.run import train
+from psgd.signals import proc_stat
 
 TINY = ["quiet=true", "data.batch_size=16", "data.eval_batch_size=64"]
 
@@ -134,7 +135,7 @@ def test_a_killed_fork_server_ends_the_run_saying_so_and_takes_its_workers(tiny_
     servers: list[int] = []
 
     def kill_the_server(workers: list[int]) -> None:
-        servers.append(int(_stat_field(workers[0], 1)))  # the workers' parent
+        servers.append(int(proc_stat(workers[0])[1]))  # the workers' parent
         os.kill(servers[0], signal.SIGKILL)
 
     stderr, workers = stop_after_two_epochs(run_dir, proc, kill_the_server)
@@ -146,11 +147,6 @@ def test_a_killed_fork_server_ends_the_run_saying_so_and_takes_its_workers(tiny_
     assert gone_within(workers, 5)
     m = json.loads((run_dir / "metrics.json").read_text())
     assert len(m["history"]) >= 2 and m["status"] == "failed"
-
-
-def _stat_field(pid: int, index: int) -> str:
-    """Field `index` of /proc/<pid>/stat after the command name (0: state, 1: the parent's pid)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[index]
 
 
 @pytest.mark.distributed

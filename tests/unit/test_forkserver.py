@@ -35,6 +35,7 @@ def test_the_server_is_started_early_only_for_jobs_whose_workers_it_will_start(o
 
 def test_under_torchrun_no_server_is_started(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "1")
+    monkeypatch.setenv("RANK", "0")
     assert not forkserver.will_use_server(compose_cfg("workers=2"))
 
 
