@@ -5,8 +5,9 @@
     python -m psgd.report multirun/2026-11-21/10-00-00-000000
 
 Files written into the sweep dir:
-    report.csv      one row per job: swept values, status (and error line), workers, strategy, train
-                    time, samples/s, test accuracy, per-worker accuracies, time to target, speedup
+    report.csv      one row per job: swept values, status (and error line), workers, strategy,
+                    samples trained, train time, samples/s, test accuracy, per-worker accuracies,
+                    time to target, speedup
     summary.csv     one row per (group, workers): mean ± std over seeds, speedup S(P) = T(1)/T(P)
                     and efficiency S(P)/P, for the fixed epochs and for the time to target accuracy
     report.md       both tables in markdown
@@ -14,7 +15,10 @@ Files written into the sweep dir:
     the batch size is swept)
 
 A group is every job with the same strategy and the same values of the swept keys other than
-workers and seed; T(1) is its 1-worker job (mean over seeds).
+workers and seed; T(1) is its 1-worker job (mean over seeds). For the fixed epochs, T is a job's
+training time per sample it trained (all workers together): for jobs that trained the same samples
+S(P) is exactly T(1)/T(P), and jobs that did not (trainer.limit_train_batches counts each worker's
+batches; an early stop) still compare the same work, with a note in report.md saying so.
 """
 
 import argparse
@@ -55,6 +59,16 @@ class Job:
 
     def get(self, key: str) -> Any:
         return self.metrics.get(key)
+
+    @property
+    def samples(self) -> int | None:
+        """Training samples of the whole run, all workers together (its epochs' `samples`), or None
+        for a record without them."""
+        history = self.get("history") or []
+        counts = [h.get("samples") for h in history if isinstance(h, dict)]
+        if not counts or len(counts) != len(history) or not all(isinstance(n, int) and n > 0 for n in counts):
+            return None
+        return sum(counts)
 
 
 @dataclass
@@ -189,11 +203,25 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
     def mean_of(group: tuple, p: int, key: str) -> float | None:
         return _mean([j.get(key) for j in by_group[group].get(p, []) if j.get(key) is not None])
 
+    # S(P) = T(1)/T(P) for the same work: each job's training time per sample it trained, so that a
+    # group whose jobs trained different numbers of samples (trainer.limit_train_batches counts each
+    # worker's batches; an early stop) still compares like with like. Equal work: exactly T(1)/T(P).
+    per_sample = {g: all(j.samples for ps in per_p.values() for j in ps) for g, per_p in by_group.items()}
+
+    def work_time(job: Job) -> float | None:
+        t = job.get("train_time_s")
+        if t is None or not job.ok:
+            return None
+        return t / job.samples if per_sample.get(group_key(job, swept)) else t
+
+    def mean_work_time(group: tuple, p: int) -> float | None:
+        return _mean([t for j in by_group[group].get(p, []) if (t := work_time(j)) is not None])
+
     rows = []
     for job in jobs:
         g = group_key(job, swept)
-        t1, ttt1 = mean_of(g, 1, "train_time_s"), mean_of(g, 1, "time_to_target_s")
-        speedup = _ratio(t1, job.get("train_time_s")) if job.ok else None
+        t1, ttt1 = mean_work_time(g, 1), mean_of(g, 1, "time_to_target_s")
+        speedup = _ratio(t1, work_time(job)) if job.ok else None
         speedup_t = _ratio(ttt1, job.get("time_to_target_s")) if job.ok else None
         worker_acc = job.get("worker_test_acc")
         worst = worst_class(job.get("test_acc_per_class"), job.get("test_classes"))
@@ -207,6 +235,7 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                 "threads_per_worker": job.get("threads_per_worker"),
                 "batch_size": job.get("batch_size"),
                 "epochs": job.get("epochs"),
+                "samples": job.samples,
                 "train_time_s": _r(job.get("train_time_s"), 2),
                 "samples_per_s": job.get("samples_per_s"),
                 "test_acc": job.get("test_acc"),
@@ -225,14 +254,14 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
 
     summary = []
     for g, per_p in by_group.items():
-        t1, ttt1 = mean_of(g, 1, "train_time_s"), mean_of(g, 1, "time_to_target_s")
+        t1, ttt1 = mean_work_time(g, 1), mean_of(g, 1, "time_to_target_s")
         for p in sorted(per_p):
             group_jobs = per_p[p]
             times = [j.get("train_time_s") for j in group_jobs]
             accs = [j.get("test_acc") for j in group_jobs]
             ttt = [j.get("time_to_target_s") for j in group_jobs if j.get("time_to_target_s") is not None]
             t_p, ttt_p = _mean(times), _mean(ttt)
-            s, s_t = _ratio(t1, t_p), _ratio(ttt1, ttt_p)
+            s, s_t = _ratio(t1, mean_work_time(g, p)), _ratio(ttt1, ttt_p)
             worker_accs = [a for j in group_jobs for a in (j.get("worker_test_acc") or [])]
             summary.append(
                 {
@@ -255,6 +284,29 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                 }
             )
     return rows, summary
+
+
+def unequal_work_notes(jobs: list[Job], swept: list[str]) -> list[str]:
+    """A note per group whose completed jobs trained numbers of samples more than 1 % apart: their
+    S(P) compares training time per sample, which a reader of T(1)/T(P) should know."""
+    samples: dict[tuple, dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
+    for job in jobs:
+        if job.ok and job.samples:
+            samples[group_key(job, swept)][job.workers].add(job.samples)
+    groups_by_counts: dict[str, list[str]] = defaultdict(list)  # groups with the same counts: one note
+    for g, per_p in samples.items():
+        counts = [n for ns in per_p.values() for n in ns]
+        if max(counts) > 1.01 * min(counts):
+            trained = "; ".join(
+                f"workers={p}: {' / '.join(f'{n:,}' for n in sorted(ns))}" for p, ns in sorted(per_p.items())
+            )
+            groups_by_counts[trained].append(" ".join(g))
+    return [
+        f"{', '.join(groups)}: the jobs trained different numbers of samples ({trained}), so S(P) and "
+        "E(P) compare training time per sample (samples/s), not whole runs; "
+        "trainer.limit_train_batches counts each worker's batches, and an early stop ends a run sooner"
+        for trained, groups in groups_by_counts.items()
+    ]
 
 
 TARGET_COLUMNS = ("reached target", "time to target s", "S to target", "E to target")
@@ -297,14 +349,24 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
         + ". "
         f"Swept: {', '.join(report.swept) or 'nothing'}.",
         "Times are training only (validation and process start excluded). "
-        "Speedup S(P) = T(1)/T(P) within a group (same strategy and other swept values), efficiency = S(P)/P.",
+        "Speedup S(P) = T(1)/T(P) within a group (same strategy and other swept values), for the same work "
+        "(time per trained sample), efficiency = S(P)/P.",
         "",
         "## Jobs",
         "",
     ]
     targets = any(j.get("target_acc") is not None for j in report.jobs)
     averaging = any(j.get("worker_test_acc") for j in report.jobs)
-    job_cols = ["job", *extra_columns(report.swept), "status", "strategy", "workers", "epochs", "train_time_s"]
+    job_cols = [
+        "job",
+        *extra_columns(report.swept),
+        "status",
+        "strategy",
+        "workers",
+        "epochs",
+        "samples",
+        "train_time_s",
+    ]
     # label-skewed shards: a test_acc can hide labels the final model hardly knows
     skewed = any(j.partition != "iid" for j in report.jobs)
     job_cols += ["samples_per_s", "test_acc"] + (["worker_test_acc"] if averaging else [])
@@ -480,6 +542,7 @@ def write_report(sweep_dir: str | Path) -> Report:
         notes.append("no completed 1-worker job in any group: speedup needs workers=1 in the sweep")
     if not any(s["speedup_to_target"] for s in summary) and any(j.get("target_acc") for j in jobs):
         notes.append("no group has a 1-worker job that reached early_stop.target_acc: no speedup to target")
+    notes += unequal_work_notes(jobs, swept)
     report = Report(jobs, swept, rows, summary, plots, notes)
     if rows:
         write_csv(sweep_dir / "report.csv", list(rows[0]), [list(r.values()) for r in rows])
