@@ -125,6 +125,13 @@ def write_traceback(run_dir: Path, e: BaseException) -> None:
     write_atomic(traceback_path(run_dir), "".join(traceback.format_exception(e)))
 
 
+def show_traceback_if_asked(e: BaseException) -> None:
+    """HYDRA_FULL_ERROR=1, Hydra's switch for whole tracebacks, also prints a bug's traceback (a
+    worker's included) above its line, not only into the run's error log."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        print("".join(traceback.format_exception(e)).rstrip(), file=sys.stderr, flush=True)
+
+
 def record_failure(run_dir: Path, line: str, e: BaseException) -> None:
     """A sweep job that failed keeps its dir, marked failed with its error line, for the report."""
     mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
@@ -152,6 +159,8 @@ def run_job(cfg: DictConfig) -> float | None:
         if sweeping:
             if not isinstance(e, DirInUse):  # the earlier job's record stays as it was
                 record_failure(run_dir, line, e)
+            if keeps_traceback(e):
+                show_traceback_if_asked(e)
             print(f"psgd: error: {line}", file=sys.stderr, flush=True)
             return None
         if bad_input(e):
@@ -160,6 +169,7 @@ def run_job(cfg: DictConfig) -> float | None:
             mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
         if keeps_traceback(e):  # the line names the file
             write_traceback(run_dir, e)
+            show_traceback_if_asked(e)
         if isinstance(e, WorkerGone) and not e.says_so:  # another worker on this machine says it
             raise SystemExit(2) from None
         fail(line, every_worker_finds_it=getattr(e, "every_worker_finds_it", False))

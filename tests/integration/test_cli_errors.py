@@ -349,3 +349,24 @@ def test_a_bug_in_a_users_model_is_one_line_and_its_whole_traceback_is_kept(tiny
     assert m["status"] == "failed" and m["error"] == next(ln for ln in lines if ln.endswith("error.log)")).removeprefix(
         "psgd: error: "
     )
+
+
+def test_hydra_full_error_also_prints_a_bugs_traceback(tiny_data, tmp_path):
+    """HYDRA_FULL_ERROR=1 is how a Hydra user asks for whole tracebacks: a bug's is printed above its
+    line as well as kept in error.log."""
+    (tmp_path / "usercode").mkdir()
+    (tmp_path / "usercode" / "buggy_net.py").write_text(BUGGY_MODEL)
+    run_dir = tmp_path / "run"
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(tmp_path / "usercode"), os.environ.get("PYTHONPATH", "")]),
+        "HYDRA_FULL_ERROR": "1",
+    }
+    over = ["model._target_=buggy_net.Buggy", "model.name=buggy", f"hydra.run.dir={run_dir}", "data.batch_size=16"]
+    proc = run_cli("train.py", f"data.root={tiny_data}", "quiet=true", *over, env=env)
+    assert proc.returncode == 2
+    where = next(n for n, text in enumerate(BUGGY_MODEL.splitlines(), 1) if "raise ValueError" in text)
+    assert proc.stderr.count("Traceback (most recent call last)") == 1
+    assert f'buggy_net.py", line {where}, in forward' in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == f"psgd: error: ValueError: a bug deep in my model (traceback in {run_dir / 'error.log'})"
+    assert f'buggy_net.py", line {where}, in forward' in (run_dir / "error.log").read_text()
