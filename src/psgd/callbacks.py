@@ -63,8 +63,9 @@ class WorkerSetup(Callback):
 
     step_logs: whether anything is logged per step (a per-step lr schedule's lr_step). Without, Lightning's
     warning that an epoch has fewer batches than trainer.log_every_n_steps ("Set a lower value ... if you
-    want to see logs for the training epoch") is wrong: psgd logs every epoch whatever the interval. It
-    is filtered in this process (a run in the caller's process: until the run ends, psgd.quietness).
+    want to see logs for the training epoch") is wrong: psgd logs every epoch whatever the interval (and
+    train/loss_step at each epoch's end when the epoch is shorter than the interval). It is filtered in
+    this process (a run in the caller's process: until the run ends, psgd.quietness).
     """
 
     def __init__(self, threads: int, seed: int | None = None, flush_denormal: bool = True, step_logs: bool = True):

@@ -112,7 +112,9 @@ class Classifier(PlainHookName, L.LightningModule):
         self.count_train(out, y, loss, batch_idx)
         return loss
 
-    count_every = 32  # training batches kept before they are counted together
+    # training batches kept before they are counted together (and logged as train/loss_step and
+    # train/acc_step); None: the trainer's log_every_n_steps (50 by default), else 32
+    count_every: int | None = None
 
     def count_train(self, out: Tensor, y: Tensor, loss: Tensor, batch_idx: int) -> None:
         """Add a training batch to this epoch's accuracy and mean loss. The step only keeps its
@@ -126,20 +128,34 @@ class Classifier(PlainHookName, L.LightningModule):
             self._train_pending = []
         pending = self._train_pending
         pending.append((out.detach(), y, loss.detach()))
-        if len(pending) >= self.count_every:
+        if len(pending) >= self._count_every:
             self._count_pending()
 
-    def _count_pending(self) -> None:
+    _count_every = 32  # count_every as resolved at the start of fit
+
+    def _count_pending(self, after_step: bool = False) -> None:
+        """Count the kept batches into the epoch's counts; on rank 0, also log their mean loss and
+        accuracy (this worker's batches since the last count) as train/loss_step and train/acc_step:
+        a curve within the epochs at one .item() per count, not Lightning's per-step self.log. They
+        are placed at the (0-based) step of the last batch counted, as Lightning places its own:
+        during that batch's training_step, or `after_step` it (the epoch's end)."""
         pending, counts = self._train_pending, self._train_counts
         if not pending:
             return
         outs, ys = torch.cat([p[0] for p in pending]), torch.cat([p[1] for p in pending])
         losses = torch.stack([p[2] for p in pending]).double()
         sizes = torch.tensor([len(p[1]) for p in pending], dtype=torch.float64, device=losses.device)
-        counts[0] += (outs.argmax(1) == ys).sum()
-        counts[1] += losses @ sizes
+        correct, loss_sum = (outs.argmax(1) == ys).sum(), losses @ sizes
+        counts[0] += correct
+        counts[1] += loss_sum
         counts[2] += len(ys)
         pending.clear()
+        trainer = self._trainer
+        if trainer is not None and trainer.is_global_zero and trainer.loggers:
+            correct, loss_sum = torch.stack([correct.double(), loss_sum]).tolist()
+            values = {"train/loss_step": loss_sum / len(ys), "train/acc_step": correct / len(ys)}
+            for logger in trainer.loggers:
+                logger.log_metrics(values, step=trainer.global_step - after_step)
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -159,7 +175,7 @@ class Classifier(PlainHookName, L.LightningModule):
         """Accuracy and mean loss over every sample every worker trained on this epoch, with one
         all-reduce after each worker's last step: every worker gets there once per epoch, also with
         shards of different sizes, and after any collective of its optimizer steps (averaging)."""
-        self._count_pending()
+        self._count_pending(after_step=True)
         correct, loss_sum, n = self._train_counts
         self._train_counts = None  # logged; the next epoch's first batch starts new counts
         sums = torch.stack([correct, loss_sum, torch.tensor(float(n), dtype=torch.float64, device=correct.device)])
@@ -231,6 +247,8 @@ class Classifier(PlainHookName, L.LightningModule):
 
     @override
     def on_fit_start(self) -> None:
+        every = self.count_every or getattr(self.trainer, "log_every_n_steps", None) or 32
+        self._count_every = max(1, int(every))
         # A process group left over from an earlier job would silently change the world size.
         expected = self.hparams.workers * self.trainer.num_nodes
         actual = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

@@ -61,6 +61,8 @@ def test_two_worker_metrics_and_tensorboard(ddp2):
     assert scalars(acc, "lr") == pytest.approx([0.02, 0.02 + 0.02 / 1.5, 0.04])
     assert scalars(acc, "val/acc") == pytest.approx([h["val_acc"] for h in m["history"]], abs=1e-6)
     assert len(scalars(acc, "time/samples_per_s")) == 3
+    # rank 0's loss within the epochs: one point per epoch here (8 steps < log_every_n_steps), one writer
+    assert [e.step for e in acc.Scalars("train/loss_step")] == [7, 15, 23]
     assert "_hparams_/session_start_info" in acc.PluginTagToContent("hparams")
 
 

@@ -115,6 +115,12 @@ def test_tensorboard_events_hold_curves_hparams_and_test_metrics(single_run):
         assert scalars(acc, f"test/acc_class/{label}_{names[label]}") == pytest.approx([class_acc], abs=1e-6)
     # the default cosine decay, 3 epochs of 16 steps: each epoch's lr where the epoch starts
     assert {e.step: e.value for e in acc.Scalars("lr")} == pytest.approx({0: 0.02, 16: 0.015, 32: 0.005})
+    # the loss within the epochs, every trainer.log_every_n_steps (50) batches and at each epoch's end:
+    # here each epoch's 16 steps are one point at its last step, the epoch's own figure
+    assert {e.step: e.value for e in acc.Scalars("train/loss_step")} == pytest.approx(
+        {e.step: e.value for e in acc.Scalars("train/loss")}, rel=1e-5
+    )
+    assert [e.step for e in acc.Scalars("train/acc_step")] == [15, 31, 47]
     plugins = acc.PluginTagToContent("hparams")
     assert "_hparams_/session_start_info" in plugins and "_hparams_/experiment" in plugins
     assert b"optimizer.lr" in plugins["_hparams_/session_start_info"]

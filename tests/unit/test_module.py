@@ -6,6 +6,7 @@ import pytest
 import pytorch_lightning as L
 import torch
 import torch.nn.functional as F
+from pytorch_lightning.loggers import Logger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -45,6 +46,55 @@ def test_train_metrics_count_every_sample_of_the_epoch(batches, count_every):
         out = net(x[:n])
     assert float(metrics["train/acc"]) == pytest.approx((out.argmax(1) == y[:n]).float().mean().item(), abs=1e-6)
     assert float(metrics["train/loss"]) == pytest.approx(F.cross_entropy(out, y[:n]).item(), rel=1e-5)
+
+
+class Recorded(Logger):
+    """A logger that keeps what it is given, as TensorBoard's would write it."""
+
+    def __init__(self):
+        super().__init__()
+        self.logged: dict[str, dict[int, float]] = {}
+
+    name, version = "recorded", 0
+
+    def log_metrics(self, metrics, step=None):
+        for key, value in metrics.items():
+            self.logged.setdefault(key, {})[step] = value
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+
+def test_the_loss_within_the_epoch_is_logged_every_log_every_n_steps():
+    """train/loss_step and train/acc_step: the mean over the batches since the last point, at the
+    0-based step of the last of them, every trainer.log_every_n_steps batches and at the epoch's end."""
+    torch.manual_seed(0)
+    x, y = torch.randn(100, 6), torch.randint(0, 4, (100,))
+    net = nn.Linear(6, 4)
+    module = Classifier(net, partial(torch.optim.SGD), lr=0.0, num_classes=4)  # lr 0: recomputable
+    logger = Recorded()
+    trainer = L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=logger,
+        log_every_n_steps=3,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, train_dataloaders=DataLoader(TensorDataset(x, y), batch_size=32))  # 4 batches
+    with torch.no_grad():
+        out = net(x)
+    parts = {"first": slice(0, 96), "rest": slice(96, 100)}  # batches 1-3, then the short 4th at the end
+    loss = {k: F.cross_entropy(out[s], y[s]).item() for k, s in parts.items()}
+    acc = {k: (out[s].argmax(1) == y[s]).float().mean().item() for k, s in parts.items()}
+    steps = {2: "first", 3: "rest", 6: "first", 7: "rest"}  # 4 steps per epoch, 0-based
+    assert logger.logged["train/loss_step"] == pytest.approx({step: loss[k] for step, k in steps.items()})
+    assert logger.logged["train/acc_step"] == pytest.approx({step: acc[k] for step, k in steps.items()})
+    # the epoch's own figures are over all of it, at its last step, as before
+    assert logger.logged["train/loss"] == pytest.approx(
+        {3: F.cross_entropy(out, y).item(), 7: F.cross_entropy(out, y).item()}
+    )
 
 
 def test_the_test_reports_each_classs_accuracy_and_none_for_a_class_it_never_saw():
