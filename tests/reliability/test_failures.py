@@ -362,9 +362,17 @@ def test_ctrl_c_before_training_leaves_no_run_dir_for_the_script_to_report(tmp_p
 
 
 @pytest.mark.parametrize(
-    "script,workers", [("train.py", 1), ("sweep.py", 1), ("train.py", 2)], ids=["train.py", "sweep.py", "2-workers"]
+    "script,workers,sig",
+    [
+        pytest.param("train.py", 1, signal.SIGINT, id="ctrl-c-train.py"),
+        pytest.param("sweep.py", 1, signal.SIGINT, id="ctrl-c-sweep.py"),
+        pytest.param("train.py", 2, signal.SIGINT, id="ctrl-c-2-workers"),
+        pytest.param("sweep.py", 1, signal.SIGTERM, id="sigterm-sweep.py"),
+        # ~6-8 s each, the same path as sigterm-sweep.py's and ctrl-c's with the scripts' own signal
+        pytest.param("train.py", 1, signal.SIGTERM, id="sigterm-train.py", marks=pytest.mark.slow),
+        pytest.param("train.py", 2, signal.SIGTERM, id="sigterm-2-workers", marks=pytest.mark.slow),
+    ],
 )
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_while_starting_up_is_one_line_and_leaves_nothing(tiny_data, tmp_path, script, workers, sig):
     """Ctrl-C in the first seconds (the checks, torch loading) printed a traceback of whatever was
     loading (torch's operator registry, scipy's docstrings ...); SIGTERM ended the script without a word
