@@ -134,6 +134,27 @@ def test_period_one_is_exactly_synchronous_sgd(tiny_data, tmp_path):
     assert_close(runs["model_averaging"], runs["ddp"], atol=1e-5)
 
 
+def test_a_period_longer_than_an_epoch_still_averages_every_period_steps(tiny_data, tmp_path):
+    """2 workers, 8 steps each per epoch, 3 epochs: period 12 averages at steps 12 and 24, the last
+    one, so the replicas are equal before the final averaging (replica_distance 0). The period used
+    to restart with every epoch: with 12 > 8 the replicas were never averaged during training. A run
+    resumed after epoch 2 (step 16) keeps the count: it averages at step 24 too, to the same weights."""
+    settings = ["strategy=model_averaging", "workers=2", "strategy.period=12", "trainer.max_epochs=3", *TINY]
+    run_dir, resumed = tmp_path / "run", tmp_path / "resumed"
+    extra = ["checkpoint_every_epoch=true"]
+    proc = run_cli("train.py", *settings, *extra, f"data.root={tiny_data}", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr
+    m = metrics(run_dir)
+    assert m["history"][-1]["step"] == 24  # each worker's optimizer steps
+    assert m["replica_distance"] == 0
+    assert m["worker_test_acc"][0] == m["worker_test_acc"][1] == m["test_acc"]
+    ckpt = run_dir / "checkpoints" / "epoch1.ckpt"
+    proc = run_cli("train.py", *settings, f"ckpt_path={ckpt}", f"data.root={tiny_data}", f"hydra.run.dir={resumed}")
+    assert proc.returncode == 0, proc.stderr
+    assert metrics(resumed)["replica_distance"] == 0
+    assert_close(weights(resumed), weights(run_dir), atol=0)
+
+
 @pytest.mark.parametrize(
     "partition",
     [

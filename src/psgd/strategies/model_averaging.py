@@ -7,10 +7,16 @@ Averaged: all parameters; floating buffers such as BatchNorm statistics (``avera
 optionally the optimizer's floating state, e.g. momentum or NovoGrad moments
 (``average_optimizer_state``). Integer buffers (``num_batches_tracked``) and step counters are kept.
 
-Uneven shards: workers take different numbers of steps per epoch. Averaging points within an epoch
-are the multiples of K up to the fewest steps any worker takes that epoch (every worker computes
-that number locally from the pure partition function), so no worker ever waits at an averaging
-point that another worker will not reach. All other communication is once per epoch.
+The period runs on across epochs: with K larger than an epoch's steps the replicas are still averaged
+every K steps (at step K of the run, 2K, ...), not never; with K not dividing an epoch's steps, the
+points do not restart at each epoch.
+
+Uneven shards: workers take different numbers of steps per epoch. Only the steps every worker takes
+count towards the period: each epoch's first F steps, F the fewest steps any worker takes in an
+epoch (every worker computes F locally from the pure partition function; shard sizes are the same
+every epoch). The averaging points are the multiples of K of that count, so no worker ever waits at
+an averaging point that another worker will not reach; a larger shard's further steps are local.
+All other communication is once per epoch.
 """
 
 from pathlib import Path
@@ -88,7 +94,8 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         self.replica_dir = replica_dir
         self.report: dict[str, Any] = {}
         self._steps_in_epoch = 0
-        self._common_steps = 0
+        self._common_steps = 0  # F: the steps every worker takes in an epoch
+        self._common_before = 0  # the steps every worker took in the epochs before this one
         self._averaged = False  # True once the final averaging has made every replica equal
 
     @property
@@ -131,6 +138,8 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         if batch_idx == 0:
             self._steps_in_epoch = 0
             self._common_steps = self._fewest_steps()
+            # the same F every epoch (shards keep their sizes), so this also holds in a resumed run
+            self._common_before = self.lightning_module.trainer.current_epoch * self._common_steps
         super().on_train_batch_start(batch, batch_idx)
 
     def _fewest_steps(self) -> int:
@@ -149,7 +158,8 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
     def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any) -> Any:
         output = super().optimizer_step(optimizer, closure, model, **kwargs)
         self._steps_in_epoch += 1
-        if self.period and self._steps_in_epoch % self.period == 0 and self._steps_in_epoch <= self._common_steps:
+        step = self._steps_in_epoch
+        if self.period and step <= self._common_steps and (self._common_before + step) % self.period == 0:
             self._average()
         return output
 
