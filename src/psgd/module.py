@@ -113,7 +113,7 @@ class Classifier(PlainHookName, L.LightningModule):
         return loss
 
     # training batches kept before they are counted together (and logged as train/loss_step and
-    # train/acc_step); None: the trainer's log_every_n_steps (50 by default), else 32
+    # train/acc_step); None: the trainer's log_every_n_steps (50 by default)
     count_every: int | None = None
 
     def count_train(self, out: Tensor, y: Tensor, loss: Tensor, batch_idx: int) -> None:
@@ -247,8 +247,7 @@ class Classifier(PlainHookName, L.LightningModule):
 
     @override
     def on_fit_start(self) -> None:
-        every = self.count_every or getattr(self.trainer, "log_every_n_steps", None) or 32
-        self._count_every = max(1, int(every))
+        self._count_every = max(1, self.count_every or self.trainer.log_every_n_steps)
         # A process group left over from an earlier job would silently change the world size.
         expected = self.hparams.workers * self.trainer.num_nodes
         actual = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

@@ -193,12 +193,18 @@ def _r(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict]]:
-    """Per-job rows and per-(group, P) summary rows with speedup and efficiency."""
+def completed_by_group(jobs: list[Job], swept: list[str]) -> dict[tuple, dict[int, list[Job]]]:
+    """The completed jobs of each speedup group, by worker count."""
     by_group: dict[tuple, dict[int, list[Job]]] = defaultdict(lambda: defaultdict(list))
     for job in jobs:
         if job.ok:
             by_group[group_key(job, swept)][job.workers].append(job)
+    return by_group
+
+
+def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict]]:
+    """Per-job rows and per-(group, P) summary rows with speedup and efficiency."""
+    by_group = completed_by_group(jobs, swept)
 
     def mean_of(group: tuple, p: int, key: str) -> float | None:
         return _mean([j.get(key) for j in by_group[group].get(p, []) if j.get(key) is not None])
@@ -289,14 +295,12 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
 def unequal_work_notes(jobs: list[Job], swept: list[str]) -> list[str]:
     """A note per group whose completed jobs trained numbers of samples more than 1 % apart: their
     S(P) compares training time per sample, which a reader of T(1)/T(P) should know."""
-    samples: dict[tuple, dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
-    for job in jobs:
-        if job.ok and job.samples:
-            samples[group_key(job, swept)][job.workers].add(job.samples)
     groups_by_counts: dict[str, list[str]] = defaultdict(list)  # groups with the same counts: one note
-    for g, per_p in samples.items():
+    for g, by_p in completed_by_group(jobs, swept).items():
+        per_p = {p: {j.samples for j in group if j.samples} for p, group in by_p.items()}
+        per_p = {p: ns for p, ns in per_p.items() if ns}
         counts = [n for ns in per_p.values() for n in ns]
-        if max(counts) > 1.01 * min(counts):
+        if counts and max(counts) > 1.01 * min(counts):
             trained = "; ".join(
                 f"workers={p}: {' / '.join(f'{n:,}' for n in sorted(ns))}" for p, ns in sorted(per_p.items())
             )
