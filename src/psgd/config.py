@@ -489,7 +489,7 @@ def check_optimizer(opt: DictConfig) -> None:
         if isinstance(default, bool) and not isinstance(value, bool):  # ... and a switch given anything else
             _need(False, f"optimizer.{key}", value, "must be true or false")
     try:
-        instantiate(opt)([torch.zeros(1, requires_grad=True)])
+        instantiate(opt, _convert_="all")([torch.zeros(1, requires_grad=True)])  # as run.py makes it
     except Exception as e:
         settings = " ".join(f"{k}={v}" for k, v in opt.items() if not str(k).startswith("_"))
         reason = text_lines(e.__cause__ or e)[-1]

@@ -509,7 +509,9 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
     info = INFO[cfg.data.name]
     module = Classifier(
         net,
-        instantiate(cfg.optimizer),
+        # plain lists, not OmegaConf's ListConfig (NovoGrad's betas): the optimizer's state_dict keeps
+        # them, and a checkpoint holding a ListConfig does not load with weights_only=True (no resume)
+        instantiate(cfg.optimizer, _convert_="all"),
         lr=lr,
         workers=plan.workers,
         max_epochs=t.max_epochs,

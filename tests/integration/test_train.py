@@ -328,3 +328,23 @@ def test_a_per_step_schedule_resumes_on_its_steps_and_refuses_other_steps_per_ep
         r"with the checkpoint's data.batch_size, data.partition, workers, parallel_batches and trainer settings$",
     ):
         train(compose_cfg(*common, f"ckpt_path={epoch0}"), tmp_path / "c")
+
+
+@pytest.mark.parametrize("optimizer", ["novograd", "adam"])
+def test_every_optimizer_resumes_to_the_uninterrupted_weights(optimizer, tiny_data, tmp_path):
+    """A list in the optimizer's config (NovoGrad's betas; Adam's given on the command line) reached the
+    optimizer as an OmegaConf ListConfig, which its state_dict kept: the checkpoint then did not load
+    with weights_only=True, so the run could not be resumed (nor a torchrun elastic restart)."""
+    common = [f"data.root={tiny_data}", "trainer.max_epochs=2", f"optimizer={optimizer}", *TINY]
+    if optimizer == "adam":
+        common.append("+optimizer.betas=[0.8,0.99]")
+    train(compose_cfg(*common, "checkpoint_every_epoch=true"), tmp_path / "straight")
+    mid = torch.load(tmp_path / "straight" / "checkpoints" / "epoch0.ckpt", weights_only=True)
+    assert list(mid["optimizer_states"][0]["param_groups"][0]["betas"]) == (
+        [0.95, 0.98] if optimizer == "novograd" else [0.8, 0.99]
+    )
+    epoch0 = tmp_path / "straight" / "checkpoints" / "epoch0.ckpt"
+    train(compose_cfg(*common, f"ckpt_path={epoch0}"), tmp_path / "again")
+    a, b = (torch.load(tmp_path / n / "checkpoints" / "last.ckpt", weights_only=True) for n in ("straight", "again"))
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+    assert b["epoch"] == 1 and metrics(tmp_path / "again")["epochs"] == 2
