@@ -18,6 +18,8 @@ from psgd.optim import build_scheduler
 
 # a per-step schedule's optimizer steps per epoch (this worker's), kept in its checkpoints
 STEPS_PER_EPOCH_KEY = "psgd_steps_per_epoch"
+# the optimizer's class name, kept in its checkpoints: a resume with another optimizer= is refused
+OPTIMIZER_KEY = "psgd_optimizer"
 
 
 class TrainingDiverged(RuntimeError):
@@ -288,6 +290,8 @@ class Classifier(PlainHookName, L.LightningModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self._trainer is not None and self.trainer.optimizers:
+            checkpoint[OPTIMIZER_KEY] = type(self.trainer.optimizers[0]).__name__
         if self._steps_per_epoch is not None:
             checkpoint[STEPS_PER_EPOCH_KEY] = self._steps_per_epoch
 

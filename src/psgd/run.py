@@ -52,7 +52,7 @@ from psgd.command_line import earlier_results, text_lines
 from psgd.config import ConfigError, DirInUse, Plan, check
 from psgd.data import ClassificationData
 from psgd.hooks import skip_unused_hooks
-from psgd.module import Classifier
+from psgd.module import OPTIMIZER_KEY, Classifier
 from psgd.optim import scaled_lr
 from psgd.profiler import NoProfiler
 from psgd.results import cpu_count, device_description, read_json, versions, write_json
@@ -290,6 +290,7 @@ def resolve_ckpt_path(value: str | None, module: nn.Module, world_size: int = 1)
             f"workers; resume with workers={len(replicas)}"
         )
     problem = schedule_change(checkpoint.get("hyper_parameters") or {}, dict(module.hparams))
+    problem = problem or optimizer_change(checkpoint, module)
     if problem:
         raise ConfigError(
             f"ckpt_path={value!r} cannot be resumed with {problem}: resuming restores its optimizer and lr "
@@ -335,6 +336,61 @@ def schedule_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
             f"trainer.max_epochs={now['max_epochs']} under a cosine decay "
             f"(the checkpoint's run had {saved['max_epochs']}: its cosine reaches lr 0 there)"
         )
+    return None
+
+
+# param-group entries that are not the optimizer's settings: the parameters, the lr (the schedule's, checked
+# by schedule_change) and how torch runs the step
+_NOT_SETTINGS = {"params", "lr", "initial_lr", "foreach", "fused", "differentiable", "capturable"}
+
+
+def optimizer_change(checkpoint: dict[str, Any], module: nn.Module) -> str | None:
+    """What of the optimizer this run changes from the checkpoint's run, or None. Lightning restores the
+    checkpoint's optimizer state with its param groups, settings included: a resume with
+    optimizer.momentum=0 went on with the checkpoint's 0.9, silently, and one with another optimizer=
+    failed in its first step (KeyError: 'exp_avg'). Compared: the optimizer's class (kept in psgd's
+    checkpoints; for older ones, settings each side lacks) and every setting of every param group."""
+    states, net = checkpoint.get("optimizer_states"), getattr(module, "net", None)
+    factory = getattr(module, "optimizer_factory", None)
+    if not states or net is None or factory is None:
+        return None
+    groups = net.param_groups() if hasattr(net, "param_groups") else net.parameters()
+    fresh = factory(groups, lr=module.hparams.lr)  # no state yet: only its settings are read
+    name, old_name = type(fresh).__name__, checkpoint.get(OPTIMIZER_KEY)
+    if old_name is not None and old_name != name:
+        return f"optimizer {name} (the checkpoint's run used {old_name})"
+    old_groups, new_groups = states[0].get("param_groups") or [], fresh.param_groups
+    if len(old_groups) != len(new_groups):
+        return f"{len(new_groups)} optimizer parameter groups (the checkpoint's run had {len(old_groups)})"
+
+    def plain(v: Any) -> Any:
+        return [plain(x) for x in v] if isinstance(v, list | tuple) else v
+
+    def shown(v: Any) -> str:  # as written on the command line: true, [0.9, 0.99]
+        v = plain(v)
+        return str(v).lower() if isinstance(v, bool) or v is None else str(v)
+
+    def same(a: Any, b: Any) -> bool:
+        a, b = plain(a), plain(b)
+        if isinstance(a, list) and isinstance(b, list):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b))
+        if not numbers:
+            return a == b
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
+
+    for i, (old, new) in enumerate(zip(old_groups, new_groups)):
+        old_keys, new_keys = set(old) - _NOT_SETTINGS, set(new) - _NOT_SETTINGS
+        # a newer torch may add a setting to the same optimizer; another optimizer lacks some of each other's
+        if old_name is None and new_keys - old_keys and old_keys - new_keys:
+            return (
+                f"optimizer {name} (the checkpoint's optimizer has no {sorted(new_keys - old_keys)[0]} "
+                f"but a {sorted(old_keys - new_keys)[0]}: another optimizer)"
+            )
+        for key in sorted(old_keys & new_keys):
+            if not same(old[key], new[key]):
+                where = f" in its parameter group {i}" if len(new_groups) > 1 else ""
+                return f"optimizer.{key}={shown(new[key])}{where} (the checkpoint's run had {shown(old[key])})"
     return None
 
 

@@ -335,16 +335,33 @@ def test_every_optimizer_resumes_to_the_uninterrupted_weights(optimizer, tiny_da
     """A list in the optimizer's config (NovoGrad's betas; Adam's given on the command line) reached the
     optimizer as an OmegaConf ListConfig, which its state_dict kept: the checkpoint then did not load
     with weights_only=True, so the run could not be resumed (nor a torchrun elastic restart)."""
-    common = [f"data.root={tiny_data}", "trainer.max_epochs=2", f"optimizer={optimizer}", *TINY]
-    if optimizer == "adam":
-        common.append("+optimizer.betas=[0.8,0.99]")
-    train(compose_cfg(*common, "checkpoint_every_epoch=true"), tmp_path / "straight")
-    mid = torch.load(tmp_path / "straight" / "checkpoints" / "epoch0.ckpt", weights_only=True)
-    assert list(mid["optimizer_states"][0]["param_groups"][0]["betas"]) == (
-        [0.95, 0.98] if optimizer == "novograd" else [0.8, 0.99]
-    )
+    base = [f"data.root={tiny_data}", "trainer.max_epochs=2", *TINY]
+    chosen, other, name, betas = {
+        "novograd": (["optimizer=novograd"], ["optimizer=adam", "optimizer.lr=0.01"], "NovoGrad", [0.95, 0.98]),
+        "adam": (
+            ["optimizer=adam", "+optimizer.betas=[0.8,0.99]"],
+            ["optimizer=novograd", "optimizer.lr=0.001", "optimizer.betas=[0.8,0.99]"],
+            "Adam",
+            [0.8, 0.99],
+        ),
+    }[optimizer]
+    train(compose_cfg(*base, *chosen, "checkpoint_every_epoch=true"), tmp_path / "straight")
     epoch0 = tmp_path / "straight" / "checkpoints" / "epoch0.ckpt"
-    train(compose_cfg(*common, f"ckpt_path={epoch0}"), tmp_path / "again")
+    mid = torch.load(epoch0, weights_only=True)
+    assert list(mid["optimizer_states"][0]["param_groups"][0]["betas"]) == betas
+    assert mid["psgd_optimizer"] == name
+    # another optimizer or setting is refused before training (the other optimizer failed in its first
+    # step with KeyError: 'exp_avg'; another weight decay went on with the checkpoint's, unsaid)
+    for change, said in (
+        (other, "optimizer [A-Za-z]+ "),
+        ([*chosen, "optimizer.weight_decay=0.001"], "optimizer.weight_decay=0.001 "),
+    ):
+        with pytest.raises(
+            ConfigError, match=rf"cannot be resumed with {said}\(the checkpoint's run (used {name}|had 0\.0)\)"
+        ):
+            train(compose_cfg(*base, *change, f"ckpt_path={epoch0}"), tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+    train(compose_cfg(*base, *chosen, f"ckpt_path={epoch0}"), tmp_path / "again")
     a, b = (torch.load(tmp_path / n / "checkpoints" / "last.ckpt", weights_only=True) for n in ("straight", "again"))
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
     assert b["epoch"] == 1 and metrics(tmp_path / "again")["epochs"] == 2

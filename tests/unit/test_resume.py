@@ -4,10 +4,11 @@ from functools import partial
 
 import pytest
 import torch
+from torch_optimizer import NovoGrad
 
 from psgd.config import ConfigError
 from psgd.models import MLP, LabCNN
-from psgd.module import Classifier
+from psgd.module import OPTIMIZER_KEY, Classifier
 from psgd.run import resolve_ckpt_path
 
 
@@ -57,3 +58,50 @@ def test_a_checkpoint_of_another_model_or_no_checkpoint_is_refused(tmp_path):
         resolve_ckpt_path(str(run_dir), mlp)
     last = save(run_dir / "checkpoints" / "last.ckpt", mlp)
     assert resolve_ckpt_path(str(run_dir), mlp) == last
+
+
+def save_trained(path, module, optimizer_name=True):
+    """A checkpoint as psgd writes it, with its optimizer's state."""
+    net = module.net
+    groups = net.param_groups() if hasattr(net, "param_groups") else net.parameters()
+    optimizer = module.optimizer_factory(groups, lr=0.02)
+    extra = {"optimizer_states": [optimizer.state_dict()]}
+    if optimizer_name:
+        extra[OPTIMIZER_KEY] = type(optimizer).__name__
+    return save(path, module, **extra)
+
+
+def test_a_checkpoint_with_other_optimizer_settings_or_another_optimizer_is_refused(tmp_path):
+    """Lightning restores the checkpoint's optimizer with its settings: a resume with momentum 0 went on
+    with the checkpoint's 0.9 without a word, and one with optimizer=novograd failed in its first step
+    with KeyError: 'exp_avg'."""
+    sgd = partial(torch.optim.SGD, momentum=0.9)
+    path = save_trained(tmp_path / "last.ckpt", Classifier(LabCNN(), sgd, lr=0.02))
+    assert resolve_ckpt_path(path, Classifier(LabCNN(), sgd, lr=0.02)) == path
+    changed = [
+        (partial(torch.optim.SGD, momentum=0.0), r"optimizer\.momentum=0\.0 \(the checkpoint's run had 0\.9\)"),
+        (partial(sgd, nesterov=True), r"optimizer\.nesterov=true \(the checkpoint's run had false\)"),
+        (partial(NovoGrad), r"optimizer NovoGrad \(the checkpoint's run used SGD\)"),
+        (partial(torch.optim.Adam), r"optimizer Adam \(the checkpoint's run used SGD\)"),
+    ]
+    for factory, message in changed:
+        with pytest.raises(ConfigError, match=rf"cannot be resumed with {message}: resuming restores its optimizer"):
+            resolve_ckpt_path(path, Classifier(LabCNN(), factory, lr=0.02))
+    # the MLP's per-layer weight decay is a param group's setting
+    path = save_trained(tmp_path / "mlp.ckpt", Classifier(MLP(), sgd, lr=0.02))
+    decayed = Classifier(MLP(weight_decay_hidden=0.1), sgd, lr=0.02)
+    with pytest.raises(ConfigError, match=r"optimizer\.weight_decay=0\.1 in its parameter group 0 \(.* had 0\.01\)"):
+        resolve_ckpt_path(path, decayed)
+
+
+def test_an_older_checkpoint_without_the_optimizers_name_is_told_by_its_settings(tmp_path):
+    sgd = partial(torch.optim.SGD)
+    path = save_trained(tmp_path / "old.ckpt", Classifier(LabCNN(), sgd, lr=0.02), optimizer_name=False)
+    with pytest.raises(ConfigError, match=r"optimizer NovoGrad \(the checkpoint's optimizer has no \w+ but a \w+"):
+        resolve_ckpt_path(path, Classifier(LabCNN(), partial(NovoGrad), lr=0.02))
+    # a setting only a newer torch's SGD has (here: one taken out of the checkpoint) is no reason to refuse
+    checkpoint = torch.load(path, weights_only=True)
+    for group in checkpoint["optimizer_states"][0]["param_groups"]:
+        del group["maximize"]
+    torch.save(checkpoint, path)
+    assert resolve_ckpt_path(path, Classifier(LabCNN(), sgd, lr=0.02)) == path
