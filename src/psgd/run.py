@@ -602,7 +602,9 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         "partition": cfg.data.partition,
         "batch_size": cfg.data.batch_size,
         "accumulate_grad_batches": plan.accumulate_grad_batches,
-        "parallel_batches": world_size * plan.accumulate_grad_batches,  # micro-batches averaged per update
+        # micro-batches averaged per update: DDP's update averages every worker's; a model-averaging or
+        # HogWild worker updates with its own alone
+        "parallel_batches": (world_size if synchronous else 1) * plan.accumulate_grad_batches,
         "optimizer": cfg.optimizer._target_.rsplit(".", 1)[-1],
         "lr": lr,
         "lr_scaling": cfg.lr_scaling,

@@ -52,6 +52,7 @@ def test_two_workers_train_on_disjoint_shards_covering_the_data(ddp2):
 def test_two_worker_metrics_and_tensorboard(ddp2):
     m = metrics(ddp2)
     assert (m["world_size"], m["workers"], m["status"]) == (2, 2, "completed")
+    assert m["parallel_batches"] == 2  # each update averages both workers' batches
     assert m["test_acc"] > 0.2  # twice chance after 12 warm-up steps: it learned (accuracy is tested elsewhere)
     assert m["lr"] == pytest.approx(0.04)  # 0.02 x 2 workers (linear scaling)
     assert [h["samples"] for h in m["history"]] == [512] * 3  # summed over both workers

@@ -56,6 +56,7 @@ def test_final_weights_are_the_mean_of_the_replicas(averaged):
 def test_reports_each_worker_and_the_averaged_model(averaged):
     m = metrics(averaged)
     assert (m["strategy"], m["world_size"], m["period"], m["same_init"]) == ("model_averaging", 2, None, True)
+    assert m["parallel_batches"] == 1  # each worker updates with its own batch (it said 2, as DDP's)
     assert len(m["worker_test_acc"]) == len(m["worker_test_loss"]) == 2
     assert m["replica_distance"] > 0
     # validation runs on the test split: the final val numbers are the averaged model's test numbers
