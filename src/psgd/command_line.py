@@ -210,9 +210,13 @@ def command_line_problem(
     if any(o.is_sweep_override() and not o.is_discrete_sweep() for o in overrides):
         return None  # interval() sweeps are for other sweepers, which compose their own jobs
     composed: list[tuple[list[str], DictConfig]] = []
-    for job in _jobs(overrides):
+    jobs = list(_jobs(overrides))
+    for i, job in enumerate(jobs):
         # the first job with Hydra's own node, which holds the output dir (one composition, not two)
         problem, cfg = _compose_problem(config_name, job, config_dir, hydra_node=not composed)
+        if problem and i > 0:  # earlier jobs composed: name the one that does not, by its swept values
+            swept = " ".join(o for o in job if not all(o in other for other in jobs))
+            return f"{problem} (in the job {swept}; no job was started)"
         if problem:
             return problem
         if cfg is not None:

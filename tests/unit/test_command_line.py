@@ -217,6 +217,13 @@ def test_a_value_psgd_refuses_in_any_job_of_a_sweep_is_one_line_before_any_job_r
         "sweep", line, CONF, job_check=sweep_values_problem
     )
     assert command_line_problem("sweep", ["-m", "optimizer.lr=0.1,0.2"], CONF, job_check=sweep_values_problem) is None
+    # a key only some jobs lack (SGD's momentum under NovoGrad) names the job that lacks it
+    line = ["-m", "optimizer=sgd,novograd", "optimizer.momentum=0,0.9"]
+    assert command_line_problem("sweep", line, CONF).endswith(
+        "+optimizer.momentum=0 (in the job optimizer=novograd optimizer.momentum=0; no job was started)"
+    )
+    # one that no job has is said without a job
+    assert command_line_problem("sweep", ["-m", "optimizer.momentm=0,0.9"], CONF).endswith("+optimizer.momentm=0")
     # jobs that SLURM runs elsewhere are checked there, with that machine's GPUs and environment ...
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     slurm = ["-m", "hydra/launcher=psgd_slurm", "optimizer.lr=0.1,-1"]
