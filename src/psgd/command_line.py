@@ -189,6 +189,9 @@ def command_line_problem(
         overrides = parser.parse_overrides(texts)
     except OverrideParseException as e:
         why = [ln for ln in text_lines(e.message) if not ln.startswith(("Error parsing override", "See https://"))]
+        key, eq, value = str(e.override).partition("=")
+        if eq and value.startswith("~"):  # the shell leaves ~ alone after data.root= (not a variable name)
+            why = [f"a value starting with ~ must be quoted for Hydra: \"{key}='{value}'\" (or write $HOME)"]
         return f"cannot read the override '{e.override}': {'; '.join(why) or 'not key=value'} (Hydra's override syntax)"
     sweeps = [o for o in overrides if o.is_sweep_override()]
     if sweeps and not multirun:

@@ -256,7 +256,7 @@ def resolve_ckpt_path(value: str | None, module: nn.Module, world_size: int = 1)
     that holds each worker's own state) the number of workers this run has."""
     if value is None:
         return None
-    path = Path(value)
+    path = Path(value).expanduser()  # as data.root: ckpt_path='~/runs/...'
     if path.is_dir():
         path = path / "checkpoints" / "last.ckpt"
     if not path.is_file():

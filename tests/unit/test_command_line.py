@@ -28,6 +28,8 @@ BAD = [
     (["workers=1,2"], "workers=1,2 gives workers several values: to run one job per value add -m"),
     (["workers=1,2"], "for a list write workers=[1,2]"),
     (["foo"], "cannot read the override 'foo': missing EQUAL"),
+    # the shell does not expand ~ after data.root= (not a variable name), and Hydra's lexer refuses it
+    (["data.root=~/data"], "a value starting with ~ must be quoted for Hydra: \"data.root='~/data'\" (or write $HOME)"),
     (["+trainer.max_epochs=2"], "An item is already at 'trainer.max_epochs'"),
     (["-m", "workers=1,2", "strategy=ddp,hogwlid"], "strategy=hogwlid is unknown"),
     # more jobs than are composed one by one: every value is still composed once

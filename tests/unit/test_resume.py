@@ -39,7 +39,7 @@ def test_a_checkpoint_with_another_lr_schedule_is_refused(tmp_path):
         resolve_ckpt_path(path, longer)
 
 
-def test_a_checkpoint_of_another_model_or_no_checkpoint_is_refused(tmp_path):
+def test_a_checkpoint_of_another_model_or_no_checkpoint_is_refused(tmp_path, monkeypatch):
     mlp = Classifier(MLP(), partial(torch.optim.SGD), lr=0.02)
     path = save(tmp_path / "last.ckpt", mlp)
     lab_cnn = Classifier(LabCNN(), partial(torch.optim.SGD), lr=0.02)
@@ -58,6 +58,9 @@ def test_a_checkpoint_of_another_model_or_no_checkpoint_is_refused(tmp_path):
         resolve_ckpt_path(str(run_dir), mlp)
     last = save(run_dir / "checkpoints" / "last.ckpt", mlp)
     assert resolve_ckpt_path(str(run_dir), mlp) == last
+    # ~ is the home folder, as in data.root
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert resolve_ckpt_path("~/run", mlp) == last
 
 
 def save_trained(path, module, optimizer_name=True):
