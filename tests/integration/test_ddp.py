@@ -2,8 +2,10 @@
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import compose_cfg, run_cli
 from helpers import metrics, scalars, tensorboard
+
+from psgd.run import train
 
 pytestmark = pytest.mark.distributed
 
@@ -80,6 +82,26 @@ def test_workers_from_the_fork_server_train_exactly_as_spawned_ones(ddp2, tiny_d
     forked, spawn = (c["state_dict"] for c in ckpts)
     assert forked.keys() == spawn.keys() and all(torch.equal(forked[k], spawn[k]) for k in forked)
     assert [h["val_acc"] for h in metrics(ddp2)["history"]] == [h["val_acc"] for h in metrics(spawned)["history"]]
+
+
+def test_a_ddp_update_is_one_workers_update_on_both_workers_batches(tiny_data, tmp_path):
+    """Synchronous DDP, checked against its definition: each step all-reduces the gradients, so two
+    workers taking every other sample of the epoch's order train exactly as one worker averaging the
+    same two micro-batches per update (parallel_batches=2: both see the epoch's first 2 x 32 samples at
+    step 0, and so on), momentum and cosine schedule included. No dropout: its random draws are the
+    one thing each worker makes differently."""
+    common = [f"data.root={tiny_data}", "trainer.max_epochs=1", "model.dropout=0", *TINY]
+    proc = run_cli("train.py", *common, "workers=2", f"hydra.run.dir={tmp_path / 'ddp'}")
+    assert proc.returncode == 0, proc.stderr
+    train(compose_cfg(*common, "parallel_batches=2"), tmp_path / "one")
+    runs = ("ddp", "one")
+    ddp, one = (torch.load(tmp_path / n / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"] for n in runs)
+    m = {n: metrics(tmp_path / n) for n in runs}
+    assert (m["ddp"]["world_size"], m["one"]["world_size"]) == (2, 1)
+    assert m["ddp"]["parallel_batches"] == m["one"]["parallel_batches"] == 2
+    assert [h["step"] for h in m["ddp"]["history"]] == [h["step"] for h in m["one"]["history"]] == [8]
+    for key in one:
+        torch.testing.assert_close(ddp[key], one[key], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow  # ~25 s: 4 processes on 2 cores; 4-way shards are unit-tested, 2-worker DDP runs by default
