@@ -337,7 +337,7 @@ def test_every_optimizer_resumes_to_the_uninterrupted_weights(optimizer, tiny_da
     with weights_only=True, so the run could not be resumed (nor a torchrun elastic restart)."""
     base = [f"data.root={tiny_data}", "trainer.max_epochs=2", *TINY]
     chosen, other, name, betas = {
-        "novograd": (["optimizer=novograd"], ["optimizer=adam", "optimizer.lr=0.01"], "NovoGrad", [0.95, 0.98]),
+        "novograd": (["optimizer=novograd"], ["optimizer=adam", "optimizer.lr=0.1"], "NovoGrad", [0.95, 0.98]),
         "adam": (
             ["optimizer=adam", "+optimizer.betas=[0.8,0.99]"],
             ["optimizer=novograd", "optimizer.lr=0.001", "optimizer.betas=[0.8,0.99]"],

@@ -125,7 +125,7 @@ BAD = [
     (
         ["optimizer=novograd", "optimizer.betas=[2,3]"],
         "optimizer settings are invalid: torch_optimizer.NovoGrad refuses them (Invalid beta parameter at index "
-        "0: 2); the settings were: lr=0.01 betas=[2, 3] eps=1e-08 weight_decay=0.0 grad_averaging=True amsgrad=False",
+        "0: 2); the settings were: lr=0.1 betas=[2, 3] eps=1e-08 weight_decay=0.0 grad_averaging=True amsgrad=False",
     ),
     (
         ["optimizer.nesterov=true", "optimizer.momentum=0"],
