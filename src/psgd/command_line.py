@@ -217,17 +217,21 @@ def command_line_problem(
     for i, job in enumerate(jobs):
         # the first job with Hydra's own node, which holds the output dir (one composition, not two)
         problem, cfg = _compose_problem(config_name, job, config_dir, hydra_node=not composed)
-        if problem and i > 0:  # earlier jobs composed: name the one that does not, by its swept values
-            swept = " ".join(o for o in job if not all(o in other for other in jobs))
-            return f"{problem} (in the job {swept}; no job was started)"
-        if problem:
-            return problem
+        if problem:  # after jobs that composed, name the one that does not
+            return in_the_job(problem, job, jobs) if i > 0 else problem
         if cfg is not None:
             composed.append((job, cfg))
     if not composed:
         return None
     problem = _output_problem(composed[0][1], multirun)
     return problem or (job_check(composed) if job_check else None)
+
+
+def in_the_job(problem: object, job: list[str], jobs: list[list[str]]) -> str:
+    """`problem`, naming the job of a sweep it is in by the job's swept values (its overrides that not
+    every job has)."""
+    values = " ".join(o for o in job if not all(o in other for other in jobs))
+    return f"{problem} (in the job {values or 'of the defaults'}; no job was started)"
 
 
 def _output_problem(cfg: DictConfig, multirun: bool) -> str | None:

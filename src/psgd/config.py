@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from psgd import forkserver
 from psgd.choices import AUGMENTATIONS, BUILTIN, DECAYS, INFO, INTERVALS, LR_SCALING, SCHEMES
-from psgd.command_line import text_lines
+from psgd.command_line import in_the_job, text_lines
 from psgd.results import cpu_count
 
 STRATEGIES = ("ddp", "model_averaging", "hogwild")
@@ -453,16 +453,12 @@ def sweep_values_problem(jobs: Jobs) -> str | None:
 
 
 def _first_problem(jobs: Jobs, judge: Callable[[DictConfig], object], name_the_job: bool) -> str | None:
-    swept = {o for job, _ in jobs for o in job if not all(o in other for other, _ in jobs)}
     for job, cfg in jobs:
         try:
             with contextlib.redirect_stderr(io.StringIO()):  # a warning: each job prints its own as it starts
                 judge(cfg)
         except ConfigError as e:
-            if not name_the_job:
-                return str(e)
-            values = " ".join(o for o in job if o in swept)
-            return f"{e} (in the job {values or 'of the defaults'}; no job was started)"
+            return in_the_job(e, job, [j for j, _ in jobs]) if name_the_job else str(e)
         except Exception:  # anything else: left to the job, which reports it as its failure
             continue
     return None

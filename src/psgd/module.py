@@ -267,10 +267,14 @@ class Classifier(PlainHookName, L.LightningModule):
         for logger in self.loggers:  # rank 0 writes (Lightning's loggers log on rank 0 only)
             logger.log_metrics({"lr": lr}, step=self.trainer.global_step)
 
+    def build_optimizer(self) -> torch.optim.Optimizer:
+        """The run's optimizer over the network's parameters (its own param groups, if it has them)."""
+        groups = self.net.param_groups() if hasattr(self.net, "param_groups") else self.net.parameters()
+        return self.optimizer_factory(groups, lr=self.hparams.lr)
+
     @override
     def configure_optimizers(self):
-        groups = self.net.param_groups() if hasattr(self.net, "param_groups") else self.net.parameters()
-        optimizer = self.optimizer_factory(groups, lr=self.hparams.lr)
+        optimizer = self.build_optimizer()
         cfg = dict(self.scheduler_cfg or {})
         cfg.pop("name", None)
         interval = cfg.pop("interval", "epoch")

@@ -251,7 +251,7 @@ def _quiet_lightning_banner():
         log.setLevel(level)
 
 
-def resolve_ckpt_path(value: str | None, module: nn.Module, world_size: int = 1) -> str | None:
+def resolve_ckpt_path(value: str | None, module: Classifier, world_size: int = 1) -> str | None:
     """The checkpoint to resume from, checked against the model, the lr schedule and (for a checkpoint
     that holds each worker's own state) the number of workers this run has."""
     if value is None:
@@ -344,18 +344,16 @@ def schedule_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
 _NOT_SETTINGS = {"params", "lr", "initial_lr", "foreach", "fused", "differentiable", "capturable"}
 
 
-def optimizer_change(checkpoint: dict[str, Any], module: nn.Module) -> str | None:
+def optimizer_change(checkpoint: dict[str, Any], module: Classifier) -> str | None:
     """What of the optimizer this run changes from the checkpoint's run, or None. Lightning restores the
     checkpoint's optimizer state with its param groups, settings included: a resume with
     optimizer.momentum=0 went on with the checkpoint's 0.9, silently, and one with another optimizer=
     failed in its first step (KeyError: 'exp_avg'). Compared: the optimizer's class (kept in psgd's
     checkpoints; for older ones, settings each side lacks) and every setting of every param group."""
-    states, net = checkpoint.get("optimizer_states"), getattr(module, "net", None)
-    factory = getattr(module, "optimizer_factory", None)
-    if not states or net is None or factory is None:
+    states = checkpoint.get("optimizer_states")
+    if not states:
         return None
-    groups = net.param_groups() if hasattr(net, "param_groups") else net.parameters()
-    fresh = factory(groups, lr=module.hparams.lr)  # no state yet: only its settings are read
+    fresh = module.build_optimizer()  # no state yet: only its settings are read
     name, old_name = type(fresh).__name__, checkpoint.get(OPTIMIZER_KEY)
     if old_name is not None and old_name != name:
         return f"optimizer {name} (the checkpoint's run used {old_name})"

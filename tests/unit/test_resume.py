@@ -65,9 +65,7 @@ def test_a_checkpoint_of_another_model_or_no_checkpoint_is_refused(tmp_path, mon
 
 def save_trained(path, module, optimizer_name=True):
     """A checkpoint as psgd writes it, with its optimizer's state."""
-    net = module.net
-    groups = net.param_groups() if hasattr(net, "param_groups") else net.parameters()
-    optimizer = module.optimizer_factory(groups, lr=0.02)
+    optimizer = module.build_optimizer()
     extra = {"optimizer_states": [optimizer.state_dict()]}
     if optimizer_name:
         extra[OPTIMIZER_KEY] = type(optimizer).__name__
