@@ -44,7 +44,8 @@ def test_a_failed_download_leaves_no_empty_folders_behind(tmp_path, monkeypatch,
         with pytest.raises(DataError, match="not found or unreadable") as e:
             load_split("mnist", str(root), train=True, download=True)
         # torchvision's several lines end in each mirror's reason: the one line gives the last one
-        assert "(Error downloading train-images-idx3-ubyte.gz: <urlopen error no network>)" in str(e.value)
+        assert "; download: Error downloading train-images-idx3-ubyte.gz: <urlopen error no network>)" in str(e.value)
+        assert ("(no such folder;" if root.name == "deeper" else "(missing MNIST/raw/train-images") in str(e.value)
     capsys.readouterr()  # torchvision's own lines about each mirror
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
 
@@ -97,10 +98,38 @@ def test_cifar10_loads_files_in_cifars_own_format(tmp_path):
         assert not (image[:, row + 2, 2:30] == 255).all()
 
 
-def test_cifar10_md5_check_rejects_files_that_are_not_the_real_ones(tmp_path):
+def test_cifar10_md5_check_rejects_files_that_are_not_the_real_ones_and_says_how_to_accept_them(tmp_path):
     make_cifar_like(tmp_path, per_batch=5, n_test=5)
-    with pytest.raises(DataError, match="cifar10"):
+    with pytest.raises(DataError) as e:
         load_split("cifar10", str(tmp_path), train=True, download=False, verify_md5=True)
+    # torchvision only says "Dataset not found or corrupted.": the line names the file and the setting
+    msg = str(e.value)
+    assert "md5 sum not CIFAR10's for cifar-10-batches-py/data_batch_1 and 6 more file(s)" in msg, msg
+    assert "data.verify_md5=false" in msg and "\n" not in msg
+    (tmp_path / "cifar-10-batches-py" / "test_batch").unlink()
+    with pytest.raises(DataError, match=r"\(missing cifar-10-batches-py/test_batch\)"):
+        load_split("cifar10", str(tmp_path), train=True, download=False, verify_md5=False)
+
+
+def test_a_missing_mnist_file_is_named(tmp_path, monkeypatch):
+    make_mnist_like(tmp_path, "MNIST", n_train=20, n_test=5)
+    (tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(DataError, match=r"\(missing MNIST/raw/t10k-labels-idx1-ubyte.gz\)"):
+        load_split("mnist", str(tmp_path), train=True, download=False)
+    with pytest.raises(DataError, match=r"\(missing FashionMNIST/raw/train-images-idx3-ubyte.gz and 3 more file"):
+        load_split("fashion_mnist", str(tmp_path), train=True, download=False)
+    with pytest.raises(DataError, match=r"under \S+typo \(no such folder\)"):
+        load_split("mnist", str(tmp_path / "typo"), train=True, download=False)
+    # offline (a download that raises, as urllib does without a network): the file, then the download's reason
+    from urllib.error import URLError
+
+    def offline(*args, **kwargs):
+        raise URLError("no network")
+
+    monkeypatch.setattr("torchvision.datasets.mnist.download_and_extract_archive", offline)
+    with pytest.raises(DataError) as e:
+        load_split("mnist", str(tmp_path), train=True, download=True)
+    assert "(missing MNIST/raw/t10k-labels-idx1-ubyte.gz; download: Error downloading" in str(e.value)
 
 
 def test_resize_to_32_keeps_uint8_and_content():

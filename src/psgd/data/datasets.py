@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 from torchvision import datasets as tvd
+from torchvision.datasets.utils import check_integrity
 
 
 class DataError(RuntimeError):
@@ -103,6 +104,36 @@ class CIFAR10(tvd.CIFAR10):
 _CLASSES = {"mnist": MNIST, "fashion_mnist": FashionMNIST, "cifar10": CIFAR10}
 
 
+def what_is_missing(name: str, root: str, verify_md5: bool = True) -> str | None:
+    """What of dataset `name` is not under `root` as torchvision expects it, in a few words: the folder,
+    the files that are missing, or (CIFAR10 with verify_md5) those whose md5 sum is not the real one's;
+    None when every file is there. Looked at only after loading failed, to say which file it was."""
+    top = Path(root)
+    if not top.is_dir():
+        return "no such folder"
+    if name == "cifar10":
+        folder = top / CIFAR10.base_folder
+        expected = [*CIFAR10.train_list, *CIFAR10.test_list, [CIFAR10.meta["filename"], CIFAR10.meta["md5"]]]
+        missing = [f"{CIFAR10.base_folder}/{f}" for f, _ in expected if not (folder / f).is_file()]
+        if missing or not verify_md5:
+            return _some("missing", missing)
+        wrong = [f"{CIFAR10.base_folder}/{f}" for f, md5 in expected if not check_integrity(str(folder / f), md5)]
+        found = _some("md5 sum not CIFAR10's for", wrong)
+        return found and f"{found}: a damaged download, or a copy made locally (then set data.verify_md5=false)"
+    cls = _CLASSES[name]
+    raw = top / cls.folder / "raw"
+    names = [f for f, _ in cls.resources]  # the .gz names; read as they are or extracted beside them
+    missing = [f"{cls.folder}/raw/{f}" for f in names if not (raw / f).is_file() and not (raw / f[:-3]).is_file()]
+    return _some("missing", missing)
+
+
+def _some(what: str, files: list[str]) -> str | None:
+    if not files:
+        return None
+    more = f" and {len(files) - 1} more file(s)" if len(files) > 1 else ""
+    return f"{what} {files[0]}{more}"
+
+
 def _dirs_around(root: str) -> set[Path]:
     """The folders a dataset download may make: `root`, its parents, and two levels below it."""
     top = Path(root).absolute()
@@ -142,6 +173,9 @@ def load_split(
         fetch = (
             "run once with network access" if download else "drop data.download=false and run once with network access"
         )
+        missing = what_is_missing(name, root, verify_md5)
+        if missing:  # torchvision's "Dataset not found or corrupted." does not say which file
+            first = f"{missing}; download: {first}" if download else missing
         raise DataError(
             f"dataset {name} not found or unreadable under {where} ({first}); set data.root=<dir> or "
             f"PSGD_DATA=<dir> to where it lives, or {fetch} so it can be downloaded"
