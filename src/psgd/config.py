@@ -329,6 +329,13 @@ def check_values(cfg: DictConfig) -> int:
             opt.weight_decay,
             "must be >= 0",
         )
+        # a model that sets each layer's decay in its own param groups (the MLP) overrides the optimizer's
+        own_decay = sorted(k for k in cfg.model if str(k).startswith("weight_decay_"))
+        if own_decay and opt.weight_decay:
+            raise ConfigError(
+                f"optimizer.weight_decay={opt.weight_decay} would have no effect with model={cfg.model.get('name')}, "
+                f"which sets each layer's decay itself: use model.{' and model.'.join(own_decay)}"
+            )
     _need(cfg.lr_scaling in LR_SCALING, "lr_scaling", cfg.lr_scaling, f"allowed: {', '.join(LR_SCALING)}")
     interval = sch.get("interval", "epoch")
     _need(interval in INTERVALS, "scheduler.interval", interval, f"allowed: {', '.join(INTERVALS)}")

@@ -116,6 +116,12 @@ BAD = [
     # text where a number belongs: before, a TypeError traceback from the comparison
     (["optimizer.weight_decay=abc"], "optimizer.weight_decay='abc' is invalid: must be >= 0"),
     (["model.dropout=abc"], "model.dropout='abc' is invalid: must be in [0, 1)"),
+    # the MLP's param groups set each layer's decay: the optimizer's would be ignored, silently
+    (
+        ["model=mlp", "optimizer.weight_decay=0.1"],
+        "optimizer.weight_decay=0.1 would have no effect with model=mlp, which sets each layer's decay itself: "
+        "use model.weight_decay_hidden and model.weight_decay_output",
+    ),
     (["scheduler=warmup", "scheduler.start_factor=abc"], "scheduler.start_factor='abc' is invalid"),
     (["trainer.log_every_n_steps=abc"], "trainer.log_every_n_steps='abc' is invalid: must be an integer >= 1"),
     (["model.name=[1,2]"], "model.name=[1, 2] is invalid: must be a name"),
