@@ -387,8 +387,11 @@ def optimizer_change(checkpoint: dict[str, Any], module: Classifier) -> str | No
             )
         for key in sorted(old_keys & new_keys):
             if not same(old[key], new[key]):
-                where = f" in its parameter group {i}" if len(new_groups) > 1 else ""
-                return f"optimizer.{key}={shown(new[key])}{where} (the checkpoint's run had {shown(old[key])})"
+                # a model that sets this value per group names the setting it comes from (the MLP's decay)
+                setting = (getattr(module.net, "group_settings", {}).get(key) or [None] * len(new_groups))[i]
+                where = f" in its parameter group {i}" if len(new_groups) > 1 and not setting else ""
+                setting = setting or f"optimizer.{key}"
+                return f"{setting}={shown(new[key])}{where} (the checkpoint's run had {shown(old[key])})"
     return None
 
 
