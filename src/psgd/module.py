@@ -55,6 +55,7 @@ class Classifier(PlainHookName, L.LightningModule):
         channels_last: bool = False,
         per_worker_metrics: bool = False,
         input_shape: tuple[int, int, int] | None = None,
+        dataset: str | None = None,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["net", "optimizer", "input_shape"])

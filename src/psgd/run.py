@@ -289,6 +289,12 @@ def resolve_ckpt_path(value: str | None, module: Classifier, world_size: int = 1
             f"ckpt_path={value!r} holds {len(replicas)} workers' own state but this run has {world_size} "
             f"workers; resume with workers={len(replicas)}"
         )
+    trained_on, now_on = (checkpoint.get("hyper_parameters") or {}).get("dataset"), module.hparams.get("dataset")
+    if trained_on and now_on and trained_on != now_on:  # same image size and classes: the shapes fit
+        raise ConfigError(
+            f"ckpt_path={value!r} was trained on data={trained_on} and this run's data is {now_on}: resuming "
+            f"would go on with its epochs, optimizer and schedule on other data; resume with data={trained_on}"
+        )
     problem = schedule_change(checkpoint.get("hyper_parameters") or {}, dict(module.hparams))
     problem = problem or optimizer_change(checkpoint, module)
     if problem:
@@ -577,6 +583,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         channels_last=cfg.channels_last,
         per_worker_metrics=not one_model,
         input_shape=(info.channels, image_size, image_size),
+        dataset=cfg.data.name,  # kept in its checkpoints: a resume on another dataset is refused
     )
     world_size = plan.workers * t.num_nodes
     ckpt_path = resolve_ckpt_path(elastic_resume(cfg.get("ckpt_path"), plan, run_dir), module, world_size)

@@ -493,6 +493,15 @@ def test_a_resume_that_would_not_follow_the_command_line_is_one_line(tiny_data, 
         "(to train a finished run further, start a new run)"
     ]
     assert not second.exists()
+    # the same shapes on another dataset (forgot data=fashion_mnist, or added it): the dataset is in the checkpoint
+    third = tmp_path / "third"
+    other_data = ["data=fashion_mnist", f"ckpt_path={first}", f"hydra.run.dir={third}"]
+    proc = run_cli("train.py", f"data.root={tiny_data}", *other_data, *TINY)
+    assert not third.exists()
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"psgd: error: ckpt_path='{first}' was trained on data=mnist and this run's data is fashion_mnist: "
+        "resuming would go on with its epochs, optimizer and schedule on other data; resume with data=mnist"
+    ], proc.stderr
 
 
 @pytest.mark.distributed

@@ -39,6 +39,23 @@ def test_a_checkpoint_with_another_lr_schedule_is_refused(tmp_path):
         resolve_ckpt_path(path, longer)
 
 
+def test_a_checkpoint_trained_on_another_dataset_is_refused(tmp_path):
+    """MNIST and FashionMNIST give the same shapes: a resume that forgot data=fashion_mnist went on training
+    the FashionMNIST run's weights, epochs and schedule on MNIST without a word."""
+    sgd = partial(torch.optim.SGD)
+    path = save(tmp_path / "last.ckpt", Classifier(LabCNN(), sgd, lr=0.02, dataset="fashion_mnist"))
+    assert resolve_ckpt_path(path, Classifier(LabCNN(), sgd, lr=0.02, dataset="fashion_mnist")) == path
+    with pytest.raises(ConfigError) as e:
+        resolve_ckpt_path(path, Classifier(LabCNN(), sgd, lr=0.02, dataset="mnist"))
+    assert str(e.value) == (
+        f"ckpt_path={path!r} was trained on data=fashion_mnist and this run's data is mnist: resuming would go on "
+        "with its epochs, optimizer and schedule on other data; resume with data=fashion_mnist"
+    )
+    # a checkpoint from before the dataset was kept: nothing to compare
+    older = save(tmp_path / "older.ckpt", Classifier(LabCNN(), sgd, lr=0.02))
+    assert resolve_ckpt_path(older, Classifier(LabCNN(), sgd, lr=0.02, dataset="mnist")) == older
+
+
 def test_a_checkpoint_of_another_model_or_no_checkpoint_is_refused(tmp_path, monkeypatch):
     mlp = Classifier(MLP(), partial(torch.optim.SGD), lr=0.02)
     path = save(tmp_path / "last.ckpt", mlp)
