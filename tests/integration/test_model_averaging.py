@@ -115,9 +115,25 @@ def test_the_final_checkpoint_resumes_each_worker_on_the_average_and_its_own_sch
     assert metrics(again)["test_acc"] == pytest.approx(metrics(averaged)["test_acc"])
 
 
-def test_period_one_is_exactly_synchronous_sgd(tiny_data, tmp_path):
+@pytest.mark.parametrize(
+    "update",
+    [
+        pytest.param([], id="plain-sgd"),
+        # SGD's momentum is linear: with every worker on its own buffer m_i = mu*m_i + g_i and the weights
+        # averaged after every step, w - lr*mean(m_i) and mean(m_i) = mu*mean(m_i) + mean(g) are DDP's
+        # update and buffer, so averaging the buffers too changes nothing here
+        pytest.param(["optimizer.momentum=0.9"], id="momentum"),
+        pytest.param(
+            ["optimizer.momentum=0.9", "strategy.average_optimizer_state=true"],
+            id="momentum-averaged",
+            marks=pytest.mark.slow,  # ~13 s
+        ),
+    ],
+)
+def test_period_one_is_exactly_synchronous_sgd(tiny_data, tmp_path, update):
     runs = {}
     for strategy, extra in (("ddp", []), ("model_averaging", ["strategy.period=1"])):
+        extra = [*extra, *update] if strategy == "model_averaging" else [*extra, *update[:1]]
         run_dir = tmp_path / strategy
         proc = run_cli(
             "train.py",
