@@ -609,6 +609,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         "data": cfg.data.name,
         "partition": cfg.data.partition,
         "batch_size": cfg.data.batch_size,
+        "precision": None,  # as Lightning runs it (16-mixed on CPU runs as bf16-mixed): set once it is known
         "accumulate_grad_batches": plan.accumulate_grad_batches,
         # micro-batches averaged per update: DDP's update averages every worker's; a model-averaging or
         # HogWild worker updates with its own alone
@@ -671,6 +672,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         )
     except (TypeError, ValueError, MisconfigurationException) as e:  # a trainer.* value Lightning refuses
         raise ConfigError(f"Lightning refuses a trainer setting: {' '.join(text_lines(e))}") from e
+    run_info["precision"] = str(trainer.precision)
     skip_unused_hooks(trainer, module)  # ~250 Python calls less per training step (benchmarks/calls_per_step.py)
     try:
         if plan.launcher == "torchrun":  # where Lightning would make it, inside fit: same failure handling

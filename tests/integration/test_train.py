@@ -58,7 +58,7 @@ def test_run_learns_and_reports_its_test_accuracy(single_run, tiny_data):
     assert f"test_acc={m['test_acc']:.4f} train_time_s=" in proc.stdout  # iid shards: no worst class named
     assert (m["epochs"], m["world_size"], m["workers"], m["strategy"]) == (3, 1, 1, "ddp")
     assert m["threads_per_worker"] >= 1 and m["versions"]["torch"] == torch.__version__
-    assert m["device"].startswith("cpu") and m["time_to_target_s"] is None
+    assert m["device"].startswith("cpu") and m["time_to_target_s"] is None and m["precision"] == "32-true"
     assert m["train_time_s"] > 0 and m["samples_per_s"] > 0
     assert [h["samples"] for h in m["history"]] == [512, 512, 512]  # every sample once per epoch
     assert m["train_time_s"] == pytest.approx(sum(h["epoch_s"] for h in m["history"]), abs=1e-3)
@@ -365,3 +365,14 @@ def test_every_optimizer_resumes_to_the_uninterrupted_weights(optimizer, tiny_da
     a, b = (torch.load(tmp_path / n / "checkpoints" / "last.ckpt", weights_only=True) for n in ("straight", "again"))
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
     assert b["epoch"] == 1 and metrics(tmp_path / "again")["epochs"] == 2
+
+
+def test_the_record_says_the_precision_that_ran(tiny_data, tmp_path):
+    """On CPU Lightning runs trainer.precision=16-mixed as bf16-mixed (with a warning): the run's record
+    keeps what ran, which is what its samples/s were measured with."""
+    cfg = compose_cfg(f"data.root={tiny_data}", "trainer.precision=16-mixed", "trainer.fast_dev_run=true", "quiet=true")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's "AMP with fp16 is not supported on CPU"
+        result = train(cfg, tmp_path / "run")
+    assert result["status"] == "completed" and result["precision"] == "bf16-mixed"
+    assert metrics(tmp_path / "run")["precision"] == "bf16-mixed"
