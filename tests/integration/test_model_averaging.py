@@ -118,7 +118,7 @@ def test_the_final_checkpoint_resumes_each_worker_on_the_average_and_its_own_sch
 @pytest.mark.parametrize(
     "update",
     [
-        pytest.param([], id="plain-sgd"),
+        pytest.param([], id="plain-sgd", marks=pytest.mark.slow),  # ~13 s; the momentum case covers it
         # SGD's momentum is linear: with every worker on its own buffer m_i = mu*m_i + g_i and the weights
         # averaged after every step, w - lr*mean(m_i) and mean(m_i) = mu*mean(m_i) + mean(g) are DDP's
         # update and buffer, so averaging the buffers too changes nothing here
