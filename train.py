@@ -2,6 +2,8 @@
 
 import atexit
 import gc
+import os
+import sys
 from pathlib import Path
 
 import hydra
@@ -11,6 +13,7 @@ from psgd.command_line import (  # light: torch loads once the line is checked
     check_command_line,
     exit_interrupted,
     exit_pipe_closed,
+    is_multirun,
     load_training,
 )
 from psgd.config import values_problem  # light too: psgd's value checks that need no torch
@@ -37,6 +40,9 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    if is_multirun(sys.argv[1:]):  # `train.py -m ...` is a sweep: sweep.py's line per job, report and exit code
+        sweep = str(Path(__file__).resolve().with_name("sweep.py"))
+        os.execv(sys.executable, [sys.executable, sweep, *sys.argv[1:]])
     # the last exit handler: spare the exit its full-heap collections (~1.3 s with torch and Lightning loaded)
     atexit.register(gc.freeze)
     interrupt_on_sigterm()  # as Ctrl-C, also while torch loads

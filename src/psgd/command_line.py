@@ -139,6 +139,12 @@ def run_name() -> str:
 OmegaConf.register_new_resolver("psgd_run_name", run_name, use_cache=True, replace=True)
 
 
+def is_multirun(argv: list[str]) -> bool:
+    """Whether Hydra would run `argv` (a script's arguments) as a multirun: `-m`, `--multirun` or the
+    override hydra.mode=MULTIRUN."""
+    return any(a in ("-m", "--multirun") or a.replace(" ", "").upper() == "HYDRA.MODE=MULTIRUN" for a in argv)
+
+
 def sweep_argv(argv: list[str]) -> list[str]:
     """sweep.py's arguments (argv[1:]) as Hydra must get them: always a multirun, `-m` first.
 

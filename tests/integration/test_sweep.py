@@ -98,10 +98,18 @@ def test_every_job_has_its_own_tensorboard_run_with_hparams(mixed_sweep):
         assert acc.Scalars("test/acc")[-1].value == pytest.approx(float(row["test_acc"]), abs=1e-6)
 
 
-def test_a_failed_job_is_marked_and_the_rest_reported(tiny_data, tmp_path):
+@pytest.mark.parametrize(
+    "script",
+    [
+        "sweep.py",
+        # `train.py -m` is sweep.py's sweep (before: no line per job, no report, exit 0 with a job failed)
+        pytest.param("train.py", marks=pytest.mark.slow),  # ~9 s; the default run checks it by its help
+    ],
+)
+def test_a_failed_job_is_marked_and_the_rest_reported(tiny_data, tmp_path, script):
     sweep_dir = tmp_path / "sweep"
     proc = run_cli(
-        "sweep.py",
+        script,
         "data.batch_size=64,1024",  # 1024: no training batch, found once the job reads its data
         "data.drop_last=true",
         f"data.root={tiny_data}",
@@ -125,6 +133,14 @@ def test_a_failed_job_is_marked_and_the_rest_reported(tiny_data, tmp_path):
     rebuilt = subprocess.run([sys.executable, "-m", "psgd.report", str(sweep_dir)], capture_output=True, timeout=120)
     assert rebuilt.returncode == 1
     assert [r["status"] for r in read_csv(sweep_dir / "report.csv")] == ["completed", "failed"]
+
+
+def test_train_py_with_hydras_multirun_flag_is_a_sweep():
+    """`train.py -m` (or hydra.mode=MULTIRUN) runs as `sweep.py -m`: a line per job, the report and its exit code."""
+    for flag in ("-m", "--multirun", "hydra.mode=MULTIRUN"):
+        proc = run_cli("train.py", flag, "--help", timeout=60)
+        assert proc.returncode == 0 and proc.stdout.startswith("psgd sweep.py: one training job per combination")
+    assert run_cli("train.py", "--help", timeout=60).stdout.startswith("psgd train.py: train one network")
 
 
 def test_a_sweep_stopped_early_reports_the_jobs_that_ran(tiny_data, tmp_path):
