@@ -139,10 +139,13 @@ def run_name() -> str:
 OmegaConf.register_new_resolver("psgd_run_name", run_name, use_cache=True, replace=True)
 
 
+MULTIRUN_FLAGS = ("-m", "--multirun")  # Hydra's
+
+
 def is_multirun(argv: list[str]) -> bool:
     """Whether Hydra would run `argv` (a script's arguments) as a multirun: `-m`, `--multirun` or the
     override hydra.mode=MULTIRUN."""
-    return any(a in ("-m", "--multirun") or a.replace(" ", "").upper() == "HYDRA.MODE=MULTIRUN" for a in argv)
+    return any(a in MULTIRUN_FLAGS or a.replace(" ", "").upper() == "HYDRA.MODE=MULTIRUN" for a in argv)
 
 
 def sweep_argv(argv: list[str]) -> list[str]:
@@ -151,7 +154,7 @@ def sweep_argv(argv: list[str]) -> list[str]:
     Hydra reads a `-m` after an override as an unknown argument (argparse's usage text, exit 2), and
     without `-m` it would run one plain job: sweep.py adds it, in front. A line with other Hydra flags
     (--cfg, -cn, --help ...) is passed on as it is, for Hydra to judge."""
-    rest = [a for a in argv if a not in ("-m", "--multirun")]
+    rest = [a for a in argv if a not in MULTIRUN_FLAGS]
     if any(a.startswith("-") for a in rest):
         return argv
     return ["-m", *rest]

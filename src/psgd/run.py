@@ -289,13 +289,14 @@ def resolve_ckpt_path(value: str | None, module: Classifier, world_size: int = 1
             f"ckpt_path={value!r} holds {len(replicas)} workers' own state but this run has {world_size} "
             f"workers; resume with workers={len(replicas)}"
         )
-    trained_on, now_on = (checkpoint.get("hyper_parameters") or {}).get("dataset"), module.hparams.get("dataset")
+    hparams = checkpoint.get("hyper_parameters") or {}  # the Classifier's, as the checkpoint's run had them
+    trained_on, now_on = hparams.get("dataset"), module.hparams.get("dataset")
     if trained_on and now_on and trained_on != now_on:  # same image size and classes: the shapes fit
         raise ConfigError(
             f"ckpt_path={value!r} was trained on data={trained_on} and this run's data is {now_on}: resuming "
             f"would go on with its epochs, optimizer and schedule on other data; resume with data={trained_on}"
         )
-    problem = schedule_change(checkpoint.get("hyper_parameters") or {}, dict(module.hparams))
+    problem = schedule_change(hparams, dict(module.hparams))
     problem = problem or optimizer_change(checkpoint, module)
     if problem:
         raise ConfigError(
@@ -394,10 +395,11 @@ def optimizer_change(checkpoint: dict[str, Any], module: Classifier) -> str | No
         for key in sorted(old_keys & new_keys):
             if not same(old[key], new[key]):
                 # a model that sets this value per group names the setting it comes from (the MLP's decay)
-                setting = (getattr(module.net, "group_settings", {}).get(key) or [None] * len(new_groups))[i]
-                where = f" in its parameter group {i}" if len(new_groups) > 1 and not setting else ""
-                setting = setting or f"optimizer.{key}"
-                return f"{setting}={shown(new[key])}{where} (the checkpoint's run had {shown(old[key])})"
+                names = getattr(module.net, "group_settings", {}).get(key)
+                if names and names[i]:
+                    return f"{names[i]}={shown(new[key])} (the checkpoint's run had {shown(old[key])})"
+                where = f" in its parameter group {i}" if len(new_groups) > 1 else ""
+                return f"optimizer.{key}={shown(new[key])}{where} (the checkpoint's run had {shown(old[key])})"
     return None
 
 

@@ -2,6 +2,7 @@ import gzip
 import os
 import re
 import shutil
+from urllib.error import URLError
 
 import pytest
 import torch
@@ -30,15 +31,19 @@ def test_missing_dataset_without_download_names_path_and_fix(tmp_path):
     assert "drop data.download=false" in msg and "download=True" not in msg
 
 
-def test_a_failed_download_leaves_no_empty_folders_behind(tmp_path, monkeypatch, capsys):
-    """Offline (stood in for by a download that raises, as urllib does without a network): torchvision
-    has made <root>/MNIST/raw by then; a mistyped data.root must not leave that tree behind."""
-    from urllib.error import URLError
+@pytest.fixture
+def offline(monkeypatch):
+    """Every MNIST-family download raises, as urllib does without a network."""
 
-    def offline(*args, **kwargs):
+    def download(*args, **kwargs):
         raise URLError("no network")
 
-    monkeypatch.setattr("torchvision.datasets.mnist.download_and_extract_archive", offline)
+    monkeypatch.setattr("torchvision.datasets.mnist.download_and_extract_archive", download)
+
+
+def test_a_failed_download_leaves_no_empty_folders_behind(tmp_path, offline, capsys):
+    """Offline: torchvision has made <root>/MNIST/raw by then; a mistyped data.root must not leave
+    that tree behind."""
     (tmp_path / "kept").mkdir()  # what was there stays
     for root in (tmp_path / "typo" / "deeper", tmp_path):
         with pytest.raises(DataError, match="not found or unreadable") as e:
@@ -111,7 +116,7 @@ def test_cifar10_md5_check_rejects_files_that_are_not_the_real_ones_and_says_how
         load_split("cifar10", str(tmp_path), train=True, download=False, verify_md5=False)
 
 
-def test_a_missing_mnist_file_is_named(tmp_path, monkeypatch):
+def test_a_missing_mnist_file_is_named(tmp_path, request):
     make_mnist_like(tmp_path, "MNIST", n_train=20, n_test=5)
     (tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte.gz").unlink()
     with pytest.raises(DataError, match=r"\(missing MNIST/raw/t10k-labels-idx1-ubyte.gz\)"):
@@ -120,13 +125,8 @@ def test_a_missing_mnist_file_is_named(tmp_path, monkeypatch):
         load_split("fashion_mnist", str(tmp_path), train=True, download=False)
     with pytest.raises(DataError, match=r"under \S+typo \(no such folder\)"):
         load_split("mnist", str(tmp_path / "typo"), train=True, download=False)
-    # offline (a download that raises, as urllib does without a network): the file, then the download's reason
-    from urllib.error import URLError
-
-    def offline(*args, **kwargs):
-        raise URLError("no network")
-
-    monkeypatch.setattr("torchvision.datasets.mnist.download_and_extract_archive", offline)
+    # offline: the file, then the download's reason
+    request.getfixturevalue("offline")
     with pytest.raises(DataError) as e:
         load_split("mnist", str(tmp_path), train=True, download=True)
     assert "(missing MNIST/raw/t10k-labels-idx1-ubyte.gz; download: Error downloading" in str(e.value)
