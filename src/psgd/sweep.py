@@ -32,6 +32,15 @@ def sweep_lengths(sweeper_params: dict[str, str] | None, task_overrides: list[st
     return lengths
 
 
+def shown_overrides(task: list[str], swept: set[str]) -> list[str]:
+    """A job's overrides its progress line shows: the swept ones, which tell the jobs apart; all of
+    them when nothing is swept (`workers=1,2 workers=3` is one job, the last value winning as in Hydra),
+    rather than "(defaults)"."""
+    if not swept:
+        return task
+    return [o for o in task if o.split("=", 1)[0].lstrip("+~") in swept]
+
+
 def progress_line(num: int, total: int | None, overrides: list[str], job_dir: Path) -> str:
     """`[i/N] key=value ...: completed in 12.3 s, test_acc 0.9812` (or `failed: <error line>`)."""
     record = read_json(job_dir / "metrics.json") if (job_dir / "metrics.json").exists() else {}
@@ -69,7 +78,7 @@ class SweepReport(Callback):
         if config.hydra.mode != RunMode.MULTIRUN:  # sweep.py with Hydra flags of its own and no -m: no sweep
             return
         job_dir = Path(config.hydra.runtime.output_dir)
-        overrides = [o for o in config.hydra.overrides.task if o.split("=", 1)[0].lstrip("+~") in self.swept]
+        overrides = shown_overrides(list(config.hydra.overrides.task), self.swept)
         line = progress_line(config.hydra.job.num, self.total, overrides, job_dir)
         print(line, flush=True)
 

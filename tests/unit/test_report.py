@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from psgd.report import main, write_report
-from psgd.sweep import progress_line, sweep_lengths
+from psgd.sweep import progress_line, shown_overrides, sweep_lengths
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -200,6 +200,13 @@ def test_rebuild_command_exit_codes(tmp_path, seeded_sweep, capsys):
 def test_job_count_and_swept_keys_follow_hydras_basic_sweeper():
     lengths = sweep_lengths({"workers": "1,2,3,4,5", "seed": "0"}, ["workers=1,2", "strategy=ddp,hogwild,x"])
     assert lengths == {"workers": 2, "seed": 1, "strategy": 3}  # the command line wins over params
+
+
+def test_progress_lines_show_the_swept_values_or_else_every_override():
+    task = ["workers=2", "+data.seed=1", "trainer.max_epochs=1"]
+    assert shown_overrides(task, {"workers", "data.seed"}) == ["workers=2", "+data.seed=1"]
+    # `workers=1,2 workers=3`: one job, workers=3; its line said "(defaults)"
+    assert shown_overrides(["workers=3", "trainer.max_epochs=1"], set()) == ["workers=3", "trainer.max_epochs=1"]
 
 
 def test_progress_line_says_values_time_and_accuracy_or_the_error(tmp_path):
