@@ -52,6 +52,7 @@ class Job:
     workers: int
     metrics: dict[str, Any] = field(default_factory=dict)
     partition: str = "iid"  # the job's data.partition (command line or preset)
+    precision: str | None = None  # the job's trainer.precision as configured
 
     @property
     def ok(self) -> bool:
@@ -119,6 +120,7 @@ def load_job(path: Path) -> Job | None:
         workers=int(workers),
         metrics=metrics,
         partition=str(OmegaConf.select(cfg, "data.partition", default="iid")),
+        precision=None if (prec := OmegaConf.select(cfg, "trainer.precision", default=None)) is None else str(prec),
     )
 
 
@@ -311,6 +313,26 @@ def unequal_work_notes(jobs: list[Job], swept: list[str]) -> list[str]:
         "trainer.limit_train_batches counts each worker's batches, and an early stop ends a run sooner"
         for trained, groups in groups_by_counts.items()
     ]
+
+
+# Lightning's older spellings of a precision, as it reads them
+PRECISION_ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
+
+
+def precision_notes(jobs: list[Job]) -> list[str]:
+    """A note per configured precision that ran as another (16-mixed runs as bf16-mixed where there is
+    no CUDA device): the report's columns show trainer.precision as written."""
+    ran_as: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for job in jobs:
+        ran = job.get("precision")
+        if ran and job.precision and PRECISION_ALIASES.get(job.precision, job.precision) != ran:
+            ran_as[(job.precision, ran)].append(job.num)
+    notes = []
+    for (asked, ran), nums in ran_as.items():
+        which = f"job{'s' if len(nums) > 1 else ''} {', '.join(map(str, nums))}"
+        why = ": Lightning runs it so without a CUDA device" if asked.startswith("16") and ran == "bf16-mixed" else ""
+        notes.append(f"trainer.precision={asked} ran as {ran} ({which}){why}")
+    return notes
 
 
 TARGET_COLUMNS = ("reached target", "time to target s", "S to target", "E to target")
@@ -547,6 +569,7 @@ def write_report(sweep_dir: str | Path) -> Report:
     if not any(s["speedup_to_target"] for s in summary) and any(j.get("target_acc") for j in jobs):
         notes.append("no group has a 1-worker job that reached early_stop.target_acc: no speedup to target")
     notes += unequal_work_notes(jobs, swept)
+    notes += precision_notes(jobs)
     report = Report(jobs, swept, rows, summary, plots, notes)
     if rows:
         write_csv(sweep_dir / "report.csv", list(rows[0]), [list(r.values()) for r in rows])

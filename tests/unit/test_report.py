@@ -15,12 +15,19 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def make_job(
-    sweep: Path, num: int, overrides: dict, metrics: dict | None, workers: int = 1, partition: str = "iid"
+    sweep: Path,
+    num: int,
+    overrides: dict,
+    metrics: dict | None,
+    workers: int = 1,
+    partition: str = "iid",
+    precision: str = "32-true",
 ) -> Path:
     job = sweep / str(num)
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"{k}={v}" for k, v in overrides.items()]))
-    cfg = {"workers": workers, "trainer": {"devices": None, "num_nodes": 1}, "strategy": {"name": "ddp"}}
+    cfg = {"workers": workers, "trainer": {"devices": None, "num_nodes": 1, "precision": precision}}
+    cfg["strategy"] = {"name": "ddp"}
     cfg["data"] = {"partition": partition}
     (job / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
     if metrics is not None:
@@ -200,6 +207,18 @@ def test_rebuild_command_exit_codes(tmp_path, seeded_sweep, capsys):
 def test_job_count_and_swept_keys_follow_hydras_basic_sweeper():
     lengths = sweep_lengths({"workers": "1,2,3,4,5", "seed": "0"}, ["workers=1,2", "strategy=ddp,hogwild,x"])
     assert lengths == {"workers": 2, "seed": 1, "strategy": 3}  # the command line wins over params
+
+
+def test_the_report_says_which_precision_ran_where_it_is_not_the_one_asked_for(tmp_path):
+    # swept trainer.precision=32-true,16-mixed,bf16 on a CPU: the column says 16-mixed, it ran bf16-mixed
+    for num, (asked, ran) in enumerate([("32-true", "32-true"), ("16-mixed", "bf16-mixed"), ("bf16", "bf16-mixed")]):
+        record = done("ddp", 1, 10.0, 0.98, precision=ran)
+        make_job(tmp_path, num, {"trainer.precision": asked}, record, precision=asked)
+    report = write_report(tmp_path)
+    assert [n for n in report.notes if "precision" in n] == [
+        "trainer.precision=16-mixed ran as bf16-mixed (job 1): Lightning runs it so without a CUDA device"
+    ]  # bf16 is Lightning's old name of bf16-mixed: no note
+    assert "- trainer.precision=16-mixed ran as bf16-mixed (job 1)" in (tmp_path / "report.md").read_text()
 
 
 def test_progress_lines_show_the_swept_values_or_else_every_override():
