@@ -13,6 +13,7 @@ from psgd.command_line import (  # light: torch loads once the line is checked
     check_command_line,
     exit_interrupted,
     exit_pipe_closed,
+    interpreter_flags,
     is_multirun,
     load_training,
 )
@@ -42,7 +43,7 @@ def main(cfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     if is_multirun(sys.argv[1:]):  # `train.py -m ...` is a sweep: sweep.py's line per job, report and exit code
         sweep = str(Path(__file__).resolve().with_name("sweep.py"))
-        os.execv(sys.executable, [sys.executable, sweep, *sys.argv[1:]])
+        os.execv(sys.executable, [sys.executable, *interpreter_flags(), sweep, *sys.argv[1:]])
     # the last exit handler: spare the exit its full-heap collections (~1.3 s with torch and Lightning loaded)
     atexit.register(gc.freeze)
     interrupt_on_sigterm()  # as Ctrl-C, also while torch loads

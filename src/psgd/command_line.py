@@ -148,6 +148,12 @@ def is_multirun(argv: list[str]) -> bool:
     return any(a in MULTIRUN_FLAGS or a.replace(" ", "").upper() == "HYDRA.MODE=MULTIRUN" for a in argv)
 
 
+def interpreter_flags() -> list[str]:
+    """The Python interpreter's own options this process was started with (`python -X dev -W error
+    train.py ...` gives ["-X", "dev", "-W", "error"]), for a script that re-executes itself as another."""
+    return list(sys.orig_argv[1 : len(sys.orig_argv) - len(sys.argv)])
+
+
 def sweep_argv(argv: list[str]) -> list[str]:
     """sweep.py's arguments (argv[1:]) as Hydra must get them: always a multirun, `-m` first.
 
@@ -186,8 +192,8 @@ def command_line_problem(
     Then, with every job composed, `job_check`'s reason, if any."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         return None
-    multirun = any(a in ("-m", "--multirun") for a in argv)
-    texts = [a for a in argv if a not in ("-m", "--multirun")]
+    multirun = any(a in MULTIRUN_FLAGS for a in argv)
+    texts = [a for a in argv if a not in MULTIRUN_FLAGS]
     if any(a.startswith("-") for a in texts):  # no override starts with "-"
         return None  # other Hydra flags (-cn, --config-dir=..., --cfg job, --help ...): Hydra's to judge
     from hydra.core.override_parser.overrides_parser import OverridesParser

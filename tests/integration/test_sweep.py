@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from helpers import metrics, tensorboard
 from matplotlib.image import imread
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
@@ -141,6 +141,11 @@ def test_train_py_with_hydras_multirun_flag_is_a_sweep():
         proc = run_cli("train.py", flag, "--help", timeout=60)
         assert proc.returncode == 0 and proc.stdout.startswith("psgd sweep.py: one training job per combination")
     assert run_cli("train.py", "--help", timeout=60).stdout.startswith("psgd train.py: train one network")
+    # the interpreter's own options go on to sweep.py (before: `python -W error train.py -m` lost -W there);
+    # -X importtime shows it: each of the two processes writes its import-time table
+    cmd = [sys.executable, "-X", "importtime", str(ROOT / "train.py"), "-m", "--help"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stderr.count("import time: self [us]") == 2
 
 
 def test_a_sweep_stopped_early_reports_the_jobs_that_ran(tiny_data, tmp_path):
