@@ -214,6 +214,7 @@ def test_gpu_benchmark_runs_every_variant_and_reports_the_ratios(tiny_data, tmp_
     assert md.count("| lab CNN |") == 9 and "bf16 autocast / fp32" in md and "cuDNN autotuner / without" in md
 
 
+@pytest.mark.slow  # ~10 s on a CPU, a GPU benchmark: pytest -m slow
 def test_gpu_step_benchmark_counts_the_lab_cnn_flop_and_times_every_variant(tmp_path):
     # on CPU: the script itself (the figures are the GPU's); ~10 s
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), "--device=cpu", "--steps=2", "--batches", "4", "8"]

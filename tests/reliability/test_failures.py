@@ -365,7 +365,7 @@ def test_ctrl_c_before_training_leaves_no_run_dir_for_the_script_to_report(tmp_p
     "script,workers,sig",
     [
         pytest.param("train.py", 1, signal.SIGINT, id="ctrl-c-train.py"),
-        pytest.param("sweep.py", 1, signal.SIGINT, id="ctrl-c-sweep.py"),
+        pytest.param("sweep.py", 1, signal.SIGINT, id="ctrl-c-sweep.py", marks=pytest.mark.slow),  # as sigterm-sweep.py
         pytest.param("train.py", 2, signal.SIGINT, id="ctrl-c-2-workers"),
         pytest.param("sweep.py", 1, signal.SIGTERM, id="sigterm-sweep.py"),
         # ~6-8 s each, the same path as sigterm-sweep.py's and ctrl-c's with the scripts' own signal
@@ -437,7 +437,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 @pytest.mark.parametrize(
-    "script,sweep", [("train.py", []), ("sweep.py", ["workers=1,2"])], ids=["train.py", "sweep.py"]
+    "script,sweep",
+    [("train.py", []), pytest.param("sweep.py", ["workers=1,2"], marks=pytest.mark.slow)],  # the same load_training
+    ids=["train.py", "sweep.py"],
 )
 def test_torch_is_first_imported_with_ctrl_c_and_sigterm_held(tmp_path, script, sweep):
     """A Ctrl-C inside torch's import can abort the process (pybind11) or, caught as an ImportError by a
