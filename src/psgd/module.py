@@ -56,6 +56,7 @@ class Classifier(PlainHookName, L.LightningModule):
         per_worker_metrics: bool = False,
         input_shape: tuple[int, int, int] | None = None,
         dataset: str | None = None,
+        holdout: list | None = None,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["net", "optimizer", "input_shape"])

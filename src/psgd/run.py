@@ -296,6 +296,13 @@ def resolve_ckpt_path(value: str | None, module: Classifier, world_size: int = 1
             f"ckpt_path={value!r} was trained on data={trained_on} and this run's data is {now_on}: resuming "
             f"would go on with its epochs, optimizer and schedule on other data; resume with data={trained_on}"
         )
+    if "holdout" in hparams and hparams["holdout"] != module.hparams.get("holdout"):  # older ones: not kept
+        held, now = hparams["holdout"], module.hparams.get("holdout")
+        raise ConfigError(
+            f"ckpt_path={value!r} held out {_holdout_text(held)} for validation and this run holds out "
+            f"{_holdout_text(now)}: it would validate on samples the checkpoint trained on, or train on its "
+            f"validation samples; resume with {_holdout_setting(held)}"
+        )
     problem = schedule_change(hparams, dict(module.hparams))
     problem = problem or optimizer_change(checkpoint, module)
     if problem:
@@ -314,6 +321,16 @@ def resolve_ckpt_path(value: str | None, module: Classifier, world_size: int = 1
             flush=True,
         )
     return str(path)
+
+
+def _holdout_text(holdout: list | None) -> str:
+    if not holdout:
+        return "nothing (data.val_split=0)"
+    return f"data.val_split={holdout[0]:g} drawn with seed={holdout[1]}"
+
+
+def _holdout_setting(holdout: list | None) -> str:
+    return "data.val_split=0" if not holdout else f"data.val_split={holdout[0]:g} seed={holdout[1]}"
 
 
 def schedule_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
@@ -586,6 +603,9 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         per_worker_metrics=not one_model,
         input_shape=(info.channels, image_size, image_size),
         dataset=cfg.data.name,  # kept in its checkpoints: a resume on another dataset is refused
+        # the validation samples held out of the training set ([data.val_split, seed], which draws them),
+        # kept too: a resume holding out others would validate on samples the checkpoint trained on
+        holdout=[cfg.data.val_split, cfg.seed] if cfg.data.val_split else None,
     )
     world_size = plan.workers * t.num_nodes
     ckpt_path = resolve_ckpt_path(elastic_resume(cfg.get("ckpt_path"), plan, run_dir), module, world_size)

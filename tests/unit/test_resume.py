@@ -56,6 +56,36 @@ def test_a_checkpoint_trained_on_another_dataset_is_refused(tmp_path):
     assert resolve_ckpt_path(older, Classifier(LabCNN(), sgd, lr=0.02, dataset="mnist")) == older
 
 
+def test_a_resume_holding_out_other_validation_samples_is_refused(tmp_path):
+    """data.val_split's samples are drawn with the seed: resuming with another val_split or seed validated
+    on samples the checkpoint had trained on, without a word (a validation accuracy too good to be true)."""
+    sgd = partial(torch.optim.SGD)
+
+    def run(holdout):
+        return Classifier(LabCNN(), sgd, lr=0.02, dataset="mnist", holdout=holdout)
+
+    path = save(tmp_path / "last.ckpt", run([0.1, 0]))
+    assert resolve_ckpt_path(path, run([0.1, 0])) == path
+    for other, said in [([0.1, 1], "data.val_split=0.1 drawn with seed=1"), (None, "nothing (data.val_split=0)")]:
+        with pytest.raises(ConfigError) as e:
+            resolve_ckpt_path(path, run(other))
+        assert str(e.value) == (
+            f"ckpt_path={path!r} held out data.val_split=0.1 drawn with seed=0 for validation and this run holds "
+            f"out {said}: it would validate on samples the checkpoint trained on, or train on its validation "
+            "samples; resume with data.val_split=0.1 seed=0"
+        )
+    # a run that held out nothing, resumed with a hold-out: its validation samples were all trained on
+    nothing = save(tmp_path / "nothing.ckpt", run(None))
+    with pytest.raises(ConfigError, match=r"held out nothing \(data.val_split=0\) .* resume with data.val_split=0$"):
+        resolve_ckpt_path(nothing, run([0.2, 0]))
+    # a checkpoint from before the hold-out was kept: nothing to compare
+    older = tmp_path / "older.ckpt"
+    checkpoint = torch.load(path, weights_only=True)
+    del checkpoint["hyper_parameters"]["holdout"]
+    torch.save(checkpoint, older)
+    assert resolve_ckpt_path(str(older), run([0.3, 5])) == str(older)
+
+
 def test_a_checkpoint_of_another_model_or_no_checkpoint_is_refused(tmp_path, monkeypatch):
     mlp = Classifier(MLP(), partial(torch.optim.SGD), lr=0.02)
     path = save(tmp_path / "last.ckpt", mlp)
