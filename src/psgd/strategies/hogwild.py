@@ -107,7 +107,7 @@ class HogwildStrategy(PerWorkerCheckpoints, DDPStrategy):
         module = self.lightning_module
         params = list(module.parameters())
         checksum = float(sum(p.detach().double().sum() for p in params))
-        saw_write = self._probe_sharing(params[0].detach().view(-1))
+        saw_write = self._probe_sharing(params[0].detach())
         seen = gather_floats(
             [checksum, float(int(self._updates[self.global_rank])), float(saw_write)], self.root_device
         )
@@ -122,17 +122,20 @@ class HogwildStrategy(PerWorkerCheckpoints, DDPStrategy):
 
     @torch.no_grad()
     def _probe_sharing(self, weights: torch.Tensor) -> bool:
-        """The last worker writes a sentinel into one weight; is it seen here? (Works on NaN weights too.)"""
+        """The last worker writes a sentinel into one weight; is it seen here? (Works on NaN weights too.)
+        The weight is indexed in place: a conv weight in channels_last with more than one input channel
+        has no flat view (`.view(-1)` raised at the end of every such HogWild run, e.g. on CIFAR10)."""
         writer, sentinel = self.world_size - 1, 12345.0
-        original = weights[0].clone()
+        first = (0,) * weights.dim()
+        original = weights[first].clone()
         self.barrier("probe-read")
         if self.global_rank == writer:
-            weights[0] = sentinel
+            weights[first] = sentinel
         self.barrier("probe-write")
-        seen = float(weights[0]) == sentinel
+        seen = float(weights[first]) == sentinel
         self.barrier("probe-check")
         if self.global_rank == writer:
-            weights[0] = original  # leave the model as training left it
+            weights[first] = original  # leave the model as training left it
         self.barrier("probe-undo")
         return seen
 
