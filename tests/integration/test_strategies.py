@@ -27,7 +27,8 @@ def plain(tiny_data, tmp_path_factory):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("strategy", ["model_averaging", "hogwild"])
+# hogwild slow: the same single-worker process as model_averaging's; its one-worker resume is slow too
+@pytest.mark.parametrize("strategy", ["model_averaging", pytest.param("hogwild", marks=pytest.mark.slow)])
 def test_one_worker_gives_the_plain_runs_weights(plain, tiny_data, tmp_path, strategy):
     # a worker process of its own (spawn or forkserver), yet the same data order, random stream and
     # updates: bit for bit the same weights

@@ -495,6 +495,14 @@ def test_a_resume_that_would_not_follow_the_command_line_is_one_line(tiny_data, 
         "(to train a finished run further, start a new run)"
     ]
     assert not second.exists()
+
+
+@pytest.mark.distributed
+@pytest.mark.slow  # ~12 s; the check is unit-tested (test_resume.py), and the default run has a refused resume above
+def test_a_resume_on_another_dataset_is_one_line_and_leaves_no_run_dir(tiny_data, tmp_path):
+    first = tmp_path / "first"
+    proc = run_cli("train.py", f"data.root={tiny_data}", "trainer.max_epochs=1", f"hydra.run.dir={first}", *TINY)
+    assert proc.returncode == 0, proc.stderr
     # the same shapes on another dataset (forgot data=fashion_mnist, or added it): the dataset is in the checkpoint
     third = tmp_path / "third"
     other_data = ["data=fashion_mnist", f"ckpt_path={first}", f"hydra.run.dir={third}"]
@@ -506,7 +514,6 @@ def test_a_resume_that_would_not_follow_the_command_line_is_one_line(tiny_data, 
     ], proc.stderr
 
 
-@pytest.mark.distributed
 @pytest.mark.slow  # ~20 s: four processes at once on 2 cores
 def test_two_runs_started_at_once_do_not_collide(tiny_data, tmp_path):
     # default output dirs (microsecond timestamps) and free rendezvous ports, chosen independently
@@ -563,7 +570,12 @@ def test_uneven_shards_never_hang(tiny_data, tmp_path, strategy, partition):
         assert sum(sizes) == 512
 
 
-@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.distributed)], ids=["in-process", "ddp-2"])
+@pytest.mark.parametrize(
+    "workers",
+    # one worker slow: the check is the module's own, and with 2 workers both must also stop together
+    [pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.distributed)],
+    ids=["in-process", "ddp-2"],
+)
 def test_a_diverged_run_stops_with_one_line(tiny_data, tmp_path, workers):
     # before, a NaN loss trained on to the last epoch and "completed" at chance accuracy
     run_dir = tmp_path / "run"
