@@ -222,13 +222,18 @@ class Classifier(PlainHookName, L.LightningModule):
 
     @torch.no_grad()
     def evaluate(self, loader) -> tuple[float, float]:
-        """Accuracy and mean loss of this process's model over `loader` (no logging, no communication)."""
+        """Accuracy and mean loss of this process's model over `loader` (no logging, no communication),
+        in the run's precision as Lightning's own evaluation has it: the input cast as its precision
+        plugin casts a batch (64-true: float64 weights refused float32 images), the forward pass in its
+        context (autocast for *-mixed)."""
         was_training = self.training
         self.eval()
+        plugin = self.trainer.precision_plugin
         correct, loss_sum, n = 0, 0.0, 0
         for x, y in loader:
-            x, y = x.to(self.device), y.to(self.device)
-            out = self(x)
+            x, y = plugin.convert_input(x.to(self.device)), y.to(self.device)
+            with plugin.forward_context():
+                out = self(x).float()
             loss_sum += F.cross_entropy(out, y, reduction="sum").item()
             correct += (out.argmax(1) == y).sum().item()
             n += len(y)

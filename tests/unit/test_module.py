@@ -115,3 +115,23 @@ def test_the_test_reports_each_classs_accuracy_and_none_for_a_class_it_never_saw
     assert module.test_acc_per_class == pytest.approx([*expected, None])
     # the per-class figures weighted by each class's samples make up test_acc
     assert tested["test/acc"] == pytest.approx((expected[0] * 40 + expected[1] * 30) / 90)
+
+
+@pytest.mark.parametrize("precision", ["32-true", "64-true", "bf16-true", "bf16-mixed"])
+def test_evaluate_runs_in_the_trainers_precision(precision):
+    """Model averaging evaluates each replica with Classifier.evaluate, outside Lightning's loops: with
+    64-true (or bf16-true, 16-true) its float32 images met the cast weights and every such run failed
+    at its end ("Input type (float) and bias type (double) should be the same")."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    module = Classifier(net, partial(torch.optim.SGD), lr=0.1, num_classes=3)
+    trainer = L.Trainer(accelerator="cpu", precision=precision, logger=False, enable_progress_bar=False)
+    module.trainer = trainer
+    module = trainer.precision_plugin.convert_module(module)  # the weights cast as Lightning casts them
+    x, y = torch.randn(10, 1, 8, 8), torch.randint(0, 3, (10,))
+    acc, loss = module.evaluate(DataLoader(TensorDataset(x, y), batch_size=4))
+    with torch.no_grad():
+        out = module(x.to(next(module.parameters()).dtype)).float()
+    rough = "bf16" in precision  # a bf16 forward pass against this float one: an argmax may flip
+    assert acc == pytest.approx((out.argmax(1) == y).sum().item() / len(y), abs=0.1 if rough else 1e-9)
+    assert loss == pytest.approx(F.cross_entropy(out, y).item(), rel=0.05 if rough else 1e-5)
