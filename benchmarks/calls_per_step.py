@@ -134,6 +134,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15, help="functions listed: psgd's run's most called")
     parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parent / "results")
     args = parser.parse_args()
+    compare.exit_without_data(args.data_root)
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")  # Lightning's advice (workers, val_dataloader) is not the subject here
 

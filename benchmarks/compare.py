@@ -45,6 +45,21 @@ REFS = ROOT / "benchmarks" / "references"
 RESULTS = ROOT / "benchmarks" / "results"
 
 
+def exit_without_data(data_root: str, names: tuple[str, ...] = ("mnist",)) -> None:
+    """Before any measurement: the datasets found under `data_root` (downloaded if they are not, as
+    train.py does), or one line saying why not and exit code 2, rather than a traceback from deep
+    inside the first measured run."""
+    from psgd.data.datasets import DataError, load_split
+
+    try:
+        for name in names:
+            load_split(name, data_root, train=True)
+    except DataError as e:
+        why = str(e).replace("set data.root=<dir> or PSGD_DATA=<dir>", "pass --data-root <dir>")  # train.py's words
+        print(f"{Path(sys.argv[0]).name}: error: {why}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
     if proc.returncode != 0:
@@ -630,6 +645,7 @@ def main() -> None:
     if args.inner:
         print(vanilla(args.data_root, args.threads, fixed_batch=args.inner == "fixed"))
         return
+    exit_without_data(args.data_root)
 
     out: dict = {"args": vars(args), "date": time.strftime("%Y-%m-%d"), "cpu_count": os.cpu_count()}
     md: list[str] = []

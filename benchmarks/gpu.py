@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import psgd_run, table  # noqa: E402
+from compare import exit_without_data, psgd_run, table  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -77,6 +77,7 @@ def main() -> None:
         if not torch.cuda.is_available():
             parser.exit(2, "gpu.py: error: --accelerator gpu, but torch sees no CUDA device here; run it on a GPU "
                         "machine, or pass --accelerator cpu to smoke-test the runs\n")  # fmt: skip
+    exit_without_data(args.data_root, tuple(dict.fromkeys(MODELS[m][1].split("=")[1] for m in args.models)))
 
     common = [
         f"trainer.accelerator={args.accelerator}",

@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
+    compare.exit_without_data(args.data_root)
 
     import tempfile
 

@@ -130,6 +130,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
+    compare.exit_without_data(args.data_root)
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", ".*val_dataloader.*")  # the bare and lean modules validate nothing
 

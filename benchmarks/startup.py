@@ -24,6 +24,8 @@ from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from compare import exit_without_data  # noqa: E402
 
 IMPORTS = "import torch, pytorch_lightning, gc, sys; {freeze}print('ready', flush=True)"
 
@@ -72,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="startup")
     p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
+    exit_without_data(args.data_root)
 
     # each arm: (its command, given a fresh output dir; the stdout line that ends its work)
     arms = {f"train.py workers={w}": (partial(train_cmd, w, None, args), "psgd: test_acc=") for w in args.workers}

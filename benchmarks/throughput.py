@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from compare import exit_without_data  # noqa: E402
 
 VARIANTS = {"hogwild_locked": ["strategy=hogwild", "strategy.lock=true"]}
 
@@ -86,6 +87,8 @@ def main() -> None:
     parser.add_argument("--name", default="throughput", help="results go to benchmarks/results/<name>.json/.md")
     parser.add_argument("overrides", nargs="*", help="extra train.py overrides, e.g. model=singa_cnn")
     args = parser.parse_args()
+    data = [o.split("=", 1)[1] for o in args.overrides if o.startswith("data=")]
+    exit_without_data(args.data_root, (data[-1] if data else "mnist",))
 
     rows, lines = measure(args.strategies, args.workers, args.repeats, args)
     print("\n".join(lines))

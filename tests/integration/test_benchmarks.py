@@ -3,8 +3,10 @@ The scripts that split the framework overhead further (step_overhead, calls_per_
 overhead_manual) are tested in the slow suite, `python -m pytest -m slow`."""
 
 import json
+import os
 import subprocess
 import sys
+from urllib.error import URLError
 
 import pytest
 from conftest import ROOT
@@ -276,3 +278,30 @@ def test_startup_benchmark_times_each_run_to_its_last_line_and_its_exit(tiny_dat
     spawn, server = (r["to_last_line_s"] for r in result["rows"][1::-1])
     assert result["forkserver_sooner_than_spawn_s"] == {"2": round(spawn - server, 2)}
     assert "fork server (the default on CPU) gets 2 workers to their result" in md
+
+
+def test_a_missing_dataset_is_one_line_before_any_measurement(tiny_data, tmp_path, monkeypatch, capsys):
+    """A mistyped --data-root ended in a traceback (torchvision's download error, or psgd's DataError
+    from deep inside the first measured run) after the scripts had started their work."""
+
+    def download(*args, **kwargs):  # offline, as urllib is without a network
+        raise URLError("no network")
+
+    monkeypatch.setattr("torchvision.datasets.mnist.download_and_extract_archive", download)
+    monkeypatch.setattr(sys, "argv", ["compare.py"])
+    with pytest.raises(SystemExit) as e:
+        compare.exit_without_data(str(tmp_path / "typo"))
+    assert e.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"compare.py: error: dataset mnist not found or unreadable under {tmp_path}"
+    )
+    assert "pass --data-root <dir> to where it lives" in lines[0]
+    compare.exit_without_data(str(tiny_data))  # found: nothing to say
+    assert capsys.readouterr().err == ""
+    # a script, as a user runs it (every download through a proxy that is not there: offline)
+    proxy = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "throughput.py"), "--data-root", str(tmp_path / "typo")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, **proxy})
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("throughput.py: error: dataset mnist not found") and proc.stderr.count("\n") == 1
