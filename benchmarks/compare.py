@@ -45,6 +45,23 @@ REFS = ROOT / "benchmarks" / "references"
 RESULTS = ROOT / "benchmarks" / "results"
 
 
+def positive(text: str) -> int:
+    """argparse type: an integer >= 1 (a count of repeats, workers, steps ...)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return int(text)
+
+
+def non_negative(text: str) -> int:
+    """argparse type: an integer >= 0 (a seed, a number of steps skipped)."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
+    return int(text)
+
+
+SECTIONS = ["references", "overhead", "flops", "workers", "target"]
+
+
 def exit_without_data(data_root: str, names: tuple[str, ...] = ("mnist",)) -> None:
     """Before any measurement: the datasets found under `data_root` (downloaded if they are not, as
     train.py does), or one line saying why not and exit code 2, rather than a traceback from deep
@@ -614,13 +631,13 @@ def verdict(value: float, target: float | None, higher_is_better: bool = True) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-root", default="data")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", nargs="+", default=["references", "overhead", "flops", "workers", "target"])
+    parser.add_argument("--repeats", type=positive, default=3)
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=SECTIONS)
     parser.add_argument(
-        "--workers-repeats", type=int, default=None, help="repeats for the workers section (default --repeats)"
+        "--workers-repeats", type=positive, default=None, help="repeats for the workers section (default --repeats)"
     )
-    parser.add_argument("--workers-list", nargs="+", type=int, default=[1, 2, 3, 4, 5])
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for overhead/flops")
+    parser.add_argument("--workers-list", nargs="+", type=positive, default=[1, 2, 3, 4, 5])
+    parser.add_argument("--threads", type=positive, default=os.cpu_count() or 1, help="threads for overhead/flops")
     parser.add_argument("--name", default="compare")
     parser.add_argument(
         "--target-overrides",
@@ -628,7 +645,9 @@ def main() -> None:
         default=["trainer.max_epochs=3", "model.dropout=0.1", "optimizer.lr=0.03", "trainer.val_check_interval=0.25"],
         help="train.py overrides for the time-to-99 %% runs",
     )
-    parser.add_argument("--target-seeds", nargs="+", type=int, default=[0, 1, 2], help="one time-to-99 %% run each")
+    parser.add_argument(
+        "--target-seeds", nargs="+", type=non_negative, default=[0, 1, 2], help="one time-to-99 %% run each"
+    )
     parser.add_argument("--target-acc", type=float, default=0.99, help=argparse.SUPPRESS)  # short test runs
     inner = ["vanilla", "fixed", "bare", "lean", "paired-psgd", "paired-bare", "paired-data"]
     parser.add_argument("--inner", choices=inner, help=argparse.SUPPRESS)

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import exit_without_data, psgd_run, table  # noqa: E402
+from compare import exit_without_data, positive, psgd_run, table  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -64,9 +64,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-root", default="data")
     parser.add_argument("--accelerator", choices=["gpu", "cpu"], default="gpu")
-    parser.add_argument("--epochs", type=int, default=2, help="the last one is measured")
-    parser.add_argument("--limit-batches", type=int, default=None, help="training batches per epoch (default all)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--epochs", type=positive, default=2, help="the last one is measured")
+    parser.add_argument("--limit-batches", type=positive, default=None, help="training batches per epoch (default all)")
+    parser.add_argument("--repeats", type=positive, default=3)
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--name", default="gpu")
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder for <name>.json and .md")

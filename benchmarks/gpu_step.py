@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import ROOT, flop_per_sample, sgd, table  # noqa: E402
+from compare import ROOT, flop_per_sample, positive, sgd, table  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = {"lab CNN": ("lab_cnn", "mnist"), "WideResNet": ("wide_resnet", "fashion_mnist")}
@@ -81,12 +81,6 @@ def measure(model: str, batch: int, bf16: bool, autotune: bool, steps: int, devi
         "gflop_per_sample": round(flop / 1e9, 4),
         "tflop_per_s": round(per_s * flop / 1e12, 2),
     }
-
-
-def positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
-    return int(text)
 
 
 def main() -> None:

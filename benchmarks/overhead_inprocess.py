@@ -25,8 +25,8 @@ import compare  # noqa: E402  (the same loops as compare.py's overhead section)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-root", default="data")
-    parser.add_argument("--repeats", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--repeats", type=compare.positive, default=4)
+    parser.add_argument("--threads", type=compare.positive, default=os.cpu_count() or 1)
     args = parser.parse_args()
     compare.exit_without_data(args.data_root)
 

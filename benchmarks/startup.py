@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from compare import exit_without_data  # noqa: E402
+from compare import exit_without_data, positive  # noqa: E402
 
 IMPORTS = "import torch, pytorch_lightning, gc, sys; {freeze}print('ready', flush=True)"
 
@@ -67,10 +67,10 @@ def train_cmd(workers: int, start_method: str | None, args: argparse.Namespace, 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-root", required=True)
-    p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--workers", type=positive, nargs="+", default=[1, 2, 4])
     p.add_argument("--strategy", default="ddp")
-    p.add_argument("--batches", type=int, default=5, help="training and test batches per run")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--batches", type=positive, default=5, help="training and test batches per run")
+    p.add_argument("--repeats", type=positive, default=3)
     p.add_argument("--name", default="startup")
     p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)

@@ -109,8 +109,8 @@ def psgd_classifier() -> Classifier:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=compare.positive, default=3000)
+    parser.add_argument("--repeats", type=compare.positive, default=3)
     parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parent / "results")
     args = parser.parse_args()
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from compare import exit_without_data  # noqa: E402
+from compare import exit_without_data, positive  # noqa: E402
 
 VARIANTS = {"hogwild_locked": ["strategy=hogwild", "strategy.lock=true"]}
 
@@ -79,11 +79,12 @@ def measure(strategies: list[str], workers_list: list[int], repeats: int, args: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-root", default="data")
-    parser.add_argument("--strategies", nargs="+", default=["ddp", "model_averaging", "hogwild", "hogwild_locked"])
-    parser.add_argument("--workers", nargs="+", type=int, default=[1, 2])
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
+    strategies = ["ddp", "model_averaging", "hogwild", "hogwild_locked"]
+    parser.add_argument("--strategies", nargs="+", choices=strategies, default=strategies)
+    parser.add_argument("--workers", nargs="+", type=positive, default=[1, 2])
+    parser.add_argument("--epochs", type=positive, default=1)
+    parser.add_argument("--batch-size", type=positive, default=128)
+    parser.add_argument("--repeats", type=positive, default=3)
     parser.add_argument("--name", default="throughput", help="results go to benchmarks/results/<name>.json/.md")
     parser.add_argument("overrides", nargs="*", help="extra train.py overrides, e.g. model=singa_cnn")
     args = parser.parse_args()

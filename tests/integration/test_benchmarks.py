@@ -242,6 +242,27 @@ def test_gpu_step_benchmark_refuses_a_count_below_one_in_one_line(bad, tmp_path)
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(
+    "script,bad,value",
+    [
+        ("compare.py", ["--repeats", "0"], "'0' is not an integer >= 1"),  # was statistics' traceback at the end
+        # it measured nothing and wrote empty tables over benchmarks/results/compare.json and .md
+        ("compare.py", ["--only", "referencs"], "invalid choice: 'referencs'"),
+        ("compare.py", ["--target-seeds", "0", "-1"], "'-1' is not an integer >= 0"),
+        ("throughput.py", ["--workers", "2", "0"], "'0' is not an integer >= 1"),  # was train.py's error, at run 2
+        ("throughput.py", ["--strategies", "ddp", "hogwlid"], "invalid choice: 'hogwlid'"),
+    ],
+)
+def test_a_bad_benchmark_argument_is_refused_before_anything_runs(script, bad, value):
+    results = ROOT / "benchmarks" / "results"
+    before = {p: p.stat().st_mtime_ns for p in results.iterdir()}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / script), "--data-root", "unused", *bad]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines()[-1].startswith(f"{script}: error: argument {bad[0]}: {value}"), proc.stderr
+    assert {p: p.stat().st_mtime_ns for p in results.iterdir()} == before
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")
 def test_gpu_step_benchmark_without_cuda_is_a_one_line_error(tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), f"--results={tmp_path}"]
