@@ -176,33 +176,39 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
                 {k: v.detach().clone() for k, v in module.state_dict().items()},
                 Path(self.replica_dir) / f"rank{self.global_rank}.pt",
             )
-        test_acc, test_loss = module.evaluate(dm.full_eval_loader("test"))
-        gathered = gather_floats([test_acc, test_loss], self.root_device)
+        # psgd's Classifier and datamodule: each replica's accuracy, then the average's. A LightningModule
+        # of the user's own (`Trainer(strategy="model_averaging")` in code) is averaged all the same,
+        # without these figures (it failed at its end: "no attribute 'evaluate'").
+        evaluates = callable(getattr(module, "evaluate", None)) and hasattr(dm, "full_eval_loader")
+        gathered = []
+        if evaluates:
+            test_acc, test_loss = module.evaluate(dm.full_eval_loader("test"))
+            gathered = gather_floats([test_acc, test_loss], self.root_device)
         before = [p.detach().clone() for p in module.parameters()]
         self._average()
         self._averaged = True
         squared = sum(((b - p.detach()) ** 2).sum().item() for b, p in zip(before, module.parameters()))
         distances = gather_floats([squared**0.5], self.root_device)
-        val_acc, val_loss = module.evaluate(dm.full_eval_loader("val"))
         self.report = {
-            "averaged_val_acc": round(val_acc, 6),
-            "averaged_val_loss": round(val_loss, 6),
-            "worker_test_acc": [round(g[0], 6) for g in gathered],
-            "worker_test_loss": [round(g[1], 6) for g in gathered],
             "replica_distance": round(sum(d[0] for d in distances) / len(distances), 6),
             "period": self.period,
             "same_init": self.same_init,
         }
-        if trainer.logger is not None and trainer.is_global_zero:
-            step = trainer.global_step
-            values = {
-                "val/acc": val_acc,
-                "val/loss": val_loss,
-                "averaging/replica_distance": self.report["replica_distance"],
+        values = {"averaging/replica_distance": self.report["replica_distance"]}
+        if evaluates:
+            val_acc, val_loss = module.evaluate(dm.full_eval_loader("val"))
+            self.report = {
+                "averaged_val_acc": round(val_acc, 6),
+                "averaged_val_loss": round(val_loss, 6),
+                "worker_test_acc": [round(g[0], 6) for g in gathered],
+                "worker_test_loss": [round(g[1], 6) for g in gathered],
+                **self.report,
             }
+            values |= {"val/acc": val_acc, "val/loss": val_loss}
             for r, (acc, loss) in enumerate(gathered):
                 values[f"worker/{r}/test_acc"], values[f"worker/{r}/test_loss"] = acc, loss
-            trainer.logger.log_metrics(values, step=step)
+        if trainer.logger is not None and trainer.is_global_zero:
+            trainer.logger.log_metrics(values, step=trainer.global_step)
         checkpoint = trainer.checkpoint_callback
         path = checkpoint and (checkpoint.last_model_path or checkpoint.best_model_path)  # psgd's: last.ckpt
         if path:

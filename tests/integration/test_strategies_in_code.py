@@ -1,0 +1,68 @@
+"""psgd's strategies in a user's own Lightning code (`Trainer(strategy="model_averaging")` once
+psgd.strategies is imported, as the README offers): a LightningModule and DataLoaders of the user's
+own, real worker processes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.distributed
+
+SCRIPT = """
+import json, sys
+from pathlib import Path
+import torch, torch.nn.functional as F
+import pytorch_lightning as L
+from torch.utils.data import DataLoader, TensorDataset
+import psgd.strategies  # registers model_averaging and hogwild
+
+OUT = Path(sys.argv[2])
+
+class Mine(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(8, 3)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def on_fit_end(self):  # after the strategy's end of training: what each worker ends with
+        torch.save(self.net.state_dict(), OUT / f"rank{self.global_rank}.pt")
+        if self.global_rank == 0:
+            (OUT / "report.json").write_text(json.dumps(getattr(self.trainer.strategy, "report", None)))
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(256, 8), torch.randint(0, 3, (256,)))
+    trainer = L.Trainer(
+        strategy=sys.argv[1], accelerator="cpu", devices=2, max_epochs=2, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    trainer.fit(Mine(), DataLoader(data, batch_size=16))
+"""
+
+
+@pytest.mark.parametrize("strategy", ["model_averaging", pytest.param("hogwild", marks=pytest.mark.slow)])
+def test_a_users_own_module_trains_and_ends_with_one_model(tmp_path, strategy):
+    """Model averaging failed at the end of such a run: it evaluated each replica with psgd's
+    Classifier.evaluate and datamodule ("'Mine' object has no attribute 'evaluate'"). Now the replicas
+    are averaged all the same, without the per-replica accuracy psgd's own runs report."""
+    script = tmp_path / "mine.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script), strategy, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ends = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert all(torch.equal(ends[0][k], ends[1][k]) for k in ends[0])  # one model: averaged, or shared
+    if strategy == "model_averaging":
+        report = json.loads((tmp_path / "report.json").read_text())
+        assert report["replica_distance"] > 0  # the two shards had moved the replicas apart before
+        assert "worker_test_acc" not in report
