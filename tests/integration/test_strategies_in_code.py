@@ -66,3 +66,12 @@ def test_a_users_own_module_trains_and_ends_with_one_model(tmp_path, strategy):
         report = json.loads((tmp_path / "report.json").read_text())
         assert report["replica_distance"] > 0  # the two shards had moved the replicas apart before
         assert "worker_test_acc" not in report
+
+
+@pytest.mark.parametrize("period", [0, -3, 2.5, True])
+def test_a_bad_averaging_period_in_code_is_refused_as_on_the_command_line(period):
+    from psgd.strategies import ModelAveragingStrategy
+
+    with pytest.raises(ValueError, match=rf"^period={period!r} is invalid: must be an integer >= 1, or None"):
+        ModelAveragingStrategy(period=period)  # 0 had silently meant "only at the end"
+    assert ModelAveragingStrategy(period=5).period == 5 and ModelAveragingStrategy().period is None

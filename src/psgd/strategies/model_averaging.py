@@ -88,6 +88,9 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         replica_dir: str | None = None,
         **ddp_kwargs: Any,
     ):
+        if period is not None and (isinstance(period, bool) or not isinstance(period, int) or period < 1):
+            # as strategy.period's check on the command line (in code, 0 had meant "never" without a word)
+            raise ValueError(f"period={period!r} is invalid: must be an integer >= 1, or None for only at the end")
         super().__init__(**ddp_kwargs)
         self.period, self.same_init, self.seed = period, same_init, seed
         self.average_buffers, self.average_optimizer_state = average_buffers, average_optimizer_state
