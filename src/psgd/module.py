@@ -57,6 +57,7 @@ class Classifier(PlainHookName, L.LightningModule):
         input_shape: tuple[int, int, int] | None = None,
         dataset: str | None = None,
         holdout: list | None = None,
+        shards: list | None = None,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["net", "optimizer", "input_shape"])

@@ -303,6 +303,12 @@ def resolve_ckpt_path(value: str | None, module: Classifier, world_size: int = 1
             f"{_holdout_text(now)}: it would validate on samples the checkpoint trained on, or train on its "
             f"validation samples; resume with {_holdout_setting(held)}"
         )
+    if "shards" in hparams and hparams["shards"] != module.hparams.get("shards"):  # older ones: not kept
+        before, now = _settings_text(hparams["shards"]), _settings_text(module.hparams.get("shards"))
+        raise ConfigError(
+            f"ckpt_path={value!r} dealt the samples to its workers with {before} and this run with {now}: "
+            f"each worker would go on with other samples than its run gave it; resume with {before}"
+        )
     problem = schedule_change(hparams, dict(module.hparams))
     problem = problem or optimizer_change(checkpoint, module)
     if problem:
@@ -321,6 +327,23 @@ def resolve_ckpt_path(value: str | None, module: Classifier, world_size: int = 1
             flush=True,
         )
     return str(path)
+
+
+def shard_settings(cfg: DictConfig) -> list[str]:
+    """The settings that decide which samples each worker trains on, as `key=value` texts: the
+    partition, its sizes or Dirichlet alpha, and the seed where it fixes the membership (sizes,
+    dirichlet; iid shards are dealt anew every epoch, by_label by label)."""
+    d = cfg.data
+    settings = [f"data.partition={d.partition}"]
+    if d.partition == "sizes":
+        settings += [f"data.partition_sizes=[{','.join(f'{x:g}' for x in d.partition_sizes)}]", f"seed={cfg.seed}"]
+    elif d.partition == "dirichlet":
+        settings += [f"data.dirichlet_alpha={d.dirichlet_alpha:g}", f"seed={cfg.seed}"]
+    return settings
+
+
+def _settings_text(settings: list[str] | None) -> str:
+    return " ".join(settings or ["data.partition=iid"])
 
 
 def _holdout_text(holdout: list | None) -> str:
@@ -606,6 +629,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         # the validation samples held out of the training set ([data.val_split, seed], which draws them),
         # kept too: a resume holding out others would validate on samples the checkpoint trained on
         holdout=[cfg.data.val_split, cfg.seed] if cfg.data.val_split else None,
+        shards=shard_settings(cfg),  # how samples are dealt to the workers: a resume must deal them alike
     )
     world_size = plan.workers * t.num_nodes
     ckpt_path = resolve_ckpt_path(elastic_resume(cfg.get("ckpt_path"), plan, run_dir), module, world_size)

@@ -86,6 +86,47 @@ def test_a_resume_holding_out_other_validation_samples_is_refused(tmp_path):
     assert resolve_ckpt_path(str(older), run([0.3, 5])) == str(older)
 
 
+def test_a_resume_dealing_the_samples_otherwise_is_refused(tmp_path):
+    """A label-skewed or sized run resumed with another data.partition (or sizes, alpha, or the seed that
+    fixes their membership) went on with other shards, and its record named the new partition only."""
+    from omegaconf import OmegaConf
+
+    from psgd.run import shard_settings
+
+    def run(**data):
+        cfg = OmegaConf.create({"seed": data.pop("seed", 0), "data": {"partition_sizes": None, **data}})
+        return Classifier(LabCNN(), partial(torch.optim.SGD), lr=0.02, shards=shard_settings(cfg))
+
+    path = save(tmp_path / "last.ckpt", run(partition="sizes", partition_sizes=[0.7, 0.3]))
+    assert resolve_ckpt_path(path, run(partition="sizes", partition_sizes=[0.7, 0.3])) == path
+    for other, said in [
+        ({"partition": "iid"}, "data.partition=iid"),
+        (
+            {"partition": "sizes", "partition_sizes": [0.6, 0.4]},
+            "data.partition=sizes data.partition_sizes=[0.6,0.4] seed=0",
+        ),
+        (
+            {"partition": "sizes", "partition_sizes": [0.7, 0.3], "seed": 1},
+            "data.partition=sizes data.partition_sizes=[0.7,0.3] seed=1",
+        ),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            resolve_ckpt_path(path, run(**other))
+        assert str(e.value) == (
+            f"ckpt_path={path!r} dealt the samples to its workers with data.partition=sizes "
+            f"data.partition_sizes=[0.7,0.3] seed=0 and this run with {said}: each worker would go on with other "
+            "samples than its run gave it; resume with data.partition=sizes data.partition_sizes=[0.7,0.3] seed=0"
+        )
+    # iid shards are dealt anew every epoch from the seed: another seed deals them alike
+    iid = save(tmp_path / "iid.ckpt", run(partition="iid"))
+    assert resolve_ckpt_path(iid, run(partition="iid", seed=3)) == iid
+    dirichlet = save(tmp_path / "dirichlet.ckpt", run(partition="dirichlet", dirichlet_alpha=0.5))
+    with pytest.raises(
+        ConfigError, match=r"with data.partition=dirichlet data.dirichlet_alpha=0.5 seed=0 and this run "
+    ):
+        resolve_ckpt_path(dirichlet, run(partition="dirichlet", dirichlet_alpha=0.3))
+
+
 def test_a_checkpoint_of_another_model_or_no_checkpoint_is_refused(tmp_path, monkeypatch):
     mlp = Classifier(MLP(), partial(torch.optim.SGD), lr=0.02)
     path = save(tmp_path / "last.ckpt", mlp)
