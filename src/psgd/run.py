@@ -303,8 +303,9 @@ def resolve_ckpt_path(value: str | None, module: Classifier, world_size: int = 1
             f"{_holdout_text(now)}: it would validate on samples the checkpoint trained on, or train on its "
             f"validation samples; resume with {_holdout_setting(held)}"
         )
-    if "shards" in hparams and hparams["shards"] != module.hparams.get("shards"):  # older ones: not kept
-        before, now = _settings_text(hparams["shards"]), _settings_text(module.hparams.get("shards"))
+    dealt, dealing = hparams.get("shards"), module.hparams.get("shards")  # None: not kept (older, or in code)
+    if dealt is not None and dealing is not None and dealt != dealing:
+        before, now = _settings_text(dealt), _settings_text(dealing)
         raise ConfigError(
             f"ckpt_path={value!r} dealt the samples to its workers with {before} and this run with {now}: "
             f"each worker would go on with other samples than its run gave it; resume with {before}"
@@ -342,8 +343,8 @@ def shard_settings(cfg: DictConfig) -> list[str]:
     return settings
 
 
-def _settings_text(settings: list[str] | None) -> str:
-    return " ".join(settings or ["data.partition=iid"])
+def _settings_text(settings: list[str]) -> str:
+    return " ".join(settings)
 
 
 def _holdout_text(holdout: list | None) -> str:

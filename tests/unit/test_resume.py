@@ -120,6 +120,9 @@ def test_a_resume_dealing_the_samples_otherwise_is_refused(tmp_path):
     # iid shards are dealt anew every epoch from the seed: another seed deals them alike
     iid = save(tmp_path / "iid.ckpt", run(partition="iid"))
     assert resolve_ckpt_path(iid, run(partition="iid", seed=3)) == iid
+    # a checkpoint of a Classifier made in code, without the settings: nothing to compare
+    unknown = save(tmp_path / "unknown.ckpt", Classifier(LabCNN(), partial(torch.optim.SGD), lr=0.02))
+    assert resolve_ckpt_path(unknown, run(partition="by_label")) == unknown
     dirichlet = save(tmp_path / "dirichlet.ckpt", run(partition="dirichlet", dirichlet_alpha=0.5))
     with pytest.raises(
         ConfigError, match=r"with data.partition=dirichlet data.dirichlet_alpha=0.5 seed=0 and this run "
