@@ -193,7 +193,8 @@ def resolve_workers(cfg: DictConfig) -> int:
 
 def check_accelerator_name(cfg: DictConfig) -> str:
     accelerator = cfg.trainer.get("accelerator", "auto")
-    _need(accelerator in ("auto", "cpu", "gpu", "cuda"), "trainer.accelerator", accelerator, "allowed: auto, cpu, gpu")
+    allowed = "allowed: auto, cpu, gpu (or cuda)"
+    _need(accelerator in ("auto", "cpu", "gpu", "cuda"), "trainer.accelerator", accelerator, allowed)
     return accelerator
 
 

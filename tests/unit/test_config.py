@@ -102,6 +102,7 @@ BAD = [
     (["lr_scaling=cubic"], "allowed: none, linear, sqrt"),
     (["trainer.sync_batchnorm=true", "trainer.accelerator=cpu"], "sync_batchnorm"),
     (["data.augment=mixup"], "allowed: none, cifar, pad_crop_flip"),
+    (["trainer.accelerator=mps"], "trainer.accelerator='mps' is invalid: allowed: auto, cpu, gpu (or cuda)"),
     (["data.val_split=1.0"], "data.val_split=1.0"),
     (["threads_per_worker=0"], "threads_per_worker=0"),
     (["model.dropout=1.0"], "model.dropout=1.0"),
