@@ -6,6 +6,7 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
+from urllib.error import URLError
 
 import numpy as np
 import pytest
@@ -61,6 +62,16 @@ def make_cifar_like(root: Path, per_batch: int = 40, n_test: int = 60, seed: int
     with open(folder / "batches.meta", "wb") as f:
         pickle.dump({"label_names": [f"class{i}" for i in range(10)]}, f)
     return root
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """Every MNIST-family download raises, as urllib does without a network."""
+
+    def download(*args, **kwargs):
+        raise URLError("no network")
+
+    monkeypatch.setattr("torchvision.datasets.mnist.download_and_extract_archive", download)
 
 
 @pytest.fixture(scope="session")

@@ -110,6 +110,7 @@ def load_job(path: Path) -> Job | None:
     if status in ("running", "trained"):  # the job process ended without writing its final status
         status, error = "failed", error or f"ended with status {status!r} (killed?)"
     workers = metrics.get("world_size") or _config_workers(cfg)
+    precision = OmegaConf.select(cfg, "trainer.precision", default=None)  # 16 in YAML is an int
     return Job(
         num=int(path.name) if path.name.isdigit() else -1,
         path=path,
@@ -120,7 +121,7 @@ def load_job(path: Path) -> Job | None:
         workers=int(workers),
         metrics=metrics,
         partition=str(OmegaConf.select(cfg, "data.partition", default="iid")),
-        precision=None if (prec := OmegaConf.select(cfg, "trainer.precision", default=None)) is None else str(prec),
+        precision=None if precision is None else str(precision),
     )
 
 

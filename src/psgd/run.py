@@ -305,7 +305,7 @@ def resolve_ckpt_path(value: str | None, module: Classifier, world_size: int = 1
         )
     dealt, dealing = hparams.get("shards"), module.hparams.get("shards")  # None: not kept (older, or in code)
     if dealt is not None and dealing is not None and dealt != dealing:
-        before, now = _settings_text(dealt), _settings_text(dealing)
+        before, now = " ".join(dealt), " ".join(dealing)
         raise ConfigError(
             f"ckpt_path={value!r} dealt the samples to its workers with {before} and this run with {now}: "
             f"each worker would go on with other samples than its run gave it; resume with {before}"
@@ -341,10 +341,6 @@ def shard_settings(cfg: DictConfig) -> list[str]:
     elif d.partition == "dirichlet":
         settings += [f"data.dirichlet_alpha={d.dirichlet_alpha:g}", f"seed={cfg.seed}"]
     return settings
-
-
-def _settings_text(settings: list[str]) -> str:
-    return " ".join(settings)
 
 
 def _holdout_text(holdout: list | None) -> str:

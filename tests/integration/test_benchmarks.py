@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from urllib.error import URLError
 
 import pytest
 from conftest import ROOT
@@ -301,14 +300,9 @@ def test_startup_benchmark_times_each_run_to_its_last_line_and_its_exit(tiny_dat
     assert "fork server (the default on CPU) gets 2 workers to their result" in md
 
 
-def test_a_missing_dataset_is_one_line_before_any_measurement(tiny_data, tmp_path, monkeypatch, capsys):
+def test_a_missing_dataset_is_one_line_before_any_measurement(tiny_data, tmp_path, offline, monkeypatch, capsys):
     """A mistyped --data-root ended in a traceback (torchvision's download error, or psgd's DataError
     from deep inside the first measured run) after the scripts had started their work."""
-
-    def download(*args, **kwargs):  # offline, as urllib is without a network
-        raise URLError("no network")
-
-    monkeypatch.setattr("torchvision.datasets.mnist.download_and_extract_archive", download)
     monkeypatch.setattr(sys, "argv", ["compare.py"])
     with pytest.raises(SystemExit) as e:
         compare.exit_without_data(str(tmp_path / "typo"))

@@ -2,7 +2,6 @@ import gzip
 import os
 import re
 import shutil
-from urllib.error import URLError
 
 import pytest
 import torch
@@ -29,16 +28,6 @@ def test_missing_dataset_without_download_names_path_and_fix(tmp_path):
     assert "\n" not in msg and str(tmp_path / "nowhere") in msg and "PSGD_DATA" in msg and "data.root" in msg
     # the way to let it download is psgd's setting, not torchvision's argument
     assert "drop data.download=false" in msg and "download=True" not in msg
-
-
-@pytest.fixture
-def offline(monkeypatch):
-    """Every MNIST-family download raises, as urllib does without a network."""
-
-    def download(*args, **kwargs):
-        raise URLError("no network")
-
-    monkeypatch.setattr("torchvision.datasets.mnist.download_and_extract_archive", download)
 
 
 def test_a_failed_download_leaves_no_empty_folders_behind(tmp_path, offline, capsys):
