@@ -236,6 +236,7 @@ class RunRecorder(Callback):
         self._t0 = self._val_t0 = 0.0
         self._val_s = 0.0
         self._samples = 0
+        self._validated = False  # a validation ran in this epoch (not every epoch has one: check_val_every_n_epoch)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -243,7 +244,7 @@ class RunRecorder(Callback):
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._val_s, self._samples = 0.0, 0
+        self._val_s, self._samples, self._validated = 0.0, 0, False
         self._t0 = time.perf_counter()
 
     @override
@@ -264,7 +265,10 @@ class RunRecorder(Callback):
         """The first validation at the target (also one inside an epoch, trainer.val_check_interval < 1)
         sets time_to_target_s: the training time up to it, the slowest worker's. val/acc is reduced
         over the workers, so every worker takes this branch and joins the all-reduce."""
-        if trainer.state.fn != "fit" or trainer.sanity_checking or self.target_acc is None:
+        if trainer.state.fn != "fit" or trainer.sanity_checking:
+            return
+        self._validated = True
+        if self.target_acc is None:
             return
         val_acc = _get(trainer.callback_metrics, "val/acc")
         if self.time_to_target_s is None and val_acc is not None and val_acc >= self.target_acc:
@@ -298,7 +302,8 @@ class RunRecorder(Callback):
             pl_module.log("hogwild/staleness", staleness, on_step=False, on_epoch=True, sync_dist=True)
 
         metrics = trainer.callback_metrics
-        val_acc = _get(metrics, "val/acc")
+        # Lightning keeps the last validation's figures in callback_metrics through epochs without one
+        val_loss, val_acc = (_get(metrics, "val/loss"), _get(metrics, "val/acc")) if self._validated else (None, None)
         self.history.append(
             {
                 "epoch": trainer.current_epoch + 1,
@@ -309,7 +314,7 @@ class RunRecorder(Callback):
                 "samples_per_s": round(rate, 1),
                 "train_loss": _get(metrics, "train/loss"),
                 "train_acc": _get(metrics, "train/acc"),
-                "val_loss": _get(metrics, "val/loss"),
+                "val_loss": val_loss,
                 "val_acc": val_acc,
                 **({"staleness": round(staleness, 4)} if staleness is not None else {}),
             }
@@ -341,7 +346,7 @@ class RunRecorder(Callback):
             "epochs": len(self.history),
             "train_time_s": round(self.cumulative_s, 4),
             "samples_per_s": round(samples / self.cumulative_s, 1) if self.cumulative_s > 0 else None,
-            "val_acc": self.history[-1]["val_acc"] if self.history else None,
+            "val_acc": self.last_val_acc(),
             "target_acc": self.target_acc,
             "time_to_target_s": None if self.time_to_target_s is None else round(self.time_to_target_s, 4),
             "epoch_to_target": self.epoch_to_target,
@@ -350,12 +355,16 @@ class RunRecorder(Callback):
             "history": self.history,
         }
 
+    def last_val_acc(self) -> float | None:
+        """The last validation's accuracy (the last epoch may have had none: check_val_every_n_epoch)."""
+        return next((h["val_acc"] for h in reversed(self.history) if h["val_acc"] is not None), None)
+
     def _averaging_summary(self) -> dict[str, Any]:
         report = dict(self.strategy_report)
         if "averaged_val_acc" not in report:
             return report
         # the final val numbers are the averaged model's; the last epoch's are the replicas' mean
-        report["val_acc_before_averaging"] = self.history[-1]["val_acc"] if self.history else None
+        report["val_acc_before_averaging"] = self.last_val_acc()
         report["val_acc"] = report.pop("averaged_val_acc")
         report["val_loss"] = report.pop("averaged_val_loss")
         return report

@@ -201,6 +201,19 @@ def test_early_stop_inside_an_epoch_times_the_target_there_and_keeps_the_partial
     assert epoch["train_loss"] is not None and 0 <= epoch["train_acc"] <= 1
 
 
+def test_an_epoch_without_validation_records_none_not_the_last_validations_figures(tiny_data, tmp_path):
+    """trainer.check_val_every_n_epoch=2 over 3 epochs: epoch 2 alone is validated. Lightning keeps
+    that validation's figures through epoch 3; psgd's record of epoch 3 has none, and the run's val_acc,
+    curve and csv are epoch 2's."""
+    cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=3", "trainer.check_val_every_n_epoch=2", *TINY)
+    m = train(cfg, tmp_path / "run")
+    assert [h["val_acc"] is None for h in m["history"]] == [True, False, True]
+    assert [h["val_loss"] is None for h in m["history"]] == [True, False, True]
+    assert m["val_acc"] == m["history"][1]["val_acc"] is not None
+    assert [float(r["val_accuracy"]) for r in training_data(tmp_path / "run")] == [m["val_acc"]]
+    assert scalars(tensorboard(tmp_path / "run"), "val/acc") == pytest.approx([m["val_acc"]], abs=1e-6)
+
+
 def test_a_profiler_the_user_asks_for_replaces_psgds_free_one_and_the_summary_shows_sizes_and_flops(
     tiny_data, tmp_path
 ):
