@@ -521,17 +521,25 @@ def _check_trainer_values(cfg: DictConfig) -> None:
     """trainer.* values Lightning would take silently for something other than what they say, or
     fail on with a traceback from inside fit."""
     t = cfg.trainer
-    # Lightning takes 0 as "skip training" (the run then reports an untrained model as completed) and a
-    # negative clip value as "no clipping": neither is what a user writing them means
-    for split, least in (("train", 0), ("val", None), ("test", None)):
+    # Lightning takes 0 as "skip training" (the run then reports an untrained model as completed) or
+    # "skip the test" (every run ends with one, whose accuracy it reports: 0 failed after training), and a
+    # negative clip value as "no clipping": none is what a user writing them means. 0 validation batches
+    # is a run without validation.
+    for split, zero in (("train", False), ("val", True), ("test", False)):
         key = f"trainer.limit_{split}_batches"
         limit = OmegaConf.select(cfg, key)
         _need(
-            limit is None or (_is_number(limit) and (limit > 0 if least == 0 else limit >= 0)),
+            limit is None or (_is_number(limit) and (limit >= 0 if zero else limit > 0)),
             key,
             limit,
-            f"must be {'>' if least == 0 else '>='} 0 (a fraction of the batches up to 1.0, or a number of batches), "
+            f"must be {'>=' if zero else '>'} 0 (a fraction of the batches up to 1.0, or a number of batches), "
             "or null for all",
+        )
+    target = OmegaConf.select(cfg, "early_stop.target_acc")
+    if target is not None and t.get("limit_val_batches") == 0:  # the target could never be seen: no early stop
+        raise ConfigError(
+            f"early_stop.target_acc={target} needs validation, and trainer.limit_val_batches=0 runs none: "
+            "set trainer.limit_val_batches > 0 (or null for all), or early_stop.target_acc=null"
         )
     every = t.get("check_val_every_n_epoch")  # 0: a ZeroDivisionError traceback from inside fit
     _need(

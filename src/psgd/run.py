@@ -605,6 +605,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
     )
     datamodule.prepare_data()  # a missing dataset fails here, before any worker starts
     datamodule.check_batches(plan.workers * cfg.trainer.num_nodes)  # so does a worker without a batch
+    datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))  # and a test without one
 
     t = cfg.trainer
     lr = scaled_lr(cfg.optimizer.lr, plan.workers * t.num_nodes, cfg.lr_scaling)

@@ -174,7 +174,14 @@ BAD = [
     (["trainer.limit_train_batches=0"], "trainer.limit_train_batches=0 is invalid: must be > 0"),
     (["trainer.limit_train_batches=-0.5"], "trainer.limit_train_batches=-0.5 is invalid"),
     (["trainer.limit_val_batches=-1"], "trainer.limit_val_batches=-1 is invalid: must be >= 0"),
-    (["trainer.limit_test_batches=abc"], "trainer.limit_test_batches='abc' is invalid: must be >= 0"),
+    (["trainer.limit_test_batches=abc"], "trainer.limit_test_batches='abc' is invalid: must be > 0"),
+    # a ValueError traceback after training: every run ends with its test
+    (["trainer.limit_test_batches=0"], "trainer.limit_test_batches=0 is invalid: must be > 0"),
+    # trained to max_epochs without a word: the target is judged on validation
+    (
+        ["trainer.limit_val_batches=0", "early_stop.target_acc=0.9"],
+        "early_stop.target_acc=0.9 needs validation, and trainer.limit_val_batches=0 runs none",
+    ),
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val=-1 is invalid: must be a number > 0, or null"),
     (["trainer.gradient_clip_val=abc"], "trainer.gradient_clip_val='abc' is invalid"),
     (["trainer.check_val_every_n_epoch=0"], "trainer.check_val_every_n_epoch=0 is invalid: must be an integer >= 1"),

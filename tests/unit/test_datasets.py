@@ -165,6 +165,21 @@ def test_a_run_where_a_worker_gets_no_training_batch_is_refused_before_it_starts
         data(partition="dirichlet", dirichlet_alpha=1e-4).check_batches(10)
 
 
+def test_a_test_fraction_that_leaves_no_test_batch_is_refused_before_training(tmp_path):
+    # Lightning refused it only in the test after training: the run had trained and then failed
+    make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
+    dm = ClassificationData("mnist", str(tmp_path), eval_batch_size=16)  # 4 test batches
+    dm.prepare_data()
+    for fine in (0.25, 0.5, 1.0, 1, 3, None):
+        dm.check_test_limit(fine)
+    with pytest.raises(DataError) as e:
+        dm.check_test_limit(0.2)
+    assert str(e.value) == (
+        "trainer.limit_test_batches=0.2 is invalid: the test set is 4 batch(es) of data.eval_batch_size=16, "
+        "and 0.2 of them is none; use at least 0.25, a number of batches, or null for all"
+    )
+
+
 def test_the_check_counts_the_shards_the_workers_will_train_on(tmp_path):
     # the check reads only the labels, before setup: its shards must be the ones setup gives the workers
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)

@@ -296,6 +296,19 @@ class ClassificationData(L.LightningDataModule):
             f"data.drop_last={str(self.drop_last).lower()}: {fix}"
         )
 
+    def check_test_limit(self, limit: float | int | None) -> None:
+        """Refuse, before training, a trainer.limit_test_batches fraction that leaves the final test no
+        batch: Lightning says so only after the run has trained. Needs prepare_data."""
+        if not isinstance(limit, float) or not 0 < limit < 1:
+            return
+        batches = num_batches(len(self._decoded[False][1]), self.eval_batch_size)
+        if int(batches * limit) < 1:
+            raise DataError(
+                f"trainer.limit_test_batches={limit} is invalid: the test set is {batches} batch(es) of "
+                f"data.eval_batch_size={self.eval_batch_size}, and {limit} of them is none; use at least "
+                f"{-(-100 // batches) / 100}, a number of batches, or null for all"
+            )
+
     def __getstate__(self) -> dict:
         # workers start from the host copies and place their own (keys are object ids of this process)
         return {**self.__dict__, "_placed": {}}
