@@ -9,10 +9,16 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from datetime import timedelta
 
 import pytest
+import pytorch_lightning as L
+import torch
+import torch.distributed as dist
+from torch import nn
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+from torch.nn.parallel import DistributedDataParallel
 
 from psgd import signals
 from psgd.cli import collective_failure, error_line, keeps_traceback, traceback_path
@@ -221,3 +227,46 @@ def test_under_torchrun_each_worker_keeps_its_own_traceback(tmp_path, monkeypatc
     )
     monkeypatch.setenv("RANK", "0")
     assert traceback_path(tmp_path) == tmp_path / "error.log"  # rank 0's is the run's error.log
+
+
+class _WithAnUnusedLayer(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.used, self.spare = nn.Linear(4, 2), nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def test_ddps_error_for_parameters_no_loss_used_names_them_and_psgds_switch(tmp_path):
+    """torch's DDP error gives parameter indices and Lightning's rewording of it drops them and names
+    a strategy string psgd's config has no place for: a worker's line names the parameters and
+    strategy.find_unused_parameters, in the worker (torchrun) and in psgd's launcher."""
+    module = _WithAnUnusedLayer()
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(module)
+        with pytest.raises(RuntimeError) as caught:
+            for _ in range(2):  # the second step finds the first one's reduction unfinished
+                ddp(torch.randn(3, 4)).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    err = caught.value
+    from_worker = ProcessRaisedException(
+        f"\n\n-- Process 1 terminated with the following error:\n{''.join(traceback.format_exception(err))}", 1, 0
+    )
+    strategy = ReportsFirstFailure()
+    strategy.connect(module)
+    fix = (
+        "the model has parameters that no loss used (spare.weight, spare.bias), and DDP needs a gradient for each: "
+        "set strategy.find_unused_parameters=true (DDP then looks for them in every step), or leave them out of "
+        "the model"
+    )
+    strategy.on_exception(from_worker)  # psgd's launcher
+    assert error_line(from_worker, tmp_path) == f"worker rank 1 failed: {fix} (traceback in {tmp_path / 'error.log'})"
+    assert "Parameter indices which did not receive grad" in str(from_worker)  # torch's text stays for the log
+    strategy.on_exception(err)  # a worker torchrun started
+    assert error_line(err, tmp_path) == f"RuntimeError: {fix} (traceback in {tmp_path / 'error.log'})"
+    other = ValueError("a bug deep in my model")
+    strategy.on_exception(other)
+    assert str(other) == "a bug deep in my model"

@@ -4,6 +4,7 @@ Keep this file small; it is what a Lightning upgrade may break."""
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import traceback
@@ -280,6 +281,37 @@ class ReportsFirstFailure(DDPStrategy):
         super()._configure_launcher()
         if type(self._launcher) is _MultiProcessingLauncher:
             self._launcher = FirstFailureLauncher(self, start_method=self._start_method)
+
+    def on_exception(self, exception: BaseException) -> None:
+        """DDP's error for parameters no loss used, in psgd's terms: the parameters by name and psgd's
+        switch. (Lightning's own rewording drops torch's indices and names its Python-only strategy
+        string.)"""
+        unused = unused_parameters(exception, self.lightning_module)
+        if unused is None:
+            super().on_exception(exception)
+            return
+        # the last line, which psgd's error line shows, below torch's message (kept for the error log)
+        exception.args = (
+            f"{exception.args[0] if exception.args else ''}\nthe model has parameters that no loss used "
+            f"({', '.join(unused) or 'see the traceback'}), and DDP needs a gradient for each: set "
+            "strategy.find_unused_parameters=true (DDP then looks for them in every step), or leave them out of "
+            "the model",
+            *exception.args[1:],
+        )
+
+
+def unused_parameters(exception: BaseException, module: torch.nn.Module | None) -> list[str] | None:
+    """The names of the parameters that torch's DDP reducer says received no gradient (its error
+    gives indices into the module's trainable parameters), or None for another error. (A worker
+    raises it; the launcher gets it as a ProcessRaisedException holding the worker's traceback.)"""
+    text = str(exception)  # a worker's RuntimeError, or in the launcher the worker's traceback as text
+    if "Expected to have finished reduction" not in text:
+        return None
+    found = re.search(r"did not receive grad for rank \d+: ([\d ]+)", text)
+    if found is None or module is None:
+        return []
+    names = [name for name, p in module.named_parameters() if p.requires_grad]
+    return [names[int(i)] for i in found.group(1).split() if int(i) < len(names)]
 
 
 class SharedMemoryLauncher(FirstFailureLauncher):
