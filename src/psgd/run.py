@@ -57,7 +57,7 @@ from psgd.optim import scaled_lr
 from psgd.profiler import NoProfiler
 from psgd.results import cpu_count, device_description, read_json, versions, write_json
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
-from psgd.strategies._lightning import ReportsFirstFailure, lost_a_peer
+from psgd.strategies._lightning import ReportsFirstFailure, lost_a_peer, refuse_a_run_while_a_worker_imports_the_script
 
 HPARAM_METRICS = ("test/acc", "test/loss", "val/acc", "val/loss", "time/samples_per_s", "time/cumulative_s")
 
@@ -570,6 +570,7 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
     A `run_dir` that holds an earlier run's metrics.json is refused (DirInUse) before anything is
     written into it, unless torchrun restarted this job's workers (they go on in their own dir).
     """
+    refuse_a_run_while_a_worker_imports_the_script()
     try:
         plan = check(cfg)
     except ConfigError as e:  # the config and the machine decide it: every worker there finds the same

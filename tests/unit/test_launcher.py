@@ -5,6 +5,7 @@ tests/reliability/test_failures.py (a killed, SIGTERMed, failing-alone and stopp
 import multiprocessing
 import os
 import pickle
+import runpy
 import signal
 import subprocess
 import sys
@@ -270,3 +271,28 @@ def test_ddps_error_for_parameters_no_loss_used_names_them_and_psgds_switch(tmp_
     other = ValueError("a bug deep in my model")
     strategy.on_exception(other)
     assert str(other) == "a bug deep in my model"
+
+
+@pytest.mark.parametrize(
+    "call", ["psgd.run.train(None, None)", "FirstFailureLauncher(ReportsFirstFailure()).launch(print)"]
+)
+def test_a_script_that_trains_at_its_top_level_is_told_to_guard_it_by_each_worker(tmp_path, capsys, call):
+    """Python's forkserver and spawn start a worker by importing the caller's script as __mp_main__:
+    unguarded, its training call runs again there. The worker says so and exits before anything
+    starts; imported under any other name (the script itself, a module) the call goes ahead."""
+    script = tmp_path / "my_experiment.py"
+    imports = "import psgd.run\nfrom psgd.strategies._lightning import FirstFailureLauncher, ReportsFirstFailure\n"
+    script.write_text(f"{imports}{call}\n")
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(script), run_name="__mp_main__")  # as a worker imports it
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (
+        f"psgd: error: {script} runs psgd at its top level, and each worker process imports that script again "
+        'as it starts: put the call under `if __name__ == "__main__":`\n'
+    )
+    with pytest.raises(Exception) as went_ahead:  # here on to what None is refused for
+        runpy.run_path(str(script), run_name="__main__")
+    assert not isinstance(went_ahead.value, SystemExit)
+    guarded = tmp_path / "guarded.py"
+    guarded.write_text(f"{imports}if __name__ == '__main__':\n    {call}\n")
+    runpy.run_path(str(guarded), run_name="__mp_main__")  # nothing runs

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import traceback
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,28 @@ class ForkServerDied(KilledWorker):
         self._args = (server, kills)  # (pickled from these)
 
 
+def refuse_a_run_while_a_worker_imports_the_script() -> None:
+    """A script that trains at its top level (psgd.run.train, or a Trainer with psgd's strategies),
+    outside `if __name__ == "__main__":`, would train again in every worker: Python's forkserver and
+    spawn start a worker by importing the caller's script (as `__mp_main__`). Such a worker says so in
+    one line and exits, before it starts anything (it used to fail deep in multiprocessing with a page
+    of traceback per worker)."""
+    frame = sys._getframe(1)
+    while frame is not None and not (
+        frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__mp_main__"
+    ):
+        frame = frame.f_back
+    if frame is None:
+        return
+    print(
+        f"psgd: error: {frame.f_code.co_filename} runs psgd at its top level, and each worker process imports "
+        'that script again as it starts: put the call under `if __name__ == "__main__":`',
+        file=sys.stderr,
+        flush=True,
+    )
+    raise SystemExit(2)
+
+
 class FirstFailureLauncher(_MultiProcessingLauncher):
     """Lightning's spawn/fork launcher, reporting the worker whose failure ended the run.
 
@@ -169,6 +192,7 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
     _global_states: _GlobalStateSnapshot | None = None
 
     def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
+        refuse_a_run_while_a_worker_imports_the_script()
         self._errors_dir = str(temp_folder_of_this_process("psgd-worker-errors-"))  # pickled into each worker
         self._oom_kills_at_launch = oom_kills()
         if self._start_method == "forkserver":  # (attributes set here are pickled into every worker)
