@@ -251,9 +251,12 @@ def _quiet_lightning_banner():
         log.setLevel(level)
 
 
-def resolve_ckpt_path(value: str | None, module: Classifier, world_size: int = 1) -> str | None:
+def resolve_ckpt_path(
+    value: str | None, module: Classifier, world_size: int = 1, strategy: str | None = None
+) -> str | None:
     """The checkpoint to resume from, checked against the model, the lr schedule and (for a checkpoint
-    that holds each worker's own state) the number of workers this run has."""
+    that holds each worker's own state) the number of workers this run has and its `strategy` name
+    (None: not checked)."""
     if value is None:
         return None
     path = Path(value).expanduser()  # as data.root: ckpt_path='~/runs/...'
@@ -287,7 +290,14 @@ def resolve_ckpt_path(value: str | None, module: Classifier, world_size: int = 1
     if replicas and not checkpoint.get("averaged") and len(replicas) != world_size:
         raise ConfigError(
             f"ckpt_path={value!r} holds {len(replicas)} workers' own state but this run has {world_size} "
-            f"workers; resume with workers={len(replicas)}"
+            f"worker{'' if world_size == 1 else 's'}; resume with workers={len(replicas)}"
+        )
+    own_weights = replicas and not checkpoint.get("averaged") and "state_dict" in (replicas[0] or {})
+    if own_weights and strategy is not None and strategy != "model_averaging":
+        raise ConfigError(
+            f"ckpt_path={value!r} holds {len(replicas)} replicas that model averaging had not averaged yet, and "
+            f"strategy={strategy} would go on from worker 0's alone: resume with strategy=model_averaging (or "
+            "from the run's final checkpoint, which holds their average)"
         )
     hparams = checkpoint.get("hyper_parameters") or {}  # the Classifier's, as the checkpoint's run had them
     trained_on, now_on = hparams.get("dataset"), module.hparams.get("dataset")
@@ -631,7 +641,9 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         shards=shard_settings(cfg),  # how samples are dealt to the workers: a resume must deal them alike
     )
     world_size = plan.workers * t.num_nodes
-    ckpt_path = resolve_ckpt_path(elastic_resume(cfg.get("ckpt_path"), plan, run_dir), module, world_size)
+    ckpt_path = resolve_ckpt_path(
+        elastic_resume(cfg.get("ckpt_path"), plan, run_dir), module, world_size, cfg.strategy.name
+    )
     strategy = build_strategy(cfg, plan, run_dir)
     run_info = {
         "strategy": cfg.strategy.name,

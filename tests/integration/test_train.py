@@ -374,7 +374,10 @@ def test_every_optimizer_resumes_to_the_uninterrupted_weights(optimizer, tiny_da
         ):
             train(compose_cfg(*base, *change, f"ckpt_path={epoch0}"), tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
-    train(compose_cfg(*base, *chosen, f"ckpt_path={epoch0}"), tmp_path / "again")
+    with warnings.catch_warnings(record=True) as caught:  # resumed without checkpoint_every_epoch=true:
+        warnings.simplefilter("always")  # Lightning had said to add the epoch checkpoint callback back
+        train(compose_cfg(*base, *chosen, f"ckpt_path={epoch0}"), tmp_path / "again")
+    assert not [w for w in caught if "callbacks used to create the checkpoint" in str(w.message)]
     a, b = (torch.load(tmp_path / n / "checkpoints" / "last.ckpt", weights_only=True) for n in ("straight", "again"))
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
     assert b["epoch"] == 1 and metrics(tmp_path / "again")["epochs"] == 2

@@ -22,11 +22,32 @@ def test_a_checkpoint_of_each_workers_state_needs_as_many_workers(tmp_path):
     mid_run = save(tmp_path / "mid.ckpt", module, replicas=[{}, {}], averaged=False)
     assert resolve_ckpt_path(mid_run, module, world_size=2) == mid_run
     for world_size in (1, 3):  # before, each worker failed with a RuntimeError once started
-        with pytest.raises(ConfigError, match=rf"holds 2 workers' own state but this run has {world_size} workers"):
+        with pytest.raises(ConfigError, match=rf"holds 2 workers' own state but this run has {world_size} workers?;"):
             resolve_ckpt_path(mid_run, module, world_size=world_size)
     # the final checkpoint of model averaging holds the averaged model: any number of workers starts from it
     final = save(tmp_path / "final.ckpt", module, replicas=[{}, {}], averaged=True)
     assert resolve_ckpt_path(final, module, world_size=3) == final
+
+
+def test_replicas_not_yet_averaged_resume_only_under_model_averaging(tmp_path):
+    """Another strategy went on from worker 0's replica and dropped the others without a word."""
+    module = Classifier(MLP(), partial(torch.optim.SGD), lr=0.02, workers=2, max_epochs=2)
+    weights = [{"state_dict": module.state_dict()}, {"state_dict": module.state_dict()}]
+    mid_run = save(tmp_path / "mid.ckpt", module, replicas=weights, averaged=False)
+    assert resolve_ckpt_path(mid_run, module, world_size=2, strategy="model_averaging") == mid_run
+    for strategy in ("ddp", "hogwild"):
+        with pytest.raises(ConfigError) as e:
+            resolve_ckpt_path(mid_run, module, world_size=2, strategy=strategy)
+        assert str(e.value) == (
+            f"ckpt_path={mid_run!r} holds 2 replicas that model averaging had not averaged yet, and "
+            f"strategy={strategy} would go on from worker 0's alone: resume with strategy=model_averaging (or "
+            "from the run's final checkpoint, which holds their average)"
+        )
+    # the final one holds the average; HogWild's hold one shared model and each worker's optimizer
+    final = save(tmp_path / "final.ckpt", module, replicas=weights, averaged=True)
+    hogwild = save(tmp_path / "hogwild.ckpt", module, replicas=[{"optimizer_states": []}] * 2, averaged=False)
+    for path in (final, hogwild):
+        assert resolve_ckpt_path(path, module, world_size=2, strategy="ddp") == path
 
 
 def test_a_checkpoint_with_another_lr_schedule_is_refused(tmp_path):
