@@ -197,12 +197,38 @@ class TargetAccuracyStop(Callback):
             self.stopped_epoch = trainer.current_epoch
 
     @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Resumed from the checkpoint of a run this rule had stopped: that run is over, as a resume of
+        a run that trained all its epochs is (it used to train one more epoch and stop again)."""
+        if self.stopped_epoch is None:
+            return
+        trainer.should_stop = True
+        if trainer.is_global_zero:
+            print(
+                f"psgd: the checkpoint's run stopped early after epoch {self.stopped_epoch + 1} (early_stop."
+                f"target_acc={self.target_acc} reached for {self.patience} epoch(s)): nothing is left to train; its "
+                "final weights are tested (a higher target_acc, or none, trains on)",
+                flush=True,
+            )
+
+    @override
     def state_dict(self) -> dict[str, Any]:
-        return {"streak": self.streak, "stopped_epoch": self.stopped_epoch}
+        return {
+            "streak": self.streak,
+            "stopped_epoch": self.stopped_epoch,
+            "target_acc": self.target_acc,
+            "patience": self.patience,
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.streak, self.stopped_epoch = state_dict["streak"], state_dict["stopped_epoch"]
+        """Another target or patience is a new rule: its count starts afresh. (A checkpoint of an earlier
+        psgd keeps no rule: its count goes on, and its run trains on, as resumes did then.)"""
+        rule = (state_dict.get("target_acc"), state_dict.get("patience"))
+        if rule == (self.target_acc, self.patience):
+            self.streak, self.stopped_epoch = state_dict["streak"], state_dict["stopped_epoch"]
+        elif rule == (None, None):
+            self.streak = state_dict["streak"]
 
 
 def _all_reduce(values: list[float], op: dist.ReduceOp, device: torch.device) -> list[float]:
@@ -382,6 +408,7 @@ class RunRecorder(Callback):
             "time_to_target_s": self.time_to_target_s,
             "epoch_to_target": self.epoch_to_target,
             "step_to_target": self.step_to_target,
+            "target_acc": self.target_acc,
         }
 
     @override
@@ -391,6 +418,13 @@ class RunRecorder(Callback):
         self.time_to_target_s = state_dict["time_to_target_s"]
         self.epoch_to_target = state_dict["epoch_to_target"]
         self.step_to_target = state_dict.get("step_to_target")  # (a checkpoint of an earlier psgd has none)
+        if state_dict.get("target_acc", self.target_acc) != self.target_acc:
+            # resumed with another target: the first recorded epoch at this one (or none yet), not the time
+            # to the checkpoint's target. (A validation inside an epoch is not in the history.)
+            hit = next((h for h in self.history if _at(h["val_acc"], self.target_acc)), None)
+            self.time_to_target_s, self.epoch_to_target, self.step_to_target = (
+                (hit["time"], hit["epoch"], hit["step"]) if hit else (None, None, None)
+            )
 
 
 def epoch_line(record: dict[str, Any], max_epochs: int | None) -> str:
@@ -402,6 +436,10 @@ def epoch_line(record: dict[str, Any], max_epochs: int | None) -> str:
             parts.append(f"{key}={record[key]:.4f}")
     parts += [f"epoch_s={record['epoch_s']:.1f}", f"samples_per_s={record['samples_per_s']:.1f}"]
     return " ".join(parts)
+
+
+def _at(accuracy: float | None, target: float | None) -> bool:
+    return accuracy is not None and target is not None and accuracy >= target
 
 
 def _get(metrics: dict, key: str) -> float | None:

@@ -311,13 +311,15 @@ class Classifier(PlainHookName, L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._resumed_steps_per_epoch = checkpoint.get(STEPS_PER_EPOCH_KEY)
         self._check_resumed_steps()
-        # A run with checkpoint_every_epoch=true keeps its epoch ModelCheckpoint's bookkeeping in its
-        # checkpoints; resumed without the switch, Lightning (which restores callbacks after this hook)
-        # told the user to add that callback back. Only a ModelCheckpoint this run lacks is dropped.
+        # Callbacks psgd adds by a setting keep their state in its checkpoints: the epoch ModelCheckpoint
+        # (checkpoint_every_epoch=true) and TargetAccuracyStop (early_stop.target_acc). Resumed without
+        # the setting, Lightning (which restores callbacks after this hook) told the user to add the
+        # callback back. Only the state of such a callback this run lacks is dropped.
         states = checkpoint.get("callbacks")
         if states and self._trainer is not None:
             present = {cb.state_key for cb in self.trainer.callbacks}
-            for key in [k for k in states if k.startswith("ModelCheckpoint{") and k not in present]:
+            settings = [k for k in states if k.startswith("ModelCheckpoint{") or k == "TargetAccuracyStop"]
+            for key in [k for k in settings if k not in present]:
                 del states[key]
 
     def _check_resumed_steps(self) -> None:

@@ -166,6 +166,35 @@ def test_early_stop_after_patience_epochs_at_target(tiny_data, tmp_path):
     assert m["epochs"] == stop + 1 < 30
 
 
+def test_a_run_that_stopped_early_resumes_as_over_unless_the_target_changes(tiny_data, tmp_path, capsys):
+    """Resumed with the same target, a run its target stopped used to train one more epoch and stop
+    again; with another target (or none) it trains on, and its record times that target, not the
+    checkpoint's; without one, Lightning no longer asks for the early-stop callback back."""
+    common = [f"data.root={tiny_data}", "trainer.max_epochs=3", "scheduler=none", *TINY]
+    stopped = train(compose_cfg(*common, "early_stop.target_acc=0.05"), tmp_path / "stopped")
+    assert stopped["epochs"] == 1 and stopped["epoch_to_target"] == 1  # chance (10 %) passes 5 %
+    capsys.readouterr()
+    again = train(
+        compose_cfg(*common, "early_stop.target_acc=0.05", f"ckpt_path={tmp_path / 'stopped'}"), tmp_path / "a"
+    )
+    assert again["history"] == stopped["history"] and again["test_acc"] == stopped["test_acc"]
+    assert "psgd: the checkpoint's run stopped early after epoch 1 (early_stop.target_acc=0.05 reached for 1 " in (
+        capsys.readouterr().out
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        on = train(compose_cfg(*common, f"ckpt_path={tmp_path / 'stopped'}"), tmp_path / "b")
+    assert not [w for w in caught if "callbacks used to create the checkpoint" in str(w.message)]
+    assert on["epochs"] == 3 and on["time_to_target_s"] is None and on["epoch_to_target"] is None
+    higher = train(
+        compose_cfg(*common, "early_stop.target_acc=0.5", f"ckpt_path={tmp_path / 'stopped'}"), tmp_path / "c"
+    )
+    accs = [h["val_acc"] for h in higher["history"]]
+    first = next((epoch for epoch, acc in enumerate(accs, 1) if acc >= 0.5), None)
+    assert accs[0] < 0.5 and higher["epoch_to_target"] == first  # not the checkpoint's epoch 1 at 5 %
+    assert higher["epochs"] == (first or 3)  # trained on, and stopped there
+
+
 def test_the_step_at_target_is_that_of_the_first_validation_at_target_inside_an_epoch(tiny_data, tmp_path):
     """Validated after each half epoch (8 of 16 steps) and stopped only after 3 checks at the target:
     epoch_to_target says epoch 1, step_to_target the half of it where the target was first reached."""
