@@ -12,6 +12,7 @@ import contextlib
 import io
 import math
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -453,8 +454,16 @@ def sweep_values_problem(jobs: Jobs) -> str | None:
     """Why a job of this sweep would stop at its start, for every job before the first one starts:
     `check` of each composed job, as the job itself will run it, or None. Only for Hydra's basic
     launcher, which runs the jobs here: jobs that run elsewhere (submitit on SLURM) see their own GPUs
-    and environment and are checked there. `jobs`: the first with Hydra's node."""
+    and environment and are checked there (where SLURM is: without it, submitit fails with a traceback).
+    `jobs`: the first with Hydra's node."""
     launcher = str(OmegaConf.select(jobs[0][1], "hydra.launcher._target_", default=""))
+    if launcher.endswith(".SlurmLauncher") and shutil.which("srun") is None:  # what submitit looks for
+        choice = OmegaConf.select(jobs[0][1], "hydra.runtime.choices", default={}).get("hydra/launcher")
+        return (
+            f"hydra/launcher={choice or 'submitit_slurm'} submits each job to SLURM, and this machine has no "
+            "srun on its PATH: run the sweep on a SLURM login node, or leave hydra/launcher out to run the "
+            "jobs here"
+        )
     if not launcher.endswith(".BasicLauncher"):
         return None
     return _first_problem(jobs, check, name_the_job=True)

@@ -213,7 +213,7 @@ def test_a_dir_holding_an_earlier_runs_results_is_refused_before_hydra_writes_in
     )
 
 
-def test_a_value_psgd_refuses_in_any_job_of_a_sweep_is_one_line_before_any_job_runs():
+def test_a_value_psgd_refuses_in_any_job_of_a_sweep_is_one_line_before_any_job_runs(tmp_path, monkeypatch):
     from psgd.config import sweep_values_problem, values_problem
 
     line = ["-m", "optimizer.lr=0.1,-1", "workers=1,2", "seed=3"]
@@ -233,9 +233,18 @@ def test_a_value_psgd_refuses_in_any_job_of_a_sweep_is_one_line_before_any_job_r
     )
     # one that no job has is said without a job
     assert command_line_problem("sweep", ["-m", "optimizer.momentm=0,0.9"], CONF).endswith("+optimizer.momentm=0")
-    # jobs that SLURM runs elsewhere are checked there, with that machine's GPUs and environment ...
+    # where there is no SLURM, submitit's launcher failed with a traceback and left the sweep's dir
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     slurm = ["-m", "hydra/launcher=psgd_slurm", "optimizer.lr=0.1,-1"]
+    monkeypatch.setenv("PATH", str(tmp_path))  # no srun
+    assert command_line_problem("sweep", slurm, CONF, job_check=sweep_values_problem) == (
+        "hydra/launcher=psgd_slurm submits each job to SLURM, and this machine has no srun on its PATH: run the "
+        "sweep on a SLURM login node, or leave hydra/launcher out to run the jobs here"
+    )
+    # on a SLURM login node, jobs that SLURM runs elsewhere are checked there, with that machine's GPUs
+    # and environment ...
+    (tmp_path / "srun").write_text("#!/bin/sh\n")
+    (tmp_path / "srun").chmod(0o755)
     assert command_line_problem("sweep", slurm, CONF, job_check=sweep_values_problem) is None
     # ... but a value that means the same on any machine is found here, before any job is submitted
     assert command_line_problem("sweep", slurm, CONF, job_check=lambda jobs: values_problem(jobs, True)) == (
