@@ -92,11 +92,14 @@ def test_every_documented_command_passes():
 
 
 @pytest.mark.slow  # ~20 s: every documented sweep's jobs are composed and checked
-def test_every_documented_sweep_passes_psgds_value_checks():
+def test_every_documented_sweep_passes_psgds_value_checks(tmp_path, monkeypatch):
     import torch
 
     from psgd.config import sweep_values_problem
 
+    (tmp_path / "srun").write_text("#!/bin/sh\n")  # the SLURM sweeps, as on a SLURM login node
+    (tmp_path / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
     sweeps = [argv for script, *argv in documented_commands() if script == "sweep"]
     assert len(sweeps) >= 15
     for argv in sweeps:
