@@ -489,10 +489,22 @@ def raised_in_worker(e: BaseException, classes: tuple[type, ...]) -> str | None:
 
 def lightning_refusal(e: BaseException) -> str | None:
     """The message of a MisconfigurationException Lightning raised inside fit, here or in a worker
-    (a value it checks only once it has the data, e.g. trainer.limit_val_batches=0.01 of 4 batches)."""
+    (a value it checks only once it has the data, e.g. trainer.limit_val_batches=0.01 of 4 batches),
+    or of the ValueError it raises there for a trainer.val_check_interval of more batches than an epoch has."""
     if isinstance(e, MisconfigurationException):
         return " ".join(text_lines(e))
-    return raised_in_worker(e, (MisconfigurationException,))
+    if isinstance(e, ProcessRaisedException):
+        last = text_lines(e)[-1]
+        message = last.removeprefix("ValueError:").strip()
+        if message != last and message.startswith(_VAL_CHECK_REFUSAL):
+            return message
+        return raised_in_worker(e, (MisconfigurationException,))
+    if isinstance(e, ValueError) and str(e).strip().startswith(_VAL_CHECK_REFUSAL):
+        return " ".join(text_lines(e))
+    return None
+
+
+_VAL_CHECK_REFUSAL = "`val_check_interval` ("  # Lightning's fit loop, once it knows the epoch's batches
 
 
 class WorkerGone(RuntimeError):

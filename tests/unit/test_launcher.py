@@ -296,3 +296,43 @@ def test_a_script_that_trains_at_its_top_level_is_told_to_guard_it_by_each_worke
     guarded = tmp_path / "guarded.py"
     guarded.write_text(f"{imports}if __name__ == '__main__':\n    {call}\n")
     runpy.run_path(str(guarded), run_name="__mp_main__")  # nothing runs
+
+
+def test_a_validation_interval_longer_than_an_epoch_is_lightnings_refusal_here_and_from_a_worker(tmp_path):
+    """Lightning finds an integer trainer.val_check_interval above an epoch's batches only inside fit and
+    raises a ValueError: it was reported as a bug, 'worker rank 0 failed: ValueError: ... (traceback in
+    ...)'; it is a setting Lightning refuses, as its MisconfigurationExceptions are."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from psgd.run import lightning_refusal
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(4, 2)
+
+        def training_step(self, batch, batch_idx):
+            return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+        def validation_step(self, batch, batch_idx):
+            pass
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = DataLoader(TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,))), batch_size=4)  # 2 batches
+    trainer = L.Trainer(
+        max_epochs=1, val_check_interval=3, logger=False, enable_checkpointing=False, enable_progress_bar=False
+    )
+    with pytest.raises(ValueError) as caught:
+        trainer.fit(Tiny(), data, data)
+    said = lightning_refusal(caught.value)
+    assert said is not None and said.startswith("`val_check_interval` (3) must be less than or equal to the number")
+    from_worker = ProcessRaisedException(
+        f"\n\n-- Process 0 terminated with the following error:\n{''.join(traceback.format_exception(caught.value))}",
+        0,
+        0,
+    )
+    assert lightning_refusal(from_worker) == said
+    assert lightning_refusal(ValueError("a bug deep in my model")) is None
+    assert lightning_refusal(raised(1, "ValueError: a bug deep in my model")) is None
