@@ -1,5 +1,6 @@
 """The LightningModule for image classification: loss, torchmetrics accuracy, optimizer and schedule."""
 
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -222,16 +223,16 @@ class Classifier(PlainHookName, L.LightningModule):
             self.log(f"worker/{rank}/val_loss", loss, on_epoch=True, sync_dist=True)
 
     @torch.no_grad()
-    def evaluate(self, loader) -> tuple[float, float]:
-        """Accuracy and mean loss of this process's model over `loader` (no logging, no communication),
-        in the run's precision as Lightning's own evaluation has it: the input cast as its precision
-        plugin casts a batch (64-true: float64 weights refused float32 images), the forward pass in its
-        context (autocast for *-mixed)."""
+    def evaluate(self, loader, max_batches: int | None = None) -> tuple[float, float]:
+        """Accuracy and mean loss of this process's model over `loader` (its first `max_batches`
+        batches; None: all), with no logging or communication, in the run's precision as Lightning's own
+        evaluation has it: the input cast as its precision plugin casts a batch (64-true: float64 weights
+        refused float32 images), the forward pass in its context (autocast for *-mixed)."""
         was_training = self.training
         self.eval()
         plugin = self.trainer.precision_plugin
         correct, loss_sum, n = 0, 0.0, 0
-        for x, y in loader:
+        for x, y in itertools.islice(loader, max_batches):
             x, y = plugin.convert_input(x.to(self.device)), y.to(self.device)
             with plugin.forward_context():
                 out = self(x).float()

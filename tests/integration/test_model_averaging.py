@@ -155,8 +155,11 @@ def test_a_period_longer_than_an_epoch_still_averages_every_period_steps(tiny_da
     """2 workers, 8 steps each per epoch, 3 epochs: period 12 averages at steps 12 and 24, the last
     one, so the replicas are equal before the final averaging (replica_distance 0). The period used
     to restart with every epoch: with 12 > 8 the replicas were never averaged during training. A run
-    resumed after epoch 2 (step 16) keeps the count: it averages at step 24 too, to the same weights."""
+    resumed after epoch 2 (step 16) keeps the count: it averages at step 24 too, to the same weights.
+    Without validation and with one test batch (of 4), the end-of-run evaluation of each replica takes
+    what the test takes: the same batch (it took the whole split), and no averaged val figures."""
     settings = ["strategy=model_averaging", "workers=2", "strategy.period=12", "trainer.max_epochs=3", *TINY]
+    settings += ["trainer.limit_val_batches=0", "trainer.limit_test_batches=1"]
     run_dir, resumed = tmp_path / "run", tmp_path / "resumed"
     extra = ["checkpoint_every_epoch=true"]
     proc = run_cli("train.py", *settings, *extra, f"data.root={tiny_data}", f"hydra.run.dir={run_dir}")
@@ -164,7 +167,9 @@ def test_a_period_longer_than_an_epoch_still_averages_every_period_steps(tiny_da
     m = metrics(run_dir)
     assert m["history"][-1]["step"] == 24  # each worker's optimizer steps
     assert m["replica_distance"] == 0
-    assert m["worker_test_acc"][0] == m["worker_test_acc"][1] == m["test_acc"]
+    assert m["worker_test_acc"][0] == m["worker_test_acc"][1] == m["test_acc"]  # one model, one test batch
+    assert m["worker_test_loss"] == pytest.approx([m["test_loss"]] * 2, rel=1e-5)
+    assert m["val_acc"] is None and {h["val_acc"] for h in m["history"]} == {None}
     ckpt = run_dir / "checkpoints" / "epoch1.ckpt"
     proc = run_cli("train.py", *settings, f"ckpt_path={ckpt}", f"data.root={tiny_data}", f"hydra.run.dir={resumed}")
     assert proc.returncode == 0, proc.stderr

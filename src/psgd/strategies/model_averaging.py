@@ -185,7 +185,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         evaluates = callable(getattr(module, "evaluate", None)) and hasattr(dm, "full_eval_loader")
         gathered = []
         if evaluates:
-            test_acc, test_loss = module.evaluate(dm.full_eval_loader("test"))
+            test_acc, test_loss = module.evaluate(*_limited(dm.full_eval_loader("test"), trainer.limit_test_batches))
             gathered = gather_floats([test_acc, test_loss], self.root_device)
         before = [p.detach().clone() for p in module.parameters()]
         self._average()
@@ -199,15 +199,17 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         }
         values = {"averaging/replica_distance": self.report["replica_distance"]}
         if evaluates:
-            val_acc, val_loss = module.evaluate(dm.full_eval_loader("val"))
+            loader, batches = _limited(dm.full_eval_loader("val"), trainer.limit_val_batches)
+            val_acc, val_loss = module.evaluate(loader, batches) if batches else (None, None)  # 0: no validation
             self.report = {
-                "averaged_val_acc": round(val_acc, 6),
-                "averaged_val_loss": round(val_loss, 6),
+                "averaged_val_acc": None if val_acc is None else round(val_acc, 6),
+                "averaged_val_loss": None if val_loss is None else round(val_loss, 6),
                 "worker_test_acc": [round(g[0], 6) for g in gathered],
                 "worker_test_loss": [round(g[1], 6) for g in gathered],
                 **self.report,
             }
-            values |= {"val/acc": val_acc, "val/loss": val_loss}
+            if val_acc is not None:
+                values |= {"val/acc": val_acc, "val/loss": val_loss}
             for r, (acc, loss) in enumerate(gathered):
                 values[f"worker/{r}/test_acc"], values[f"worker/{r}/test_loss"] = acc, loss
         if trainer.logger is not None and trainer.is_global_zero:
@@ -224,3 +226,12 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         strategy_registry.register(
             cls.strategy_name, cls, description="one-shot / periodic model averaging", start_method="spawn"
         )
+
+
+def _limited(loader, limit: int | float) -> tuple[Any, int]:
+    """`loader` and how many of its batches the trainer's limit_{val,test}_batches (as Lightning holds
+    it: a number of batches, or a fraction; fast_dev_run sets it to its batches) lets an evaluation use:
+    the end-of-run evaluation of each replica and of the average takes what validation and test take
+    (it went over the whole split, e.g. a WideResNet's 10k CIFAR10 test images per replica on CPU)."""
+    batches = len(loader)
+    return loader, min(batches, limit) if isinstance(limit, int) else int(batches * limit)
