@@ -185,7 +185,8 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         evaluates = callable(getattr(module, "evaluate", None)) and hasattr(dm, "full_eval_loader")
         gathered = []
         if evaluates:
-            test_acc, test_loss = module.evaluate(*_limited(dm.full_eval_loader("test"), trainer.limit_test_batches))
+            loader = dm.full_eval_loader("test")
+            test_acc, test_loss = module.evaluate(loader, _allowed(len(loader), trainer.limit_test_batches))
             gathered = gather_floats([test_acc, test_loss], self.root_device)
         before = [p.detach().clone() for p in module.parameters()]
         self._average()
@@ -199,7 +200,8 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         }
         values = {"averaging/replica_distance": self.report["replica_distance"]}
         if evaluates:
-            loader, batches = _limited(dm.full_eval_loader("val"), trainer.limit_val_batches)
+            loader = dm.full_eval_loader("val")
+            batches = _allowed(len(loader), trainer.limit_val_batches)
             val_acc, val_loss = module.evaluate(loader, batches) if batches else (None, None)  # 0: no validation
             self.report = {
                 "averaged_val_acc": None if val_acc is None else round(val_acc, 6),
@@ -228,10 +230,9 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         )
 
 
-def _limited(loader, limit: int | float) -> tuple[Any, int]:
-    """`loader` and how many of its batches the trainer's limit_{val,test}_batches (as Lightning holds
-    it: a number of batches, or a fraction; fast_dev_run sets it to its batches) lets an evaluation use:
-    the end-of-run evaluation of each replica and of the average takes what validation and test take
-    (it went over the whole split, e.g. a WideResNet's 10k CIFAR10 test images per replica on CPU)."""
-    batches = len(loader)
-    return loader, min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+def _allowed(batches: int, limit: int | float) -> int:
+    """How many of an evaluation's `batches` the trainer's limit_{val,test}_batches (as Lightning holds
+    it: a number of batches, or a fraction; fast_dev_run sets it to its batches) allows: the end-of-run
+    evaluation of each replica and of the average takes what validation and test take (it went over the
+    whole split, e.g. a WideResNet's 10k CIFAR10 test images per replica on CPU)."""
+    return min(batches, limit) if isinstance(limit, int) else int(batches * limit)
