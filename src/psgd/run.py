@@ -11,6 +11,7 @@ Layout of a run directory (Hydra's output dir):
 import logging
 import math
 import os
+import pickle
 import random
 import re
 import socket
@@ -605,6 +606,21 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
         return _train(cfg, Path(run_dir), plan, list(callbacks))
 
 
+def _check_picklable(callbacks: list[L.Callback]) -> None:
+    """The caller's callbacks go to every worker process pickled: one that cannot be failed as the
+    workers started, with pickle's message naming neither the callback nor why it was pickled."""
+    for i, callback in enumerate(callbacks):
+        try:
+            pickle.dumps(callback)
+        except Exception as e:
+            raise TypeError(
+                f"callbacks[{i}] ({type(callback).__name__}) cannot be pickled ({e}), and each worker process "
+                "gets the callbacks pickled: make it picklable (a class defined at a module's top level, without "
+                "locks, open files or lambdas in its attributes), or run one worker (workers=1, strategy=ddp) in "
+                "this process"
+            ) from e
+
+
 def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.Callback]) -> dict[str, Any] | None:
     if plan.launcher == "torchrun":
         signals.stop_with_agent()  # an agent killed outright (OOM, kill -9) left its workers training on
@@ -657,6 +673,8 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         elastic_resume(cfg.get("ckpt_path"), plan, run_dir), module, world_size, cfg.strategy.name
     )
     strategy = build_strategy(cfg, plan, run_dir)
+    if plan.launcher == "psgd" and not isinstance(strategy, str):  # psgd starts worker processes
+        _check_picklable(extra_callbacks)
     run_info = {
         "strategy": cfg.strategy.name,
         "workers": plan.workers,

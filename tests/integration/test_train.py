@@ -3,6 +3,7 @@
 import logging
 import os
 import re
+import threading
 import warnings
 
 import pytest
@@ -285,6 +286,26 @@ def test_a_callers_callbacks_see_every_training_batch(tiny_data, tmp_path):
     assert [(e, b) for e, b, _ in count.seen] == [(e, b) for e in range(2) for b in range(per_epoch)]
     assert count.steps == 2 * per_epoch
     assert count.on_before_zero_grad is None  # psgd took the empty hooks it inherits out of Lightning's dispatch
+
+
+class HoldsALock(L.Callback):
+    def __init__(self):
+        self.lock = threading.Lock()
+
+
+def test_a_callback_the_workers_cannot_get_is_named_before_anything_starts(tiny_data, tmp_path):
+    """With workers > 1 the caller's callbacks are pickled into every worker: one holding a lock failed
+    as the workers started with pickle's bare "cannot pickle '_thread.lock' object"."""
+    cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=1", "workers=2", *TINY)
+    with pytest.raises(TypeError) as e:
+        train(cfg, tmp_path / "run", callbacks=[L.Callback(), HoldsALock()])
+    assert str(e.value).startswith(
+        "callbacks[1] (HoldsALock) cannot be pickled (cannot pickle '_thread.lock' object), and each worker "
+        "process gets the callbacks pickled"
+    )
+    assert not (tmp_path / "run").exists()
+    one = train(compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=1", *TINY), tmp_path / "one", [HoldsALock()])
+    assert one["status"] == "completed"  # one worker runs in this process: nothing is pickled
 
 
 class Lrs(L.Callback):
