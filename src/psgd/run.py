@@ -55,7 +55,7 @@ from psgd.data import ClassificationData
 from psgd.hooks import skip_unused_hooks
 from psgd.module import OPTIMIZER_KEY, Classifier
 from psgd.optim import scaled_lr
-from psgd.profiler import NoProfiler
+from psgd.profiler import NoProfiler, PyTorchProfilerForWorkers
 from psgd.results import cpu_count, device_description, read_json, versions, write_json
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
 from psgd.strategies._lightning import ReportsFirstFailure, lost_a_peer, refuse_a_run_while_a_worker_imports_the_script
@@ -747,6 +747,8 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         accelerator=plan.accelerator, devices=plan.workers, accumulate_grad_batches=plan.accumulate_grad_batches
     )
     trainer_kwargs.setdefault("profiler", NoProfiler())
+    if trainer_kwargs["profiler"] == "pytorch":  # Lightning's own cannot be pickled into worker processes
+        trainer_kwargs["profiler"] = PyTorchProfilerForWorkers()
     try:
         trainer = L.Trainer(
             **trainer_kwargs,

@@ -266,6 +266,23 @@ def test_a_profiler_the_user_asks_for_replaces_psgds_free_one_and_the_summary_sh
     assert total and total.group(1).strip() not in ("0", ""), report[-2000:]
 
 
+@pytest.mark.distributed
+@pytest.mark.slow  # ~12 s; that the profiler pickles is unit-tested (tests/unit/test_module.py)
+def test_the_pytorch_profiler_reports_from_worker_processes(tiny_data, tmp_path):
+    """Lightning's PyTorchProfiler could not be pickled into worker processes: every run psgd starts
+    workers for failed as they started ("Can't pickle local object 'schedule.<locals>.schedule_fn'")."""
+    proc = run_cli(
+        "train.py",
+        f"data.root={tiny_data}",
+        "trainer.max_epochs=1",
+        "workers=2",
+        "+trainer.profiler=pytorch",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "FIT Profiler Report" in proc.stdout + proc.stderr and "Self CPU time total" in proc.stdout + proc.stderr
+
+
 def test_a_callers_callbacks_see_every_training_batch(tiny_data, tmp_path):
     class Count(L.Callback):
         def __init__(self):

@@ -1,6 +1,7 @@
 """psgd's per-worker settings: denormal flushing, the free profiler, Lightning's hook bookkeeping, the
 empty hooks taken out of Lightning's dispatch, the process group's end."""
 
+import pickle
 import subprocess
 import sys
 from collections import Counter
@@ -17,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from psgd.callbacks import WorkerSetup, denormals_flushed
 from psgd.hooks import does_nothing, skip_empty_hooks, skip_unused_hooks
 from psgd.module import Classifier
-from psgd.profiler import NoProfiler
+from psgd.profiler import NoProfiler, PyTorchProfilerForWorkers
 
 
 @pytest.fixture
@@ -66,6 +67,19 @@ def test_no_profiler_hands_back_one_reusable_no_op_context():
     assert profiler.profile("[LightningModule]b.training_step") is first
     with first as outer, first as inner:  # Lightning nests hook calls
         assert outer is None and inner is None
+
+
+def test_the_pytorch_profiler_psgd_uses_goes_to_worker_processes_with_its_settings():
+    """Lightning's own holds torch's default schedule, a local function: pickling it into a worker (every
+    run psgd starts workers for) failed. psgd's is pickled as its settings and made anew."""
+    from pytorch_lightning.profilers import PyTorchProfiler
+
+    with pytest.raises((AttributeError, pickle.PicklingError), match="local object"):
+        pickle.dumps(PyTorchProfiler())
+    sent = pickle.loads(pickle.dumps(PyTorchProfilerForWorkers(row_limit=7, sort_by_key="cpu_time_total")))
+    assert type(sent) is PyTorchProfilerForWorkers and isinstance(sent, PyTorchProfiler)
+    assert (sent._row_limit, sent._sort_by_key) == (7, "cpu_time_total")
+    assert sent._schedule is not None  # its own default schedule, made in the worker
 
 
 def test_classifier_keeps_lightnings_hook_name_out_of_its_state_but_registers_modules():
