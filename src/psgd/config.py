@@ -526,10 +526,26 @@ def check_gpu_count(workers: int, key: str) -> None:
         )
 
 
+# Trainer arguments psgd passes itself: `+trainer.<key>` met them as "got multiple values for keyword
+# argument" from Lightning (or, for enable_checkpointing=false, as a clash with psgd's checkpoint)
+SET_BY_PSGD = {
+    "strategy": "choose it with strategy=ddp, model_averaging or hogwild",
+    "logger": "every run logs to TensorBoard in its run dir",
+    "callbacks": "add your own from Python: psgd.run.train(cfg, run_dir, callbacks=[...])",
+    "use_distributed_sampler": "psgd's datamodule deals the samples to the workers itself (data.partition)",
+    "enable_progress_bar": "a terminal gets a bar and a log file a line per epoch; quiet=true gives neither",
+    "enable_model_summary": "quiet=true leaves it out",
+    "enable_checkpointing": "every run keeps checkpoints/last.ckpt, which resuming and the final test use",
+}
+
+
 def _check_trainer_values(cfg: DictConfig) -> None:
     """trainer.* values Lightning would take silently for something other than what they say, or
     fail on with a traceback from inside fit."""
     t = cfg.trainer
+    for key, why in SET_BY_PSGD.items():
+        if key in t:
+            raise ConfigError(f"trainer.{key} is set by psgd itself ({why}): leave +trainer.{key} out")
     # Lightning takes 0 as "skip training" (the run then reports an untrained model as completed) or
     # "skip the test" (every run ends with one, whose accuracy it reports: 0 failed after training), and a
     # negative clip value as "no clipping": none is what a user writing them means. 0 validation batches
