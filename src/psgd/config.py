@@ -536,6 +536,8 @@ SET_BY_PSGD = {
     "enable_progress_bar": "a terminal gets a bar and a log file a line per epoch; quiet=true gives neither",
     "enable_model_summary": "quiet=true leaves it out",
     "enable_checkpointing": "every run keeps checkpoints/last.ckpt, which resuming and the final test use",
+    "barebones": "every run logs, checkpoints and times its epochs, which barebones turns off; the step is "
+    "already lean: see benchmarks/README.md",
 }
 
 
