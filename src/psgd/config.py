@@ -547,7 +547,7 @@ def _check_trainer_values(cfg: DictConfig) -> None:
     t = cfg.trainer
     for key, why in SET_BY_PSGD.items():
         if key in t:
-            raise ConfigError(f"trainer.{key} is set by psgd itself ({why}): leave +trainer.{key} out")
+            raise ConfigError(f"trainer.{key} cannot be set: psgd decides it ({why}); leave +trainer.{key} out")
     # Lightning takes 0 as "skip training" (the run then reports an untrained model as completed) or
     # "skip the test" (every run ends with one, whose accuracy it reports: 0 failed after training), and a
     # negative clip value as "no clipping": none is what a user writing them means. 0 validation batches

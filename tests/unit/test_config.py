@@ -185,9 +185,15 @@ BAD = [
     (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val=-1 is invalid: must be a number > 0, or null"),
     (["trainer.gradient_clip_val=abc"], "trainer.gradient_clip_val='abc' is invalid"),
     # arguments psgd passes the Trainer itself: Lightning's "got multiple values for keyword argument"
-    (["+trainer.logger=false"], "trainer.logger is set by psgd itself (every run logs to TensorBoard in its run"),
-    (["+trainer.strategy=ddp_spawn"], "trainer.strategy is set by psgd itself (choose it with strategy=ddp,"),
-    (["+trainer.enable_checkpointing=false"], "trainer.enable_checkpointing is set by psgd itself (every run keeps"),
+    (
+        ["+trainer.logger=false"],
+        "trainer.logger cannot be set: psgd decides it (every run logs to TensorBoard in its run",
+    ),
+    (["+trainer.strategy=ddp_spawn"], "trainer.strategy cannot be set: psgd decides it (choose it with strategy=ddp,"),
+    (
+        ["+trainer.enable_checkpointing=false"],
+        "trainer.enable_checkpointing cannot be set: psgd decides it (every run keeps",
+    ),
     (["trainer.check_val_every_n_epoch=0"], "trainer.check_val_every_n_epoch=0 is invalid: must be an integer >= 1"),
     (["trainer.num_sanity_val_steps=-5"], "trainer.num_sanity_val_steps=-5 is invalid: must be an integer >= 0, or -1"),
     (["trainer.deterministic=abc"], "trainer.deterministic='abc' is invalid: allowed: true, false, warn"),
