@@ -170,9 +170,14 @@ class WeightRecorder(Callback):
         torch.save(state, self.out_dir / f"rank{trainer.global_rank}.pt")
 
 
+def reached(accuracy: float | None, target: float | None) -> bool:
+    """A validation at the target (none without a validation or a target)."""
+    return accuracy is not None and target is not None and accuracy >= target
+
+
 def update_streak(streak: int, accuracy: float | None, target: float) -> int:
     """The workshop's early-stop rule: count consecutive epochs with accuracy >= target."""
-    return streak + 1 if accuracy is not None and accuracy >= target else 0
+    return streak + 1 if reached(accuracy, target) else 0
 
 
 class TargetAccuracyStop(Callback):
@@ -297,7 +302,7 @@ class RunRecorder(Callback):
         if self.target_acc is None:
             return
         val_acc = _get(trainer.callback_metrics, "val/acc")
-        if self.time_to_target_s is None and val_acc is not None and val_acc >= self.target_acc:
+        if self.time_to_target_s is None and reached(val_acc, self.target_acc):
             (trained_s,) = _all_reduce(
                 [time.perf_counter() - self._t0 - self._val_s], dist.ReduceOp.MAX, pl_module.device
             )
@@ -421,7 +426,7 @@ class RunRecorder(Callback):
         if state_dict.get("target_acc", self.target_acc) != self.target_acc:
             # resumed with another target: the first recorded epoch at this one (or none yet), not the time
             # to the checkpoint's target. (A validation inside an epoch is not in the history.)
-            hit = next((h for h in self.history if _at(h["val_acc"], self.target_acc)), None)
+            hit = next((h for h in self.history if reached(h["val_acc"], self.target_acc)), None)
             self.time_to_target_s, self.epoch_to_target, self.step_to_target = (
                 (hit["time"], hit["epoch"], hit["step"]) if hit else (None, None, None)
             )
@@ -436,10 +441,6 @@ def epoch_line(record: dict[str, Any], max_epochs: int | None) -> str:
             parts.append(f"{key}={record[key]:.4f}")
     parts += [f"epoch_s={record['epoch_s']:.1f}", f"samples_per_s={record['samples_per_s']:.1f}"]
     return " ".join(parts)
-
-
-def _at(accuracy: float | None, target: float | None) -> bool:
-    return accuracy is not None and target is not None and accuracy >= target
 
 
 def _get(metrics: dict, key: str) -> float | None:
