@@ -11,7 +11,7 @@ from torch import Tensor
 from psgd.choices import INFO
 from psgd.data.augment import PRESETS
 from psgd.data.datasets import DataError, load_split
-from psgd.data.partition import HOLDOUT, generator, num_batches, partition
+from psgd.data.partition import HOLDOUT, generator, limited_batches, num_batches, partition
 
 
 class ShardSampler:
@@ -302,7 +302,7 @@ class ClassificationData(L.LightningDataModule):
         if not isinstance(limit, float) or not 0 < limit < 1:
             return
         batches = num_batches(len(self._decoded[False][1]), self.eval_batch_size)
-        if int(batches * limit) < 1:
+        if limited_batches(batches, limit) < 1:
             raise DataError(
                 f"trainer.limit_test_batches={limit} is invalid: the test set is {batches} batch(es) of "
                 f"data.eval_batch_size={self.eval_batch_size}, and {limit} of them is none; use at least "

@@ -105,3 +105,9 @@ def _dirichlet_members(labels: Tensor, workers: int, alpha: float, seed: int, nu
 
 def num_batches(n: int, batch_size: int, drop_last: bool = False) -> int:
     return n // batch_size if drop_last else math.ceil(n / batch_size)
+
+
+def limited_batches(batches: int, limit: int | float) -> int:
+    """How many of `batches` a Lightning trainer.limit_*_batches lets a loop take, as Lightning counts
+    them: a number of batches, or a fraction of them (rounded down)."""
+    return min(batches, limit) if isinstance(limit, int) else int(batches * limit)

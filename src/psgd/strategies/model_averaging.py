@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from typing_extensions import override
 
+from psgd.data.partition import limited_batches
 from psgd.strategies._lightning import (
     PerWorkerCheckpoints,
     ReportsFirstFailure,
@@ -186,7 +187,9 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         gathered = []
         if evaluates:
             loader = dm.full_eval_loader("test")
-            test_acc, test_loss = module.evaluate(loader, _allowed(len(loader), trainer.limit_test_batches))
+            # each evaluation takes the batches the test and validation take (it went over the whole splits,
+            # e.g. a WideResNet's 10k CIFAR10 test images per replica on CPU)
+            test_acc, test_loss = module.evaluate(loader, limited_batches(len(loader), trainer.limit_test_batches))
             gathered = gather_floats([test_acc, test_loss], self.root_device)
         before = [p.detach().clone() for p in module.parameters()]
         self._average()
@@ -201,7 +204,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         values = {"averaging/replica_distance": self.report["replica_distance"]}
         if evaluates:
             loader = dm.full_eval_loader("val")
-            batches = _allowed(len(loader), trainer.limit_val_batches)
+            batches = limited_batches(len(loader), trainer.limit_val_batches)  # fast_dev_run sets it too
             val_acc, val_loss = module.evaluate(loader, batches) if batches else (None, None)  # 0: no validation
             self.report = {
                 "averaged_val_acc": None if val_acc is None else round(val_acc, 6),
@@ -228,11 +231,3 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         strategy_registry.register(
             cls.strategy_name, cls, description="one-shot / periodic model averaging", start_method="spawn"
         )
-
-
-def _allowed(batches: int, limit: int | float) -> int:
-    """How many of an evaluation's `batches` the trainer's limit_{val,test}_batches (as Lightning holds
-    it: a number of batches, or a fraction; fast_dev_run sets it to its batches) allows: the end-of-run
-    evaluation of each replica and of the average takes what validation and test take (it went over the
-    whole split, e.g. a WideResNet's 10k CIFAR10 test images per replica on CPU)."""
-    return min(batches, limit) if isinstance(limit, int) else int(batches * limit)
