@@ -11,7 +11,8 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from hydra.utils import to_absolute_path
+from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd.command_line import fail, text_lines
@@ -138,6 +139,22 @@ def record_failure(run_dir: Path, line: str, e: BaseException) -> None:
     write_traceback(run_dir, e)
 
 
+# the settings that name a file or folder to read: a relative one is relative to where the command ran
+INPUT_PATHS = ("data.root", "ckpt_path")
+
+
+def absolute_inputs(cfg: DictConfig) -> None:
+    """With hydra.job.chdir=true the job runs inside its output dir, where a relative data.root or
+    ckpt_path would name a folder that is not there (and data.root one to download the dataset into,
+    once per run): make them absolute from the directory the command ran in, as Hydra advises."""
+    if not HydraConfig.get().job.get("chdir"):
+        return
+    for key in INPUT_PATHS:
+        value = OmegaConf.select(cfg, key)
+        if isinstance(value, str) and value and not os.path.isabs(os.path.expanduser(value)):
+            OmegaConf.update(cfg, key, os.path.normpath(to_absolute_path(value)))
+
+
 def run_job(cfg: DictConfig) -> float | None:
     """Train one job in Hydra's output dir; returns the test accuracy (Hydra sweepers can optimise it).
 
@@ -149,6 +166,7 @@ def run_job(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
+    absolute_inputs(cfg)
     try:
         metrics = train(cfg, run_dir)
     except KeyboardInterrupt:  # before training (from fit on, psgd.run winds the run down): nothing to keep

@@ -67,10 +67,15 @@ def test_run_learns_and_reports_its_test_accuracy(single_run, tiny_data):
 
 
 def test_resuming_a_finished_run_says_nothing_is_left_to_train(single_run, tiny_data, tmp_path):
+    """Typed as paths relative to the shell's folder and with hydra.job.chdir=true, which runs the job
+    inside its run dir: data.root and ckpt_path still name what the user meant (they named folders
+    under the run dir, and a dataset would have been downloaded into every run)."""
     run_dir, _ = single_run
     again = tmp_path / "again"
-    overrides = [f"data.root={tiny_data}", "trainer.max_epochs=3", f"ckpt_path={run_dir}", f"hydra.run.dir={again}"]
-    proc = run_cli("train.py", *overrides, *TINY)
+    relative = {"data.root": os.path.relpath(tiny_data, tmp_path), "ckpt_path": os.path.relpath(run_dir, tmp_path)}
+    assert not any(os.path.isabs(p) for p in relative.values())
+    overrides = [*(f"{k}={v}" for k, v in relative.items()), "trainer.max_epochs=3", f"hydra.run.dir={again}"]
+    proc = run_cli("train.py", *overrides, *TINY, "hydra.job.chdir=true", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert f"psgd: ckpt_path={run_dir} already trained 3 epoch(s), trainer.max_epochs=3: nothing is left to train" in (
         proc.stdout
