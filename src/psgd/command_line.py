@@ -199,7 +199,8 @@ def command_line_problem(
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
-    parser = OverridesParser.create()
+    # glob() sweeps pick among a config group's choices, which only Hydra's config loader knows
+    parser = OverridesParser.create(config_loader=_config_loader(config_dir) if multirun else None)
     try:
         overrides = parser.parse_overrides(texts)
     except OverrideParseException as e:
@@ -229,6 +230,8 @@ def command_line_problem(
         return None  # interval() sweeps are for other sweepers, which compose their own jobs
     composed: list[tuple[list[str], DictConfig]] = []
     jobs = list(_jobs(overrides))
+    if not jobs:  # Hydra would launch none and leave a sweep dir without results
+        return _no_job(overrides)
     for i, job in enumerate(jobs):
         # the first job with Hydra's own node, which holds the output dir (one composition, not two)
         problem, cfg = _compose_problem(config_name, job, config_dir, hydra_node=not composed)
@@ -311,6 +314,34 @@ def _jobs(overrides) -> list[list[str]]:
         return [list(job) for job in itertools.product(*per_key)]
     longest = max(len(values) for values in per_key)  # every value once; their combinations are not checked
     return [[values[i % len(values)] for values in per_key] for i in range(longest)]
+
+
+def _config_loader(config_dir: Path):
+    """Hydra's config loader for the configs in `config_dir` (it lists a group's choices)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        return GlobalHydra.instance().config_loader()
+
+
+def _no_job(overrides) -> str:
+    """Why a sweep has no job: one of its keys sweeps no value (range(1,1), a glob() matching no choice)."""
+    from hydra.core.object_type import ObjectType
+    from hydra.core.override_parser.types import Glob
+
+    for o in overrides:
+        if not (o.is_sweep_override() and next(iter(o.sweep_string_iterator()), None) is None):
+            continue
+        key, why = o.get_key_element(), f"{o.input_line} gives no value, so the sweep has no job"
+        if not isinstance(o.value(), Glob):
+            return why
+        choices = o.config_loader.get_group_options(key, results_filter=ObjectType.CONFIG)
+        if not choices:
+            return f"{why}: glob() picks among a config group's choices and {key} is not a group (e.g. data=glob(*))"
+        listed = ", ".join(choices)
+        return f"{o.input_line} matches none of {key}'s choices, so the sweep has no job; {key} can be: {listed}"
+    return "the sweep has no job"
 
 
 def _compose_problem(

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
@@ -27,7 +28,9 @@ def sweep_lengths(sweeper_params: dict[str, str] | None, task_overrides: list[st
     command line overriding the config's `hydra.sweeper.params` key by key, as the sweeper does."""
     texts = [f"{k}={v}" for k, v in (sweeper_params or {}).items()] + list(task_overrides)
     lengths: dict[str, int] = {}
-    for o in OverridesParser.create().parse_overrides(texts):
+    # a glob() sweep picks among a config group's choices: the loader of the running Hydra lists them
+    loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() else None
+    for o in OverridesParser.create(config_loader=loader).parse_overrides(texts):
         lengths[o.get_key_element()] = len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
     return lengths
 

@@ -34,6 +34,13 @@ BAD = [
     (["-m", "workers=1,2", "strategy=ddp,hogwlid"], "strategy=hogwlid is unknown"),
     # more jobs than are composed one by one: every value is still composed once
     (["-m", "seed=range(0,100)", "strategy=ddp,hogwild,model_averaging,hogwlid"], "strategy=hogwlid is unknown"),
+    # a sweep of no job: Hydra launched none and left a sweep dir whose report said "is it a sweep dir?"
+    (["-m", "workers=range(2,2)", "seed=0,1"], "workers=range(2,2) gives no value, so the sweep has no job"),
+    (["-m", "experiment=glob(dli_x*)"], "experiment=glob(dli_x*) matches none of experiment's choices, so the sweep"),
+    (["-m", "experiment=glob(dli_x*)"], "has no job; experiment can be: dist_tuto, dli_cifar, dli_fashion,"),
+    (["-m", "seed=glob(*)"], "glob() picks among a config group's choices and seed is not a group"),
+    # a glob's jobs are composed as Hydra makes them: each choice it matches
+    (["-m", "experiment=glob(dli_fashion_*)", "data=cifar1O"], "data=cifar1O is unknown (did you mean data=cifar10?)"),
 ]
 
 
@@ -121,6 +128,15 @@ def test_every_documented_sweep_passes_psgds_value_checks(tmp_path, monkeypatch)
 )
 def test_what_hydra_accepts_or_judges_itself_passes(argv):
     assert command_line_problem("train", argv, CONF) is None
+
+
+def test_the_jobs_of_a_glob_sweep_are_each_checked():
+    from psgd.config import sweep_values_problem
+
+    argv = ["-m", "optimizer=glob(*)", "optimizer.lr=-1"]  # adam, novograd, sgd: each refuses it
+    problem = command_line_problem("sweep", argv, CONF, job_check=sweep_values_problem)
+    assert problem is not None and problem.startswith("optimizer.lr=-1 is invalid: must be > 0")
+    assert command_line_problem("sweep", ["-m", "optimizer=glob(*)"], CONF, job_check=sweep_values_problem) is None
 
 
 def test_hydra_full_error_leaves_the_report_to_hydra(monkeypatch):

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import CONF
+from hydra import initialize_config_dir
 
 from psgd.report import main, write_report
 from psgd.sweep import progress_line, shown_overrides, sweep_lengths
@@ -207,6 +209,13 @@ def test_rebuild_command_exit_codes(tmp_path, seeded_sweep, capsys):
 def test_job_count_and_swept_keys_follow_hydras_basic_sweeper():
     lengths = sweep_lengths({"workers": "1,2,3,4,5", "seed": "0"}, ["workers=1,2", "strategy=ddp,hogwild,x"])
     assert lengths == {"workers": 2, "seed": 1, "strategy": 3}  # the command line wins over params
+    # a glob() picks among a group's choices, which the running Hydra's loader lists (the progress
+    # lines of such a sweep said [1], [2], ... and showed every override, not the swept ones)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        assert sweep_lengths(None, ["optimizer=glob(*)", "experiment=glob(dli_fashion_*)"]) == {
+            "optimizer": 3,
+            "experiment": 3,  # momentum, novograd, warmup
+        }
 
 
 def test_the_report_says_which_precision_ran_where_it_is_not_the_one_asked_for(tmp_path):
