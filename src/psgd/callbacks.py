@@ -11,10 +11,11 @@ import pytorch_lightning as L
 import torch
 import torch.distributed as dist
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
+from pytorch_lightning.plugins import TorchCheckpointIO
 from typing_extensions import override
 
 from psgd.data.partition import generator
-from psgd.results import write_csv, write_json
+from psgd.results import save_atomic, write_csv, write_json
 from psgd.signals import handler_for_this_process, launched_worker
 from psgd.strategies._lightning import handle_sigterm_with, without_per_step_collectives
 
@@ -99,6 +100,22 @@ class WorkerSetup(Callback):
             torch.manual_seed(generator(self.seed, trainer.global_rank, trainer.current_epoch).initial_seed())
 
 
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints written through a temp file in their own folder and renamed (psgd.results.save_atomic).
+
+    Lightning's own writes each one into the system's temp dir and moves it over the checkpoint: where
+    that is another file system (a tmpfs /tmp, the usual case on many machines) the move is a copy
+    straight into checkpoints/last.ckpt, so a run killed during it, or a disk filling up, left a
+    truncated last.ckpt in place of the previous epoch's (seen on a full disk: the run could no longer
+    be resumed)."""
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None:  # as Lightning's: it takes none
+            raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
+        save_atomic(checkpoint, path)
+
+
 class LatestCheckpoint(ModelCheckpoint):
     """`checkpoints/last.ckpt`, rewritten (atomically) after every epoch, so that a run that dies can be
     resumed from its last finished epoch. Lightning's own `save_last=True` with `save_top_k=0` only
@@ -152,7 +169,7 @@ class ShardRecorder(Callback):
         seen = getattr(trainer.train_dataloader, "seen", [])
         self.out_dir.mkdir(parents=True, exist_ok=True)
         indices = torch.cat(seen) if seen else torch.empty(0, dtype=torch.long)
-        torch.save(indices, self.out_dir / f"epoch{trainer.current_epoch}_rank{trainer.global_rank}.pt")
+        save_atomic(indices, self.out_dir / f"epoch{trainer.current_epoch}_rank{trainer.global_rank}.pt")
 
 
 class WeightRecorder(Callback):
@@ -167,7 +184,7 @@ class WeightRecorder(Callback):
         # after Strategy.on_train_end: for model averaging these are the averaged weights
         self.out_dir.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
-        torch.save(state, self.out_dir / f"rank{trainer.global_rank}.pt")
+        save_atomic(state, self.out_dir / f"rank{trainer.global_rank}.pt")
 
 
 def reached(accuracy: float | None, target: float | None) -> bool:

@@ -1,6 +1,7 @@
 """What `train.py` runs under Hydra: one job, with user errors turned into one line and exit code 2."""
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -21,7 +22,7 @@ from psgd.data import DataError
 from psgd.module import TrainingDiverged
 from psgd.report import skew_note
 from psgd.results import write_atomic
-from psgd.run import WorkerGone, mark_status, raised_in_worker, train
+from psgd.run import WorkerGone, _run_dir_key, mark_status, raised_in_worker, train
 from psgd.strategies._lightning import KilledWorker, lost_a_peer, timed_out
 
 
@@ -78,10 +79,31 @@ def collective_failure(e: BaseException) -> str | None:
     return f"worker rank {_global_rank() or '?'} failed: {type(e).__name__}: {last} ({why})"
 
 
+# a write that failed for want of room or permission on the disk, not for anything in the run
+UNWRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+
+
+def unwritable(e: BaseException) -> str | None:
+    """Why a result could not be written (`No space left on device: '<file>'`), for an OSError of
+    UNWRITABLE raised here or in a worker; else None."""
+    if isinstance(e, OSError) and e.errno in UNWRITABLE:
+        return f"{e.strerror}: '{e.filename}'" if e.filename else e.strerror
+    if isinstance(e, ProcessRaisedException):
+        found = re.match(r"(?:\w+\.)*\w*Error: \[Errno (\d+)\] (.*)$", text_lines(e)[-1])
+        if found and int(found.group(1)) in UNWRITABLE:
+            return found.group(2)
+    return None
+
+
 def error_line(e: BaseException, run_dir: Path) -> str:
     """The one line a user sees for a job that did not finish."""
     if isinstance(e, KNOWN_ERRORS):
         return str(e)
+    if why := unwritable(e):
+        return (
+            f"cannot write the run's results ({why}): free space there, or write them elsewhere "
+            f"(PSGD_OUTPUTS=<dir> or {_run_dir_key()}=<dir>); what was written before stays in {run_dir}"
+        )
     if line := collective_failure(e):
         return line
     if isinstance(e, KilledWorker):  # WorkerUnresponsive, WorkerOutOfMemory: the message says why
@@ -113,7 +135,7 @@ def traceback_path(run_dir: Path) -> Path:
 def keeps_traceback(e: BaseException) -> bool:
     """An error whose line does not tell the whole story (a bug, here or in a worker: its traceback
     goes to the run's error.log), unlike psgd's own errors, a lost peer or a worker's death."""
-    if isinstance(e, KNOWN_ERRORS + (KilledWorker, ProcessExitedException)) or collective_failure(e):
+    if isinstance(e, KNOWN_ERRORS + (KilledWorker, ProcessExitedException)) or collective_failure(e) or unwritable(e):
         return False
     if isinstance(e, ProcessRaisedException):
         last = text_lines(e)[-1]
@@ -122,8 +144,20 @@ def keeps_traceback(e: BaseException) -> bool:
 
 
 def write_traceback(run_dir: Path, e: BaseException) -> None:
-    """The whole traceback of `e` (a worker's included, in its text) into the file its line names."""
-    write_atomic(traceback_path(run_dir), "".join(traceback.format_exception(e)))
+    """The whole traceback of `e` (a worker's included, in its text) into the file its line names, or,
+    where that cannot be written (a full disk), onto stderr."""
+    text = "".join(traceback.format_exception(e))
+    try:
+        write_atomic(traceback_path(run_dir), text)
+    except OSError:
+        print(text.rstrip(), file=sys.stderr, flush=True)
+
+
+def mark_failed(run_dir: Path, line: str) -> None:
+    """Mark the run's record failed with its error line. Best effort: on a full disk the mark cannot be
+    written, and the error that ended the run is the one to report."""
+    with contextlib.suppress(OSError):
+        mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
 
 
 def show_traceback_if_asked(e: BaseException) -> None:
@@ -135,8 +169,9 @@ def show_traceback_if_asked(e: BaseException) -> None:
 
 def record_failure(run_dir: Path, line: str, e: BaseException) -> None:
     """A sweep job that failed keeps its dir, marked failed with its error line, for the report."""
-    mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
-    write_traceback(run_dir, e)
+    mark_failed(run_dir, line)
+    if not unwritable(e):  # a disk without room: the line says it all, and nothing more fits
+        write_traceback(run_dir, e)
 
 
 # the settings that name a file or folder to read: a relative one is relative to where the command ran
@@ -184,7 +219,7 @@ def run_job(cfg: DictConfig) -> float | None:
         if bad_input(e):
             _discard_empty_run_dir(run_dir)
         elif _global_rank() in ("0", None) or (isinstance(e, WorkerGone) and e.records):  # one writer
-            mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
+            mark_failed(run_dir, line)
         if keeps_traceback(e):  # the line names the file
             write_traceback(run_dir, e)
             show_traceback_if_asked(e)

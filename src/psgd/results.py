@@ -6,24 +6,59 @@ import json
 import os
 import platform
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write via a temp file in the same folder and rename: readers see the old file or the new one."""
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()  # once, at import: reading it means setting it, which other threads would see
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
+    """A file to write `path` through: a temp file in the same folder, renamed over `path` once written
+    and synced. Readers, and a resume after a crash or a full disk, find the old file or the new one,
+    never part of one; a failed write leaves the old one as it was and no temp file. The file gets the
+    permissions a plain open() would give (mkstemp's are owner-only)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, mode) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:  # a failed write names no file: this one
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` atomically (atomic_file)."""
+    with atomic_file(path) as f:
+        f.write(text)
+
+
+def save_atomic(obj: Any, path: str | os.PathLike) -> None:
+    """torch.save `obj` to `path` atomically (atomic_file). Serialised in memory first: torch's writer
+    reports a full disk as "unexpected pos 324096 vs 324048", a plain write as the OSError it is."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    with atomic_file(path, "wb") as f:
+        f.write(buffer.getbuffer())
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:

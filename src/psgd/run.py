@@ -18,7 +18,7 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from torch.utils.tensorboard.summary import hparams as hparams_summary
 
 from psgd import quietness, signals
 from psgd.callbacks import (
+    AtomicCheckpointIO,
     LatestCheckpoint,
     LocalSigtermCheck,
     RunRecorder,
@@ -558,7 +559,9 @@ def mark_stopped(run_dir: Path, e: BaseException) -> None:
         # the workers got the signal too (psgd.signals): let them end before this write, none left behind
         signals.wind_down_children()
     # every worker has stopped by now, so nothing races this write
-    record = mark_status(run_dir / "metrics.json", "interrupted" if interrupted else "failed")
+    record = None
+    with suppress(OSError):  # best effort: on a full disk the mark cannot be written, and `e` is what to report
+        record = mark_status(run_dir / "metrics.json", "interrupted" if interrupted else "failed")
     if interrupted:
         how = f" ({signals.received})" if signals.received else ""
         finished = (record or {}).get("epochs", 0)
@@ -747,6 +750,9 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         accelerator=plan.accelerator, devices=plan.workers, accumulate_grad_batches=plan.accumulate_grad_batches
     )
     trainer_kwargs.setdefault("profiler", NoProfiler())
+    # checkpoints written atomically in their own folder; a +trainer.plugins of the user's stays
+    plugins = trainer_kwargs.pop("plugins", [])
+    trainer_kwargs["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]), AtomicCheckpointIO()]
     if trainer_kwargs["profiler"] == "pytorch":  # Lightning's own cannot be pickled into worker processes
         trainer_kwargs["profiler"] = PyTorchProfilerForWorkers()
     try:

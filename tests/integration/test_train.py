@@ -1,8 +1,10 @@
 """Single-worker runs through train.py exactly as a user starts them."""
 
+import errno
 import logging
 import os
 import re
+import stat
 import threading
 import warnings
 
@@ -464,3 +466,49 @@ def test_the_record_says_the_precision_that_ran(tiny_data, tmp_path):
         result = train(cfg, tmp_path / "run")
     assert result["status"] == "completed" and result["precision"] == "bf16-mixed"
     assert metrics(tmp_path / "run")["precision"] == "bf16-mixed"
+
+
+def test_a_checkpoint_the_disk_has_no_room_for_leaves_the_previous_one_whole(tiny_data, tmp_path, monkeypatch):
+    """The disk fills up while epoch 2's checkpoint is written (half of it fits). last.ckpt stays epoch
+    1's, whole, so the run can be resumed; no temp file is left; the record says failed. Lightning's own
+    write, a copy from the system's temp dir when that is another file system (a tmpfs /tmp), left a
+    truncated last.ckpt in place of the previous one. Result files get the permissions open() gives."""
+    real_fdopen, binary = os.fdopen, []
+
+    class HalfFits:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            self.f.write(bytes(data[: len(data) // 2]))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+    def fdopen(fd, mode="r", *args, **kwargs):  # psgd's atomic writes: checkpoints are the binary ones
+        f = real_fdopen(fd, mode, *args, **kwargs)
+        if "b" in mode:
+            binary.append(mode)
+            return HalfFits(f) if len(binary) == 2 else f
+        return f
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    run_dir = tmp_path / "run"
+    with pytest.raises(OSError) as e:
+        train(compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=2", *TINY), run_dir)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert (e.value.errno, e.value.filename) == (errno.ENOSPC, str(last))
+    assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt"]  # no temp file
+    assert torch.load(last, weights_only=True)["epoch"] == 0  # epoch 1's, loadable
+    assert metrics(run_dir)["status"] == "failed"
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for path in (last, run_dir / "metrics.json"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask, path  # mkstemp's were owner-only

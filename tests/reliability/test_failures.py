@@ -690,3 +690,45 @@ def test_a_run_out_of_memory_loses_a_worker_not_the_launcher_and_says_so(tiny_da
     finally:
         with contextlib.suppress(OSError):
             group.rmdir()
+
+
+@contextlib.contextmanager
+def small_disk(where: Path, size: str):
+    """A tmpfs of `size` mounted at `where` (root only); skips the test where it cannot be mounted."""
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+@pytest.mark.slow  # ~20 s; needs root to mount a small tmpfs
+@pytest.mark.skipif(not (hasattr(os, "geteuid") and os.geteuid() == 0), reason="needs root to mount a small tmpfs")
+def test_a_full_disk_is_one_line_and_the_last_checkpoint_stays_whole(tiny_data, tmp_path):
+    """Two workers on a disk with room for one checkpoint: epoch 2's does not fit. The run ends with one
+    line naming the file, marked failed, with epoch 1's last.ckpt whole, and resumes from it elsewhere.
+    It was Hydra's traceback (the record's own write failed while it was marked), and Lightning's copy
+    from the system's temp dir left a truncated last.ckpt."""
+    with small_disk(tmp_path / "disk", "2600k") as disk:
+        run_dir = disk / "run"
+        common = ["workers=2", f"data.root={tiny_data}", "trainer.max_epochs=3", "quiet=true"]
+        proc = run_cli("train.py", *common, f"hydra.run.dir={run_dir}")
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+        last = run_dir / "checkpoints" / "last.ckpt"
+        assert lines[0] == (
+            f"psgd: error: cannot write the run's results (No space left on device: '{last}'): free space there, "
+            f"or write them elsewhere (PSGD_OUTPUTS=<dir> or hydra.run.dir=<dir>); what was written before "
+            f"stays in {run_dir}"
+        )
+        m = json.loads((run_dir / "metrics.json").read_text())
+        assert m["status"] == "failed" and m["error"] == lines[0].removeprefix("psgd: error: ")
+        assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt"]
+        assert torch.load(last, weights_only=True)["epoch"] == 0
+        resumed = tmp_path / "resumed"
+        proc = run_cli("train.py", *common, f"ckpt_path={run_dir}", f"hydra.run.dir={resumed}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert [h["epoch"] for h in json.loads((resumed / "metrics.json").read_text())["history"]] == [1, 2, 3]

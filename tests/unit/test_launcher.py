@@ -2,6 +2,7 @@
 decided over real processes that ended the ways workers end. The whole runs are in
 tests/reliability/test_failures.py (a killed, SIGTERMed, failing-alone and stopped worker)."""
 
+import errno
 import multiprocessing
 import os
 import pickle
@@ -219,6 +220,23 @@ def test_a_workers_own_error_names_the_log_with_its_traceback_and_psgds_errors_o
     data = raised(0, "psgd.data.datasets.DataError: dataset mnist not found or unreadable under /x (...)")
     for e in (data, raised(0, TIMED_OUT), ProcessExitedException("", 1, 0, 9, "SIGKILL")):
         assert not keeps_traceback(e) and "traceback in" not in error_line(e, tmp_path), e
+
+
+def test_a_disk_without_room_is_one_line_saying_what_to_do_in_this_process_or_a_worker(tmp_path):
+    """A write that failed for want of room (ENOSPC, a quota) or on a read-only disk says so and what
+    to do, in one line without a traceback to keep (none would fit); a worker's says it the same way."""
+    full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "checkpoints" / "last.ckpt"))
+    worker = raised(0, f"OSError: [Errno {errno.EDQUOT}] Disk quota exceeded: '{tmp_path / 'metrics.json'}'")
+    for e, why in (
+        (full, f"No space left on device: '{full.filename}'"),
+        (worker, f"Disk quota exceeded: '{tmp_path / 'metrics.json'}'"),
+    ):
+        assert error_line(e, tmp_path) == (
+            f"cannot write the run's results ({why}): free space there, or write them elsewhere (PSGD_OUTPUTS=<dir> "
+            f"or run_dir=<dir>); what was written before stays in {tmp_path}"
+        )
+        assert not keeps_traceback(e)
+    assert keeps_traceback(OSError(errno.ENOENT, "No such file or directory", "mine.txt"))  # a bug's, maybe
 
 
 def test_under_torchrun_each_worker_keeps_its_own_traceback(tmp_path, monkeypatch):

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from psgd.data.partition import limited_batches
+from psgd.results import save_atomic
 from psgd.strategies._lightning import (
     PerWorkerCheckpoints,
     ReportsFirstFailure,
@@ -176,7 +177,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         dm = trainer.datamodule
         if self.replica_dir is not None:
             Path(self.replica_dir).mkdir(parents=True, exist_ok=True)
-            torch.save(
+            save_atomic(
                 {k: v.detach().clone() for k, v in module.state_dict().items()},
                 Path(self.replica_dir) / f"rank{self.global_rank}.pt",
             )
