@@ -31,7 +31,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from psgd.results import read_json, write_atomic, write_csv
+from psgd.results import atomic_file, read_json, write_atomic, write_csv
 
 WORKER_KEYS = ("workers", "trainer.devices")  # the key that sets P
 SEED_KEYS = ("seed",)
@@ -475,7 +475,7 @@ def plot_scaling(sweep_dir: Path, summary: list[dict], kind: str) -> Path | None
         ax.legend(fontsize=8)
     fig.tight_layout()
     path = sweep_dir / f"{kind}.png"
-    fig.savefig(path, dpi=100)
+    save_png(fig, path)
     plt.close(fig)
     return path
 
@@ -487,9 +487,15 @@ def save_plot(fig, ax, ylabel: str, title: str, path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_png(fig, path)
     _plt().close(fig)
     return path
+
+
+def save_png(fig, path: Path) -> None:
+    """The figure as a PNG, written atomically: a full disk leaves no truncated plot."""
+    with atomic_file(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=100)
 
 
 def plot_accuracy(sweep_dir: Path, jobs: list[Job], summary: list[dict], swept: list[str]) -> Path | None:
@@ -580,6 +586,12 @@ def write_report(sweep_dir: str | Path) -> Report:
     return report
 
 
+def unwritten(e: OSError, sweep_dir: Path) -> str:
+    """The line for a report that could not be written (`e`: its write's error, a full disk)."""
+    why = f"{e.strerror}: '{e.filename}'" if e.filename else (e.strerror or str(e))
+    return f"no report: cannot write it ({why}); free space there, then: python -m psgd.report {sweep_dir}"
+
+
 def describe(report: Report, sweep_dir: Path) -> str:
     ok = len(report.jobs) - len(report.failed)
     parts = [f"psgd: sweep finished: {ok}/{len(report.jobs)} jobs completed"]
@@ -600,6 +612,9 @@ def main(argv: list[str] | None = None) -> int:
         report = write_report(args.sweep_dir)
     except FileNotFoundError as e:
         print(f"psgd: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk
+        print(f"psgd: error: {unwritten(e, Path(args.sweep_dir))}", file=sys.stderr)
         return 2
     print(describe(report, Path(args.sweep_dir)))
     return 1 if report.failed else 0

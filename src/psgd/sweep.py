@@ -15,7 +15,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from psgd.report import describe, skew_note, write_report
+from psgd.report import describe, skew_note, unwritten, write_report
 from psgd.results import read_json
 
 # What the last multirun in this process found: sweep.py turns failed jobs into a non-zero exit code,
@@ -92,6 +92,10 @@ class SweepReport(Callback):
             report = write_report(sweep_dir)
         except FileNotFoundError as e:  # every job failed before Hydra made its dir
             print(f"psgd: error: no report: {e}", flush=True)
+            LAST.update(failed=1)
+            return
+        except OSError as e:  # a full disk: Hydra would only warn, and the sweep exit 0
+            print(f"psgd: error: {unwritten(e, sweep_dir)}", file=sys.stderr, flush=True)
             LAST.update(failed=1)
             return
         LAST.update(failed=len(report.failed))

@@ -2,16 +2,20 @@
 metrics.json), so every number can be checked against a hand computation."""
 
 import csv
+import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import CONF
 from hydra import initialize_config_dir
+from matplotlib.figure import Figure
+from omegaconf import OmegaConf
 
 from psgd.report import main, write_report
-from psgd.sweep import progress_line, shown_overrides, sweep_lengths
+from psgd.sweep import LAST, SweepReport, progress_line, shown_overrides, sweep_lengths
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -204,6 +208,30 @@ def test_rebuild_command_exit_codes(tmp_path, seeded_sweep, capsys):
     empty.mkdir()
     assert main([str(empty)]) == 2
     assert "is it a sweep dir?" in capsys.readouterr().err
+
+
+def test_a_report_the_disk_has_no_room_for_is_one_line_and_leaves_no_truncated_file(seeded_sweep, capsys, monkeypatch):
+    """The disk fills up while the report is written (here: half of the second plot fits). The sweep and
+    the rebuild say so in one line with how to rebuild it, and fail; no file is left half-written. The
+    sweep used to exit 0 with Hydra's warning, and a truncated PNG."""
+    real_savefig, calls = Figure.savefig, []
+
+    def half_fits(fig, f, **kwargs):
+        calls.append(f)
+        if len(calls) < 2:
+            return real_savefig(fig, f, **kwargs)
+        f.write(PNG_MAGIC)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Figure, "savefig", half_fits)
+    assert main([str(seeded_sweep)]) == 2
+    line = f"psgd: error: no report: cannot write it (No space left on device: '{seeded_sweep / 'efficiency.png'}'); "
+    assert capsys.readouterr().err == line + f"free space there, then: python -m psgd.report {seeded_sweep}\n"
+    assert sorted(p.name for p in seeded_sweep.iterdir() if p.is_file()) == ["speedup.png"]  # whole, no temp file
+    LAST.update(failed=0)
+    calls.clear()  # the sweep's own build: the same plot finds the disk full
+    SweepReport().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(seeded_sweep)}}}))
+    assert capsys.readouterr().err.startswith(line) and LAST["failed"] == 1  # sweep.py's exit code 1
 
 
 def test_job_count_and_swept_keys_follow_hydras_basic_sweeper():
