@@ -13,11 +13,13 @@ This module stays light (Hydra and OmegaConf only): the scripts import it before
 """
 
 import difflib
+import errno
 import itertools
 import json
 import math
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -268,10 +270,19 @@ def _output_problem(cfg: DictConfig, multirun: bool) -> str | None:
     fix = f"set PSGD_OUTPUTS=<dir> or {key}=<dir> to a writable folder"
     if not existing.is_dir():
         return f"cannot write results to {out}: {existing} is not a folder; {fix}"
-    try:
-        Path(tempfile.mkdtemp(prefix=".psgd-write-check-", dir=existing)).rmdir()
+    probe = None
+    try:  # a folder, and a file in it: a full disk still makes folders, and Hydra's first file failed
+        probe = Path(tempfile.mkdtemp(prefix=".psgd-write-check-", dir=existing))
+        with open(probe / "probe", "wb") as f:
+            f.write(bytes(4096))
+            f.flush()
+            os.fsync(f.fileno())
     except OSError as e:
+        fix = f"free space there, or {fix}" if e.errno in (errno.ENOSPC, errno.EDQUOT) else fix
         return f"cannot write results to {out}: {e.strerror or e} in {existing}; {fix}"
+    finally:
+        if probe is not None:
+            shutil.rmtree(probe, ignore_errors=True)
     return earlier_results(out, key)
 
 

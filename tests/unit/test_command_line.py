@@ -1,6 +1,7 @@
 """The command-line check train.py and sweep.py run before Hydra: a mistyped choice or key is one line
 naming the bad value and what is allowed; anything Hydra accepts passes untouched."""
 
+import errno
 import os
 import re
 import shlex
@@ -197,6 +198,20 @@ def test_an_output_dir_that_cannot_be_made_is_one_line_before_anything_runs(tmp_
     monkeypatch.setenv("PSGD_OUTPUTS", str(tmp_path / "new" / "outputs"))
     assert command_line_problem("train", [], CONF) is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.txt"]
+    # a full disk still makes folders, and Hydra's first file (.hydra/config.yaml) failed with a traceback
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    problem = command_line_problem("train", [], CONF)
+    assert re.fullmatch(
+        f"cannot write results to {re.escape(str(tmp_path / 'new' / 'outputs'))}/[-0-9/]+: No space left on device "
+        f"in {re.escape(str(tmp_path))}; free space there, or set PSGD_OUTPUTS=<dir> or hydra.run.dir=<dir> to a "
+        "writable folder",
+        problem,
+    ), problem
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.txt"]  # the probe is gone too
 
 
 @pytest.mark.skipif(not Path("/proc/1").is_dir(), reason="needs Linux /proc")
