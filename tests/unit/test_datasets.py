@@ -114,6 +114,8 @@ def test_a_missing_mnist_file_is_named(tmp_path, request):
         load_split("fashion_mnist", str(tmp_path), train=True, download=False)
     with pytest.raises(DataError, match=r"under \S+typo \(no such folder\)"):
         load_split("mnist", str(tmp_path / "typo"), train=True, download=False)
+    with pytest.raises(DataError, match=r"under \S+gz \(a file, not a folder\)"):  # a file given as data.root
+        load_split("mnist", str(tmp_path / "MNIST" / "raw" / "t10k-images-idx3-ubyte.gz"), train=True, download=False)
     # offline: the file, then the download's reason
     request.getfixturevalue("offline")
     with pytest.raises(DataError) as e:

@@ -110,7 +110,7 @@ def what_is_missing(name: str, root: str, verify_md5: bool = True) -> str | None
     None when every file is there. Looked at only after loading failed, to say which file it was."""
     top = Path(root)
     if not top.is_dir():
-        return "no such folder"
+        return "a file, not a folder" if top.exists() else "no such folder"
     if name == "cifar10":
         folder = top / CIFAR10.base_folder
         expected = [*CIFAR10.train_list, *CIFAR10.test_list, [CIFAR10.meta["filename"], CIFAR10.meta["md5"]]]
