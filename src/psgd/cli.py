@@ -22,7 +22,7 @@ from psgd.data import DataError
 from psgd.module import TrainingDiverged
 from psgd.report import skew_note
 from psgd.results import write_atomic
-from psgd.run import WorkerGone, _run_dir_key, mark_status, raised_in_worker, train
+from psgd.run import WorkerGone, mark_status, raised_in_worker, run_dir_key, train
 from psgd.strategies._lightning import KilledWorker, lost_a_peer, timed_out
 
 
@@ -79,8 +79,8 @@ def collective_failure(e: BaseException) -> str | None:
     return f"worker rank {_global_rank() or '?'} failed: {type(e).__name__}: {last} ({why})"
 
 
-# a write that failed for want of room or permission on the disk, not for anything in the run
-UNWRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+# a write that failed for want of room on the disk (or in a quota), not for anything in the run
+UNWRITABLE = {errno.ENOSPC, errno.EDQUOT}
 
 
 def unwritable(e: BaseException) -> str | None:
@@ -102,7 +102,7 @@ def error_line(e: BaseException, run_dir: Path) -> str:
     if why := unwritable(e):
         return (
             f"cannot write the run's results ({why}): free space there, or write them elsewhere "
-            f"(PSGD_OUTPUTS=<dir> or {_run_dir_key()}=<dir>); what was written before stays in {run_dir}"
+            f"(PSGD_OUTPUTS=<dir> or {run_dir_key()}=<dir>); what was written before stays in {run_dir}"
         )
     if line := collective_failure(e):
         return line

@@ -202,7 +202,8 @@ def command_line_problem(
     from hydra.errors import OverrideParseException
 
     # glob() sweeps pick among a config group's choices, which only Hydra's config loader knows
-    parser = OverridesParser.create(config_loader=_config_loader(config_dir) if multirun else None)
+    globs = multirun and any("glob(" in t for t in texts)
+    parser = OverridesParser.create(config_loader=_config_loader(config_dir) if globs else None)
     try:
         overrides = parser.parse_overrides(texts)
     except OverrideParseException as e:

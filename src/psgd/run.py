@@ -577,7 +577,7 @@ def exit_if_interrupted(e: BaseException) -> None:
         raise SystemExit(signals.interrupted_exit_code()) from None
 
 
-def _run_dir_key() -> str:
+def run_dir_key() -> str:
     """What a user sets to choose the run dir: train()'s argument, or Hydra's key when Hydra runs it."""
     if not HydraConfig.initialized():
         return "run_dir"
@@ -602,7 +602,7 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
     except ConfigError as e:  # the config and the machine decide it: every worker there finds the same
         e.every_worker_finds_it = True
         raise
-    in_use = earlier_results(Path(run_dir), _run_dir_key())
+    in_use = earlier_results(Path(run_dir), run_dir_key())
     if in_use:
         raise DirInUse(in_use)
     with quietness(bool(cfg.get("quiet"))):
