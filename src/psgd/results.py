@@ -13,12 +13,21 @@ from typing import IO, Any
 
 
 def _umask() -> int:
+    """This process's umask: read from /proc (Linux), else set and set back (which a thread creating a
+    file at that moment would see, hence once, at import)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
 
 
-_UMASK = _umask()  # once, at import: reading it means setting it, which other threads would see
+_UMASK = _umask()
 
 
 @contextmanager
