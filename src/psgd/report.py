@@ -104,9 +104,15 @@ def load_job(path: Path) -> Job | None:
         return None
     overrides = dict(_parse_override(o) for o in OmegaConf.load(hydra_dir / "overrides.yaml"))
     cfg = OmegaConf.load(hydra_dir / "config.yaml")
-    metrics = read_json(path / "metrics.json") if (path / "metrics.json").exists() else {}
-    status = metrics.get("status", "not finished")
-    error = metrics.get("error")
+    record, unreadable = path / "metrics.json", None
+    try:
+        metrics = read_json(record) if record.exists() else {}
+        if not isinstance(metrics, dict):
+            raise ValueError(f"a JSON {type(metrics).__name__}, not a record")
+    except (OSError, ValueError) as e:  # edited or damaged by hand (psgd writes it whole): the job failed
+        metrics, unreadable = {}, f"{record} is unreadable ({type(e).__name__}: {e})"
+    status = "failed" if unreadable else metrics.get("status", "not finished")
+    error = unreadable or metrics.get("error")
     if status in ("running", "trained"):  # the job process ended without writing its final status
         status, error = "failed", error or f"ended with status {status!r} (killed?)"
     workers = metrics.get("world_size") or _config_workers(cfg)

@@ -199,6 +199,16 @@ def test_a_job_left_running_is_reported_failed(tmp_path):
     assert "killed?" in report.jobs[1].error
 
 
+def test_a_job_record_damaged_by_hand_is_a_failed_job_not_a_traceback(tmp_path):
+    make_job(tmp_path, 0, {"seed": 0}, done("ddp", 1, 5.0, 0.9))
+    (make_job(tmp_path, 1, {"seed": 1}, None) / "metrics.json").write_text('{"status": "compl')  # cut short
+    (make_job(tmp_path, 2, {"seed": 2}, None) / "metrics.json").write_text("[1, 2]")
+    report = write_report(tmp_path)
+    assert [j.status for j in report.jobs] == ["completed", "failed", "failed"]
+    assert report.jobs[1].error.startswith(f"{tmp_path / '1' / 'metrics.json'} is unreadable (JSONDecodeError: ")
+    assert report.jobs[2].error.endswith("is unreadable (ValueError: a JSON list, not a record)")
+
+
 def test_rebuild_command_exit_codes(tmp_path, seeded_sweep, capsys):
     assert main([str(seeded_sweep)]) == 1  # one job failed
     assert "6/7 jobs completed, 1 failed (jobs 6)" in capsys.readouterr().out
