@@ -102,15 +102,20 @@ def load_job(path: Path) -> Job | None:
     hydra_dir = path / ".hydra"
     if not (hydra_dir / "config.yaml").exists():
         return None
-    overrides = dict(_parse_override(o) for o in OmegaConf.load(hydra_dir / "overrides.yaml"))
-    cfg = OmegaConf.load(hydra_dir / "config.yaml")
-    record, unreadable = path / "metrics.json", None
+    unreadable = None
+    try:
+        overrides = dict(_parse_override(str(o)) for o in OmegaConf.load(hydra_dir / "overrides.yaml"))
+        cfg = OmegaConf.load(hydra_dir / "config.yaml")
+    except Exception as e:  # Hydra writes both whole before the job starts: edited or damaged by hand
+        overrides, cfg = {}, OmegaConf.create()
+        unreadable = f"its Hydra config in {hydra_dir} is unreadable ({type(e).__name__}: {str(e).splitlines()[0]})"
+    record = path / "metrics.json"
     try:
         metrics = read_json(record) if record.exists() else {}
         if not isinstance(metrics, dict):
             raise ValueError(f"a JSON {type(metrics).__name__}, not a record")
     except (OSError, ValueError) as e:  # edited or damaged by hand (psgd writes it whole): the job failed
-        metrics, unreadable = {}, f"{record} is unreadable ({type(e).__name__}: {e})"
+        metrics, unreadable = {}, unreadable or f"{record} is unreadable ({type(e).__name__}: {e})"
     status = "failed" if unreadable else metrics.get("status", "not finished")
     error = unreadable or metrics.get("error")
     if status in ("running", "trained"):  # the job process ended without writing its final status

@@ -203,10 +203,15 @@ def test_a_job_record_damaged_by_hand_is_a_failed_job_not_a_traceback(tmp_path):
     make_job(tmp_path, 0, {"seed": 0}, done("ddp", 1, 5.0, 0.9))
     (make_job(tmp_path, 1, {"seed": 1}, None) / "metrics.json").write_text('{"status": "compl')  # cut short
     (make_job(tmp_path, 2, {"seed": 2}, None) / "metrics.json").write_text("[1, 2]")
-    report = write_report(tmp_path)
-    assert [j.status for j in report.jobs] == ["completed", "failed", "failed"]
+    (make_job(tmp_path, 3, {"seed": 3}, done("ddp", 1, 5.0, 0.9)) / ".hydra" / "overrides.yaml").unlink()
+    (make_job(tmp_path, 4, {"seed": 4}, done("ddp", 1, 5.0, 0.9)) / ".hydra" / "config.yaml").write_text("a: [")
+    report = write_report(tmp_path)  # a missing overrides.yaml refused the whole report ("[Errno 2] ...")
+    assert [j.status for j in report.jobs] == ["completed"] + ["failed"] * 4
     assert report.jobs[1].error.startswith(f"{tmp_path / '1' / 'metrics.json'} is unreadable (JSONDecodeError: ")
     assert report.jobs[2].error.endswith("is unreadable (ValueError: a JSON list, not a record)")
+    for job in report.jobs[3:]:  # its settings cannot be told: not counted with the others
+        assert job.error.startswith(f"its Hydra config in {job.path / '.hydra'} is unreadable (")
+    assert [r["status"] for r in read_csv(tmp_path / "report.csv")] == ["completed"] + ["failed"] * 4
 
 
 def test_rebuild_command_exit_codes(tmp_path, seeded_sweep, capsys):
