@@ -563,7 +563,7 @@ def write_report(sweep_dir: str | Path) -> Report:
     """Read every job dir under `sweep_dir` and write report.csv, summary.csv, report.md and plots."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
-        raise FileNotFoundError(f"sweep dir {sweep_dir} does not exist")
+        raise FileNotFoundError(f"sweep dir {sweep_dir} {'is a file' if sweep_dir.exists() else 'does not exist'}")
     jobs = load_jobs(sweep_dir)
     if not jobs:
         raise FileNotFoundError(f"{sweep_dir} holds no job dirs (<n>/.hydra/config.yaml): is it a sweep dir?")
