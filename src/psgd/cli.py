@@ -1,7 +1,6 @@
 """What `train.py` runs under Hydra: one job, with user errors turned into one line and exit code 2."""
 
 import contextlib
-import errno
 import logging
 import os
 import re
@@ -21,7 +20,7 @@ from psgd.config import ConfigError, DirInUse
 from psgd.data import DataError
 from psgd.module import TrainingDiverged
 from psgd.report import skew_note
-from psgd.results import write_atomic
+from psgd.results import NO_ROOM, failed_write, write_atomic
 from psgd.run import WorkerGone, mark_status, raised_in_worker, run_dir_key, train
 from psgd.strategies._lightning import KilledWorker, lost_a_peer, timed_out
 
@@ -79,18 +78,14 @@ def collective_failure(e: BaseException) -> str | None:
     return f"worker rank {_global_rank() or '?'} failed: {type(e).__name__}: {last} ({why})"
 
 
-# a write that failed for want of room on the disk (or in a quota), not for anything in the run
-UNWRITABLE = {errno.ENOSPC, errno.EDQUOT}
-
-
 def unwritable(e: BaseException) -> str | None:
     """Why a result could not be written (`No space left on device: '<file>'`), for an OSError of
-    UNWRITABLE raised here or in a worker; else None."""
-    if isinstance(e, OSError) and e.errno in UNWRITABLE:
-        return f"{e.strerror}: '{e.filename}'" if e.filename else e.strerror
+    NO_ROOM raised here or in a worker; else None."""
+    if isinstance(e, OSError) and e.errno in NO_ROOM:
+        return failed_write(e)
     if isinstance(e, ProcessRaisedException):
         found = re.match(r"(?:\w+\.)*\w*Error: \[Errno (\d+)\] (.*)$", text_lines(e)[-1])
-        if found and int(found.group(1)) in UNWRITABLE:
+        if found and int(found.group(1)) in NO_ROOM:
             return found.group(2)
     return None
 

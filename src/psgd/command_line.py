@@ -13,7 +13,6 @@ This module stays light (Hydra and OmegaConf only): the scripts import it before
 """
 
 import difflib
-import errno
 import itertools
 import json
 import math
@@ -31,6 +30,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from psgd import signals
+from psgd.results import NO_ROOM
 from psgd.signals import proc_stat
 
 MAX_JOBS_COMPOSED = 64  # beyond this many jobs, every value of every key is composed once, not every product
@@ -279,7 +279,7 @@ def _output_problem(cfg: DictConfig, multirun: bool) -> str | None:
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        fix = f"free space there, or {fix}" if e.errno in (errno.ENOSPC, errno.EDQUOT) else fix
+        fix = f"free space there, or {fix}" if e.errno in NO_ROOM else fix
         return f"cannot write results to {out}: {e.strerror or e} in {existing}; {fix}"
     finally:
         if probe is not None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from psgd.results import atomic_file, read_json, write_atomic, write_csv
+from psgd.results import atomic_file, failed_write, read_json, write_atomic, write_csv
 
 WORKER_KEYS = ("workers", "trainer.devices")  # the key that sets P
 SEED_KEYS = ("seed",)
@@ -599,8 +599,7 @@ def write_report(sweep_dir: str | Path) -> Report:
 
 def unwritten(e: OSError, sweep_dir: Path) -> str:
     """The line for a report that could not be written (`e`: its write's error, a full disk)."""
-    why = f"{e.strerror}: '{e.filename}'" if e.filename else (e.strerror or str(e))
-    return f"no report: cannot write it ({why}); free space there, then: python -m psgd.report {sweep_dir}"
+    return f"no report: cannot write it ({failed_write(e)}); free space there, then: python -m psgd.report {sweep_dir}"
 
 
 def describe(report: Report, sweep_dir: Path) -> str:

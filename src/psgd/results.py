@@ -1,6 +1,7 @@
 """Run results on disk: atomic JSON/CSV writes, the environment stored next to every number."""
 
 import csv
+import errno
 import io
 import json
 import os
@@ -10,6 +11,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+
+# a write that failed for want of room on the disk (or in a quota), not for anything in the run
+NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def failed_write(e: OSError) -> str:
+    """An OSError's reason and file as a line shows them: `No space left on device: '<file>'`."""
+    return f"{e.strerror}: '{e.filename}'" if e.filename else (e.strerror or str(e))
 
 
 def _umask() -> int:
