@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -142,6 +143,21 @@ OmegaConf.register_new_resolver("psgd_run_name", run_name, use_cache=True, repla
 
 
 MULTIRUN_FLAGS = ("-m", "--multirun")  # Hydra's
+# characters Hydra's override syntax takes only in a quoted value (besides non-ASCII ones; ~ has its own line)
+QUOTE_ONLY = "!#&;<>^`="
+
+
+def shell_override(key: str, value: object) -> str:
+    """`key=value` as one shell word that Hydra reads back as the string `value` (a path with a space,
+    a non-ASCII letter or a #: quoted for both)."""
+    text = str(value)
+    if re.fullmatch(r"[\w/.+:@%-]+", text, re.ASCII) and not text.startswith("~"):
+        return f"{key}={text}"
+    if not any(c in text for c in "'\"$`\\!"):  # no character the two quotings would take as their own
+        return f"\"{key}='{text}'\""
+    # Hydra's escapes in a quoted value: \' for a quote, \\ for a backslash before a quote or at the end
+    escaped = re.sub(r"(\\+)(?='|$)", lambda m: m[1] * 2, text).replace("'", "\\'")
+    return shlex.quote(f"{key}='{escaped}'")
 
 
 def is_multirun(argv: list[str]) -> bool:
@@ -210,7 +226,15 @@ def command_line_problem(
         why = [ln for ln in text_lines(e.message) if not ln.startswith(("Error parsing override", "See https://"))]
         key, eq, value = str(e.override).partition("=")
         if eq and value.startswith("~"):  # the shell leaves ~ alone after data.root= (not a variable name)
-            why = [f"a value starting with ~ must be quoted for Hydra: \"{key}='{value}'\" (or write $HOME)"]
+            why = [f"a value starting with ~ must be quoted for Hydra: {shell_override(key, value)} (or write $HOME)"]
+        elif eq and (c := next((c for c in value if c in QUOTE_ONLY or not c.isascii()), None)):
+            if any(s in value for s in "'\",[]{}()"):  # quotes, a sweep, a list...: each value on its own
+                why = [
+                    f"a value with {c!r} must be quoted for Hydra, each value of a sweep or list on its own: "
+                    f"{key}='a','b'"
+                ]
+            else:  # a path with a non-ASCII letter, #, & ...
+                why = [f"a value with {c!r} must be quoted for Hydra: {shell_override(key, value)}"]
         return f"cannot read the override '{e.override}': {'; '.join(why) or 'not key=value'} (Hydra's override syntax)"
     sweeps = [o for o in overrides if o.is_sweep_override()]
     if sweeps and not multirun:
@@ -310,7 +334,7 @@ def earlier_results(out: Path, key: str) -> str | None:
         status = "unreadable"
     return (
         f"{out} holds an earlier run's results (metrics.json: {status}), which this run would overwrite: {fix} "
-        f"(ckpt_path={out} resumes that run in a new folder)"
+        f"({shell_override('ckpt_path', out)} resumes that run in a new folder)"
     )
 
 

@@ -22,6 +22,7 @@ batches; an early stop) still compare the same work, with a note in report.md sa
 """
 
 import argparse
+import shlex
 import statistics
 import sys
 from collections import defaultdict
@@ -599,7 +600,8 @@ def write_report(sweep_dir: str | Path) -> Report:
 
 def unwritten(e: OSError, sweep_dir: Path) -> str:
     """The line for a report that could not be written (`e`: its write's error, a full disk)."""
-    return f"no report: cannot write it ({failed_write(e)}); free space there, then: python -m psgd.report {sweep_dir}"
+    rebuild = f"python -m psgd.report {shlex.quote(str(sweep_dir))}"
+    return f"no report: cannot write it ({failed_write(e)}); free space there, then: {rebuild}"
 
 
 def describe(report: Report, sweep_dir: Path) -> str:

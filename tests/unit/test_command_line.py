@@ -14,7 +14,7 @@ import pytest
 from conftest import CONF
 
 from psgd import command_line, signals
-from psgd.command_line import command_line_problem, sweep_argv
+from psgd.command_line import command_line_problem, shell_override, sweep_argv
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -31,6 +31,10 @@ BAD = [
     (["foo"], "cannot read the override 'foo': missing EQUAL"),
     # the shell does not expand ~ after data.root= (not a variable name), and Hydra's lexer refuses it
     (["data.root=~/data"], "a value starting with ~ must be quoted for Hydra: \"data.root='~/data'\" (or write $HOME)"),
+    # a user's folder with a non-ASCII letter or a #: Hydra's lexer refuses it unquoted, with a caret lost in one line
+    (["data.root=/home/jürgen/data"], "a value with 'ü' must be quoted for Hydra: \"data.root='/home/jürgen/data'\""),
+    (["data.root=/data/run#1"], "a value with '#' must be quoted for Hydra: \"data.root='/data/run#1'\""),
+    (["-m", "data.root=/d/ä,/d/b"], "quoted for Hydra, each value of a sweep or list on its own: data.root='a','b'"),
     (["+trainer.max_epochs=2"], "An item is already at 'trainer.max_epochs'"),
     (["-m", "workers=1,2", "strategy=ddp,hogwlid"], "strategy=hogwlid is unknown"),
     # more jobs than are composed one by one: every value is still composed once
@@ -220,6 +224,25 @@ def test_a_folder_where_nothing_can_be_made_is_one_line():
     assert problem.startswith("cannot write results to /proc/1/psgd-run: ") and "in /proc/1;" in problem
 
 
+@pytest.mark.parametrize(
+    "value", ["/data/mnist", "/home/jürgen/my data", "~/data", "/data/run#1", "it's", 'a"b$HOME!', "C:\\d\\", "q\\'x"]
+)
+def test_a_suggested_override_reads_back_as_the_same_value_through_the_shell_and_hydra(value):
+    """The commands psgd's messages suggest (quote this value, resume with ckpt_path=<dir>) work when pasted."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    words = shlex.split(shell_override("data.root", value))
+    assert len(words) == 1 and OverridesParser.create().parse_overrides(words)[0].value() == value
+    assert command_line_problem("train", words, CONF) is None
+
+
+def test_following_the_quoting_hint_gives_a_command_hydra_reads():
+    problem = command_line_problem("train", ["data.root=/home/jürgen/my data"], CONF)
+    suggested = problem.split("must be quoted for Hydra: ")[1].removesuffix(" (Hydra's override syntax)")
+    assert shlex.split(suggested) == ["data.root='/home/jürgen/my data'"]
+    assert command_line_problem("train", shlex.split(suggested), CONF) is None
+
+
 def test_a_dir_holding_an_earlier_runs_results_is_refused_before_hydra_writes_into_it(tmp_path, monkeypatch):
     """Hydra would rewrite the earlier run's .hydra config and psgd its metrics.json, checkpoints and
     TensorBoard events (two runs' curves mixed in one dir)."""
@@ -233,6 +256,11 @@ def test_a_dir_holding_an_earlier_runs_results_is_refused_before_hydra_writes_in
         f"{run} holds an earlier run's results (metrics.json: completed), which this run would overwrite: "
         f"set hydra.run.dir to a new folder, or delete that one (ckpt_path={run} resumes that run in a new folder)"
     )
+    spaced = tmp_path / "my run ü"  # the resume it suggests is quoted as the shell and Hydra need
+    (spaced / "metrics.json").parent.mkdir()
+    (spaced / "metrics.json").write_text('{"status": "failed"}')
+    problem = command_line_problem("train", [f"hydra.run.dir='{spaced}'"], CONF)
+    assert problem.endswith(f"(\"ckpt_path='{spaced}'\" resumes that run in a new folder)")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # torchrun restarted the job's workers: it goes on there
     assert command_line_problem("train", [f"hydra.run.dir={run}"], CONF) is None
 
