@@ -32,7 +32,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from psgd.results import atomic_file, failed_write, read_json, write_atomic, write_csv
+from psgd.results import NO_ROOM, atomic_file, failed_write, read_json, write_atomic, write_csv
 
 WORKER_KEYS = ("workers", "trainer.devices")  # the key that sets P
 SEED_KEYS = ("seed",)
@@ -599,9 +599,15 @@ def write_report(sweep_dir: str | Path) -> Report:
 
 
 def unwritten(e: OSError, sweep_dir: Path) -> str:
-    """The line for a report that could not be written (`e`: its write's error, a full disk)."""
+    """The line for a report that could not be written (`e`: its write's error: a full disk, a folder
+    that is not this user's to write or on a read-only mount)."""
     rebuild = f"python -m psgd.report {shlex.quote(str(sweep_dir))}"
-    return f"no report: cannot write it ({failed_write(e)}); free space there, then: {rebuild}"
+    if e.errno in NO_ROOM:
+        return f"no report: cannot write it ({failed_write(e)}); free space there, then: {rebuild}"
+    return (
+        f"no report: cannot write it ({failed_write(e)}); make the sweep dir writable, then: {rebuild} "
+        "(or copy the sweep dir somewhere writable and give the copy)"
+    )
 
 
 def describe(report: Report, sweep_dir: Path) -> str:

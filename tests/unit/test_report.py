@@ -227,6 +227,22 @@ def test_rebuild_command_exit_codes(tmp_path, seeded_sweep, capsys):
     assert "is it a sweep dir?" in capsys.readouterr().err
 
 
+def test_a_sweep_dir_that_cannot_be_written_says_so_not_free_space(seeded_sweep, capsys, monkeypatch):
+    """A sweep dir on a read-only mount or another user's (a course's shared results): freeing space
+    would not help, so the line says what would."""
+
+    def refused(fig, f, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(seeded_sweep / "speedup.png"))
+
+    monkeypatch.setattr(Figure, "savefig", refused)
+    assert main([str(seeded_sweep)]) == 2
+    assert capsys.readouterr().err == (
+        f"psgd: error: no report: cannot write it (Read-only file system: '{seeded_sweep / 'speedup.png'}'); "
+        f"make the sweep dir writable, then: python -m psgd.report {seeded_sweep} "
+        "(or copy the sweep dir somewhere writable and give the copy)\n"
+    )
+
+
 def test_a_report_the_disk_has_no_room_for_is_one_line_and_leaves_no_truncated_file(seeded_sweep, capsys, monkeypatch):
     """The disk fills up while the report is written (here: half of the second plot fits). The sweep and
     the rebuild say so in one line with how to rebuild it, and fail; no file is left half-written. The
