@@ -83,7 +83,7 @@ def documented_commands() -> list[list[str]]:
     show, but those with placeholders."""
     commands = []
     for doc in [README, *sorted(CONF.rglob("*.yaml"))]:
-        for found in re.finditer(r"(?<!\$ )python (train|sweep)\.py\b([^#`|\n]*)", doc.read_text()):
+        for found in re.finditer(r"(?<!\$ )python (train|sweep)\.py\b([^#`|>&\n]*)", doc.read_text()):
             if not re.search(r"<|\.\.\.|--cfg", found.group(2)):  # "$ python ...": an error example
                 commands.append([found.group(1), *shlex.split(found.group(2))])
     return commands
