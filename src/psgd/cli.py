@@ -15,6 +15,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
+from psgd import command_line
 from psgd.command_line import fail, text_lines
 from psgd.config import ConfigError, DirInUse
 from psgd.data import DataError
@@ -40,9 +41,18 @@ def _discard_empty_run_dir(run_dir: Path) -> None:
 
     if all(empty(p) for p in run_dir.iterdir()):
         shutil.rmtree(run_dir, ignore_errors=True)
-        if re.fullmatch(r"\d{4}-\d{2}-\d{2}", run_dir.parent.name):  # the default <date>/<time>: today's
-            with contextlib.suppress(OSError):  # folder goes too if this run was all it held
-                run_dir.parent.rmdir()
+        # the folders Hydra made above it go too if they are left empty (outputs/ and today's folder of
+        # a first run); without the command line's check (train() from Python) today's folder only
+        folder, existed = run_dir.absolute().parent, command_line.outputs_existed
+        if existed is None:
+            made = [folder] if re.fullmatch(r"\d{4}-\d{2}-\d{2}", folder.name) else []
+        else:
+            made = [f for f in (folder, *folder.parents) if existed in f.parents]  # the deepest first
+        for f in made:
+            try:
+                f.rmdir()
+            except OSError:  # not empty: another run's
+                break
 
 
 # errors whose message is the whole story: one line, no traceback, also when a worker raised them

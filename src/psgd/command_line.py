@@ -279,6 +279,11 @@ def in_the_job(problem: object, job: list[str], jobs: list[list[str]]) -> str:
     return f"{problem} (in the job {values or 'of the defaults'}; no job was started)"
 
 
+# the nearest folder of the run's (or sweep's) output dir that existed when the command line was
+# checked: a run that fails before training takes away the folders below it that it left empty
+outputs_existed: Path | None = None
+
+
 def _output_problem(cfg: DictConfig, multirun: bool) -> str | None:
     """Why the results could not be written where Hydra will put them (hydra.run.dir, or
     hydra.sweep.dir with -m, of the composed `cfg`), or None. Hydra would stop with a traceback when it
@@ -292,6 +297,8 @@ def _output_problem(cfg: DictConfig, multirun: bool) -> str | None:
     existing = out.absolute()
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
+    global outputs_existed
+    outputs_existed = existing
     fix = f"set PSGD_OUTPUTS=<dir> or {key}=<dir> to a writable folder"
     if not existing.is_dir():
         return f"cannot write results to {out}: {existing} is not a folder; {fix}"

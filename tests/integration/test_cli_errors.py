@@ -32,14 +32,15 @@ CASES = [
 
 @pytest.mark.parametrize("overrides,fragment", CASES, ids=[" ".join(getattr(c, "values", c)[0]) for c in CASES])
 def test_bad_value_is_one_line_and_nonzero_exit(tiny_data, tmp_path, overrides, fragment):
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path / "outputs" / "run"  # as a first run's outputs/<date>/<time>: Hydra makes outputs/ too
     proc = run_cli("train.py", f"data.root={tiny_data}", f"hydra.run.dir={run_dir}", *overrides, timeout=120)
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("psgd: error: ") and fragment in lines[0]
     assert "Traceback" not in proc.stdout + proc.stderr
-    assert not run_dir.exists()  # nothing written as a result
+    assert not (tmp_path / "outputs").exists()  # nothing written as a result, no empty folder left either
+    assert tmp_path.is_dir()  # the folder that was there before stays
 
 
 MISTYPED = [
