@@ -236,7 +236,11 @@ def command_line_problem(
             else:  # a path with a non-ASCII letter, #, & ...
                 why = [f"a value with {c!r} must be quoted for Hydra: {shell_override(key, value)}"]
         return f"cannot read the override '{e.override}': {'; '.join(why) or 'not key=value'} (Hydra's override syntax)"
+    if problem := _interval_problem(config_name, overrides, config_dir):
+        return problem
     sweeps = [o for o in overrides if o.is_sweep_override()]
+    if multirun and (problem := _dropped_sweep(overrides)):
+        return problem
     if sweeps and not multirun:
         o = sweeps[0]
         text, key = o.input_line, o.get_key_element()
@@ -270,6 +274,44 @@ def command_line_problem(
         return None
     problem = _output_problem(composed[0][1], multirun)
     return problem or (job_check(composed) if job_check else None)
+
+
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def _interval_problem(config_name: str, overrides: list, config_dir: Path) -> str | None:
+    """An interval() sweep under Hydra's basic sweeper, which cannot draw values from a range (Hydra
+    raised its HydraException with a traceback, and left a sweep dir). Other sweepers (hydra/sweeper=
+    optuna, nevergrad) take it: left to them."""
+    o = next((o for o in overrides if o.is_sweep_override() and not o.is_discrete_sweep()), None)
+    if o is None:
+        return None
+    try:
+        cfg = _compose(config_name, [x.input_line for x in overrides if not x.is_sweep_override()], config_dir, True)
+    except Exception:  # does not compose: Hydra's to report
+        return None
+    if OmegaConf.select(cfg, "hydra.sweeper._target_") != BASIC_SWEEPER:
+        return None
+    key = o.get_key_element()
+    return (
+        f"{o.input_line} asks for values drawn from a range, which only a sampling sweeper does "
+        f"(e.g. hydra/sweeper=optuna, a Hydra plugin); psgd's sweeper runs the values listed: "
+        f"{key}=1,2,4 or {key}=range(1,5)"
+    )
+
+
+def _dropped_sweep(overrides: list) -> str | None:
+    """A sweep that a later override of the same key replaces: Hydra keeps a key's last value, so
+    `workers=1,2,4 ... workers=8` ran one job, silently."""
+    last = {(o.key_or_group, o.package): o for o in overrides}
+    for o in overrides:
+        later = last[(o.key_or_group, o.package)]
+        if o is not later and o.is_sweep_override():
+            return (
+                f"{o.input_line} is replaced by {later.input_line} later on the command line (Hydra keeps "
+                f"a key's last value), so its sweep would not run; give {o.get_key_element()} once"
+            )
+    return None
 
 
 def in_the_job(problem: object, job: list[str], jobs: list[list[str]]) -> str:

@@ -44,6 +44,12 @@ BAD = [
     (["-m", "experiment=glob(dli_x*)"], "experiment=glob(dli_x*) matches none of experiment's choices, so the sweep"),
     (["-m", "experiment=glob(dli_x*)"], "has no job; experiment can be: dist_tuto, dli_cifar, dli_fashion,"),
     (["-m", "seed=glob(*)"], "glob() picks among a config group's choices and seed is not a group"),
+    # interval() is for sampling sweepers: the basic one raised a HydraException traceback, leaving a sweep dir
+    (["-m", "optimizer.lr=interval(0.01,0.1)"], "optimizer.lr=interval(0.01,0.1) asks for values drawn from a range"),
+    (["workers=interval(1,4)"], "psgd's sweeper runs the values listed: workers=1,2,4 or workers=range(1,5)"),
+    # a later value of the same key replaced the sweep: one job ran, silently
+    (["-m", "workers=1,2,4", "seed=0", "workers=8"], "workers=1,2,4 is replaced by workers=8 later on the command"),
+    (["-m", "model=mlp,lab_cnn", "model=lab_cnn"], "so its sweep would not run; give model once"),
     # a glob's jobs are composed as Hydra makes them: each choice it matches
     (["-m", "experiment=glob(dli_fashion_*)", "data=cifar1O"], "data=cifar1O is unknown (did you mean data=cifar10?)"),
 ]
@@ -129,6 +135,9 @@ def test_every_documented_sweep_passes_psgds_value_checks(tmp_path, monkeypatch)
         ["data.partition_sizes=[0.5,0.4]"],  # composes; psgd's own config check reports the sum later
         ["--cfg", "job", "model=resnet50"],  # Hydra's own flags: left to Hydra
         ["--config-dir=elsewhere", "model=resnet50"],
+        ["optimizer.lr=0.1", "optimizer.lr=0.3"],  # one run: the last value, as Hydra takes it (no sweep lost)
+        ["-m", "optimizer.lr=0.3", "optimizer.lr=0.1,0.2"],  # the sweep is the value kept
+        ["-m", "hydra/sweeper=optuna", "optimizer.lr=interval(0.01,0.1)"],  # a sampling sweeper's (if installed)
     ],
 )
 def test_what_hydra_accepts_or_judges_itself_passes(argv):
