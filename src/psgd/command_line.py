@@ -236,7 +236,9 @@ def command_line_problem(
             else:  # a path with a non-ASCII letter, #, & ...
                 why = [f"a value with {c!r} must be quoted for Hydra: {shell_override(key, value)}"]
         return f"cannot read the override '{e.override}': {'; '.join(why) or 'not key=value'} (Hydra's override syntax)"
-    if problem := _interval_problem(config_name, overrides, config_dir):
+    if problem := _interval_problem(config_name, overrides, config_dir) or _deleted_setting(
+        config_name, overrides, config_dir
+    ):
         return problem
     sweeps = [o for o in overrides if o.is_sweep_override()]
     if multirun and (problem := _dropped_sweep(overrides)):
@@ -298,6 +300,49 @@ def _interval_problem(config_name: str, overrides: list, config_dir: Path) -> st
         f"(e.g. hydra/sweeper=optuna, a Hydra plugin); psgd's sweeper runs the values listed: "
         f"{key}=1,2,4 or {key}=range(1,5)"
     )
+
+
+def _deleted_setting(config_name: str, overrides: list, config_dir: Path) -> str | None:
+    """`~key` of a setting the config files define, or `~group` / `group=null` of a config group they
+    choose (data, model ...): psgd reads them all. The run failed later with OmegaConf's "Key 'workers'
+    is not in struct", or for a group Hydra's traceback."""
+
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    def group(o) -> bool:
+        return (config_dir / o.key_or_group).is_dir()
+
+    def null(o) -> bool:  # data=null, or a sweep over data's choices with null among them
+        if not group(o) or o.is_delete():
+            return False
+        if not o.is_sweep_override():
+            return o.value() is None
+        return isinstance(o.value(), ChoiceSweep) and None in o.value().list
+
+    removals = [o for o in overrides if o.is_delete() or null(o)]
+    removals = [o for o in removals if not o.key_or_group.startswith("hydra")]
+    if not removals:
+        return None
+    mine = [o.input_line for o in overrides if not (o in removals or o.is_sweep_override() or o.is_add())]
+    try:
+        cfg = _compose(config_name, mine, config_dir)  # the config files' keys (and groups chosen)
+    except Exception:  # does not compose: judged below, or Hydra's to report
+        return None
+    for o in removals:
+        key = o.key_or_group
+        value = OmegaConf.select(cfg, key.replace("/", "."), default=_ABSENT)
+        if value is _ABSENT:  # not the config files' (a key the command line added, a group left unchosen)
+            continue
+        if group(o):
+            choices = ", ".join(sorted(f.stem for f in (config_dir / key).glob("*.yaml")))
+            what = f"{o.input_line}: null" if o.is_sweep_override() else o.input_line
+            return f"{what} removes the {key} settings psgd reads; choose one instead: {key} can be: {choices}"
+        shown = json.dumps(value) if value is None or isinstance(value, bool) else value
+        return f"{o.input_line} removes a setting psgd reads; set it instead: {key}=<value> (here: {shown})"
+    return None
+
+
+_ABSENT = object()
 
 
 def _dropped_sweep(overrides: list) -> str | None:

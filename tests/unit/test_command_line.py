@@ -44,6 +44,13 @@ BAD = [
     (["-m", "experiment=glob(dli_x*)"], "experiment=glob(dli_x*) matches none of experiment's choices, so the sweep"),
     (["-m", "experiment=glob(dli_x*)"], "has no job; experiment can be: dist_tuto, dli_cifar, dli_fashion,"),
     (["-m", "seed=glob(*)"], "glob() picks among a config group's choices and seed is not a group"),
+    # removing a setting or group psgd reads: OmegaConf's "ConfigAttributeError: object_type=dict" from
+    # the run (its last line), or Hydra's traceback for a group
+    (["~workers"], "~workers removes a setting psgd reads; set it instead: workers=<value> (here: 1)"),
+    (["~trainer.deterministic"], "set it instead: trainer.deterministic=<value> (here: false)"),
+    (["~data"], "~data removes the data settings psgd reads; choose one instead: data can be: cifar10, fashion_mnist"),
+    (["model=null"], "model=null removes the model settings psgd reads; choose one instead: model can be: lab_cnn,"),
+    (["-m", "model=null,mlp"], "model=null,mlp: null removes the model settings psgd reads"),
     # interval() is for sampling sweepers: the basic one raised a HydraException traceback, leaving a sweep dir
     (["-m", "optimizer.lr=interval(0.01,0.1)"], "optimizer.lr=interval(0.01,0.1) asks for values drawn from a range"),
     (["workers=interval(1,4)"], "psgd's sweeper runs the values listed: workers=1,2,4 or workers=range(1,5)"),
@@ -131,7 +138,8 @@ def test_every_documented_sweep_passes_psgds_value_checks(tmp_path, monkeypatch)
     [
         ["hydra.job.chdir=true", "trainer.max_epochs=${workers}"],  # hydra keys, interpolations
         ["-m", "workers=range(1,3)", "optimizer.lr=0.1,0.2"],
-        ["++trainer.max_epochs=2", "+trainer.new_key=1", "~trainer.deterministic"],
+        ["++trainer.max_epochs=2", "+trainer.new_key=1", "~trainer.new_key"],  # a key the command line added
+        ["experiment=null"],  # a group chosen by no default
         ["data.partition_sizes=[0.5,0.4]"],  # composes; psgd's own config check reports the sum later
         ["--cfg", "job", "model=resnet50"],  # Hydra's own flags: left to Hydra
         ["--config-dir=elsewhere", "model=resnet50"],

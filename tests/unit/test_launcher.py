@@ -64,6 +64,27 @@ def raised(rank: int, last_line: str, pid: int = 0) -> ProcessRaisedException:
     )
 
 
+def test_an_errors_line_is_the_first_of_its_message_here_and_the_named_one_from_a_worker(tmp_path):
+    """OmegaConf's messages end in "full_key: ..." and "object_type=dict": the line used to be that last one
+    ("ConfigAttributeError: object_type=dict"), which names nothing."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"trainer": {}})
+    OmegaConf.set_struct(cfg, True)
+    with pytest.raises(Exception) as here:
+        _ = cfg.trainer.max_epochs
+    assert error_line(here.value, tmp_path) == (
+        f"ConfigAttributeError: Key 'max_epochs' is not in struct (traceback in {tmp_path / 'error.log'})"
+    )
+    text = "".join(traceback.format_exception(here.value))  # the same, raised in worker 1
+    assert error_line(
+        ProcessRaisedException(f"\n\n-- Process 1 terminated with the following error:\n{text}", 1, 0), tmp_path
+    ) == (
+        "worker rank 1 failed: omegaconf.errors.ConfigAttributeError: Key 'max_epochs' is not in struct "
+        f"(traceback in {tmp_path / 'error.log'})"
+    )
+
+
 def test_a_peer_that_timed_out_waiting_names_the_worker_that_stopped_responding(tmp_path):
     fl = launcher(tmp_path, "failed", "killed", recorded={0: TIMED_OUT})
     verdict = fl._first_failure(raised(0, TIMED_OUT))
