@@ -386,8 +386,9 @@ def check_values(cfg: DictConfig) -> int:
     _need(ckpt is None or isinstance(ckpt, str), "ckpt_path", ckpt, "must be a checkpoint file or run dir (a path)")
     logs = t.get("log_every_n_steps")
     _need(logs is None or (_is_int(logs) and logs >= 1), "trainer.log_every_n_steps", logs, "must be an integer >= 1")
-    dropout = cfg.model.get("dropout")
-    _need(dropout is None or (_is_number(dropout) and 0 <= dropout < 1), "model.dropout", dropout, "must be in [0, 1)")
+    if "dropout" in cfg.model:  # the models that have one (null too: it used to reach the model's `<`)
+        dropout = cfg.model.dropout
+        _need(_is_number(dropout) and 0 <= dropout < 1, "model.dropout", dropout, "must be in [0, 1)")
 
     resolve_accumulation(cfg, workers * t.num_nodes)
     return workers

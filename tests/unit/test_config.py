@@ -117,6 +117,7 @@ BAD = [
     # text where a number belongs: before, a TypeError traceback from the comparison
     (["optimizer.weight_decay=abc"], "optimizer.weight_decay='abc' is invalid: must be >= 0"),
     (["model.dropout=abc"], "model.dropout='abc' is invalid: must be in [0, 1)"),
+    (["model.dropout=null"], "model.dropout=None is invalid: must be in [0, 1)"),  # was the model's "'<' not supported"
     # the MLP's param groups set each layer's decay: the optimizer's would be ignored, silently
     (
         ["model=mlp", "optimizer.weight_decay=0.1"],
