@@ -583,6 +583,13 @@ def _check_trainer_values(cfg: DictConfig) -> None:
         sanity,
         "must be an integer >= 0, or -1 for all validation batches",
     )
+    fast = t.get("fast_dev_run")  # Lightning's own refusal of text did not name the key ("invalid literal for int()")
+    _need(
+        fast is None or isinstance(fast, bool) or (_is_int(fast) and fast >= 0),
+        "trainer.fast_dev_run",
+        fast,
+        "allowed: true, false, or a number of batches >= 0",
+    )
     deterministic = t.get("deterministic")  # any other text ran as if true
     _need(
         deterministic is None or isinstance(deterministic, bool) or deterministic == "warn",

@@ -198,6 +198,9 @@ BAD = [
     (["trainer.check_val_every_n_epoch=0"], "trainer.check_val_every_n_epoch=0 is invalid: must be an integer >= 1"),
     (["trainer.num_sanity_val_steps=-5"], "trainer.num_sanity_val_steps=-5 is invalid: must be an integer >= 0, or -1"),
     (["trainer.deterministic=abc"], "trainer.deterministic='abc' is invalid: allowed: true, false, warn"),
+    # Lightning refused text with "invalid literal for int() with base 10", naming no key
+    (["trainer.fast_dev_run=abc"], "trainer.fast_dev_run='abc' is invalid: allowed: true, false, or a number of"),
+    (["trainer.fast_dev_run=-1"], "trainer.fast_dev_run=-1 is invalid"),
     (["trainer.benchmark=flase"], "trainer.benchmark='flase' is invalid: allowed: true, false, null"),
     # 0 was read as 1 (the default) and trained without a word
     (["trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches=0 is invalid: must be an integer >= 1"),
@@ -260,6 +263,9 @@ def test_the_augmentations_the_config_allows_are_the_ones_implemented():
         "trainer.limit_train_batches=0.5",
         "trainer.limit_train_batches=3",
         "trainer.limit_val_batches=0",
+        "trainer.fast_dev_run=true",
+        "trainer.fast_dev_run=3",
+        "trainer.fast_dev_run=0",
     ],
 )
 def test_trainer_values_psgd_checks_still_take_everything_lightning_means_by_them(override):
