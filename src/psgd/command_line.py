@@ -274,6 +274,12 @@ def command_line_problem(
             composed.append((job, cfg))
     if not composed:
         return None
+    subdir = OmegaConf.select(composed[0][1], "hydra.output_subdir", default=".hydra")
+    if multirun and subdir != ".hydra":  # the report found no job and failed after every job had trained
+        return (
+            f"hydra.output_subdir={'null' if subdir is None else subdir} would leave the sweep without its "
+            "report, which reads each job's Hydra config from <job>/.hydra/: leave hydra.output_subdir as it is"
+        )
     problem = _output_problem(composed[0][1], multirun)
     return problem or (job_check(composed) if job_check else None)
 

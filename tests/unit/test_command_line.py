@@ -51,6 +51,9 @@ BAD = [
     (["~data"], "~data removes the data settings psgd reads; choose one instead: data can be: cifar10, fashion_mnist"),
     (["model=null"], "model=null removes the model settings psgd reads; choose one instead: model can be: lab_cnn,"),
     (["-m", "model=null,mlp"], "model=null,mlp: null removes the model settings psgd reads"),
+    # the report reads <job>/.hydra/: every job trained, then "no report: ... holds no job dirs"
+    (["-m", "seed=0,1", "hydra.output_subdir=null"], "hydra.output_subdir=null would leave the sweep without its"),
+    (["-m", "hydra.output_subdir=cfg"], "reads each job's Hydra config from <job>/.hydra/: leave hydra.output_subdir"),
     # interval() is for sampling sweepers: the basic one raised a HydraException traceback, leaving a sweep dir
     (["-m", "optimizer.lr=interval(0.01,0.1)"], "optimizer.lr=interval(0.01,0.1) asks for values drawn from a range"),
     (["workers=interval(1,4)"], "psgd's sweeper runs the values listed: workers=1,2,4 or workers=range(1,5)"),
@@ -140,6 +143,7 @@ def test_every_documented_sweep_passes_psgds_value_checks(tmp_path, monkeypatch)
         ["-m", "workers=range(1,3)", "optimizer.lr=0.1,0.2"],
         ["++trainer.max_epochs=2", "+trainer.new_key=1", "~trainer.new_key"],  # a key the command line added
         ["experiment=null"],  # a group chosen by no default
+        ["hydra.output_subdir=null"],  # one run: no .hydra/ in its dir (no report reads it)
         ["data.partition_sizes=[0.5,0.4]"],  # composes; psgd's own config check reports the sum later
         ["--cfg", "job", "model=resnet50"],  # Hydra's own flags: left to Hydra
         ["--config-dir=elsewhere", "model=resnet50"],
