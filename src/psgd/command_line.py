@@ -419,7 +419,7 @@ def earlier_results(out: Path, key: str) -> str | None:
     run_dir)."""
     fix = f"set {key} to a new folder, or delete that one"
     if key == "hydra.sweep.dir":
-        jobs = len(list(out.glob("*/metrics.json")))
+        jobs = len(list(out.glob("**/metrics.json")))  # <n>/, or folders a changed hydra.sweep.subdir names
         held = [f"{jobs} job record(s)"] if jobs else []
         held += ["report.md"] if (out / "report.md").exists() else []
         if not held:

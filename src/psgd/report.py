@@ -124,7 +124,7 @@ def load_job(path: Path) -> Job | None:
     workers = metrics.get("world_size") or _config_workers(cfg)
     precision = OmegaConf.select(cfg, "trainer.precision", default=None)  # 16 in YAML is an int
     return Job(
-        num=int(path.name) if path.name.isdigit() else -1,
+        num=_job_num(path),
         path=path,
         overrides=overrides,
         status=status,
@@ -148,12 +148,22 @@ def _config_workers(cfg) -> int:
 
 
 def load_jobs(sweep_dir: Path) -> list[Job]:
-    jobs = [load_job(p) for p in sorted(sweep_dir.iterdir(), key=_dir_order) if p.is_dir()]
-    return [j for j in jobs if j is not None]
+    """The jobs under `sweep_dir`: Hydra's <n>/, or any folders a changed hydra.sweep.subdir made
+    (`${hydra.job.override_dirname}`: workers=2,seed=0/, nested where a value has a /), in job order."""
+    found = sorted(f.parent.parent for f in sweep_dir.glob("**/.hydra/config.yaml") if f.parent.parent != sweep_dir)
+    jobs = [j for j in map(load_job, found) if j is not None]
+    return sorted(jobs, key=lambda j: (j.num < 0, j.num, str(j.path)))
 
 
-def _dir_order(p: Path) -> tuple[int, str]:
-    return (int(p.name), "") if p.name.isdigit() else (1 << 30, p.name)
+def _job_num(path: Path) -> int:
+    """The job's number in its sweep: its dir's name (Hydra's <n>/), else what Hydra recorded; -1 if unknown."""
+    if path.name.isdigit():
+        return int(path.name)
+    try:
+        num = OmegaConf.load(path / ".hydra" / "hydra.yaml").hydra.job.num
+        return int(num)
+    except Exception:  # no hydra.yaml, damaged, or no number in it
+        return -1
 
 
 def swept_keys(jobs: list[Job]) -> list[str]:
@@ -567,7 +577,7 @@ def write_report(sweep_dir: str | Path) -> Report:
         raise FileNotFoundError(f"sweep dir {sweep_dir} {'is a file' if sweep_dir.exists() else 'does not exist'}")
     jobs = load_jobs(sweep_dir)
     if not jobs:
-        raise FileNotFoundError(f"{sweep_dir} holds no job dirs (<n>/.hydra/config.yaml): is it a sweep dir?")
+        raise FileNotFoundError(f"{sweep_dir} holds no job dirs (<job>/.hydra/config.yaml): is it a sweep dir?")
     swept = swept_keys(jobs)
     rows, summary = build_rows(jobs, swept)
     for p in PLOTS:  # plots of an earlier build that no longer apply must not linger

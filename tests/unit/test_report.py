@@ -214,6 +214,22 @@ def test_a_job_record_damaged_by_hand_is_a_failed_job_not_a_traceback(tmp_path):
     assert [r["status"] for r in read_csv(tmp_path / "report.csv")] == ["completed"] + ["failed"] * 4
 
 
+def test_jobs_in_folders_a_changed_sweep_subdir_names_are_found_in_job_order(seeded_sweep):
+    """hydra.sweep.subdir=${hydra.job.override_dirname}: job folders named by their overrides, nested where a
+    value holds a / (data.root=/data/x). The report used to find none ("is it a sweep dir?") after every job
+    had trained."""
+    for job in sorted(p for p in seeded_sweep.iterdir() if p.name.isdigit()):
+        hydra_yaml = {"hydra": {"job": {"num": int(job.name)}}}
+        (job / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(hydra_yaml))
+        named = seeded_sweep / "data.root=" / "data" / f"seed{(6 - int(job.name)) % 7},n{job.name}"  # not in job order
+        named.parent.mkdir(parents=True, exist_ok=True)
+        job.rename(named)
+    report = write_report(seeded_sweep)
+    assert [j.num for j in report.jobs] == list(range(7))
+    assert [r["speedup"] for r in report.summary] == pytest.approx([1.0, 2.0, 42 / 13], abs=1e-3)  # as printed
+    assert [j.num for j in report.failed] == [6]
+
+
 def test_rebuild_command_exit_codes(tmp_path, seeded_sweep, capsys):
     assert main([str(seeded_sweep)]) == 1  # one job failed
     assert "6/7 jobs completed, 1 failed (jobs 6)" in capsys.readouterr().out
