@@ -416,6 +416,12 @@ def check(cfg: DictConfig) -> Plan:
     launcher = external_launcher(workers * t.num_nodes)
     if launcher:
         check_external(launcher, cfg.strategy.name, workers, t.num_nodes)
+    elif t.num_nodes > 1:  # psgd's workers waited for the other nodes' until strategy.timeout_s (30 min)
+        raise ConfigError(
+            f"trainer.num_nodes={t.num_nodes} needs a launcher that starts the workers on every node (torchrun "
+            f"--nnodes {t.num_nodes} ... train.py, or srun --nodes {t.num_nodes} ...; see the README's Scaling out): "
+            "psgd starts workers on this machine only; use trainer.num_nodes=1 here"
+        )
     elif accelerator == "gpu":
         check_gpu_count(workers, "workers" if t.get("devices") is None else "trainer.devices")
     per_node, threads = workers, cfg.get("threads_per_worker")

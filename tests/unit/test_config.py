@@ -109,6 +109,8 @@ BAD = [
     (["seed=-1"], "seed=-1"),
     (["strategy=model_averaging", "strategy.period=0"], "strategy.period=0"),
     (["strategy=hogwild", "trainer.num_nodes=2"], "trainer.num_nodes=2"),
+    # without torchrun / srun nobody starts the other node's workers: psgd's waited for them for 30 min
+    (["workers=2", "trainer.num_nodes=2"], "trainer.num_nodes=2 needs a launcher that starts the workers on every"),
     (["flush_denormal=maybe"], "flush_denormal='maybe'"),
     (["data.on_device=yes"], "data.on_device='yes' is invalid: must be true or false"),
     (["data.drop_last=1"], "data.drop_last=1 is invalid: must be true or false"),
@@ -217,6 +219,7 @@ NEEDS_THE_MACHINE = {
     "+optimizer.foo=1",
     "optimizer=adam +optimizer.eps=true",
     "+optimizer.maximize=flase",
+    "workers=2 trainer.num_nodes=2",  # the launcher (torchrun, srun) is the machine's
 }
 
 
