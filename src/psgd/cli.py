@@ -88,6 +88,13 @@ def collective_failure(e: BaseException) -> str | None:
     return f"worker rank {_global_rank() or '?'} failed: {type(e).__name__}: {last} ({why})"
 
 
+def port_taken(e: BaseException) -> str | None:
+    """The port that rank 0's rendezvous store could not listen on (EADDRINUSE: MASTER_PORT taken), here
+    or in a worker; else None."""
+    found = re.search(r"port: (\d+)[^\n]*EADDRINUSE", str(e))
+    return found.group(1) if found else None
+
+
 def unwritable(e: BaseException) -> str | None:
     """Why a result could not be written (`No space left on device: '<file>'`), for an OSError of
     NO_ROOM raised here or in a worker; else None."""
@@ -111,6 +118,11 @@ def error_line(e: BaseException, run_dir: Path) -> str:
         )
     if line := collective_failure(e):
         return line
+    if port := port_taken(e):
+        return (
+            f"the workers' rendezvous port {port} is taken by another process (another run given the same "
+            "MASTER_PORT?): unset MASTER_PORT to let psgd pick a free port, or set a free one"
+        )
     if isinstance(e, KilledWorker):  # WorkerUnresponsive, WorkerOutOfMemory: the message says why
         return f"{e}; results of finished epochs are in {run_dir}"
     if isinstance(e, ProcessRaisedException):

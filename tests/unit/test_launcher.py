@@ -85,6 +85,19 @@ def test_an_errors_line_is_the_first_of_its_message_here_and_the_named_one_from_
     )
 
 
+def test_a_taken_master_port_says_so_and_how_to_free_it(tmp_path):
+    """MASTER_PORT exported for another run: rank 0's store cannot listen (the line was torch's
+    "DistNetworkError: The server socket has failed to listen on any local network address...")."""
+    taken = (
+        "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. "
+        "port: 29533, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"
+    )
+    assert error_line(raised(0, taken), tmp_path) == (
+        "the workers' rendezvous port 29533 is taken by another process (another run given the same MASTER_PORT?): "
+        "unset MASTER_PORT to let psgd pick a free port, or set a free one"
+    )
+
+
 def test_a_peer_that_timed_out_waiting_names_the_worker_that_stopped_responding(tmp_path):
     fl = launcher(tmp_path, "failed", "killed", recorded={0: TIMED_OUT})
     verdict = fl._first_failure(raised(0, TIMED_OUT))
