@@ -133,22 +133,22 @@ def error_line(e: BaseException, run_dir: Path) -> str:
             why = " (it waited longer than strategy.timeout_s for another worker)"
         else:  # an error of its own, a bug maybe (its traceback is the worker's, in the exception's text)
             why = f" (traceback in {traceback_path(run_dir)})" if keeps_traceback(e) else ""
-        return f"worker rank {e.error_index} failed: {exception_line(e)}{why}"
+        return f"worker rank {e.error_index} failed: {message_line(e)}{why}"
     if isinstance(e, ProcessExitedException):
         how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
         return f"worker rank {e.error_index} died ({how}); results of finished epochs are in {run_dir}"
     rank = _global_rank()  # under torchrun / srun each worker is a train.py process and says its rank
     who = f"worker rank {rank} failed: " if rank is not None else ""
-    # a message's first line: OmegaConf's errors add "full_key: ..." and "object_type=dict" below it
-    return f"{who}{type(e).__name__}: {text_lines(e)[0]} (traceback in {traceback_path(run_dir)})"
+    return f"{who}{type(e).__name__}: {message_line(e)} (traceback in {traceback_path(run_dir)})"
 
 
-def exception_line(e: BaseException) -> str:
-    """The line of a worker's traceback text that names its exception (`Type: message`; the first line
-    of a multi-line message), else its last line."""
+def message_line(e: BaseException) -> str:
+    """The last line of an error's message (of a worker's traceback text), which says what went wrong,
+    above the context OmegaConf's errors end with ("full_key: workers", "object_type=dict")."""
     lines = text_lines(e)
-    named = r"(?:\w+\.)*\w*(?:Error|Exception|Interrupt|Exit)(?::|$)"
-    return next((ln for ln in reversed(lines) if re.match(named, ln)), lines[-1])
+    while len(lines) > 1 and re.match(r"(full_key: |object_type=|reference_type=)", lines[-1]):
+        lines.pop()
+    return lines[-1]
 
 
 def traceback_path(run_dir: Path) -> Path:
