@@ -148,9 +148,12 @@ def _config_workers(cfg) -> int:
 
 
 def load_jobs(sweep_dir: Path) -> list[Job]:
-    """The jobs under `sweep_dir`: Hydra's <n>/, or any folders a changed hydra.sweep.subdir made
-    (`${hydra.job.override_dirname}`: workers=2,seed=0/, nested where a value has a /), in job order."""
-    found = sorted(f.parent.parent for f in sweep_dir.glob("**/.hydra/config.yaml") if f.parent.parent != sweep_dir)
+    """The jobs under `sweep_dir`: Hydra's <n>/, or in a sweep dir Hydra made (with its multirun.yaml)
+    any folders a changed hydra.sweep.subdir named (`${hydra.job.override_dirname}`: workers=2,seed=0/,
+    nested where a value has a /), in job order. (Only there is the whole tree searched: not a home
+    folder given by mistake.)"""
+    pattern = "**/.hydra/config.yaml" if (sweep_dir / "multirun.yaml").is_file() else "*/.hydra/config.yaml"
+    found = sorted(f.parent.parent for f in sweep_dir.glob(pattern) if f.parent.parent != sweep_dir)
     jobs = [j for j in map(load_job, found) if j is not None]
     return sorted(jobs, key=lambda j: (j.num < 0, j.num, str(j.path)))
 

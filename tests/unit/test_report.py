@@ -224,6 +224,9 @@ def test_jobs_in_folders_a_changed_sweep_subdir_names_are_found_in_job_order(see
         named = seeded_sweep / "data.root=" / "data" / f"seed{(6 - int(job.name)) % 7},n{job.name}"  # not in job order
         named.parent.mkdir(parents=True, exist_ok=True)
         job.rename(named)
+    with pytest.raises(FileNotFoundError, match="is it a sweep dir"):  # no multirun.yaml: one level only
+        write_report(seeded_sweep)  # (so that a home folder given by mistake is not searched whole)
+    (seeded_sweep / "multirun.yaml").write_text("hydra: {}\n")  # as Hydra leaves a sweep dir
     report = write_report(seeded_sweep)
     assert [j.num for j in report.jobs] == list(range(7))
     assert [r["speedup"] for r in report.summary] == pytest.approx([1.0, 2.0, 42 / 13], abs=1e-3)  # as printed
