@@ -17,6 +17,7 @@ import re
 import socket
 import sys
 import time
+import zipfile
 from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext, suppress
 from datetime import timedelta
@@ -263,9 +264,16 @@ def resolve_ckpt_path(
         return None
     path = Path(value).expanduser()  # as data.root: ckpt_path='~/runs/...'
     if path.is_dir():
+        if (path / "multirun.yaml").is_file():  # a sweep's dir: its jobs are the runs
+            jobs = [c.parent.parent for c in path.glob("*/checkpoints/last.ckpt")]
+            jobs.sort(key=lambda d: (len(d.name), d))  # 0, 1, ..., 10
+            example = f", e.g. {jobs[0]}" if jobs else ""
+            raise ConfigError(f"ckpt_path={value!r} is a sweep's dir: give one job's run dir{example}")
         path = path / "checkpoints" / "last.ckpt"
     if not path.is_file():
         raise ConfigError(f"ckpt_path={value!r} is invalid: no checkpoint at {path} (give a .ckpt file or a run dir)")
+    if not zipfile.is_zipfile(path):  # torch.save's format (Lightning's checkpoints too)
+        raise ConfigError(f"ckpt_path={value!r} is not a checkpoint file (give a .ckpt file or a run dir)")
     try:  # weights only: a checkpoint is data, never code
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
         saved = checkpoint["state_dict"]

@@ -157,10 +157,21 @@ def test_a_checkpoint_of_another_model_or_no_checkpoint_is_refused(tmp_path, mon
     lab_cnn = Classifier(LabCNN(), partial(torch.optim.SGD), lr=0.02)
     with pytest.raises(ConfigError, match=r"does not fit this run's model: net\.\S+ is missing in the checkpoint"):
         resolve_ckpt_path(path, lab_cnn)
-    garbage = tmp_path / "garbage.ckpt"
+    garbage = tmp_path / "garbage.ckpt"  # e.g. report.md given by mistake: torch's text was about weights_only
     garbage.write_bytes(b"not a checkpoint")
-    with pytest.raises(ConfigError, match=r"is not a psgd checkpoint loadable as weights only \(UnpicklingError"):
+    with pytest.raises(ConfigError, match=r"garbage.ckpt' is not a checkpoint file \(give a .ckpt file or a run dir\)"):
         resolve_ckpt_path(str(garbage), mlp)
+    code = tmp_path / "code.ckpt"  # a torch file that would run code when loaded
+    torch.save({"state_dict": {}, "hook": partial(print)}, code)
+    with pytest.raises(ConfigError, match=r"is not a psgd checkpoint loadable as weights only \(UnpicklingError"):
+        resolve_ckpt_path(str(code), mlp)
+    sweep = tmp_path / "sweep"  # a sweep's dir: its jobs' dirs are the runs
+    for job in ("0", "1", "10"):
+        (sweep / job / "checkpoints").mkdir(parents=True)
+        save(sweep / job / "checkpoints" / "last.ckpt", mlp)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    with pytest.raises(ConfigError, match=rf"is a sweep's dir: give one job's run dir, e\.g\. {sweep / '0'}$"):
+        resolve_ckpt_path(str(sweep), mlp)
     with pytest.raises(ConfigError, match=r"no checkpoint at .*nowhere \(give a .ckpt file or a run dir\)"):
         resolve_ckpt_path(str(tmp_path / "nowhere"), mlp)
     # a run dir stands for its last checkpoint
