@@ -202,6 +202,23 @@ def check_command_line(
         fail(problem, every_worker_finds_it=True)
 
 
+def _without_config_dir(texts: list[str]) -> tuple[str | None, list[str]]:
+    """Hydra's `--config-dir <dir>` (or `-cd <dir>`, `--config-dir=<dir>`: a config folder searched besides
+    psgd's) taken out of the arguments: (that folder or None, the other arguments)."""
+    folder, rest = None, []
+    words = iter(texts)
+    for a in words:
+        if a.startswith("--config-dir="):
+            folder = a.split("=", 1)[1]
+        elif a in ("--config-dir", "-cd"):
+            folder = next(words, None)
+            if folder is None:
+                return None, texts  # no folder after it: Hydra's to judge
+        else:
+            rest.append(a)
+    return folder, rest
+
+
 def command_line_problem(
     config_name: str, argv: list[str], config_dir: Path, job_check: JobCheck | None = None
 ) -> str | None:
@@ -211,14 +228,24 @@ def command_line_problem(
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         return None
     multirun = any(a in MULTIRUN_FLAGS for a in argv)
-    texts = [a for a in argv if a not in MULTIRUN_FLAGS]
+    extra_dir, texts = _without_config_dir([a for a in argv if a not in MULTIRUN_FLAGS])
     if any(a.startswith("-") for a in texts):  # no override starts with "-"
-        return None  # other Hydra flags (-cn, --config-dir=..., --cfg job, --help ...): Hydra's to judge
+        return None  # other Hydra flags (-cn, --cfg job, --help ...): Hydra's to judge
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
     # glob() sweeps pick among a config group's choices, which only Hydra's config loader knows
     globs = multirun and any("glob(" in t for t in texts)
+    if extra_dir is not None:  # --config-dir: the user's configs are searched besides psgd's, as Hydra does
+        searched = Path(extra_dir).absolute()
+        if (
+            globs
+            or "'" in str(searched)
+            or not searched.is_dir()
+            or any(t.startswith("hydra.searchpath") for t in texts)
+        ):
+            return None  # a glob over the user's choices, or a search path of their own: Hydra's to judge
+        texts = [*texts, f"hydra.searchpath=['file://{searched}']"]
     parser = OverridesParser.create(config_loader=_config_loader(config_dir) if globs else None)
     try:
         overrides = parser.parse_overrides(texts)

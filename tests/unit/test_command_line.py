@@ -245,6 +245,24 @@ def test_a_folder_where_nothing_can_be_made_is_one_line():
     assert problem.startswith("cannot write results to /proc/1/psgd-run: ") and "in /proc/1;" in problem
 
 
+def test_a_config_dir_of_ones_own_is_searched_besides_psgds(tmp_path):
+    """--config-dir adds the user's configs (a model of their own): the check composes with them, as Hydra
+    does. It used to leave such a command line unchecked, to Hydra's 15-line report or a job's failure."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "mini.yaml").write_text("name: mini\n_target_: psgd.models.MLP\n")
+    for flag in ([f"--config-dir={tmp_path}"], ["--config-dir", str(tmp_path)], ["-cd", str(tmp_path)]):
+        assert command_line_problem("train", [*flag, "model=mini"], CONF) is None
+        assert command_line_problem("sweep", ["-m", *flag, "model=mini,mlp", "workers=1,2"], CONF) is None
+        problem = command_line_problem("train", [*flag, "model=minj"], CONF)
+        assert problem == "model=minj is unknown (did you mean model=mini?); model can be: " + (
+            "lab_cnn, mini, mlp, singa_cnn, wide_resnet"
+        )
+    problem = command_line_problem("train", ["-cd", str(tmp_path), "model=mini", "trainer.max_epoch=3"], CONF)
+    assert problem.startswith("trainer.max_epoch is not a setting (did you mean trainer.max_epochs?)")
+    # a glob over the user's choices: only Hydra's loader of that dir lists them
+    assert command_line_problem("sweep", ["-m", "-cd", str(tmp_path), "model=glob(mi*)"], CONF) is None
+
+
 @pytest.mark.parametrize(
     "value", ["/data/mnist", "/home/jürgen/my data", "~/data", "/data/run#1", "it's", 'a"b$HOME!', "C:\\d\\", "q\\'x"]
 )
