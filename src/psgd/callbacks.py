@@ -16,7 +16,7 @@ from typing_extensions import override
 
 from psgd.data.partition import generator
 from psgd.results import save_atomic, write_csv, write_json
-from psgd.signals import handler_for_this_process, launched_worker
+from psgd.signals import handler_for_this_process, launched_worker, this_process
 from psgd.strategies._lightning import handle_sigterm_with, without_per_step_collectives
 
 
@@ -391,6 +391,7 @@ class RunRecorder(Callback):
         return {
             **self.run_info,
             "status": status,
+            "process": this_process(),  # while "running": the report tells a live job from a killed one
             "epochs": len(self.history),
             "train_time_s": round(self.cumulative_s, 4),
             "samples_per_s": round(samples / self.cumulative_s, 1) if self.cumulative_s > 0 else None,

@@ -33,6 +33,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from psgd.results import NO_ROOM, atomic_file, failed_write, read_json, write_atomic, write_csv
+from psgd.signals import alive
 
 WORKER_KEYS = ("workers", "trainer.devices")  # the key that sets P
 SEED_KEYS = ("seed",)
@@ -84,8 +85,13 @@ class Report:
 
     @property
     def failed(self) -> list[Job]:
-        """Every job that did not complete: failed or interrupted."""
-        return [j for j in self.jobs if not j.ok]
+        """Every job that did not complete: failed or interrupted (not one still running)."""
+        return [j for j in self.jobs if not j.ok and j.status != "running"]
+
+    @property
+    def running(self) -> list[Job]:
+        """Jobs still training (a report rebuilt while the sweep runs): their process is alive."""
+        return [j for j in self.jobs if j.status == "running"]
 
     @property
     def interrupted(self) -> list[Job]:
@@ -119,7 +125,9 @@ def load_job(path: Path) -> Job | None:
         metrics, unreadable = {}, unreadable or f"{record} is unreadable ({type(e).__name__}: {e})"
     status = "failed" if unreadable else metrics.get("status", "not finished")
     error = unreadable or metrics.get("error")
-    if status in ("running", "trained"):  # the job process ended without writing its final status
+    if status in ("running", "trained") and alive(metrics.get("process")):  # a sweep still at work
+        status = "running"
+    elif status in ("running", "trained"):  # the job process ended without writing its final status
         status, error = "failed", error or f"ended with status {status!r} (killed?)"
     workers = metrics.get("world_size") or _config_workers(cfg)
     precision = OmegaConf.select(cfg, "trainer.precision", default=None)  # 16 in YAML is an int
@@ -391,13 +399,14 @@ def _pm(mean: float | None, std: float | None, scale: float = 1.0, digits: int =
 
 
 def render_markdown(sweep_dir: Path, report: Report) -> str:
-    ok = len(report.jobs) - len(report.failed)
-    interrupted = len(report.interrupted)
+    ok = len(report.jobs) - len(report.failed) - len(report.running)
+    interrupted, running = len(report.interrupted), len(report.running)
     out = [
         f"# Sweep report: {sweep_dir}",
         "",
         f"{len(report.jobs)} jobs: {ok} completed, {len(report.failed) - interrupted} failed"
         + (f", {interrupted} interrupted" if interrupted else "")
+        + (f", {running} still running (their figures are of the epochs so far)" if running else "")
         + ". "
         f"Swept: {', '.join(report.swept) or 'nothing'}.",
         "Times are training only (validation and process start excluded). "
@@ -624,11 +633,13 @@ def unwritten(e: OSError, sweep_dir: Path) -> str:
 
 
 def describe(report: Report, sweep_dir: Path) -> str:
-    ok = len(report.jobs) - len(report.failed)
-    parts = [f"psgd: sweep finished: {ok}/{len(report.jobs)} jobs completed"]
+    ok = len(report.jobs) - len(report.failed) - len(report.running)
+    state = "still running" if report.running else "finished"
+    parts = [f"psgd: sweep {state}: {ok}/{len(report.jobs)} jobs completed"]
     for word, jobs in (
         ("failed", [j for j in report.failed if j.status != "interrupted"]),
         ("interrupted", report.interrupted),
+        ("running", report.running),
     ):
         if jobs:
             parts.append(f", {len(jobs)} {word} (jobs {', '.join(str(j.num) for j in jobs)})")

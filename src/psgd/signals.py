@@ -33,6 +33,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -276,6 +277,22 @@ def process_tag(pid: int) -> str:
     """`<pid>-<start time>`: names one process for as long as the machine runs (a pid is reused)."""
     fields = proc_stat(pid)
     return f"{pid}-{fields[19] if len(fields) > 19 else 0}"
+
+
+def this_process() -> dict[str, str | int]:
+    """This process as a run's record names it: its machine, pid and `process_tag` (`alive` finds it)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "tag": process_tag(os.getpid())}
+
+
+def alive(process: object) -> bool:
+    """Whether the process a record names (`this_process`) still runs: on this machine, the same pid and
+    start time (a pid is reused). False for one on another machine, or a record without it."""
+    if not isinstance(process, dict) or process.get("host") != socket.gethostname():
+        return False
+    try:
+        return process_tag(int(process["pid"])) == process.get("tag") and proc_stat(int(process["pid"]))[0] != "Z"
+    except (KeyError, TypeError, ValueError, IndexError):
+        return False
 
 
 def temp_folder_of_this_process(prefix: str) -> Path:

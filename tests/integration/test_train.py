@@ -4,6 +4,7 @@ import errno
 import logging
 import os
 import re
+import socket
 import stat
 import threading
 import warnings
@@ -18,6 +19,7 @@ from psgd.callbacks import denormals_flushed
 from psgd.config import ConfigError
 from psgd.data.datasets import MNIST
 from psgd.run import train
+from psgd.signals import alive
 
 TINY = ["quiet=true", "data.batch_size=32", "data.eval_batch_size=64"]
 
@@ -66,6 +68,8 @@ def test_run_learns_and_reports_its_test_accuracy(single_run, tiny_data):
     assert [h["samples"] for h in m["history"]] == [512, 512, 512]  # every sample once per epoch
     assert m["train_time_s"] == pytest.approx(sum(h["epoch_s"] for h in m["history"]), abs=1e-3)
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    # the process that trained (a report rebuilt mid-sweep tells a live job from a killed one by it): gone now
+    assert m["process"]["host"] == socket.gethostname() and m["process"]["pid"] > 0 and not alive(m["process"])
 
 
 def test_resuming_a_finished_run_says_nothing_is_left_to_train(single_run, tiny_data, tmp_path):

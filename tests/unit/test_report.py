@@ -5,6 +5,8 @@ import csv
 import errno
 import json
 import os
+import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from psgd.report import main, write_report
+from psgd.signals import this_process
 from psgd.sweep import LAST, SweepReport, progress_line, shown_overrides, sweep_lengths
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -194,9 +197,31 @@ def test_no_1_worker_job_means_no_speedup_and_a_note(tmp_path):
 def test_a_job_left_running_is_reported_failed(tmp_path):
     make_job(tmp_path, 0, {"seed": 0}, done("ddp", 1, 5.0, 0.9))
     make_job(tmp_path, 1, {"seed": 1}, {"status": "running", "strategy": "ddp", "world_size": 1})
+    with subprocess.Popen(["true"]) as gone:  # a record naming a process that has exited (killed)
+        pass
+    dead = {"host": socket.gethostname(), "pid": gone.pid, "tag": f"{gone.pid}-0"}
+    make_job(tmp_path, 2, {"seed": 2}, {"status": "running", "strategy": "ddp", "world_size": 1, "process": dead})
     report = write_report(tmp_path)
-    assert [j.status for j in report.jobs] == ["completed", "failed"]
-    assert "killed?" in report.jobs[1].error
+    assert [j.status for j in report.jobs] == ["completed", "failed", "failed"]
+    assert "killed?" in report.jobs[1].error and "killed?" in report.jobs[2].error
+
+
+def test_a_job_still_training_is_running_not_failed(tmp_path, capsys):
+    """A report rebuilt while the sweep runs (python -m psgd.report <its dir>): the job at work used to be
+    listed as failed ("ended with status 'running' (killed?)") and the rebuild exited 1."""
+    make_job(tmp_path, 0, {"seed": 0}, done("ddp", 1, 5.0, 0.9))
+    live = {**done("ddp", 1, 2.0, 0.5), "status": "running", "process": this_process()}  # this test's process
+    make_job(tmp_path, 1, {"seed": 1}, live)
+    assert main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("psgd: sweep still running: 1/2 jobs completed, 1 running (jobs 1); report in ")
+    report = write_report(tmp_path)
+    assert [j.status for j in report.jobs] == ["completed", "running"] and not report.failed
+    assert [r["status"] for r in report.rows] == ["completed", "running"]
+    assert "2 jobs: 1 completed, 0 failed, 1 still running" in (tmp_path / "report.md").read_text()
+    elsewhere = {**this_process(), "host": "another-machine"}  # a SLURM node: cannot be told, as before
+    make_job(tmp_path, 2, {"seed": 2}, {**live, "process": elsewhere})
+    assert [j.status for j in write_report(tmp_path).jobs] == ["completed", "running", "failed"]
 
 
 def test_a_job_record_damaged_by_hand_is_a_failed_job_not_a_traceback(tmp_path):
