@@ -13,6 +13,7 @@ from psgd.command_line import (  # light: torch loads once the line is checked
     check_command_line,
     exit_interrupted,
     exit_pipe_closed,
+    hydra_order,
     interpreter_flags,
     is_multirun,
     load_training,
@@ -41,6 +42,7 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    sys.argv[1:] = hydra_order(sys.argv[1:])  # Hydra's flags after the overrides, where Hydra reads them
     if is_multirun(sys.argv[1:]):  # `train.py -m ...` is a sweep: sweep.py's line per job, report and exit code
         sweep = str(Path(__file__).resolve().with_name("sweep.py"))
         os.execv(sys.executable, [sys.executable, *interpreter_flags(), sweep, *sys.argv[1:]])

@@ -175,13 +175,39 @@ def interpreter_flags() -> list[str]:
 def sweep_argv(argv: list[str]) -> list[str]:
     """sweep.py's arguments (argv[1:]) as Hydra must get them: always a multirun, `-m` first.
 
-    Hydra reads a `-m` after an override as an unknown argument (argparse's usage text, exit 2), and
+    Hydra reads a `-m` between overrides as an unknown argument (argparse's usage text, exit 2), and
     without `-m` it would run one plain job: sweep.py adds it, in front. A line with other Hydra flags
-    (--cfg, -cn, --help ...) is passed on as it is, for Hydra to judge."""
+    (--cfg, -cn, --help ...) is not made a multirun: Hydra's flags go after the overrides, as Hydra
+    reads them (`hydra_order`)."""
     rest = [a for a in argv if a not in MULTIRUN_FLAGS]
     if any(a.startswith("-") for a in rest):
-        return argv
+        return hydra_order(argv)
     return ["-m", *rest]
+
+
+def hydra_order(argv: list[str]) -> list[str]:
+    """A script's arguments with Hydra's flags (and their values) after all the overrides. Hydra's
+    argparse takes the overrides only as one run of words: `a=1 --config-dir my_conf b=2` failed with
+    "unrecognized arguments: b=2" (and usage text, exit 2). Overrides first, not flags first: `--info`
+    takes an optional topic, and would take the override after it for one."""
+    from hydra._internal.utils import get_args_parser
+
+    actions = {s: a for a in get_args_parser()._actions for s in a.option_strings}
+    flags, overrides, words = [], [], list(argv)
+    while words:
+        word = words.pop(0)
+        if not word.startswith("-"):
+            overrides.append(word)
+            continue
+        flags.append(word)
+        action = actions.get(word)  # None: unknown (argparse's to judge), or --flag=value with its value
+        if (
+            action is not None
+            and words
+            and (action.nargs is None or (action.nargs == "?" and words[0] in (action.choices or ())))
+        ):
+            flags.append(words.pop(0))  # --cfg job, -cd my_conf, --info defaults
+    return overrides + flags
 
 
 # Judges the composed jobs once Hydra would accept them all: (overrides, config) of each job, the

@@ -248,6 +248,15 @@ def test_help_says_what_the_script_does_and_a_closed_pipe_ends_it_quietly(script
     assert reader_gone.stderr.read() == ""  # it was Python's BrokenPipeError traceback
 
 
+@pytest.mark.parametrize("script", ["train.py", "sweep.py"])
+def test_hydras_flags_among_the_overrides_are_read_as_hydra_reads_them_at_the_end(script):
+    """`python train.py workers=2 --cfg job seed=3`: argparse took the overrides as one run only and
+    stopped with its usage text and "unrecognized arguments: seed=3" (exit 2)."""
+    proc = run_cli(script, "workers=2", "--cfg", "job", "seed=3", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "\nworkers: 2\n" in f"\n{proc.stdout}" and "\nseed: 3\n" in proc.stdout
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize(
     "overrides,line",

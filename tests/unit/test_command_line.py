@@ -81,9 +81,11 @@ def test_a_mistyped_choice_or_key_is_one_line_naming_it_and_what_is_allowed(argv
         (["workers=1,2", "seed=0", "-m"], ["-m", "workers=1,2", "seed=0"]),
         (["--multirun", "workers=1,2"], ["-m", "workers=1,2"]),
         (["-m", "workers=1,2"], ["-m", "workers=1,2"]),
-        # other Hydra flags: left to Hydra as written
-        (["--cfg", "job", "workers=1"], ["--cfg", "job", "workers=1"]),
+        # other Hydra flags: no multirun made of them; after the overrides, with their values
+        (["--cfg", "job", "workers=1"], ["workers=1", "--cfg", "job"]),
         (["workers=1,2", "-m", "--info"], ["workers=1,2", "-m", "--info"]),
+        # argparse took the overrides as one run only: "unrecognized arguments: seed=1"
+        (["workers=1", "--cfg", "job", "seed=1"], ["workers=1", "seed=1", "--cfg", "job"]),
     ],
 )
 def test_sweep_py_always_runs_a_multirun_with_the_flag_where_hydra_reads_it(argv, expected):
