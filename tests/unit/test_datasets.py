@@ -92,6 +92,27 @@ def test_cifar10_loads_files_in_cifars_own_format(tmp_path):
         assert not (image[:, row + 2, 2:30] == 255).all()
 
 
+def test_cifar10_from_its_tarball_alone_is_extracted_without_network(tmp_path, monkeypatch):
+    """The archive as a course hands it out (cifar-10-python.tar.gz in data.root), no network: torchvision
+    finds it by its md5 sum, extracts and loads it. (This archive stands in for the real one, whose md5
+    torchvision knows.)"""
+    import hashlib
+    import tarfile
+
+    from psgd.data import datasets
+
+    made = make_cifar_like(tmp_path / "made", per_batch=20, n_test=30)
+    root = tmp_path / "root"
+    root.mkdir()
+    archive = root / "cifar-10-python.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(made / "cifar-10-batches-py", arcname="cifar-10-batches-py")
+    monkeypatch.setattr(datasets.CIFAR10, "tgz_md5", hashlib.md5(archive.read_bytes()).hexdigest())
+    monkeypatch.setattr("urllib.request.urlopen", None)  # any download attempt fails
+    images, labels = load_split("cifar10", str(root), train=True, download=True, verify_md5=False)
+    assert images.shape == (100, 3, 32, 32) and labels.shape == (100,)
+
+
 def test_cifar10_md5_check_rejects_files_that_are_not_the_real_ones_and_says_how_to_accept_them(tmp_path):
     make_cifar_like(tmp_path, per_batch=5, n_test=5)
     with pytest.raises(DataError) as e:
