@@ -190,9 +190,7 @@ def hydra_order(argv: list[str]) -> list[str]:
     argparse takes the overrides only as one run of words: `a=1 --config-dir my_conf b=2` failed with
     "unrecognized arguments: b=2" (and usage text, exit 2). Overrides first, not flags first: `--info`
     takes an optional topic, and would take the override after it for one."""
-    from hydra._internal.utils import get_args_parser
-
-    actions = {s: a for a in get_args_parser()._actions for s in a.option_strings}
+    actions = _hydra_flags()
     flags, overrides, words = [], [], list(argv)
     while words:
         word = words.pop(0)
@@ -207,7 +205,50 @@ def hydra_order(argv: list[str]) -> list[str]:
             and (action.nargs is None or (action.nargs == "?" and words[0] in (action.choices or ())))
         ):
             flags.append(words.pop(0))  # --cfg job, -cd my_conf, --info defaults
+    if any(getattr(actions.get(f), "dest", None) in ("help", "hydra_help") for f in flags):
+        # the help composes one job: a sweep's values made it Hydra's traceback ("Ambiguous value")
+        flags = [f for f in flags if f not in MULTIRUN_FLAGS]
+        overrides = [o for o in overrides if not _sweeps(o)]
     return overrides + flags
+
+
+def _sweeps(text: str) -> bool:
+    """Whether the override `text` gives its key several values (a sweep); False if it does not parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_overrides([text])[0].is_sweep_override()
+    except Exception:  # Hydra's to judge
+        return False
+
+
+def _hydra_flags() -> dict:
+    """Hydra's command-line flags: each option string (-m, --multirun, --cfg ...) -> its argparse action."""
+    from hydra._internal.utils import get_args_parser
+
+    return {s: a for a in get_args_parser()._actions for s in a.option_strings}
+
+
+MODES = ("run", "multirun", "cfg", "info", "shell_completion")  # Hydra does one of these per call
+
+
+def _modes_problem(argv: list[str]) -> str | None:
+    """Two of Hydra's modes on one line (`-m --cfg job`, `--cfg job --info`): Hydra raised a ValueError
+    with its traceback ("Only one of --run, --multirun, --cfg, --info and --shell_completion can be
+    specified")."""
+    actions = _hydra_flags()
+    given: dict[str, str] = {}  # mode -> the flag as typed (-m and --multirun are one mode)
+    for a in argv:
+        mode = getattr(actions.get(a.split("=")[0]), "dest", None)
+        if mode in MODES:
+            given.setdefault(mode, a.split("=")[0])
+    if len(given) < 2:
+        return None
+    given = list(given.values())
+    return (
+        f"{' and '.join(given)} cannot go together: Hydra runs the job (or -m, a sweep), prints its config "
+        "(--cfg job) or prints information (--info), one of these per call"
+    )
 
 
 # Judges the composed jobs once Hydra would accept them all: (overrides, config) of each job, the
@@ -253,6 +294,8 @@ def command_line_problem(
     Then, with every job composed, `job_check`'s reason, if any."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         return None
+    if problem := _modes_problem(argv):
+        return problem
     multirun = any(a in MULTIRUN_FLAGS for a in argv)
     extra_dir, texts = _without_config_dir([a for a in argv if a not in MULTIRUN_FLAGS])
     if any(a.startswith("-") for a in texts):  # no override starts with "-"

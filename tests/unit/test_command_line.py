@@ -54,6 +54,9 @@ BAD = [
     # the report reads <job>/.hydra/: every job trained, then "no report: ... holds no job dirs"
     (["-m", "seed=0,1", "hydra.output_subdir=null"], "hydra.output_subdir=null would leave the sweep without its"),
     (["-m", "hydra.output_subdir=cfg"], "reads each job's Hydra config from <job>/.hydra/: leave hydra.output_subdir"),
+    # two of Hydra's modes: its ValueError traceback "Only one of --run, --multirun, --cfg, --info ..."
+    (["-m", "--cfg", "job", "workers=1,2"], "-m and --cfg cannot go together: Hydra runs the job (or -m, a sweep)"),
+    (["--cfg", "job", "--info"], "--cfg and --info cannot go together"),
     # interval() is for sampling sweepers: the basic one raised a HydraException traceback, leaving a sweep dir
     (["-m", "optimizer.lr=interval(0.01,0.1)"], "optimizer.lr=interval(0.01,0.1) asks for values drawn from a range"),
     (["workers=interval(1,4)"], "psgd's sweeper runs the values listed: workers=1,2,4 or workers=range(1,5)"),
@@ -86,6 +89,8 @@ def test_a_mistyped_choice_or_key_is_one_line_naming_it_and_what_is_allowed(argv
         (["workers=1,2", "-m", "--info"], ["workers=1,2", "-m", "--info"]),
         # argparse took the overrides as one run only: "unrecognized arguments: seed=1"
         (["workers=1", "--cfg", "job", "seed=1"], ["workers=1", "seed=1", "--cfg", "job"]),
+        # the help composes one job: without the sweep's values (they were Hydra's traceback)
+        (["-m", "model=mlp", "workers=1,2", "--help"], ["model=mlp", "--help"]),
     ],
 )
 def test_sweep_py_always_runs_a_multirun_with_the_flag_where_hydra_reads_it(argv, expected):
@@ -149,6 +154,7 @@ def test_every_documented_sweep_passes_psgds_value_checks(tmp_path, monkeypatch)
         ["data.partition_sizes=[0.5,0.4]"],  # composes; psgd's own config check reports the sum later
         ["--cfg", "job", "model=resnet50"],  # Hydra's own flags: left to Hydra
         ["--config-dir=elsewhere", "model=resnet50"],
+        ["-m", "--multirun", "seed=0,1"],  # the same mode twice
         ["optimizer.lr=0.1", "optimizer.lr=0.3"],  # one run: the last value, as Hydra takes it (no sweep lost)
         ["-m", "optimizer.lr=0.3", "optimizer.lr=0.1,0.2"],  # the sweep is the value kept
         ["-m", "hydra/sweeper=optuna", "optimizer.lr=interval(0.01,0.1)"],  # a sampling sweeper's (if installed)
