@@ -296,6 +296,11 @@ def command_line_problem(
         return None
     if problem := _modes_problem(argv):
         return problem
+    shows = [a for a in argv if getattr(_hydra_flags().get(a.split("=")[0]), "dest", None) == "cfg"]
+    if shows and (swept := next((a for a in argv if not a.startswith("-") and _sweeps(a)), None)):
+        # Hydra's "Ambiguous value" said to add --multirun, which it then refuses with --cfg
+        key = swept.split("=", 1)[0].lstrip("+~")
+        return f"{shows[0]} prints one job's config and {swept} gives {key} several values: give it one of them"
     multirun = any(a in MULTIRUN_FLAGS for a in argv)
     extra_dir, texts = _without_config_dir([a for a in argv if a not in MULTIRUN_FLAGS])
     if any(a.startswith("-") for a in texts):  # no override starts with "-"

@@ -57,6 +57,7 @@ BAD = [
     # two of Hydra's modes: its ValueError traceback "Only one of --run, --multirun, --cfg, --info ..."
     (["-m", "--cfg", "job", "workers=1,2"], "-m and --cfg cannot go together: Hydra runs the job (or -m, a sweep)"),
     (["--cfg", "job", "--info"], "--cfg and --info cannot go together"),
+    (["--cfg", "job", "workers=1,2"], "--cfg prints one job's config and workers=1,2 gives workers several values"),
     # interval() is for sampling sweepers: the basic one raised a HydraException traceback, leaving a sweep dir
     (["-m", "optimizer.lr=interval(0.01,0.1)"], "optimizer.lr=interval(0.01,0.1) asks for values drawn from a range"),
     (["workers=interval(1,4)"], "psgd's sweeper runs the values listed: workers=1,2,4 or workers=range(1,5)"),
