@@ -42,10 +42,11 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    python_flags = interpreter_flags()  # read before the arguments change: it counts them
     sys.argv[1:] = hydra_order(sys.argv[1:])  # Hydra's flags after the overrides, where Hydra reads them
     if is_multirun(sys.argv[1:]):  # `train.py -m ...` is a sweep: sweep.py's line per job, report and exit code
         sweep = str(Path(__file__).resolve().with_name("sweep.py"))
-        os.execv(sys.executable, [sys.executable, *interpreter_flags(), sweep, *sys.argv[1:]])
+        os.execv(sys.executable, [sys.executable, *python_flags, sweep, *sys.argv[1:]])
     # the last exit handler: spare the exit its full-heap collections (~1.3 s with torch and Lightning loaded)
     atexit.register(gc.freeze)
     interrupt_on_sigterm()  # as Ctrl-C, also while torch loads

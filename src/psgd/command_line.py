@@ -206,8 +206,7 @@ def hydra_order(argv: list[str]) -> list[str]:
         ):
             flags.append(words.pop(0))  # --cfg job, -cd my_conf, --info defaults
     if any(getattr(actions.get(f), "dest", None) in ("help", "hydra_help") for f in flags):
-        # the help composes one job: a sweep's values made it Hydra's traceback ("Ambiguous value")
-        flags = [f for f in flags if f not in MULTIRUN_FLAGS]
+        # the help composes one job, also after -m: a sweep's values made it Hydra's traceback
         overrides = [o for o in overrides if not _sweeps(o)]
     return overrides + flags
 

@@ -91,7 +91,7 @@ def test_a_mistyped_choice_or_key_is_one_line_naming_it_and_what_is_allowed(argv
         # argparse took the overrides as one run only: "unrecognized arguments: seed=1"
         (["workers=1", "--cfg", "job", "seed=1"], ["workers=1", "seed=1", "--cfg", "job"]),
         # the help composes one job: without the sweep's values (they were Hydra's traceback)
-        (["-m", "model=mlp", "workers=1,2", "--help"], ["model=mlp", "--help"]),
+        (["-m", "model=mlp", "workers=1,2", "--help"], ["model=mlp", "-m", "--help"]),
     ],
 )
 def test_sweep_py_always_runs_a_multirun_with_the_flag_where_hydra_reads_it(argv, expected):
