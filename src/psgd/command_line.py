@@ -13,6 +13,7 @@ This module stays light (Hydra and OmegaConf only): the scripts import it before
 """
 
 import difflib
+import functools
 import itertools
 import json
 import math
@@ -190,7 +191,6 @@ def hydra_order(argv: list[str]) -> list[str]:
     argparse takes the overrides only as one run of words: `a=1 --config-dir my_conf b=2` failed with
     "unrecognized arguments: b=2" (and usage text, exit 2). Overrides first, not flags first: `--info`
     takes an optional topic, and would take the override after it for one."""
-    actions = _hydra_flags()
     flags, overrides, words = [], [], list(argv)
     while words:
         word = words.pop(0)
@@ -198,14 +198,14 @@ def hydra_order(argv: list[str]) -> list[str]:
             overrides.append(word)
             continue
         flags.append(word)
-        action = actions.get(word)  # None: unknown (argparse's to judge), or --flag=value with its value
+        action = _hydra_flags().get(word)  # None: unknown (argparse's to judge), or --flag=value with its value
         if (
             action is not None
             and words
             and (action.nargs is None or (action.nargs == "?" and words[0] in (action.choices or ())))
         ):
             flags.append(words.pop(0))  # --cfg job, -cd my_conf, --info defaults
-    if any(getattr(actions.get(f), "dest", None) in ("help", "hydra_help") for f in flags):
+    if any(_flag_dest(f) in ("help", "hydra_help") for f in flags):
         # the help composes one job, also after -m: a sweep's values made it Hydra's traceback
         overrides = [o for o in overrides if not _sweeps(o)]
     return overrides + flags
@@ -221,11 +221,18 @@ def _sweeps(text: str) -> bool:
         return False
 
 
+@functools.cache
 def _hydra_flags() -> dict:
     """Hydra's command-line flags: each option string (-m, --multirun, --cfg ...) -> its argparse action."""
     from hydra._internal.utils import get_args_parser
 
     return {s: a for a in get_args_parser()._actions for s in a.option_strings}
+
+
+def _flag_dest(word: str) -> str | None:
+    """What Hydra's flag `word` sets (`-m` and `--multirun`: "multirun"; `--config-dir=d`: "config_dir"),
+    or None for an override or an unknown flag."""
+    return getattr(_hydra_flags().get(word.split("=", 1)[0]), "dest", None)
 
 
 MODES = ("run", "multirun", "cfg", "info", "shell_completion")  # Hydra does one of these per call
@@ -235,12 +242,10 @@ def _modes_problem(argv: list[str]) -> str | None:
     """Two of Hydra's modes on one line (`-m --cfg job`, `--cfg job --info`): Hydra raised a ValueError
     with its traceback ("Only one of --run, --multirun, --cfg, --info and --shell_completion can be
     specified")."""
-    actions = _hydra_flags()
     given: dict[str, str] = {}  # mode -> the flag as typed (-m and --multirun are one mode)
     for a in argv:
-        mode = getattr(actions.get(a.split("=")[0]), "dest", None)
-        if mode in MODES:
-            given.setdefault(mode, a.split("=")[0])
+        if (mode := _flag_dest(a)) in MODES:
+            given.setdefault(mode, a.split("=", 1)[0])
     if len(given) < 2:
         return None
     given = list(given.values())
@@ -274,14 +279,12 @@ def _without_config_dir(texts: list[str]) -> tuple[str | None, list[str]]:
     folder, rest = None, []
     words = iter(texts)
     for a in words:
-        if a.startswith("--config-dir="):
-            folder = a.split("=", 1)[1]
-        elif a in ("--config-dir", "-cd"):
-            folder = next(words, None)
-            if folder is None:
-                return None, texts  # no folder after it: Hydra's to judge
-        else:
+        if _flag_dest(a) != "config_dir":
             rest.append(a)
+        elif "=" in a:
+            folder = a.split("=", 1)[1]
+        elif (folder := next(words, None)) is None:
+            return None, texts  # no folder after it: Hydra's to judge
     return folder, rest
 
 
@@ -295,7 +298,7 @@ def command_line_problem(
         return None
     if problem := _modes_problem(argv):
         return problem
-    shows = [a for a in argv if getattr(_hydra_flags().get(a.split("=")[0]), "dest", None) == "cfg"]
+    shows = [a for a in argv if _flag_dest(a) == "cfg"]
     if shows and (swept := next((a for a in argv if not a.startswith("-") and _sweeps(a)), None)):
         # Hydra's "Ambiguous value" said to add --multirun, which it then refuses with --cfg
         key = swept.split("=", 1)[0].lstrip("+~")

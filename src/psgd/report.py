@@ -84,6 +84,10 @@ class Report:
     notes: list[str]
 
     @property
+    def completed(self) -> list[Job]:
+        return [j for j in self.jobs if j.ok]
+
+    @property
     def failed(self) -> list[Job]:
         """Every job that did not complete: failed or interrupted (not one still running)."""
         return [j for j in self.jobs if not j.ok and j.status != "running"]
@@ -399,8 +403,7 @@ def _pm(mean: float | None, std: float | None, scale: float = 1.0, digits: int =
 
 
 def render_markdown(sweep_dir: Path, report: Report) -> str:
-    ok = len(report.jobs) - len(report.failed) - len(report.running)
-    interrupted, running = len(report.interrupted), len(report.running)
+    ok, interrupted, running = len(report.completed), len(report.interrupted), len(report.running)
     out = [
         f"# Sweep report: {sweep_dir}",
         "",
@@ -633,7 +636,7 @@ def unwritten(e: OSError, sweep_dir: Path) -> str:
 
 
 def describe(report: Report, sweep_dir: Path) -> str:
-    ok = len(report.jobs) - len(report.failed) - len(report.running)
+    ok = len(report.completed)
     state = "still running" if report.running else "finished"
     parts = [f"psgd: sweep {state}: {ok}/{len(report.jobs)} jobs completed"]
     for word, jobs in (
