@@ -339,6 +339,14 @@ def check_values(cfg: DictConfig) -> int:
                 f"which sets each layer's decay itself: use model.{' and model.'.join(own_decay)}"
             )
     _need(cfg.lr_scaling in LR_SCALING, "lr_scaling", cfg.lr_scaling, f"allowed: {', '.join(LR_SCALING)}")
+    reference = cfg.get("lr_reference_batch")
+    if reference is not None:
+        _need(_is_int(reference) and reference >= 1, "lr_reference_batch", reference, "must be an integer >= 1 or null")
+        if cfg.lr_scaling == "none":  # it would be read by nothing: the lr stays optimizer.lr
+            raise ConfigError(
+                f"lr_reference_batch={reference} has no effect with lr_scaling=none: set lr_scaling=linear or "
+                "lr_scaling=sqrt to scale optimizer.lr by the samples per update / lr_reference_batch"
+            )
     interval = sch.get("interval", "epoch")
     _need(interval in INTERVALS, "scheduler.interval", interval, f"allowed: {', '.join(INTERVALS)}")
     per_step = interval == "step"  # the lr moves after every optimizer step: a warm-up may end inside an epoch

@@ -1,4 +1,4 @@
-"""Learning-rate scaling by worker count and the warm-up schedule, from torch.optim.lr_scheduler parts."""
+"""Learning-rate scaling by worker count or batch and the warm-up schedule, from torch.optim.lr_scheduler parts."""
 
 import math
 
@@ -8,15 +8,19 @@ from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, S
 from psgd.choices import DECAYS, LR_SCALING
 
 
-def scaled_lr(base_lr: float, workers: int, rule: str = "none") -> float:
-    """The base lr for `workers` workers: unchanged, x workers (Goyal et al. 2017) or x sqrt(workers)."""
+def scaled_lr(
+    base_lr: float, workers: int, rule: str = "none", samples_per_update: int = 1, reference_batch: int | None = None
+) -> float:
+    """The lr of a run: `base_lr` unchanged (rule none), or times a ratio (linear, Goyal et al. 2017) or its
+    square root (sqrt). The ratio is `workers` when `reference_batch` is None (the workshop's rule), else
+    `samples_per_update / reference_batch`: base_lr is then the lr for an update averaging
+    `reference_batch` samples, so that a sweep over batch size or worker count needs no retuning."""
+    if rule not in LR_SCALING:
+        raise ValueError(f"lr_scaling={rule!r} is not one of {', '.join(LR_SCALING)}")
     if rule == "none":
         return base_lr
-    if rule == "linear":
-        return base_lr * workers
-    if rule == "sqrt":
-        return base_lr * math.sqrt(workers)
-    raise ValueError(f"lr_scaling={rule!r} is not one of {', '.join(LR_SCALING)}")
+    ratio = workers if reference_batch is None else samples_per_update / reference_batch
+    return base_lr * (ratio if rule == "linear" else math.sqrt(ratio))
 
 
 def build_scheduler(

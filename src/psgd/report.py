@@ -280,6 +280,7 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                 "workers": job.workers,
                 "threads_per_worker": job.get("threads_per_worker"),
                 "batch_size": job.get("batch_size"),
+                "lr": job.get("lr"),  # after lr_scaling: what a batch-size or worker sweep ran each job at
                 "epochs": job.get("epochs"),
                 "samples": job.samples,
                 "train_time_s": _r(job.get("train_time_s"), 2),
@@ -421,12 +422,15 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
     ]
     targets = any(j.get("target_acc") is not None for j in report.jobs)
     averaging = any(j.get("worker_test_acc") for j in report.jobs)
+    # lr_scaling gave the jobs different lrs (by workers, or by batch with lr_reference_batch): show them
+    scaled = len({j.get("lr") for j in report.jobs if j.get("lr") is not None}) > 1
     job_cols = [
         "job",
         *extra_columns(report.swept),
         "status",
         "strategy",
         "workers",
+        *(["lr"] if scaled else []),
         "epochs",
         "samples",
         "train_time_s",

@@ -617,6 +617,12 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
         return _train(cfg, Path(run_dir), plan, list(callbacks))
 
 
+def micro_batches_per_update(plan: Plan, num_nodes: int, synchronous: bool) -> int:
+    """The batches one optimizer update averages: DDP's averages every worker's (on every node); a
+    model-averaging or HogWild worker updates with its own alone. Each accumulates its share."""
+    return (plan.workers * num_nodes if synchronous else 1) * plan.accumulate_grad_batches
+
+
 def _check_picklable(callbacks: list[L.Callback]) -> None:
     """The caller's callbacks go to every worker process pickled: one that cannot be failed as the
     workers started, with pickle's message naming neither the callback nor why it was pickled."""
@@ -658,7 +664,13 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
     datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))  # and a test without one
 
     t = cfg.trainer
-    lr = scaled_lr(cfg.optimizer.lr, plan.workers * t.num_nodes, cfg.lr_scaling)
+    lr = scaled_lr(
+        cfg.optimizer.lr,
+        plan.workers * t.num_nodes,
+        cfg.lr_scaling,
+        samples_per_update=cfg.data.batch_size * micro_batches_per_update(plan, t.num_nodes, synchronous),
+        reference_batch=cfg.get("lr_reference_batch"),
+    )
     info = INFO[cfg.data.name]
     module = Classifier(
         net,
@@ -711,10 +723,11 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
         "accumulate_grad_batches": plan.accumulate_grad_batches,
         # micro-batches averaged per update: DDP's update averages every worker's; a model-averaging or
         # HogWild worker updates with its own alone
-        "parallel_batches": (world_size if synchronous else 1) * plan.accumulate_grad_batches,
+        "parallel_batches": micro_batches_per_update(plan, t.num_nodes, synchronous),
         "optimizer": cfg.optimizer._target_.rsplit(".", 1)[-1],
         "lr": lr,
         "lr_scaling": cfg.lr_scaling,
+        "lr_reference_batch": cfg.get("lr_reference_batch"),
         "seed": cfg.seed,
         "device": device_description(plan.accelerator),
         "versions": versions(),

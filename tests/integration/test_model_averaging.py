@@ -14,7 +14,10 @@ PLAIN = ["model.dropout=0", "optimizer.momentum=0", "optimizer.weight_decay=0", 
 # the `averaged` run's shards differ in length and its cosine moves per step: each worker's lr schedule
 # counts its own steps, so each must resume its own
 UNEVEN_PER_STEP = ["data.partition=sizes", "data.partition_sizes=[0.6,0.4]", "scheduler.interval=step"]
-AVERAGED = ["strategy=model_averaging", "workers=2", "trainer.max_epochs=2", *UNEVEN_PER_STEP, *TINY]
+# the lr for an update of 32 samples: a model-averaging worker updates with its own batch of 32, so its
+# lr stays optimizer.lr (scaling by workers, as DDP's update of 64 samples is, would double it)
+BY_BATCH = ["lr_scaling=linear", "lr_reference_batch=32"]
+AVERAGED = ["strategy=model_averaging", "workers=2", "trainer.max_epochs=2", *UNEVEN_PER_STEP, *BY_BATCH, *TINY]
 
 
 def weights(run_dir, name="last.ckpt"):
@@ -57,6 +60,7 @@ def test_reports_each_worker_and_the_averaged_model(averaged):
     m = metrics(averaged)
     assert (m["strategy"], m["world_size"], m["period"], m["same_init"]) == ("model_averaging", 2, None, True)
     assert m["parallel_batches"] == 1  # each worker updates with its own batch (it said 2, as DDP's)
+    assert (m["lr"], m["lr_reference_batch"]) == (pytest.approx(0.02), 32)  # 0.02 x 32 / 32 (BY_BATCH)
     assert len(m["worker_test_acc"]) == len(m["worker_test_loss"]) == 2
     assert m["replica_distance"] > 0
     # validation runs on the test split: the final val numbers are the averaged model's test numbers

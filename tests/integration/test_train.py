@@ -346,6 +346,26 @@ class Lrs(L.Callback):
         self.seen.append((trainer.current_epoch, optimizer.param_groups[0]["lr"]))
 
 
+@pytest.mark.parametrize("rule,lr", [("linear", 0.08), ("sqrt", 0.04)])
+def test_the_lr_follows_the_samples_per_update_with_a_reference_batch(tiny_data, tmp_path, rule, lr):
+    """lr_reference_batch=16: optimizer.lr (0.02) is the lr for 16 samples per update; an update here
+    averages 2 accumulated batches of 32 (parallel_batches=2), 64 samples, so every step runs at 0.02 x 4
+    (linear) or 0.02 x 2 (sqrt), and metrics.json records it."""
+    lrs = Lrs()
+    cfg = compose_cfg(
+        f"data.root={tiny_data}",
+        "trainer.max_epochs=1",
+        "parallel_batches=2",
+        "scheduler=none",
+        f"lr_scaling={rule}",
+        "lr_reference_batch=16",
+        *TINY,
+    )
+    m = train(cfg, tmp_path / "run", callbacks=[lrs])
+    assert [x for _, x in lrs.seen] == pytest.approx([lr] * 8)  # 16 batches of 32, two per step
+    assert (m["lr"], m["lr_reference_batch"]) == (pytest.approx(lr), 16)
+
+
 @pytest.mark.parametrize("interval", ["step", "epoch"])
 def test_a_per_step_warm_up_moves_the_lr_at_every_optimizer_step(tiny_data, tmp_path, interval):
     """scheduler.interval=step: the lr rises at every optimizer step, and a one-epoch warm-up ends with

@@ -24,6 +24,19 @@ def test_lr_scaling_by_workers(rule, expected):
     assert scaled_lr(0.1, 4, rule) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("rule,expected", [("none", 0.1), ("linear", 0.8), ("sqrt", 0.1 * math.sqrt(8))])
+def test_lr_scaling_by_samples_per_update_against_a_reference_batch(rule, expected):
+    """With lr_reference_batch the ratio is the update's samples over it (here 1024 / 128), whatever the
+    worker count: a batch-size sweep is scaled too, and the worker count alone no longer decides it."""
+    assert scaled_lr(0.1, 4, rule, samples_per_update=1024, reference_batch=128) == pytest.approx(expected)
+    assert scaled_lr(0.1, 1, rule, samples_per_update=128, reference_batch=128) == pytest.approx(0.1)
+
+
+def test_an_unknown_scaling_rule_is_refused_whatever_the_reference():
+    with pytest.raises(ValueError, match="lr_scaling='cubic' is not one of none, linear, sqrt"):
+        scaled_lr(0.1, 2, "cubic", samples_per_update=256, reference_batch=128)
+
+
 def test_warmup_goes_linearly_from_lr_over_workers_to_lr():
     opt = sgd(0.4)
     sched = build_scheduler(opt, workers=4, max_epochs=8, warmup_epochs=3)

@@ -151,6 +151,20 @@ def test_groups_are_per_strategy_and_other_swept_values(tmp_path):
     assert speedups["ddp", "ddp data.batch_size=32", 2] == pytest.approx(1.25)
     assert speedups["hogwild", "hogwild data.batch_size=64", 2] == pytest.approx(2.0)
     assert "accuracy_vs_batch.png" in [p.name for p in report.plots]
+    assert "| lr |" not in (tmp_path / "report.md").read_text()  # every job ran at the same lr
+
+
+def test_the_lr_each_job_ran_at_is_shown_when_lr_scaling_made_them_differ(tmp_path):
+    """A batch-size sweep with lr_scaling=linear lr_reference_batch=64: each job's lr is in the report."""
+    for num, bs in enumerate((32, 64, 128)):
+        m = done("ddp", 1, 10.0, 0.9, batch_size=bs, lr=0.02 * bs / 64)
+        make_job(tmp_path, num, {"data.batch_size": bs}, m)
+    report = write_report(tmp_path)
+    assert [r["lr"] for r in report.rows] == pytest.approx([0.01, 0.02, 0.04])
+    table = (tmp_path / "report.md").read_text().split("## Jobs", 1)[1].split("\n\n")[1].splitlines()
+    column = table[0].split(" | ").index("lr")
+    assert [row.split(" | ")[column] for row in table[2:]] == ["0.01", "0.02", "0.04"]
+    assert [row["lr"] for row in read_csv(tmp_path / "report.csv")] == ["0.01", "0.02", "0.04"]
 
 
 def trained(samples_per_epoch: list[int]) -> dict:
