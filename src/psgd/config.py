@@ -342,11 +342,6 @@ def check_values(cfg: DictConfig) -> int:
     reference = cfg.get("lr_reference_batch")
     if reference is not None:
         _need(_is_int(reference) and reference >= 1, "lr_reference_batch", reference, "must be an integer >= 1 or null")
-        if cfg.lr_scaling == "none":  # it would be read by nothing: the lr stays optimizer.lr
-            raise ConfigError(
-                f"lr_reference_batch={reference} has no effect with lr_scaling=none: set lr_scaling=linear or "
-                "lr_scaling=sqrt to scale optimizer.lr by the samples per update / lr_reference_batch"
-            )
     interval = sch.get("interval", "epoch")
     _need(interval in INTERVALS, "scheduler.interval", interval, f"allowed: {', '.join(INTERVALS)}")
     per_step = interval == "step"  # the lr moves after every optimizer step: a warm-up may end inside an epoch
@@ -432,6 +427,14 @@ def check(cfg: DictConfig) -> Plan:
         )
     elif accelerator == "gpu":
         check_gpu_count(workers, "workers" if t.get("devices") is None else "trainer.devices")
+    reference = cfg.get("lr_reference_batch")
+    if reference is not None and cfg.lr_scaling == "none":  # a warning: `lr_scaling=none,linear` compares both
+        print(
+            f"psgd: warning: lr_reference_batch={reference} has no effect with lr_scaling=none (the lr stays "
+            "optimizer.lr); lr_scaling=linear or sqrt scales it by the samples per update / lr_reference_batch",
+            file=sys.stderr,
+            flush=True,
+        )
     per_node, threads = workers, cfg.get("threads_per_worker")
     if threads and threads > 1 and accelerator == "cpu" and threads * per_node > cpu_count():
         # OpenMP threads that share a core wait on each other at every parallel region: the lab CNN ran

@@ -48,6 +48,17 @@ def test_threads_default_to_cores_over_workers_at_least_one(monkeypatch):
     assert check(compose_cfg("workers=4", "threads_per_worker=3")).threads_per_worker == 3
 
 
+def test_a_reference_batch_without_lr_scaling_is_warned_about_not_refused(capsys):
+    """`sweep.py -m lr_scaling=none,linear lr_reference_batch=128` compares unscaled and scaled runs; a run
+    with the reference alone is told that its lr stays optimizer.lr."""
+    check(compose_cfg("lr_scaling=linear", "lr_reference_batch=256"))
+    assert capsys.readouterr().err == ""
+    check(compose_cfg("lr_reference_batch=256"))
+    assert capsys.readouterr().err.startswith(
+        "psgd: warning: lr_reference_batch=256 has no effect with lr_scaling=none (the lr stays optimizer.lr)"
+    )
+
+
 def test_more_threads_than_cores_is_warned_about(monkeypatch, capsys):
     monkeypatch.setattr("psgd.config.cpu_count", lambda: 2)
     for fine in (["workers=2"], ["workers=5", "threads_per_worker=1"], ["threads_per_worker=2"]):
@@ -102,7 +113,6 @@ BAD = [
     (["lr_scaling=cubic"], "allowed: none, linear, sqrt"),
     (["lr_scaling=linear", "lr_reference_batch=0"], "lr_reference_batch=0 is invalid: must be an integer >= 1"),
     (["lr_scaling=sqrt", "lr_reference_batch=1.5"], "lr_reference_batch=1.5 is invalid"),
-    (["lr_reference_batch=256"], "lr_reference_batch=256 has no effect with lr_scaling=none: set lr_scaling="),
     (["trainer.sync_batchnorm=true", "trainer.accelerator=cpu"], "sync_batchnorm"),
     (["data.augment=mixup"], "allowed: none, cifar, pad_crop_flip"),
     (["trainer.accelerator=mps"], "trainer.accelerator='mps' is invalid: allowed: auto, cpu, gpu (or cuda)"),
