@@ -593,6 +593,12 @@ def _check_trainer_values(cfg: DictConfig) -> None:
         every,
         "must be an integer >= 1",
     )
+    if target is not None and every is not None and every > t.max_epochs and not t.get("fast_dev_run"):
+        raise ConfigError(  # the first validation would come after the last epoch: the target is never seen
+            f"early_stop.target_acc={target} needs validation, and trainer.check_val_every_n_epoch={every} runs "
+            f"none in trainer.max_epochs={t.max_epochs}: use check_val_every_n_epoch<={t.max_epochs}, or "
+            "early_stop.target_acc=null"
+        )
     sanity = t.get("num_sanity_val_steps")  # below -1: silently none
     _need(
         sanity is None or (_is_int(sanity) and sanity >= -1),

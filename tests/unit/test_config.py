@@ -211,6 +211,11 @@ BAD = [
         "trainer.enable_checkpointing cannot be set: psgd decides it (every run keeps",
     ),
     (["trainer.check_val_every_n_epoch=0"], "trainer.check_val_every_n_epoch=0 is invalid: must be an integer >= 1"),
+    (
+        ["early_stop.target_acc=0.9", "trainer.max_epochs=2", "trainer.check_val_every_n_epoch=3"],
+        "early_stop.target_acc=0.9 needs validation, and trainer.check_val_every_n_epoch=3 runs none in "
+        "trainer.max_epochs=2: use check_val_every_n_epoch<=2",
+    ),
     (["trainer.num_sanity_val_steps=-5"], "trainer.num_sanity_val_steps=-5 is invalid: must be an integer >= 0, or -1"),
     (["trainer.deterministic=abc"], "trainer.deterministic='abc' is invalid: allowed: true, false, warn"),
     # Lightning refused text with "invalid literal for int() with base 10", naming no key
