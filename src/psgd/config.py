@@ -28,8 +28,8 @@ STRATEGIES = ("ddp", "model_averaging", "hogwild")
 # how Lightning starts the workers of each strategy (HogWild's is fixed: Lightning's spawn would clone the
 # shared model), and the process-group backends psgd runs on
 START_METHODS = {
-    "ddp": ("forkserver", "spawn", "popen"),
-    "model_averaging": ("forkserver", "spawn", "popen"),
+    "ddp": ("forkserver", "spawn"),
+    "model_averaging": ("forkserver", "spawn"),
     "hogwild": ("forkserver",),
 }
 BACKENDS = ("gloo", "nccl", "mpi")
@@ -124,7 +124,12 @@ def check_processes(s: DictConfig) -> None:
     else:
         # fork is not offered: a worker forked from a launcher that ran a torch operation on several
         # threads hangs in its first parallel one (GNU OpenMP's thread pool does not survive a fork)
-        why = "a forked worker hangs once the launcher has used OpenMP's threads; " if method == "fork" else ""
+        why = {
+            "fork": "a forked worker hangs once the launcher has used OpenMP's threads; ",
+            # (offered until 2026-11-24: in a sweep each worker re-ran the whole sweep and the run was killed;
+            # in a run every worker tested and wrote the results)
+            "popen": "Lightning's popen runs the whole command again for each worker (in a sweep: the sweep); ",
+        }.get(method, "")
         allowed = f"{why}allowed: {', '.join(methods)}, or null"
         _need(method in (None, *methods), "strategy.start_method", method, allowed)
     backend = s.get("backend")

@@ -161,10 +161,15 @@ BAD = [
     # how workers start and talk: before, Lightning's or torch's error from inside a worker
     (
         ["workers=2", "strategy.start_method=spwan"],
-        "strategy.start_method='spwan' is invalid: allowed: forkserver, spawn, popen, or null",
+        "strategy.start_method='spwan' is invalid: allowed: forkserver, spawn, or null",
     ),
     # fork hung once the launcher had run a torch operation on several threads (GNU OpenMP)
     (["workers=2", "strategy.start_method=fork"], "'fork' is invalid: a forked worker hangs once the launcher"),
+    # popen re-ran the command for each worker: in a sweep the sweep, which was killed; in a run two results
+    (
+        ["workers=2", "strategy.start_method=popen"],
+        "strategy.start_method='popen' is invalid: Lightning's popen runs the whole command again for each worker",
+    ),
     (["workers=2", "strategy=hogwild", "strategy.start_method=spawn"], "strategy=hogwild always uses forkserver"),
     (["workers=2", "strategy.backend=glo"], "strategy.backend='glo' is invalid: allowed: gloo, nccl, mpi, or null"),
     (["workers=2", "trainer.accelerator=cpu", "strategy.backend=nccl"], "strategy.backend=nccl is invalid on CPU"),

@@ -24,7 +24,6 @@ pytestmark = pytest.mark.skipif(not forkserver.available(), reason="no fork serv
         (["workers=2", "strategy=hogwild"], True),
         (["workers=1"], False),  # in-process: no worker to start
         (["workers=2", "strategy.start_method=spawn"], False),
-        (["workers=2", "strategy.start_method=popen"], False),
         (["workers=2", "trainer.accelerator=gpu"], False),  # spawn on GPU
         (["workers=2", "trainer.num_nodes=2"], False),  # torchrun / srun start them
     ],
