@@ -304,6 +304,13 @@ def command_line_problem(
         key = swept.split("=", 1)[0].lstrip("+~")
         return f"{shows[0]} prints one job's config and {swept} gives {key} several values: give it one of them"
     multirun = any(a in MULTIRUN_FLAGS for a in argv)
+    if multirun and torchrun_worker():  # each worker ran the sweep, in a sweep dir of its own, and its second
+        # job's process group failed to connect (torchrun's store is for one group per attempt)
+        return (
+            "a sweep under torchrun: each of its workers would run the whole sweep, in a sweep dir of its own; "
+            "run the sweep without torchrun (python sweep.py -m workers=N ... starts each job's workers), or "
+            "one job per torchrun (torchrun ... train.py ...)"
+        )
     extra_dir, texts = _without_config_dir([a for a in argv if a not in MULTIRUN_FLAGS])
     if any(a.startswith("-") for a in texts):  # no override starts with "-"
         return None  # other Hydra flags (-cn, --cfg job, --help ...): Hydra's to judge

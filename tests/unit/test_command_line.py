@@ -102,6 +102,18 @@ def test_the_sweep_config_is_checked_the_same_way():
     assert "data=imagenet is unknown" in command_line_problem("sweep", ["-m", "data=mnist,imagenet"], CONF)
 
 
+def test_a_sweep_under_torchrun_is_one_line(monkeypatch):
+    """`torchrun --nproc-per-node 2 sweep.py -m seed=0,1`: each worker ran the whole sweep in a sweep dir of
+    its own, and every job after the first failed to connect its process group. One job is fine."""
+    assert command_line_problem("sweep", ["-m", "seed=0,1"], CONF) is None
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    monkeypatch.setenv("RANK", "1")
+    assert command_line_problem("sweep", ["-m", "seed=0,1"], CONF).startswith(
+        "a sweep under torchrun: each of its workers would run the whole sweep"
+    )
+    assert command_line_problem("train", ["workers=2", "seed=1"], CONF) is None
+
+
 def documented_commands() -> list[list[str]]:
     """Every `python train.py ...` / `python sweep.py ...` the README and the config files' comments
     show, but those with placeholders."""
