@@ -12,7 +12,8 @@ Files written into the sweep dir:
                     and efficiency S(P)/P, for the fixed epochs and for the time to target accuracy
     report.md       both tables in markdown
     speedup.png, efficiency.png, accuracy.png (when workers are swept), accuracy_vs_batch.png (when
-    the batch size is swept)
+    the batch size is swept), curves.png (validation accuracy per epoch and against training time,
+    one line per setting)
 
 A group is every job with the same strategy and the same values of the swept keys other than
 workers and seed; T(1) is its 1-worker job (mean over seeds). For the fixed epochs, T is a job's
@@ -38,7 +39,8 @@ from psgd.signals import alive
 WORKER_KEYS = ("workers", "trainer.devices")  # the key that sets P
 SEED_KEYS = ("seed",)
 BATCH_KEY = "data.batch_size"
-PLOTS = ("speedup.png", "efficiency.png", "accuracy.png", "accuracy_vs_batch.png")
+PLOTS = ("speedup.png", "efficiency.png", "accuracy.png", "accuracy_vs_batch.png", "curves.png")
+MAX_LEGEND = 16  # curves.png: more settings than this get no legend (the lines would be hidden by it)
 
 
 @dataclass
@@ -589,6 +591,56 @@ def plot_batch(sweep_dir: Path, jobs: list[Job], swept: list[str]) -> Path | Non
     return save_plot(fig, ax, "test accuracy", "test accuracy vs batch size", sweep_dir / "accuracy_vs_batch.png")
 
 
+def learning_curves(jobs: list[Job], swept: list[str]) -> dict[str, tuple[list[int], list[float], list[float]]]:
+    """Each setting's validation accuracy by epoch: label (the swept values but the seed) -> (epochs,
+    training time at each epoch's end, val accuracy), means over the setting's completed jobs (its seeds),
+    over the epochs every one of them validated (an early stop ends some sooner)."""
+    runs: dict[str, list[list[dict]]] = defaultdict(list)
+    for j in jobs:
+        history = [h for h in j.get("history") or [] if h.get("val_acc") is not None and h.get("time") is not None]
+        if j.ok and history:
+            label = " ".join(f"{k}={j.overrides.get(k)}" for k in swept if k not in SEED_KEYS)
+            runs[label or j.strategy].append(history)
+    curves = {}
+    for label, histories in runs.items():
+        n = min(len(h) for h in histories)
+        curves[label] = (
+            [histories[0][i]["epoch"] for i in range(n)],
+            [statistics.fmean(h[i]["time"] for h in histories) for i in range(n)],
+            [statistics.fmean(h[i]["val_acc"] for h in histories) for i in range(n)],
+        )
+    return curves
+
+
+def plot_curves(sweep_dir: Path, jobs: list[Job], swept: list[str]) -> Path | None:
+    """curves.png: validation accuracy per epoch and against training time (the comparison that decides
+    between settings that train at different speeds), one line per setting; None without validations."""
+    curves = learning_curves(jobs, swept)
+    if not curves:
+        return None
+    plt = _plt()
+    fig, (by_epoch, by_time) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for label, (epochs, times, accs) in curves.items():
+        (line,) = by_epoch.plot(epochs, accs, marker="o", label=label)
+        by_time.plot(times, accs, marker="o", color=line.get_color(), label=label)
+    by_epoch.set_xlabel("epoch")
+    by_epoch.xaxis.get_major_locator().set_params(integer=True)
+    by_time.set_xlabel("training time (s)")
+    for ax, title in ((by_epoch, "per epoch"), (by_time, "against training time")):
+        ax.set_ylabel("validation accuracy")
+        ax.set_title(
+            f"validation accuracy {title}" + ("" if len(curves) <= MAX_LEGEND else f" ({len(curves)} settings)")
+        )
+        ax.grid(alpha=0.3)
+    if len(curves) <= MAX_LEGEND:
+        by_time.legend(fontsize=8)
+    fig.tight_layout()
+    path = sweep_dir / "curves.png"
+    save_png(fig, path)
+    plt.close(fig)
+    return path
+
+
 def write_report(sweep_dir: str | Path) -> Report:
     """Read every job dir under `sweep_dir` and write report.csv, summary.csv, report.md and plots."""
     sweep_dir = Path(sweep_dir)
@@ -608,6 +660,7 @@ def write_report(sweep_dir: str | Path) -> Report:
             plot_scaling(sweep_dir, summary, "efficiency"),
             plot_accuracy(sweep_dir, jobs, summary, swept),
             plot_batch(sweep_dir, jobs, swept),
+            plot_curves(sweep_dir, jobs, swept),
         )
         if p is not None
     ]

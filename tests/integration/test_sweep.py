@@ -71,7 +71,7 @@ def test_report_speedup_is_t1_over_tp_per_strategy(mixed_sweep):
 
 def test_report_plots_are_valid_pngs(mixed_sweep):
     _, sweep_dir = mixed_sweep
-    for name in ("speedup.png", "efficiency.png", "accuracy.png"):
+    for name in ("speedup.png", "efficiency.png", "accuracy.png", "curves.png"):
         image = imread(sweep_dir / name)  # raises on anything but a readable PNG
         assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
     assert not (sweep_dir / "accuracy_vs_batch.png").exists()  # batch size was not swept

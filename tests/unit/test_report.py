@@ -16,7 +16,7 @@ from hydra import initialize_config_dir
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
-from psgd.report import main, write_report
+from psgd.report import learning_curves, main, write_report
 from psgd.signals import this_process
 from psgd.sweep import LAST, SweepReport, progress_line, shown_overrides, sweep_lengths
 
@@ -135,6 +135,48 @@ def test_plots_are_written_as_png_and_stale_ones_removed(seeded_sweep):
     (seeded_sweep / "accuracy_vs_batch.png").write_bytes(PNG_MAGIC)  # from an earlier build
     write_report(seeded_sweep)
     assert not (seeded_sweep / "accuracy_vs_batch.png").exists()
+
+
+def validated(*points: tuple[float, float]) -> list[dict]:
+    """A record's history: (training time at the epoch's end, val accuracy) per epoch."""
+    return [{"epoch": i + 1, "time": t, "val_acc": a, "samples": 1000} for i, (t, a) in enumerate(points)]
+
+
+def test_curves_show_each_settings_validation_accuracy_per_epoch_and_time_over_seeds(tmp_path):
+    """momentum=0,0.9 x seed=0,1: one curve per momentum, the mean of its seeds; a seed that stopped
+    early (2 epochs against 3) bounds its setting's curve; a failed job is left out."""
+    runs = {
+        ("0", 0): validated((10.0, 0.5), (20.0, 0.6), (30.0, 0.7)),
+        ("0", 1): validated((12.0, 0.7), (22.0, 0.8), (32.0, 0.9)),
+        ("0.9", 0): validated((11.0, 0.9), (21.0, 0.95), (31.0, 0.97)),
+        ("0.9", 1): validated((13.0, 0.8), (23.0, 0.95)),
+    }
+    for num, ((momentum, seed), history) in enumerate(runs.items()):
+        make_job(
+            tmp_path, num, {"optimizer.momentum": momentum, "seed": seed}, done("ddp", 1, 30.0, 0.9, history=history)
+        )
+    failed = {"status": "failed", "error": "boom", "history": validated((1.0, 0.1))}
+    make_job(tmp_path, 4, {"optimizer.momentum": "0.5", "seed": 0}, failed)
+    report = write_report(tmp_path)
+    curves = learning_curves(report.jobs, report.swept)
+    assert list(curves) == ["optimizer.momentum=0", "optimizer.momentum=0.9"]
+    epochs, times, accs = curves["optimizer.momentum=0"]
+    assert (epochs, times, accs) == ([1, 2, 3], [11.0, 21.0, 31.0], pytest.approx([0.6, 0.7, 0.8]))
+    epochs, times, accs = curves["optimizer.momentum=0.9"]
+    assert (epochs, times, accs) == ([1, 2], [12.0, 22.0], pytest.approx([0.85, 0.95]))
+    assert "curves.png" in [p.name for p in report.plots]
+    assert (tmp_path / "curves.png").read_bytes()[:8] == PNG_MAGIC
+    assert "![curves](curves.png)" in (tmp_path / "report.md").read_text()
+
+
+def test_no_curves_without_validations(tmp_path):
+    """trainer.limit_val_batches=0: the history has no val_acc, and no empty plot is drawn."""
+    for num, seed in enumerate((0, 1)):
+        history = [{"epoch": 1, "time": 5.0, "val_acc": None, "samples": 1000}]
+        make_job(tmp_path, num, {"seed": seed}, done("ddp", 1, 5.0, 0.9, history=history))
+    (tmp_path / "curves.png").write_bytes(PNG_MAGIC)  # from an earlier build
+    report = write_report(tmp_path)
+    assert "curves.png" not in [p.name for p in report.plots] and not (tmp_path / "curves.png").exists()
 
 
 def test_groups_are_per_strategy_and_other_swept_values(tmp_path):
