@@ -21,7 +21,7 @@ from psgd.config import ConfigError, DirInUse
 from psgd.data import DataError
 from psgd.module import TrainingDiverged
 from psgd.report import skew_note
-from psgd.results import NO_ROOM, failed_write, write_atomic
+from psgd.results import NO_ROOM, failed_write, read_json, write_atomic
 from psgd.run import WorkerGone, mark_status, raised_in_worker, run_dir_key, train
 from psgd.strategies._lightning import KilledWorker, lost_a_peer, timed_out
 
@@ -216,6 +216,32 @@ def absolute_inputs(cfg: DictConfig) -> None:
             OmegaConf.update(cfg, key, os.path.normpath(to_absolute_path(value)))
 
 
+def continue_job(run_dir: Path, hydra_log: str) -> dict | None:
+    """A job of a continued sweep (continue_sweep=<its dir>), in its earlier dir: its record if that
+    attempt completed (kept: nothing runs), else None, and the job goes on there (psgd.run.train with
+    `continued`: from its last.ckpt if it has one). An attempt without a checkpoint has its files set
+    aside into attempt<k>/, and one with a checkpoint its error logs, so that the new attempt's
+    results are not mixed with the old ones."""
+    try:
+        record = read_json(run_dir / "metrics.json") if (run_dir / "metrics.json").is_file() else None
+    except (OSError, ValueError):
+        record = None
+    if isinstance(record, dict) and record.get("status") == "completed" and record.get("test_acc") is not None:
+        return record
+    resume = (run_dir / "checkpoints" / "last.ckpt").is_file()
+    if resume:  # its epochs go on: only its failure's logs would mislead
+        left = list(run_dir.glob("error*.log"))
+    else:
+        kept = (".hydra", hydra_log)  # what Hydra has just written for this attempt
+        left = [p for p in run_dir.iterdir() if p.name not in kept and not p.name.startswith("attempt")]
+    if left:
+        aside = run_dir / f"attempt{1 + sum(1 for p in run_dir.glob('attempt*'))}"
+        aside.mkdir()
+        for p in left:
+            p.rename(aside / p.name)
+    return None
+
+
 def run_job(cfg: DictConfig) -> float | None:
     """Train one job in Hydra's output dir; returns the test accuracy (Hydra sweepers can optimise it).
 
@@ -228,8 +254,13 @@ def run_job(cfg: DictConfig) -> float | None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
     absolute_inputs(cfg)
+    continued = sweeping and cfg.get("continue_sweep") is not None
+    if continued:
+        earlier = continue_job(run_dir, f"{hydra_cfg.job.name}.log")
+        if earlier is not None:  # completed in the stopped sweep: its progress line and report use its record
+            return earlier["test_acc"]
     try:
-        metrics = train(cfg, run_dir)
+        metrics = train(cfg, run_dir, continued=continued)
     except KeyboardInterrupt:  # before training (from fit on, psgd.run winds the run down): nothing to keep
         _discard_empty_run_dir(run_dir)
         raise

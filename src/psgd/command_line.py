@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from psgd import signals
 from psgd.results import NO_ROOM
-from psgd.signals import proc_stat
+from psgd.signals import alive, proc_stat
 
 MAX_JOBS_COMPOSED = 64  # beyond this many jobs, every value of every key is composed once, not every product
 
@@ -141,6 +141,14 @@ def run_name() -> str:
 
 
 OmegaConf.register_new_resolver("psgd_run_name", run_name, use_cache=True, replace=True)
+
+
+def sweep_dir(continued: object, fresh: str) -> str:
+    """hydra.sweep.dir of sweep.py: a stopped sweep's dir given as continue_sweep, else a new one."""
+    return fresh if continued is None else str(continued)
+
+
+OmegaConf.register_new_resolver("psgd_sweep_dir", sweep_dir, use_cache=True, replace=True)
 
 
 MULTIRUN_FLAGS = ("-m", "--multirun")  # Hydra's
@@ -390,8 +398,46 @@ def command_line_problem(
             f"hydra.output_subdir={'null' if subdir is None else subdir} would leave the sweep without its "
             "report, which reads each job's Hydra config from <job>/.hydra/: leave hydra.output_subdir as it is"
         )
-    problem = _output_problem(composed[0][1], multirun)
+    continued = OmegaConf.select(composed[0][1], "continue_sweep", default=None) if multirun else None
+    problem = _continue_problem(Path(str(continued)), texts) if continued is not None else None
+    problem = problem or _output_problem(composed[0][1], multirun, continued)
     return problem or (job_check(composed) if job_check else None)
+
+
+def _override_key(text: str) -> str:
+    return text.split("=", 1)[0].lstrip("+~")
+
+
+def _continue_problem(sweep_dir: Path, texts: list[str]) -> str | None:
+    """Why the stopped sweep in `sweep_dir` cannot be continued by this command line (its overrides
+    `texts`), or None: it must be a sweep dir, swept with the same values in the same order (each job
+    number must name the same job), and none of its jobs may still be running."""
+    given = shell_override("continue_sweep", sweep_dir)
+    if not (sweep_dir / "multirun.yaml").is_file():
+        return f"{given} is not a sweep dir (it has no multirun.yaml): give the dir a sweep printed its report in"
+    try:
+        recorded = [str(t) for t in OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides.task]
+    except Exception as e:  # damaged by hand, or not Hydra's
+        return f"{given}: its multirun.yaml does not say which values it swept ({type(e).__name__}); start a new sweep"
+    before = [t for t in recorded if _override_key(t) != "continue_sweep"]
+    now = [t for t in texts if _override_key(t) != "continue_sweep" and not _override_key(t).startswith("hydra")]
+    if now != before:
+        same = " ".join(shlex.quote(t) for t in [*before, given])
+        return (
+            f"{given} swept `{' '.join(before)}` and this command line gives `{' '.join(now)}`: a sweep is "
+            f"continued with its own values, in their order (each job number names one job): python sweep.py -m {same}"
+        )
+    for record in sorted(sweep_dir.glob("**/metrics.json")):
+        try:
+            held = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(held, dict) and held.get("status") in ("running", "trained") and alive(held.get("process")):
+            return (
+                f"{given}: its job in {record.parent.name}/ is still running (pid {held['process']['pid']}): "
+                "let that sweep end or stop it (Ctrl-C) first"
+            )
+    return None
 
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -487,7 +533,7 @@ def in_the_job(problem: object, job: list[str], jobs: list[list[str]]) -> str:
 outputs_existed: Path | None = None
 
 
-def _output_problem(cfg: DictConfig, multirun: bool) -> str | None:
+def _output_problem(cfg: DictConfig, multirun: bool, continued: object = None) -> str | None:
     """Why the results could not be written where Hydra will put them (hydra.run.dir, or
     hydra.sweep.dir with -m, of the composed `cfg`), or None. Hydra would stop with a traceback when it
     makes that dir; this tries to make a folder in its nearest existing ancestor (and removes it), so
@@ -518,7 +564,7 @@ def _output_problem(cfg: DictConfig, multirun: bool) -> str | None:
     finally:
         if probe is not None:
             shutil.rmtree(probe, ignore_errors=True)
-    return earlier_results(out, key)
+    return None if continued is not None else earlier_results(out, key)  # a continued sweep goes on in its dir
 
 
 def earlier_results(out: Path, key: str) -> str | None:
@@ -638,6 +684,10 @@ def _missing_choice(e) -> str:
 
 def _unknown_key(config_name: str, job: list[str], config_dir: Path, key: str) -> str:
     """`trainer.max_epoch is not a setting (did you mean ...?); trainer has: ...; a new key: +...`"""
+    if key == "continue_sweep":  # sweep.py's alone
+        return (
+            "continue_sweep continues a stopped sweep: python sweep.py -m <the sweep's values> continue_sweep=<its dir>"
+        )
     mine = [o for o in job if o.lstrip("~+").split("=", 1)[0] == key]
     try:
         cfg = _compose(config_name, [o for o in job if o not in mine], config_dir)

@@ -460,11 +460,15 @@ def optimizer_change(checkpoint: dict[str, Any], module: Classifier) -> str | No
     return None
 
 
-def elastic_resume(ckpt_path: str | None, plan: Plan, run_dir: Path) -> str | None:
+def elastic_resume(ckpt_path: str | None, plan: Plan, run_dir: Path, continued: bool = False) -> str | None:
     """torchrun --max-restarts restarts every worker after one died: continue from the run's last
-    checkpoint instead of starting over (the run dir is the same: see psgd.run_name)."""
+    checkpoint instead of starting over (the run dir is the same: see psgd.run_name). So does a job of a
+    continued sweep (`continued`), whose own checkpoint supersedes the ckpt_path it started from."""
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     last = run_dir / "checkpoints" / "last.ckpt"
+    if continued and last.exists():
+        print(f"psgd: job {run_dir.name} goes on from its {last}", file=sys.stderr, flush=True)
+        return str(last)
     if ckpt_path is None and plan.launcher == "torchrun" and restarts > 0 and last.exists():
         if os.environ.get("RANK") == "0":
             print(f"psgd: restart {restarts}: resuming from {last}", file=sys.stderr, flush=True)
@@ -592,7 +596,9 @@ def run_dir_key() -> str:
     return "hydra.sweep.dir" if HydraConfig.get().mode == RunMode.MULTIRUN else "hydra.run.dir"
 
 
-def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] = ()) -> dict[str, Any] | None:
+def train(
+    cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] = (), continued: bool = False
+) -> dict[str, Any] | None:
     """Run one configured training job in `run_dir`; returns the final metrics (also in metrics.json).
 
     `callbacks`: Lightning callbacks of the caller's, added to the training Trainer after psgd's own
@@ -602,7 +608,9 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
     other workers return None.
 
     A `run_dir` that holds an earlier run's metrics.json is refused (DirInUse) before anything is
-    written into it, unless torchrun restarted this job's workers (they go on in their own dir).
+    written into it, unless torchrun restarted this job's workers (they go on in their own dir) or the
+    job is one of a `continued` sweep (psgd.cli.continue_job has cleared its dir of a completed or
+    unresumable attempt): both resume from the run dir's checkpoints/last.ckpt where it has one.
     """
     refuse_a_run_while_a_worker_imports_the_script()
     try:
@@ -610,11 +618,11 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
     except ConfigError as e:  # the config and the machine decide it: every worker there finds the same
         e.every_worker_finds_it = True
         raise
-    in_use = earlier_results(Path(run_dir), run_dir_key())
+    in_use = None if continued else earlier_results(Path(run_dir), run_dir_key())
     if in_use:
         raise DirInUse(in_use)
     with quietness(bool(cfg.get("quiet"))):
-        return _train(cfg, Path(run_dir), plan, list(callbacks))
+        return _train(cfg, Path(run_dir), plan, list(callbacks), continued)
 
 
 def micro_batches_per_update(plan: Plan, num_nodes: int, synchronous: bool) -> int:
@@ -638,7 +646,9 @@ def _check_picklable(callbacks: list[L.Callback]) -> None:
             ) from e
 
 
-def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.Callback]) -> dict[str, Any] | None:
+def _train(
+    cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.Callback], continued: bool = False
+) -> dict[str, Any] | None:
     if plan.launcher == "torchrun":
         signals.stop_with_agent()  # an agent killed outright (OOM, kill -9) left its workers training on
         signals.mark_running_under_torchrun()  # so that a worker that dies without a word can be named
@@ -693,7 +703,7 @@ def _train(cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.C
     )
     world_size = plan.workers * t.num_nodes
     ckpt_path = resolve_ckpt_path(
-        elastic_resume(cfg.get("ckpt_path"), plan, run_dir), module, world_size, cfg.strategy.name
+        elastic_resume(cfg.get("ckpt_path"), plan, run_dir, continued), module, world_size, cfg.strategy.name
     )
     strategy = build_strategy(cfg, plan, run_dir)
     if plan.launcher == "psgd" and not isinstance(strategy, str):  # psgd starts worker processes

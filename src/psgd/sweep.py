@@ -5,6 +5,7 @@ Hydra's in-process launcher and with launchers that run jobs elsewhere (submitit
 """
 
 import math
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,13 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from psgd.command_line import shell_override
 from psgd.report import describe, skew_note, unwritten, write_report
 from psgd.results import read_json
 
 # What the last multirun in this process found: sweep.py turns failed jobs into a non-zero exit code,
 # and reports the finished jobs of a multirun that stopped early (no "ended").
-LAST: dict[str, Any] = {"failed": 0, "sweep_dir": None, "ended": False}
+LAST: dict[str, Any] = {"failed": 0, "sweep_dir": None, "ended": False, "overrides": []}
 
 
 def sweep_lengths(sweeper_params: dict[str, str] | None, task_overrides: list[str]) -> dict[str, int]:
@@ -68,7 +70,11 @@ class SweepReport(Callback):
         self.swept: set[str] = set()  # keys with several values: the ones a progress line shows
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        LAST.update(failed=0, sweep_dir=str(config.hydra.sweep.dir), ended=False)
+        # the command line that continues this sweep if it stops early: its overrides, Hydra's own but the mode
+        # and the sweep dir (continue_sweep names it)
+        own = [o for o in config.hydra.overrides.hydra if o.split("=", 1)[0] not in ("hydra.mode", "hydra.sweep.dir")]
+        task = [o for o in config.hydra.overrides.task if o.split("=", 1)[0].lstrip("+~") != "continue_sweep"]
+        LAST.update(failed=0, sweep_dir=str(config.hydra.sweep.dir), ended=False, overrides=[*task, *own])
         params = config.hydra.sweeper.get("params")
         try:
             lengths = sweep_lengths(dict(params) if params else None, list(config.hydra.overrides.task))
@@ -116,10 +122,11 @@ def report_stopped_sweep() -> bool:
         return True
     ok = len(report.jobs) - len(report.failed)
     stopped = ", ".join(f"{j.num} {j.status}" for j in report.failed)
+    again = " ".join(shlex.quote(o) for o in [*LAST["overrides"], shell_override("continue_sweep", sweep_dir)])
     print(
         f"psgd: sweep stopped early: {ok} job(s) completed"
         + (f", job {stopped}" if stopped else "")
-        + f"; report of these in {sweep_dir / 'report.md'}",
+        + f"; report of these in {sweep_dir / 'report.md'}; to go on with the others: python sweep.py -m {again}",
         file=sys.stderr,
         flush=True,
     )

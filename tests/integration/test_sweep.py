@@ -150,10 +150,13 @@ def test_train_py_with_hydras_multirun_flag_is_a_sweep():
     assert proc.stdout.startswith("psgd sweep.py: one training job per combination")
 
 
-def test_a_sweep_stopped_early_reports_the_jobs_that_ran(tiny_data, tmp_path):
-    # Ctrl-C or SIGTERM in the middle of a job: Hydra runs no end-of-multirun callback then
+def test_a_sweep_stopped_early_reports_the_jobs_that_ran_and_goes_on_where_it_stopped(tiny_data, tmp_path):
+    """Ctrl-C or SIGTERM in the middle of a job: Hydra runs no end-of-multirun callback then. The last
+    line gives the command that continues the sweep: it keeps the completed job as it was and resumes
+    the interrupted one from its last checkpoint, in its own dir, to the end."""
     import json
     import os
+    import shlex
     import signal
     import time
 
@@ -165,7 +168,7 @@ def test_a_sweep_stopped_early_reports_the_jobs_that_ran(tiny_data, tmp_path):
             sys.executable,
             str(ROOT / "sweep.py"),
             "-m",
-            "trainer.max_epochs=1,200",  # job 0 ends, job 1 would run long
+            "trainer.max_epochs=1,60",  # job 0 ends, job 1 runs longer
             f"data.root={tiny_data}",
             "data.batch_size=64",
             f"hydra.sweep.dir={sweep_dir}",
@@ -195,8 +198,23 @@ def test_a_sweep_stopped_early_reports_the_jobs_that_ran(tiny_data, tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
     lines = stderr.strip().splitlines()
     report = sweep_dir / "report.md"
-    assert lines[-1] == f"psgd: sweep stopped early: 1 job(s) completed, job 1 interrupted; report of these in {report}"
+    said, again = lines[-1].split("; to go on with the others: python sweep.py -m ")
+    assert said == f"psgd: sweep stopped early: 1 job(s) completed, job 1 interrupted; report of these in {report}"
     ok, stopped = read_csv(sweep_dir / "report.csv")
     assert ok["status"] == "completed" and float(ok["test_acc"]) > 0
     assert stopped["status"] == "interrupted" and int(stopped["epochs"]) >= 1
     assert "2 jobs: 1 completed, 0 failed, 1 interrupted" in (sweep_dir / "report.md").read_text()
+
+    first = (sweep_dir / "0" / "metrics.json").read_bytes()
+    done = int(stopped["epochs"])
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "sweep.py"), "-m", *shlex.split(again)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"psgd: job 1 goes on from its {sweep_dir / '1' / 'checkpoints' / 'last.ckpt'}" in proc.stderr
+    assert (sweep_dir / "0" / "metrics.json").read_bytes() == first  # kept, not trained again
+    record = json.loads((sweep_dir / "1" / "metrics.json").read_text())
+    assert record["status"] == "completed"
+    assert [h["epoch"] for h in record["history"]] == list(range(1, 61))  # every epoch once, the first `done` kept
+    assert done < 60
+    assert "2 jobs: 2 completed, 0 failed" in (sweep_dir / "report.md").read_text()

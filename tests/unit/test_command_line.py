@@ -2,6 +2,7 @@
 naming the bad value and what is allowed; anything Hydra accepts passes untouched."""
 
 import errno
+import json
 import os
 import re
 import shlex
@@ -100,6 +101,56 @@ def test_sweep_py_always_runs_a_multirun_with_the_flag_where_hydra_reads_it(argv
 
 def test_the_sweep_config_is_checked_the_same_way():
     assert "data=imagenet is unknown" in command_line_problem("sweep", ["-m", "data=mnist,imagenet"], CONF)
+
+
+def stopped_sweep(folder: Path, task: list[str]) -> Path:
+    """A sweep dir as Hydra leaves it: multirun.yaml with the command line's overrides, and a job."""
+    (folder / "0").mkdir(parents=True)
+    (folder / "multirun.yaml").write_text(f"hydra:\n  overrides:\n    task: {task}\n")
+    (folder / "0" / "metrics.json").write_text('{"status": "completed", "test_acc": 0.9}')
+    return folder
+
+
+def test_a_sweep_is_continued_only_with_its_own_values_in_their_order(tmp_path):
+    sweep = stopped_sweep(tmp_path / "s", ["workers=1,2", "seed=0,1"])
+    same = ["-m", "workers=1,2", "seed=0,1", f"continue_sweep={sweep}"]
+    assert command_line_problem("sweep", same, CONF) is None  # its dir holds results: continuing it is the point
+    assert command_line_problem(
+        "sweep", ["-m", "workers=1,2", "seed=0,1", f"hydra.sweep.dir={sweep}"], CONF
+    ).startswith(f"{sweep} holds an earlier sweep's results")  # without continue_sweep it is still refused
+    for other in (["seed=0,1", "workers=1,2"], ["workers=1,2", "seed=0,1,2"], ["workers=1,2"]):
+        problem = command_line_problem("sweep", ["-m", *other, f"continue_sweep={sweep}"], CONF)
+        assert problem == (
+            f"continue_sweep={sweep} swept `workers=1,2 seed=0,1` and this command line gives `{' '.join(other)}`: a "
+            "sweep is continued with its own values, in their order (each job number names one job): python sweep.py "
+            f"-m workers=1,2 seed=0,1 continue_sweep={sweep}"
+        )
+    assert command_line_problem("sweep", ["-m", "seed=0,1", f"continue_sweep={tmp_path}"], CONF) == (
+        f"continue_sweep={tmp_path} is not a sweep dir (it has no multirun.yaml): give the dir a sweep printed its "
+        "report in"
+    )
+
+
+def test_continue_sweep_in_a_single_run_says_it_is_for_sweeps(tmp_path):
+    problem = command_line_problem("train", ["workers=2", f"continue_sweep={tmp_path}"], CONF)
+    assert problem == (
+        "continue_sweep continues a stopped sweep: python sweep.py -m <the sweep's values> continue_sweep=<its dir>"
+    )
+
+
+def test_a_sweep_still_running_is_not_continued(tmp_path):
+    sweep = stopped_sweep(tmp_path / "s", ["seed=0,1"])
+    (sweep / "1").mkdir()
+    record = {"status": "running", "process": signals.this_process()}
+    (sweep / "1" / "metrics.json").write_text(json.dumps(record))
+    problem = command_line_problem("sweep", ["-m", "seed=0,1", f"continue_sweep={sweep}"], CONF)
+    assert problem == (
+        f"continue_sweep={sweep}: its job in 1/ is still running (pid {os.getpid()}): let that sweep end or stop "
+        "it (Ctrl-C) first"
+    )
+    record["process"]["pid"] = 2**22 + 1  # a process that is gone (killed): its job is continued
+    (sweep / "1" / "metrics.json").write_text(json.dumps(record))
+    assert command_line_problem("sweep", ["-m", "seed=0,1", f"continue_sweep={sweep}"], CONF) is None
 
 
 def test_a_sweep_under_torchrun_is_one_line(monkeypatch):
