@@ -33,6 +33,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from psgd.command_line import shell_override
 from psgd.results import NO_ROOM, atomic_file, failed_write, read_json, write_atomic, write_csv
 from psgd.signals import alive
 
@@ -692,6 +693,21 @@ def unwritten(e: OSError, sweep_dir: Path) -> str:
     )
 
 
+def continue_command(sweep_dir: Path) -> str | None:
+    """The command that continues the sweep in `sweep_dir` (its completed jobs kept, the others run):
+    its overrides as Hydra recorded them in multirun.yaml (Hydra's own but the mode and the sweep dir,
+    which continue_sweep names), or None without a readable record."""
+    try:
+        recorded = OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides
+        task, own = [str(o) for o in recorded.task], [str(o) for o in recorded.hydra]
+    except Exception:  # none (a sweep dir of another launcher's), or damaged
+        return None
+    task = [o for o in task if o.split("=", 1)[0].lstrip("+~") != "continue_sweep"]
+    own = [o for o in own if o.split("=", 1)[0] not in ("hydra.mode", "hydra.sweep.dir")]
+    words = [*task, *own, shell_override("continue_sweep", sweep_dir)]
+    return "python sweep.py -m " + " ".join(shlex.quote(w) for w in words)
+
+
 def describe(report: Report, sweep_dir: Path) -> str:
     ok = len(report.completed)
     state = "still running" if report.running else "finished"
@@ -703,7 +719,9 @@ def describe(report: Report, sweep_dir: Path) -> str:
     ):
         if jobs:
             parts.append(f", {len(jobs)} {word} (jobs {', '.join(str(j.num) for j in jobs)})")
-    return "".join(parts) + f"; report in {sweep_dir / 'report.md'}"
+    parts.append(f"; report in {sweep_dir / 'report.md'}")
+    again = continue_command(sweep_dir) if report.failed and not report.running else None
+    return "".join(parts) + (f"; to run them again: {again}" if again else "")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,6 @@ Hydra's in-process launcher and with launchers that run jobs elsewhere (submitit
 """
 
 import math
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,13 +15,12 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from psgd.command_line import shell_override
-from psgd.report import describe, skew_note, unwritten, write_report
+from psgd.report import continue_command, describe, skew_note, unwritten, write_report
 from psgd.results import read_json
 
 # What the last multirun in this process found: sweep.py turns failed jobs into a non-zero exit code,
 # and reports the finished jobs of a multirun that stopped early (no "ended").
-LAST: dict[str, Any] = {"failed": 0, "sweep_dir": None, "ended": False, "overrides": []}
+LAST: dict[str, Any] = {"failed": 0, "sweep_dir": None, "ended": False}
 
 
 def sweep_lengths(sweeper_params: dict[str, str] | None, task_overrides: list[str]) -> dict[str, int]:
@@ -70,11 +68,7 @@ class SweepReport(Callback):
         self.swept: set[str] = set()  # keys with several values: the ones a progress line shows
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        # the command line that continues this sweep if it stops early: its overrides, Hydra's own but the mode
-        # and the sweep dir (continue_sweep names it)
-        own = [o for o in config.hydra.overrides.hydra if o.split("=", 1)[0] not in ("hydra.mode", "hydra.sweep.dir")]
-        task = [o for o in config.hydra.overrides.task if o.split("=", 1)[0].lstrip("+~") != "continue_sweep"]
-        LAST.update(failed=0, sweep_dir=str(config.hydra.sweep.dir), ended=False, overrides=[*task, *own])
+        LAST.update(failed=0, sweep_dir=str(config.hydra.sweep.dir), ended=False)
         params = config.hydra.sweeper.get("params")
         try:
             lengths = sweep_lengths(dict(params) if params else None, list(config.hydra.overrides.task))
@@ -122,11 +116,12 @@ def report_stopped_sweep() -> bool:
         return True
     ok = len(report.jobs) - len(report.failed)
     stopped = ", ".join(f"{j.num} {j.status}" for j in report.failed)
-    again = " ".join(shlex.quote(o) for o in [*LAST["overrides"], shell_override("continue_sweep", sweep_dir)])
+    again = continue_command(sweep_dir)
     print(
         f"psgd: sweep stopped early: {ok} job(s) completed"
         + (f", job {stopped}" if stopped else "")
-        + f"; report of these in {sweep_dir / 'report.md'}; to go on with the others: python sweep.py -m {again}",
+        + f"; report of these in {sweep_dir / 'report.md'}"
+        + (f"; to go on with the others: {again}" if again else ""),
         file=sys.stderr,
         flush=True,
     )

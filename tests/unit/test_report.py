@@ -5,6 +5,7 @@ import csv
 import errno
 import json
 import os
+import shlex
 import socket
 import subprocess
 from pathlib import Path
@@ -16,7 +17,7 @@ from hydra import initialize_config_dir
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
-from psgd.report import learning_curves, main, write_report
+from psgd.report import describe, learning_curves, main, write_report
 from psgd.signals import this_process
 from psgd.sweep import LAST, SweepReport, progress_line, shown_overrides, sweep_lengths
 
@@ -312,6 +313,26 @@ def test_jobs_in_folders_a_changed_sweep_subdir_names_are_found_in_job_order(see
     assert [j.num for j in report.jobs] == list(range(7))
     assert [r["speedup"] for r in report.summary] == pytest.approx([1.0, 2.0, 42 / 13], abs=1e-3)  # as printed
     assert [j.num for j in report.failed] == [6]
+
+
+def test_a_sweep_with_failed_jobs_says_how_to_run_them_again(tmp_path):
+    """The command continues the sweep (continue_sweep): the recorded overrides, Hydra's own but its mode
+    and sweep dir, quoted for the shell."""
+    recorded = {
+        "hydra": ["hydra.mode=MULTIRUN", "hydra.sweep.dir=/x", "hydra.launcher.partition=gpu"],
+        "task": ["seed=0,1", "data.root='/data/my set'", "continue_sweep=/old"],
+    }
+    (tmp_path / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"overrides": recorded}}))
+    make_job(tmp_path, 0, {"seed": 0}, done("ddp", 1, 10.0, 0.9))
+    make_job(tmp_path, 1, {"seed": 1}, {"status": "failed", "error": "worker rank 1 died"})
+    line = describe(write_report(tmp_path), tmp_path)
+    command = line.split("; to run them again: ")[1]
+    assert shlex.split(command) == [  # as the shell hands it to sweep.py
+        *("python", "sweep.py", "-m", "seed=0,1", "data.root='/data/my set'", "hydra.launcher.partition=gpu"),
+        f"continue_sweep={tmp_path}",
+    ]
+    make_job(tmp_path / "ok", 0, {"seed": 0}, done("ddp", 1, 10.0, 0.9))
+    assert "run them again" not in describe(write_report(tmp_path / "ok"), tmp_path / "ok")
 
 
 def test_rebuild_command_exit_codes(tmp_path, seeded_sweep, capsys):
