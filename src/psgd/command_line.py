@@ -399,7 +399,7 @@ def command_line_problem(
             "report, which reads each job's Hydra config from <job>/.hydra/: leave hydra.output_subdir as it is"
         )
     continued = OmegaConf.select(composed[0][1], "continue_sweep", default=None) if multirun else None
-    problem = _continue_problem(Path(str(continued)), texts) if continued is not None else None
+    problem = _continue_problem(Path(str(continued)), texts, composed[0][1]) if continued is not None else None
     problem = problem or _output_problem(composed[0][1], multirun, continued)
     return problem or (job_check(composed) if job_check else None)
 
@@ -408,11 +408,17 @@ def _override_key(text: str) -> str:
     return text.split("=", 1)[0].lstrip("+~")
 
 
-def _continue_problem(sweep_dir: Path, texts: list[str]) -> str | None:
+def _continue_problem(sweep_dir: Path, texts: list[str], cfg: DictConfig) -> str | None:
     """Why the stopped sweep in `sweep_dir` cannot be continued by this command line (its overrides
-    `texts`), or None: it must be a sweep dir, swept with the same values in the same order (each job
-    number must name the same job), and none of its jobs may still be running."""
+    `texts`, composed into `cfg`), or None: it must be a sweep dir, swept with the same values in the
+    same order (each job number must name the same job), and none of its jobs may still be running."""
     given = shell_override("continue_sweep", sweep_dir)
+    try:
+        into = Path(str(OmegaConf.select(cfg, "hydra.sweep.dir")))
+    except Exception:  # left to Hydra
+        into = sweep_dir
+    if into.absolute() != sweep_dir.absolute():  # a hydra.sweep.dir of the command line's wins
+        return f"{given} goes on in that dir, and hydra.sweep.dir={into} names another: leave hydra.sweep.dir out"
     if not (sweep_dir / "multirun.yaml").is_file():
         return f"{given} is not a sweep dir (it has no multirun.yaml): give the dir a sweep printed its report in"
     try:

@@ -125,6 +125,12 @@ def test_a_sweep_is_continued_only_with_its_own_values_in_their_order(tmp_path):
             "sweep is continued with its own values, in their order (each job number names one job): python sweep.py "
             f"-m workers=1,2 seed=0,1 continue_sweep={sweep}"
         )
+    elsewhere = ["-m", "workers=1,2", "seed=0,1", f"continue_sweep={sweep}", f"hydra.sweep.dir={tmp_path}"]
+    assert command_line_problem("sweep", elsewhere, CONF) == (
+        f"continue_sweep={sweep} goes on in that dir, and hydra.sweep.dir={tmp_path} names another: leave "
+        "hydra.sweep.dir out"
+    )
+    assert command_line_problem("sweep", [*same, f"hydra.sweep.dir={sweep}"], CONF) is None  # the same dir
     assert command_line_problem("sweep", ["-m", "seed=0,1", f"continue_sweep={tmp_path}"], CONF) == (
         f"continue_sweep={tmp_path} is not a sweep dir (it has no multirun.yaml): give the dir a sweep printed its "
         "report in"
