@@ -252,6 +252,14 @@ def check_values(cfg: DictConfig) -> int:
                 f"{workers * t.num_nodes} workers: each worker runs a shard of its own length, so validations "
                 "inside an epoch would not line up; use it with strategy=ddp or one worker"
             )
+    max_time = t.get("max_time")  # +trainer.max_time=00:01:00:00 (Lightning's Timer)
+    if max_time is not None and workers * t.num_nodes > 1 and cfg.strategy.name != "ddp":
+        raise ConfigError(  # Lightning's Timer broadcasts its stop decision after every training batch
+            f"trainer.max_time={max_time} is invalid with strategy={cfg.strategy.name} and {workers * t.num_nodes} "
+            "workers: Lightning decides it in a collective of every worker after each batch, and these workers take "
+            "steps of their own number (one waited for the others until strategy.timeout_s); use "
+            "trainer.max_epochs, or strategy=ddp"
+        )
     if cfg.strategy.name == "ddp":
         cap = cfg.strategy.get("bucket_cap_mb")
         _need(cap is None or (_is_number(cap) and cap > 0), "strategy.bucket_cap_mb", cap, "must be > 0")

@@ -216,6 +216,12 @@ BAD = [
         "trainer.enable_checkpointing cannot be set: psgd decides it (every run keeps",
     ),
     (["trainer.check_val_every_n_epoch=0"], "trainer.check_val_every_n_epoch=0 is invalid: must be an integer >= 1"),
+    # Lightning's Timer: a collective after every batch, which uneven shards left waiting until the timeout
+    (
+        ["strategy=model_averaging", "workers=2", "+trainer.max_time=00:00:01:00"],
+        "trainer.max_time=00:00:01:00 is invalid with strategy=model_averaging and 2 workers: Lightning decides it",
+    ),
+    (["strategy=hogwild", "workers=2", "+trainer.max_time={minutes: 1}"], "trainer.max_time={'minutes': 1} is invalid"),
     (
         ["early_stop.target_acc=0.9", "trainer.max_epochs=2", "trainer.check_val_every_n_epoch=3"],
         "early_stop.target_acc=0.9 needs validation, and trainer.check_val_every_n_epoch=3 runs none in "
