@@ -260,6 +260,14 @@ def check_values(cfg: DictConfig) -> int:
             "steps of their own number (one waited for the others until strategy.timeout_s); use "
             "trainer.max_epochs, or strategy=ddp"
         )
+    max_steps = t.get("max_steps")  # +trainer.max_steps=100; Lightning's -1: none
+    if max_steps not in (None, -1) and workers * t.num_nodes > 1 and cfg.strategy.name != "ddp":
+        raise ConfigError(  # a worker that stopped inside an epoch left the others waiting at its end
+            f"trainer.max_steps={max_steps} is invalid with strategy={cfg.strategy.name} and {workers * t.num_nodes} "
+            "workers: each worker counts its own steps and stops inside an epoch of its own, and the others waited "
+            "for it at their epoch's end until strategy.timeout_s; use trainer.max_epochs (and "
+            "trainer.limit_train_batches for shorter epochs), or strategy=ddp"
+        )
     if cfg.strategy.name == "ddp":
         cap = cfg.strategy.get("bucket_cap_mb")
         _need(cap is None or (_is_number(cap) and cap > 0), "strategy.bucket_cap_mb", cap, "must be > 0")

@@ -222,6 +222,15 @@ BAD = [
         "trainer.max_time=00:00:01:00 is invalid with strategy=model_averaging and 2 workers: Lightning decides it",
     ),
     (["strategy=hogwild", "workers=2", "+trainer.max_time={minutes: 1}"], "trainer.max_time={'minutes': 1} is invalid"),
+    # each worker stopped at its own step: the others waited for it at their epoch's end until the timeout
+    (
+        ["strategy=model_averaging", "workers=2", "+trainer.max_steps=30"],
+        "trainer.max_steps=30 is invalid with strategy=model_averaging and 2 workers: each worker counts its own",
+    ),
+    (
+        ["strategy=hogwild", "workers=2", "+trainer.max_steps=30"],
+        "trainer.max_steps=30 is invalid with strategy=hogwild",
+    ),
     (
         ["early_stop.target_acc=0.9", "trainer.max_epochs=2", "trainer.check_val_every_n_epoch=3"],
         "early_stop.target_acc=0.9 needs validation, and trainer.check_val_every_n_epoch=3 runs none in "
