@@ -346,7 +346,7 @@ def test_ctrl_c_before_training_leaves_no_run_dir_for_the_script_to_report(tmp_p
     monkeypatch.setattr(hydra, "cfg", None)  # the singleton is restored after the test
     hydra.set_config(cfg)
 
-    def stopped(cfg, run_dir: Path):
+    def stopped(cfg, run_dir: Path, continued: bool = False):
         (run_dir / ".hydra").mkdir(parents=True)
         raise KeyboardInterrupt
 
