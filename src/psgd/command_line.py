@@ -143,14 +143,6 @@ def run_name() -> str:
 OmegaConf.register_new_resolver("psgd_run_name", run_name, use_cache=True, replace=True)
 
 
-def sweep_dir(continued: object, fresh: str) -> str:
-    """hydra.sweep.dir of sweep.py: a stopped sweep's dir given as continue_sweep, else a new one."""
-    return fresh if continued is None else str(continued)
-
-
-OmegaConf.register_new_resolver("psgd_sweep_dir", sweep_dir, use_cache=True, replace=True)
-
-
 MULTIRUN_FLAGS = ("-m", "--multirun")  # Hydra's
 # characters Hydra's override syntax takes only in a quoted value (besides non-ASCII ones; ~ has its own line)
 QUOTE_ONLY = "!#&;<>^`="
@@ -187,7 +179,12 @@ def sweep_argv(argv: list[str]) -> list[str]:
     Hydra reads a `-m` between overrides as an unknown argument (argparse's usage text, exit 2), and
     without `-m` it would run one plain job: sweep.py adds it, in front. A line with other Hydra flags
     (--cfg, -cn, --help ...) is not made a multirun: Hydra's flags go after the overrides, as Hydra
-    reads them (`hydra_order`)."""
+    reads them (`hydra_order`). `continue_sweep=<dir>` also sets hydra.sweep.dir=<dir>, where the
+    stopped sweep goes on (not given there as an interpolation: SLURM's job processes resolve the sweep
+    dir again, without psgd's resolvers)."""
+    given = [a.split("=", 1)[1] for a in argv if _override_key(a) == "continue_sweep" and "=" in a]
+    if given and given[-1] != "null" and not any(_override_key(a) == "hydra.sweep.dir" for a in argv):
+        argv = [*argv, f"hydra.sweep.dir={given[-1]}"]  # the value as typed: Hydra parses it alike
     rest = [a for a in argv if a not in MULTIRUN_FLAGS]
     if any(a.startswith("-") for a in rest):
         return hydra_order(argv)

@@ -113,25 +113,25 @@ def stopped_sweep(folder: Path, task: list[str]) -> Path:
 
 def test_a_sweep_is_continued_only_with_its_own_values_in_their_order(tmp_path):
     sweep = stopped_sweep(tmp_path / "s", ["workers=1,2", "seed=0,1"])
-    same = ["-m", "workers=1,2", "seed=0,1", f"continue_sweep={sweep}"]
+    same = sweep_argv(["workers=1,2", "seed=0,1", f"continue_sweep={sweep}"])  # as sweep.py passes them on
+    assert same[-1] == f"hydra.sweep.dir={sweep}"  # the jobs go on in the stopped sweep's dir
     assert command_line_problem("sweep", same, CONF) is None  # its dir holds results: continuing it is the point
     assert command_line_problem(
         "sweep", ["-m", "workers=1,2", "seed=0,1", f"hydra.sweep.dir={sweep}"], CONF
     ).startswith(f"{sweep} holds an earlier sweep's results")  # without continue_sweep it is still refused
     for other in (["seed=0,1", "workers=1,2"], ["workers=1,2", "seed=0,1,2"], ["workers=1,2"]):
-        problem = command_line_problem("sweep", ["-m", *other, f"continue_sweep={sweep}"], CONF)
+        problem = command_line_problem("sweep", sweep_argv([*other, f"continue_sweep={sweep}"]), CONF)
         assert problem == (
             f"continue_sweep={sweep} swept `workers=1,2 seed=0,1` and this command line gives `{' '.join(other)}`: a "
             "sweep is continued with its own values, in their order (each job number names one job): python sweep.py "
             f"-m workers=1,2 seed=0,1 continue_sweep={sweep}"
         )
-    elsewhere = ["-m", "workers=1,2", "seed=0,1", f"continue_sweep={sweep}", f"hydra.sweep.dir={tmp_path}"]
+    elsewhere = sweep_argv(["workers=1,2", "seed=0,1", f"continue_sweep={sweep}", f"hydra.sweep.dir={tmp_path}"])
     assert command_line_problem("sweep", elsewhere, CONF) == (
         f"continue_sweep={sweep} goes on in that dir, and hydra.sweep.dir={tmp_path} names another: leave "
         "hydra.sweep.dir out"
     )
-    assert command_line_problem("sweep", [*same, f"hydra.sweep.dir={sweep}"], CONF) is None  # the same dir
-    assert command_line_problem("sweep", ["-m", "seed=0,1", f"continue_sweep={tmp_path}"], CONF) == (
+    assert command_line_problem("sweep", sweep_argv(["seed=0,1", f"continue_sweep={tmp_path}"]), CONF) == (
         f"continue_sweep={tmp_path} is not a sweep dir (it has no multirun.yaml): give the dir a sweep printed its "
         "report in"
     )
@@ -149,14 +149,14 @@ def test_a_sweep_still_running_is_not_continued(tmp_path):
     (sweep / "1").mkdir()
     record = {"status": "running", "process": signals.this_process()}
     (sweep / "1" / "metrics.json").write_text(json.dumps(record))
-    problem = command_line_problem("sweep", ["-m", "seed=0,1", f"continue_sweep={sweep}"], CONF)
+    problem = command_line_problem("sweep", sweep_argv(["seed=0,1", f"continue_sweep={sweep}"]), CONF)
     assert problem == (
         f"continue_sweep={sweep}: its job in 1/ is still running (pid {os.getpid()}): let that sweep end or stop "
         "it (Ctrl-C) first"
     )
     record["process"]["pid"] = 2**22 + 1  # a process that is gone (killed): its job is continued
     (sweep / "1" / "metrics.json").write_text(json.dumps(record))
-    assert command_line_problem("sweep", ["-m", "seed=0,1", f"continue_sweep={sweep}"], CONF) is None
+    assert command_line_problem("sweep", sweep_argv(["seed=0,1", f"continue_sweep={sweep}"]), CONF) is None
 
 
 def test_a_sweep_under_torchrun_is_one_line(monkeypatch):
