@@ -182,8 +182,8 @@ def sweep_argv(argv: list[str]) -> list[str]:
     reads them (`hydra_order`). `continue_sweep=<dir>` also sets hydra.sweep.dir=<dir>, where the
     stopped sweep goes on (not given there as an interpolation: SLURM's job processes resolve the sweep
     dir again, without psgd's resolvers)."""
-    given = [a.split("=", 1)[1] for a in argv if _override_key(a) == "continue_sweep" and "=" in a]
-    if given and given[-1] != "null" and not any(_override_key(a) == "hydra.sweep.dir" for a in argv):
+    given = [a.split("=", 1)[1] for a in argv if override_key(a) == "continue_sweep" and "=" in a]
+    if given and given[-1] != "null" and not any(override_key(a) == "hydra.sweep.dir" for a in argv):
         argv = [*argv, f"hydra.sweep.dir={given[-1]}"]  # the value as typed: Hydra parses it alike
     rest = [a for a in argv if a not in MULTIRUN_FLAGS]
     if any(a.startswith("-") for a in rest):
@@ -306,7 +306,7 @@ def command_line_problem(
     shows = [a for a in argv if _flag_dest(a) == "cfg"]
     if shows and (swept := next((a for a in argv if not a.startswith("-") and _sweeps(a)), None)):
         # Hydra's "Ambiguous value" said to add --multirun, which it then refuses with --cfg
-        key = swept.split("=", 1)[0].lstrip("+~")
+        key = override_key(swept)
         return f"{shows[0]} prints one job's config and {swept} gives {key} several values: give it one of them"
     multirun = any(a in MULTIRUN_FLAGS for a in argv)
     if multirun and torchrun_worker():  # each worker ran the sweep, in a sweep dir of its own, and its second
@@ -401,7 +401,8 @@ def command_line_problem(
     return problem or (job_check(composed) if job_check else None)
 
 
-def _override_key(text: str) -> str:
+def override_key(text: str) -> str:
+    """The key an override sets (`+trainer.max_time=1` -> trainer.max_time; a flag is its own key)."""
     return text.split("=", 1)[0].lstrip("+~")
 
 
@@ -422,8 +423,8 @@ def _continue_problem(sweep_dir: Path, texts: list[str], cfg: DictConfig) -> str
         recorded = [str(t) for t in OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides.task]
     except Exception as e:  # damaged by hand, or not Hydra's
         return f"{given}: its multirun.yaml does not say which values it swept ({type(e).__name__}); start a new sweep"
-    before = [t for t in recorded if _override_key(t) != "continue_sweep"]
-    now = [t for t in texts if _override_key(t) != "continue_sweep" and not _override_key(t).startswith("hydra")]
+    before = [t for t in recorded if override_key(t) != "continue_sweep"]
+    now = [t for t in texts if override_key(t) != "continue_sweep" and not override_key(t).startswith("hydra")]
     if now != before:
         same = " ".join(shlex.quote(t) for t in [*before, given])
         return (
@@ -691,7 +692,7 @@ def _unknown_key(config_name: str, job: list[str], config_dir: Path, key: str) -
         return (
             "continue_sweep continues a stopped sweep: python sweep.py -m <the sweep's values> continue_sweep=<its dir>"
         )
-    mine = [o for o in job if o.lstrip("~+").split("=", 1)[0] == key]
+    mine = [o for o in job if override_key(o) == key]
     try:
         cfg = _compose(config_name, [o for o in job if o not in mine], config_dir)
     except Exception:

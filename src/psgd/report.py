@@ -33,7 +33,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from psgd.command_line import shell_override
+from psgd.command_line import override_key, shell_override
 from psgd.results import NO_ROOM, atomic_file, failed_write, read_json, write_atomic, write_csv
 from psgd.signals import alive
 
@@ -702,7 +702,7 @@ def continue_command(sweep_dir: Path) -> str | None:
         task, own = [str(o) for o in recorded.task], [str(o) for o in recorded.hydra]
     except Exception:  # none (a sweep dir of another launcher's), or damaged
         return None
-    task = [o for o in task if o.split("=", 1)[0].lstrip("+~") != "continue_sweep"]
+    task = [o for o in task if override_key(o) != "continue_sweep"]
     own = [o for o in own if o.split("=", 1)[0] not in ("hydra.mode", "hydra.sweep.dir")]
     words = [*task, *own, shell_override("continue_sweep", sweep_dir)]
     return "python sweep.py -m " + " ".join(shlex.quote(w) for w in words)

@@ -15,6 +15,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from psgd.command_line import override_key
 from psgd.report import continue_command, describe, skew_note, unwritten, write_report
 from psgd.results import read_json
 
@@ -41,7 +42,7 @@ def shown_overrides(task: list[str], swept: set[str]) -> list[str]:
     rather than "(defaults)"."""
     if not swept:
         return task
-    return [o for o in task if o.split("=", 1)[0].lstrip("+~") in swept]
+    return [o for o in task if override_key(o) in swept]
 
 
 def progress_line(num: int, total: int | None, overrides: list[str], job_dir: Path) -> str:
