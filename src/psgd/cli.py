@@ -24,6 +24,7 @@ from psgd.report import skew_note
 from psgd.results import NO_ROOM, failed_write, read_json, write_atomic
 from psgd.run import WorkerGone, mark_status, raised_in_worker, run_dir_key, train
 from psgd.strategies._lightning import KilledWorker, lost_a_peer, timed_out
+from psgd.sweep import KEPT
 
 
 def _discard_empty_run_dir(run_dir: Path) -> None:
@@ -258,6 +259,7 @@ def run_job(cfg: DictConfig) -> float | None:
     if continued:
         earlier = continue_job(run_dir, f"{hydra_cfg.job.name}.log")
         if earlier is not None:  # completed in the stopped sweep: its progress line and report use its record
+            KEPT.add(str(run_dir))
             return earlier["test_acc"]
     try:
         metrics = train(cfg, run_dir, continued=continued)

@@ -22,6 +22,9 @@ from psgd.results import read_json
 # What the last multirun in this process found: sweep.py turns failed jobs into a non-zero exit code,
 # and reports the finished jobs of a multirun that stopped early (no "ended").
 LAST: dict[str, Any] = {"failed": 0, "sweep_dir": None, "ended": False}
+# job dirs of a continued sweep whose earlier attempt completed and was kept (psgd.cli.continue_job), in this
+# process (Hydra's basic launcher): their progress lines say so
+KEPT: set[str] = set()
 
 
 def sweep_lengths(sweeper_params: dict[str, str] | None, task_overrides: list[str]) -> dict[str, int]:
@@ -54,8 +57,9 @@ def progress_line(num: int, total: int | None, overrides: list[str], job_dir: Pa
     if status == "completed":
         ttt = record.get("time_to_target_s")
         target = f", target reached at {ttt:.1f} s" if ttt is not None else ""
+        kept = " (kept from the stopped sweep)" if str(job_dir) in KEPT else ""
         return (
-            f"psgd: {where} {values}: completed, {record.get('train_time_s', 0):.1f} s training, "
+            f"psgd: {where} {values}: completed{kept}, {record.get('train_time_s', 0):.1f} s training, "
             f"{record.get('samples_per_s')} samples/s, test_acc {record.get('test_acc'):.4f}{skew_note(record)}{target}"
         )
     return f"psgd: {where} {values}: {status}: {record.get('error') or 'no result written'}"
