@@ -186,7 +186,7 @@ def test_time_to_target_runs_each_seed_and_reports_every_run_and_the_median(tiny
     # chance is 10 %: both reach 5 % after their first epoch, timed by the run itself, and stop there
     assert all(r["epoch_to_target"] == 1 and len(r["epoch_s"]) == 1 for r in runs)
     # the time to target is read at the validation that saw it; the epoch's time later, at the epoch's end:
-    # the same training time, but for Lightning's end-of-epoch bookkeeping between them (~0.5 ms here, and
+    # the same training time, but for Lightning's end-of-epoch bookkeeping between them (~0.5 ms here; it
     # exceeded the 1 ms this test allowed in one slow-suite run, 2026-11-24)
     assert all(-1e-4 <= r["epoch_s"][0] - r["time_to_target_s"] < 0.01 for r in runs), runs
     assert result["median_s"] == pytest.approx(sum(r["time_to_target_s"] for r in runs) / 2)
