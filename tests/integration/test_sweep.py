@@ -182,8 +182,9 @@ def test_a_sweep_stopped_early_reports_the_jobs_that_ran_and_goes_on_where_it_st
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()[1][-2000:]
-            try:
-                if json.loads((sweep_dir / "1" / "metrics.json").read_text())["history"]:
+            try:  # an epoch finished and its checkpoint written (the record may come first): job 1 can resume
+                last = sweep_dir / "1" / "checkpoints" / "last.ckpt"
+                if json.loads((sweep_dir / "1" / "metrics.json").read_text())["history"] and last.exists():
                     break
             except (FileNotFoundError, json.JSONDecodeError, KeyError):
                 pass
