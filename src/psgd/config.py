@@ -238,6 +238,10 @@ def check_values(cfg: DictConfig) -> int:
                 f"trainer.num_nodes={t.num_nodes} is invalid with strategy=hogwild: shared memory spans one "
                 "machine; use num_nodes=1"
             )
+    world = workers * t.num_nodes
+    # several workers of model averaging or HogWild: each takes steps of its own number (its own shard), so
+    # nothing that every worker must join inside an epoch may be asked of them
+    own_pace = world > 1 and cfg.strategy.name != "ddp"
     vci = t.get("val_check_interval")
     if vci is not None:
         _need(
@@ -246,24 +250,24 @@ def check_values(cfg: DictConfig) -> int:
             vci,
             "must be a fraction of an epoch in (0, 1] (e.g. 0.25), a whole number of batches, or null (once per epoch)",
         )
-        if workers * t.num_nodes > 1 and cfg.strategy.name != "ddp" and not (isinstance(vci, float) and vci == 1.0):
+        if own_pace and not (isinstance(vci, float) and vci == 1.0):
             raise ConfigError(
                 f"trainer.val_check_interval={vci} is invalid with strategy={cfg.strategy.name} and "
-                f"{workers * t.num_nodes} workers: each worker runs a shard of its own length, so validations "
+                f"{world} workers: each worker runs a shard of its own length, so validations "
                 "inside an epoch would not line up; use it with strategy=ddp or one worker"
             )
     max_time = t.get("max_time")  # +trainer.max_time=00:01:00:00 (Lightning's Timer)
-    if max_time is not None and workers * t.num_nodes > 1 and cfg.strategy.name != "ddp":
+    if max_time is not None and own_pace:
         raise ConfigError(  # Lightning's Timer broadcasts its stop decision after every training batch
-            f"trainer.max_time={max_time} is invalid with strategy={cfg.strategy.name} and {workers * t.num_nodes} "
+            f"trainer.max_time={max_time} is invalid with strategy={cfg.strategy.name} and {world} "
             "workers: Lightning decides it in a collective of every worker after each batch, and these workers take "
             "steps of their own number (one waited for the others until strategy.timeout_s); use "
             "trainer.max_epochs, or strategy=ddp"
         )
     max_steps = t.get("max_steps")  # +trainer.max_steps=100; Lightning's -1: none
-    if max_steps not in (None, -1) and workers * t.num_nodes > 1 and cfg.strategy.name != "ddp":
+    if max_steps not in (None, -1) and own_pace:
         raise ConfigError(  # a worker that stopped inside an epoch left the others waiting at its end
-            f"trainer.max_steps={max_steps} is invalid with strategy={cfg.strategy.name} and {workers * t.num_nodes} "
+            f"trainer.max_steps={max_steps} is invalid with strategy={cfg.strategy.name} and {world} "
             "workers: each worker counts its own steps and stops inside an epoch of its own, and the others waited "
             "for it at their epoch's end until strategy.timeout_s; use trainer.max_epochs (and "
             "trainer.limit_train_batches for shorter epochs), or strategy=ddp"
@@ -414,7 +418,7 @@ def check_values(cfg: DictConfig) -> int:
         dropout = cfg.model.dropout
         _need(_is_number(dropout) and 0 <= dropout < 1, "model.dropout", dropout, "must be in [0, 1)")
 
-    resolve_accumulation(cfg, workers * t.num_nodes)
+    resolve_accumulation(cfg, world)
     return workers
 
 
