@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from psgd import signals
 from psgd.results import NO_ROOM
-from psgd.signals import alive, proc_stat
+from psgd.signals import proc_stat, still_running
 
 MAX_JOBS_COMPOSED = 64  # beyond this many jobs, every value of every key is composed once, not every product
 
@@ -436,7 +436,7 @@ def _continue_problem(sweep_dir: Path, texts: list[str], cfg: DictConfig) -> str
             held = json.loads(record.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(held, dict) and held.get("status") in ("running", "trained") and alive(held.get("process")):
+        if isinstance(held, dict) and still_running(held):
             return (
                 f"{given}: its job in {record.parent.name}/ is still running (pid {held['process']['pid']}): "
                 "let that sweep end or stop it (Ctrl-C) first"

@@ -35,7 +35,7 @@ from omegaconf import OmegaConf
 
 from psgd.command_line import override_key, shell_override
 from psgd.results import NO_ROOM, atomic_file, failed_write, read_json, write_atomic, write_csv
-from psgd.signals import alive
+from psgd.signals import still_running
 
 WORKER_KEYS = ("workers", "trainer.devices")  # the key that sets P
 SEED_KEYS = ("seed",)
@@ -132,7 +132,7 @@ def load_job(path: Path) -> Job | None:
         metrics, unreadable = {}, unreadable or f"{record} is unreadable ({type(e).__name__}: {e})"
     status = "failed" if unreadable else metrics.get("status", "not finished")
     error = unreadable or metrics.get("error")
-    if status in ("running", "trained") and alive(metrics.get("process")):  # a sweep still at work
+    if not unreadable and still_running(metrics):  # a sweep still at work
         status = "running"
     elif status in ("running", "trained"):  # the job process ended without writing its final status
         status, error = "failed", error or f"ended with status {status!r} (killed?)"
@@ -703,7 +703,7 @@ def continue_command(sweep_dir: Path) -> str | None:
     except Exception:  # none (a sweep dir of another launcher's), or damaged
         return None
     task = [o for o in task if override_key(o) != "continue_sweep"]
-    own = [o for o in own if o.split("=", 1)[0] not in ("hydra.mode", "hydra.sweep.dir")]
+    own = [o for o in own if override_key(o) not in ("hydra.mode", "hydra.sweep.dir")]
     words = [*task, *own, shell_override("continue_sweep", sweep_dir)]
     return "python sweep.py -m " + " ".join(shlex.quote(w) for w in words)
 

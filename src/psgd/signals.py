@@ -295,6 +295,12 @@ def alive(process: object) -> bool:
         return False
 
 
+def still_running(record: dict) -> bool:
+    """Whether a run's record (metrics.json) is still being written: not finished, and the process it
+    names alive on this machine (one that ended without its final status was killed)."""
+    return record.get("status") in ("running", "trained") and alive(record.get("process"))
+
+
 def temp_folder_of_this_process(prefix: str) -> Path:
     """A new folder `<temp dir>/<prefix><pid>-<start time>-<random>` for this process to take away
     when done. Those that earlier processes left (killed outright before they could) go here."""
