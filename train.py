@@ -3,6 +3,7 @@
 import atexit
 import gc
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from psgd.command_line import (  # light: torch loads once the line is checked
 )
 from psgd.config import values_problem  # light too: psgd's value checks that need no torch
 from psgd.forkserver import start_early  # light too: starts the workers' fork server, where they need one
-from psgd.signals import interrupt_on_sigterm  # light too: the standard library only
+from psgd.signals import held_until_released, interrupt_on_sigterm  # light too: the standard library only
 
 CONF = Path(__file__).resolve().parent / "conf"
 
@@ -53,7 +54,8 @@ if __name__ == "__main__":
     try:
         check_command_line("train", CONF, job_check=jobs_problem)
         load_training()
-        main()
+        with held_until_released(signal.SIGINT, signal.SIGTERM):  # while Hydra makes the run dir: the job releases them
+            main()
     except KeyboardInterrupt:
         exit_interrupted()
     except BrokenPipeError:

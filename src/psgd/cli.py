@@ -15,7 +15,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-from psgd import command_line
+from psgd import command_line, signals
 from psgd.command_line import fail, text_lines
 from psgd.config import ConfigError, DirInUse
 from psgd.data import DataError
@@ -262,6 +262,7 @@ def run_job(cfg: DictConfig) -> float | None:
             KEPT.add(str(run_dir))
             return earlier["test_acc"]
     try:
+        signals.release_held()  # Ctrl-C or SIGTERM while Hydra made the run dir (train.py): handled here
         metrics = train(cfg, run_dir, continued=continued)
     except KeyboardInterrupt:  # before training (from fit on, psgd.run winds the run down): nothing to keep
         _discard_empty_run_dir(run_dir)

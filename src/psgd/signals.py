@@ -182,6 +182,38 @@ def held(*signums: int) -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a pending signal is handled here
 
 
+_releases: list = []  # what ends the innermost `held_until_released`, while one holds signals
+
+
+@contextmanager
+def held_until_released(*signums: int) -> Iterator[None]:
+    """As `held`, but also ended earlier by `release_held`: for Hydra's setup of a job, which makes the
+    run dir, saves the config into it and opens its log before it calls the job. A signal there left
+    that dir behind with no results (the job's handler, which removes it, had not begun); held, it is
+    handled where the job releases it, inside that handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+
+    def release() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a pending signal is handled here
+
+    _releases.append(release)
+    try:
+        yield
+    finally:
+        if release in _releases:
+            _releases.remove(release)
+            release()
+
+
+def release_held() -> None:
+    """End `held_until_released`'s hold now (a signal sent meanwhile is handled here); nothing without one."""
+    while _releases:
+        _releases.pop()()
+
+
 def interrupt_on_sigterm() -> None:
     """For train.py and sweep.py, from their first line: SIGTERM stops them as Ctrl-C does also outside
     a run's fit and test (while torch loads, the data is read, between a sweep's jobs), where its default

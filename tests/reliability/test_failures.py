@@ -403,6 +403,38 @@ def test_ctrl_c_while_starting_up_is_one_line_and_leaves_nothing(tiny_data, tmp_
     assert gone_within_session(proc.pid, 10), "a process of the run outlived it"
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_hydra_sets_up_the_job_leaves_no_run_dir(tiny_data, tmp_path, sig):
+    """Between making the run dir and calling the job, Hydra saves the job's config and opens its log:
+    a signal there (under torchrun the agent's SIGTERM, sent once another worker had said a bad value
+    and exited, to a worker a second behind it) left the dir with .hydra/ and the log, no results, and
+    "nothing was written" said of it. Signals wait through Hydra's setup now, and the job removes the
+    dir. The signal is sent on cue, from where Hydra saves the config (a sitecustomize)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os, hydra.core.utils as u\n"
+        "save = u._save_config\n"
+        "def signalled(*a, **k):\n"
+        f"    os.kill(os.getpid(), {int(sig)})\n"
+        "    return save(*a, **k)\n"
+        "u._save_config = signalled\n"
+    )
+    out = tmp_path / "out"
+    path = os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), f"data.root={tiny_data}", f"hydra.run.dir={out}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    how = " (SIGTERM)" if sig == signal.SIGTERM else ""
+    assert proc.returncode == 128 + sig, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [f"psgd: interrupted{how} before training started; nothing was written"]
+    assert not out.exists(), sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+
+
 def gone_within_session(session: int, seconds: float) -> bool:
     """Every process of the session (process group) `session` has ended within `seconds`."""
     deadline = time.monotonic() + seconds

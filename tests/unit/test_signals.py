@@ -263,3 +263,40 @@ def test_a_signal_held_while_torch_loads_is_handled_as_soon_as_the_block_ends():
     could take the signal.)"""
     proc = subprocess.run([sys.executable, "-c", HELD], capture_output=True, text=True, timeout=60)
     assert proc.stdout.splitlines() == ["pending True", "raised after the block SIGTERM True"], proc.stderr
+
+
+HELD_UNTIL_RELEASED = """
+import os, signal, sys, time
+from psgd import signals
+signals.interrupt_on_sigterm()
+mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+with signals.held_until_released(signal.SIGINT, signal.SIGTERM):
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        print("pending", signal.SIGTERM in signal.sigpending(), flush=True)
+        signals.release_held()
+        time.sleep(0.2)
+        print("not raised", flush=True)
+    except KeyboardInterrupt:
+        print("raised at the release", signals.received, signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask)
+    signals.release_held()  # a second release, and the block's end, leave the mask alone
+    print("mask", signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask)
+with signals.held_until_released(signal.SIGINT):  # not released: the block's end restores the mask
+    print("held", signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+print("after", signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask)
+"""
+
+
+def test_a_signal_held_until_released_is_handled_at_the_release():
+    """train.py holds Ctrl-C and SIGTERM through Hydra's setup of the job; the job releases them inside
+    the handler that removes a run dir without results: the signal is raised there, not at the block's
+    end (outside that handler), and the mask is as it was after either."""
+    proc = subprocess.run([sys.executable, "-c", HELD_UNTIL_RELEASED], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.splitlines() == [
+        "pending True",
+        "raised at the release SIGTERM True",
+        "mask True",
+        "held True",
+        "after True",
+    ], proc.stderr
