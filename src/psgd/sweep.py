@@ -119,8 +119,8 @@ def report_stopped_sweep() -> bool:
     except FileNotFoundError:
         print(f"psgd: sweep stopped before any job ran ({sweep_dir})", file=sys.stderr, flush=True)
         return True
-    ok = len(report.jobs) - len(report.failed)
-    stopped = ", ".join(f"{j.num} {j.status}" for j in report.failed)
+    ok = len(report.completed)
+    stopped = ", ".join(f"{j.num} {j.status}" for j in report.failed + report.running)
     again = continue_command(sweep_dir)
     print(
         f"psgd: sweep stopped early: {ok} job(s) completed"

@@ -281,6 +281,22 @@ def test_a_job_still_training_is_running_not_failed(tmp_path, capsys):
     assert [j.status for j in write_report(tmp_path).jobs] == ["completed", "running", "failed"]
 
 
+def test_a_stopped_sweep_counts_only_completed_jobs_as_completed(tmp_path, monkeypatch, capsys):
+    """The line of a sweep stopped early counted every job not failed as completed, a job whose record
+    still says running (its process alive: another launcher's, or this one's when its mark could not
+    be written) included."""
+    from psgd.sweep import report_stopped_sweep
+
+    make_job(tmp_path, 0, {"seed": 0}, done("ddp", 1, 5.0, 0.9))
+    make_job(tmp_path, 1, {"seed": 1}, {**done("ddp", 1, 2.0, 0.5), "status": "interrupted"})
+    make_job(tmp_path, 2, {"seed": 2}, {**done("ddp", 1, 2.0, 0.5), "status": "running", "process": this_process()})
+    monkeypatch.setitem(LAST, "sweep_dir", str(tmp_path))
+    monkeypatch.setitem(LAST, "ended", False)
+    assert report_stopped_sweep()
+    said = capsys.readouterr().err
+    assert said.startswith("psgd: sweep stopped early: 1 job(s) completed, job 1 interrupted, 2 running; "), said
+
+
 def test_a_job_record_damaged_by_hand_is_a_failed_job_not_a_traceback(tmp_path):
     make_job(tmp_path, 0, {"seed": 0}, done("ddp", 1, 5.0, 0.9))
     (make_job(tmp_path, 1, {"seed": 1}, None) / "metrics.json").write_text('{"status": "compl')  # cut short
