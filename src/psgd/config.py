@@ -25,6 +25,8 @@ from psgd.command_line import in_the_job, text_lines
 from psgd.results import cpu_count
 
 STRATEGIES = ("ddp", "model_averaging", "hogwild")
+# a setting only that strategy's config group (conf/strategy/<name>.yaml) has: tells which group was chosen
+OWN_KEY = {"ddp": "find_unused_parameters", "model_averaging": "period", "hogwild": "lock"}
 # how Lightning starts the workers of each strategy (HogWild's is fixed: Lightning's spawn would clone the
 # shared model), and the process-group backends psgd runs on
 START_METHODS = {
@@ -216,6 +218,20 @@ def resolve_accelerator(cfg: DictConfig) -> str:
     return "gpu" if accelerator == "cuda" else accelerator
 
 
+def check_strategy_group(s: DictConfig) -> None:
+    """strategy.name set alone (`strategy.name=hogwild`, or a preset's `strategy: {name: ...}`) renames
+    the chosen group's settings without choosing that strategy's: the run failed on a setting it lacks
+    ("Key 'lock' is not in struct"). Say which group the settings are from and how to choose one."""
+    if OWN_KEY[s.name] in s:
+        return
+    chosen = next((name for name, key in OWN_KEY.items() if key in s), None)
+    settings = f"strategy={chosen}'s" if chosen else "not that strategy's"
+    raise ConfigError(
+        f"strategy.name={s.name} alone does not choose a strategy: the settings are still {settings} (no "
+        f"strategy.{OWN_KEY[s.name]}); use strategy={s.name} (in a preset's defaults: - override /strategy: {s.name})"
+    )
+
+
 def check_values(cfg: DictConfig) -> int:
     """Every value the config alone decides (no torch, no machine: the command line's check runs it
     before either); raises ConfigError, or returns the workers per node."""
@@ -224,6 +240,7 @@ def check_values(cfg: DictConfig) -> int:
     t, d, opt, sch = cfg.trainer, cfg.data, cfg.optimizer, cfg.scheduler
 
     _need(cfg.strategy.name in STRATEGIES, "strategy", cfg.strategy.name, f"allowed: {', '.join(STRATEGIES)}")
+    check_strategy_group(cfg.strategy)
     if cfg.strategy.name == "model_averaging":
         period = cfg.strategy.period
         _need(

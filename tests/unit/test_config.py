@@ -144,6 +144,21 @@ BAD = [
     (["model.name=[1,2]"], "model.name=[1, 2] is invalid: must be a name"),
     # the label of another built-in model: the lab CNN trained, recorded as the WideResNet
     (["model.name=wide_resnet"], "model.name=wide_resnet is only the run's label and the model is still psgd.models"),
+    # strategy.name set without choosing the group: failed on a setting the group lacks ("Key 'lock' is not in
+    # struct", a traceback in error.log), also from a preset that wrote `strategy: {name: ...}`
+    (
+        ["strategy.name=hogwild"],
+        "strategy.name=hogwild alone does not choose a strategy: the settings are still strategy=ddp's (no "
+        "strategy.lock); use strategy=hogwild",
+    ),
+    (
+        ["strategy=hogwild", "strategy.name=model_averaging"],
+        "the settings are still strategy=hogwild's (no strategy.period)",
+    ),
+    (
+        ["strategy=model_averaging", "strategy.name=ddp"],
+        "use strategy=ddp (in a preset's defaults: - override /strategy: ddp)",
+    ),
     # what the optimizer's own constructor refuses: before, a traceback from inside fit
     (
         ["optimizer=novograd", "optimizer.betas=[2,3]"],
