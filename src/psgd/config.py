@@ -541,6 +541,33 @@ def _first_problem(jobs: Jobs, judge: Callable[[DictConfig], object], name_the_j
     return None
 
 
+def locate(key: str, target: object) -> type:
+    """The class a `_target_` names, imported; else a ConfigError naming `key` and why (a module not
+    installed, a misspelt name). Hydra's get_class logged three ERROR lines first and raised a message
+    whose line said only "Are you sure that module 'x' is installed?"."""
+    import logging
+
+    from hydra.utils import get_class
+
+    _need(isinstance(target, str) and "." in target, key, target, "must name a class as module.Class")
+    log = logging.getLogger("hydra.utils")
+    was, log.disabled = log.disabled, True
+    try:
+        return get_class(target)
+    except ImportError as e:
+        cause = e.__cause__ or e
+        module, _, name = target.rpartition(".")
+        if isinstance(cause, ModuleNotFoundError) and cause.name == target:  # the module is there, the name not
+            why = f"module {module} has no {name}"
+        else:
+            why = f"{type(cause).__name__}: {text_lines(cause)[-1]}"
+        raise ConfigError(f"{key}={target} cannot be imported ({why})") from e
+    except ValueError as e:  # it names something other than a class
+        raise ConfigError(f"{key}={target} is invalid: {text_lines(e)[-1]}") from e
+    finally:
+        log.disabled = was
+
+
 def check_optimizer(opt: DictConfig) -> None:
     """The optimizer's own checks, here rather than in each worker: build it once on a stand-in
     parameter, so a value its constructor refuses (`optimizer.betas=[2,3]` for NovoGrad, SGD's
@@ -549,11 +576,12 @@ def check_optimizer(opt: DictConfig) -> None:
     import inspect
 
     import torch
-    from hydra.utils import get_class, instantiate
+    from hydra.utils import instantiate
 
+    cls = locate("optimizer._target_", opt.get("_target_"))
     try:  # a number setting given true (Python's bool is an int: eps=true would run as eps=1) ...
-        defaults = inspect.signature(get_class(opt._target_)).parameters
-    except Exception:  # a target that is not a class: instantiate below names the problem
+        defaults = inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # no signature to read: instantiate below names any problem
         defaults = {}
     for key, value in opt.items():
         default = defaults[key].default if key in defaults else None

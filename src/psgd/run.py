@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 from pytorch_lightning.loggers import TensorBoardLogger
@@ -52,7 +52,7 @@ from psgd.callbacks import (
 )
 from psgd.choices import INFO, DatasetInfo
 from psgd.command_line import earlier_results, text_lines
-from psgd.config import ConfigError, DirInUse, Plan, check
+from psgd.config import ConfigError, DirInUse, Plan, check, locate
 from psgd.data import ClassificationData
 from psgd.hooks import skip_unused_hooks
 from psgd.module import OPTIMIZER_KEY, Classifier
@@ -73,7 +73,7 @@ def build_model(model_cfg: DictConfig, data_name: str) -> tuple[nn.Module, int]:
     params = OmegaConf.to_container(model_cfg, resolve=True)
     name, target = params.pop("name"), params.pop("_target_")
     info: DatasetInfo = INFO[data_name]
-    cls = get_class(target)
+    cls = locate("model._target_", target)
     size = info.size
     needed = getattr(cls, "input_size", None)
     if needed is not None and needed != size:

@@ -159,6 +159,17 @@ BAD = [
         ["strategy=model_averaging", "strategy.name=ddp"],
         "use strategy=ddp (in a preset's defaults: - override /strategy: ddp)",
     ),
+    # a class that cannot be imported: Hydra logged three ERROR lines, and the line said only "Are you
+    # sure that module 'nope' is installed?"
+    (
+        ["optimizer._target_=nope.Opt"],
+        "optimizer._target_=nope.Opt cannot be imported (ModuleNotFoundError: No module named 'nope')",
+    ),
+    (
+        ["optimizer._target_=torch.optim.Nope"],
+        "optimizer._target_=torch.optim.Nope cannot be imported (module torch.optim has no Nope)",
+    ),
+    (["optimizer._target_=5"], "optimizer._target_=5 is invalid: must name a class as module.Class"),
     # what the optimizer's own constructor refuses: before, a traceback from inside fit
     (
         ["optimizer=novograd", "optimizer.betas=[2,3]"],
@@ -273,6 +284,10 @@ NEEDS_THE_MACHINE = {
     "optimizer=adam +optimizer.eps=true",
     "+optimizer.maximize=flase",
     "workers=2 trainer.num_nodes=2",  # the launcher (torchrun, srun) is the machine's
+    # the optimizer's class is imported with torch, at the job's start
+    "optimizer._target_=nope.Opt",
+    "optimizer._target_=torch.optim.Nope",
+    "optimizer._target_=5",
 }
 
 
@@ -350,6 +365,27 @@ def test_model_data_pairings_that_cannot_work_are_config_errors(model, data):
     cfg = compose_cfg(f"model={model}", f"data={data}")
     with pytest.raises(ConfigError, match=f"model={model} needs 28x28 inputs but data={data}"):
         build_model(cfg.model, cfg.data.name)
+
+
+@pytest.mark.parametrize(
+    "target,message",
+    [
+        ("nope.Net", "model._target_=nope.Net cannot be imported (ModuleNotFoundError: No module named 'nope')"),
+        ("psgd.models.Nope", "model._target_=psgd.models.Nope cannot be imported (module psgd.models has no Nope)"),
+        (
+            "psgd.run.build_model",
+            "model._target_=psgd.run.build_model is invalid: Located non-class of type 'function'",
+        ),
+    ],
+)
+def test_a_model_class_that_cannot_be_imported_is_one_line(target, message, caplog):
+    """A user's own model (model._target_=...) misspelt or not installed: Hydra logged three ERROR lines and
+    the run's line said "ImportError: Are you sure that module 'nope' is installed?" with a traceback file."""
+    cfg = compose_cfg(f"model._target_={target}", "model.name=mine")
+    with pytest.raises(ConfigError) as e:
+        build_model(cfg.model, "mnist")
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
 
 
 @pytest.mark.parametrize(
