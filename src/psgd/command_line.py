@@ -468,10 +468,17 @@ def _interval_problem(config_name: str, overrides: list, config_dir: Path) -> st
     )
 
 
+# groups whose settings, but these, are the arguments of the class they build (model._target_, a model of
+# the user's, may take no dropout): removing one (`~model.dropout`) leaves that argument at the class's default
+CONSTRUCTOR_GROUPS = ("model", "optimizer")
+READ_BY_PSGD = ("model.name", "model._target_", "optimizer._target_", "optimizer._partial_", "optimizer.lr")
+
+
 def _deleted_setting(config_name: str, overrides: list, config_dir: Path) -> str | None:
     """`~key` of a setting the config files define, or `~group` / `group=null` of a config group they
-    choose (data, model ...): psgd reads them all. The run failed later with OmegaConf's "Key 'workers'
-    is not in struct", or for a group Hydra's traceback."""
+    choose (data, model ...): psgd reads them all, but the constructor arguments of CONSTRUCTOR_GROUPS.
+    The run failed later with OmegaConf's "Key 'workers' is not in struct", or for a group Hydra's
+    traceback."""
 
     from hydra.core.override_parser.types import ChoiceSweep
 
@@ -499,6 +506,8 @@ def _deleted_setting(config_name: str, overrides: list, config_dir: Path) -> str
         value = OmegaConf.select(cfg, key.replace("/", "."), default=_ABSENT)
         if value is _ABSENT:  # not the config files' (a key the command line added, a group left unchosen)
             continue
+        if key.split(".")[0] in CONSTRUCTOR_GROUPS and "." in key and key not in READ_BY_PSGD:
+            continue  # an argument of the model's or optimizer's class: its default then
         if group(o):
             choices = ", ".join(sorted(f.stem for f in (config_dir / key).glob("*.yaml")))
             what = f"{o.input_line}: null" if o.is_sweep_override() else o.input_line

@@ -52,6 +52,10 @@ BAD = [
     (["~data"], "~data removes the data settings psgd reads; choose one instead: data can be: cifar10, fashion_mnist"),
     (["model=null"], "model=null removes the model settings psgd reads; choose one instead: model can be: lab_cnn,"),
     (["-m", "model=null,mlp"], "model=null,mlp: null removes the model settings psgd reads"),
+    # what psgd reads of the model and optimizer groups (their other settings are the class's arguments)
+    (["~model.name"], "~model.name removes a setting psgd reads; set it instead: model.name=<value> (here: lab_cnn)"),
+    (["~model._target_"], "set it instead: model._target_=<value> (here: psgd.models.LabCNN)"),
+    (["~optimizer.lr"], "~optimizer.lr removes a setting psgd reads; set it instead: optimizer.lr=<value> (here: 0.02"),
     # the report reads <job>/.hydra/: every job trained, then "no report: ... holds no job dirs"
     (["-m", "seed=0,1", "hydra.output_subdir=null"], "hydra.output_subdir=null would leave the sweep without its"),
     (["-m", "hydra.output_subdir=cfg"], "reads each job's Hydra config from <job>/.hydra/: leave hydra.output_subdir"),
@@ -75,6 +79,20 @@ def test_a_mistyped_choice_or_key_is_one_line_naming_it_and_what_is_allowed(argv
     problem = command_line_problem("train", argv, CONF)
     assert problem is not None and expected in problem
     assert "\n" not in problem
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        # a model class of the user's that takes no dropout: the refusal said psgd read the setting, and
+        # the class could not be used from the command line
+        ["model._target_=mymodels.Net", "model.name=mine", "~model.dropout", "~model.batch_norm"],
+        ["~optimizer.momentum", "~optimizer.nesterov"],  # SGD's defaults then
+        ["-m", "seed=0,1", "~model.dropout"],
+    ],
+)
+def test_a_model_or_optimizer_argument_may_be_removed(argv):
+    assert command_line_problem("train", argv, CONF) is None
 
 
 @pytest.mark.parametrize(
