@@ -561,6 +561,11 @@ def locate(key: str, target: object) -> type:
             why = f"module {module} has no {name}"
         else:
             why = f"{type(cause).__name__}: {text_lines(cause)[-1]}"
+        top = target.split(".")[0]
+        here = isinstance(cause, ModuleNotFoundError) and cause.name == top
+        if here and (os.path.isfile(f"{top}.py") or os.path.isdir(top)):
+            # python train.py puts the script's folder on the path, not the current one
+            why += f"; {top} is in the current folder, which is not on Python's path: run with PYTHONPATH=."
         raise ConfigError(f"{key}={target} cannot be imported ({why})") from e
     except ValueError as e:  # it names something other than a class
         raise ConfigError(f"{key}={target} is invalid: {text_lines(e)[-1]}") from e

@@ -388,6 +388,22 @@ def test_a_model_class_that_cannot_be_imported_is_one_line(target, message, capl
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
 
 
+def test_a_model_module_in_the_current_folder_but_not_on_the_path_is_said_so(tmp_path, monkeypatch):
+    """`python train.py` puts train.py's folder on Python's path, not the current one, where a user's
+    models.py often lies: the line says how to run it."""
+    (tmp_path / "usermodels_here.py").write_text("class Net: ...\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    cfg = compose_cfg("model._target_=usermodels_here.Net", "model.name=mine")
+    with pytest.raises(ConfigError) as e:
+        build_model(cfg.model, "mnist")
+    assert str(e.value) == (
+        "model._target_=usermodels_here.Net cannot be imported (ModuleNotFoundError: No module named "
+        "'usermodels_here'; usermodels_here is in the current folder, which is not on Python's path: run with "
+        "PYTHONPATH=.)"
+    )
+
+
 @pytest.mark.parametrize(
     "override,message",
     [
