@@ -847,7 +847,7 @@ def _train(
                 enable_model_summary=False,
                 enable_checkpointing=False,
                 fast_dev_run=t.fast_dev_run,
-                precision=t.precision,
+                precision=trainer.precision,  # as it ran (16-mixed: bf16-mixed on CPU, warned of once)
                 **limits,
             )
         with signals.sigterm_interrupts():
