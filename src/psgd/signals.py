@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 received: str | None = None  # the name of the signal that interrupted this process's run, if one did
@@ -191,21 +191,14 @@ def held_until_released(*signums: int) -> Iterator[None]:
     run dir, saves the config into it and opens its log before it calls the job. A signal there left
     that dir behind with no results (the job's handler, which removes it, had not begun); held, it is
     handled where the job releases it, inside that handler."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
-
-    def release() -> None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a pending signal is handled here
-
-    _releases.append(release)
-    try:
-        yield
-    finally:
-        if release in _releases:
-            _releases.remove(release)
-            release()
+    with ExitStack() as hold:
+        hold.enter_context(held(*signums))
+        _releases.append(hold.close)  # closed once: by release_held or here, at the block's end
+        try:
+            yield
+        finally:
+            if hold.close in _releases:
+                _releases.remove(hold.close)
 
 
 def release_held() -> None:
