@@ -5,6 +5,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -268,6 +269,10 @@ def run_job(cfg: DictConfig) -> float | None:
         _discard_empty_run_dir(run_dir)
         raise
     except Exception as e:
+        discard = not sweeping and bad_input(e)
+        if discard:  # first, and whole: under torchrun the agent's SIGTERM comes once another worker said it
+            with signals.held(signal.SIGINT, signal.SIGTERM):
+                _discard_empty_run_dir(run_dir)
         line = error_line(e, run_dir)
         if sweeping:
             if not isinstance(e, DirInUse):  # the earlier job's record stays as it was
@@ -276,9 +281,7 @@ def run_job(cfg: DictConfig) -> float | None:
                 show_traceback_if_asked(e)
             print(f"psgd: error: {line}", file=sys.stderr, flush=True)
             return None
-        if bad_input(e):
-            _discard_empty_run_dir(run_dir)
-        elif _global_rank() in ("0", None) or (isinstance(e, WorkerGone) and e.records):  # one writer
+        if not discard and (_global_rank() in ("0", None) or (isinstance(e, WorkerGone) and e.records)):  # one writer
             mark_failed(run_dir, line)
         if keeps_traceback(e):  # the line names the file
             write_traceback(run_dir, e)

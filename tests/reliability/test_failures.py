@@ -361,6 +361,44 @@ def test_ctrl_c_before_training_leaves_no_run_dir_for_the_script_to_report(tmp_p
     assert code == "KeyboardInterrupt" and not run_dir.exists() and capsys.readouterr().err == ""
 
 
+def test_a_signal_while_a_bad_value_is_reported_still_leaves_no_run_dir(tmp_path, monkeypatch):
+    """Under torchrun the agent SIGTERMs the other workers once the first has said a bad value and
+    exited: one that was still working out its error line took it before removing the dir Hydra made
+    (the signal stood in for here by the line's own work raising KeyboardInterrupt). The dir goes first."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    import psgd.cli as cli
+    from psgd.config import ConfigError
+
+    run_dir = tmp_path / "run"
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(run_dir)
+    hydra = HydraConfig.instance()
+    monkeypatch.setattr(hydra, "cfg", None)  # the singleton is restored after the test
+    hydra.set_config(cfg)
+
+    def bad_value(cfg, run_dir: Path, continued: bool = False):
+        (run_dir / ".hydra").mkdir(parents=True)
+        (run_dir / "train.log").write_text("")
+        raise ConfigError("workers=3 trainer.num_nodes=1 do not match torchrun's 2 processes per node")
+
+    def signalled(e, run_dir):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "train", bad_value)
+    monkeypatch.setattr(cli, "error_line", signalled)
+    try:  # (a KeyboardInterrupt left to pytest would stop the whole test run)
+        cli.run_job(cfg)
+        pytest.fail("run_job returned")
+    except KeyboardInterrupt:
+        pass
+    assert not run_dir.exists()
+
+
 @pytest.mark.parametrize(
     "script,workers,sig",
     [
