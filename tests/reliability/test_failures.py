@@ -328,16 +328,12 @@ def test_ctrl_c_between_fit_and_test_keeps_the_epochs_and_says_so(tiny_data, tmp
     assert m["status"] == "interrupted" and len(m["history"]) == 1
 
 
-def test_ctrl_c_before_training_leaves_no_run_dir_for_the_script_to_report(tmp_path, monkeypatch, capsys):
-    """Ctrl-C before fit (the data being read) goes on to the script (command_line.exit_interrupted says
-    so) once the dir Hydra made is gone. (The job's train() is stood in for, to stop it on cue.)"""
+def job_config(run_dir: Path, monkeypatch):
+    """The default config as Hydra hands it to a job (psgd.cli.run_job) whose output dir is `run_dir`."""
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    import psgd.cli as cli
-
-    run_dir = tmp_path / "run"
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", return_hydra_config=True)
     with open_dict(cfg):
@@ -345,6 +341,16 @@ def test_ctrl_c_before_training_leaves_no_run_dir_for_the_script_to_report(tmp_p
     hydra = HydraConfig.instance()
     monkeypatch.setattr(hydra, "cfg", None)  # the singleton is restored after the test
     hydra.set_config(cfg)
+    return cfg
+
+
+def test_ctrl_c_before_training_leaves_no_run_dir_for_the_script_to_report(tmp_path, monkeypatch, capsys):
+    """Ctrl-C before fit (the data being read) goes on to the script (command_line.exit_interrupted says
+    so) once the dir Hydra made is gone. (The job's train() is stood in for, to stop it on cue.)"""
+    import psgd.cli as cli
+
+    run_dir = tmp_path / "run"
+    cfg = job_config(run_dir, monkeypatch)
 
     def stopped(cfg, run_dir: Path, continued: bool = False):
         (run_dir / ".hydra").mkdir(parents=True)
@@ -365,21 +371,11 @@ def test_a_signal_while_a_bad_value_is_reported_still_leaves_no_run_dir(tmp_path
     """Under torchrun the agent SIGTERMs the other workers once the first has said a bad value and
     exited: one that was still working out its error line took it before removing the dir Hydra made
     (the signal stood in for here by the line's own work raising KeyboardInterrupt). The dir goes first."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
-
     import psgd.cli as cli
     from psgd.config import ConfigError
 
     run_dir = tmp_path / "run"
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", return_hydra_config=True)
-    with open_dict(cfg):
-        cfg.hydra.runtime.output_dir = str(run_dir)
-    hydra = HydraConfig.instance()
-    monkeypatch.setattr(hydra, "cfg", None)  # the singleton is restored after the test
-    hydra.set_config(cfg)
+    cfg = job_config(run_dir, monkeypatch)
 
     def bad_value(cfg, run_dir: Path, continued: bool = False):
         (run_dir / ".hydra").mkdir(parents=True)
