@@ -670,7 +670,9 @@ def _train(
         shard_eval=one_model,  # replicas that differ are each evaluated on the whole split
     )
     datamodule.prepare_data()  # a missing dataset fails here, before any worker starts
-    datamodule.check_batches(plan.workers * cfg.trainer.num_nodes)  # so does a worker without a batch
+    short = datamodule.check_batches(plan.workers * cfg.trainer.num_nodes)  # so does a worker without a batch
+    if short and os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":  # said once, not per worker
+        print(short, file=sys.stderr, flush=True)
     datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))  # and a test without one
 
     t = cfg.trainer

@@ -141,6 +141,22 @@ def test_uneven_sizes_partition_runs_in_lockstep_without_hanging(tiny_data, tmp_
     assert (len(small), len(big)) == (154, 160)
 
 
+def test_a_shard_smaller_than_the_batch_is_warned_about_once(tiny_data, tmp_path):
+    # it trained silently: data.batch_size=100000 on MNIST took one batch of the whole shard per epoch,
+    # while the run's records said 100000
+    run_dir = tmp_path / "run"
+    over = ["workers=2", "data.partition=sizes", "data.partition_sizes=[0.7,0.3]", "trainer.max_epochs=1", *TINY]
+    proc = run_cli("train.py", *over, "data.batch_size=200", f"data.root={tiny_data}", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr
+    warning = (
+        "psgd: warning: data.batch_size=200 is larger than the training shard of worker 1 (154 samples): "
+        "it never trains on a full batch"
+    )
+    assert proc.stderr.count("psgd: warning:") == 1 and warning in proc.stderr.splitlines()
+    big, small = shards(run_dir, 0, 2)
+    assert (len(small), len(big)) == (154, 200)  # the whole small shard is the one step; the other takes 200
+
+
 @pytest.mark.slow  # ~20 s: two runs; the flag's value check is in test_config
 def test_one_worker_runs_without_ddp_unless_asked_and_then_trains_the_same(tiny_data, tmp_path):
     # ddp_for_one_worker: a one-process gloo group around the same training (what DDP itself costs);

@@ -188,6 +188,37 @@ def test_a_run_where_a_worker_gets_no_training_batch_is_refused_before_it_starts
         data(partition="dirichlet", dirichlet_alpha=1e-4).check_batches(10)
 
 
+def test_a_batch_larger_than_a_workers_shard_is_warned_about(tmp_path):
+    # such a run trains on less than data.batch_size at every step, while its records say data.batch_size
+    make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
+
+    def warning(workers, **kw):
+        dm = ClassificationData("mnist", str(tmp_path), **kw)
+        dm.prepare_data()
+        return dm.check_batches(workers)
+
+    assert warning(1, batch_size=200) is None and warning(2, batch_size=100) is None
+    assert warning(1, batch_size=201) == (
+        "psgd: warning: data.batch_size=201 is larger than the training set (200 samples): "
+        "each epoch is one batch of all of it"
+    )
+    assert warning(2, batch_size=101) == (
+        "psgd: warning: data.batch_size=101 is larger than every worker's training shard (100 samples each): "
+        "each epoch is one batch"
+    )
+    sizes = {"partition": "sizes", "partition_sizes": [0.6, 0.4]}  # shards of 120 and 80
+    assert warning(2, batch_size=121, **sizes).startswith("psgd: warning: data.batch_size=121 is larger than every ")
+    assert "(120 samples at most): each epoch is one batch" in warning(2, batch_size=121, **sizes)
+    assert warning(2, batch_size=81, **sizes) == (
+        "psgd: warning: data.batch_size=81 is larger than the training shard of worker 1 (80 samples): "
+        "it never trains on a full batch"
+    )
+    assert warning(6, batch_size=34, partition="sizes", partition_sizes=[0.5] + [0.1] * 5).endswith(
+        "of workers 1 (20 samples), 2 (20 samples), 3 (20 samples), 4 (20 samples), ...: "
+        "they never train on a full batch"
+    )
+
+
 def test_a_test_fraction_that_leaves_no_test_batch_is_refused_before_training(tmp_path):
     # Lightning refused it only in the test after training: the run had trained and then failed
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)

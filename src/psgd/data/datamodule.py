@@ -269,10 +269,12 @@ class ClassificationData(L.LightningDataModule):
         n_val = int(round(self.val_split * n))
         return perm[:n_val], perm[n_val:].sort().values
 
-    def check_batches(self, workers: int) -> None:
+    def check_batches(self, workers: int) -> str | None:
         """Refuse, before any worker starts, a run in which a worker would get no training batch
-        (a silent run of zero steps under DDP; Lightning's error inside a worker otherwise). Needs
-        prepare_data; reads only the labels."""
+        (a silent run of zero steps under DDP; Lightning's error inside a worker otherwise). Returns a
+        warning line when a worker's shard is smaller than one batch: it never trains on the batch size
+        asked for (data.batch_size=100000 on MNIST trained one batch of the whole shard per epoch, and
+        the run's records say 100000). Needs prepare_data; reads only the labels."""
         labels = self._decoded[True][1]
         if self.val_split > 0:
             labels = labels[self._holdout(len(labels))[1]]
@@ -283,7 +285,7 @@ class ClassificationData(L.LightningDataModule):
             raise DataError(f"data.partition={self.scheme}: {e}") from e
         empty = [r for r, c in enumerate(counts) if c == 0]
         if not empty:
-            return
+            return self._short_shards_warning(sizes)
         shards = ", ".join(f"worker {r} ({sizes[r]} samples)" for r in empty)
         fix = (
             "use a smaller data.batch_size or data.drop_last=false"
@@ -295,6 +297,21 @@ class ClassificationData(L.LightningDataModule):
             f"data.partition={self.scheme}, data.batch_size={self.batch_size} and "
             f"data.drop_last={str(self.drop_last).lower()}: {fix}"
         )
+
+    def _short_shards_warning(self, sizes: list[int]) -> str | None:
+        short = [r for r, n in enumerate(sizes) if n < self.batch_size]
+        if not short:
+            return None
+        if len(sizes) == 1:
+            whose, what = f"the training set ({sizes[0]} samples)", "each epoch is one batch of all of it"
+        elif len(short) == len(sizes):
+            at_most = " at most" if len(set(sizes)) > 1 else " each"
+            whose, what = f"every worker's training shard ({max(sizes)} samples{at_most})", "each epoch is one batch"
+        else:
+            named = ", ".join(f"{r} ({sizes[r]} samples)" for r in short[:4]) + (", ..." if len(short) > 4 else "")
+            whose = f"the training shard of worker{'s' if len(short) > 1 else ''} {named}"
+            what = f"{'they never train' if len(short) > 1 else 'it never trains'} on a full batch"
+        return f"psgd: warning: data.batch_size={self.batch_size} is larger than {whose}: {what}"
 
     def check_test_limit(self, limit: float | int | None) -> None:
         """Refuse, before training, a trainer.limit_test_batches fraction that leaves the final test no
