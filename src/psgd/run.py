@@ -269,7 +269,10 @@ def resolve_ckpt_path(
             jobs.sort(key=lambda d: (len(d.name), d))  # 0, 1, ..., 10
             example = f", e.g. {jobs[0]}" if jobs else ""
             raise ConfigError(f"ckpt_path={value!r} is a sweep's dir: give one job's run dir{example}")
-        path = path / "checkpoints" / "last.ckpt"
+        if (path / "last.ckpt").is_file() and not (path / "checkpoints").exists():
+            path = path / "last.ckpt"  # a run dir's checkpoints/ folder, given for the run dir
+        else:
+            path = path / "checkpoints" / "last.ckpt"
     if not path.is_file():
         raise ConfigError(f"ckpt_path={value!r} is invalid: no checkpoint at {path} (give a .ckpt file or a run dir)")
     if not zipfile.is_zipfile(path):  # torch.save's format (Lightning's checkpoints too)

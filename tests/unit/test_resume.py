@@ -181,6 +181,7 @@ def test_a_checkpoint_of_another_model_or_no_checkpoint_is_refused(tmp_path, mon
         resolve_ckpt_path(str(run_dir), mlp)
     last = save(run_dir / "checkpoints" / "last.ckpt", mlp)
     assert resolve_ckpt_path(str(run_dir), mlp) == last
+    assert resolve_ckpt_path(str(run_dir / "checkpoints"), mlp) == last  # so does its checkpoints/ folder
     # ~ is the home folder, as in data.root
     monkeypatch.setenv("HOME", str(tmp_path))
     assert resolve_ckpt_path("~/run", mlp) == last
