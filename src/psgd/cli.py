@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd import command_line, signals
-from psgd.command_line import fail, text_lines
+from psgd.command_line import fail, global_rank, text_lines
 from psgd.config import ConfigError, DirInUse
 from psgd.data import DataError
 from psgd.module import TrainingDiverged
@@ -68,11 +68,6 @@ def bad_input(e: BaseException) -> bool:
     return isinstance(e, BAD_INPUT) or raised_in_worker(e, BAD_INPUT) is not None
 
 
-def _global_rank() -> str | None:
-    """This process's global rank when torchrun or srun started it as one of the workers, else None."""
-    return os.environ.get("RANK", os.environ.get("SLURM_PROCID"))
-
-
 def collective_failure(e: BaseException) -> str | None:
     """The line for a worker that torchrun / srun started (one process per worker) whose collective lost
     its peer or waited past strategy.timeout_s, or None. (Workers that psgd starts come back as a
@@ -87,7 +82,7 @@ def collective_failure(e: BaseException) -> str | None:
         why = "another worker went away"
     else:
         return None
-    return f"worker rank {_global_rank() or '?'} failed: {type(e).__name__}: {last} ({why})"
+    return f"worker rank {global_rank() or '?'} failed: {type(e).__name__}: {last} ({why})"
 
 
 def port_taken(e: BaseException) -> str | None:
@@ -139,7 +134,7 @@ def error_line(e: BaseException, run_dir: Path) -> str:
     if isinstance(e, ProcessExitedException):
         how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
         return f"worker rank {e.error_index} died ({how}); results of finished epochs are in {run_dir}"
-    rank = _global_rank()  # under torchrun / srun each worker is a train.py process and says its rank
+    rank = global_rank()  # under torchrun / srun each worker is a train.py process and says its rank
     who = f"worker rank {rank} failed: " if rank is not None else ""
     return f"{who}{type(e).__name__}: {message_line(e)} (traceback in {traceback_path(run_dir)})"
 
@@ -156,7 +151,7 @@ def message_line(e: BaseException) -> str:
 def traceback_path(run_dir: Path) -> Path:
     """Where a failed job keeps its error's whole traceback: error.log, and under torchrun / srun
     error.rank<r>.log for each worker other than rank 0 (each one a train.py process of its own)."""
-    rank = _global_rank()
+    rank = global_rank()
     return run_dir / ("error.log" if rank in (None, "0") else f"error.rank{rank}.log")
 
 
@@ -281,7 +276,7 @@ def run_job(cfg: DictConfig) -> float | None:
                 show_traceback_if_asked(e)
             print(f"psgd: error: {line}", file=sys.stderr, flush=True)
             return None
-        if not discard and (_global_rank() in ("0", None) or (isinstance(e, WorkerGone) and e.records)):  # one writer
+        if not discard and (global_rank() in ("0", None) or (isinstance(e, WorkerGone) and e.records)):  # one writer
             mark_failed(run_dir, line)
         if keeps_traceback(e):  # the line names the file
             write_traceback(run_dir, e)

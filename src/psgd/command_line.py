@@ -47,6 +47,18 @@ def fail(message: str, every_worker_finds_it: bool = False) -> None:
     raise SystemExit(2)
 
 
+def global_rank() -> str | None:
+    """This process's global rank when torchrun or srun started it as one of the workers, else None."""
+    return os.environ.get("RANK", os.environ.get("SLURM_PROCID"))
+
+
+def warn(message: str) -> None:
+    """A `psgd: warning: ...` line on stderr, said once per run: where torchrun or srun started each
+    worker as a train.py process (each checks the same settings), by the first worker only."""
+    if global_rank() in (None, "0"):
+        print(f"psgd: warning: {message}", file=sys.stderr, flush=True)
+
+
 # how long a torchrun worker waits for its agent's SIGTERM once the first worker has said the problem
 AGENT_STOPS_WITHIN_S = 10.0
 

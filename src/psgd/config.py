@@ -13,7 +13,6 @@ import io
 import math
 import os
 import shutil
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from psgd import forkserver
 from psgd.choices import AUGMENTATIONS, BUILTIN, DECAYS, INFO, INTERVALS, LR_SCALING, SCHEMES
-from psgd.command_line import in_the_job, text_lines
+from psgd.command_line import in_the_job, text_lines, warn
 from psgd.results import cpu_count
 
 STRATEGIES = ("ddp", "model_averaging", "hogwild")
@@ -469,25 +468,15 @@ def check(cfg: DictConfig) -> Plan:
         )
     elif accelerator == "gpu":
         check_gpu_count(workers, "workers" if t.get("devices") is None else "trainer.devices")
-    reference = cfg.get("lr_reference_batch")
-    if reference is not None and cfg.lr_scaling == "none":  # a warning: `lr_scaling=none,linear` compares both
-        print(
-            f"psgd: warning: lr_reference_batch={reference} has no effect with lr_scaling=none (the lr stays "
-            "optimizer.lr); lr_scaling=linear or sqrt scales it by the samples per update / lr_reference_batch",
-            file=sys.stderr,
-            flush=True,
-        )
     per_node, threads = workers, cfg.get("threads_per_worker")
     if threads and threads > 1 and accelerator == "cpu" and threads * per_node > cpu_count():
         # OpenMP threads that share a core wait on each other at every parallel region: the lab CNN ran
         # ~45x slower with threads_per_worker=64 on 2 cores (192 vs ~9000 samples/s). One thread per
         # worker beyond the cores (workers=5 on 2 cores) is a legitimate experiment and not warned about.
-        print(
-            f"psgd: warning: threads_per_worker={threads} x {per_node} worker(s) is {threads * per_node} threads "
+        warn(
+            f"threads_per_worker={threads} x {per_node} worker(s) is {threads * per_node} threads "
             f"on {cpu_count()} cores: oversubscribed, every step waits on threads sharing a core (much slower); "
-            "threads_per_worker=null uses cores // workers",
-            file=sys.stderr,
-            flush=True,
+            "threads_per_worker=null uses cores // workers"
         )
     threads = threads or max(1, cpu_count() // per_node)
     return Plan(
@@ -506,8 +495,50 @@ Jobs = list[tuple[list[str], DictConfig]]  # (overrides, config) of each job, as
 def values_problem(jobs: Jobs, name_the_job: bool) -> str | None:
     """Why a job of this command line would stop at its start for a value `check_values` refuses, or
     None: the scripts' check before torch loads, for every job wherever it will run (a value means the
-    same on any machine). `name_the_job`: add which job of a sweep it is."""
-    return _first_problem(jobs, check_values, name_the_job)
+    same on any machine). `name_the_job`: add which job of a sweep it is. With none found, a warning
+    for each setting that no job reads (unread_settings)."""
+    problem = _first_problem(jobs, check_values, name_the_job)
+    if problem is None:
+        for line in unread_settings(jobs):
+            warn(line)
+    return problem
+
+
+# settings read only when another one has a certain value: (setting, the other one, whether a value of
+# it reads the setting, the words for those values)
+READ_ONLY_WHEN: tuple[tuple[str, str, Callable[[object], bool], str], ...] = (
+    ("data.partition_sizes", "data.partition", lambda v: v == "sizes", "data.partition=sizes"),
+    ("data.dirichlet_alpha", "data.partition", lambda v: v == "dirichlet", "data.partition=dirichlet"),
+    (
+        "scheduler.start_factor",
+        "scheduler.warmup_epochs",
+        lambda v: _is_number(v) and v > 0,
+        "a warm-up (scheduler=warmup, scheduler.warmup_epochs > 0)",
+    ),
+    (
+        "lr_reference_batch",
+        "lr_scaling",
+        lambda v: v != "none",
+        "lr_scaling=linear or sqrt, which scale optimizer.lr by the samples per update / lr_reference_batch",
+    ),
+)
+
+
+def unread_settings(jobs: Jobs) -> list[str]:
+    """A warning line for each setting given a value that no job of the command line reads:
+    `workers=2 data.partition_sizes=[0.7,0.3]` without data.partition=sizes trained iid shards, and
+    nothing said so. A setting that some job of a sweep reads is not warned about for the others
+    (experiment=dist_tuto sets partition_sizes for its data.partition=sizes jobs)."""
+    lines = []
+    for key, other, reads, wording in READ_ONLY_WHEN:
+        given = [(OmegaConf.select(cfg, key), OmegaConf.select(cfg, other)) for _, cfg in jobs]
+        given = [(value, chooser) for value, chooser in given if value is not None]
+        if given and not any(reads(chooser) for _, chooser in given):
+            value = given[0][0]
+            value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+            choosers = ",".join(dict.fromkeys(str(chooser) for _, chooser in given))
+            lines.append(f"{key}={value} has no effect with {other}={choosers}: it is read with {wording}")
+    return lines
 
 
 def sweep_values_problem(jobs: Jobs) -> str | None:

@@ -51,7 +51,7 @@ from psgd.callbacks import (
     WorkerSetup,
 )
 from psgd.choices import INFO, DatasetInfo
-from psgd.command_line import earlier_results, text_lines
+from psgd.command_line import earlier_results, text_lines, warn
 from psgd.config import ConfigError, DirInUse, Plan, check, locate
 from psgd.data import ClassificationData
 from psgd.hooks import skip_unused_hooks
@@ -673,9 +673,8 @@ def _train(
         shard_eval=one_model,  # replicas that differ are each evaluated on the whole split
     )
     datamodule.prepare_data()  # a missing dataset fails here, before any worker starts
-    short = datamodule.check_batches(plan.workers * cfg.trainer.num_nodes)  # so does a worker without a batch
-    if short and os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":  # said once, not per worker
-        print(short, file=sys.stderr, flush=True)
+    if short := datamodule.check_batches(plan.workers * cfg.trainer.num_nodes):  # so does a worker without a batch
+        warn(short)  # a shard smaller than one batch
     datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))  # and a test without one
 
     t = cfg.trainer

@@ -48,17 +48,6 @@ def test_threads_default_to_cores_over_workers_at_least_one(monkeypatch):
     assert check(compose_cfg("workers=4", "threads_per_worker=3")).threads_per_worker == 3
 
 
-def test_a_reference_batch_without_lr_scaling_is_warned_about_not_refused(capsys):
-    """`sweep.py -m lr_scaling=none,linear lr_reference_batch=128` compares unscaled and scaled runs; a run
-    with the reference alone is told that its lr stays optimizer.lr."""
-    check(compose_cfg("lr_scaling=linear", "lr_reference_batch=256"))
-    assert capsys.readouterr().err == ""
-    check(compose_cfg("lr_reference_batch=256"))
-    assert capsys.readouterr().err.startswith(
-        "psgd: warning: lr_reference_batch=256 has no effect with lr_scaling=none (the lr stays optimizer.lr)"
-    )
-
-
 def test_more_threads_than_cores_is_warned_about(monkeypatch, capsys):
     monkeypatch.setattr("psgd.config.cpu_count", lambda: 2)
     for fine in (["workers=2"], ["workers=5", "threads_per_worker=1"], ["threads_per_worker=2"]):
@@ -70,6 +59,57 @@ def test_more_threads_than_cores_is_warned_about(monkeypatch, capsys):
         "psgd: warning: threads_per_worker=2 x 2 worker(s) is 4 threads on 2 cores: oversubscribed, every step "
         "waits on threads sharing a core (much slower); threads_per_worker=null uses cores // workers"
     ]
+
+
+def test_a_setting_no_job_reads_is_warned_about_once(monkeypatch, capsys):
+    """`workers=2 data.partition_sizes=[0.7,0.3]` without data.partition=sizes trained iid shards, and
+    nothing said so; in a sweep, only a setting that no job reads is warned about."""
+    from conftest import CONF
+
+    from psgd.command_line import command_line_problem
+    from psgd.config import values_problem
+
+    def warnings(*argv):
+        script = "sweep" if "-m" in argv else "train"
+        assert command_line_problem(script, list(argv), CONF, job_check=lambda j: values_problem(j, True)) is None
+        return capsys.readouterr().err.splitlines()
+
+    assert warnings("workers=2", "data.partition_sizes=[0.7,0.3]") == [
+        "psgd: warning: data.partition_sizes=[0.7, 0.3] has no effect with data.partition=iid: it is read with "
+        "data.partition=sizes"
+    ]
+    assert warnings("workers=2", "data.partition=by_label", "data.dirichlet_alpha=0.5") == [
+        "psgd: warning: data.dirichlet_alpha=0.5 has no effect with data.partition=by_label: it is read with "
+        "data.partition=dirichlet"
+    ]
+    assert warnings("lr_reference_batch=256") == [  # the lr stays optimizer.lr
+        "psgd: warning: lr_reference_batch=256 has no effect with lr_scaling=none: it is read with lr_scaling=linear "
+        "or sqrt, which scale optimizer.lr by the samples per update / lr_reference_batch"
+    ]
+    assert warnings("scheduler.start_factor=0.1") == [  # the default scheduler (cosine) has no warm-up
+        "psgd: warning: scheduler.start_factor=0.1 has no effect with scheduler.warmup_epochs=0: it is read with "
+        "a warm-up (scheduler=warmup, scheduler.warmup_epochs > 0)"
+    ]
+    for read in (
+        ["workers=2", "data.partition=sizes", "data.partition_sizes=[0.7,0.3]"],
+        ["workers=2", "data.partition=dirichlet", "data.dirichlet_alpha=0.5"],
+        ["scheduler=warmup", "scheduler.start_factor=0.1", "trainer.max_epochs=8"],
+        ["lr_scaling=linear", "lr_reference_batch=256"],
+        ["-m", "lr_scaling=none,linear", "lr_reference_batch=128"],  # compares unscaled and scaled runs
+        ["-m", "workers=2", "data.partition=iid,sizes", "data.partition_sizes=[0.7,0.3]"],
+        ["-m", "experiment=dist_tuto"],  # its partition_sizes are for its data.partition=sizes jobs
+    ):
+        assert warnings(*read) == [], read
+    assert warnings("-m", "workers=2", "data.partition=iid,by_label", "data.partition_sizes=[0.7,0.3]") == [
+        "psgd: warning: data.partition_sizes=[0.7, 0.3] has no effect with data.partition=iid,by_label: it is "
+        "read with data.partition=sizes"
+    ]
+    # where torchrun or srun started each worker as a train.py process, the first one says it
+    for env, said in (({"RANK": "1"}, False), ({"SLURM_PROCID": "2"}, False), ({"RANK": "0"}, True)):
+        with monkeypatch.context() as m:
+            for key, value in env.items():
+                m.setenv(key, value)
+            assert bool(warnings("workers=2", "data.partition_sizes=[0.7,0.3]")) is said, env
 
 
 BAD = [

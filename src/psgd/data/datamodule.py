@@ -302,16 +302,20 @@ class ClassificationData(L.LightningDataModule):
         short = [r for r, n in enumerate(sizes) if n < self.batch_size]
         if not short:
             return None
+
+        def samples(n: int) -> str:
+            return f"{n} sample{'' if n == 1 else 's'}"
+
         if len(sizes) == 1:
-            whose, what = f"the training set ({sizes[0]} samples)", "each epoch is one batch of all of it"
+            whose, what = f"the training set ({samples(sizes[0])})", "each epoch is one batch of all of it"
         elif len(short) == len(sizes):
             at_most = " at most" if len(set(sizes)) > 1 else " each"
-            whose, what = f"every worker's training shard ({max(sizes)} samples{at_most})", "each epoch is one batch"
+            whose, what = f"every worker's training shard ({samples(max(sizes))}{at_most})", "each epoch is one batch"
         else:
-            named = ", ".join(f"{r} ({sizes[r]} samples)" for r in short[:4]) + (", ..." if len(short) > 4 else "")
+            named = ", ".join(f"{r} ({samples(sizes[r])})" for r in short[:4]) + (", ..." if len(short) > 4 else "")
             whose = f"the training shard of worker{'s' if len(short) > 1 else ''} {named}"
             what = f"{'they never train' if len(short) > 1 else 'it never trains'} on a full batch"
-        return f"psgd: warning: data.batch_size={self.batch_size} is larger than {whose}: {what}"
+        return f"data.batch_size={self.batch_size} is larger than {whose}: {what}"
 
     def check_test_limit(self, limit: float | int | None) -> None:
         """Refuse, before training, a trainer.limit_test_batches fraction that leaves the final test no
