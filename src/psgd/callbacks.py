@@ -116,7 +116,30 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         save_atomic(checkpoint, path)
 
 
-class LatestCheckpoint(ModelCheckpoint):
+class ResumedInPlace:
+    """ModelCheckpoint mixin: no "Checkpoint directory ... exists and is not empty" warning. psgd refuses a
+    run dir that holds an earlier run's results, so checkpoints/ holds files at the start only where a run
+    goes on in its own dir (a continued sweep's job, a torchrun restart): there Lightning warned, also in
+    quiet runs, about the checkpoint the run resumes from."""
+
+    def _ModelCheckpoint__warn_if_dir_not_empty(self, dirpath: Any) -> None:  # ModelCheckpoint's private hook
+        pass
+
+
+class EpochCheckpoints(ResumedInPlace, ModelCheckpoint):
+    """checkpoints/epoch<N>.ckpt after every epoch, all kept (checkpoint_every_epoch=true)."""
+
+    def __init__(self, dirpath: str | Path) -> None:
+        super().__init__(
+            dirpath=dirpath,
+            filename="epoch{epoch}",
+            auto_insert_metric_name=False,
+            save_top_k=-1,
+            save_on_train_epoch_end=True,
+        )
+
+
+class LatestCheckpoint(ResumedInPlace, ModelCheckpoint):
     """`checkpoints/last.ckpt`, rewritten (atomically) after every epoch, so that a run that dies can be
     resumed from its last finished epoch. Lightning's own `save_last=True` with `save_top_k=0` only
     writes it when training ends (Lightning 2.6), which is too late for a killed run or a torchrun

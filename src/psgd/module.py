@@ -319,7 +319,9 @@ class Classifier(PlainHookName, L.LightningModule):
         states = checkpoint.get("callbacks")
         if states and self._trainer is not None:
             present = {cb.state_key for cb in self.trainer.callbacks}
-            settings = [k for k in states if k.startswith("ModelCheckpoint{") or k == "TargetAccuracyStop"]
+            # (the epoch checkpoints were a ModelCheckpoint until 2026-11-24, so older checkpoints name it so)
+            by_setting = ("EpochCheckpoints{", "ModelCheckpoint{")
+            settings = [k for k in states if k.startswith(by_setting) or k == "TargetAccuracyStop"]
             for key in [k for k in settings if k not in present]:
                 del states[key]
 

@@ -31,7 +31,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
+from pytorch_lightning.callbacks import LearningRateMonitor, TQDMProgressBar
 from pytorch_lightning.loggers import TensorBoardLogger
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import nn
@@ -42,6 +42,7 @@ from torch.utils.tensorboard.summary import hparams as hparams_summary
 from psgd import quietness, signals
 from psgd.callbacks import (
     AtomicCheckpointIO,
+    EpochCheckpoints,
     LatestCheckpoint,
     LocalSigtermCheck,
     RunRecorder,
@@ -755,15 +756,7 @@ def _train(
         LatestCheckpoint(run_dir / "checkpoints"),  # first: it is trainer.checkpoint_callback
     ]
     if cfg.checkpoint_every_epoch:
-        callbacks.append(
-            ModelCheckpoint(
-                dirpath=run_dir / "checkpoints",
-                filename="epoch{epoch}",
-                auto_insert_metric_name=False,
-                save_top_k=-1,
-                save_on_train_epoch_end=True,
-            )
-        )
+        callbacks.append(EpochCheckpoints(run_dir / "checkpoints"))
     if es.target_acc is not None:
         callbacks.append(TargetAccuracyStop(es.target_acc, es.patience))
     if cfg.strategy.name == "ddp":

@@ -213,6 +213,7 @@ def test_a_sweep_stopped_early_reports_the_jobs_that_ran_and_goes_on_where_it_st
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"psgd: job 1 goes on from its {sweep_dir / '1' / 'checkpoints' / 'last.ckpt'}" in proc.stderr
+    assert "exists and is not empty" not in proc.stderr  # Lightning's warning about that checkpoint's folder
     assert (sweep_dir / "0" / "metrics.json").read_bytes() == first  # kept, not trained again
     assert "psgd: [1/2] trainer.max_epochs=1: completed (kept from the stopped sweep), " in proc.stdout
     assert "psgd: [2/2] trainer.max_epochs=60: completed, " in proc.stdout
