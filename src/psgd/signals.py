@@ -160,7 +160,12 @@ def sigterm_interrupts() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if received is None or previous is not interrupt:
+            signal.signal(signal.SIGTERM, previous)
+        # else: the block was interrupted under the scripts' own handler (interrupt_on_sigterm), and the
+        # process is on its way out: SIGTERM stays ignored. Restored, a second SIGTERM (`timeout` sends one
+        # to the launcher, then one to its process group) raised again inside the run's wind-down, which
+        # then neither marked metrics.json interrupted nor said so (it kept "running").
         sys.unraisablehook = hook
 
 

@@ -52,6 +52,27 @@ def test_sigterm_raises_keyboard_interrupt_and_reaches_the_workers():
     assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler is back
 
 
+def test_a_second_sigterm_after_an_interrupt_does_not_break_into_the_wind_down():
+    """Under the scripts' handler, an interrupted run winds down after its fit (the workers end, metrics.json
+    is marked interrupted). The handler was restored as the fit's block ended, so a second SIGTERM (`timeout`
+    sends one to the launcher and one to its process group) raised KeyboardInterrupt inside that wind-down:
+    the run kept "running" in metrics.json and no line said it was interrupted."""
+    before = signal.signal(signal.SIGTERM, signals.interrupt)  # interrupt_on_sigterm, as train.py and sweep.py
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with signals.sigterm_interrupts():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises here
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # the second one, while the run winds down
+            time.sleep(0.2)  # it would raise here
+        except KeyboardInterrupt:
+            pytest.fail("a second SIGTERM raised KeyboardInterrupt again after the run's fit")
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 FINALIZER_INTERRUPTED = """
 import os, signal, sys, time
 from psgd import signals
