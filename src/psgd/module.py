@@ -191,8 +191,9 @@ class Classifier(PlainHookName, L.LightningModule):
         if not math.isfinite(loss_sum):
             # every worker has the same reduced sum, so all stop here together; NaN weights never
             # recover, and each further epoch would only cost time (and NaN warnings from the metrics)
+            epoch = self.current_epoch + 1  # counted from 1, as the epoch lines and metrics.json's history count
             raise TrainingDiverged(
-                f"training diverged: the mean training loss of epoch {self.current_epoch} is {loss_sum / max(n, 1)}; "
+                f"training diverged: the mean training loss of epoch {epoch} is {loss_sum / max(n, 1)}; "
                 f"lower optimizer.lr (the run's lr is {self.hparams.lr:g}) or warm up (scheduler=warmup)"
             )
         # the same value on every worker; sync_dist (a mean of equal values) keeps Lightning's epoch

@@ -656,7 +656,7 @@ def test_a_diverged_run_stops_with_one_line(tiny_data, tmp_path, workers):
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert lines[-1].startswith("psgd: error: training diverged: the mean training loss of epoch 0 is nan"), proc.stderr
+    assert lines[-1].startswith("psgd: error: training diverged: the mean training loss of epoch 1 is nan"), proc.stderr
     assert "lower optimizer.lr (the run's lr is 10000)" in lines[-1]
     assert "Traceback" not in proc.stderr
     m = json.loads((run_dir / "metrics.json").read_text())
