@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from psgd import forkserver
 from psgd.choices import AUGMENTATIONS, BUILTIN, DECAYS, INFO, INTERVALS, LR_SCALING, SCHEMES
-from psgd.command_line import in_the_job, text_lines, warn
+from psgd.command_line import in_the_job, override_key, text_lines, warn
 from psgd.results import cpu_count
 
 STRATEGIES = ("ddp", "model_averaging", "hogwild")
@@ -525,13 +525,18 @@ READ_ONLY_WHEN: tuple[tuple[str, str, Callable[[object], bool], str], ...] = (
 
 
 def unread_settings(jobs: Jobs) -> list[str]:
-    """A warning line for each setting given a value that no job of the command line reads:
+    """A warning line for each setting the command line gives a value that no job of it reads:
     `workers=2 data.partition_sizes=[0.7,0.3]` without data.partition=sizes trained iid shards, and
-    nothing said so. A setting that some job of a sweep reads is not warned about for the others
-    (experiment=dist_tuto sets partition_sizes for its data.partition=sizes jobs)."""
+    nothing said so. A setting that some job of a sweep reads is not warned about for the others, nor
+    one a preset sets (experiment=dist_tuto sets partition_sizes for its data.partition=sizes jobs, and
+    `python train.py experiment=dist_tuto` alone runs iid)."""
     lines = []
     for key, other, reads, wording in READ_ONLY_WHEN:
-        given = [(OmegaConf.select(cfg, key), OmegaConf.select(cfg, other)) for _, cfg in jobs]
+        given = [
+            (OmegaConf.select(cfg, key), OmegaConf.select(cfg, other))
+            for job, cfg in jobs
+            if key in {override_key(text) for text in job}
+        ]
         given = [(value, chooser) for value, chooser in given if value is not None]
         if given and not any(reads(chooser) for _, chooser in given):
             value = given[0][0]

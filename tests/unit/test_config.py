@@ -98,6 +98,7 @@ def test_a_setting_no_job_reads_is_warned_about_once(monkeypatch, capsys):
         ["-m", "lr_scaling=none,linear", "lr_reference_batch=128"],  # compares unscaled and scaled runs
         ["-m", "workers=2", "data.partition=iid,sizes", "data.partition_sizes=[0.7,0.3]"],
         ["-m", "experiment=dist_tuto"],  # its partition_sizes are for its data.partition=sizes jobs
+        ["experiment=dist_tuto"],  # a preset's setting: one job of its sweep, iid, is not the user's mistake
     ):
         assert warnings(*read) == [], read
     assert warnings("-m", "workers=2", "data.partition=iid,by_label", "data.partition_sizes=[0.7,0.3]") == [
