@@ -62,6 +62,16 @@ def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
         raise
 
 
+def remove_temp_files(folder: str | os.PathLike) -> list[Path]:
+    """Remove the temp files of atomic_file writes under `folder` that never finished: their writer was
+    ended at once (a worker dies by the signal that stops its run) between making the file and renaming
+    it. Only once nothing writes there any more. Returns those removed."""
+    left = [p for p in Path(folder).glob("**/.*.tmp") if p.is_file()]
+    for p in left:
+        p.unlink(missing_ok=True)
+    return left
+
+
 def write_atomic(path: str | os.PathLike, text: str) -> None:
     """Write `text` to `path` atomically (atomic_file)."""
     with atomic_file(path) as f:

@@ -59,7 +59,7 @@ from psgd.hooks import skip_unused_hooks
 from psgd.module import OPTIMIZER_KEY, Classifier
 from psgd.optim import scaled_lr
 from psgd.profiler import NoProfiler, PyTorchProfilerForWorkers
-from psgd.results import cpu_count, device_description, read_json, versions, write_json
+from psgd.results import cpu_count, device_description, read_json, remove_temp_files, versions, write_json
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
 from psgd.strategies._lightning import ReportsFirstFailure, lost_a_peer, refuse_a_run_while_a_worker_imports_the_script
 
@@ -574,6 +574,8 @@ def mark_stopped(run_dir: Path, e: BaseException) -> None:
     if interrupted:
         # the workers got the signal too (psgd.signals): let them end before this write, none left behind
         signals.wind_down_children()
+        # a worker the signal ended in the middle of a write (it dies at once) left that write's temp file
+        remove_temp_files(run_dir)
     # every worker has stopped by now, so nothing races this write
     record = None
     with suppress(OSError):  # best effort: on a full disk the mark cannot be written, and `e` is what to report

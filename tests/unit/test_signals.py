@@ -73,6 +73,29 @@ def test_a_second_sigterm_after_an_interrupt_does_not_break_into_the_wind_down()
         signal.signal(signal.SIGTERM, before)
 
 
+def test_an_interrupted_run_leaves_no_temp_file_of_a_write_its_workers_did_not_finish(tmp_path, capsys, monkeypatch):
+    """A worker that psgd's launcher started dies at once by the signal passed on to it: one that was
+    writing metrics.json or a checkpoint (a temp file, renamed when written) left that temp file behind
+    (seen once in a HogWild run stopped by SIGTERM)."""
+    from psgd.results import atomic_file, write_json
+    from psgd.run import mark_stopped
+
+    monkeypatch.setattr(signals, "received", None)  # Ctrl-C's (an earlier test's SIGTERM stays recorded)
+    write_json(tmp_path / "metrics.json", {"status": "running", "epochs": 2, "history": []})
+    (tmp_path / "checkpoints").mkdir()
+    with contextlib.suppress(KeyboardInterrupt):
+        with atomic_file(tmp_path / "checkpoints" / "last.ckpt", "wb"):
+            raise KeyboardInterrupt  # a writer that could clean up does
+    assert not list(tmp_path.glob("**/.*.tmp"))
+    for name in ("metrics.json", "checkpoints/last.ckpt"):  # what one ended at once leaves
+        path = tmp_path / name
+        (path.parent / f".{path.name}.x1y2z3.tmp").write_text("part of a write")
+    mark_stopped(tmp_path, KeyboardInterrupt())
+    assert not list(tmp_path.glob("**/.*.tmp"))
+    assert json.loads((tmp_path / "metrics.json").read_text())["status"] == "interrupted"
+    assert capsys.readouterr().err.startswith("psgd: interrupted; finished epochs are kept in ")
+
+
 FINALIZER_INTERRUPTED = """
 import os, signal, sys, time
 from psgd import signals
