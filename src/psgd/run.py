@@ -567,15 +567,17 @@ def torchrun_worker_gone(e: BaseException, run_dir: Path) -> WorkerGone | None:
     return WorkerGone(gone, survivors, run_dir, signals.oom_kills_since(signals.oom_kills_at_mark))
 
 
-def mark_stopped(run_dir: Path, e: BaseException) -> None:
+def mark_stopped(run_dir: Path, e: BaseException, launched: bool = False) -> None:
     """Mark a run that `e` stopped: interrupted (Ctrl-C, SIGTERM: one line says so) or failed. Its
-    finished epochs stay in metrics.json."""
+    finished epochs stay in metrics.json. `launched`: psgd's launcher started the run's workers here,
+    as this process's children."""
     interrupted = isinstance(e, KeyboardInterrupt | SystemExit)  # Lightning turns Ctrl-C into exit(1)
     if interrupted:
         # the workers got the signal too (psgd.signals): let them end before this write, none left behind
         signals.wind_down_children()
-        # a worker the signal ended in the middle of a write (it dies at once) left that write's temp file
-        remove_temp_files(run_dir)
+        if launched:  # such a worker dies at once by the signal: one ended in the middle of a write left that
+            # write's temp file. (torchrun's or srun's workers clean up their own and may still be writing.)
+            remove_temp_files(run_dir)
     # every worker has stopped by now, so nothing races this write
     record = None
     with suppress(OSError):  # best effort: on a full disk the mark cannot be written, and `e` is what to report
@@ -818,7 +820,7 @@ def _train(
         if gone is not None:  # not an interrupt, not this worker's own failure: psgd.cli reports it
             raise gone from e
         if plan.launcher == "psgd" or trainer.global_rank == 0:  # torchrun / srun: each worker gets here, one says so
-            mark_stopped(run_dir, e)
+            mark_stopped(run_dir, e, launched=plan.launcher == "psgd")
         exit_if_interrupted(e)
         refused = lightning_refusal(e)
         if refused:

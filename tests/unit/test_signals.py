@@ -90,7 +90,11 @@ def test_an_interrupted_run_leaves_no_temp_file_of_a_write_its_workers_did_not_f
     for name in ("metrics.json", "checkpoints/last.ckpt"):  # what one ended at once leaves
         path = tmp_path / name
         (path.parent / f".{path.name}.x1y2z3.tmp").write_text("part of a write")
+    # torchrun's worker of rank 0: the others end by themselves and may still be writing theirs
     mark_stopped(tmp_path, KeyboardInterrupt())
+    assert len(list(tmp_path.glob("**/.*.tmp"))) == 2
+    capsys.readouterr()
+    mark_stopped(tmp_path, KeyboardInterrupt(), launched=True)  # psgd's launcher, its workers ended
     assert not list(tmp_path.glob("**/.*.tmp"))
     assert json.loads((tmp_path / "metrics.json").read_text())["status"] == "interrupted"
     assert capsys.readouterr().err.startswith("psgd: interrupted; finished epochs are kept in ")
