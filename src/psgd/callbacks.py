@@ -10,7 +10,7 @@ from typing import Any
 import pytorch_lightning as L
 import torch
 import torch.distributed as dist
-from pytorch_lightning.callbacks import Callback, ModelCheckpoint
+from pytorch_lightning.callbacks import Callback, ModelCheckpoint, Timer
 from pytorch_lightning.plugins import TorchCheckpointIO
 from typing_extensions import override
 
@@ -276,6 +276,19 @@ class TargetAccuracyStop(Callback):
             self.streak = state_dict["streak"]
 
 
+def stop_reason(trainer: L.Trainer) -> str:
+    """What ended a fit: `early_stop` (early_stop.target_acc), `max_steps`, `max_time` (Lightning's
+    Timer; rank 0 decides it) or `max_epochs`. Asked after training has ended."""
+    if any(isinstance(c, TargetAccuracyStop) and c.stopped_epoch is not None for c in trainer.callbacks):
+        return "early_stop"
+    if trainer.max_steps not in (None, -1) and trainer.global_step >= trainer.max_steps:
+        return "max_steps"
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    if timer is not None and timer._duration is not None and timer.time_elapsed() >= timer._duration:
+        return "max_time"
+    return "max_epochs"
+
+
 def _all_reduce(values: list[float], op: dist.ReduceOp, device: torch.device) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_available() and dist.is_initialized():
@@ -299,6 +312,8 @@ class RunRecorder(Callback):
         self.echo = echo  # rank 0 prints a line per epoch (for a log file, where a progress bar is noise)
         self.history: list[dict[str, Any]] = []
         self.strategy_report: dict[str, Any] = {}
+        self.stopped_by: str | None = None  # what ended training (stop_reason), once it has ended
+        self.max_epochs: int | None = None
         self._trained = False
         self.cumulative_s = 0.0
         self.time_to_target_s: float | None = None
@@ -312,6 +327,7 @@ class RunRecorder(Callback):
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._trained = True
+        self.max_epochs = trainer.max_epochs if trainer.max_epochs not in (None, -1) else None
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -406,6 +422,7 @@ class RunRecorder(Callback):
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # after Strategy.on_train_end, so a strategy's final report (model averaging) is included
         self.strategy_report = dict(getattr(trainer.strategy, "report", None) or {})
+        self.stopped_by = stop_reason(trainer)
         if trainer.is_global_zero:
             self._write("trained")
 
@@ -416,6 +433,8 @@ class RunRecorder(Callback):
             "status": status,
             "process": this_process(),  # while "running": the report tells a live job from a killed one
             "epochs": len(self.history),
+            "max_epochs": self.max_epochs,
+            "stopped_by": self.stopped_by,
             "train_time_s": round(self.cumulative_s, 4),
             "samples_per_s": round(samples / self.cumulative_s, 1) if self.cumulative_s > 0 else None,
             "val_acc": self.last_val_acc(),

@@ -21,7 +21,7 @@ from psgd.command_line import fail, global_rank, text_lines
 from psgd.config import ConfigError, DirInUse
 from psgd.data import DataError
 from psgd.module import TrainingDiverged
-from psgd.report import skew_note
+from psgd.report import skew_note, stop_note
 from psgd.results import NO_ROOM, failed_write, read_json, write_atomic
 from psgd.run import WorkerGone, mark_status, raised_in_worker, run_dir_key, train
 from psgd.strategies._lightning import KilledWorker, lost_a_peer, timed_out
@@ -289,7 +289,7 @@ def run_job(cfg: DictConfig) -> float | None:
     if not sweeping:  # a sweep prints one progress line per job instead (psgd.sweep)
         print(
             f"psgd: test_acc={metrics['test_acc']:.4f}{skew_note(metrics)} train_time_s={metrics['train_time_s']:.1f} "
-            f"samples_per_s={metrics['samples_per_s']} results in {run_dir}",
+            f"samples_per_s={metrics['samples_per_s']}{stop_note(metrics)} results in {run_dir}",
             flush=True,
         )
     return metrics["test_acc"]

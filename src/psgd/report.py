@@ -220,6 +220,19 @@ def skew_note(record: dict) -> str:
     return f" (worst class {worst[0]} at {worst[1]:.4f})"
 
 
+STOPPERS = {"early_stop": "early_stop.target_acc", "max_steps": "trainer.max_steps", "max_time": "trainer.max_time"}
+
+
+def stop_note(record: dict) -> str:
+    """' (trainer.max_time ended training in epoch 30 of 500)' for a run that something other than
+    trainer.max_epochs stopped (metrics.json's stopped_by); '' otherwise."""
+    stopper = STOPPERS.get(record.get("stopped_by"))
+    if stopper is None:
+        return ""
+    of = f" of {record['max_epochs']}" if record.get("max_epochs") else ""
+    return f" ({stopper} ended training in epoch {record.get('epochs')}{of})"
+
+
 def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
@@ -351,8 +364,8 @@ def unequal_work_notes(jobs: list[Job], swept: list[str]) -> list[str]:
             groups_by_counts[trained].append(" ".join(g))
     return [
         f"{', '.join(groups)}: the jobs trained different numbers of samples ({trained}), so S(P) and "
-        "E(P) compare training time per sample (samples/s), not whole runs; "
-        "trainer.limit_train_batches counts each worker's batches, and an early stop ends a run sooner"
+        "E(P) compare training time per sample (samples/s), not whole runs; trainer.limit_train_batches "
+        "counts each worker's batches, and an early stop or trainer.max_time ends a run sooner"
         for trained, groups in groups_by_counts.items()
     ]
 

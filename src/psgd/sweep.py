@@ -16,7 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from psgd.command_line import override_key
-from psgd.report import continue_command, describe, skew_note, unwritten, write_report
+from psgd.report import continue_command, describe, skew_note, stop_note, unwritten, write_report
 from psgd.results import read_json
 
 # What the last multirun in this process found: sweep.py turns failed jobs into a non-zero exit code,
@@ -61,6 +61,7 @@ def progress_line(num: int, total: int | None, overrides: list[str], job_dir: Pa
         return (
             f"psgd: {where} {values}: completed{kept}, {record.get('train_time_s', 0):.1f} s training, "
             f"{record.get('samples_per_s')} samples/s, test_acc {record.get('test_acc'):.4f}{skew_note(record)}{target}"
+            f"{stop_note(record)}"
         )
     return f"psgd: {where} {values}: {status}: {record.get('error') or 'no result written'}"
 

@@ -61,6 +61,8 @@ def test_run_learns_and_reports_its_test_accuracy(single_run, tiny_data):
     weighted = sum(a * n for a, n in zip(m["test_acc_per_class"], per_class.tolist(), strict=True))
     assert weighted / per_class.sum().item() == pytest.approx(m["test_acc"], abs=1e-5)
     assert f"test_acc={m['test_acc']:.4f} train_time_s=" in proc.stdout  # iid shards: no worst class named
+    assert " ended training in epoch" not in proc.stdout  # trainer.max_epochs ended it, as asked
+    assert (m["epochs"], m["max_epochs"], m["stopped_by"]) == (3, 3, "max_epochs")
     assert (m["epochs"], m["world_size"], m["workers"], m["strategy"]) == (3, 1, 1, "ddp")
     assert m["threads_per_worker"] >= 1 and m["versions"]["torch"] == torch.__version__
     assert m["device"].startswith("cpu") and m["time_to_target_s"] is None and m["precision"] == "32-true"
@@ -176,6 +178,28 @@ def test_early_stop_after_patience_epochs_at_target(tiny_data, tmp_path):
     # stopped at the first epoch that closes a run of 2 at-target epochs, long before max_epochs
     stop = next(i for i in range(1, len(accs)) if accs[i] >= 0.3 and accs[i - 1] >= 0.3)
     assert m["epochs"] == stop + 1 < 30
+    # the record and the last line say what ended training before max_epochs
+    assert (m["stopped_by"], m["max_epochs"]) == ("early_stop", 30)
+    assert f"(early_stop.target_acc ended training in epoch {stop + 1} of 30) results in" in proc.stdout
+
+
+def test_a_run_that_trainer_max_time_stopped_says_so(tiny_data, tmp_path):
+    """+trainer.max_time ends training early, as Lightning's Timer does, and the run is complete; the
+    record and the last line say it was max_time and not max_epochs that ended it."""
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        "train.py",
+        f"data.root={tiny_data}",
+        "trainer.max_epochs=300",
+        "+trainer.max_time=00:00:00:01",
+        f"hydra.run.dir={run_dir}",
+        *TINY,
+    )
+    assert proc.returncode == 0, proc.stderr
+    m = metrics(run_dir)
+    assert m["status"] == "completed" and m["test_acc"] is not None
+    assert (m["stopped_by"], m["max_epochs"]) == ("max_time", 300) and 1 <= m["epochs"] < 300
+    assert f"(trainer.max_time ended training in epoch {m['epochs']} of 300) results in" in proc.stdout
 
 
 def test_a_run_that_stopped_early_resumes_as_over_unless_the_target_changes(tiny_data, tmp_path, capsys):

@@ -444,6 +444,9 @@ def test_progress_line_says_values_time_and_accuracy_or_the_error(tmp_path):
         2, 5, ["workers=2"], make_job(tmp_path, 2, {"workers": 2}, skewed | {"test_classes": list("abcd")})
     )
     assert line.endswith("test_acc 0.8890 (worst class c at 0.3988)")  # the label a label-skewed job knows least
+    timed = done("ddp", 2, 60.0, 0.95, epochs=7, max_epochs=50, stopped_by="max_time")
+    line = progress_line(3, 5, ["workers=2"], make_job(tmp_path, 3, {"workers": 2}, timed))
+    assert line.endswith("test_acc 0.9500 (trainer.max_time ended training in epoch 7 of 50)")
     bad = make_job(tmp_path, 1, {"workers": 3}, {"status": "failed", "error": "data.batch_size=0 is invalid"})
     assert progress_line(1, 5, ["workers=3"], bad) == "psgd: [2/5] workers=3: failed: data.batch_size=0 is invalid"
 
