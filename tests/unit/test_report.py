@@ -170,6 +170,25 @@ def test_curves_show_each_settings_validation_accuracy_per_epoch_and_time_over_s
     assert "![curves](curves.png)" in (tmp_path / "report.md").read_text()
 
 
+@pytest.mark.parametrize("epochs,ticks", [(1, [1.0]), (3, [1.0, 2.0, 3.0])])
+def test_the_curves_epoch_axis_ticks_whole_epochs(tmp_path, monkeypatch, epochs, ticks):
+    """A one-epoch sweep's per-epoch axis showed ticks 0.96, 0.98, ... 1.04: now each epoch run."""
+    from psgd import report as report_module
+
+    shown, save = {}, report_module.save_png
+
+    def save_and_note_ticks(fig, path):
+        shown[path.name] = list(fig.axes[0].get_xticks())  # the per-epoch panel's
+        save(fig, path)
+
+    monkeypatch.setattr(report_module, "save_png", save_and_note_ticks)
+    history = validated(*[(10.0 * (i + 1), 0.5 + 0.1 * i) for i in range(epochs)])
+    for num, seed in enumerate((0, 1)):
+        make_job(tmp_path, num, {"seed": seed}, done("ddp", 1, 5.0, 0.9, history=history))
+    write_report(tmp_path)
+    assert shown["curves.png"] == ticks
+
+
 def test_no_curves_without_validations(tmp_path):
     """trainer.limit_val_batches=0: the history has no val_acc, and no empty plot is drawn."""
     for num, seed in enumerate((0, 1)):
