@@ -15,6 +15,7 @@ import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -176,6 +177,25 @@ def _is_number(v) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
+DURATION_UNITS = ("days", "hours", "minutes", "seconds")
+
+
+def duration_s(value) -> float | None:
+    """Seconds in a duration as Lightning's Timer (trainer.max_time) takes it: "DD:HH:MM:SS" or a
+    mapping of timedelta's arguments; None for anything else."""
+    try:
+        if isinstance(value, str):
+            parts = value.strip().split(":")
+            if len(parts) != 4:
+                return None
+            return timedelta(**dict(zip(DURATION_UNITS, map(int, parts), strict=True))).total_seconds()
+        if isinstance(value, DictConfig | dict):
+            return timedelta(**{str(k): v for k, v in dict(value).items()}).total_seconds()
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return None
+
+
 def _need(ok: bool, key: str, value, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"{key}={value!r} is invalid: {allowed}")
@@ -273,6 +293,14 @@ def check_values(cfg: DictConfig) -> int:
                 "inside an epoch would not line up; use it with strategy=ddp or one worker"
             )
     max_time = t.get("max_time")  # +trainer.max_time=00:01:00:00 (Lightning's Timer)
+    if max_time is not None:  # a zero duration trained nothing and reported chance accuracy, exit 0
+        seconds = duration_s(max_time)
+        _need(
+            seconds is not None and seconds > 0,
+            "trainer.max_time",
+            OmegaConf.to_container(max_time) if isinstance(max_time, DictConfig) else max_time,
+            "must be a duration longer than 0, as DD:HH:MM:SS (00:01:30:00) or {hours: 1, minutes: 30}",
+        )
     if max_time is not None and own_pace:
         raise ConfigError(  # Lightning's Timer broadcasts its stop decision after every training batch
             f"trainer.max_time={max_time} is invalid with strategy={cfg.strategy.name} and {world} "
@@ -281,6 +309,12 @@ def check_values(cfg: DictConfig) -> int:
             "trainer.max_epochs, or strategy=ddp"
         )
     max_steps = t.get("max_steps")  # +trainer.max_steps=100; Lightning's -1: none
+    _need(  # 0 trained nothing, exit 0; 3.5 ran as 3
+        max_steps is None or (_is_int(max_steps) and (max_steps >= 1 or max_steps == -1)),
+        "trainer.max_steps",
+        max_steps,
+        "must be an integer >= 1, or -1 for no limit (trainer.max_epochs ends training)",
+    )
     if max_steps not in (None, -1) and own_pace:
         raise ConfigError(  # a worker that stopped inside an epoch left the others waiting at its end
             f"trainer.max_steps={max_steps} is invalid with strategy={cfg.strategy.name} and {world} "
