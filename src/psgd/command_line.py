@@ -413,6 +413,13 @@ def command_line_problem(
     return problem or (job_check(composed) if job_check else None)
 
 
+def as_typed(override: str) -> str:
+    """An override as its user typed it: Hydra's sweeper escapes special characters in a job's string
+    values (`+trainer.max_time=00\\:00\\:01\\:00`), which a line or a report shows without."""
+    key, sep, value = override.partition("=")
+    return key + sep + re.sub(r"\\([\\()\[\]{}:=, \t])", r"\1", value)
+
+
 def override_key(text: str) -> str:
     """The key an override sets (`+trainer.max_time=1` -> trainer.max_time; a flag is its own key)."""
     return text.split("=", 1)[0].lstrip("+~")
@@ -549,7 +556,7 @@ def _dropped_sweep(overrides: list) -> str | None:
 def in_the_job(problem: object, job: list[str], jobs: list[list[str]]) -> str:
     """`problem`, naming the job of a sweep it is in by the job's swept values (its overrides that not
     every job has)."""
-    values = " ".join(o for o in job if not all(o in other for other in jobs))
+    values = " ".join(as_typed(o) for o in job if not all(o in other for other in jobs))
     return f"{problem} (in the job {values or 'of the defaults'}; no job was started)"
 
 

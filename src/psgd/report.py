@@ -33,7 +33,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from psgd.command_line import override_key, shell_override
+from psgd.command_line import as_typed, override_key, shell_override
 from psgd.results import NO_ROOM, atomic_file, failed_write, read_json, write_atomic, write_csv
 from psgd.signals import still_running
 
@@ -107,7 +107,7 @@ class Report:
 
 
 def _parse_override(text: str) -> tuple[str, str]:
-    key, _, value = text.partition("=")
+    key, _, value = as_typed(text).partition("=")
     return key.lstrip("+~"), value
 
 

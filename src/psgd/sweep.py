@@ -15,7 +15,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from psgd.command_line import override_key
+from psgd.command_line import as_typed, override_key
 from psgd.report import continue_command, describe, skew_note, stop_note, unwritten, write_report
 from psgd.results import read_json
 
@@ -35,7 +35,9 @@ def sweep_lengths(sweeper_params: dict[str, str] | None, task_overrides: list[st
     # a glob() sweep picks among a config group's choices: the loader of the running Hydra lists them
     loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() else None
     for o in OverridesParser.create(config_loader=loader).parse_overrides(texts):
-        lengths[o.get_key_element()] = len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
+        # by the key an override sets: `+data.seed=1,2` sweeps data.seed (its line said "(defaults)")
+        values = len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
+        lengths[override_key(o.get_key_element())] = values
     return lengths
 
 
@@ -43,9 +45,7 @@ def shown_overrides(task: list[str], swept: set[str]) -> list[str]:
     """A job's overrides its progress line shows: the swept ones, which tell the jobs apart; all of
     them when nothing is swept (`workers=1,2 workers=3` is one job, the last value winning as in Hydra),
     rather than "(defaults)"."""
-    if not swept:
-        return task
-    return [o for o in task if override_key(o) in swept]
+    return [as_typed(o) for o in task if not swept or override_key(o) in swept]
 
 
 def progress_line(num: int, total: int | None, overrides: list[str], job_dir: Path) -> str:

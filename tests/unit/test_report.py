@@ -435,6 +435,17 @@ def test_job_count_and_swept_keys_follow_hydras_basic_sweeper():
         }
 
 
+def test_the_report_shows_swept_values_as_typed(tmp_path):
+    """Hydra's sweeper records `+trainer.max_time=00\\:00\\:00\\:01`; the report's column and groups
+    show the value as typed."""
+    for num, value in enumerate((r"00\:00\:00\:01", r"00\:00\:00\:02")):
+        make_job(tmp_path, num, {"+trainer.max_time": value}, done("ddp", 1, 10.0 + num, 0.9))
+    report = write_report(tmp_path)
+    assert report.swept == ["trainer.max_time"]
+    assert [r["trainer.max_time"] for r in report.rows] == ["00:00:00:01", "00:00:00:02"]
+    assert "| ddp trainer.max_time=00:00:00:01 | 1 |" in (tmp_path / "report.md").read_text()
+
+
 def test_the_report_says_which_precision_ran_where_it_is_not_the_one_asked_for(tmp_path):
     # swept trainer.precision=32-true,16-mixed,bf16 on a CPU: the column says 16-mixed, it ran bf16-mixed
     for num, (asked, ran) in enumerate([("32-true", "32-true"), ("16-mixed", "bf16-mixed"), ("bf16", "bf16-mixed")]):
@@ -450,6 +461,16 @@ def test_the_report_says_which_precision_ran_where_it_is_not_the_one_asked_for(t
 def test_progress_lines_show_the_swept_values_or_else_every_override():
     task = ["workers=2", "+data.seed=1", "trainer.max_epochs=1"]
     assert shown_overrides(task, {"workers", "data.seed"}) == ["workers=2", "+data.seed=1"]
+    # a key swept with + (or ++) is swept under its own name: such a sweep's every line said "(defaults)"
+    swept = sweep_lengths(None, ["+data.seed=1,2", "++trainer.max_time=00:00:00:01,00:00:00:02", "workers=2"])
+    assert swept == {"data.seed": 2, "trainer.max_time": 2, "workers": 1}
+    # the values as typed, without the escapes of Hydra's sweeper
+    task = ["+data.seed=1", r"++trainer.max_time=00\:00\:00\:01", "workers=2"]
+    assert shown_overrides(task, {"data.seed", "trainer.max_time"}) == [
+        "+data.seed=1",
+        "++trainer.max_time=00:00:00:01",
+    ]
+    assert shown_overrides([r"data.root=/a\ b\,c"], set()) == ["data.root=/a b,c"]
     # `workers=1,2 workers=3`: one job, workers=3; its line said "(defaults)"
     assert shown_overrides(["workers=3", "trainer.max_epochs=1"], set()) == ["workers=3", "trainer.max_epochs=1"]
 
