@@ -325,9 +325,13 @@ class RunRecorder(Callback):
         self._validated = False  # a validation ran in this epoch (not every epoch has one: check_val_every_n_epoch)
 
     @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # (a resumed run with nothing left to train has no on_train_start)
+        self.max_epochs = trainer.max_epochs if trainer.max_epochs not in (None, -1) else None
+
+    @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._trained = True
-        self.max_epochs = trainer.max_epochs if trainer.max_epochs not in (None, -1) else None
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

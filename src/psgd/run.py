@@ -53,7 +53,7 @@ from psgd.callbacks import (
 )
 from psgd.choices import INFO, DatasetInfo
 from psgd.command_line import earlier_results, text_lines, warn
-from psgd.config import ConfigError, DirInUse, Plan, check, locate
+from psgd.config import ConfigError, DirInUse, Plan, check, duration_s, locate
 from psgd.data import ClassificationData
 from psgd.hooks import skip_unused_hooks
 from psgd.module import OPTIMIZER_KEY, Classifier
@@ -256,11 +256,11 @@ def _quiet_lightning_banner():
 
 
 def resolve_ckpt_path(
-    value: str | None, module: Classifier, world_size: int = 1, strategy: str | None = None
+    value: str | None, module: Classifier, world_size: int = 1, strategy: str | None = None, max_time: Any = None
 ) -> str | None:
     """The checkpoint to resume from, checked against the model, the lr schedule and (for a checkpoint
     that holds each worker's own state) the number of workers this run has and its `strategy` name
-    (None: not checked)."""
+    (None: not checked). A run with nothing left to train (trainer.max_epochs, `max_time`) says so."""
     if value is None:
         return None
     path = Path(value).expanduser()  # as data.root: ckpt_path='~/runs/...'
@@ -351,6 +351,17 @@ def resolve_ckpt_path(
             "nothing is left to train; its final weights are tested",
             flush=True,
         )
+    elif max_time is not None:  # Lightning's Timer counts the whole run, resumes included: it stopped at once
+        timer = (checkpoint.get("callbacks") or {}).get("Timer") or {}
+        elapsed, limit = (timer.get("time_elapsed") or {}).get("train"), duration_s(max_time)
+        if isinstance(elapsed, int | float) and limit is not None and elapsed >= limit:
+            shown = OmegaConf.to_container(max_time) if isinstance(max_time, DictConfig) else max_time
+            print(
+                f"psgd: ckpt_path={value} already trained for {elapsed:.0f} s, trainer.max_time={shown}: nothing is "
+                "left to train (max_time counts the whole run, resumes included: a longer one trains on); its final "
+                "weights are tested",
+                flush=True,
+            )
     return str(path)
 
 
@@ -712,7 +723,11 @@ def _train(
     )
     world_size = plan.workers * t.num_nodes
     ckpt_path = resolve_ckpt_path(
-        elastic_resume(cfg.get("ckpt_path"), plan, run_dir, continued), module, world_size, cfg.strategy.name
+        elastic_resume(cfg.get("ckpt_path"), plan, run_dir, continued),
+        module,
+        world_size,
+        cfg.strategy.name,
+        max_time=t.get("max_time"),
     )
     strategy = build_strategy(cfg, plan, run_dir)
     if plan.launcher == "psgd" and not isinstance(strategy, str):  # psgd starts worker processes

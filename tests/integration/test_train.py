@@ -201,6 +201,30 @@ def test_a_run_that_trainer_max_time_stopped_says_so(tiny_data, tmp_path):
     assert (m["stopped_by"], m["max_epochs"]) == ("max_time", 300) and 1 <= m["epochs"] < 300
     assert f"(trainer.max_time ended training in epoch {m['epochs']} of 300) results in" in proc.stdout
 
+    def resume(max_time: str, name: str):
+        again = run_cli(
+            "train.py",
+            f"data.root={tiny_data}",
+            "trainer.max_epochs=300",
+            f"+trainer.max_time={max_time}",
+            f"ckpt_path={run_dir}",
+            f"hydra.run.dir={tmp_path / name}",
+            *TINY,
+        )
+        assert again.returncode == 0, again.stderr
+        return again, metrics(tmp_path / name)
+
+    # resumed, the Timer goes on counting the run's time: used up, nothing is trained, and the run says so
+    again, resumed = resume("00:00:00:01", "same")
+    said = rf"psgd: ckpt_path={re.escape(str(run_dir))} already trained for \d+ s, trainer.max_time=00:00:00:01: "
+    assert re.search(said + "nothing is left to train", again.stdout), again.stdout
+    assert (resumed["epochs"], resumed["stopped_by"], resumed["max_epochs"]) == (m["epochs"], "max_time", 300)
+    assert f"(trainer.max_time ended training in epoch {m['epochs']} of 300)" in again.stdout
+    # a longer one trains on
+    again, resumed = resume("{seconds: 2}", "longer")
+    assert "nothing is left" not in again.stdout and m["epochs"] < resumed["epochs"] < 300
+    assert resumed["stopped_by"] == "max_time"
+
 
 def test_a_run_that_stopped_early_resumes_as_over_unless_the_target_changes(tiny_data, tmp_path, capsys):
     """Resumed with the same target, a run its target stopped used to train one more epoch and stop
