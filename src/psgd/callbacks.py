@@ -277,10 +277,16 @@ class TargetAccuracyStop(Callback):
 
 
 def stop_reason(trainer: L.Trainer) -> str:
-    """What ended a fit: `early_stop` (early_stop.target_acc), `max_steps`, `max_time` (Lightning's
-    Timer; rank 0 decides it) or `max_epochs`. Asked after training has ended."""
+    """What ended a fit: `fast_dev_run`, `early_stop` (early_stop.target_acc), `max_epochs` (every
+    epoch trained to its last batch), `max_steps` or `max_time` (Lightning's Timer; rank 0 decides it).
+    Asked after training has ended."""
+    if trainer.fast_dev_run:
+        return "fast_dev_run"
     if any(isinstance(c, TargetAccuracyStop) and c.stopped_epoch is not None for c in trainer.callbacks):
         return "early_stop"
+    epochs_done = trainer.max_epochs not in (None, -1) and trainer.current_epoch >= trainer.max_epochs
+    if epochs_done and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+        return "max_epochs"  # (also where max_steps or max_time ran out at that very batch)
     if trainer.max_steps not in (None, -1) and trainer.global_step >= trainer.max_steps:
         return "max_steps"
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)

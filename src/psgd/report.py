@@ -226,6 +226,8 @@ STOPPERS = {"early_stop": "early_stop.target_acc", "max_steps": "trainer.max_ste
 def stop_note(record: dict) -> str:
     """' (trainer.max_time ended training in epoch 30 of 500)' for a run that something other than
     trainer.max_epochs stopped (metrics.json's stopped_by); '' otherwise."""
+    if record.get("stopped_by") == "fast_dev_run":
+        return " (trainer.fast_dev_run: a few batches only)"
     stopper = STOPPERS.get(record.get("stopped_by"))
     if stopper is None:
         return ""

@@ -183,6 +183,20 @@ def test_early_stop_after_patience_epochs_at_target(tiny_data, tmp_path):
     assert f"(early_stop.target_acc ended training in epoch {stop + 1} of 30) results in" in proc.stdout
 
 
+@pytest.mark.parametrize(
+    "setting,stopped_by,epochs",
+    [
+        ("+trainer.max_steps=20", "max_steps", 2),  # 16 steps an epoch: inside the second
+        ("+trainer.max_steps=32", "max_epochs", 2),  # both ran out at the last batch: nothing was cut short
+        ("trainer.fast_dev_run=2", "fast_dev_run", 1),  # (Lightning's max_steps=2 underneath)
+    ],
+)
+def test_the_record_says_what_ended_training(tiny_data, tmp_path, setting, stopped_by, epochs):
+    cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=2", setting, *TINY)
+    m = train(cfg, tmp_path / "run")
+    assert (m["stopped_by"], m["epochs"], m["status"]) == (stopped_by, epochs, "completed")
+
+
 def test_a_run_that_trainer_max_time_stopped_says_so(tiny_data, tmp_path):
     """+trainer.max_time ends training early, as Lightning's Timer does, and the run is complete; the
     record and the last line say it was max_time and not max_epochs that ended it."""

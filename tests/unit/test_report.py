@@ -487,6 +487,11 @@ def test_progress_line_says_values_time_and_accuracy_or_the_error(tmp_path):
     timed = done("ddp", 2, 60.0, 0.95, epochs=7, max_epochs=50, stopped_by="max_time")
     line = progress_line(3, 5, ["workers=2"], make_job(tmp_path, 3, {"workers": 2}, timed))
     assert line.endswith("test_acc 0.9500 (trainer.max_time ended training in epoch 7 of 50)")
+    quick = done("ddp", 1, 0.1, 0.1, epochs=1, max_epochs=1, stopped_by="fast_dev_run")
+    line = progress_line(4, 5, ["workers=1"], make_job(tmp_path, 4, {"workers": 1}, quick))
+    assert line.endswith("test_acc 0.1000 (trainer.fast_dev_run: a few batches only)")
+    whole = done("ddp", 1, 9.0, 0.9, epochs=2, max_epochs=2, stopped_by="max_epochs")
+    assert progress_line(5, 6, ["workers=1"], make_job(tmp_path, 5, {"workers": 1}, whole)).endswith("test_acc 0.9000")
     bad = make_job(tmp_path, 1, {"workers": 3}, {"status": "failed", "error": "data.batch_size=0 is invalid"})
     assert progress_line(1, 5, ["workers=3"], bad) == "psgd: [2/5] workers=3: failed: data.batch_size=0 is invalid"
 
