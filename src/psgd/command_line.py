@@ -683,6 +683,9 @@ def _compose_problem(
         found = re.match(r"Could not override '([^']+)'", str(e))
         if found:
             return _unknown_key(config_name, job, config_dir, found.group(1)), None
+        merging = re.match(r"Error merging override (\S+)$", str(e))
+        if merging and e.__cause__ is not None:  # a typed (structured) key of Hydra's: the type it needs
+            return f"{merging.group(1)} is invalid: {text_lines(e.__cause__)[0]}", None
         return " ".join(text_lines(e)), None
     except Exception:  # nothing Hydra reports as a composition error: left to Hydra
         return None, None

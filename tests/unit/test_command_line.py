@@ -37,6 +37,9 @@ BAD = [
     (["data.root=/data/run#1"], "a value with '#' must be quoted for Hydra: \"data.root='/data/run#1'\""),
     (["-m", "data.root=/d/ä,/d/b"], "quoted for Hydra, each value of a sweep or list on its own: data.root='a','b'"),
     (["+trainer.max_epochs=2"], "An item is already at 'trainer.max_epochs'"),
+    # a typed key of Hydra's own: its "Error merging override ..." named neither the type nor the value's fault
+    (["hydra.job.chdir=maybe"], "hydra.job.chdir=maybe is invalid: Value 'maybe' is not a valid bool (type str)"),
+    (["-m", "workers=1,2", "hydra.sweeper.max_batch_size=abc"], "hydra.sweeper.max_batch_size=abc is invalid: Value"),
     (["-m", "workers=1,2", "strategy=ddp,hogwlid"], "strategy=hogwlid is unknown"),
     # more jobs than are composed one by one: every value is still composed once
     (["-m", "seed=range(0,100)", "strategy=ddp,hogwild,model_averaging,hogwlid"], "strategy=hogwlid is unknown"),
