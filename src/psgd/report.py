@@ -433,7 +433,13 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
         f"Swept: {', '.join(report.swept) or 'nothing'}.",
         "Times are training only (validation and process start excluded). "
         "Speedup S(P) = T(1)/T(P) within a group (same strategy and other swept values), for the same work "
-        "(time per trained sample), efficiency = S(P)/P.",
+        "(time per trained sample), efficiency = S(P)/P."
+        + (
+            " T(1) is the mean of the group's 1-worker jobs (its seeds): in the jobs table a 1-worker job's "
+            "speedup is that mean over its own time, around 1 by its timing noise."
+            if any(s["workers"] == 1 and s["runs"] > 1 for s in report.summary)
+            else ""
+        ),
         "",
         "## Jobs",
         "",

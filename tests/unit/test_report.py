@@ -107,6 +107,12 @@ def test_report_rows_speedup_and_efficiency_are_computed_from_the_mean_1_worker_
     failed = next(r for r in rows if r["status"] == "failed")
     assert failed["workers"] == "3" and failed["error"] == "worker rank 1 died (signal SIGKILL)"
     assert failed["speedup"] == "" and failed["test_acc"] == ""
+    # 1-worker jobs of 20 and 22 s: 1.05 and 0.955, which report.md explains (seeds swept)
+    assert [r["speedup"] for r in rows[:2]] == ["1.05", "0.955"]
+    assert (
+        "in the jobs table a 1-worker job's speedup is that mean over its own time"
+        in (seeded_sweep / "report.md").read_text()
+    )
 
 
 def test_summary_has_mean_and_std_over_seeds_per_worker_count(seeded_sweep):
@@ -452,6 +458,7 @@ def test_the_report_says_which_precision_ran_where_it_is_not_the_one_asked_for(t
         record = done("ddp", 1, 10.0, 0.98, precision=ran)
         make_job(tmp_path, num, {"trainer.precision": asked}, record, precision=asked)
     report = write_report(tmp_path)
+    assert "1-worker job's speedup" not in (tmp_path / "report.md").read_text()  # one 1-worker job: exactly 1
     assert [n for n in report.notes if "precision" in n] == [
         "trainer.precision=16-mixed ran as bf16-mixed (job 1): Lightning runs it so without a CUDA device"
     ]  # bf16 is Lightning's old name of bf16-mixed: no note
