@@ -24,7 +24,9 @@ Now:
   inside a finalizer, is raised again (`raise_lost_interrupts_again`);
 - a worker that torchrun started stops as on SIGTERM when its agent dies (`stop_with_agent`), and
   leaves a mark while it runs (`mark_running_under_torchrun`), so that when torchrun's agent SIGTERMs
-  the workers after one died without a word (SIGKILL, the OOM killer), the others name it.
+  the workers after one died without a word (SIGKILL, the OOM killer), the others name it;
+- SIGHUP (the terminal closed) is taken as SIGTERM by every process of the run, unless it is
+  ignored (`nohup`): `hang_up_as_sigterm`.
 """
 
 import atexit
@@ -219,7 +221,46 @@ def interrupt_on_sigterm() -> None:
     the main thread set handlers: elsewhere this does nothing."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, interrupt)
+        hang_up_as_sigterm()  # closing the terminal too
         raise_lost_interrupts_again()
+
+
+_terminal_fds: list[int] = []  # this process's stdout / stderr where they were a terminal when hang-ups were set up
+
+
+def hang_up_as_sigterm() -> None:
+    """From now on SIGHUP (the terminal closed, an ssh session dropped: the kernel sends it to every
+    process of the terminal's foreground group) stops this process as SIGTERM does, so a run is marked
+    interrupted with its finished epochs and a sweep writes its report; before, the default action
+    ended every process at once and left metrics.json "running". Left as it is where SIGHUP is ignored
+    (`nohup`: the run goes on). Main thread only: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGHUP) in (signal.SIG_IGN, _hang_up):
+        return
+    _terminal_fds[:] = [fd for fd in (1, 2) if _is_terminal(fd)]
+    signal.signal(signal.SIGHUP, _hang_up)
+
+
+def _is_terminal(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def _hang_up(signum: int, frame: object = None) -> None:
+    """SIGHUP's handler: output that went to the terminal goes nowhere now (writing to a hung-up
+    terminal fails with EIO, which would break into the wind-down's lines), then SIGTERM to this
+    process, which its handler takes as ever (`interrupt`, or `die` in a launched worker)."""
+    signal.signal(signum, signal.SIG_IGN)
+    if _terminal_fds:
+        with suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            for fd in _terminal_fds:
+                os.dup2(devnull, fd)
+            os.close(devnull)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def ignore_sigterm() -> None:

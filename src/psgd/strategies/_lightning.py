@@ -26,7 +26,7 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd import forkserver
 from psgd.module import STEPS_PER_EPOCH_KEY
-from psgd.signals import die_with_parent, oom_kills, oom_kills_since, temp_folder_of_this_process
+from psgd.signals import die_with_parent, hang_up_as_sigterm, oom_kills, oom_kills_since, temp_folder_of_this_process
 
 __all__ = [
     "FirstFailureLauncher",
@@ -237,6 +237,7 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
         # before the rendezvous: a worker whose launcher died (the OOM killer, SIGKILL) while a peer it
         # waits for there died too would otherwise wait out strategy.timeout_s, orphaned
         die_with_parent()
+        hang_up_as_sigterm()  # the terminal closed: the launcher stops the run as on SIGTERM, not as on a death
         try:
             super()._wrapping_function(process_idx, *args, **kwargs)
         except BaseException as e:
