@@ -290,7 +290,8 @@ def stop_reason(trainer: L.Trainer) -> str:
     if trainer.max_steps not in (None, -1) and trainer.global_step >= trainer.max_steps:
         return "max_steps"
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-    if timer is not None and timer._duration is not None and timer.time_elapsed() >= timer._duration:
+    remaining = timer.time_remaining() if timer is not None else None  # None: no max_time
+    if remaining is not None and remaining <= 0:
         return "max_time"
     return "max_epochs"
 

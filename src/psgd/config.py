@@ -298,7 +298,7 @@ def check_values(cfg: DictConfig) -> int:
         _need(
             seconds is not None and seconds > 0,
             "trainer.max_time",
-            OmegaConf.to_container(max_time) if isinstance(max_time, DictConfig) else max_time,
+            max_time,
             "must be a duration longer than 0, as DD:HH:MM:SS (00:01:30:00) or {hours: 1, minutes: 30}",
         )
     if max_time is not None and own_pace:

@@ -355,9 +355,8 @@ def resolve_ckpt_path(
         timer = (checkpoint.get("callbacks") or {}).get("Timer") or {}
         elapsed, limit = (timer.get("time_elapsed") or {}).get("train"), duration_s(max_time)
         if isinstance(elapsed, int | float) and limit is not None and elapsed >= limit:
-            shown = OmegaConf.to_container(max_time) if isinstance(max_time, DictConfig) else max_time
             print(
-                f"psgd: ckpt_path={value} already trained for {elapsed:.0f} s, trainer.max_time={shown}: nothing is "
+                f"psgd: ckpt_path={value} already trained for {elapsed:.0f} s, trainer.max_time={max_time}: nothing is "
                 "left to train (max_time counts the whole run, resumes included: a longer one trains on); its final "
                 "weights are tested",
                 flush=True,

@@ -238,15 +238,8 @@ def hang_up_as_sigterm() -> None:
         return
     if signal.getsignal(signal.SIGHUP) in (signal.SIG_IGN, _hang_up):
         return
-    _terminal_fds[:] = [fd for fd in (1, 2) if _is_terminal(fd)]
+    _terminal_fds[:] = [fd for fd in (1, 2) if os.isatty(fd)]
     signal.signal(signal.SIGHUP, _hang_up)
-
-
-def _is_terminal(fd: int) -> bool:
-    try:
-        return os.isatty(fd)
-    except OSError:
-        return False
 
 
 def _hang_up(signum: int, frame: object = None) -> None:
