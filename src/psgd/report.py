@@ -23,6 +23,7 @@ batches; an early stop) still compare the same work, with a note in report.md sa
 """
 
 import argparse
+import math
 import shlex
 import statistics
 import sys
@@ -31,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from psgd.command_line import as_typed, override_key, shell_override
@@ -85,6 +88,12 @@ class Report:
     summary: list[dict[str, Any]]
     plots: list[Path]
     notes: list[str]
+    planned: int | None = None  # the jobs the sweep was to run (multirun.yaml), where that can be told
+
+    @property
+    def not_started(self) -> int:
+        """The sweep's jobs without a dir: a sweep stopped before them (or still going)."""
+        return max(0, (self.planned or 0) - len(self.jobs))
 
     @property
     def completed(self) -> list[Job]:
@@ -429,6 +438,7 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
         f"{len(report.jobs)} jobs: {ok} completed, {len(report.failed) - interrupted} failed"
         + (f", {interrupted} interrupted" if interrupted else "")
         + (f", {running} still running (their figures are of the epochs so far)" if running else "")
+        + (f", {report.not_started} of the sweep's {report.planned} not started" if report.not_started else "")
         + ". "
         f"Swept: {', '.join(report.swept) or 'nothing'}.",
         "Times are training only (validation and process start excluded). "
@@ -468,6 +478,9 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
     if report.failed:
         out += ["", "## Failed or interrupted jobs" if interrupted else "## Failed jobs", ""]
         out += [f"- job {j.num} ({j.path.name}): {j.error or j.status}" for j in report.failed]
+    again = rerun_command(report, sweep_dir)
+    if again:
+        out += ["", f"To run the jobs that did not complete (the completed ones are kept): `{again}`"]
     if report.summary:
         out += ["", "## Speedup and accuracy per group (mean ± std over seeds)", ""]
         table = [
@@ -666,6 +679,32 @@ def plot_curves(sweep_dir: Path, jobs: list[Job], swept: list[str]) -> Path | No
     return path
 
 
+def sweep_lengths(sweeper_params: dict[str, str] | None, task_overrides: list[str]) -> dict[str, int]:
+    """How many values each key takes in Hydra's basic sweeper (the jobs are their product), the
+    command line overriding the config's `hydra.sweeper.params` key by key, as the sweeper does."""
+    texts = [f"{k}={v}" for k, v in (sweeper_params or {}).items()] + list(task_overrides)
+    lengths: dict[str, int] = {}
+    # a glob() sweep picks among a config group's choices: the loader of the running Hydra lists them
+    loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() else None
+    for o in OverridesParser.create(config_loader=loader).parse_overrides(texts):
+        # by the key an override sets: `+data.seed=1,2` sweeps data.seed (its line said "(defaults)")
+        values = len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
+        lengths[override_key(o.get_key_element())] = values
+    return lengths
+
+
+def planned_jobs(sweep_dir: Path) -> int | None:
+    """How many jobs the sweep in `sweep_dir` was to run, from its multirun.yaml (None where it cannot
+    be told: no record, or a glob() sweep read outside Hydra)."""
+    try:
+        recorded = OmegaConf.load(sweep_dir / "multirun.yaml").hydra
+        params = OmegaConf.select(recorded, "sweeper.params")
+        task = [str(o) for o in recorded.overrides.task]
+        return math.prod(sweep_lengths(dict(params) if params else None, task).values())
+    except Exception:
+        return None
+
+
 def write_report(sweep_dir: str | Path) -> Report:
     """Read every job dir under `sweep_dir` and write report.csv, summary.csv, report.md and plots."""
     sweep_dir = Path(sweep_dir)
@@ -696,7 +735,7 @@ def write_report(sweep_dir: str | Path) -> Report:
         notes.append("no group has a 1-worker job that reached early_stop.target_acc: no speedup to target")
     notes += unequal_work_notes(jobs, swept)
     notes += precision_notes(jobs)
-    report = Report(jobs, swept, rows, summary, plots, notes)
+    report = Report(jobs, swept, rows, summary, plots, notes, planned_jobs(sweep_dir))
     if rows:
         write_csv(sweep_dir / "report.csv", list(rows[0]), [list(r.values()) for r in rows])
     if summary:
@@ -735,7 +774,7 @@ def continue_command(sweep_dir: Path) -> str | None:
 def describe(report: Report, sweep_dir: Path) -> str:
     ok = len(report.completed)
     state = "still running" if report.running else "finished"
-    parts = [f"psgd: sweep {state}: {ok}/{len(report.jobs)} jobs completed"]
+    parts = [f"psgd: sweep {state}: {ok}/{len(report.jobs) + report.not_started} jobs completed"]
     for word, jobs in (
         ("failed", [j for j in report.failed if j.status != "interrupted"]),
         ("interrupted", report.interrupted),
@@ -743,9 +782,19 @@ def describe(report: Report, sweep_dir: Path) -> str:
     ):
         if jobs:
             parts.append(f", {len(jobs)} {word} (jobs {', '.join(str(j.num) for j in jobs)})")
+    if report.not_started:
+        parts.append(f", {report.not_started} not started")
     parts.append(f"; report in {sweep_dir / 'report.md'}")
-    again = continue_command(sweep_dir) if report.failed and not report.running else None
+    again = rerun_command(report, sweep_dir)
     return "".join(parts) + (f"; to run them again: {again}" if again else "")
+
+
+def rerun_command(report: Report, sweep_dir: Path) -> str | None:
+    """The command that runs a sweep's failed, interrupted and not started jobs (continue_sweep), or
+    None: every job completed, or one still runs (the sweep is going on)."""
+    if report.running or not (report.failed or report.not_started):
+        return None
+    return continue_command(sweep_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -761,7 +810,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"psgd: error: {unwritten(e, Path(args.sweep_dir))}", file=sys.stderr)
         return 2
     print(describe(report, Path(args.sweep_dir)))
-    return 1 if report.failed else 0
+    return 1 if report.failed or (report.not_started and not report.running) else 0
 
 
 if __name__ == "__main__":

@@ -9,14 +9,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from psgd.command_line import as_typed, override_key
-from psgd.report import continue_command, describe, skew_note, stop_note, unwritten, write_report
+from psgd.report import continue_command, describe, skew_note, stop_note, sweep_lengths, unwritten, write_report
 from psgd.results import read_json
 
 # What the last multirun in this process found: sweep.py turns failed jobs into a non-zero exit code,
@@ -25,20 +23,6 @@ LAST: dict[str, Any] = {"failed": 0, "sweep_dir": None, "ended": False}
 # job dirs of a continued sweep whose earlier attempt completed and was kept (psgd.cli.continue_job), in this
 # process (Hydra's basic launcher): their progress lines say so
 KEPT: set[str] = set()
-
-
-def sweep_lengths(sweeper_params: dict[str, str] | None, task_overrides: list[str]) -> dict[str, int]:
-    """How many values each key takes in Hydra's basic sweeper (the jobs are their product), the
-    command line overriding the config's `hydra.sweeper.params` key by key, as the sweeper does."""
-    texts = [f"{k}={v}" for k, v in (sweeper_params or {}).items()] + list(task_overrides)
-    lengths: dict[str, int] = {}
-    # a glob() sweep picks among a config group's choices: the loader of the running Hydra lists them
-    loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() else None
-    for o in OverridesParser.create(config_loader=loader).parse_overrides(texts):
-        # by the key an override sets: `+data.seed=1,2` sweeps data.seed (its line said "(defaults)")
-        values = len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
-        lengths[override_key(o.get_key_element())] = values
-    return lengths
 
 
 def shown_overrides(task: list[str], swept: set[str]) -> list[str]:
@@ -126,6 +110,7 @@ def report_stopped_sweep() -> bool:
     print(
         f"psgd: sweep stopped early: {ok} job(s) completed"
         + (f", job {stopped}" if stopped else "")
+        + (f", {report.not_started} not started" if report.not_started else "")
         + f"; report of these in {sweep_dir / 'report.md'}"
         + (f"; to go on with the others: {again}" if again else ""),
         file=sys.stderr,

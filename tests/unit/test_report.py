@@ -315,11 +315,14 @@ def test_a_stopped_sweep_counts_only_completed_jobs_as_completed(tmp_path, monke
     make_job(tmp_path, 0, {"seed": 0}, done("ddp", 1, 5.0, 0.9))
     make_job(tmp_path, 1, {"seed": 1}, {**done("ddp", 1, 2.0, 0.5), "status": "interrupted"})
     make_job(tmp_path, 2, {"seed": 2}, {**done("ddp", 1, 2.0, 0.5), "status": "running", "process": this_process()})
+    # the sweep's fourth job had not started
+    (tmp_path / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"overrides": {"task": ["seed=0,1,2,3"]}}}))
     monkeypatch.setitem(LAST, "sweep_dir", str(tmp_path))
     monkeypatch.setitem(LAST, "ended", False)
     assert report_stopped_sweep()
     said = capsys.readouterr().err
-    assert said.startswith("psgd: sweep stopped early: 1 job(s) completed, job 1 interrupted, 2 running; "), said
+    counts = "1 job(s) completed, job 1 interrupted, 2 running, 1 not started; "
+    assert said.startswith(f"psgd: sweep stopped early: {counts}"), said
 
 
 def test_a_job_record_damaged_by_hand_is_a_failed_job_not_a_traceback(tmp_path):
@@ -374,6 +377,30 @@ def test_a_sweep_with_failed_jobs_says_how_to_run_them_again(tmp_path):
     ]
     make_job(tmp_path / "ok", 0, {"seed": 0}, done("ddp", 1, 10.0, 0.9))
     assert "run them again" not in describe(write_report(tmp_path / "ok"), tmp_path / "ok")
+
+
+def test_a_sweep_stopped_before_some_jobs_started_counts_them_and_says_how_to_run_them(tmp_path, capsys):
+    """A sweep stopped between jobs (Ctrl-C, SIGTERM, a closed terminal) left dirs for the jobs that ran
+    only: its report said "2 jobs: 2 completed", as of a finished sweep, and the command to go on with
+    the others was in the terminal's last line alone. The sweep's jobs are counted from multirun.yaml."""
+    recorded = {"hydra": ["hydra.mode=MULTIRUN"], "task": ["workers=1,2", "seed=0,1", "trainer.max_epochs=3"]}
+    (tmp_path / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"overrides": recorded}}))
+    make_job(tmp_path, 0, {"workers": 1, "seed": 0}, done("ddp", 1, 10.0, 0.9))
+    make_job(tmp_path, 1, {"workers": 1, "seed": 1}, done("ddp", 1, 11.0, 0.9))
+    assert main([str(tmp_path)]) == 1  # not every job ran
+    line = capsys.readouterr().out
+    assert line.startswith("psgd: sweep finished: 2/4 jobs completed, 2 not started; report in ")
+    command = f"python sweep.py -m workers=1,2 seed=0,1 trainer.max_epochs=3 continue_sweep={tmp_path}"
+    assert line.endswith(f"; to run them again: {command}\n")
+    md = (tmp_path / "report.md").read_text()
+    assert "2 jobs: 2 completed, 0 failed, 2 of the sweep's 4 not started." in md
+    assert f"To run the jobs that did not complete (the completed ones are kept): `{command}`" in md
+    # every job ran: nothing more said
+    make_job(tmp_path, 2, {"workers": 2, "seed": 0}, done("ddp", 2, 6.0, 0.9))
+    make_job(tmp_path, 3, {"workers": 2, "seed": 1}, done("ddp", 2, 6.0, 0.9))
+    assert main([str(tmp_path)]) == 0
+    assert "not started" not in capsys.readouterr().out + (tmp_path / "report.md").read_text()
+    assert "To run" not in (tmp_path / "report.md").read_text()
 
 
 def test_rebuild_command_exit_codes(tmp_path, seeded_sweep, capsys):
