@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from psgd.command_line import as_typed, override_key, shell_override
@@ -682,6 +680,9 @@ def plot_curves(sweep_dir: Path, jobs: list[Job], swept: list[str]) -> Path | No
 def sweep_lengths(sweeper_params: dict[str, str] | None, task_overrides: list[str]) -> dict[str, int]:
     """How many values each key takes in Hydra's basic sweeper (the jobs are their product), the
     command line overriding the config's `hydra.sweeper.params` key by key, as the sweeper does."""
+    from hydra.core.global_hydra import GlobalHydra  # (~0.1 s: not for every importer of this module)
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     texts = [f"{k}={v}" for k, v in (sweeper_params or {}).items()] + list(task_overrides)
     lengths: dict[str, int] = {}
     # a glob() sweep picks among a config group's choices: the loader of the running Hydra lists them
