@@ -307,6 +307,7 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                 "batch_size": job.get("batch_size"),
                 "lr": job.get("lr"),  # after lr_scaling: what a batch-size or worker sweep ran each job at
                 "epochs": job.get("epochs"),
+                "stopped_by": job.get("stopped_by"),  # what ended its training (max_epochs, early_stop, max_time, ...)
                 "samples": job.samples,
                 "train_time_s": _r(job.get("train_time_s"), 2),
                 "samples_per_s": job.get("samples_per_s"),
@@ -456,6 +457,8 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
     averaging = any(j.get("worker_test_acc") for j in report.jobs)
     # lr_scaling gave the jobs different lrs (by workers, or by batch with lr_reference_batch): show them
     scaled = len({j.get("lr") for j in report.jobs if j.get("lr") is not None}) > 1
+    # something other than max_epochs ended some job's training (max_time, early_stop, ...): say what
+    stops = any(j.get("stopped_by") not in (None, "max_epochs") for j in report.jobs)
     job_cols = [
         "job",
         *extra_columns(report.swept),
@@ -464,6 +467,7 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
         "workers",
         *(["lr"] if scaled else []),
         "epochs",
+        *(["stopped_by"] if stops else []),
         "samples",
         "train_time_s",
     ]

@@ -468,6 +468,21 @@ def test_job_count_and_swept_keys_follow_hydras_basic_sweeper():
         }
 
 
+def test_the_jobs_table_says_what_ended_a_jobs_training_where_it_was_not_max_epochs(tmp_path):
+    """A fixed time budget (+trainer.max_time) per worker count: the jobs end at different epochs, and the
+    table says max_time ended them. A sweep whose jobs all trained their epochs has no such column."""
+    make_job(tmp_path / "timed", 0, {"workers": 1}, done("ddp", 1, 60.0, 0.95, epochs=7, stopped_by="max_time"))
+    make_job(tmp_path / "timed", 1, {"workers": 2}, done("ddp", 2, 40.0, 0.97, epochs=12, stopped_by="max_epochs"))
+    report = write_report(tmp_path / "timed")
+    assert [r["stopped_by"] for r in report.rows] == ["max_time", "max_epochs"]
+    md = (tmp_path / "timed" / "report.md").read_text()
+    assert "| epochs | stopped_by |" in md and "| 7 | max_time |" in md
+    make_job(tmp_path / "whole", 0, {"workers": 1}, done("ddp", 1, 60.0, 0.95, stopped_by="max_epochs"))
+    make_job(tmp_path / "whole", 1, {"workers": 2}, done("ddp", 2, 40.0, 0.97, stopped_by="max_epochs"))
+    write_report(tmp_path / "whole")
+    assert "stopped_by" not in (tmp_path / "whole" / "report.md").read_text()
+
+
 def test_the_report_shows_swept_values_as_typed(tmp_path):
     """Hydra's sweeper records `+trainer.max_time=00\\:00\\:00\\:01`; the report's column and groups
     show the value as typed."""
