@@ -114,8 +114,8 @@ class Report:
 
 
 def _parse_override(text: str) -> tuple[str, str]:
-    key, _, value = as_typed(text).partition("=")
-    return key.lstrip("+~"), value
+    text = as_typed(text)
+    return override_key(text), text.partition("=")[2]
 
 
 def load_job(path: Path) -> Job | None:
