@@ -1,6 +1,5 @@
 """Lightning callbacks: threads per worker, epoch timing and result files, the target-accuracy stop."""
 
-import atexit
 import gc
 import time
 import warnings
@@ -25,33 +24,9 @@ def denormals_flushed() -> bool:
     return torch.tensor([1e-40]).item() == 0.0
 
 
-def destroy_process_group_at_exit() -> None:
-    """Destroy this process's process group when Python exits, while the interpreter is still whole.
-
-    Lightning does this for NCCL only. A gloo group left for interpreter finalization can abort the
-    worker ("terminate called without an active exception", SIGABRT): a gloo thread that lets go of a
-    collective's tensors needs the GIL, and once Python has begun to shut down, taking it ends the
-    thread mid-destructor (seen in a core dump here; pytorch/pytorch#190489). Seen for rank 1 of 2-worker
-    DDP runs that had finished training. The group is freed here only if nothing else holds it: a
-    worker whose fit raised first has its strategy torn down (strategies._lightning,
-    let_go_of_the_process_group). Registered once per process; a no-op if the group is gone by then."""
-    global _exit_hook_registered
-    if not _exit_hook_registered:
-        atexit.register(_destroy_process_group)
-        _exit_hook_registered = True
-
-
-def _destroy_process_group() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-_exit_hook_registered = False
-
-
 class WorkerSetup(Callback):
     """Per worker process: torch's intra-op threads (speedup curves lie without a fixed count), denormal
-    floats, the process group's end (destroyed at exit), SIGTERM (psgd.signals: no hang, no orphan)
+    floats, SIGTERM (psgd.signals: no hang, no orphan)
     and the random stream (dropout, augmentation).
     The stream is reseeded at every epoch from (seed, rank, epoch), so it is the same in-process or
     spawned, and a run resumed at an epoch boundary draws exactly what the uninterrupted run drew.
@@ -77,8 +52,6 @@ class WorkerSetup(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         torch.set_num_threads(self.threads)
         handle_sigterm_with(trainer, handler_for_this_process())  # (the launcher watch: FirstFailureLauncher)
-        if dist.is_available() and dist.is_initialized():
-            destroy_process_group_at_exit()
         self._flushed_before = denormals_flushed()
         torch.set_flush_denormal(self.flush_denormal)
         if not self.step_logs:

@@ -2,6 +2,7 @@
 failure is reported for; HogWild's shared memory) and the training loop's per-step SIGTERM broadcast.
 Keep this file small; it is what a Lightning upgrade may break."""
 
+import atexit
 import contextlib
 import os
 import re
@@ -31,6 +32,7 @@ from psgd.signals import die_with_parent, hang_up_as_sigterm, oom_kills, oom_kil
 __all__ = [
     "FirstFailureLauncher",
     "ForkServerDied",
+    "GroupEndsAtExit",
     "KilledWorker",
     "ReportsFirstFailure",
     "SharedMemoryLauncher",
@@ -280,10 +282,45 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
         return None
 
 
+def destroy_process_group_at_exit() -> None:
+    """Destroy this process's process group when Python exits, while the interpreter is still whole.
+
+    Lightning does this for NCCL only. A gloo group left for interpreter finalization can abort the
+    worker ("terminate called without an active exception", SIGABRT): a gloo thread that lets go of a
+    collective's tensors needs the GIL, and once Python has begun to shut down, taking it ends the
+    thread mid-destructor (seen in a core dump here; pytorch/pytorch#190489). Seen for rank 1 of 2-worker
+    DDP runs that had finished training, and of a user's own 2-worker model-averaging script (spawn).
+    The group is freed here only if nothing else holds it: a worker whose fit raised first has its
+    strategy torn down (let_go_of_the_process_group). Registered once per process, by every psgd
+    strategy as it sets its process group up (GroupEndsAtExit); a no-op if the group is gone by then."""
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        atexit.register(_destroy_process_group)
+        _exit_hook_registered = True
+
+
+def _destroy_process_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+_exit_hook_registered = False
+
+
+class GroupEndsAtExit:
+    """Mixin for psgd's DDP-based strategies: the process group is destroyed at this process's exit
+    (destroy_process_group_at_exit), in psgd's runs and in a user's own Lightning script alike."""
+
+    def setup_distributed(self) -> None:
+        super().setup_distributed()
+        if dist.is_available() and dist.is_initialized():
+            destroy_process_group_at_exit()
+
+
 def let_go_of_the_process_group(trainer: L.Trainer | None) -> None:
     """In a worker whose fit raised or was interrupted (Ctrl-C): tear the strategy down as a finished fit
     does (the DDP wrapper, the last holder of the process group besides torch's registry, is unwrapped),
-    so that the exit hook (callbacks.destroy_process_group_at_exit) frees the group and joins gloo's
+    so that the exit hook (destroy_process_group_at_exit) frees the group and joins gloo's
     threads while the interpreter is whole. Lightning tears down after an error only in the main
     process, and the trainer stays referenced until the worker process ends (garbage collection does
     not free it), so the group outlived Python's shutdown: a gloo thread still letting go of the last
@@ -299,7 +336,7 @@ def let_go_of_the_process_group(trainer: L.Trainer | None) -> None:
         pass
 
 
-class ReportsFirstFailure(DDPStrategy):
+class ReportsFirstFailure(GroupEndsAtExit, DDPStrategy):
     """A DDPStrategy whose spawn/fork workers are started by FirstFailureLauncher."""
 
     def _configure_launcher(self) -> None:

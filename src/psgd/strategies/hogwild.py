@@ -20,6 +20,7 @@ from pytorch_lightning.strategies import DDPStrategy
 from typing_extensions import override
 
 from psgd.strategies._lightning import (
+    GroupEndsAtExit,
     PerWorkerCheckpoints,
     SharedMemoryLauncher,
     gather_floats,
@@ -27,7 +28,7 @@ from psgd.strategies._lightning import (
 )
 
 
-class HogwildStrategy(PerWorkerCheckpoints, DDPStrategy):
+class HogwildStrategy(PerWorkerCheckpoints, GroupEndsAtExit, DDPStrategy):
     """Workers share one CPU model and update it without locks; each keeps its own optimizer (and lr
     schedule: PerWorkerCheckpoints' per-worker keys; the shared weights are one copy for all)."""
 
