@@ -35,7 +35,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from psgd.command_line import as_typed, override_key, shell_override
-from psgd.results import NO_ROOM, atomic_file, failed_write, read_json, write_atomic, write_csv
+from psgd.results import NO_ROOM, atomic_file, cores_of, failed_write, read_json, write_atomic, write_csv
 from psgd.signals import still_running
 
 WORKER_KEYS = ("workers", "trainer.devices")  # the key that sets P
@@ -380,6 +380,27 @@ def unequal_work_notes(jobs: list[Job], swept: list[str]) -> list[str]:
     ]
 
 
+def shared_cores_notes(jobs: list[Job]) -> list[str]:
+    """A note per CPU on which some jobs ran more threads than it has cores (workers=5 on 2 cores,
+    a legitimate experiment that psgd does not refuse): their workers took turns on the cores, which a
+    reader of their S(P) should know."""
+    over: dict[tuple[str, int], set[tuple[int, int]]] = defaultdict(set)
+    for job in jobs:
+        cpu = cores_of(job.get("device"))
+        world = job.get("world_size") or job.workers
+        per_node, threads = world // max(1, job.get("num_nodes") or 1), job.get("threads_per_worker") or 1
+        if cpu and per_node * threads > cpu[1]:
+            over[cpu].add((per_node, threads))
+    notes = []
+    for (name, cores), counts in over.items():
+        runs = ", ".join(f"workers={p}" + (f" x {t} threads" if t > 1 else "") for p, t in sorted(counts))
+        notes.append(
+            f"{runs}: more threads than the {cores} cores of {name}, so the workers took turns on the cores; "
+            f"their speedup over one worker cannot pass {cores}, whatever the strategy"
+        )
+    return notes
+
+
 # Lightning's older spellings of a precision, as it reads them
 PRECISION_ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
 
@@ -430,6 +451,7 @@ def _pm(mean: float | None, std: float | None, scale: float = 1.0, digits: int =
 
 
 def render_markdown(sweep_dir: Path, report: Report) -> str:
+    devices = sorted({j.get("device") for j in report.jobs if j.get("device")})
     ok, interrupted, running = len(report.completed), len(report.interrupted), len(report.running)
     out = [
         f"# Sweep report: {sweep_dir}",
@@ -439,7 +461,7 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
         + (f", {running} still running (their figures are of the epochs so far)" if running else "")
         + (f", {report.not_started} of the sweep's {report.planned} not started" if report.not_started else "")
         + ". "
-        f"Swept: {', '.join(report.swept) or 'nothing'}.",
+        f"Swept: {', '.join(report.swept) or 'nothing'}." + (f" Ran on {'; '.join(devices)}." if devices else ""),
         "Times are training only (validation and process start excluded). "
         "Speedup S(P) = T(1)/T(P) within a group (same strategy and other swept values), for the same work "
         "(time per trained sample), efficiency = S(P)/P."
@@ -740,6 +762,7 @@ def write_report(sweep_dir: str | Path) -> Report:
         notes.append("no group has a 1-worker job that reached early_stop.target_acc: no speedup to target")
     notes += unequal_work_notes(jobs, swept)
     notes += precision_notes(jobs)
+    notes += shared_cores_notes(jobs)
     report = Report(jobs, swept, rows, summary, plots, notes, planned_jobs(sweep_dir))
     if rows:
         write_csv(sweep_dir / "report.csv", list(rows[0]), [list(r.values()) for r in rows])

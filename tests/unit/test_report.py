@@ -572,3 +572,24 @@ def test_label_skewed_shards_show_the_label_each_job_knows_least(tmp_path, parti
         assert [row.split(" | ")[column : column + 2] for row in table[2:]] == [["0.975", "6"], ["0.3988", "class 7"]]
     assert read_csv(tmp_path / "report.csv")[1]["worst_class_acc"] == "0.3988"
     assert read_csv(tmp_path / "report.csv")[1]["worst_class"] == "class 7"
+
+
+def test_the_report_says_where_the_jobs_ran_and_which_shared_the_cores(tmp_path):
+    """workers=1..5 on a 2-core laptop is a sweep users run (psgd does not refuse it): the report says
+    the machine, and that beyond its cores the workers took turns, so S(P) there is not the strategy's."""
+    cpu = "cpu: Test CPU (2 cores)"
+    for num, (p, threads) in enumerate([(1, 2), (2, 1), (3, 1), (4, 1), (2, 2)]):
+        m = done("hogwild", p, 10.0 / min(p, 2), 0.9, device=cpu, threads_per_worker=threads)
+        make_job(tmp_path, num, {"workers": p, "threads_per_worker": threads}, m, workers=p)
+    report = write_report(tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "Swept: workers, threads_per_worker. Ran on cpu: Test CPU (2 cores).\n" in text
+    assert report.notes == [
+        "workers=2 x 2 threads, workers=3, workers=4: more threads than the 2 cores of Test CPU, so the workers "
+        "took turns on the cores; their speedup over one worker cannot pass 2, whatever the strategy"
+    ]
+    gpu = tmp_path / "gpu"
+    for num, p in enumerate([1, 4]):
+        make_job(gpu, num, {"workers": p}, done("ddp", p, 5.0, 0.9, device="cuda: H200 x1"), workers=p)
+    assert write_report(gpu).notes == []
+    assert "Ran on cuda: H200 x1.\n" in (gpu / "report.md").read_text()
