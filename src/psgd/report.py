@@ -801,7 +801,14 @@ def continue_command(sweep_dir: Path) -> str | None:
 
 def describe(report: Report, sweep_dir: Path) -> str:
     ok = len(report.completed)
-    state = "still running" if report.running else "finished"
+    # a sweep that stopped (Ctrl-C, SIGTERM, a closed terminal) before all its jobs had run is not "finished"
+    state = (
+        "still running"
+        if report.running
+        else "stopped early"
+        if report.not_started or report.interrupted
+        else "finished"
+    )
     parts = [f"psgd: sweep {state}: {ok}/{len(report.jobs) + report.not_started} jobs completed"]
     for word, jobs in (
         ("failed", [j for j in report.failed if j.status != "interrupted"]),

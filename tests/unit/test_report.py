@@ -389,7 +389,7 @@ def test_a_sweep_stopped_before_some_jobs_started_counts_them_and_says_how_to_ru
     make_job(tmp_path, 1, {"workers": 1, "seed": 1}, done("ddp", 1, 11.0, 0.9))
     assert main([str(tmp_path)]) == 1  # not every job ran
     line = capsys.readouterr().out
-    assert line.startswith("psgd: sweep finished: 2/4 jobs completed, 2 not started; report in ")
+    assert line.startswith("psgd: sweep stopped early: 2/4 jobs completed, 2 not started; report in ")
     command = f"python sweep.py -m workers=1,2 seed=0,1 trainer.max_epochs=3 continue_sweep={tmp_path}"
     assert line.endswith(f"; to run them again: {command}\n")
     md = (tmp_path / "report.md").read_text()
@@ -399,7 +399,9 @@ def test_a_sweep_stopped_before_some_jobs_started_counts_them_and_says_how_to_ru
     make_job(tmp_path, 2, {"workers": 2, "seed": 0}, done("ddp", 2, 6.0, 0.9))
     make_job(tmp_path, 3, {"workers": 2, "seed": 1}, done("ddp", 2, 6.0, 0.9))
     assert main([str(tmp_path)]) == 0
-    assert "not started" not in capsys.readouterr().out + (tmp_path / "report.md").read_text()
+    out = capsys.readouterr().out
+    assert out.startswith("psgd: sweep finished: 4/4 jobs completed; report in ")
+    assert "not started" not in out + (tmp_path / "report.md").read_text()
     assert "To run" not in (tmp_path / "report.md").read_text()
 
 
