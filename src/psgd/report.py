@@ -380,10 +380,9 @@ def unequal_work_notes(jobs: list[Job], swept: list[str]) -> list[str]:
     ]
 
 
-def shared_cores_notes(jobs: list[Job]) -> list[str]:
-    """A note per CPU on which some jobs ran more threads than it has cores (workers=5 on 2 cores,
-    a legitimate experiment that psgd does not refuse): their workers took turns on the cores, which a
-    reader of their S(P) should know."""
+def shared_cores(jobs: list[Job]) -> dict[tuple[str, int], set[tuple[int, int]]]:
+    """Per CPU (name, cores) on which some jobs ran more threads than it has cores (workers=5 on 2
+    cores, a legitimate experiment that psgd does not refuse): those jobs' (workers per node, threads)."""
     over: dict[tuple[str, int], set[tuple[int, int]]] = defaultdict(set)
     for job in jobs:
         cpu = cores_of(job.get("device"))
@@ -391,8 +390,14 @@ def shared_cores_notes(jobs: list[Job]) -> list[str]:
         per_node, threads = world // max(1, job.get("num_nodes") or 1), job.get("threads_per_worker") or 1
         if cpu and per_node * threads > cpu[1]:
             over[cpu].add((per_node, threads))
+    return over
+
+
+def shared_cores_notes(shared: dict[tuple[str, int], set[tuple[int, int]]]) -> list[str]:
+    """A note per CPU of shared_cores: those jobs' workers took turns on the cores, which a reader of
+    their S(P) should know."""
     notes = []
-    for (name, cores), counts in over.items():
+    for (name, cores), counts in shared.items():
         runs = ", ".join(f"workers={p}" + (f" x {t} threads" if t > 1 else "") for p, t in sorted(counts))
         notes.append(
             f"{runs}: more threads than the {cores} cores of {name}, so the workers took turns on the cores; "
@@ -555,8 +560,10 @@ def _curves(summary: list[dict], y: str) -> dict[str, tuple[list[int], list[floa
     return curves
 
 
-def plot_scaling(sweep_dir: Path, summary: list[dict], kind: str) -> Path | None:
-    """speedup.png / efficiency.png: per group vs workers, for fixed epochs and (if any) to target."""
+def plot_scaling(sweep_dir: Path, summary: list[dict], kind: str, cores: int | None = None) -> Path | None:
+    """speedup.png / efficiency.png: per group vs workers, for fixed epochs and (if any) to target.
+    `cores`: the CPU's, where some job had more workers than it (shared_cores_notes): the most that
+    P workers taking turns on them can give is drawn too, min(P, cores)."""
     panels = [(kind, "fixed epochs"), (f"{kind}_to_target", "time to target accuracy")]
     panels = [(key, title) for key, title in panels if any(len(c[0]) > 1 for c in _curves(summary, key).values())]
     if not panels:
@@ -569,6 +576,9 @@ def plot_scaling(sweep_dir: Path, summary: list[dict], kind: str) -> Path | None
             ax.plot(xs, ys, marker="o", label=label)
         ideal = list(range(1, max_p + 1))
         ax.plot(ideal, ideal if kind == "speedup" else [1.0] * len(ideal), "k--", label="ideal")
+        if cores and max_p > cores:
+            bound = [min(p, cores) / (1 if kind == "speedup" else p) for p in ideal]
+            ax.plot(ideal, bound, ":", color="grey", label=f"ideal on {cores} cores")
         ax.set_xlabel("workers P")
         ax.set_ylabel("S(P) = T(1) / T(P)" if kind == "speedup" else "E(P) = S(P) / P")
         ax.set_title(f"{kind} ({title})")
@@ -742,13 +752,15 @@ def write_report(sweep_dir: str | Path) -> Report:
         raise FileNotFoundError(f"{sweep_dir} holds no job dirs (<job>/.hydra/config.yaml): is it a sweep dir?")
     swept = swept_keys(jobs)
     rows, summary = build_rows(jobs, swept)
+    shared = shared_cores(jobs)
+    cores = next(iter(shared))[1] if len(shared) == 1 else None  # one CPU whose cores some jobs shared
     for p in PLOTS:  # plots of an earlier build that no longer apply must not linger
         (sweep_dir / p).unlink(missing_ok=True)
     plots = [
         p
         for p in (
-            plot_scaling(sweep_dir, summary, "speedup"),
-            plot_scaling(sweep_dir, summary, "efficiency"),
+            plot_scaling(sweep_dir, summary, "speedup", cores),
+            plot_scaling(sweep_dir, summary, "efficiency", cores),
             plot_accuracy(sweep_dir, jobs, summary, swept),
             plot_batch(sweep_dir, jobs, swept),
             plot_curves(sweep_dir, jobs, swept),
@@ -762,7 +774,7 @@ def write_report(sweep_dir: str | Path) -> Report:
         notes.append("no group has a 1-worker job that reached early_stop.target_acc: no speedup to target")
     notes += unequal_work_notes(jobs, swept)
     notes += precision_notes(jobs)
-    notes += shared_cores_notes(jobs)
+    notes += shared_cores_notes(shared)
     report = Report(jobs, swept, rows, summary, plots, notes, planned_jobs(sweep_dir))
     if rows:
         write_csv(sweep_dir / "report.csv", list(rows[0]), [list(r.values()) for r in rows])

@@ -576,9 +576,19 @@ def test_label_skewed_shards_show_the_label_each_job_knows_least(tmp_path, parti
     assert read_csv(tmp_path / "report.csv")[1]["worst_class"] == "class 7"
 
 
-def test_the_report_says_where_the_jobs_ran_and_which_shared_the_cores(tmp_path):
+def test_the_report_says_where_the_jobs_ran_and_which_shared_the_cores(tmp_path, monkeypatch):
     """workers=1..5 on a 2-core laptop is a sweep users run (psgd does not refuse it): the report says
-    the machine, and that beyond its cores the workers took turns, so S(P) there is not the strategy's."""
+    the machine, and that beyond its cores the workers took turns, so S(P) there is not the strategy's;
+    the scaling plots draw that ceiling beside the ideal."""
+    from psgd import report as report_module
+
+    lines, save = {}, report_module.save_png
+
+    def save_and_note_lines(fig, path):
+        lines[path.name] = {line.get_label(): list(line.get_ydata()) for line in fig.axes[0].get_lines()}
+        save(fig, path)
+
+    monkeypatch.setattr(report_module, "save_png", save_and_note_lines)
     cpu = "cpu: Test CPU (2 cores)"
     for num, (p, threads) in enumerate([(1, 2), (2, 1), (3, 1), (4, 1), (2, 2)]):
         m = done("hogwild", p, 10.0 / min(p, 2), 0.9, device=cpu, threads_per_worker=threads)
@@ -590,8 +600,11 @@ def test_the_report_says_where_the_jobs_ran_and_which_shared_the_cores(tmp_path)
         "workers=2 x 2 threads, workers=3, workers=4: more threads than the 2 cores of Test CPU, so the workers "
         "took turns on the cores; their speedup over one worker cannot pass 2, whatever the strategy"
     ]
+    assert lines["speedup.png"]["ideal on 2 cores"] == [1, 2, 2, 2]
+    assert lines["efficiency.png"]["ideal on 2 cores"] == [1, 1, 2 / 3, 0.5]
     gpu = tmp_path / "gpu"
     for num, p in enumerate([1, 4]):
         make_job(gpu, num, {"workers": p}, done("ddp", p, 5.0, 0.9, device="cuda: H200 x1"), workers=p)
     assert write_report(gpu).notes == []
     assert "Ran on cuda: H200 x1.\n" in (gpu / "report.md").read_text()
+    assert set(lines["speedup.png"]) == {"ddp", "ideal"}
