@@ -390,25 +390,31 @@ def test_a_validation_interval_longer_than_an_epoch_is_lightnings_refusal_here_a
     assert lightning_refusal(raised(1, "ValueError: a bug deep in my model")) is None
 
 
-@pytest.mark.parametrize("strategy", ["ReportsFirstFailure", "ModelAveragingStrategy", "HogwildStrategy"])
-def test_a_worker_leaves_no_process_group_to_interpreter_shutdown(tmp_path, strategy):
+def test_a_worker_leaves_no_process_group_to_interpreter_shutdown():
     """A gloo group torn down during interpreter finalization can abort the worker (SIGABRT); each of
     psgd's strategies destroys it at exit, while Python is still whole, in psgd's runs and in a user's
     own Lightning script alike (a user's model-averaging script aborted rank 1 so: it has no WorkerSetup,
-    which had registered the exit hook)."""
-    script = f"""
+    which had registered the exit hook). One process: each strategy in turn must register the hook."""
+    script = """
 import atexit, torch, torch.distributed as dist
 from lightning_fabric.plugins.environments import LightningEnvironment
 from pytorch_lightning.accelerators import CPUAccelerator
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
-from psgd.strategies._lightning import ReportsFirstFailure  # psgd's DDP
+from psgd.strategies import _lightning
 atexit.register(lambda: print("group alive at the end:", dist.is_initialized(), flush=True))  # runs last
-strategy = {strategy}(accelerator=CPUAccelerator(), parallel_devices=[torch.device("cpu")],
-    cluster_environment=LightningEnvironment(), process_group_backend="gloo")
-strategy.setup_distributed()
-print("group alive after setup:", dist.is_initialized(), flush=True)
+for cls in (_lightning.ReportsFirstFailure, ModelAveragingStrategy, HogwildStrategy):  # psgd's DDP, and the others
+    atexit.unregister(_lightning._destroy_process_group)  # as in a process of its own
+    _lightning._exit_hook_registered = False
+    strategy = cls(accelerator=CPUAccelerator(), parallel_devices=[torch.device("cpu")],
+        cluster_environment=LightningEnvironment(), process_group_backend="gloo")
+    strategy.setup_distributed()  # (the group is made once; the hook is registered by each)
+    print(cls.__name__, "group alive:", dist.is_initialized(), "exit hook:", _lightning._exit_hook_registered)
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "group alive after setup: True" in proc.stdout
-    assert "group alive at the end: False" in proc.stdout
+    assert proc.stdout.splitlines() == [
+        "ReportsFirstFailure group alive: True exit hook: True",
+        "ModelAveragingStrategy group alive: True exit hook: True",
+        "HogwildStrategy group alive: True exit hook: True",
+        "group alive at the end: False",
+    ], proc.stdout + proc.stderr[-2000:]
