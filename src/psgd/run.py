@@ -61,7 +61,13 @@ from psgd.optim import scaled_lr
 from psgd.profiler import NoProfiler, PyTorchProfilerForWorkers
 from psgd.results import cpu_count, device_description, read_json, remove_temp_files, versions, write_json
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
-from psgd.strategies._lightning import ReportsFirstFailure, lost_a_peer, refuse_a_run_while_a_worker_imports_the_script
+from psgd.strategies._lightning import (
+    ReportsFirstFailure,
+    defined_in_session,
+    lost_a_peer,
+    refuse_a_run_while_a_worker_imports_the_script,
+    session_refusal,
+)
 
 HPARAM_METRICS = ("test/acc", "test/loss", "val/acc", "val/loss", "time/samples_per_s", "time/cumulative_s")
 
@@ -649,9 +655,10 @@ def micro_batches_per_update(plan: Plan, num_nodes: int, synchronous: bool) -> i
     return (plan.workers * num_nodes if synchronous else 1) * plan.accumulate_grad_batches
 
 
-def _check_picklable(callbacks: list[L.Callback]) -> None:
+def _check_picklable(callbacks: list[L.Callback], net: torch.nn.Module) -> None:
     """The caller's callbacks go to every worker process pickled: one that cannot be failed as the
-    workers started, with pickle's message naming neither the callback nor why it was pickled."""
+    workers started, with pickle's message naming neither the callback nor why it was pickled. In a
+    notebook, a callback or model class of the session's own is refused too (defined_in_session)."""
     for i, callback in enumerate(callbacks):
         try:
             pickle.dumps(callback)
@@ -662,6 +669,11 @@ def _check_picklable(callbacks: list[L.Callback]) -> None:
                 "locks, open files or lambdas in its attributes), or run one worker (workers=1, strategy=ddp) in "
                 "this process"
             ) from e
+    named = [(f"callbacks[{i}] ({type(c).__name__})", c) for i, c in enumerate(callbacks)]
+    for what, obj in [*named, ("the model", net)]:
+        name = defined_in_session(obj)
+        if name:
+            raise TypeError(session_refusal(obj, name, what))
 
 
 def _train(
@@ -730,7 +742,7 @@ def _train(
     )
     strategy = build_strategy(cfg, plan, run_dir)
     if plan.launcher == "psgd" and not isinstance(strategy, str):  # psgd starts worker processes
-        _check_picklable(extra_callbacks)
+        _check_picklable(extra_callbacks, net)
     run_info = {
         "strategy": cfg.strategy.name,
         "workers": plan.workers,

@@ -103,3 +103,91 @@ def test_a_script_training_at_its_top_level_ends_with_the_line_that_says_to_guar
     )
     assert line in proc.stderr.splitlines(), proc.stderr[-3000:]
     assert "bootstrapping phase" not in proc.stderr  # multiprocessing's own account
+
+
+MODULE = """
+import torch, torch.nn.functional as F
+import pytorch_lightning as L
+
+class Mine(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(8, 3)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+"""
+
+# what a notebook cell or Python's prompt runs: `__main__` has no file, and Lightning takes the session as
+# interactive (sys.ps1, set before it is imported)
+SESSION = """
+import sys
+sys.ps1 = ">>> "
+sys.path.insert(0, {module_dir!r})
+import torch
+import pytorch_lightning as L
+from torch.utils.data import DataLoader, TensorDataset
+import psgd.strategies
+from hydra import compose, initialize_config_dir
+from psgd.run import train
+from mymodule import Mine  # a user's module in a file beside the notebook
+
+class Here(Mine):  # a class of the session's own
+    pass
+
+class Noted(L.Callback):
+    pass
+
+def lightning():
+    return L.Trainer(strategy="model_averaging", accelerator="cpu", devices=2, max_epochs=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+
+data = DataLoader(TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,))), batch_size=16)
+with initialize_config_dir(config_dir={conf!r}, version_base="1.3"):
+    overrides = ["workers=2", "data.root={data}", "trainer.max_epochs=1", "quiet=true"]
+    cfg = compose(config_name="train", overrides=overrides)
+for attempt in (lambda: lightning().fit(Here(), data), lambda: train(cfg, {refused!r}, callbacks=[Noted()])):
+    try:
+        attempt()
+    except TypeError as e:
+        print("refused:", e, flush=True)
+trainer = lightning()
+trainer.fit(Mine(), data)
+print("trained in code:", trainer.state.finished, flush=True)
+print("trained by psgd:", train(cfg, {run_dir!r})["status"], flush=True)
+"""
+
+
+def test_a_notebook_runs_workers_and_refuses_its_own_classes_by_name(tmp_path, tiny_data):
+    """In a notebook (or at Python's prompt) Lightning refused every run with workers: psgd.run.train
+    with "Trainer(strategy=<psgd.strategies._lightning.ReportsFirstFailure object at 0x...>) is not
+    compatible with an interactive environment". psgd's workers start from a fresh interpreter or its
+    fork server, not from a fork of the session, so they run; what they cannot get, a class of the
+    session's own (the workers start without its code: "Can't get attribute 'Here' on <module
+    '__main__'>"), is refused by name before any worker starts or any file is written."""
+    from conftest import CONF
+
+    (tmp_path / "mymodule.py").write_text(MODULE)
+    refused, run_dir = tmp_path / "refused", tmp_path / "run"
+    code = SESSION.format(
+        module_dir=str(tmp_path), conf=str(CONF), data=tiny_data, refused=str(refused), run_dir=str(run_dir)
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    session = (
+        "is defined in this interactive session (a notebook or Python's prompt), and each worker process starts "
+        "without the session's code: define it in a .py file beside the notebook and import it from there, or run "
+        "one worker in this process"
+    )
+    assert proc.stdout.splitlines() == [
+        f"refused: Here {session}",
+        f"refused: callbacks[0] (Noted) {session}",
+        "trained in code: True",
+        "trained by psgd: completed",
+    ], proc.stdout + proc.stderr[-3000:]
+    assert not refused.exists()
+    assert json.loads((run_dir / "metrics.json").read_text())["workers"] == 2

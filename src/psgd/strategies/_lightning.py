@@ -4,12 +4,16 @@ Keep this file small; it is what a Lightning upgrade may break."""
 
 import atexit
 import contextlib
+import io
 import os
+import pickle
 import re
 import shutil
 import signal
 import sys
 import traceback
+import types
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,7 @@ __all__ = [
     "SharedMemoryLauncher",
     "WorkerOutOfMemory",
     "WorkerUnresponsive",
+    "defined_in_session",
     "handle_sigterm_with",
     "without_per_step_collectives",
 ]
@@ -168,6 +173,52 @@ def refuse_a_run_while_a_worker_imports_the_script() -> None:
     raise SystemExit(2)
 
 
+class _InSession(Exception):
+    pass
+
+
+class _SessionFinder(ForkingPickler):
+    """Pickles as the launcher does, to find what refers to the session's `__main__`; tensors' data is
+    skipped (nothing is written: see defined_in_session)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return tuple, ()  # its data is of no interest (and torch's reducer would move it to shared memory)
+        if isinstance(obj, type | types.FunctionType) and getattr(obj, "__module__", None) == "__main__":
+            raise _InSession(obj.__qualname__)
+        return NotImplemented
+
+
+def defined_in_session(*objects: Any) -> str | None:
+    """The name of a class or function that `objects` refer to and that is defined in an interactive
+    session's `__main__` (a notebook, Python's prompt, `python -c`), else None. Worker processes start
+    without that session's code, so they cannot unpickle it: a worker failed with "Can't get
+    attribute 'Net' on <module '__main__'>". A `__main__` that is a file is imported again by each
+    worker as it starts, so a script's own classes reach them. Found by pickling the objects into
+    nothing (what cannot be pickled for another reason is left to the launcher's pickling to report)."""
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main, "__file__", None):
+        return None
+    try:
+        _SessionFinder(io.BytesIO(), pickle.HIGHEST_PROTOCOL).dump(objects)
+    except _InSession as e:
+        return str(e)
+    except Exception:
+        return None
+    return None
+
+
+def session_refusal(obj: Any, name: str, what: str | None = None) -> str:
+    """The line for defined_in_session's finding `name` in `obj` (`what` names it; else its class)."""
+    what = what or type(obj).__name__
+    return (
+        f"{what if name == type(obj).__qualname__ else f'{what} uses {name}, which'} is defined in this "
+        "interactive session (a notebook or Python's prompt), and each worker process starts without the "
+        "session's code: define it in a .py file beside the notebook and import it from there, or run one "
+        "worker in this process"
+    )
+
+
 class FirstFailureLauncher(_MultiProcessingLauncher):
     """Lightning's spawn/fork launcher, reporting the worker whose failure ended the run.
 
@@ -193,8 +244,19 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
     _launcher_state: dict[str, Any] | None = None
     _global_states: _GlobalStateSnapshot | None = None
 
+    @property
+    def is_interactive_compatible(self) -> bool:
+        """A notebook or Python's prompt may launch: workers start from a fresh interpreter or psgd's
+        fork server, not from a fork of the session, and whatever of the session's own code they
+        would need is refused first (defined_in_session; Lightning refuses spawn there for that)."""
+        return True
+
     def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
         refuse_a_run_while_a_worker_imports_the_script()
+        for obj in (*args, *kwargs.values(), *getattr(trainer, "callbacks", [])):  # model, data, callbacks
+            name = defined_in_session(obj)
+            if name:
+                raise TypeError(session_refusal(obj, name))
         self._errors_dir = str(temp_folder_of_this_process("psgd-worker-errors-"))  # pickled into each worker
         self._oom_kills_at_launch = oom_kills()
         if self._start_method == "forkserver":  # (attributes set here are pickled into every worker)
