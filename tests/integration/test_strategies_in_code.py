@@ -48,6 +48,7 @@ if __name__ == "__main__":
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )
     trainer.fit(Mine(), DataLoader(data, batch_size=16))
+    (OUT / "main_report.json").write_text(json.dumps(trainer.strategy.report))  # in this, the caller's process
 """
 
 
@@ -72,8 +73,11 @@ def test_a_users_own_module_trains_and_ends_with_one_model(tmp_path, strategy):
     assert threads.processes() and not threads.gloo_left(), threads.processes()
     ends = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
     assert all(torch.equal(ends[0][k], ends[1][k]) for k in ends[0])  # one model: averaged, or shared
+    report = json.loads((tmp_path / "report.json").read_text())
+    # the strategy's report reaches the caller's process too (it was {} there: Lightning sends back weights,
+    # state and logged metrics only)
+    assert json.loads((tmp_path / "main_report.json").read_text()) == report and report
     if strategy == "model_averaging":
-        report = json.loads((tmp_path / "report.json").read_text())
         assert report["replica_distance"] > 0  # the two shards had moved the replicas apart before
         assert "worker_test_acc" not in report
 

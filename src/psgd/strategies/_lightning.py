@@ -28,6 +28,7 @@ from pytorch_lightning.strategies.launchers.multiprocessing import (
 )
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+from typing_extensions import override
 
 from psgd import forkserver
 from psgd.module import STEPS_PER_EPOCH_KEY
@@ -219,6 +220,9 @@ def session_refusal(obj: Any, name: str, what: str | None = None) -> str:
     )
 
 
+REPORT_KEY = "psgd_strategy_report"  # FirstFailureLauncher's extra result
+
+
 class FirstFailureLauncher(_MultiProcessingLauncher):
     """Lightning's spawn/fork launcher, reporting the worker whose failure ended the run.
 
@@ -272,6 +276,24 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
             raise cause from e
         finally:
             shutil.rmtree(self._errors_dir, ignore_errors=True)
+
+    @override
+    def get_extra_results(self, trainer: L.Trainer) -> dict[str, Any]:
+        """Rank 0's results for the launching process, with the strategy's `report` (model averaging's
+        replica distance, HogWild's updates per worker): Lightning sends back the weights, state and
+        logged metrics only, so `trainer.strategy.report` was {} in the caller's process after fit."""
+        extra = super().get_extra_results(trainer)
+        report = getattr(trainer.strategy, "report", None)
+        if report:
+            extra[REPORT_KEY] = report
+        return extra
+
+    @override
+    def update_main_process_results(self, trainer: L.Trainer, extra: dict[str, Any]) -> None:
+        report = extra.pop(REPORT_KEY, None)
+        super().update_main_process_results(trainer, extra)
+        if report is not None:
+            trainer.strategy.report = report
 
     def _explain(self, e: ProcessRaisedException | ProcessExitedException) -> BaseException:
         """What the run raises for the failure torch reported: `e`, or the worker and cause behind it."""
