@@ -608,8 +608,13 @@ def mark_stopped(run_dir: Path, e: BaseException, launched: bool = False) -> Non
 def exit_if_interrupted(e: BaseException) -> None:
     """After mark_stopped: a run that Ctrl-C or SIGTERM stopped exits as a shell reports the signal, 130
     or 143, as it does when stopped before training (Lightning turns either into exit code 1 inside fit,
-    which a script could not tell from a failed run)."""
+    which a script could not tell from a failed run). Called from Python rather than by the scripts (a
+    notebook, a script of the user's: Hydra has not set the job up), it raises Ctrl-C's own exception,
+    KeyboardInterrupt: a notebook's interrupt showed "SystemExit: 130" and IPython's "To exit: use
+    'exit', 'quit', or Ctrl-D", and a caller's `except KeyboardInterrupt` did not catch it."""
     if isinstance(e, KeyboardInterrupt | SystemExit):
+        if not HydraConfig.initialized():
+            raise KeyboardInterrupt(*([signals.received] if signals.received else [])) from None
         raise SystemExit(signals.interrupted_exit_code()) from None
 
 
