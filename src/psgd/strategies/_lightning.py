@@ -4,7 +4,6 @@ Keep this file small; it is what a Lightning upgrade may break."""
 
 import atexit
 import contextlib
-import io
 import os
 import pickle
 import re
@@ -17,6 +16,7 @@ from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytorch_lightning as L
 import torch
 import torch.distributed as dist
@@ -178,12 +178,19 @@ class _InSession(Exception):
     pass
 
 
+class _Nowhere:
+    """A file that keeps nothing written to it."""
+
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
 class _SessionFinder(ForkingPickler):
     """Pickles as the launcher does, to find what refers to the session's `__main__`; tensors' data is
     skipped (nothing is written: see defined_in_session)."""
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
+        if isinstance(obj, torch.Tensor | np.ndarray):
             return tuple, ()  # its data is of no interest (and torch's reducer would move it to shared memory)
         if isinstance(obj, type | types.FunctionType) and getattr(obj, "__module__", None) == "__main__":
             raise _InSession(obj.__qualname__)
@@ -201,7 +208,7 @@ def defined_in_session(*objects: Any) -> str | None:
     if main is None or getattr(main, "__file__", None):
         return None
     try:
-        _SessionFinder(io.BytesIO(), pickle.HIGHEST_PROTOCOL).dump(objects)
+        _SessionFinder(_Nowhere(), pickle.HIGHEST_PROTOCOL).dump(objects)
     except _InSession as e:
         return str(e)
     except Exception:
