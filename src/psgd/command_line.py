@@ -32,7 +32,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from psgd import signals
-from psgd.results import NO_ROOM
+from psgd.results import NO_ROOM, say
 from psgd.signals import proc_stat, still_running
 
 MAX_JOBS_COMPOSED = 64  # beyond this many jobs, every value of every key is composed once, not every product
@@ -43,7 +43,7 @@ def fail(message: str, every_worker_finds_it: bool = False) -> None:
     the config and the machine alone, so that under torchrun each worker of a machine finds it: the
     first one (local rank 0) says it and the others leave it to that one (see leave_it_to_the_first)."""
     if not (every_worker_finds_it and leave_it_to_the_first()):
-        print(f"psgd: error: {message}", file=sys.stderr, flush=True)
+        say(f"psgd: error: {message}")
     raise SystemExit(2)
 
 
@@ -56,7 +56,7 @@ def warn(message: str) -> None:
     """A `psgd: warning: ...` line on stderr, said once per run: where torchrun or srun started each
     worker as a train.py process (each checks the same settings), by the first worker only."""
     if global_rank() in (None, "0"):
-        print(f"psgd: warning: {message}", file=sys.stderr, flush=True)
+        say(f"psgd: warning: {message}")
 
 
 # how long a torchrun worker waits for its agent's SIGTERM once the first worker has said the problem
@@ -115,7 +115,7 @@ def exit_interrupted(said: bool = False) -> None:
     traceback of whatever was loading."""
     if not (said or other_torchrun_worker()):  # torchrun: the first worker of a machine says it
         how = f" ({signals.received})" if signals.received else ""
-        print(f"psgd: interrupted{how} before training started; nothing was written", file=sys.stderr, flush=True)
+        say(f"psgd: interrupted{how} before training started; nothing was written")
     raise SystemExit(signals.interrupted_exit_code())
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import re
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +16,14 @@ from typing import IO, Any
 
 # a write that failed for want of room on the disk (or in a quota), not for anything in the run
 NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def say(line: str) -> None:
+    """`line` on stderr in one write, newline included. Python's stderr passes each write straight to
+    the file, and print() writes its text and its newline apart: two worker processes saying their
+    line at once printed "...`:psgd: error: ...`" on one line, then two newlines."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def failed_write(e: OSError) -> str:

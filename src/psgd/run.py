@@ -59,7 +59,7 @@ from psgd.hooks import skip_unused_hooks
 from psgd.module import OPTIMIZER_KEY, Classifier
 from psgd.optim import scaled_lr
 from psgd.profiler import NoProfiler, PyTorchProfilerForWorkers
-from psgd.results import cpu_count, device_description, read_json, remove_temp_files, versions, write_json
+from psgd.results import cpu_count, device_description, read_json, remove_temp_files, say, versions, write_json
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
 from psgd.strategies._lightning import (
     ReportsFirstFailure,
@@ -487,11 +487,11 @@ def elastic_resume(ckpt_path: str | None, plan: Plan, run_dir: Path, continued: 
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     last = run_dir / "checkpoints" / "last.ckpt"
     if continued and last.exists():
-        print(f"psgd: job {run_dir.name} goes on from its {last}", file=sys.stderr, flush=True)
+        say(f"psgd: job {run_dir.name} goes on from its {last}")
         return str(last)
     if ckpt_path is None and plan.launcher == "torchrun" and restarts > 0 and last.exists():
         if os.environ.get("RANK") == "0":
-            print(f"psgd: restart {restarts}: resuming from {last}", file=sys.stderr, flush=True)
+            say(f"psgd: restart {restarts}: resuming from {last}")
         return str(last)
     return ckpt_path
 
@@ -602,7 +602,7 @@ def mark_stopped(run_dir: Path, e: BaseException, launched: bool = False) -> Non
         how = f" ({signals.received})" if signals.received else ""
         finished = (record or {}).get("epochs", 0)
         kept = f"finished epochs are kept in {run_dir}" if finished else f"no epoch had finished ({run_dir})"
-        print(f"psgd: interrupted{how}; {kept}", file=sys.stderr, flush=True)
+        say(f"psgd: interrupted{how}; {kept}")
 
 
 def exit_if_interrupted(e: BaseException) -> None:

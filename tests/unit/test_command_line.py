@@ -7,6 +7,8 @@ import os
 import re
 import shlex
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -494,3 +496,36 @@ def test_a_problem_every_torchrun_worker_finds_is_said_by_the_machines_first(
     assert exited.value.code == 2
     assert capsys.readouterr().err == ("psgd: error: workers=0 is invalid\n" if said else "")
     assert (took >= 0.5) == waited  # the first worker does not wait for anyone
+
+
+SPEAKERS = """
+import multiprocessing, sys
+from psgd.results import say
+
+def speak(i, barrier):
+    barrier.wait()  # all at once, as workers refusing the same thing
+    for n in range(1000):
+        say(f"psgd: error: worker {i} line {n} " + "x" * 120)
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(4)
+    procs = [ctx.Process(target=speak, args=(i, barrier)) for i in range(4)]
+    [p.start() for p in procs]
+    [p.join() for p in procs]
+"""
+
+
+def test_lines_said_by_several_processes_at_once_stay_whole(tmp_path):
+    """Two workers saying their error line at the same moment printed "...`:psgd: error: ...`" on one
+    line, then two newlines (print writes a line's text and its newline apart, and stderr passes each
+    write straight on): a test's expected line was not found. A line is now one write."""
+    script = tmp_path / "speakers.py"
+    script.write_text(SPEAKERS)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 4000
+    assert all(re.fullmatch(r"psgd: error: worker \d line \d+ x{120}", line) for line in lines), [
+        line for line in lines if not re.fullmatch(r"psgd: error: worker \d line \d+ x{120}", line)
+    ][:3]

@@ -32,6 +32,7 @@ from typing_extensions import override
 
 from psgd import forkserver
 from psgd.module import STEPS_PER_EPOCH_KEY
+from psgd.results import say
 from psgd.signals import die_with_parent, hang_up_as_sigterm, oom_kills, oom_kills_since, temp_folder_of_this_process
 
 __all__ = [
@@ -165,11 +166,9 @@ def refuse_a_run_while_a_worker_imports_the_script() -> None:
         frame = frame.f_back
     if frame is None:
         return
-    print(
+    say(  # (each worker says it, at the same moment)
         f"psgd: error: {frame.f_code.co_filename} runs psgd at its top level, and each worker process imports "
-        'that script again as it starts: put the call under `if __name__ == "__main__":`',
-        file=sys.stderr,
-        flush=True,
+        'that script again as it starts: put the call under `if __name__ == "__main__":`'
     )
     raise SystemExit(2)
 
