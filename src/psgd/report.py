@@ -380,6 +380,29 @@ def unequal_work_notes(jobs: list[Job], swept: list[str]) -> list[str]:
     ]
 
 
+def threads_notes(jobs: list[Job], swept: list[str]) -> list[str]:
+    """A note where the worker counts ran different torch threads per worker without the sweep saying
+    so (threads_per_worker=null is cores // workers): S(P) then compares P workers with one worker that
+    used every core's thread, not with one single-threaded worker, which a reader should know."""
+    if "threads_per_worker" in swept:
+        return []
+    by_p: dict[int, set[int]] = defaultdict(set)
+    for job in jobs:
+        if job.get("threads_per_worker"):
+            by_p[job.workers].add(job.get("threads_per_worker"))
+    if len({t for ts in by_p.values() for t in ts}) < 2:
+        return []
+    ran = ", ".join(f"workers={p}: {'/'.join(map(str, sorted(ts)))}" for p, ts in sorted(by_p.items()))
+    one = by_p.get(1, set())
+    against = (
+        f": S(P) compares P workers with one worker that ran {'/'.join(map(str, sorted(one)))} threads, not with "
+        "one single-threaded worker (threads_per_worker=1 compares those)"
+        if one and max(one) > 1
+        else ""
+    )
+    return [f"threads per worker differed ({ran}; threads_per_worker=null is cores // workers){against}"]
+
+
 def shared_cores(jobs: list[Job]) -> dict[tuple[str, int], set[tuple[int, int]]]:
     """Per CPU (name, cores) on which some jobs ran more threads than it has cores (workers=5 on 2
     cores, a legitimate experiment that psgd does not refuse): those jobs' (workers per node, threads)."""
@@ -775,6 +798,7 @@ def write_report(sweep_dir: str | Path) -> Report:
     notes += unequal_work_notes(jobs, swept)
     notes += precision_notes(jobs)
     notes += shared_cores_notes(shared)
+    notes += threads_notes(jobs, swept)
     report = Report(jobs, swept, rows, summary, plots, notes, planned_jobs(sweep_dir))
     if rows:
         write_csv(sweep_dir / "report.csv", list(rows[0]), [list(r.values()) for r in rows])

@@ -608,3 +608,20 @@ def test_the_report_says_where_the_jobs_ran_and_which_shared_the_cores(tmp_path,
     assert write_report(gpu).notes == []
     assert "Ran on cuda: H200 x1.\n" in (gpu / "report.md").read_text()
     assert set(lines["speedup.png"]) == {"ddp", "ideal"}
+
+
+def test_the_report_says_when_the_worker_counts_ran_different_threads(tmp_path):
+    """threads_per_worker=null (the default) is cores // workers: in `sweep.py -m workers=1,2,4` on 4 cores
+    the 1-worker job ran 4 threads, so S(P) compares against a multi-threaded worker; the report says so."""
+    for num, (p, threads) in enumerate([(1, 4), (2, 2), (4, 1)]):
+        m = done("ddp", p, 10.0 / p, 0.9, threads_per_worker=threads)
+        make_job(tmp_path, num, {"workers": p}, m, workers=p)
+    assert write_report(tmp_path).notes == [
+        "threads per worker differed (workers=1: 4, workers=2: 2, workers=4: 1; threads_per_worker=null is cores "
+        "// workers): S(P) compares P workers with one worker that ran 4 threads, not with one single-threaded "
+        "worker (threads_per_worker=1 compares those)"
+    ]
+    same = tmp_path / "same"  # threads_per_worker=1: nothing to say
+    for num, p in enumerate([1, 2, 4]):
+        make_job(same, num, {"workers": p}, done("ddp", p, 10.0 / p, 0.9), workers=p)
+    assert write_report(same).notes == []
