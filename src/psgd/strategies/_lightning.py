@@ -46,6 +46,7 @@ __all__ = [
     "WorkerUnresponsive",
     "defined_in_session",
     "handle_sigterm_with",
+    "session_refusal",
     "without_per_step_collectives",
 ]
 
