@@ -13,15 +13,9 @@ from conftest import ThreadsAtExit
 
 pytestmark = pytest.mark.distributed
 
-SCRIPT = """
-import json, sys
-from pathlib import Path
+MODULE = """
 import torch, torch.nn.functional as F
 import pytorch_lightning as L
-from torch.utils.data import DataLoader, TensorDataset
-import psgd.strategies  # registers model_averaging and hogwild
-
-OUT = Path(sys.argv[2])
 
 class Mine(L.LightningModule):
     def __init__(self):
@@ -34,7 +28,21 @@ class Mine(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
+"""
 
+# a user's script, with MODULE beside it (a user's own module file): write_script
+SCRIPT = """
+import json, sys
+from pathlib import Path
+import torch
+import pytorch_lightning as L
+from torch.utils.data import DataLoader, TensorDataset
+import psgd.strategies  # registers model_averaging and hogwild
+import mymodule
+
+OUT = Path(sys.argv[2])
+
+class Mine(mymodule.Mine):
     def on_fit_end(self):  # after the strategy's end of training: what each worker ends with
         torch.save(self.net.state_dict(), OUT / f"rank{self.global_rank}.pt")
         if self.global_rank == 0:
@@ -52,6 +60,13 @@ if __name__ == "__main__":
 """
 
 
+def write_script(folder, text: str, name: str = "mine.py"):
+    """A user's script in `folder`, with their module (MODULE) beside it."""
+    (folder / "mymodule.py").write_text(MODULE)
+    (folder / name).write_text(text)
+    return folder / name
+
+
 @pytest.mark.parametrize("strategy", ["model_averaging", pytest.param("hogwild", marks=pytest.mark.slow)])
 def test_a_users_own_module_trains_and_ends_with_one_model(tmp_path, strategy):
     """Model averaging failed at the end of such a run: it evaluated each replica with psgd's
@@ -60,8 +75,7 @@ def test_a_users_own_module_trains_and_ends_with_one_model(tmp_path, strategy):
     No worker leaves its process group to Python's shutdown, where a gloo thread can abort it: model
     averaging's spawned rank 1 ended so now and then ("terminate called without an active exception",
     SIGABRT, after `max_epochs=2` reached); the thread count below fails every run without the fix."""
-    script, threads = tmp_path / "mine.py", ThreadsAtExit(tmp_path / "threads")
-    script.write_text(SCRIPT)
+    script, threads = write_script(tmp_path, SCRIPT), ThreadsAtExit(tmp_path / "threads")
     proc = subprocess.run(
         [sys.executable, str(script), strategy, str(tmp_path)],
         capture_output=True,
@@ -95,8 +109,7 @@ def test_a_bad_averaging_period_in_code_is_refused_as_on_the_command_line(period
 def test_a_script_training_at_its_top_level_ends_with_the_line_that_says_to_guard_it(tmp_path):
     """Without `if __name__ == "__main__":` every worker psgd starts imports the script again and would
     train again: it ended with a page of multiprocessing's traceback per worker."""
-    script = tmp_path / "unguarded.py"
-    script.write_text(SCRIPT.replace('if __name__ == "__main__":', "if True:"))
+    script = write_script(tmp_path, SCRIPT.replace('if __name__ == "__main__":', "if True:"), "unguarded.py")
     proc = subprocess.run(
         [sys.executable, str(script), "model_averaging", str(tmp_path)], capture_output=True, text=True, timeout=300
     )
@@ -108,23 +121,6 @@ def test_a_script_training_at_its_top_level_ends_with_the_line_that_says_to_guar
     assert line in proc.stderr.splitlines(), proc.stderr[-3000:]
     assert "bootstrapping phase" not in proc.stderr  # multiprocessing's own account
 
-
-MODULE = """
-import torch, torch.nn.functional as F
-import pytorch_lightning as L
-
-class Mine(L.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.net = torch.nn.Linear(8, 3)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return F.cross_entropy(self.net(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-"""
 
 # what a notebook cell or Python's prompt runs: `__main__` has no file, and Lightning takes the session as
 # interactive (sys.ps1, set before it is imported)
