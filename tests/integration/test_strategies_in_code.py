@@ -143,7 +143,7 @@ class Noted(L.Callback):
     pass
 
 def lightning():
-    return L.Trainer(strategy="model_averaging", accelerator="cpu", devices=2, max_epochs=1, logger=False,
+    return L.Trainer(strategy={strategy!r}, accelerator="cpu", devices=2, max_epochs=1, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
 
 data = DataLoader(TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,))), batch_size=16)
@@ -162,7 +162,9 @@ print("trained by psgd:", train(cfg, {run_dir!r})["status"], flush=True)
 """
 
 
-def test_a_notebook_runs_workers_and_refuses_its_own_classes_by_name(tmp_path, tiny_data):
+# hogwild's workers come from psgd's fork server; model averaging's are spawned (~6 s more: slow)
+@pytest.mark.parametrize("strategy", ["hogwild", pytest.param("model_averaging", marks=pytest.mark.slow)])
+def test_a_notebook_runs_workers_and_refuses_its_own_classes_by_name(tmp_path, tiny_data, strategy):
     """In a notebook (or at Python's prompt) Lightning refused every run with workers: psgd.run.train
     with "Trainer(strategy=<psgd.strategies._lightning.ReportsFirstFailure object at 0x...>) is not
     compatible with an interactive environment". psgd's workers start from a fresh interpreter or its
@@ -174,7 +176,12 @@ def test_a_notebook_runs_workers_and_refuses_its_own_classes_by_name(tmp_path, t
     (tmp_path / "mymodule.py").write_text(MODULE)
     refused, run_dir = tmp_path / "refused", tmp_path / "run"
     code = SESSION.format(
-        module_dir=str(tmp_path), conf=str(CONF), data=tiny_data, refused=str(refused), run_dir=str(run_dir)
+        module_dir=str(tmp_path),
+        conf=str(CONF),
+        data=tiny_data,
+        refused=str(refused),
+        run_dir=str(run_dir),
+        strategy=strategy,
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
