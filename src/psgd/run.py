@@ -664,17 +664,16 @@ def _check_picklable(callbacks: list[L.Callback], net: torch.nn.Module) -> None:
     """The caller's callbacks go to every worker process pickled: one that cannot be failed as the
     workers started, with pickle's message naming neither the callback nor why it was pickled. In a
     notebook, a callback or model class of the session's own is refused too (defined_in_session)."""
-    for i, callback in enumerate(callbacks):
+    named = [(f"callbacks[{i}] ({type(c).__name__})", c) for i, c in enumerate(callbacks)]
+    for what, callback in named:
         try:
             pickle.dumps(callback)
         except Exception as e:
             raise TypeError(
-                f"callbacks[{i}] ({type(callback).__name__}) cannot be pickled ({e}), and each worker process "
-                "gets the callbacks pickled: make it picklable (a class defined at a module's top level, without "
-                "locks, open files or lambdas in its attributes), or run one worker (workers=1, strategy=ddp) in "
-                "this process"
+                f"{what} cannot be pickled ({e}), and each worker process gets the callbacks pickled: make it "
+                "picklable (a class defined at a module's top level, without locks, open files or lambdas in its "
+                "attributes), or run one worker (workers=1, strategy=ddp) in this process"
             ) from e
-    named = [(f"callbacks[{i}] ({type(c).__name__})", c) for i, c in enumerate(callbacks)]
     for what, obj in [*named, ("the model", net)]:
         name = defined_in_session(obj)
         if name:
