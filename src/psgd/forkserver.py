@@ -72,12 +72,14 @@ def nvidia_gpu_present() -> bool:
 
 def will_use_server(cfg: Any) -> bool:
     """Whether psgd will start this composed job's workers from the fork server, as far as can be told
-    before torch loads (config.resolve_start_method decides with torch): more than one worker started
-    by psgd (not torchrun / srun), with strategy=hogwild or, on CPU, start_method forkserver or null."""
+    before torch loads (config.resolve_start_method decides with torch): workers started by psgd (not
+    torchrun / srun), with strategy=hogwild or, on CPU, start_method forkserver or null. Model averaging
+    and HogWild start a worker process even for workers=1; DDP trains one worker in this process."""
     from psgd.config import resolve_workers  # (psgd.config imports this module)
 
     s, trainer = cfg.strategy, cfg.trainer
-    if resolve_workers(cfg) < 2 or trainer.get("num_nodes", 1) != 1:
+    in_process = s.name == "ddp" and not s.get("ddp_for_one_worker", False)
+    if resolve_workers(cfg) < (2 if in_process else 1) or trainer.get("num_nodes", 1) != 1:
         return False
     if torchrun_worker() or int(os.environ.get("SLURM_NTASKS") or 1) > 1:  # (config.external_launcher, light)
         return False

@@ -23,6 +23,9 @@ pytestmark = pytest.mark.skipif(not forkserver.available(), reason="no fork serv
         (["workers=2", "strategy=model_averaging"], True),
         (["workers=2", "strategy=hogwild"], True),
         (["workers=1"], False),  # in-process: no worker to start
+        (["workers=1", "strategy.ddp_for_one_worker=true"], True),
+        (["workers=1", "strategy=model_averaging"], True),  # one worker process: the 1-worker job of a sweep
+        (["workers=1", "strategy=hogwild"], True),
         (["workers=2", "strategy.start_method=spawn"], False),
         (["workers=2", "trainer.accelerator=gpu"], False),  # spawn on GPU
         (["workers=2", "trainer.num_nodes=2"], False),  # torchrun / srun start them
