@@ -6,6 +6,7 @@ import os
 import re
 import socket
 import stat
+import subprocess
 import threading
 import warnings
 
@@ -197,10 +198,8 @@ def test_the_record_says_what_ended_training(tiny_data, tmp_path, setting, stopp
     assert (m["stopped_by"], m["epochs"], m["status"]) == (stopped_by, epochs, "completed")
 
 
-def test_a_run_that_trainer_max_time_stopped_says_so(tiny_data, tmp_path):
-    """+trainer.max_time ends training early, as Lightning's Timer does, and the run is complete; the
-    record and the last line say it was max_time and not max_epochs that ended it."""
-    run_dir = tmp_path / "run"
+def max_time_run(tiny_data, run_dir) -> tuple[subprocess.CompletedProcess, dict]:
+    """A run of at most 300 epochs that +trainer.max_time=1 s ends."""
     proc = run_cli(
         "train.py",
         f"data.root={tiny_data}",
@@ -210,10 +209,22 @@ def test_a_run_that_trainer_max_time_stopped_says_so(tiny_data, tmp_path):
         *TINY,
     )
     assert proc.returncode == 0, proc.stderr
-    m = metrics(run_dir)
+    return proc, metrics(run_dir)
+
+
+def test_a_run_that_trainer_max_time_stopped_says_so(tiny_data, tmp_path):
+    """+trainer.max_time ends training early, as Lightning's Timer does, and the run is complete; the
+    record and the last line say it was max_time and not max_epochs that ended it."""
+    proc, m = max_time_run(tiny_data, tmp_path / "run")
     assert m["status"] == "completed" and m["test_acc"] is not None
     assert (m["stopped_by"], m["max_epochs"]) == ("max_time", 300) and 1 <= m["epochs"] < 300
     assert f"(trainer.max_time ended training in epoch {m['epochs']} of 300) results in" in proc.stdout
+
+
+@pytest.mark.slow  # ~12 s: three runs; the one above is the default suite's
+def test_a_run_that_trainer_max_time_stopped_resumes_with_the_time_it_used(tiny_data, tmp_path):
+    run_dir = tmp_path / "run"
+    _, m = max_time_run(tiny_data, run_dir)
 
     def resume(max_time: str, name: str):
         again = run_cli(
