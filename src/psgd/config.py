@@ -12,10 +12,12 @@ import contextlib
 import io
 import math
 import os
+import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -201,18 +203,30 @@ def _need(ok: bool, key: str, value, allowed: str) -> None:
         raise ConfigError(f"{key}={value!r} is invalid: {allowed}")
 
 
+def devices_allowed(devices: Any) -> str:
+    """What trainer.devices may be, with the way to what a Lightning user meant by a value psgd does
+    not take: a list of device ids (which GPUs) or Lightning's "auto" / -1 (every device)."""
+    allowed = "must be an integer >= 1 (or null to follow workers)"
+    ids = [str(d) for d in devices] if isinstance(devices, Sequence) and not isinstance(devices, str) else None
+    if isinstance(devices, str) and re.fullmatch(r"\s*\d+(\s*,\s*\d+)*\s*,?\s*", devices):
+        ids = [d.strip() for d in devices.split(",") if d.strip()]
+    if ids and all(d.isdigit() for d in ids):
+        return (
+            f"{allowed}, the number of workers; to train on particular GPUs, make only those visible: "
+            f"CUDA_VISIBLE_DEVICES={','.join(ids)} python train.py trainer.accelerator=gpu workers={len(ids)}"
+        )
+    if devices in ("auto", -1, "-1"):
+        return f"{allowed}; Lightning's 'every device' is not taken: say how many workers with workers=N"
+    return allowed
+
+
 def resolve_workers(cfg: DictConfig) -> int:
     """`workers` is the knob; `trainer.devices` follows it unless set (then it wins if workers is 1)."""
     workers, devices = cfg.workers, cfg.trainer.get("devices")
     _need(_is_int(workers) and workers >= 1, "workers", workers, "must be an integer >= 1")
     if devices is None:
         return workers
-    _need(
-        _is_int(devices) and devices >= 1,
-        "trainer.devices",
-        devices,
-        "must be an integer >= 1 (or null to follow workers)",
-    )
+    _need(_is_int(devices) and devices >= 1, "trainer.devices", devices, devices_allowed(devices))
     if workers not in (1, devices):
         raise ConfigError(f"workers={workers} and trainer.devices={devices} disagree: set only one of them")
     return devices

@@ -39,6 +39,26 @@ def test_devices_follow_workers_unless_set():
         check(compose_cfg("workers=2", "trainer.devices=4"))
 
 
+@pytest.mark.parametrize(
+    "devices,way",
+    [
+        # Lightning's way to choose GPUs: psgd's is to make only those visible
+        ("[0,1]", "CUDA_VISIBLE_DEVICES=0,1 python train.py trainer.accelerator=gpu workers=2"),
+        ("'2,3'", "CUDA_VISIBLE_DEVICES=2,3 python train.py trainer.accelerator=gpu workers=2"),
+        ("[1]", "CUDA_VISIBLE_DEVICES=1 python train.py trainer.accelerator=gpu workers=1"),
+        # Lightning's "every device": psgd asks how many
+        ("auto", "Lightning's 'every device' is not taken: say how many workers with workers=N"),
+        ("-1", "Lightning's 'every device' is not taken: say how many workers with workers=N"),
+    ],
+)
+def test_lightnings_other_ways_to_give_devices_are_refused_naming_psgds_way(devices, way):
+    with pytest.raises(ConfigError) as e:
+        check(compose_cfg(f"trainer.devices={devices}"))
+    message = str(e.value)
+    assert message.startswith("trainer.devices=") and " is invalid: must be an integer >= 1" in message
+    assert message.endswith(way) and "\n" not in message
+
+
 def test_threads_default_to_cores_over_workers_at_least_one(monkeypatch):
     import psgd.config
 
