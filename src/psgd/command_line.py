@@ -374,10 +374,12 @@ def command_line_problem(
         o = sweeps[0]
         text, key = o.input_line, o.get_key_element()
         values = ",".join(o.sweep_string_iterator()) if o.is_discrete_sweep() else "..."
-        return (
-            f"{text} gives {key} several values: to run one job per value add -m "
-            f"(python sweep.py -m {text}); for a list write {key}=[{values}]"
-        )
+        ids = values.split(",")
+        as_list = f"for a list write {key}=[{values}]"
+        if key == "trainer.devices" and all(v.isdigit() for v in ids):  # Lightning's GPU ids: not psgd's way
+            as_list = gpus_by_id(ids)
+        as_jobs = f"to run one job per value add -m (python sweep.py -m {text})"
+        return f"{text} gives {key} several values: {as_jobs}; {as_list}"
     if multirun:  # a preset's hydra.sweeper.params sweep too (the command line wins for a key in both)
         try:
             preset = _sweeper_params(config_name, _jobs(overrides)[0], config_dir)
@@ -754,6 +756,14 @@ def _dotted_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
         if isinstance(v, DictConfig):
             keys += _dotted_keys(v, f"{prefix}{k}.")
     return keys
+
+
+def gpus_by_id(ids: list[str]) -> str:
+    """psgd's way to what Lightning's trainer.devices=[0,1] does (psgd's trainer.devices is a count)."""
+    return (
+        "to train on particular GPUs, make only those visible: "
+        f"CUDA_VISIBLE_DEVICES={','.join(ids)} python train.py trainer.accelerator=gpu workers={len(ids)}"
+    )
 
 
 def text_lines(text: object) -> list[str]:

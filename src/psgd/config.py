@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from psgd import forkserver
 from psgd.choices import AUGMENTATIONS, BUILTIN, DECAYS, INFO, INTERVALS, LR_SCALING, SCHEMES
-from psgd.command_line import in_the_job, override_key, text_lines, warn
+from psgd.command_line import gpus_by_id, in_the_job, override_key, text_lines, warn
 from psgd.results import cpu_count
 
 STRATEGIES = ("ddp", "model_averaging", "hogwild")
@@ -211,10 +211,7 @@ def devices_allowed(devices: Any) -> str:
     if isinstance(devices, str) and re.fullmatch(r"\s*\d+(\s*,\s*\d+)*\s*,?\s*", devices):
         ids = [d.strip() for d in devices.split(",") if d.strip()]
     if ids and all(d.isdigit() for d in ids):
-        return (
-            f"{allowed}, the number of workers; to train on particular GPUs, make only those visible: "
-            f"CUDA_VISIBLE_DEVICES={','.join(ids)} python train.py trainer.accelerator=gpu workers={len(ids)}"
-        )
+        return f"{allowed}, the number of workers; {gpus_by_id(ids)}"
     if devices in ("auto", -1, "-1"):
         return f"{allowed}; Lightning's 'every device' is not taken: say how many workers with workers=N"
     return allowed

@@ -31,6 +31,8 @@ BAD = [
     (["model=wide_resnet", "model.drop=0.1"], "model.drop is not a setting (did you mean model.dropout?)"),
     (["workers=1,2"], "workers=1,2 gives workers several values: to run one job per value add -m"),
     (["workers=1,2"], "for a list write workers=[1,2]"),
+    # Lightning's GPU ids: psgd's trainer.devices is a count, so not a list either but the GPUs made visible
+    (["trainer.devices=0,1"], "; to train on particular GPUs, make only those visible: CUDA_VISIBLE_DEVICES=0,1 "),
     (["foo"], "cannot read the override 'foo': missing EQUAL"),
     # the shell does not expand ~ after data.root= (not a variable name), and Hydra's lexer refuses it
     (["data.root=~/data"], "a value starting with ~ must be quoted for Hydra: \"data.root='~/data'\" (or write $HOME)"),
