@@ -3,6 +3,7 @@
 import gzip
 import os
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,6 +119,16 @@ class ThreadsAtExit:
         """The pids whose process group's threads (torch's gloo workers, gloo's socket loop) outlived
         every exit hook."""
         return [pid for pid, names in self.processes().items() if {"pt_gloo_runloop", "gloo_tcp_loop"} & set(names)]
+
+
+def own_lines(output: str) -> list[str]:
+    """The lines of a process's output without gloo's "[Gloo] Rank 0 is connected to 1 peer ranks. ..."
+    that torch 2.10's gloo prints from C++ as a group forms (two ranks' lines may cut into each other)."""
+    return [
+        line
+        for line in output.splitlines()
+        if "[Gloo] Rank" not in line and not re.match(r"\d+ is connected to \d+ peer ranks", line)
+    ]
 
 
 def compose_cfg(*overrides: str):

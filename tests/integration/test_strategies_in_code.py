@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ThreadsAtExit
+from conftest import ThreadsAtExit, own_lines
 
 pytestmark = pytest.mark.distributed
 
@@ -190,7 +190,7 @@ def test_a_notebook_runs_workers_and_refuses_its_own_classes_by_name(tmp_path, t
         "without the session's code: define it in a .py file beside the notebook and import it from there, or run "
         "one worker in this process"
     )
-    assert proc.stdout.splitlines() == [
+    assert own_lines(proc.stdout) == [
         f"refused: Here {session}",
         f"refused: callbacks[0] (Noted) {session}",
         "trained in code: True",

@@ -18,6 +18,7 @@ import pytest
 import pytorch_lightning as L
 import torch
 import torch.distributed as dist
+from conftest import own_lines
 from torch import nn
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 from torch.nn.parallel import DistributedDataParallel
@@ -412,7 +413,7 @@ for cls in (_lightning.ReportsFirstFailure, ModelAveragingStrategy, HogwildStrat
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.splitlines() == [
+    assert own_lines(proc.stdout) == [
         "ReportsFirstFailure group alive: True exit hook: True",
         "ModelAveragingStrategy group alive: True exit hook: True",
         "HogwildStrategy group alive: True exit hook: True",
