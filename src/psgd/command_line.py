@@ -374,10 +374,8 @@ def command_line_problem(
         o = sweeps[0]
         text, key = o.input_line, o.get_key_element()
         values = ",".join(o.sweep_string_iterator()) if o.is_discrete_sweep() else "..."
-        ids = values.split(",")
-        as_list = f"for a list write {key}=[{values}]"
-        if key == "trainer.devices" and all(v.isdigit() for v in ids):  # Lightning's GPU ids: not psgd's way
-            as_list = gpus_by_id(ids)
+        # Lightning's GPU ids are not psgd's way either: a list of them is refused (config.devices_allowed)
+        as_list = (key == "trainer.devices" and gpus_by_id(values.split(","))) or f"for a list write {key}=[{values}]"
         as_jobs = f"to run one job per value add -m (python sweep.py -m {text})"
         return f"{text} gives {key} several values: {as_jobs}; {as_list}"
     if multirun:  # a preset's hydra.sweeper.params sweep too (the command line wins for a key in both)
@@ -758,8 +756,11 @@ def _dotted_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
     return keys
 
 
-def gpus_by_id(ids: list[str]) -> str:
-    """psgd's way to what Lightning's trainer.devices=[0,1] does (psgd's trainer.devices is a count)."""
+def gpus_by_id(ids: list[str]) -> str | None:
+    """psgd's way to what Lightning's trainer.devices=[0,1] does (psgd's trainer.devices is a count),
+    where `ids` are device ids (digits); else None."""
+    if not ids or not all(i.isdigit() for i in ids):
+        return None
     return (
         "to train on particular GPUs, make only those visible: "
         f"CUDA_VISIBLE_DEVICES={','.join(ids)} python train.py trainer.accelerator=gpu workers={len(ids)}"

@@ -12,7 +12,6 @@ import contextlib
 import io
 import math
 import os
-import re
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -207,11 +206,12 @@ def devices_allowed(devices: Any) -> str:
     """What trainer.devices may be, with the way to what a Lightning user meant by a value psgd does
     not take: a list of device ids (which GPUs) or Lightning's "auto" / -1 (every device)."""
     allowed = "must be an integer >= 1 (or null to follow workers)"
-    ids = [str(d) for d in devices] if isinstance(devices, Sequence) and not isinstance(devices, str) else None
-    if isinstance(devices, str) and re.fullmatch(r"\s*\d+(\s*,\s*\d+)*\s*,?\s*", devices):
+    if isinstance(devices, str):  # "0,1" (quoted for Hydra)
         ids = [d.strip() for d in devices.split(",") if d.strip()]
-    if ids and all(d.isdigit() for d in ids):
-        return f"{allowed}, the number of workers; {gpus_by_id(ids)}"
+    else:
+        ids = [str(d) for d in devices] if isinstance(devices, Sequence) else []
+    if advice := gpus_by_id(ids):
+        return f"{allowed}, the number of workers; {advice}"
     if devices in ("auto", -1, "-1"):
         return f"{allowed}; Lightning's 'every device' is not taken: say how many workers with workers=N"
     return allowed
