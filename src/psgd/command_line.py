@@ -415,13 +415,13 @@ def command_line_problem(
 
 def as_typed(override: str) -> str:
     """An override as its user typed it: Hydra's sweeper escapes special characters in a job's string
-    values (`+trainer.max_time=00\\:00\\:01\\:00`), which a line or a report shows without."""
+    values (`trainer.max_time=00\\:00\\:01\\:00`), which a line or a report shows without."""
     key, sep, value = override.partition("=")
     return key + sep + re.sub(r"\\([\\()\[\]{}:=, \t])", r"\1", value)
 
 
 def override_key(text: str) -> str:
-    """The key an override sets (`+trainer.max_time=1` -> trainer.max_time; a flag is its own key)."""
+    """The key an override sets (`+data.seed=1` -> data.seed; a flag is its own key)."""
     return text.split("=", 1)[0].lstrip("+~")
 
 

@@ -303,7 +303,7 @@ def check_values(cfg: DictConfig) -> int:
                 f"{world} workers: each worker runs a shard of its own length, so validations "
                 "inside an epoch would not line up; use it with strategy=ddp or one worker"
             )
-    max_time = t.get("max_time")  # +trainer.max_time=00:01:00:00 (Lightning's Timer)
+    max_time = t.get("max_time")  # trainer.max_time=00:01:00:00 (Lightning's Timer)
     if max_time is not None:  # a zero duration trained nothing and reported chance accuracy, exit 0
         seconds = duration_s(max_time)
         _need(
@@ -319,7 +319,7 @@ def check_values(cfg: DictConfig) -> int:
             "steps of their own number (one waited for the others until strategy.timeout_s); use "
             "trainer.max_epochs, or strategy=ddp"
         )
-    max_steps = t.get("max_steps")  # +trainer.max_steps=100; Lightning's -1: none
+    max_steps = t.get("max_steps")  # trainer.max_steps=100; Lightning's -1: none
     _need(  # 0 trained nothing, exit 0; 3.5 ran as 3
         max_steps is None or (_is_int(max_steps) and (max_steps >= 1 or max_steps == -1)),
         "trainer.max_steps",

@@ -187,8 +187,8 @@ def test_early_stop_after_patience_epochs_at_target(tiny_data, tmp_path):
 @pytest.mark.parametrize(
     "setting,stopped_by,epochs",
     [
-        ("+trainer.max_steps=20", "max_steps", 2),  # 16 steps an epoch: inside the second
-        ("+trainer.max_steps=32", "max_epochs", 2),  # both ran out at the last batch: nothing was cut short
+        ("trainer.max_steps=20", "max_steps", 2),  # 16 steps an epoch: inside the second
+        ("trainer.max_steps=32", "max_epochs", 2),  # both ran out at the last batch: nothing was cut short
         ("trainer.fast_dev_run=2", "fast_dev_run", 1),  # (Lightning's max_steps=2 underneath)
     ],
 )
@@ -199,12 +199,12 @@ def test_the_record_says_what_ended_training(tiny_data, tmp_path, setting, stopp
 
 
 def max_time_run(tiny_data, run_dir) -> tuple[subprocess.CompletedProcess, dict]:
-    """A run of at most 300 epochs that +trainer.max_time=1 s ends."""
+    """A run of at most 300 epochs that trainer.max_time=1 s ends."""
     proc = run_cli(
         "train.py",
         f"data.root={tiny_data}",
         "trainer.max_epochs=300",
-        "+trainer.max_time=00:00:00:01",
+        "trainer.max_time=00:00:00:01",
         f"hydra.run.dir={run_dir}",
         *TINY,
     )
@@ -213,7 +213,7 @@ def max_time_run(tiny_data, run_dir) -> tuple[subprocess.CompletedProcess, dict]
 
 
 def test_a_run_that_trainer_max_time_stopped_says_so(tiny_data, tmp_path):
-    """+trainer.max_time ends training early, as Lightning's Timer does, and the run is complete; the
+    """trainer.max_time ends training early, as Lightning's Timer does, and the run is complete; the
     record and the last line say it was max_time and not max_epochs that ended it."""
     proc, m = max_time_run(tiny_data, tmp_path / "run")
     assert m["status"] == "completed" and m["test_acc"] is not None
@@ -231,7 +231,7 @@ def test_a_run_that_trainer_max_time_stopped_resumes_with_the_time_it_used(tiny_
             "train.py",
             f"data.root={tiny_data}",
             "trainer.max_epochs=300",
-            f"+trainer.max_time={max_time}",
+            f"trainer.max_time={max_time}",
             f"ckpt_path={run_dir}",
             f"hydra.run.dir={tmp_path / name}",
             *TINY,

@@ -431,9 +431,9 @@ def test_a_value_psgd_refuses_in_any_job_of_a_sweep_is_one_line_before_any_job_r
     )
     assert command_line_problem("sweep", ["-m", "optimizer.lr=0.1,0.2"], CONF, job_check=sweep_values_problem) is None
     # the job as typed, not with the escapes of Hydra's sweeper (00\:00\:00\:00)
-    line = ["-m", "+trainer.max_time=00:00:00:00,00:01:00:00"]
+    line = ["-m", "trainer.max_time=00:00:00:00,00:01:00:00"]
     assert command_line_problem("sweep", line, CONF, job_check=sweep_values_problem).endswith(
-        "(in the job +trainer.max_time=00:00:00:00; no job was started)"
+        "(in the job trainer.max_time=00:00:00:00; no job was started)"
     )
     # a key only some jobs lack (SGD's momentum under NovoGrad) names the job that lacks it
     line = ["-m", "optimizer=sgd,novograd", "optimizer.momentum=0,0.9"]

@@ -305,25 +305,25 @@ BAD = [
     (["trainer.check_val_every_n_epoch=0"], "trainer.check_val_every_n_epoch=0 is invalid: must be an integer >= 1"),
     # Lightning's Timer: a collective after every batch, which uneven shards left waiting until the timeout
     (
-        ["strategy=model_averaging", "workers=2", "+trainer.max_time=00:00:01:00"],
+        ["strategy=model_averaging", "workers=2", "trainer.max_time=00:00:01:00"],
         "trainer.max_time=00:00:01:00 is invalid with strategy=model_averaging and 2 workers: Lightning decides it",
     ),
-    (["strategy=hogwild", "workers=2", "+trainer.max_time={minutes: 1}"], "trainer.max_time={'minutes': 1} is invalid"),
+    (["strategy=hogwild", "workers=2", "trainer.max_time={minutes: 1}"], "trainer.max_time={'minutes': 1} is invalid"),
     # a zero or unreadable duration: nothing trained and the run said completed at chance accuracy, or
     # Lightning's own refusal came only once a sweep's job started
-    (["+trainer.max_time=00:00:00:00"], "trainer.max_time='00:00:00:00' is invalid: must be a duration longer than 0"),
-    (["+trainer.max_time=1:00:00"], "trainer.max_time='1:00:00' is invalid: must be a duration longer than 0, as DD:"),
-    (["+trainer.max_time={minutes: 0}"], "trainer.max_time={'minutes': 0} is invalid: must be a duration"),
-    (["+trainer.max_time={mins: 1}"], "trainer.max_time={'mins': 1} is invalid: must be a duration"),
-    (["+trainer.max_steps=0"], "trainer.max_steps=0 is invalid: must be an integer >= 1, or -1 for no limit"),
-    (["+trainer.max_steps=3.5"], "trainer.max_steps=3.5 is invalid: must be an integer >= 1, or -1 for no limit"),
+    (["trainer.max_time=00:00:00:00"], "trainer.max_time='00:00:00:00' is invalid: must be a duration longer than 0"),
+    (["trainer.max_time=1:00:00"], "trainer.max_time='1:00:00' is invalid: must be a duration longer than 0, as DD:"),
+    (["trainer.max_time={minutes: 0}"], "trainer.max_time={'minutes': 0} is invalid: must be a duration"),
+    (["trainer.max_time={mins: 1}"], "trainer.max_time={'mins': 1} is invalid: must be a duration"),
+    (["trainer.max_steps=0"], "trainer.max_steps=0 is invalid: must be an integer >= 1, or -1 for no limit"),
+    (["trainer.max_steps=3.5"], "trainer.max_steps=3.5 is invalid: must be an integer >= 1, or -1 for no limit"),
     # each worker stopped at its own step: the others waited for it at their epoch's end until the timeout
     (
-        ["strategy=model_averaging", "workers=2", "+trainer.max_steps=30"],
+        ["strategy=model_averaging", "workers=2", "trainer.max_steps=30"],
         "trainer.max_steps=30 is invalid with strategy=model_averaging and 2 workers: each worker counts its own",
     ),
     (
-        ["strategy=hogwild", "workers=2", "+trainer.max_steps=30"],
+        ["strategy=hogwild", "workers=2", "trainer.max_steps=30"],
         "trainer.max_steps=30 is invalid with strategy=hogwild",
     ),
     (
