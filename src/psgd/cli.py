@@ -198,7 +198,7 @@ def record_failure(run_dir: Path, line: str, e: BaseException) -> None:
 
 
 # the settings that name a file or folder to read: a relative one is relative to where the command ran
-INPUT_PATHS = ("data.root", "ckpt_path")
+INPUT_PATHS = ("data.root", "ckpt_path", "init_weights")
 
 
 def absolute_inputs(cfg: DictConfig) -> None:

@@ -473,6 +473,18 @@ def check_values(cfg: DictConfig) -> int:
         )
     ckpt = cfg.get("ckpt_path")
     _need(ckpt is None or isinstance(ckpt, str), "ckpt_path", ckpt, "must be a checkpoint file or run dir (a path)")
+    init = cfg.get("init_weights")
+    _need(
+        init is None or (isinstance(init, str) and init != ""),
+        "init_weights",
+        init,
+        "must be an earlier run's dir, a .ckpt file or a weights file (a path)",
+    )
+    if init is not None and cfg.strategy.name == "model_averaging" and cfg.strategy.get("same_init") is False:
+        raise ConfigError(
+            f"init_weights={init} is invalid with strategy.same_init=false: each worker would draw weights of "
+            "its own over them; leave one of the two out"
+        )
     logs = t.get("log_every_n_steps")
     _need(logs is None or (_is_int(logs) and logs >= 1), "trainer.log_every_n_steps", logs, "must be an integer >= 1")
     if "dropout" in cfg.model:  # the models that have one (null too: it used to reach the model's `<`)

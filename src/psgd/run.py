@@ -269,43 +269,11 @@ def resolve_ckpt_path(
     (None: not checked). A run with nothing left to train (trainer.max_epochs, `max_time`) says so."""
     if value is None:
         return None
-    path = Path(value).expanduser()  # as data.root: ckpt_path='~/runs/...'
-    if path.is_dir():
-        if (path / "multirun.yaml").is_file():  # a sweep's dir: its jobs are the runs
-            jobs = [c.parent.parent for c in path.glob("*/checkpoints/last.ckpt")]
-            jobs.sort(key=lambda d: (len(d.name), d))  # 0, 1, ..., 10
-            example = f", e.g. {jobs[0]}" if jobs else ""
-            raise ConfigError(f"ckpt_path={value!r} is a sweep's dir: give one job's run dir{example}")
-        if (path / "last.ckpt").is_file() and not (path / "checkpoints").exists():
-            path = path / "last.ckpt"  # a run dir's checkpoints/ folder, given for the run dir
-        else:
-            path = path / "checkpoints" / "last.ckpt"
-    if not path.is_file():
-        raise ConfigError(f"ckpt_path={value!r} is invalid: no checkpoint at {path} (give a .ckpt file or a run dir)")
-    if not zipfile.is_zipfile(path):  # torch.save's format (Lightning's checkpoints too)
-        raise ConfigError(f"ckpt_path={value!r} is not a checkpoint file (give a .ckpt file or a run dir)")
-    try:  # weights only: a checkpoint is data, never code
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        saved = checkpoint["state_dict"]
-    except Exception as e:
-        raise ConfigError(
-            f"ckpt_path={value!r} is not a psgd checkpoint loadable as weights only "
-            f"({type(e).__name__}: {str(e).splitlines()[0][:120]})"
-        ) from e
-    expected = module.state_dict()
-    for key, tensor in expected.items():
-        if key not in saved or saved[key].shape != tensor.shape:
-            found = "missing" if key not in saved else f"shape {tuple(saved[key].shape)}"
-            raise ConfigError(
-                f"ckpt_path={value!r} does not fit this run's model: {key} is {found} in the checkpoint, "
-                f"the model needs {tuple(tensor.shape)} (was it saved with another model= or data=?)"
-            )
-    unexpected = sorted(set(saved) - set(expected))
-    if unexpected:
-        raise ConfigError(
-            f"ckpt_path={value!r} does not fit this run's model: the checkpoint has extra "
-            f"weights such as {unexpected[0]} (was it saved with another model= or data=?)"
-        )
+    path = checkpoint_file("ckpt_path", value, "give a .ckpt file or a run dir")
+    checkpoint = load_weights_only("ckpt_path", value, path)
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise ConfigError(f"ckpt_path={value!r} is not a psgd checkpoint (it holds no state_dict)")
+    check_fits("ckpt_path", value, checkpoint["state_dict"], module.state_dict())
     replicas = checkpoint.get("replicas")  # model averaging / HogWild mid-run: one state per worker
     if replicas and not checkpoint.get("averaged") and len(replicas) != world_size:
         raise ConfigError(
@@ -346,7 +314,7 @@ def resolve_ckpt_path(
         raise ConfigError(
             f"ckpt_path={value!r} cannot be resumed with {problem}: resuming restores its optimizer and lr "
             "schedule as they were, which would not follow this change; resume with the checkpoint's settings "
-            "(to train a finished run further, start a new run)"
+            f"(or start a new run from its weights with init_weights={value}, leaving ckpt_path out)"
         )
     trained = ((checkpoint.get("loops") or {}).get("fit_loop") or {}).get("epoch_progress", {})
     trained = trained.get("current", {}).get("processed")  # epochs whose training ended (Lightning's count)
@@ -367,6 +335,85 @@ def resolve_ckpt_path(
                 "weights are tested",
                 flush=True,
             )
+    return str(path)
+
+
+def checkpoint_file(setting: str, value: str, give: str) -> Path:
+    """The file a `setting` (ckpt_path, init_weights) names: a file, or a run dir (its
+    checkpoints/last.ckpt) or that checkpoints/ folder; a sweep's dir, or no torch.save file there, is a
+    ConfigError ending with `give` (what to give instead)."""
+    path = Path(value).expanduser()  # as data.root: ckpt_path='~/runs/...'
+    if path.is_dir():
+        if (path / "multirun.yaml").is_file():  # a sweep's dir: its jobs are the runs
+            jobs = [c.parent.parent for c in path.glob("*/checkpoints/last.ckpt")]
+            jobs.sort(key=lambda d: (len(d.name), d))  # 0, 1, ..., 10
+            example = f", e.g. {jobs[0]}" if jobs else ""
+            raise ConfigError(f"{setting}={value!r} is a sweep's dir: give one job's run dir{example}")
+        if (path / "last.ckpt").is_file() and not (path / "checkpoints").exists():
+            path = path / "last.ckpt"  # a run dir's checkpoints/ folder, given for the run dir
+        else:
+            path = path / "checkpoints" / "last.ckpt"
+    if not path.is_file():
+        raise ConfigError(f"{setting}={value!r} is invalid: no checkpoint at {path} ({give})")
+    if not zipfile.is_zipfile(path):  # torch.save's format (Lightning's checkpoints too)
+        raise ConfigError(f"{setting}={value!r} is not a checkpoint file ({give})")
+    return path
+
+
+def load_weights_only(setting: str, value: str, path: Path) -> Any:
+    """torch.load with weights only: a checkpoint is data, never code."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ConfigError(
+            f"{setting}={value!r} is not a psgd checkpoint loadable as weights only "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+        ) from e
+
+
+def check_fits(setting: str, value: str, saved: dict[str, Any], expected: dict[str, torch.Tensor]) -> None:
+    """Every weight of this run's model, in its shape, and no other: else a ConfigError naming one."""
+    for key, tensor in expected.items():
+        found = saved.get(key)
+        if not isinstance(found, torch.Tensor) or found.shape != tensor.shape:
+            what = "missing" if key not in saved else f"shape {tuple(getattr(found, 'shape', ()))}"
+            raise ConfigError(
+                f"{setting}={value!r} does not fit this run's model: {key} is {what} in the checkpoint, "
+                f"the model needs {tuple(tensor.shape)} (was it saved with another model= or data=?)"
+            )
+    unexpected = sorted(set(saved) - set(expected))
+    if unexpected:
+        raise ConfigError(
+            f"{setting}={value!r} does not fit this run's model: the checkpoint has extra "
+            f"weights such as {unexpected[0]} (was it saved with another model= or data=?)"
+        )
+
+
+def init_weights(value: str | None, module: Classifier) -> str | None:
+    """init_weights: the run starts from an earlier run's weights (its run dir or a .ckpt: the weights it
+    ended with, or had at that checkpoint; a worker's weights/rank<r>.pt of record_weights; or the
+    state_dict of the same network saved with torch.save) and trains them with its own epochs,
+    optimizer and lr schedule. Loaded into `module`; returns the file, or None without one."""
+    if value is None:
+        return None
+    give = "give a run dir, a .ckpt file or a weights file such as weights/rank0.pt"
+    path = checkpoint_file("init_weights", value, give)
+    loaded = load_weights_only("init_weights", value, path)
+    if isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):  # a (psgd) Lightning checkpoint
+        replicas = loaded.get("replicas")
+        if replicas and not loaded.get("averaged") and "state_dict" in (replicas[0] or {}):
+            raise ConfigError(
+                f"init_weights={value!r} holds {len(replicas)} replicas that model averaging had not averaged "
+                "yet: give the finished run (its final checkpoint holds their average) or one worker's "
+                "weights/rank<r>.pt (record_weights=true)"
+            )
+        loaded = loaded["state_dict"]
+    if not isinstance(loaded, dict) or not loaded or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+        raise ConfigError(f"init_weights={value!r} holds no weights (a checkpoint or a state_dict of tensors); {give}")
+    if not any(k.startswith("net.") for k in loaded):  # a plain network's state_dict: psgd's module holds it as net
+        loaded = {f"net.{k}": v for k, v in loaded.items()}
+    check_fits("init_weights", value, loaded, module.state_dict())
+    module.load_state_dict(loaded)
     return str(path)
 
 
@@ -737,6 +784,8 @@ def _train(
         shards=shard_settings(cfg),  # how samples are dealt to the workers: a resume must deal them alike
     )
     world_size = plan.workers * t.num_nodes
+    # the weights of an earlier run to start from (a resume below, ckpt_path, restores its own over them)
+    started_from = init_weights(cfg.get("init_weights"), module)
     ckpt_path = resolve_ckpt_path(
         elastic_resume(cfg.get("ckpt_path"), plan, run_dir, continued),
         module,
@@ -777,6 +826,7 @@ def _train(
         "lr": lr,
         "lr_scaling": cfg.lr_scaling,
         "lr_reference_batch": cfg.get("lr_reference_batch"),
+        "init_weights": started_from,
         "seed": cfg.seed,
         "device": device_description(plan.accelerator),
         "versions": versions(),

@@ -141,6 +141,36 @@ def test_tensorboard_events_hold_curves_hparams_and_test_metrics(single_run):
     assert b"optimizer.lr" in plugins["_hparams_/session_start_info"]
 
 
+@pytest.mark.distributed
+def test_a_run_started_from_an_earlier_runs_weights_trains_on_from_them_in_every_worker(
+    single_run, tiny_data, tmp_path
+):
+    """init_weights: another strategy, worker count, optimizer and schedule, from the finished run's weights
+    (before, the line refusing such a resume advised a new run, which started from scratch)."""
+    run_dir, _ = single_run
+    ended = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    after = tmp_path / "after"
+    proc = run_cli(
+        "train.py",
+        f"data.root={tiny_data}",
+        f"init_weights={run_dir}",
+        "strategy=model_averaging",
+        "workers=2",
+        "trainer.max_epochs=1",
+        "optimizer.lr=1e-9",  # a step too small to move the weights away from where the workers started
+        "record_weights=true",
+        f"hydra.run.dir={after}",
+        *TINY,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for rank in (0, 1):  # each worker started from them (a fresh start differs by ~0.01 and more)
+        own = torch.load(after / "weights" / f"rank{rank}.pt", weights_only=True)
+        assert all(torch.allclose(own[k].float(), ended[k].float(), atol=1e-6) for k in ended), rank
+    m = metrics(after)
+    assert m["init_weights"] == str(run_dir / "checkpoints" / "last.ckpt") and m["epochs"] == 1
+    assert m["test_acc"] == pytest.approx(metrics(run_dir)["test_acc"], abs=0.01)
+
+
 def test_same_seed_gives_the_same_weights_and_another_seed_does_not(tiny_data, tmp_path):
     def weights(seed: int, name: str) -> dict:
         cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=1", f"seed={seed}", *TINY)

@@ -277,6 +277,12 @@ BAD = [
     (["data.partition=sizes", "workers=2", "data.partition_sizes=3"], "data.partition_sizes=3 is invalid: needs one"),
     (["data.partition=sizes", "workers=2", "data.partition_sizes=ab"], "data.partition_sizes='ab' is invalid"),
     (["ckpt_path=3"], "ckpt_path=3 is invalid: must be a checkpoint file or run dir"),
+    (["init_weights=3"], "init_weights=3 is invalid: must be an earlier run's dir, a .ckpt file or a weights file"),
+    (["init_weights="], "init_weights='' is invalid: must be an earlier run's dir"),
+    (
+        ["strategy=model_averaging", "workers=2", "strategy.same_init=false", "init_weights=runs/a"],
+        "init_weights=runs/a is invalid with strategy.same_init=false: each worker would draw weights of its own",
+    ),
     (["data.root=[1,2]"], "data.root=[1, 2] is invalid: must be a folder"),
     # Lightning reads these as "skip training" / "no clipping": an untrained model reported as completed
     (["trainer.limit_train_batches=0"], "trainer.limit_train_batches=0 is invalid: must be > 0"),

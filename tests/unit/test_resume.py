@@ -1,4 +1,5 @@
-"""psgd.run.resolve_ckpt_path: what a checkpoint must match before a run resumes from it."""
+"""psgd.run.resolve_ckpt_path: what a checkpoint must match before a run resumes from it; psgd.run.init_weights:
+what a run may start its weights from."""
 
 from functools import partial
 
@@ -9,7 +10,7 @@ from torch_optimizer import NovoGrad
 from psgd.config import ConfigError
 from psgd.models import MLP, LabCNN
 from psgd.module import OPTIMIZER_KEY, Classifier
-from psgd.run import resolve_ckpt_path
+from psgd.run import init_weights, resolve_ckpt_path
 
 
 def save(path, module, **extra):
@@ -285,3 +286,55 @@ def test_a_continued_sweep_keeps_completed_jobs_resumes_checkpointed_ones_and_se
     (early / "metrics.json").write_text("{not json")  # a second attempt that died writing its record
     assert continue_job(early, "sweep.log") is None
     assert sorted(p.name for p in early.iterdir()) == [".hydra", "attempt1", "attempt2", "sweep.log"]
+
+
+def same_weights(a: Classifier, b: Classifier) -> bool:
+    return all(torch.equal(x, b.state_dict()[k]) for k, x in a.state_dict().items())
+
+
+def test_init_weights_start_from_a_checkpoint_a_workers_weights_file_or_a_networks_state_dict(tmp_path):
+    torch.manual_seed(1)
+    trained = Classifier(LabCNN(), partial(torch.optim.SGD), lr=0.02, max_epochs=2, dataset="mnist")
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    save(run_dir / "checkpoints" / "last.ckpt", trained)
+    weights = tmp_path / "rank1.pt"  # record_weights' file: the module's state_dict
+    torch.save(trained.state_dict(), weights)
+    plain = tmp_path / "net.pt"  # the network alone, as torch.save(model.state_dict()) writes it
+    torch.save(trained.net.state_dict(), plain)
+    # none of resume's checks: another schedule, optimizer and dataset are what a new run from the weights is for
+    for given, loaded in [(run_dir, run_dir / "checkpoints" / "last.ckpt"), (weights, weights), (plain, plain)]:
+        torch.manual_seed(2)
+        fresh = Classifier(LabCNN(), partial(torch.optim.Adam), lr=0.001, max_epochs=5, dataset="fashion_mnist")
+        assert not same_weights(fresh, trained)
+        assert init_weights(str(given), fresh) == str(loaded)
+        assert same_weights(fresh, trained)
+    assert init_weights(None, fresh) is None
+
+
+def test_init_weights_that_do_not_fit_or_are_not_weights_are_refused(tmp_path):
+    mlp = Classifier(MLP(), partial(torch.optim.SGD), lr=0.02)
+    lab_cnn = Classifier(LabCNN(), partial(torch.optim.SGD), lr=0.02)
+    path = save(tmp_path / "mlp.ckpt", mlp)
+    with pytest.raises(ConfigError, match=r"^init_weights='\S+mlp.ckpt' does not fit this run's model: net\.\S+ is"):
+        init_weights(path, lab_cnn)
+    before = {k: v.clone() for k, v in lab_cnn.state_dict().items()}
+    torch.save({"net.features.0.weight": torch.zeros(3)}, tmp_path / "one.pt")  # left untouched when refused
+    with pytest.raises(ConfigError, match=r"net.features.0.weight is shape \(3,\) in the checkpoint, the model needs"):
+        init_weights(str(tmp_path / "one.pt"), lab_cnn)
+    assert all(torch.equal(before[k], v) for k, v in lab_cnn.state_dict().items())
+    torch.save({"epoch": 3}, tmp_path / "nothing.pt")
+    with pytest.raises(ConfigError, match=r"nothing.pt' holds no weights \(a checkpoint or a state_dict of tensors\)"):
+        init_weights(str(tmp_path / "nothing.pt"), lab_cnn)
+    (tmp_path / "report.md").write_text("# a sweep report\n")
+    with pytest.raises(ConfigError, match=r"report.md' is not a checkpoint file \(give a run dir, a .ckpt file or a"):
+        init_weights(str(tmp_path / "report.md"), lab_cnn)
+    with pytest.raises(ConfigError, match=r"is invalid: no checkpoint at \S+nowhere \(give a run dir"):
+        init_weights(str(tmp_path / "nowhere"), lab_cnn)
+    # model averaging stopped before it averaged: which replica? the line says what to give instead
+    replicas = [{"state_dict": mlp.state_dict()}, {"state_dict": mlp.state_dict()}]
+    mid_run = save(tmp_path / "mid.ckpt", mlp, replicas=replicas, averaged=False)
+    with pytest.raises(ConfigError, match=r"holds 2 replicas that model averaging had not averaged yet: give the fini"):
+        init_weights(mid_run, mlp)
+    final = save(tmp_path / "final.ckpt", mlp, replicas=replicas, averaged=True)
+    assert init_weights(final, mlp) == final
