@@ -171,6 +171,17 @@ def test_a_run_started_from_an_earlier_runs_weights_trains_on_from_them_in_every
     assert m["test_acc"] == pytest.approx(metrics(run_dir)["test_acc"], abs=0.01)
 
 
+def test_lightnings_overfit_batches_trains_on_the_same_batches_every_epoch(tiny_data, tmp_path):
+    """Lightning turns a DataLoader's shuffling off for overfit_batches (and says so); psgd's loader is
+    none, and trained each epoch on another first batch of the reshuffled data: no overfitting test."""
+    cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=3", "+trainer.overfit_batches=2", *TINY)
+    cfg.record_shards = True
+    train(cfg, tmp_path / "run")
+    seen = [torch.load(tmp_path / "run" / "shards" / f"epoch{e}_rank0.pt", weights_only=True) for e in range(3)]
+    assert len(seen[0]) == 2 * 32  # two batches of 32
+    assert torch.equal(seen[0], seen[1]) and torch.equal(seen[0], seen[2])
+
+
 def test_same_seed_gives_the_same_weights_and_another_seed_does_not(tiny_data, tmp_path):
     def weights(seed: int, name: str) -> dict:
         cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=1", f"seed={seed}", *TINY)

@@ -41,10 +41,12 @@ class ShardSampler:
         self.scheme, self.seed, self.sizes, self.alpha, self.num_classes = scheme, seed, sizes, alpha, num_classes
         self.lockstep, self.drop_last = lockstep, drop_last
         self.epoch = 0
+        self.same_every_epoch = False  # True: epoch 0's shards and order in every epoch (Lightning's overfit_batches)
         self._cache: tuple[int, list[Tensor]] | None = None
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        if not self.same_every_epoch:
+            self.epoch = epoch
 
     def shards(self) -> list[Tensor]:
         """Every worker's shard this epoch (computed locally: a pure function, no communication)."""
@@ -377,9 +379,11 @@ class ClassificationData(L.LightningDataModule):
     def train_dataloader(self) -> TensorLoader:
         workers, rank = self._world()
         images, labels = self._on_device(self.train_set)
-        return TensorLoader(
-            images, labels, self.train_sampler(workers, rank), self._transform(train=True), record=self.record_shards
-        )
+        sampler = self.train_sampler(workers, rank)
+        # Lightning's overfit_batches trains on the same few batches every epoch: it turns a DataLoader's
+        # shuffling off (and says so), but this loader is none, and reshuffled every epoch as before
+        sampler.same_every_epoch = self.trainer is not None and self.trainer.overfit_batches > 0
+        return TensorLoader(images, labels, sampler, self._transform(train=True), record=self.record_shards)
 
     def _eval_loader(self, split: tuple[Tensor, Tensor], sharded: bool | None = None) -> TensorLoader:
         """Each worker's share of `split`; or, unsharded (model averaging), all of it for every worker,
