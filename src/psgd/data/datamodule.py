@@ -382,7 +382,7 @@ class ClassificationData(L.LightningDataModule):
         sampler = self.train_sampler(workers, rank)
         # Lightning's overfit_batches trains on the same few batches every epoch: it turns a DataLoader's
         # shuffling off (and says so), but this loader is none, and reshuffled every epoch as before
-        sampler.same_every_epoch = self.trainer is not None and self.trainer.overfit_batches > 0
+        sampler.same_every_epoch = (getattr(self.trainer, "overfit_batches", 0) or 0) > 0
         return TensorLoader(images, labels, sampler, self._transform(train=True), record=self.record_shards)
 
     def _eval_loader(self, split: tuple[Tensor, Tensor], sharded: bool | None = None) -> TensorLoader:
