@@ -381,7 +381,7 @@ class ClassificationData(L.LightningDataModule):
         images, labels = self._on_device(self.train_set)
         sampler = self.train_sampler(workers, rank)
         # Lightning's overfit_batches trains on the same few batches every epoch: it turns a DataLoader's
-        # shuffling off (and says so), but this loader is none, and reshuffled every epoch as before
+        # shuffling off (and says so), but this loader is not a DataLoader, so its sampler does it here
         sampler.same_every_epoch = (getattr(self.trainer, "overfit_batches", 0) or 0) > 0
         return TensorLoader(images, labels, sampler, self._transform(train=True), record=self.record_shards)
 
