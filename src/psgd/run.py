@@ -858,6 +858,10 @@ def _train(
     callbacks += extra_callbacks
     logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
     trainer_kwargs = {k: v for k, v in OmegaConf.to_container(t, resolve=True).items() if v is not None}
+    if "check_val_every_n_epoch" in t and t.check_val_every_n_epoch is None:
+        # here null is a setting of Lightning's, not its default (1): validate every val_check_interval
+        # batches counted across epochs (Lightning's own advice for an interval longer than an epoch)
+        trainer_kwargs["check_val_every_n_epoch"] = None
     trainer_kwargs.update(
         accelerator=plan.accelerator, devices=plan.workers, accumulate_grad_batches=plan.accumulate_grad_batches
     )

@@ -182,6 +182,21 @@ def test_lightnings_overfit_batches_trains_on_the_same_batches_every_epoch(tiny_
     assert torch.equal(seen[0], seen[1]) and torch.equal(seen[0], seen[2])
 
 
+def test_validation_every_n_batches_across_epochs_as_lightning_advises(tiny_data, tmp_path):
+    """trainer.check_val_every_n_epoch=null is Lightning's setting for an integer val_check_interval
+    longer than an epoch (its refusal of such an interval advises it); psgd passed null on as 'unset',
+    so Lightning's default 1 stood and the run was refused all the same."""
+    cfg = compose_cfg(
+        f"data.root={tiny_data}",
+        "trainer.max_epochs=3",
+        "trainer.val_check_interval=24",  # 16 batches an epoch: validations at batches 24 and 48
+        "trainer.check_val_every_n_epoch=null",
+        *TINY,
+    )
+    m = train(cfg, tmp_path / "run")
+    assert [h["val_acc"] is not None for h in m["history"]] == [False, True, True]
+
+
 def test_same_seed_gives_the_same_weights_and_another_seed_does_not(tiny_data, tmp_path):
     def weights(seed: int, name: str) -> dict:
         cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=1", f"seed={seed}", *TINY)
