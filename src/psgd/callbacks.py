@@ -312,6 +312,9 @@ class RunRecorder(Callback):
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._trained = True
+        # a resume from a checkpoint written inside an epoch (one trainer.max_steps stopped) goes on with
+        # that epoch without on_train_epoch_start: its clock starts here (it read the machine's uptime)
+        self.on_train_epoch_start(trainer, pl_module)
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -375,21 +378,26 @@ class RunRecorder(Callback):
         metrics = trainer.callback_metrics
         # Lightning keeps the last validation's figures in callback_metrics through epochs without one
         val_loss, val_acc = (_get(metrics, "val/loss"), _get(metrics, "val/acc")) if self._validated else (None, None)
-        self.history.append(
-            {
-                "epoch": trainer.current_epoch + 1,
-                "step": trainer.global_step,
-                "time": round(self.cumulative_s, 4),
-                "epoch_s": round(epoch_s, 4),
-                "samples": int(samples),
-                "samples_per_s": round(rate, 1),
-                "train_loss": _get(metrics, "train/loss"),
-                "train_acc": _get(metrics, "train/acc"),
-                "val_loss": val_loss,
-                "val_acc": val_acc,
-                **({"staleness": round(staleness, 4)} if staleness is not None else {}),
-            }
-        )
+        record = {
+            "epoch": trainer.current_epoch + 1,
+            "step": trainer.global_step,
+            "time": round(self.cumulative_s, 4),
+            "epoch_s": round(epoch_s, 4),
+            "samples": int(samples),
+            "samples_per_s": round(rate, 1),
+            "train_loss": _get(metrics, "train/loss"),
+            "train_acc": _get(metrics, "train/acc"),
+            "val_loss": val_loss,
+            "val_acc": val_acc,
+            **({"staleness": round(staleness, 4)} if staleness is not None else {}),
+        }
+        if self.history and self.history[-1]["epoch"] == record["epoch"]:
+            # the rest of an epoch the checkpoint was written inside (trainer.max_steps): one epoch, both parts
+            before = self.history.pop()
+            record["samples"] += before["samples"]
+            record["epoch_s"] = round(before["epoch_s"] + epoch_s, 4)
+            record["samples_per_s"] = round(record["samples"] / max(record["epoch_s"], 1e-9), 1)
+        self.history.append(record)
         if trainer.is_global_zero:
             self._write("running")
             if self.echo:

@@ -254,6 +254,20 @@ def test_the_record_says_what_ended_training(tiny_data, tmp_path, setting, stopp
     assert (m["stopped_by"], m["epochs"], m["status"]) == (stopped_by, epochs, "completed")
 
 
+def test_a_run_that_max_steps_stopped_inside_an_epoch_resumes_with_sane_times(tiny_data, tmp_path):
+    """Resumed from a checkpoint written inside an epoch, Lightning goes on with that epoch without
+    on_train_epoch_start: its time was the machine's uptime (train_time_s in the thousands of seconds),
+    and the epoch came twice in the history."""
+    common = [f"data.root={tiny_data}", "trainer.max_epochs=4", *TINY]  # 16 steps an epoch
+    first = train(compose_cfg(*common, "trainer.max_steps=20"), tmp_path / "first")
+    assert [h["step"] for h in first["history"]] == [16, 20]
+    m = train(compose_cfg(*common, "trainer.max_steps=40", f"ckpt_path={tmp_path / 'first'}"), tmp_path / "again")
+    epochs = [h["epoch"] for h in m["history"]]
+    assert epochs == sorted(set(epochs)) and m["epochs"] == len(epochs) and m["history"][-1]["step"] == 40
+    assert m["train_time_s"] < 10 and all(h["epoch_s"] < 5 for h in m["history"]), m["history"]
+    assert m["history"][1]["samples"] == 16 * 32  # epoch 2: its 4 steps before the stop and 12 after
+
+
 def max_time_run(tiny_data, run_dir) -> tuple[subprocess.CompletedProcess, dict]:
     """A run of at most 300 epochs that trainer.max_time=1 s ends."""
     proc = run_cli(
