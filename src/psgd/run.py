@@ -262,11 +262,16 @@ def _quiet_lightning_banner():
 
 
 def resolve_ckpt_path(
-    value: str | None, module: Classifier, world_size: int = 1, strategy: str | None = None, max_time: Any = None
+    value: str | None,
+    module: Classifier,
+    world_size: int = 1,
+    strategy: str | None = None,
+    max_time: Any = None,
+    max_steps: Any = None,
 ) -> str | None:
     """The checkpoint to resume from, checked against the model, the lr schedule and (for a checkpoint
     that holds each worker's own state) the number of workers this run has and its `strategy` name
-    (None: not checked). A run with nothing left to train (trainer.max_epochs, `max_time`) says so."""
+    (None: not checked). A run with nothing left to train (trainer.max_epochs, `max_time`, `max_steps`) says so."""
     if value is None:
         return None
     path = checkpoint_file("ckpt_path", value, "give a .ckpt file or a run dir")
@@ -316,26 +321,34 @@ def resolve_ckpt_path(
             "schedule as they were, which would not follow this change; resume with the checkpoint's settings "
             f"(or start a new run from its weights with init_weights={value}, leaving ckpt_path out)"
         )
+    line = nothing_left(checkpoint, module, max_time, max_steps)
+    if line:
+        print(f"psgd: ckpt_path={value} {line}", flush=True)
+    return str(path)
+
+
+def nothing_left(checkpoint: dict[str, Any], module: Classifier, max_time: Any, max_steps: Any) -> str | None:
+    """What the checkpoint already trained up to a limit of this run (trainer.max_epochs, max_time,
+    max_steps), as `already trained 3 epoch(s), trainer.max_epochs=3: nothing is left to train; ...`; None
+    while something is left."""
+    done = "nothing is left to train; its final weights are tested"
     trained = ((checkpoint.get("loops") or {}).get("fit_loop") or {}).get("epoch_progress", {})
     trained = trained.get("current", {}).get("processed")  # epochs whose training ended (Lightning's count)
     max_epochs = dict(getattr(module, "hparams", {})).get("max_epochs")
     if isinstance(trained, int) and isinstance(max_epochs, int) and trained >= max_epochs:
-        print(
-            f"psgd: ckpt_path={value} already trained {trained} epoch(s), trainer.max_epochs={max_epochs}: "
-            "nothing is left to train; its final weights are tested",
-            flush=True,
-        )
-    elif max_time is not None:  # Lightning's Timer counts the whole run, resumes included: it stopped at once
+        return f"already trained {trained} epoch(s), trainer.max_epochs={max_epochs}: {done}"
+    if max_time is not None:  # Lightning's Timer counts the whole run, resumes included: it stopped at once
         timer = (checkpoint.get("callbacks") or {}).get("Timer") or {}
         elapsed, limit = (timer.get("time_elapsed") or {}).get("train"), duration_s(max_time)
         if isinstance(elapsed, int | float) and limit is not None and elapsed >= limit:
-            print(
-                f"psgd: ckpt_path={value} already trained for {elapsed:.0f} s, trainer.max_time={max_time}: nothing is "
-                "left to train (max_time counts the whole run, resumes included: a longer one trains on); its final "
-                "weights are tested",
-                flush=True,
+            return (
+                f"already trained for {elapsed:.0f} s, trainer.max_time={max_time}: nothing is left to train (max_time "
+                "counts the whole run, resumes included: a longer one trains on); its final weights are tested"
             )
-    return str(path)
+    steps = checkpoint.get("global_step")  # optimizer steps taken (each worker's; max_steps is DDP's or one worker's)
+    if isinstance(max_steps, int) and max_steps > 0 and isinstance(steps, int) and steps >= max_steps:
+        return f"already took {steps} steps, trainer.max_steps={max_steps}: {done}"
+    return None
 
 
 def checkpoint_file(setting: str, value: str, give: str) -> Path:
@@ -792,6 +805,7 @@ def _train(
         world_size,
         cfg.strategy.name,
         max_time=t.get("max_time"),
+        max_steps=t.get("max_steps"),
     )
     strategy = build_strategy(cfg, plan, run_dir)
     if plan.launcher == "psgd" and not isinstance(strategy, str):  # psgd starts worker processes

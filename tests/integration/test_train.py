@@ -254,13 +254,17 @@ def test_the_record_says_what_ended_training(tiny_data, tmp_path, setting, stopp
     assert (m["stopped_by"], m["epochs"], m["status"]) == (stopped_by, epochs, "completed")
 
 
-def test_a_run_that_max_steps_stopped_inside_an_epoch_resumes_with_sane_times(tiny_data, tmp_path):
+def test_a_run_that_max_steps_stopped_inside_an_epoch_resumes_with_sane_times(tiny_data, tmp_path, capsys):
     """Resumed from a checkpoint written inside an epoch, Lightning goes on with that epoch without
     on_train_epoch_start: its time was the machine's uptime (train_time_s in the thousands of seconds),
-    and the epoch came twice in the history."""
+    and the epoch came twice in the history. Resumed with the same max_steps, it says nothing is left."""
     common = [f"data.root={tiny_data}", "trainer.max_epochs=4", *TINY]  # 16 steps an epoch
     first = train(compose_cfg(*common, "trainer.max_steps=20"), tmp_path / "first")
     assert [h["step"] for h in first["history"]] == [16, 20]
+    capsys.readouterr()
+    same = train(compose_cfg(*common, "trainer.max_steps=20", f"ckpt_path={tmp_path / 'first'}"), tmp_path / "same")
+    said = f"psgd: ckpt_path={tmp_path / 'first'} already took 20 steps, trainer.max_steps=20: nothing is left to train"
+    assert said in capsys.readouterr().out and same["history"] == first["history"]
     m = train(compose_cfg(*common, "trainer.max_steps=40", f"ckpt_path={tmp_path / 'first'}"), tmp_path / "again")
     epochs = [h["epoch"] for h in m["history"]]
     assert epochs == sorted(set(epochs)) and m["epochs"] == len(epochs) and m["history"][-1]["step"] == 40
