@@ -18,7 +18,7 @@ import socket
 import sys
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext, suppress
 from datetime import timedelta
 from pathlib import Path
@@ -55,6 +55,7 @@ from psgd.choices import INFO, DatasetInfo
 from psgd.command_line import earlier_results, text_lines, warn
 from psgd.config import ConfigError, DirInUse, Plan, check, duration_s, locate
 from psgd.data import ClassificationData
+from psgd.data.datasets import DataError
 from psgd.hooks import skip_unused_hooks
 from psgd.module import OPTIMIZER_KEY, Classifier
 from psgd.optim import scaled_lr
@@ -678,6 +679,18 @@ def exit_if_interrupted(e: BaseException) -> None:
         raise SystemExit(signals.interrupted_exit_code()) from None
 
 
+@contextmanager
+def found_by_every_worker() -> Iterator[None]:
+    """A bad value or bad data found inside follows from the config, the machine and its files alone:
+    under torchrun every worker of a machine finds the same, and only its first says it
+    (psgd.command_line.fail; each used to print the same line)."""
+    try:
+        yield
+    except (ConfigError, DataError) as e:
+        e.every_worker_finds_it = True
+        raise
+
+
 def run_dir_key() -> str:
     """What a user sets to choose the run dir: train()'s argument, or Hydra's key when Hydra runs it."""
     if not HydraConfig.initialized():
@@ -702,11 +715,8 @@ def train(
     unresumable attempt): both resume from the run dir's checkpoints/last.ckpt where it has one.
     """
     refuse_a_run_while_a_worker_imports_the_script()
-    try:
+    with found_by_every_worker():  # the config and the machine decide it
         plan = check(cfg)
-    except ConfigError as e:  # the config and the machine decide it: every worker there finds the same
-        e.every_worker_finds_it = True
-        raise
     in_use = None if continued else earlier_results(Path(run_dir), run_dir_key())
     if in_use:
         raise DirInUse(in_use)
@@ -763,10 +773,11 @@ def _train(
         lockstep=synchronous,  # DDP needs equal steps on every worker; averaging lets each run its own
         shard_eval=one_model,  # replicas that differ are each evaluated on the whole split
     )
-    datamodule.prepare_data()  # a missing dataset fails here, before any worker starts
-    if short := datamodule.check_batches(plan.workers * cfg.trainer.num_nodes):  # so does a worker without a batch
-        warn(short)  # a shard smaller than one batch
-    datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))  # and a test without one
+    with found_by_every_worker():
+        datamodule.prepare_data()  # a missing dataset fails here, before any worker starts
+        if short := datamodule.check_batches(plan.workers * cfg.trainer.num_nodes):  # so does a worker without a batch
+            warn(short)  # a shard smaller than one batch
+        datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))  # and a test without one
 
     t = cfg.trainer
     lr = scaled_lr(
@@ -797,16 +808,17 @@ def _train(
         shards=shard_settings(cfg),  # how samples are dealt to the workers: a resume must deal them alike
     )
     world_size = plan.workers * t.num_nodes
-    # the weights of an earlier run to start from (a resume below, ckpt_path, restores its own over them)
-    started_from = init_weights(cfg.get("init_weights"), module)
-    ckpt_path = resolve_ckpt_path(
-        elastic_resume(cfg.get("ckpt_path"), plan, run_dir, continued),
-        module,
-        world_size,
-        cfg.strategy.name,
-        max_time=t.get("max_time"),
-        max_steps=t.get("max_steps"),
-    )
+    with found_by_every_worker():
+        # the weights of an earlier run to start from (a resume below, ckpt_path, restores its own over them)
+        started_from = init_weights(cfg.get("init_weights"), module)
+        ckpt_path = resolve_ckpt_path(
+            elastic_resume(cfg.get("ckpt_path"), plan, run_dir, continued),
+            module,
+            world_size,
+            cfg.strategy.name,
+            max_time=t.get("max_time"),
+            max_steps=t.get("max_steps"),
+        )
     strategy = build_strategy(cfg, plan, run_dir)
     if plan.launcher == "psgd" and not isinstance(strategy, str):  # psgd starts worker processes
         _check_picklable(extra_callbacks, net)

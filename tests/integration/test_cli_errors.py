@@ -265,6 +265,13 @@ def test_hydras_flags_among_the_overrides_are_read_as_hydra_reads_them_at_the_en
             ["workers=0"], "psgd: error: workers=0 is invalid: must be an integer >= 1", marks=pytest.mark.slow
         ),
         (["workers=3"], "psgd: error: workers=3 trainer.num_nodes=1 do not match torchrun's 2 processes per node"),
+        # found as the run reads its files (a checkpoint, the dataset): every worker read them, and each said it
+        (["workers=2", "init_weights=nowhere"], "psgd: error: init_weights='nowhere' is invalid: no checkpoint at"),
+        pytest.param(
+            ["workers=2", "data.root=nowhere", "data.download=false"],
+            "psgd: error: dataset mnist not found or unreadable under ",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_a_bad_value_under_torchrun_is_said_once(tiny_data, tmp_path, overrides, line):
