@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd import command_line, signals
-from psgd.command_line import fail, global_rank, text_lines
+from psgd.command_line import fail, first_worker, global_rank, text_lines
 from psgd.config import ConfigError, DirInUse
 from psgd.data import DataError
 from psgd.module import TrainingDiverged
@@ -276,7 +276,7 @@ def run_job(cfg: DictConfig) -> float | None:
                 show_traceback_if_asked(e)
             print(f"psgd: error: {line}", file=sys.stderr, flush=True)
             return None
-        if not discard and (global_rank() in ("0", None) or (isinstance(e, WorkerGone) and e.records)):  # one writer
+        if not discard and (first_worker() or (isinstance(e, WorkerGone) and e.records)):  # one writer
             mark_failed(run_dir, line)
         if keeps_traceback(e):  # the line names the file
             write_traceback(run_dir, e)

@@ -52,10 +52,15 @@ def global_rank() -> str | None:
     return os.environ.get("RANK", os.environ.get("SLURM_PROCID"))
 
 
+def first_worker() -> bool:
+    """This process speaks for the run: it is not one of several workers that torchrun or srun started
+    as train.py processes, or it is rank 0 of them (each finds the same settings, files and results)."""
+    return global_rank() in (None, "0")
+
+
 def warn(message: str) -> None:
-    """A `psgd: warning: ...` line on stderr, said once per run: where torchrun or srun started each
-    worker as a train.py process (each checks the same settings), by the first worker only."""
-    if global_rank() in (None, "0"):
+    """A `psgd: warning: ...` line on stderr, said once per run (first_worker)."""
+    if first_worker():
         say(f"psgd: warning: {message}")
 
 

@@ -52,7 +52,7 @@ from psgd.callbacks import (
     WorkerSetup,
 )
 from psgd.choices import INFO, DatasetInfo
-from psgd.command_line import earlier_results, global_rank, text_lines, warn
+from psgd.command_line import earlier_results, first_worker, text_lines, warn
 from psgd.config import ConfigError, DirInUse, Plan, check, duration_s, locate
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
@@ -323,7 +323,7 @@ def resolve_ckpt_path(
             f"(or start a new run from its weights with init_weights={value}, leaving ckpt_path out)"
         )
     line = nothing_left(checkpoint, module, max_time, max_steps)
-    if line and global_rank() in (None, "0"):  # torchrun / srun: every worker finds it; the first says it
+    if line and first_worker():  # torchrun / srun: every worker finds it; the first says it
         print(f"psgd: ckpt_path={value} {line}", flush=True)
     return str(path)
 
