@@ -679,6 +679,13 @@ def exit_if_interrupted(e: BaseException) -> None:
         raise SystemExit(signals.interrupted_exit_code()) from None
 
 
+# trainer.* keys whose null Lightning takes as a setting of its own, not as its default: every other null
+# is left out of Trainer(...), so that Lightning's default stands. check_val_every_n_epoch=None validates
+# every val_check_interval batches counted across epochs (its default, 1, refuses an interval longer
+# than an epoch, advising None)
+NULL_IS_A_SETTING = ("check_val_every_n_epoch",)
+
+
 @contextmanager
 def found_by_every_worker() -> Iterator[None]:
     """A bad value or bad data found inside follows from the config, the machine and its files alone:
@@ -883,11 +890,9 @@ def _train(
         callbacks.append(TQDMProgressBar(refresh_rate=10))  # redrawing every step costs throughput
     callbacks += extra_callbacks
     logger = TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False)
-    trainer_kwargs = {k: v for k, v in OmegaConf.to_container(t, resolve=True).items() if v is not None}
-    if "check_val_every_n_epoch" in t and t.check_val_every_n_epoch is None:
-        # here null is a setting of Lightning's, not its default (1): validate every val_check_interval
-        # batches counted across epochs (Lightning's own advice for an interval longer than an epoch)
-        trainer_kwargs["check_val_every_n_epoch"] = None
+    trainer_kwargs = {
+        k: v for k, v in OmegaConf.to_container(t, resolve=True).items() if v is not None or k in NULL_IS_A_SETTING
+    }
     trainer_kwargs.update(
         accelerator=plan.accelerator, devices=plan.workers, accumulate_grad_batches=plan.accumulate_grad_batches
     )
