@@ -314,10 +314,14 @@ class RunRecorder(Callback):
         self._trained = True
         # a resume from a checkpoint written inside an epoch (one trainer.max_steps stopped) goes on with
         # that epoch without on_train_epoch_start: its clock starts here (it read the machine's uptime)
-        self.on_train_epoch_start(trainer, pl_module)
+        self._start_epoch()
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start_epoch()
+
+    def _start_epoch(self) -> None:
+        """The epoch's training clock and counts start from zero."""
         self._val_s, self._samples, self._validated = 0.0, 0, False
         self._t0 = time.perf_counter()
 
