@@ -14,6 +14,7 @@ from pytorch_lightning.plugins import TorchCheckpointIO
 from typing_extensions import override
 
 from psgd.data.partition import generator
+from psgd.module import cut_short
 from psgd.results import save_atomic, write_csv, write_json
 from psgd.signals import handler_for_this_process, launched_worker, this_process
 from psgd.strategies._lightning import handle_sigterm_with, without_per_step_collectives
@@ -29,7 +30,9 @@ class WorkerSetup(Callback):
     floats, SIGTERM (psgd.signals: no hang, no orphan)
     and the random stream (dropout, augmentation).
     The stream is reseeded at every epoch from (seed, rank, epoch), so it is the same in-process or
-    spawned, and a run resumed at an epoch boundary draws exactly what the uninterrupted run drew.
+    spawned, and a run resumed at an epoch boundary draws exactly what the uninterrupted run drew. A
+    checkpoint written where an epoch was cut short (trainer.max_steps, max_time, an early stop inside
+    it) holds every worker's stream as it was there, and a run resumed inside that epoch goes on with it.
 
     flush_denormal: SGD momentum buffers of units that get no gradient (dead ReLUs) decay by the
     momentum factor every step into the denormal range (below 1.2e-38), where every CPU multiply takes
@@ -47,9 +50,12 @@ class WorkerSetup(Callback):
     def __init__(self, threads: int, seed: int | None = None, flush_denormal: bool = True, step_logs: bool = True):
         self.threads, self.seed, self.flush_denormal, self.step_logs = threads, seed, flush_denormal, step_logs
         self._flushed_before: bool | None = None
+        self._trainer: L.Trainer | None = None
+        self._resumed: dict[str, Any] = {}  # the state a checkpoint written inside an epoch held
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._trainer = trainer
         torch.set_num_threads(self.threads)
         handle_sigterm_with(trainer, handler_for_this_process())  # (the launcher watch: FirstFailureLauncher)
         self._flushed_before = denormals_flushed()
@@ -71,6 +77,49 @@ class WorkerSetup(Callback):
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.seed is not None:
             torch.manual_seed(generator(self.seed, trainer.global_rank, trainer.current_epoch).initial_seed())
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """Every worker's random stream where the epoch was cut short (nothing otherwise: each epoch
+        reseeds). Gathered from the workers: a cut is where every worker stops together (DDP's lockstep;
+        the other strategies refuse the settings that cut an epoch with more than one worker)."""
+        trainer = self._trainer
+        if trainer is None or trainer.state.fn != "fit":
+            return {}
+        if not cut_short(trainer.fit_loop.epoch_loop.batch_progress.state_dict()):
+            return {}
+        mine = {"cpu": torch.get_rng_state()}
+        device = trainer.strategy.root_device
+        if device.type == "cuda":
+            mine["cuda"] = torch.cuda.get_rng_state(device)
+        streams = [mine]
+        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+            streams = [None] * trainer.world_size
+            dist.all_gather_object(streams, mine)
+        # the cut epoch (current_epoch already counts it where the checkpoint is written at the train's end)
+        epoch = trainer.fit_loop.epoch_progress.current.started - 1
+        return {"epoch": epoch, "random_streams": streams}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resumed = dict(state_dict)
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Resumed inside the epoch a checkpoint was cut short in: each worker goes on with its stream
+        as it was there (the same worker count; another count starts from (seed, rank, epoch) as usual)."""
+        state, self._resumed = self._resumed, {}
+        streams = state.get("random_streams")
+        if not streams or state.get("epoch") != trainer.current_epoch:
+            return
+        if len(streams) != trainer.world_size:
+            self.on_train_epoch_start(trainer, pl_module)
+            return
+        mine = streams[trainer.global_rank]
+        torch.set_rng_state(mine["cpu"])
+        device = trainer.strategy.root_device
+        if device.type == "cuda" and "cuda" in mine:
+            torch.cuda.set_rng_state(mine["cuda"], device)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -398,6 +447,10 @@ class RunRecorder(Callback):
         if self.history and self.history[-1]["epoch"] == record["epoch"]:
             # the rest of an epoch the checkpoint was written inside (trainer.max_steps): one epoch, both parts
             before = self.history.pop()
+            for key in ("train_loss", "train_acc"):  # over both parts' samples, as the epoch's own would be
+                if before[key] is not None and record[key] is not None and before["samples"] + record["samples"]:
+                    mean = before[key] * before["samples"] + record[key] * record["samples"]
+                    record[key] = round(mean / (before["samples"] + record["samples"]), 6)
             record["samples"] += before["samples"]
             record["epoch_s"] = round(before["epoch_s"] + epoch_s, 4)
             record["samples_per_s"] = round(record["samples"] / max(record["epoch_s"], 1e-9), 1)

@@ -19,6 +19,32 @@ from psgd.optim import build_scheduler
 
 # a per-step schedule's optimizer steps per epoch (this worker's), kept in its checkpoints
 STEPS_PER_EPOCH_KEY = "psgd_steps_per_epoch"
+
+
+def cut_short(batch_progress: dict[str, Any]) -> bool:
+    """Whether the training epoch (Lightning's batch progress, as its state_dict) ended before its last batch."""
+    return not batch_progress.get("is_last_batch", True) and batch_progress["current"]["completed"] > 0
+
+
+def keep_a_cut_epoch_unfinished(checkpoint: dict[str, Any]) -> None:
+    """Mark a checkpoint written after an epoch that ended before its last batch (trainer.max_steps,
+    max_time, an early stop after a validation inside the epoch) as written inside that epoch.
+    Lightning counts such an epoch as trained: resumed with max_epochs, the run went on with the next
+    epoch and the cut one's remaining batches were never trained; resumed with a larger max_steps (where
+    Lightning does resume inside the epoch), it trained them as the epoch's first batches again. Marked
+    unfinished, Lightning resumes inside the epoch, and the training loader goes on from its place
+    there (TensorLoader.state_dict), so the resumed run trains what the uninterrupted one would have."""
+    fit = (checkpoint.get("loops") or {}).get("fit_loop") or {}
+    batches, epochs = fit.get("epoch_loop.batch_progress"), fit.get("epoch_progress")
+    if not batches or not epochs or not cut_short(batches):
+        return
+    if epochs["current"]["processed"] != epochs["current"]["started"]:
+        return  # written inside the epoch already (a checkpoint at a batch's end)
+    for count in (epochs["current"], epochs["total"]):
+        count["processed"] = count["completed"] = count["started"] - 1
+    checkpoint["epoch"] = epochs["current"]["completed"]  # (Lightning's current_epoch: the cut epoch's index)
+
+
 # the optimizer's class name, kept in its checkpoints: a resume with another optimizer= is refused
 OPTIMIZER_KEY = "psgd_optimizer"
 
@@ -308,6 +334,7 @@ class Classifier(PlainHookName, L.LightningModule):
             checkpoint[OPTIMIZER_KEY] = type(self.trainer.optimizers[0]).__name__
         if self._steps_per_epoch is not None:
             checkpoint[STEPS_PER_EPOCH_KEY] = self._steps_per_epoch
+        keep_a_cut_epoch_unfinished(checkpoint)
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -272,6 +272,41 @@ def test_a_run_that_max_steps_stopped_inside_an_epoch_resumes_with_sane_times(ti
     assert m["history"][1]["samples"] == 16 * 32  # epoch 2: its 4 steps before the stop and 12 after
 
 
+def last_weights(run_dir) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
+@pytest.mark.parametrize(
+    "cut,resumed_with",
+    [
+        (["trainer.max_steps=20"], []),  # 16 steps an epoch: inside the second; resumed to max_epochs
+        (["trainer.max_steps=20"], ["trainer.max_steps=40"]),  # (Lightning resumes inside the epoch itself)
+        (["early_stop.target_acc=0.05"], []),  # stopped after the validation half-way through epoch 1
+    ],
+    ids=["max_steps-then-max_epochs", "max_steps-then-more-steps", "early-stop-then-none"],
+)
+def test_a_run_cut_inside_an_epoch_resumes_to_the_uninterrupted_runs_weights(tiny_data, tmp_path, cut, resumed_with):
+    """A checkpoint written where an epoch was cut short goes on inside that epoch, from the next batch,
+    with every worker's random stream as it was (dropout is on). Before, a resume to max_epochs took
+    the cut epoch as trained and never trained its remaining batches (one epoch's steps fewer in all),
+    and one to a larger max_steps trained the epoch's first batches again (Lightning warned that the
+    loader was not resumable)."""
+    common = [f"data.root={tiny_data}", "trainer.max_epochs=3", "trainer.val_check_interval=0.5", *TINY]
+    straight = train(compose_cfg(*common, *resumed_with), tmp_path / "straight")
+    first = train(compose_cfg(*common, *cut), tmp_path / "first")
+    assert first["history"][-1]["step"] % 16 == 4 if "max_steps" in cut[0] else first["history"][-1]["step"] == 8
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = train(compose_cfg(*common, *resumed_with, f"ckpt_path={tmp_path / 'first'}"), tmp_path / "resumed")
+    assert not [w for w in caught if "dataloader is not resumable" in str(w.message)]
+    a, b = last_weights(tmp_path / "straight"), last_weights(tmp_path / "resumed")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # one record per epoch, the cut one's two parts together: its samples, loss and accuracy are the whole epoch's
+    for key in ("epoch", "step", "samples", "train_loss", "train_acc", "val_acc"):
+        assert [h[key] for h in resumed["history"]] == pytest.approx([h[key] for h in straight["history"]], abs=2e-6)
+    assert (resumed["test_acc"], resumed["stopped_by"]) == (straight["test_acc"], straight["stopped_by"])
+
+
 def max_time_run(tiny_data, run_dir) -> tuple[subprocess.CompletedProcess, dict]:
     """A run of at most 300 epochs that trainer.max_time=1 s ends."""
     proc = run_cli(

@@ -606,16 +606,22 @@ def test_torch_is_first_imported_with_ctrl_c_and_sigterm_held(tmp_path, script, 
 
 
 @pytest.mark.distributed
-@pytest.mark.slow  # ~25 s; resuming to the uninterrupted weights over workers is also run by test_model_averaging
-def test_ddp_resume_ends_with_the_same_weights_as_an_uninterrupted_run(tiny_data, tmp_path):
+@pytest.mark.slow  # ~25 s each; resuming to the uninterrupted weights over workers is also run by test_model_averaging
+@pytest.mark.parametrize("inside_an_epoch", [False, True], ids=["epoch-end", "inside-an-epoch"])
+def test_ddp_resume_ends_with_the_same_weights_as_an_uninterrupted_run(tiny_data, tmp_path, inside_an_epoch):
+    """From an epoch's checkpoint, or from one trainer.max_steps wrote inside an epoch (8 steps an
+    epoch per worker; 10: the second's third): each worker goes on from its place and random stream."""
     common = ["workers=2", f"data.root={tiny_data}", "trainer.max_epochs=2", *TINY]  # dropout on: reseeded per epoch
     straight = tmp_path / "straight"
     proc = run_cli("train.py", *common, "checkpoint_every_epoch=true", f"hydra.run.dir={straight}")
     assert proc.returncode == 0, proc.stderr
+    checkpoint = straight / "checkpoints" / "epoch0.ckpt"
+    if inside_an_epoch:
+        checkpoint = tmp_path / "cut"
+        proc = run_cli("train.py", *common, "trainer.max_steps=10", f"hydra.run.dir={checkpoint}")
+        assert proc.returncode == 0, proc.stderr
     resumed = tmp_path / "resumed"
-    proc = run_cli(
-        "train.py", *common, f"ckpt_path={straight / 'checkpoints' / 'epoch0.ckpt'}", f"hydra.run.dir={resumed}"
-    )
+    proc = run_cli("train.py", *common, f"ckpt_path={checkpoint}", f"hydra.run.dir={resumed}")
     assert proc.returncode == 0, proc.stderr
     a = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     b = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]

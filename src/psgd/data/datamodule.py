@@ -123,7 +123,12 @@ MADE_TOGETHER_BYTES = 4 << 20  # the CPU loader makes consecutive batches up to 
 
 
 class TensorLoader:
-    """Yields (images, labels) batches by indexing in-memory tensors; Lightning drives `sampler.set_epoch`."""
+    """Yields (images, labels) batches by indexing in-memory tensors; Lightning drives `sampler.set_epoch`.
+
+    It keeps its place inside an epoch (Lightning's state_dict / load_state_dict protocol for loaders,
+    saved in checkpoints): a run resumed from a checkpoint written inside an epoch (one that
+    trainer.max_steps, max_time or an early stop inside the epoch ended) goes on with that epoch's
+    next batch. Before, the resumed epoch started again from its first batch."""
 
     batch_sampler = None  # Lightning inspects DataLoader-like attributes; the sampler yields whole batches
 
@@ -131,28 +136,48 @@ class TensorLoader:
         self.images, self.labels, self.sampler, self.transform = images, labels, sampler, transform
         self.record = record
         self.seen: list[Tensor] = []  # with `record`: the index batches handed out this epoch
+        # this epoch's batches handed out so far: the ones trained (Lightning fetches a sized loader's
+        # batches one at a time, none ahead)
+        self.handed_out = 0
+        self._resume_at: tuple[int, int] | None = None  # (epoch, batches) the next epoch's iteration skips
 
     def __len__(self) -> int:
         return len(self.sampler)
 
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.sampler.epoch, "batches": self.handed_out}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Lightning calls it when a run resumes inside an epoch: that epoch's first `batches` are skipped."""
+        self._resume_at = (int(state["epoch"]), int(state["batches"]))
+
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        self.seen = []
-        if self.images.device.type == "cpu":
-            yield from self._made_together()
-            return
-        for host, idx in self._index_batches():
+        self.seen, self.handed_out = [], 0
+        skip = 0
+        if self._resume_at is not None:  # (read here, at the first batch: Lightning sets the epoch after iter())
+            epoch, batches = self._resume_at
+            self._resume_at = None
+            skip = batches if epoch == self.sampler.epoch else 0
+            self.handed_out = skip
+        made = self._made_together(skip) if self.images.device.type == "cpu" else self._one_by_one(skip)
+        for batch in made:
+            self.handed_out += 1
+            yield batch
+
+    def _one_by_one(self, skip: int) -> Iterator[tuple[Tensor, Tensor]]:
+        for host, idx in itertools.islice(self._index_batches(), skip, None):
             if self.record:
                 self.seen.append(host)
             yield self.transform(self.images.index_select(0, idx)), self.labels.index_select(0, idx)
 
-    def _made_together(self) -> Iterator[tuple[Tensor, Tensor]]:
+    def _made_together(self, skip: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
         """On the CPU: consecutive batches up to MADE_TOGETHER_BYTES are gathered and transformed in
         one go (each batch is then a slice of them, its samples and their order unchanged). Making
         each batch between two training steps cost a lab-CNN step ~3-5 % (the loader's few small ops,
         ~60 us on their own, ~220 us there, and a slower step after them); made 8 at a time, ~1-2 %
         (benchmarks/README.md, data path)."""
         per_sample = self.images[0].numel() * 4  # the float32 batch the transform makes
-        batches = iter(self.sampler)
+        batches = itertools.islice(self.sampler, skip, None)
         for first in batches:
             together = max(1, MADE_TOGETHER_BYTES // max(1, len(first) * per_sample))
             group = [first, *itertools.islice(batches, together - 1)]
