@@ -92,6 +92,9 @@ class WorkerSetup(Callback):
         device = trainer.strategy.root_device
         if device.type == "cuda":
             mine["cuda"] = torch.cuda.get_rng_state(device)
+        made_at = getattr(trainer.train_dataloader, "made_at", None)  # TensorLoader's, with augmentation on the CPU
+        if made_at is not None:
+            mine["made_at"] = made_at
         streams = [mine]
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
             streams = [None] * trainer.world_size
@@ -107,7 +110,8 @@ class WorkerSetup(Callback):
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Resumed inside the epoch a checkpoint was cut short in: each worker goes on with its stream
-        as it was there (the same worker count; another count starts from (seed, rank, epoch) as usual)."""
+        as it was there, and its CPU loader makes the batches it was making together again with their
+        draws (the same worker count; another count starts from (seed, rank, epoch) as usual)."""
         state, self._resumed = self._resumed, {}
         streams = state.get("random_streams")
         if not streams or state.get("epoch") != trainer.current_epoch:
@@ -117,6 +121,8 @@ class WorkerSetup(Callback):
             return
         mine = streams[trainer.global_rank]
         torch.set_rng_state(mine["cpu"])
+        if "made_at" in mine and hasattr(trainer.train_dataloader, "make_again"):
+            trainer.train_dataloader.make_again = (state["epoch"], *mine["made_at"])
         device = trainer.strategy.root_device
         if device.type == "cuda" and "cuda" in mine:
             torch.cuda.set_rng_state(mine["cuda"], device)

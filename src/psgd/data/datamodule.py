@@ -140,6 +140,10 @@ class TensorLoader:
         # batches one at a time, none ahead)
         self.handed_out = 0
         self._resume_at: tuple[int, int] | None = None  # (epoch, batches) the next epoch's iteration skips
+        # with augmentation on the CPU: (the first batch, the random stream before their draws) of the
+        # batches made together last; a resume inside the epoch makes those again with the same draws
+        self.made_at: tuple[int, Tensor] | None = None
+        self.make_again: tuple[int, int, Tensor] | None = None  # (epoch, first batch, stream), WorkerSetup's
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -152,14 +156,16 @@ class TensorLoader:
         self._resume_at = (int(state["epoch"]), int(state["batches"]))
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        self.seen, self.handed_out = [], 0
-        skip = 0
+        self.seen, self.handed_out, self.made_at = [], 0, None
+        skip, again = 0, None
         if self._resume_at is not None:  # (read here, at the first batch: Lightning sets the epoch after iter())
             epoch, batches = self._resume_at
-            self._resume_at = None
             skip = batches if epoch == self.sampler.epoch else 0
+            if skip and self.make_again is not None and self.make_again[0] == epoch:
+                again = self.make_again[1:]
             self.handed_out = skip
-        made = self._made_together(skip) if self.images.device.type == "cpu" else self._one_by_one(skip)
+        self._resume_at = self.make_again = None
+        made = self._made_together(skip, again) if self.images.device.type == "cpu" else self._one_by_one(skip)
         for batch in made:
             self.handed_out += 1
             yield batch
@@ -170,28 +176,49 @@ class TensorLoader:
                 self.seen.append(host)
             yield self.transform(self.images.index_select(0, idx)), self.labels.index_select(0, idx)
 
-    def _made_together(self, skip: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
+    def _made_together(self, skip: int = 0, again: tuple[int, Tensor] | None = None) -> Iterator[tuple[Tensor, Tensor]]:
         """On the CPU: consecutive batches up to MADE_TOGETHER_BYTES are gathered and transformed in
         one go (each batch is then a slice of them, its samples and their order unchanged). Making
         each batch between two training steps cost a lab-CNN step ~3-5 % (the loader's few small ops,
         ~60 us on their own, ~220 us there, and a slower step after them); made 8 at a time, ~1-2 %
-        (benchmarks/README.md, data path)."""
+        (benchmarks/README.md, data path).
+
+        A resume at batch `skip` goes on from there; with augmentation, `again` (the first batch and
+        the random stream of the batches made together that `skip` falls among) makes them again as
+        they were made, for their random draws, and the resumed run's stream goes on unchanged."""
         per_sample = self.images[0].numel() * 4  # the float32 batch the transform makes
-        batches = itertools.islice(self.sampler, skip, None)
+        augments = self.transform.augment is not None
+        position = again[0] if again is not None and augments and again[0] <= skip else skip
+        batches = itertools.islice(self.sampler, position, None)
         for first in batches:
             together = max(1, MADE_TOGETHER_BYTES // max(1, len(first) * per_sample))
             group = [first, *itertools.islice(batches, together - 1)]
+            if position + len(group) <= skip:  # all before the resume's place (made, drawn afresh, next)
+                position += len(group)
+                continue
             idx = torch.cat(group) if len(group) > 1 else first
             # index_select, not images[idx]: advanced indexing took 57 us for a 128-image MNIST batch,
             # index_select 8 us (2 threads)
-            images, labels = self.transform(self.images.index_select(0, idx)), self.labels.index_select(0, idx)
+            picked = self.images.index_select(0, idx)
+            if augments and again is not None and position == again[0]:
+                self.made_at = (position, again[1])
+                with torch.random.fork_rng(devices=[]):
+                    torch.set_rng_state(again[1])
+                    images = self.transform(picked)
+            else:
+                if augments:
+                    self.made_at = (position, torch.get_rng_state())
+                images = self.transform(picked)
+            labels = self.labels.index_select(0, idx)
             start = 0
-            for batch in group:
-                if self.record:
-                    self.seen.append(batch)
+            for i, batch in enumerate(group):
                 end = start + len(batch)
-                yield images[start:end], labels[start:end]
+                if position + i >= skip:
+                    if self.record:
+                        self.seen.append(batch)
+                    yield images[start:end], labels[start:end]
                 start = end
+            position += len(group)
 
     def _index_batches(self) -> Iterator[tuple[Tensor, Tensor]]:
         """(the sampler's index batch, the same on the data's device). A dataset kept on the GPU
