@@ -44,7 +44,8 @@ class WorkerSetup(Callback):
     warning that an epoch has fewer batches than trainer.log_every_n_steps ("Set a lower value ... if you
     want to see logs for the training epoch") is wrong: psgd logs every epoch whatever the interval (and
     train/loss_step at each epoch's end when the epoch is shorter than the interval). It is filtered in
-    this process (a run in the caller's process: until the run ends, psgd.quietness).
+    this process (a run in the caller's process: until the run ends, psgd.quietness), as is Lightning's
+    wrong line that it turns shuffling off for overfit_batches (see setup).
     """
 
     def __init__(self, threads: int, seed: int | None = None, flush_denormal: bool = True, step_logs: bool = True):
@@ -64,6 +65,11 @@ class WorkerSetup(Callback):
             warnings.filterwarnings(
                 "ignore", message=r"The number of training batches \(\d+\) is smaller than the logging"
             )
+        # Lightning's overfit_batches: "You requested to overfit but enabled train dataloader shuffling. We
+        # are turning off the train dataloader shuffling for you." (and the same for val). It turns off a
+        # DataLoader's; psgd's loaders are none: the training one keeps epoch 0's batches itself
+        # (ClassificationData.train_dataloader) and evaluation never shuffles, so the lines were wrong
+        warnings.filterwarnings("ignore", message=r"You requested to overfit but enabled \w+ dataloader shuffling")
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
