@@ -98,7 +98,10 @@ class WorkerSetup(Callback):
         device = trainer.strategy.root_device
         if device.type == "cuda":
             mine["cuda"] = torch.cuda.get_rng_state(device)
-        made_at = getattr(trainer.train_dataloader, "made_at", None)  # TensorLoader's, with augmentation on the CPU
+        loader = trainer.train_dataloader
+        if hasattr(loader, "handed_out"):  # psgd's TensorLoader: its place in the epoch (see on_train_start)
+            mine["batches"] = loader.handed_out
+        made_at = getattr(loader, "made_at", None)  # with augmentation on the CPU
         if made_at is not None:
             mine["made_at"] = made_at
         streams = [mine]
@@ -127,8 +130,14 @@ class WorkerSetup(Callback):
             return
         mine = streams[trainer.global_rank]
         torch.set_rng_state(mine["cpu"])
-        if "made_at" in mine and hasattr(trainer.train_dataloader, "make_again"):
-            trainer.train_dataloader.make_again = (state["epoch"], *mine["made_at"])
+        loader = trainer.train_dataloader
+        if "batches" in mine and hasattr(loader, "load_state_dict"):
+            # Lightning gives the loader its place only where it sets up the training data after restoring
+            # the checkpoint: a per-step lr schedule (scheduler.interval=step) reads the epoch's steps
+            # before, which sets it up first, and the resumed epoch then started at its first batch
+            loader.load_state_dict({"epoch": state["epoch"], "batches": mine["batches"]})
+        if "made_at" in mine and hasattr(loader, "make_again"):
+            loader.make_again = (state["epoch"], *mine["made_at"])
         device = trainer.strategy.root_device
         if device.type == "cuda" and "cuda" in mine:
             torch.cuda.set_rng_state(mine["cuda"], device)

@@ -281,13 +281,14 @@ def last_weights(run_dir) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize(
-    "cut,resumed_with",
+    "both,cut,resumed_with",
     [
-        (["trainer.max_steps=20"], []),  # 16 steps an epoch: inside the second; resumed to max_epochs
-        (["trainer.max_steps=20"], ["trainer.max_steps=40"]),  # (Lightning resumes inside the epoch itself)
-        (["early_stop.target_acc=0.05"], []),  # stopped after the validation half-way through epoch 1
-        (["trainer.max_steps=20", "data.augment=pad_crop_flip"], []),  # inside batches 3-5, made together
-        (["trainer.max_steps=22", "data.augment=pad_crop_flip"], []),  # after them: the next are made anew
+        ([], "trainer.max_steps=20", []),  # 16 steps an epoch: inside the second; resumed to max_epochs
+        ([], "trainer.max_steps=20", ["trainer.max_steps=40"]),  # (Lightning resumes inside the epoch itself)
+        ([], "early_stop.target_acc=0.05", []),  # stopped after the validation half-way through epoch 1
+        (["data.augment=pad_crop_flip"], "trainer.max_steps=20", []),  # inside batches 3-5, made together
+        (["data.augment=pad_crop_flip"], "trainer.max_steps=22", []),  # after them: the next are made anew
+        (["scheduler.interval=step"], "trainer.max_steps=20", []),  # it sets the training data up early
     ],
     ids=[
         "max_steps-then-max_epochs",
@@ -295,10 +296,11 @@ def last_weights(run_dir) -> dict[str, torch.Tensor]:
         "early-stop-then-none",
         "augmented-inside-batches-made-together",
         "augmented-after-batches-made-together",
+        "per-step-lr-schedule",
     ],
 )
 def test_a_run_cut_inside_an_epoch_resumes_to_the_uninterrupted_runs_weights(
-    tiny_data, tmp_path, monkeypatch, cut, resumed_with
+    tiny_data, tmp_path, monkeypatch, both, cut, resumed_with
 ):
     """A checkpoint written where an epoch was cut short goes on inside that epoch, from the next batch,
     with every worker's random stream as it was (dropout is on), and the CPU loader makes the batches it
@@ -309,12 +311,10 @@ def test_a_run_cut_inside_an_epoch_resumes_to_the_uninterrupted_runs_weights(
     from psgd.data import datamodule
 
     monkeypatch.setattr(datamodule, "MADE_TOGETHER_BYTES", 3 * 32 * 32 * 32 * 4)  # 3 batches of 32 at once
-    augment = [c for c in cut if c.startswith("data.augment")]
-    common = [f"data.root={tiny_data}", "trainer.max_epochs=3", "trainer.val_check_interval=0.5", *augment, *TINY]
-    cut = [c for c in cut if c not in augment]
+    common = [f"data.root={tiny_data}", "trainer.max_epochs=3", "trainer.val_check_interval=0.5", *both, *TINY]
     straight = train(compose_cfg(*common, *resumed_with), tmp_path / "straight")
-    first = train(compose_cfg(*common, *cut), tmp_path / "first")
-    steps = int(cut[0].split("=")[1]) if "max_steps" in cut[0] else 8  # the early stop: after 8 of epoch 1's 16
+    first = train(compose_cfg(*common, cut), tmp_path / "first")
+    steps = int(cut.split("=")[1]) if "max_steps" in cut else 8  # the early stop: after 8 of epoch 1's 16
     assert first["history"][-1]["step"] == steps and steps % 16
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
