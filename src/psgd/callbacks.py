@@ -100,7 +100,7 @@ class WorkerSetup(Callback):
             mine["cuda"] = torch.cuda.get_rng_state(device)
         loader = trainer.train_dataloader
         if hasattr(loader, "handed_out"):  # psgd's TensorLoader: its place in the epoch (see on_train_start)
-            mine["batches"] = loader.handed_out
+            mine["place"] = loader.state_dict()
         made_at = getattr(loader, "made_at", None)  # with augmentation on the CPU
         if made_at is not None:
             mine["made_at"] = made_at
@@ -125,17 +125,18 @@ class WorkerSetup(Callback):
         streams = state.get("random_streams")
         if not streams or state.get("epoch") != trainer.current_epoch:
             return
-        if len(streams) != trainer.world_size:
-            self.on_train_epoch_start(trainer, pl_module)
-            return
-        mine = streams[trainer.global_rank]
-        torch.set_rng_state(mine["cpu"])
+        same = len(streams) == trainer.world_size
+        mine = streams[trainer.global_rank if same else 0]  # another worker count: rank 0's place, as a share
         loader = trainer.train_dataloader
-        if "batches" in mine and hasattr(loader, "load_state_dict"):
+        if "place" in mine and hasattr(loader, "load_state_dict"):
             # Lightning gives the loader its place only where it sets up the training data after restoring
             # the checkpoint: a per-step lr schedule (scheduler.interval=step) reads the epoch's steps
             # before, which sets it up first, and the resumed epoch then started at its first batch
-            loader.load_state_dict({"epoch": state["epoch"], "batches": mine["batches"]})
+            loader.load_state_dict(mine["place"])
+        if not same:
+            self.on_train_epoch_start(trainer, pl_module)
+            return
+        torch.set_rng_state(mine["cpu"])
         if "made_at" in mine and hasattr(loader, "make_again"):
             loader.make_again = (state["epoch"], *mine["made_at"])
         device = trainer.strategy.root_device
@@ -469,7 +470,9 @@ class RunRecorder(Callback):
             # the rest of an epoch the checkpoint was written inside (trainer.max_steps): one epoch, both parts
             before = self.history.pop()
             for key in ("train_loss", "train_acc"):  # over both parts' samples, as the epoch's own would be
-                if before[key] is not None and record[key] is not None and before["samples"] + record["samples"]:
+                if record[key] is None or not record["samples"]:  # (a part without batches has none)
+                    record[key] = before[key]
+                elif before[key] is not None:
                     mean = before[key] * before["samples"] + record[key] * record["samples"]
                     record[key] = round(mean / (before["samples"] + record["samples"]), 6)
             record["samples"] += before["samples"]

@@ -139,7 +139,7 @@ class TensorLoader:
         # this epoch's batches handed out so far: the ones trained (Lightning fetches a sized loader's
         # batches one at a time, none ahead)
         self.handed_out = 0
-        self._resume_at: tuple[int, int] | None = None  # (epoch, batches) the next epoch's iteration skips
+        self._resume_at: dict[str, int] | None = None  # a state_dict: where the next epoch's iteration starts
         # with augmentation on the CPU: (the first batch, the random stream before their draws) of the
         # batches made together last; a resume inside the epoch makes those again with the same draws
         self.made_at: tuple[int, Tensor] | None = None
@@ -152,14 +152,16 @@ class TensorLoader:
         return {"epoch": self.sampler.epoch, "batches": self.handed_out}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Lightning calls it when a run resumes inside an epoch: that epoch's first `batches` are skipped."""
-        self._resume_at = (int(state["epoch"]), int(state["batches"]))
+        """Lightning calls it when a run resumes inside an epoch: that epoch's first `batches` are skipped.
+        (Lightning counts them done: with an epoch of another length, another worker count or batch
+        size, it trains the epoch's batches after them, none where they were as many or more.)"""
+        self._resume_at = dict(state)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         self.seen, self.handed_out, self.made_at = [], 0, None
         skip, again = 0, None
         if self._resume_at is not None:  # (read here, at the first batch: Lightning sets the epoch after iter())
-            epoch, batches = self._resume_at
+            epoch, batches = int(self._resume_at["epoch"]), int(self._resume_at["batches"])
             skip = batches if epoch == self.sampler.epoch else 0
             if skip and self.make_again is not None and self.make_again[0] == epoch:
                 again = self.make_again[1:]
