@@ -469,12 +469,9 @@ class RunRecorder(Callback):
         if self.history and self.history[-1]["epoch"] == record["epoch"]:
             # the rest of an epoch the checkpoint was written inside (trainer.max_steps): one epoch, both parts
             before = self.history.pop()
-            for key in ("train_loss", "train_acc"):  # over both parts' samples, as the epoch's own would be
-                if record[key] is None or not record["samples"]:  # (a part without batches has none)
-                    record[key] = before[key]
-                elif before[key] is not None:
-                    mean = before[key] * before["samples"] + record[key] * record["samples"]
-                    record[key] = round(mean / (before["samples"] + record["samples"]), 6)
+            if not record["samples"]:  # no batch was left to train: the first part's figures are the epoch's
+                record["train_loss"], record["train_acc"] = before["train_loss"], before["train_acc"]
+            # (otherwise the module counted the second part on from the first's counts: the whole epoch's)
             record["samples"] += before["samples"]
             record["epoch_s"] = round(before["epoch_s"] + epoch_s, 4)
             record["samples_per_s"] = round(record["samples"] / max(record["epoch_s"], 1e-9), 1)

@@ -26,27 +26,31 @@ def cut_short(batch_progress: dict[str, Any]) -> bool:
     return not batch_progress.get("is_last_batch", True) and batch_progress["current"]["completed"] > 0
 
 
-def keep_a_cut_epoch_unfinished(checkpoint: dict[str, Any]) -> None:
+def keep_a_cut_epoch_unfinished(checkpoint: dict[str, Any]) -> bool:
     """Mark a checkpoint written after an epoch that ended before its last batch (trainer.max_steps,
     max_time, an early stop after a validation inside the epoch) as written inside that epoch.
     Lightning counts such an epoch as trained: resumed with max_epochs, the run went on with the next
     epoch and the cut one's remaining batches were never trained; resumed with a larger max_steps (where
     Lightning does resume inside the epoch), it trained them as the epoch's first batches again. Marked
     unfinished, Lightning resumes inside the epoch, and the training loader goes on from its place
-    there (TensorLoader.state_dict), so the resumed run trains what the uninterrupted one would have."""
+    there (TensorLoader.state_dict), so the resumed run trains what the uninterrupted one would have.
+    Returns whether it was such a checkpoint."""
     fit = (checkpoint.get("loops") or {}).get("fit_loop") or {}
     batches, epochs = fit.get("epoch_loop.batch_progress"), fit.get("epoch_progress")
     if not batches or not epochs or not cut_short(batches):
-        return
+        return False
     if epochs["current"]["processed"] != epochs["current"]["started"]:
-        return  # written inside the epoch already (a checkpoint at a batch's end)
+        return False  # written inside the epoch already (a checkpoint at a batch's end)
     for count in (epochs["current"], epochs["total"]):
         count["processed"] = count["completed"] = count["started"] - 1
     checkpoint["epoch"] = epochs["current"]["completed"]  # (Lightning's current_epoch: the cut epoch's index)
+    return True
 
 
 # the optimizer's class name, kept in its checkpoints: a resume with another optimizer= is refused
 OPTIMIZER_KEY = "psgd_optimizer"
+# in a checkpoint written where an epoch was cut short: that epoch's training counts so far, all workers'
+CUT_EPOCH_COUNTS_KEY = "psgd_cut_epoch_train_counts"
 
 
 class TrainingDiverged(RuntimeError):
@@ -106,6 +110,10 @@ class Classifier(PlainHookName, L.LightningModule):
         # Updating two torchmetrics objects per step cost 0.21 ms of a 9.9 ms lab-CNN step (2 %;
         # measured with benchmarks/compare.py's setup); the counts are reduced once per epoch.
         self._train_counts: list | None = None
+        # the last epoch's counts, all workers' (epoch, correct, loss sum, samples): a checkpoint written
+        # where that epoch was cut short keeps them, and the resumed run's rest of the epoch adds to them
+        self._epoch_counts: tuple[int, float, float, float] | None = None
+        self._resumed_counts: dict[str, float] | None = None
         # per-step schedules: this run's optimizer steps per epoch and the resumed checkpoint's
         self._steps_per_epoch: int | None = None
         self._resumed_steps_per_epoch: int | None = None
@@ -158,12 +166,24 @@ class Classifier(PlainHookName, L.LightningModule):
             zero = torch.zeros((), dtype=torch.float64, device=out.device)
             self._train_counts = [zero, zero.clone(), 0]
             self._train_pending = []
+            if self._resumed_counts is not None:
+                self._carry_resumed_counts()
         pending = self._train_pending
         pending.append((out.detach(), y, loss.detach()))
         if len(pending) >= self._count_every:
             self._count_pending()
 
     _count_every = 32  # count_every as resolved at the start of fit
+
+    def _carry_resumed_counts(self) -> None:
+        """Resumed inside an epoch a checkpoint was cut short in: that epoch's counts so far start this
+        run's, on the first worker only (they are every worker's, and the epoch's counts are summed over
+        the workers), so the epoch's train/loss and train/acc are the whole epoch's."""
+        carried, self._resumed_counts = self._resumed_counts, None
+        if carried.get("epoch") != self.current_epoch or self.global_rank != 0:
+            return
+        correct, loss_sum, _ = self._train_counts
+        self._train_counts = [correct + carried["correct"], loss_sum + carried["loss_sum"], int(carried["samples"])]
 
     def _count_pending(self, after_step: bool = False) -> None:
         """Count the kept batches into the epoch's counts; on rank 0, also log their mean loss and
@@ -214,6 +234,7 @@ class Classifier(PlainHookName, L.LightningModule):
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(sums)
         correct, loss_sum, n = sums.tolist()
+        self._epoch_counts = (self.current_epoch, correct, loss_sum, n)
         if not math.isfinite(loss_sum):
             # every worker has the same reduced sum, so all stop here together; NaN weights never
             # recover, and each further epoch would only cost time (and NaN warnings from the metrics)
@@ -334,11 +355,20 @@ class Classifier(PlainHookName, L.LightningModule):
             checkpoint[OPTIMIZER_KEY] = type(self.trainer.optimizers[0]).__name__
         if self._steps_per_epoch is not None:
             checkpoint[STEPS_PER_EPOCH_KEY] = self._steps_per_epoch
-        keep_a_cut_epoch_unfinished(checkpoint)
+        if keep_a_cut_epoch_unfinished(checkpoint) and self._epoch_counts is not None:
+            epoch, correct, loss_sum, n = self._epoch_counts
+            if epoch == checkpoint["epoch"]:
+                checkpoint[CUT_EPOCH_COUNTS_KEY] = {
+                    "epoch": epoch,
+                    "correct": correct,
+                    "loss_sum": loss_sum,
+                    "samples": n,
+                }
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._resumed_steps_per_epoch = checkpoint.get(STEPS_PER_EPOCH_KEY)
+        self._resumed_counts = checkpoint.get(CUT_EPOCH_COUNTS_KEY)
         self._check_resumed_steps()
         # Callbacks psgd adds by a setting keep their state in its checkpoints: the epoch ModelCheckpoint
         # (checkpoint_every_epoch=true) and TargetAccuracyStop (early_stop.target_acc). Resumed without

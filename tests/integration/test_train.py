@@ -323,9 +323,14 @@ def test_a_run_cut_inside_an_epoch_resumes_to_the_uninterrupted_runs_weights(
     a, b = last_weights(tmp_path / "straight"), last_weights(tmp_path / "resumed")
     assert all(torch.equal(a[k], b[k]) for k in a)
     # one record per epoch, the cut one's two parts together: its samples, loss and accuracy are the whole epoch's
+    # (the module counts the second part on from the first's counts, kept in the checkpoint)
     for key in ("epoch", "step", "samples", "train_loss", "train_acc", "val_acc"):
         assert [h[key] for h in resumed["history"]] == pytest.approx([h[key] for h in straight["history"]], abs=2e-6)
     assert (resumed["test_acc"], resumed["stopped_by"]) == (straight["test_acc"], straight["stopped_by"])
+    # TensorBoard too: the resumed run's epoch values from the cut one on are the uninterrupted run's
+    for tag in ("train/loss", "train/acc"):
+        after = scalars(tensorboard(tmp_path / "resumed"), tag)
+        assert after == pytest.approx(scalars(tensorboard(tmp_path / "straight"), tag)[-len(after) :], abs=1e-6)
 
 
 def max_time_run(tiny_data, run_dir) -> tuple[subprocess.CompletedProcess, dict]:
