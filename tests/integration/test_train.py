@@ -289,6 +289,8 @@ def last_weights(run_dir) -> dict[str, torch.Tensor]:
         (["data.augment=pad_crop_flip"], "trainer.max_steps=20", []),  # inside batches 3-5, made together
         (["data.augment=pad_crop_flip"], "trainer.max_steps=22", []),  # after them: the next are made anew
         (["scheduler.interval=step"], "trainer.max_steps=20", []),  # it sets the training data up early
+        (["strategy=model_averaging"], "trainer.max_steps=20", []),  # its checkpoint: at the train's end
+        (["strategy=hogwild"], "trainer.max_steps=20", []),
     ],
     ids=[
         "max_steps-then-max_epochs",
@@ -297,6 +299,8 @@ def last_weights(run_dir) -> dict[str, torch.Tensor]:
         "augmented-inside-batches-made-together",
         "augmented-after-batches-made-together",
         "per-step-lr-schedule",
+        "model-averaging",
+        "hogwild",
     ],
 )
 def test_a_run_cut_inside_an_epoch_resumes_to_the_uninterrupted_runs_weights(
