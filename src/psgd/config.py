@@ -347,7 +347,19 @@ def check_values(cfg: DictConfig) -> int:
         "must be an integer number of seconds > 0",
     )
     _need(_is_int(t.num_nodes) and t.num_nodes >= 1, "trainer.num_nodes", t.num_nodes, "must be an integer >= 1")
-    _need(_is_int(t.max_epochs) and t.max_epochs >= 1, "trainer.max_epochs", t.max_epochs, "must be an integer >= 1")
+    _need(
+        _is_int(t.max_epochs) and t.max_epochs >= 1,
+        "trainer.max_epochs",
+        t.max_epochs,
+        "must be an integer >= 1"
+        + (
+            # Lightning's "no epoch limit", for a run that trainer.max_steps or max_time ends
+            " (Lightning's -1 or null, no limit, is not taken: psgd's lr schedules and records count epochs; "
+            "to let trainer.max_steps or max_time end training, set max_epochs above the epochs they reach)"
+            if t.max_epochs in (-1, None)
+            else ""
+        ),
+    )
     _need(_is_int(cfg.seed) and cfg.seed >= 0, "seed", cfg.seed, "must be an integer >= 0")
     _check_trainer_values(cfg)
     threads = cfg.get("threads_per_worker")

@@ -167,7 +167,13 @@ BAD = [
     (["workers=11", "data.partition=by_label"], "only 10 classes"),
     (["workers=2", "data.partition=dirichlet", "data.dirichlet_alpha=0"], "data.dirichlet_alpha=0"),
     (["data.partition=random"], "allowed: iid, sizes, by_label, dirichlet"),
-    (["trainer.max_epochs=0"], "trainer.max_epochs=0"),
+    (["trainer.max_epochs=0"], "trainer.max_epochs=0 is invalid: must be an integer >= 1"),
+    (
+        ["trainer.max_epochs=-1", "trainer.max_steps=100"],  # Lightning's "no epoch limit": max_steps decides
+        "trainer.max_epochs=-1 is invalid: must be an integer >= 1 (Lightning's -1 or null, no limit, is not "
+        "taken: psgd's lr schedules and records count epochs; to let trainer.max_steps or max_time end "
+        "training, set max_epochs above the epochs they reach)",
+    ),
     (["early_stop.target_acc=1.5"], "early_stop.target_acc=1.5"),
     (["early_stop.target_acc=0"], "early_stop.target_acc=0"),
     (["early_stop.patience=0"], "early_stop.patience=0"),
