@@ -86,9 +86,11 @@ class WorkerSetup(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        """Every worker's random stream where the epoch was cut short (nothing otherwise: each epoch
-        reseeds). Gathered from the workers: a cut is where every worker stops together (DDP's lockstep;
-        the other strategies refuse the settings that cut an epoch with more than one worker)."""
+        """Where the epoch was cut short, every worker's random stream, its loader's place and (with
+        augmentation on the CPU) the stream its loader made its current batches with; nothing otherwise
+        (each epoch reseeds). Gathered from the workers: a cut is where every worker stops together
+        (DDP's lockstep; the other strategies refuse the settings that cut an epoch with more than one
+        worker)."""
         trainer = self._trainer
         if trainer is None or trainer.state.fn != "fit":
             return {}
@@ -126,7 +128,8 @@ class WorkerSetup(Callback):
         if not streams or state.get("epoch") != trainer.current_epoch:
             return
         same = len(streams) == trainer.world_size
-        mine = streams[trainer.global_rank if same else 0]  # another worker count: rank 0's place, as a share
+        # another worker count: rank 0's place (Lightning counts its batches done on every worker)
+        mine = streams[trainer.global_rank if same else 0]
         loader = trainer.train_dataloader
         if "place" in mine and hasattr(loader, "load_state_dict"):
             # Lightning gives the loader its place only where it sets up the training data after restoring
