@@ -484,7 +484,12 @@ def check_values(cfg: DictConfig) -> int:
             "to train that model"
         )
     ckpt = cfg.get("ckpt_path")
-    _need(ckpt is None or isinstance(ckpt, str), "ckpt_path", ckpt, "must be a checkpoint file or run dir (a path)")
+    _need(
+        ckpt is None or (isinstance(ckpt, str) and ckpt != ""),  # ('': "no checkpoint at checkpoints/last.ckpt")
+        "ckpt_path",
+        ckpt,
+        "must be a checkpoint file or run dir (a path; null, the default, starts a new run)",
+    )
     init = cfg.get("init_weights")
     _need(
         init is None or (isinstance(init, str) and init != ""),

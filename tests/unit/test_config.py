@@ -283,6 +283,7 @@ BAD = [
     (["data.partition=sizes", "workers=2", "data.partition_sizes=3"], "data.partition_sizes=3 is invalid: needs one"),
     (["data.partition=sizes", "workers=2", "data.partition_sizes=ab"], "data.partition_sizes='ab' is invalid"),
     (["ckpt_path=3"], "ckpt_path=3 is invalid: must be a checkpoint file or run dir"),
+    (["ckpt_path="], "ckpt_path='' is invalid: must be a checkpoint file or run dir (a path; null, the default, "),
     (["init_weights=3"], "init_weights=3 is invalid: must be an earlier run's dir, a .ckpt file or a weights file"),
     (["init_weights="], "init_weights='' is invalid: must be an earlier run's dir"),
     (
