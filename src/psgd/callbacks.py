@@ -53,6 +53,7 @@ class WorkerSetup(Callback):
         self._flushed_before: bool | None = None
         self._trainer: L.Trainer | None = None
         self._resumed: dict[str, Any] = {}  # the state a checkpoint written inside an epoch held
+        self._place: dict[str, int] | None = None  # and its training loader's place
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -86,11 +87,11 @@ class WorkerSetup(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        """Where the epoch was cut short, every worker's random stream, its loader's place and (with
-        augmentation on the CPU) the stream its loader made its current batches with; nothing otherwise
-        (each epoch reseeds). Gathered from the workers: a cut is where every worker stops together
-        (DDP's lockstep; the other strategies refuse the settings that cut an epoch with more than one
-        worker)."""
+        """Where the epoch was cut short, every worker's random stream and (with augmentation on the
+        CPU) the stream its loader made its current batches with; nothing otherwise (each epoch reseeds).
+        The loader's place is Lightning's to keep (TensorLoader.state_dict, in the fit loop's state).
+        Gathered from the workers: a cut is where every worker stops together (DDP's lockstep; the other
+        strategies refuse the settings that cut an epoch with more than one worker)."""
         trainer = self._trainer
         if trainer is None or trainer.state.fn != "fit":
             return {}
@@ -100,10 +101,7 @@ class WorkerSetup(Callback):
         device = trainer.strategy.root_device
         if device.type == "cuda":
             mine["cuda"] = torch.cuda.get_rng_state(device)
-        loader = trainer.train_dataloader
-        if hasattr(loader, "handed_out"):  # psgd's TensorLoader: its place in the epoch (see on_train_start)
-            mine["place"] = loader.state_dict()
-        made_at = getattr(loader, "made_at", None)  # with augmentation on the CPU
+        made_at = getattr(trainer.train_dataloader, "made_at", None)  # TensorLoader's, with augmentation on the CPU
         if made_at is not None:
             mine["made_at"] = made_at
         streams = [mine]
@@ -119,6 +117,12 @@ class WorkerSetup(Callback):
         self._resumed = dict(state_dict)
 
     @override
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # the training loader's place, as Lightning saved it (the first worker's; DDP's workers share it)
+        loops = ((checkpoint.get("loops") or {}).get("fit_loop") or {}).get("state_dict") or {}
+        self._place = (loops.get("combined_loader") or [None])[0]
+
+    @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Resumed inside the epoch a checkpoint was cut short in: each worker goes on with its stream
         as it was there, and its CPU loader makes the batches it was making together again with their
@@ -127,18 +131,16 @@ class WorkerSetup(Callback):
         streams = state.get("random_streams")
         if not streams or state.get("epoch") != trainer.current_epoch:
             return
-        same = len(streams) == trainer.world_size
-        # another worker count: rank 0's place (Lightning counts its batches done on every worker)
-        mine = streams[trainer.global_rank if same else 0]
         loader = trainer.train_dataloader
-        if "place" in mine and hasattr(loader, "load_state_dict"):
+        if self._place is not None and hasattr(loader, "load_state_dict"):
             # Lightning gives the loader its place only where it sets up the training data after restoring
             # the checkpoint: a per-step lr schedule (scheduler.interval=step) reads the epoch's steps
             # before, which sets it up first, and the resumed epoch then started at its first batch
-            loader.load_state_dict(mine["place"])
-        if not same:
+            loader.load_state_dict(self._place)
+        if len(streams) != trainer.world_size:
             self.on_train_epoch_start(trainer, pl_module)
             return
+        mine = streams[trainer.global_rank]
         torch.set_rng_state(mine["cpu"])
         if "made_at" in mine and hasattr(loader, "make_again"):
             loader.make_again = (state["epoch"], *mine["made_at"])
@@ -470,7 +472,7 @@ class RunRecorder(Callback):
             **({"staleness": round(staleness, 4)} if staleness is not None else {}),
         }
         if self.history and self.history[-1]["epoch"] == record["epoch"]:
-            # the rest of an epoch the checkpoint was written inside (trainer.max_steps): one epoch, both parts
+            # the rest of an epoch the checkpoint was cut short in (max_steps, max_time, an early stop): one epoch
             before = self.history.pop()
             if not record["samples"]:  # no batch was left to train: the first part's figures are the epoch's
                 record["train_loss"], record["train_acc"] = before["train_loss"], before["train_acc"]
