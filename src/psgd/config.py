@@ -5,7 +5,7 @@ the bad value and what is allowed.
 scripts run it on the command line's jobs before those load (~4 s), so that a bad value is reported
 in a fraction of a second. `check`, at the start of every job, runs it again and then what depends on the
 machine and on torch: the accelerator, the process-group backend, the optimizer's own constructor,
-the GPUs, torchrun / srun, the cores.
+the GPUs, torchrun / srun, the cores, the checkpoint files it names.
 """
 
 import contextlib
@@ -13,9 +13,11 @@ import io
 import math
 import os
 import shutil
+import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -512,6 +514,36 @@ def check_values(cfg: DictConfig) -> int:
     return workers
 
 
+# what to give instead, said by a ckpt_path or init_weights line that names no checkpoint
+GIVE = {
+    "ckpt_path": "give a .ckpt file or a run dir",
+    "init_weights": "give a run dir, a .ckpt file or a weights file such as weights/rank0.pt",
+}
+
+
+def checkpoint_file(setting: str, value: str) -> Path:
+    """The file a `setting` (ckpt_path, init_weights) names: a file, or a run dir (its
+    checkpoints/last.ckpt) or that checkpoints/ folder; a sweep's dir, or no torch.save file there, is a
+    ConfigError ending with what to give instead (GIVE)."""
+    give = GIVE[setting]
+    path = Path(value).expanduser()  # as data.root: ckpt_path='~/runs/...'
+    if path.is_dir():
+        if (path / "multirun.yaml").is_file():  # a sweep's dir: its jobs are the runs
+            jobs = [c.parent.parent for c in path.glob("*/checkpoints/last.ckpt")]
+            jobs.sort(key=lambda d: (len(d.name), d))  # 0, 1, ..., 10
+            example = f", e.g. {jobs[0]}" if jobs else ""
+            raise ConfigError(f"{setting}={value!r} is a sweep's dir: give one job's run dir{example}")
+        if (path / "last.ckpt").is_file() and not (path / "checkpoints").exists():
+            path = path / "last.ckpt"  # a run dir's checkpoints/ folder, given for the run dir
+        else:
+            path = path / "checkpoints" / "last.ckpt"
+    if not path.is_file():
+        raise ConfigError(f"{setting}={value!r} is invalid: no checkpoint at {path} ({give})")
+    if not zipfile.is_zipfile(path):  # torch.save's format (Lightning's checkpoints too)
+        raise ConfigError(f"{setting}={value!r} is not a checkpoint file ({give})")
+    return path
+
+
 def check(cfg: DictConfig) -> Plan:
     """Validate every user-facing value, here on this machine (check_values, then what depends on the
     accelerator, torch and the environment); returns the resolved plan or raises ConfigError."""
@@ -530,6 +562,10 @@ def check(cfg: DictConfig) -> Plan:
             "use it with trainer.accelerator=gpu or leave it false"
         )
     check_optimizer(cfg.optimizer)
+    for setting in GIVE:  # here, not in check_values: a file is there on one machine and not on another (a
+        # sweep's jobs on SLURM); a sweep run here finds a missing one before its first job, not in every job
+        if cfg.get(setting) is not None:
+            checkpoint_file(setting, cfg[setting])
     accumulate = resolve_accumulation(cfg, workers * t.num_nodes)
     launcher = external_launcher(workers * t.num_nodes)
     if launcher:

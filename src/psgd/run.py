@@ -17,7 +17,6 @@ import re
 import socket
 import sys
 import time
-import zipfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext, suppress
 from datetime import timedelta
@@ -53,7 +52,7 @@ from psgd.callbacks import (
 )
 from psgd.choices import INFO, DatasetInfo
 from psgd.command_line import earlier_results, first_worker, text_lines, warn
-from psgd.config import ConfigError, DirInUse, Plan, check, duration_s, locate
+from psgd.config import GIVE, ConfigError, DirInUse, Plan, check, checkpoint_file, duration_s, locate
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
 from psgd.hooks import skip_unused_hooks
@@ -275,7 +274,7 @@ def resolve_ckpt_path(
     (None: not checked). A run with nothing left to train (trainer.max_epochs, `max_time`, `max_steps`) says so."""
     if value is None:
         return None
-    path = checkpoint_file("ckpt_path", value, "give a .ckpt file or a run dir")
+    path = checkpoint_file("ckpt_path", value)
     checkpoint = load_weights_only("ckpt_path", value, path)
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise ConfigError(f"ckpt_path={value!r} is not a psgd checkpoint (it holds no state_dict)")
@@ -352,28 +351,6 @@ def nothing_left(checkpoint: dict[str, Any], module: Classifier, max_time: Any, 
     return None
 
 
-def checkpoint_file(setting: str, value: str, give: str) -> Path:
-    """The file a `setting` (ckpt_path, init_weights) names: a file, or a run dir (its
-    checkpoints/last.ckpt) or that checkpoints/ folder; a sweep's dir, or no torch.save file there, is a
-    ConfigError ending with `give` (what to give instead)."""
-    path = Path(value).expanduser()  # as data.root: ckpt_path='~/runs/...'
-    if path.is_dir():
-        if (path / "multirun.yaml").is_file():  # a sweep's dir: its jobs are the runs
-            jobs = [c.parent.parent for c in path.glob("*/checkpoints/last.ckpt")]
-            jobs.sort(key=lambda d: (len(d.name), d))  # 0, 1, ..., 10
-            example = f", e.g. {jobs[0]}" if jobs else ""
-            raise ConfigError(f"{setting}={value!r} is a sweep's dir: give one job's run dir{example}")
-        if (path / "last.ckpt").is_file() and not (path / "checkpoints").exists():
-            path = path / "last.ckpt"  # a run dir's checkpoints/ folder, given for the run dir
-        else:
-            path = path / "checkpoints" / "last.ckpt"
-    if not path.is_file():
-        raise ConfigError(f"{setting}={value!r} is invalid: no checkpoint at {path} ({give})")
-    if not zipfile.is_zipfile(path):  # torch.save's format (Lightning's checkpoints too)
-        raise ConfigError(f"{setting}={value!r} is not a checkpoint file ({give})")
-    return path
-
-
 def load_weights_only(setting: str, value: str, path: Path) -> Any:
     """torch.load with weights only: a checkpoint is data, never code."""
     try:
@@ -410,8 +387,8 @@ def init_weights(value: str | None, module: Classifier) -> str | None:
     optimizer and lr schedule. Loaded into `module`; returns the file, or None without one."""
     if value is None:
         return None
-    give = "give a run dir, a .ckpt file or a weights file such as weights/rank0.pt"
-    path = checkpoint_file("init_weights", value, give)
+    give = GIVE["init_weights"]
+    path = checkpoint_file("init_weights", value)
     loaded = load_weights_only("init_weights", value, path)
     if isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):  # a (psgd) Lightning checkpoint
         replicas = loaded.get("replicas")

@@ -54,6 +54,13 @@ MISTYPED = [
         ["-m", "data.batch_size=64,0", "workers=1,2"],
         "data.batch_size=0 is invalid: must be an integer >= 1 (in the job data.batch_size=0 workers=1; no job was",
     ),
+    # a checkpoint that is not there: every job used to start, fail on it and be reported failed
+    (
+        "sweep.py",
+        ["-m", "workers=1,2", "init_weights=nowhere"],
+        "init_weights='nowhere' is invalid: no checkpoint at nowhere (give a run dir, a .ckpt file or a weights file",
+    ),
+    ("sweep.py", ["-m", "seed=0,1", "ckpt_path=nowhere"], "ckpt_path='nowhere' is invalid: no checkpoint at nowhere"),
 ]
 
 
