@@ -488,8 +488,25 @@ def _interval_problem(config_name: str, overrides: list, config_dir: Path) -> st
     return (
         f"{o.input_line} asks for values drawn from a range, which only a sampling sweeper does "
         f"(e.g. hydra/sweeper=optuna, a Hydra plugin); psgd's sweeper runs the values listed: "
-        f"{key}=1,2,4 or {key}=range(1,5)"
+        f"{listed_instead(key, o.value())}"
     )
+
+
+def listed_instead(key: str, interval) -> str:
+    """Values from `interval`'s ends that the basic sweeper runs: `workers=1,2,3,4 or workers=range(1,5)`
+    for interval(1,4), `data.batch_size=32,64,128,256` for interval(32,256), `optimizer.lr=0.01,0.03,0.1`
+    for interval(0.01,0.1): the ends and a value between (on a log scale where they are orders of
+    magnitude apart, as lrs are)."""
+    lo, hi = interval.start, interval.end
+    whole = lo.is_integer() and hi.is_integer()
+    if whole and 0 < hi - lo < 8:
+        lo, hi = int(lo), int(hi)
+        return f"{key}={','.join(map(str, range(lo, hi + 1)))} or {key}=range({lo},{hi + 1})"
+    if whole and lo > 0 and all(v.is_integer() and v > 0 for v in (math.log2(lo), math.log2(hi))):
+        return f"{key}={','.join(str(2**e) for e in range(int(math.log2(lo)), int(math.log2(hi)) + 1))}"
+    middle = math.sqrt(lo * hi) if 0 < lo and hi >= 10 * lo else (lo + hi) / 2
+    middle = round(middle) if whole else float(f"{middle:.{1 if hi >= 10 * lo > 0 else 2}g}")
+    return f"{key}={lo:g},{middle:g},{hi:g}"
 
 
 # groups whose settings, but these, are the arguments of the class they build (model._target_, a model of

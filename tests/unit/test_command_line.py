@@ -72,7 +72,11 @@ BAD = [
     (["--cfg", "job", "workers=1,2"], "--cfg prints one job's config and workers=1,2 gives workers several values"),
     # interval() is for sampling sweepers: the basic one raised a HydraException traceback, leaving a sweep dir
     (["-m", "optimizer.lr=interval(0.01,0.1)"], "optimizer.lr=interval(0.01,0.1) asks for values drawn from a range"),
-    (["workers=interval(1,4)"], "psgd's sweeper runs the values listed: workers=1,2,4 or workers=range(1,5)"),
+    (["workers=interval(1,4)"], "psgd's sweeper runs the values listed: workers=1,2,3,4 or workers=range(1,5)"),
+    (["-m", "optimizer.lr=interval(0.01,0.1)"], "psgd's sweeper runs the values listed: optimizer.lr=0.01,0.03,0.1"),
+    (["-m", "model.dropout=interval(0.2,0.5)"], "psgd's sweeper runs the values listed: model.dropout=0.2,0.35,0.5"),
+    (["-m", "data.batch_size=interval(32,256)"], "the values listed: data.batch_size=32,64,128,256"),
+    (["-m", "trainer.max_epochs=interval(5,30)"], "the values listed: trainer.max_epochs=5,18,30"),
     # a later value of the same key replaced the sweep: one job ran, silently
     (["-m", "workers=1,2,4", "seed=0", "workers=8"], "workers=1,2,4 is replaced by workers=8 later on the command"),
     (["-m", "model=mlp,lab_cnn", "model=lab_cnn"], "so its sweep would not run; give model once"),
