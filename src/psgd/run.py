@@ -278,6 +278,49 @@ def resolve_ckpt_path(
     checkpoint = load_weights_only("ckpt_path", value, path)
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise ConfigError(f"ckpt_path={value!r} is not a psgd checkpoint (it holds no state_dict)")
+    with naming_its_overrides(path):
+        _check_resumable(value, checkpoint, module, world_size, strategy)
+    line = nothing_left(checkpoint, module, max_time, max_steps)
+    if line and first_worker():  # torchrun / srun: every worker finds it; the first says it
+        print(f"psgd: ckpt_path={value} {line}", flush=True)
+    return str(path)
+
+
+def its_overrides(checkpoint: Path) -> str | None:
+    """The command line's overrides of the run whose checkpoint this is (<run>/checkpoints/<name>.ckpt,
+    Hydra's <run>/.hydra/overrides.yaml), without Hydra's own and ckpt_path, as `key=value ...`; "" for
+    none (its defaults), None where the file is not a run's."""
+    saved = checkpoint.parent.parent / ".hydra" / "overrides.yaml"
+    if checkpoint.parent.name != "checkpoints" or not saved.is_file():
+        return None
+    try:
+        overrides = OmegaConf.to_container(OmegaConf.load(saved))
+    except Exception:  # not Hydra's list: nothing to say
+        return None
+    if not isinstance(overrides, list):
+        return None
+    return " ".join(str(o) for o in overrides if not str(o).startswith(("hydra.", "hydra/", "ckpt_path=")))
+
+
+@contextmanager
+def naming_its_overrides(checkpoint: Path) -> Iterator[None]:
+    """A checkpoint this run cannot resume: its line ends with the overrides that run was given (the
+    same ones resume it), where its run dir says them."""
+    try:
+        yield
+    except ConfigError as e:
+        given = its_overrides(checkpoint)
+        if given is None:
+            raise
+        said = f"that run's overrides: {given}" if given else "that run had no overrides"
+        raise ConfigError(f"{e} ({said})") from None
+
+
+def _check_resumable(
+    value: str, checkpoint: dict[str, Any], module: Classifier, world_size: int, strategy: str | None
+) -> None:
+    """A ConfigError where resuming `checkpoint` would not be the run this one's settings ask for: another
+    model, worker count, strategy, dataset, validation samples, partition, lr schedule or optimizer."""
     check_fits("ckpt_path", value, checkpoint["state_dict"], module.state_dict())
     replicas = checkpoint.get("replicas")  # model averaging / HogWild mid-run: one state per worker
     if replicas and not checkpoint.get("averaged") and len(replicas) != world_size:
@@ -321,10 +364,6 @@ def resolve_ckpt_path(
             "schedule as they were, which would not follow this change; resume with the checkpoint's settings "
             f"(or start a new run from its weights with init_weights={value}, leaving ckpt_path out)"
         )
-    line = nothing_left(checkpoint, module, max_time, max_steps)
-    if line and first_worker():  # torchrun / srun: every worker finds it; the first says it
-        print(f"psgd: ckpt_path={value} {line}", flush=True)
-    return str(path)
 
 
 def nothing_left(checkpoint: dict[str, Any], module: Classifier, max_time: Any, max_steps: Any) -> str | None:

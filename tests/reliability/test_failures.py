@@ -645,7 +645,9 @@ def test_a_resume_that_would_not_follow_the_command_line_is_one_line(tiny_data, 
         f"psgd: error: ckpt_path='{first}' cannot be resumed with trainer.max_epochs=2 under a cosine decay "
         "(the checkpoint's run had 1: its cosine reaches lr 0 there): resuming restores its optimizer and lr "
         "schedule as they were, which would not follow this change; resume with the checkpoint's settings "
-        f"(or start a new run from its weights with init_weights={first}, leaving ckpt_path out)"
+        f"(or start a new run from its weights with init_weights={first}, leaving ckpt_path out) "
+        # what to give again, all at once (one refusal at a time before)
+        f"(that run's overrides: data.root={tiny_data} trainer.max_epochs=1 {' '.join(TINY)})"
     ]
     assert not second.exists()
 
@@ -663,7 +665,8 @@ def test_a_resume_on_another_dataset_is_one_line_and_leaves_no_run_dir(tiny_data
     assert not third.exists()
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"psgd: error: ckpt_path='{first}' was trained on data=mnist and this run's data is fashion_mnist: "
-        "resuming would go on with its epochs, optimizer and schedule on other data; resume with data=mnist"
+        "resuming would go on with its epochs, optimizer and schedule on other data; resume with data=mnist "
+        f"(that run's overrides: data.root={tiny_data} trainer.max_epochs=1 {' '.join(TINY)})"
     ], proc.stderr
 
 

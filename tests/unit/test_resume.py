@@ -188,6 +188,30 @@ def test_a_checkpoint_of_another_model_or_no_checkpoint_is_refused(tmp_path, mon
     assert resolve_ckpt_path("~/run", mlp) == last
 
 
+def test_a_refused_resume_of_a_run_dir_says_that_runs_overrides(tmp_path):
+    """A resume without the run's overrides was refused one setting at a time (another max_epochs, then
+    another partition, ...): the line gives them all, as Hydra saved them, to give again."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    saved = Classifier(MLP(), partial(torch.optim.SGD), lr=0.02, max_epochs=2, scheduler={"decay": "cosine"})
+    save(run_dir / "checkpoints" / "last.ckpt", saved)
+    (run_dir / ".hydra").mkdir()
+    given = ["model=mlp", "trainer.max_epochs=2", "ckpt_path=/earlier/run", "hydra.run.dir=/x", "seed=3"]
+    (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in given))
+    longer = Classifier(MLP(), partial(torch.optim.SGD), lr=0.02, max_epochs=8, scheduler={"decay": "cosine"})
+    with pytest.raises(ConfigError) as e:
+        resolve_ckpt_path(str(run_dir), longer)
+    assert str(e.value).startswith(f"ckpt_path={str(run_dir)!r} cannot be resumed with trainer.max_epochs=8 under")
+    assert str(e.value).endswith(" (that run's overrides: model=mlp trainer.max_epochs=2 seed=3)")
+    (run_dir / ".hydra" / "overrides.yaml").write_text("[]\n")  # `python train.py`: its defaults
+    with pytest.raises(ConfigError, match=r"leaving ckpt_path out\) \(that run had no overrides\)$"):
+        resolve_ckpt_path(str(run_dir / "checkpoints" / "last.ckpt"), longer)
+    # a .ckpt that is not in a run dir's checkpoints/ (or a run without Hydra's record): the line alone
+    (run_dir / ".hydra" / "overrides.yaml").unlink()
+    with pytest.raises(ConfigError, match=r"leaving ckpt_path out\)$"):
+        resolve_ckpt_path(str(run_dir), longer)
+
+
 def save_trained(path, module, optimizer_name=True):
     """A checkpoint as psgd writes it, with its optimizer's state."""
     optimizer = module.build_optimizer()
