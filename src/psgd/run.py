@@ -442,7 +442,8 @@ def init_weights(value: str | None, module: Classifier) -> str | None:
         raise ConfigError(f"init_weights={value!r} holds no weights (a checkpoint or a state_dict of tensors); {give}")
     if not any(k.startswith("net.") for k in loaded):  # a plain network's state_dict: psgd's module holds it as net
         loaded = {f"net.{k}": v for k, v in loaded.items()}
-    check_fits("init_weights", value, loaded, module.state_dict())
+    with naming_its_overrides(path):  # model=mlp among them, say
+        check_fits("init_weights", value, loaded, module.state_dict())
     module.load_state_dict(loaded)
     return str(path)
 

@@ -362,3 +362,13 @@ def test_init_weights_that_do_not_fit_or_are_not_weights_are_refused(tmp_path):
         init_weights(mid_run, mlp)
     final = save(tmp_path / "final.ckpt", mlp, replicas=replicas, averaged=True)
     assert init_weights(final, mlp) == final
+    # an earlier run's dir: the line ends with that run's overrides, which name its model
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / ".hydra").mkdir()
+    (run_dir / ".hydra" / "overrides.yaml").write_text("- model=mlp\n- workers=2\n")
+    save(run_dir / "checkpoints" / "last.ckpt", mlp)
+    with pytest.raises(
+        ConfigError, match=r"does not fit this run's model: .* \(that run's overrides: model=mlp workers=2\)$"
+    ):
+        init_weights(str(run_dir), lab_cnn)
