@@ -288,7 +288,7 @@ def resolve_ckpt_path(
 
 def its_overrides(checkpoint: Path) -> str | None:
     """The command line's overrides of the run whose checkpoint this is (<run>/checkpoints/<name>.ckpt,
-    Hydra's <run>/.hydra/overrides.yaml), without Hydra's own and ckpt_path, as `key=value ...`; "" for
+    Hydra's <run>/.hydra/overrides.yaml), as `key=value ...` for train.py; "" for
     none (its defaults), None where the file is not a run's."""
     saved = checkpoint.parent.parent / ".hydra" / "overrides.yaml"
     if checkpoint.parent.name != "checkpoints" or not saved.is_file():
@@ -299,7 +299,9 @@ def its_overrides(checkpoint: Path) -> str | None:
         return None
     if not isinstance(overrides, list):
         return None
-    return " ".join(str(o) for o in overrides if not str(o).startswith(("hydra.", "hydra/", "ckpt_path=")))
+    # not Hydra's own, nor the ckpt_path that run resumed from, nor a sweep's continue_sweep (not train.py's)
+    left_out = ("hydra.", "hydra/", "ckpt_path=", "continue_sweep=")
+    return " ".join(str(o) for o in overrides if not str(o).startswith(left_out))
 
 
 @contextmanager

@@ -197,6 +197,7 @@ def test_a_refused_resume_of_a_run_dir_says_that_runs_overrides(tmp_path):
     save(run_dir / "checkpoints" / "last.ckpt", saved)
     (run_dir / ".hydra").mkdir()
     given = ["model=mlp", "trainer.max_epochs=2", "ckpt_path=/earlier/run", "hydra.run.dir=/x", "seed=3"]
+    given.append("continue_sweep=/a/sweep")  # a job of a continued sweep: sweep.py's, not train.py's
     (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in given))
     longer = Classifier(MLP(), partial(torch.optim.SGD), lr=0.02, max_epochs=8, scheduler={"decay": "cosine"})
     with pytest.raises(ConfigError) as e:
