@@ -478,6 +478,13 @@ def _pm(mean: float | None, std: float | None, scale: float = 1.0, digits: int =
     return f"{text} ± {std * scale:.{digits}f}" if std is not None else text
 
 
+def tensorboard_runs(report: Report) -> str:
+    """How TensorBoard names the jobs' runs: by the folder of each under the sweep dir."""
+    if all(job.path.name == str(job.num) for job in report.jobs):
+        return "job N is the run `N/tensorboard`"
+    return "each job's run is `<its folder>/tensorboard`"
+
+
 def render_markdown(sweep_dir: Path, report: Report) -> str:
     devices = sorted({j.get("device") for j in report.jobs if j.get("device")})
     ok, interrupted, running = len(report.completed), len(report.interrupted), len(report.running)
@@ -499,6 +506,9 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
             if any(s["workers"] == 1 and s["runs"] > 1 for s in report.summary)
             else ""
         ),
+        "",
+        f"Every job's curves: `tensorboard --logdir {sweep_dir}` ({tensorboard_runs(report)}; the HParams tab lists "
+        "each run's settings beside its final figures).",
         "",
         "## Jobs",
         "",

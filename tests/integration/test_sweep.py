@@ -96,6 +96,11 @@ def test_every_job_has_its_own_tensorboard_run_with_hparams(mixed_sweep):
         assert hparams["strategy.name"].string_value == row["strategy"]
         assert hparams["workers"].number_value == int(row["workers"])
         assert acc.Scalars("test/acc")[-1].value == pytest.approx(float(row["test_acc"]), abs=1e-6)
+        assert row["dir"] == row["job"]  # TensorBoard's run for this job is <job>/tensorboard, as the report says
+    assert (
+        f"`tensorboard --logdir {sweep_dir}` (job N is the run `N/tensorboard`;"
+        in (sweep_dir / "report.md").read_text()
+    )
 
 
 @pytest.mark.parametrize(

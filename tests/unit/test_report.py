@@ -357,6 +357,7 @@ def test_jobs_in_folders_a_changed_sweep_subdir_names_are_found_in_job_order(see
     assert [j.num for j in report.jobs] == list(range(7))
     assert [r["speedup"] for r in report.summary] == pytest.approx([1.0, 2.0, 42 / 13], abs=1e-3)  # as printed
     assert [j.num for j in report.failed] == [6]
+    assert "(each job's run is `<its folder>/tensorboard`;" in (seeded_sweep / "report.md").read_text()
 
 
 def test_a_sweep_with_failed_jobs_says_how_to_run_them_again(tmp_path):
