@@ -200,12 +200,36 @@ def sweep_argv(argv: list[str]) -> list[str]:
     stopped sweep goes on (not given there as an interpolation: SLURM's job processes resolve the sweep
     dir again, without psgd's resolvers)."""
     given = [a.split("=", 1)[1] for a in argv if override_key(a) == "continue_sweep" and "=" in a]
+    if given:
+        argv = _continue_sweep_not_in_job_dir_names(argv)
     if given and given[-1] != "null" and not any(override_key(a) == "hydra.sweep.dir" for a in argv):
         argv = [*argv, f"hydra.sweep.dir={given[-1]}"]  # the value as typed: Hydra parses it alike
     rest = [a for a in argv if a not in MULTIRUN_FLAGS]
     if any(a.startswith("-") for a in rest):
         return hydra_order(argv)
     return ["-m", *rest]
+
+
+EXCLUDE_KEYS = "hydra.job.config.override_dirname.exclude_keys"
+NOT_IN_DIR_NAMES = f"{EXCLUDE_KEYS}=[continue_sweep]"  # what sweep.py adds with continue_sweep
+
+
+def _continue_sweep_not_in_job_dir_names(argv: list[str]) -> list[str]:
+    """`continue_sweep` left out of `${hydra.job.override_dirname}`: job folders named by their overrides
+    (hydra.sweep.subdir=${hydra.job.override_dirname}) are then the stopped sweep's, where its jobs go on
+    (they were new folders `continue_sweep=<dir>,...`: every job ran again, and the report counted both)."""
+    given = [a for a in argv if override_key(a) == EXCLUDE_KEYS]
+    if not given:
+        return [*argv, NOT_IN_DIR_NAMES]
+    key, _, value = given[-1].partition("=")
+    inner = value.strip()
+    if not (inner.startswith("[") and inner.endswith("]")):  # not a list as typed: Hydra's to judge
+        return argv
+    keys = [k.strip() for k in inner[1:-1].split(",") if k.strip()]
+    if "continue_sweep" in keys:
+        return argv
+    last = len(argv) - 1 - argv[::-1].index(given[-1])
+    return [*argv[:last], f"{key}=[{','.join([*keys, 'continue_sweep'])}]", *argv[last + 1 :]]
 
 
 def hydra_order(argv: list[str]) -> list[str]:

@@ -34,7 +34,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from psgd.command_line import as_typed, override_key, shell_override
+from psgd.command_line import NOT_IN_DIR_NAMES, as_typed, override_key, shell_override
 from psgd.results import NO_ROOM, atomic_file, cores_of, failed_write, read_json, write_atomic, write_csv
 from psgd.signals import still_running
 
@@ -840,7 +840,7 @@ def continue_command(sweep_dir: Path) -> str | None:
     except Exception:  # none (a sweep dir of another launcher's), or damaged
         return None
     task = [o for o in task if override_key(o) != "continue_sweep"]
-    own = [o for o in own if override_key(o) not in ("hydra.mode", "hydra.sweep.dir")]
+    own = [o for o in own if override_key(o) not in ("hydra.mode", "hydra.sweep.dir") and o != NOT_IN_DIR_NAMES]
     words = [*task, *own, shell_override("continue_sweep", sweep_dir)]
     return "python sweep.py -m " + " ".join(shlex.quote(w) for w in words)
 

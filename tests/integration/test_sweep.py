@@ -227,3 +227,27 @@ def test_a_sweep_stopped_early_reports_the_jobs_that_ran_and_goes_on_where_it_st
     assert [h["epoch"] for h in record["history"]] == list(range(1, 61))  # every epoch once, the first `done` kept
     assert done < 60
     assert "2 jobs: 2 completed, 0 failed" in (sweep_dir / "report.md").read_text()
+
+
+@pytest.mark.slow  # ~15 s: two sweeps; the command line it hands Hydra is unit-tested (test_command_line.py)
+def test_a_sweep_with_job_folders_named_by_their_values_is_continued_in_them(tiny_data, tmp_path):
+    """hydra.sweep.subdir=${hydra.job.override_dirname} (job folders, and so TensorBoard runs, named by
+    their values): continue_sweep used to be among those names, so the continued sweep trained every job
+    again in new folders and its report counted 4 jobs for 2."""
+    sweep_dir = tmp_path / "sweep"
+    named = [
+        "hydra.sweep.subdir=${hydra.job.override_dirname}",
+        "hydra.job.config.override_dirname.exclude_keys=[data.root,trainer.max_epochs]",
+    ]
+    common = ["workers=1,2", f"data.root={tiny_data}", "trainer.max_epochs=1", *named]
+    proc = run_cli("sweep.py", "-m", *common, f"hydra.sweep.dir={sweep_dir}", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    jobs = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir())
+    assert jobs == ["workers=1", "workers=2"]
+    first = {job: (sweep_dir / job / "metrics.json").read_bytes() for job in jobs}
+    proc = run_cli("sweep.py", "-m", *common, f"continue_sweep={sweep_dir}", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("completed (kept from the stopped sweep)") == 2
+    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == jobs  # no new folders
+    assert {job: (sweep_dir / job / "metrics.json").read_bytes() for job in jobs} == first  # not trained again
+    assert "2 jobs: 2 completed, 0 failed. Swept: workers." in (sweep_dir / "report.md").read_text()

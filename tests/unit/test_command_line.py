@@ -140,6 +140,31 @@ def stopped_sweep(folder: Path, task: list[str]) -> Path:
     return folder
 
 
+EXCLUDE = "hydra.job.config.override_dirname.exclude_keys"
+
+
+@pytest.mark.parametrize(
+    "given,expected",
+    [
+        ([], f"{EXCLUDE}=[continue_sweep]"),
+        ([f"{EXCLUDE}=[data.root,seed]"], f"{EXCLUDE}=[data.root,seed,continue_sweep]"),  # the user's, kept
+        ([f"{EXCLUDE}=[]"], f"{EXCLUDE}=[continue_sweep]"),
+        ([f"{EXCLUDE}=[continue_sweep]"], f"{EXCLUDE}=[continue_sweep]"),  # as a printed rerun command has it
+    ],
+)
+def test_continue_sweep_is_left_out_of_job_dir_names(tmp_path, given, expected):
+    """hydra.sweep.subdir=${hydra.job.override_dirname} names job folders by their overrides: continue_sweep
+    was among them, so a continued sweep ran every job again in new folders (continue_sweep=<dir>,...), and
+    its report counted each job twice. Hydra leaves the keys in exclude_keys out of those names."""
+    sweep = stopped_sweep(tmp_path / "s", ["workers=1,2"])
+    subdir = "hydra.sweep.subdir=${hydra.job.override_dirname}"
+    argv = sweep_argv(["workers=1,2", subdir, *given, f"continue_sweep={sweep}"])
+    assert [a for a in argv if a.startswith(EXCLUDE)] == [expected]
+    assert argv[-1] == f"hydra.sweep.dir={sweep}"
+    assert command_line_problem("sweep", argv, CONF) is None  # Hydra composes it
+    assert not any(a.startswith(EXCLUDE) for a in sweep_argv(["workers=1,2", subdir]))  # only when continuing
+
+
 def test_a_sweep_is_continued_only_with_its_own_values_in_their_order(tmp_path):
     sweep = stopped_sweep(tmp_path / "s", ["workers=1,2", "seed=0,1"])
     same = sweep_argv(["workers=1,2", "seed=0,1", f"continue_sweep={sweep}"])  # as sweep.py passes them on
