@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd import command_line, signals
-from psgd.command_line import fail, first_worker, global_rank, text_lines
+from psgd.command_line import fail, first_worker, global_rank, other_torchrun_worker, text_lines
 from psgd.config import ConfigError, DirInUse
 from psgd.data import DataError
 from psgd.module import TrainingDiverged
@@ -265,7 +265,12 @@ def run_job(cfg: DictConfig) -> float | None:
         raise
     except Exception as e:
         discard = not sweeping and bad_input(e)
-        if discard:  # first, and whole: under torchrun the agent's SIGTERM comes once another worker said it
+        # under torchrun every worker of a machine finds the same problem in the same dir: the first one takes
+        # the dir away, the others only once it has said the line and exited (their agent stops them then).
+        # Before, another worker could take it away while the first one's Hydra was still setting it up, and
+        # Hydra's log handler failed there with a traceback ("Unable to configure handler 'file'").
+        after_the_first = discard and getattr(e, "every_worker_finds_it", False) and other_torchrun_worker()
+        if discard and not after_the_first:  # first, and whole: the agent's SIGTERM comes once a worker said it
             with signals.held(signal.SIGINT, signal.SIGTERM):
                 _discard_empty_run_dir(run_dir)
         line = error_line(e, run_dir)
@@ -283,7 +288,12 @@ def run_job(cfg: DictConfig) -> float | None:
             show_traceback_if_asked(e)
         if isinstance(e, WorkerGone) and not e.says_so:  # another worker on this machine says it
             raise SystemExit(2) from None
-        fail(line, every_worker_finds_it=getattr(e, "every_worker_finds_it", False))
+        try:
+            fail(line, every_worker_finds_it=getattr(e, "every_worker_finds_it", False))
+        finally:
+            if after_the_first:  # the first has said it and exited (or did not in time, and this one has)
+                with signals.held(signal.SIGINT, signal.SIGTERM):
+                    _discard_empty_run_dir(run_dir)
     if metrics is None:  # a torchrun / srun worker other than rank 0: rank 0 reports
         return None
     if not sweeping:  # a sweep prints one progress line per job instead (psgd.sweep)

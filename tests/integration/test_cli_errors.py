@@ -300,6 +300,46 @@ def test_a_bad_value_under_torchrun_is_said_once(tiny_data, tmp_path, overrides,
     assert not out.exists()
 
 
+SLOW_HYDRA_SETUP = """
+import os, time
+if "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_RANK" in os.environ:
+    import hydra.core.utils as hydra_utils
+    set_up_logs = hydra_utils.configure_log
+    def slowly(*args, **kwargs):  # Hydra has made the run dir and not yet opened its log file in it
+        time.sleep(4 if os.environ["LOCAL_RANK"] == "0" else 1)
+        return set_up_logs(*args, **kwargs)
+    hydra_utils.configure_log = slowly
+"""
+
+
+@pytest.mark.distributed
+@pytest.mark.slow  # ~12 s: a torchrun pair whose first worker sets its run dir up 4 s late
+def test_a_bad_value_under_torchrun_leaves_the_run_dir_to_a_worker_still_setting_it_up(tiny_data, tmp_path):
+    """Every torchrun worker finds the same bad value; one that found it first took the run dir away while
+    the machine's first worker, whose Hydra had made the dir, had not yet opened its log file there: that
+    worker failed with Hydra's traceback ("Unable to configure handler 'file'") and no psgd line was said
+    (seen once in CI: the file check of init_weights comes right at the job's start)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SLOW_HYDRA_SETUP)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(ROOT / "train.py")]
+    proc = subprocess.run(
+        [*cmd, f"data.root={tiny_data}", f"hydra.run.dir={out}", "quiet=true", "workers=2", "init_weights=nowhere"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": os.pathsep.join([str(hook), *sys.path])},
+    )
+    assert "Unable to configure handler" not in proc.stderr, proc.stderr[-3000:]
+    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("psgd:")]
+    assert said == [
+        "psgd: error: init_weights='nowhere' is invalid: no checkpoint at nowhere (give a run dir, a .ckpt file "
+        "or a weights file such as weights/rank0.pt)"
+    ], proc.stderr[-3000:]
+    assert not out.exists()
+
+
 @pytest.mark.distributed
 @pytest.mark.slow  # ~8 s: a torchrun pair; the line itself is tested in-process (test_train.py)
 def test_a_resume_with_nothing_left_under_torchrun_is_said_once(tiny_data, tmp_path):
