@@ -14,7 +14,7 @@ from pytorch_lightning.plugins import TorchCheckpointIO
 from typing_extensions import override
 
 from psgd.data.partition import generator
-from psgd.module import cut_short
+from psgd.module import cut_short, fit_loop_state
 from psgd.results import save_atomic, write_csv, write_json
 from psgd.signals import handler_for_this_process, launched_worker, this_process
 from psgd.strategies._lightning import handle_sigterm_with, without_per_step_collectives
@@ -119,7 +119,7 @@ class WorkerSetup(Callback):
     @override
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         # the training loader's place, as Lightning saved it (the first worker's; DDP's workers share it)
-        loops = ((checkpoint.get("loops") or {}).get("fit_loop") or {}).get("state_dict") or {}
+        loops = fit_loop_state(checkpoint).get("state_dict") or {}
         self._place = (loops.get("combined_loader") or [None])[0]
 
     @override

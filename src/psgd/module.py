@@ -26,6 +26,12 @@ def cut_short(batch_progress: dict[str, Any]) -> bool:
     return not batch_progress.get("is_last_batch", True) and batch_progress["current"]["completed"] > 0
 
 
+def fit_loop_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """Lightning's fit-loop state in a checkpoint (its progress counts and, under "state_dict", the training
+    loader's place); {} where it holds none. Its layout is Lightning's, public but not documented."""
+    return (checkpoint.get("loops") or {}).get("fit_loop") or {}
+
+
 def keep_a_cut_epoch_unfinished(checkpoint: dict[str, Any]) -> bool:
     """Mark a checkpoint written after an epoch that ended before its last batch (trainer.max_steps,
     max_time, an early stop after a validation inside the epoch) as written inside that epoch.
@@ -35,7 +41,7 @@ def keep_a_cut_epoch_unfinished(checkpoint: dict[str, Any]) -> bool:
     unfinished, Lightning resumes inside the epoch, and the training loader goes on from its place
     there (TensorLoader.state_dict), so the resumed run trains what the uninterrupted one would have.
     Returns whether it was such a checkpoint."""
-    fit = (checkpoint.get("loops") or {}).get("fit_loop") or {}
+    fit = fit_loop_state(checkpoint)
     batches, epochs = fit.get("epoch_loop.batch_progress"), fit.get("epoch_progress")
     if not batches or not epochs or not cut_short(batches):
         return False

@@ -56,7 +56,7 @@ from psgd.config import GIVE, ConfigError, DirInUse, Plan, check, checkpoint_fil
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
 from psgd.hooks import skip_unused_hooks
-from psgd.module import OPTIMIZER_KEY, Classifier
+from psgd.module import OPTIMIZER_KEY, Classifier, fit_loop_state
 from psgd.optim import scaled_lr
 from psgd.profiler import NoProfiler, PyTorchProfilerForWorkers
 from psgd.results import cpu_count, device_description, read_json, remove_temp_files, say, versions, write_json
@@ -373,7 +373,7 @@ def nothing_left(checkpoint: dict[str, Any], module: Classifier, max_time: Any, 
     max_steps), as `already trained 3 epoch(s), trainer.max_epochs=3: nothing is left to train; ...`; None
     while something is left."""
     done = "nothing is left to train; its final weights are tested"
-    trained = ((checkpoint.get("loops") or {}).get("fit_loop") or {}).get("epoch_progress", {})
+    trained = fit_loop_state(checkpoint).get("epoch_progress", {})
     trained = trained.get("current", {}).get("processed")  # epochs whose training ended (Lightning's count)
     max_epochs = dict(getattr(module, "hparams", {})).get("max_epochs")
     if isinstance(trained, int) and isinstance(max_epochs, int) and trained >= max_epochs:
