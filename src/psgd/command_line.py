@@ -528,10 +528,11 @@ def listed_instead(key: str, interval) -> str:
     if whole and hi - lo < 8:
         lo, hi = int(lo), int(hi)
         return f"{key}={','.join(map(str, range(lo, hi + 1)))} or {key}=range({lo},{hi + 1})"
-    if whole and 0 < lo < hi and all(v.is_integer() and v > 0 for v in (math.log2(lo), math.log2(hi))):
+    if whole and lo > 0 and all(v.is_integer() and v > 0 for v in (math.log2(lo), math.log2(hi))):
         return f"{key}={','.join(str(2**e) for e in range(int(math.log2(lo)), int(math.log2(hi)) + 1))}"
-    middle = math.sqrt(lo * hi) if 0 < lo and hi >= 10 * lo else (lo + hi) / 2
-    middle = round(middle) if whole else float(f"{middle:.{1 if hi >= 10 * lo > 0 else 2}g}")
+    apart = 0 < lo and hi >= 10 * lo  # orders of magnitude apart
+    middle = math.sqrt(lo * hi) if apart else (lo + hi) / 2
+    middle = round(middle) if whole else float(f"{middle:.{1 if apart else 2}g}")
     return f"{key}={lo:g},{middle:g},{hi:g}"
 
 
