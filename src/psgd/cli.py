@@ -239,6 +239,11 @@ def continue_job(run_dir: Path, hydra_log: str) -> dict | None:
     return None
 
 
+# how long a torchrun worker that takes a refused run's dir away waits for the others on its machine to be past
+# Hydra's set-up of it (they are started together; on a loaded machine their imports can differ by seconds)
+WORKERS_SET_UP_WITHIN_S = 20.0
+
+
 def run_job(cfg: DictConfig) -> float | None:
     """Train one job in Hydra's output dir; returns the test accuracy (Hydra sweepers can optimise it).
 
@@ -250,6 +255,7 @@ def run_job(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
+    signals.mark_running_under_torchrun()  # Hydra's set-up of the run dir is done (wait_for_this_machines_workers)
     absolute_inputs(cfg)
     continued = sweeping and cfg.get("continue_sweep") is not None
     if continued:
@@ -269,8 +275,10 @@ def run_job(cfg: DictConfig) -> float | None:
         # the dir away, the others only once it has said the line and exited (their agent stops them then).
         # Before, another worker could take it away while the first one's Hydra was still setting it up, and
         # Hydra's log handler failed there with a traceback ("Unable to configure handler 'file'").
+        # The first one waits until every worker here is past Hydra's set-up of the dir (each marks that above).
         after_the_first = discard and getattr(e, "every_worker_finds_it", False) and other_torchrun_worker()
         if discard and not after_the_first:  # first, and whole: the agent's SIGTERM comes once a worker said it
+            signals.wait_for_this_machines_workers(WORKERS_SET_UP_WITHIN_S)
             with signals.held(signal.SIGINT, signal.SIGTERM):
                 _discard_empty_run_dir(run_dir)
         line = error_line(e, run_dir)

@@ -298,6 +298,7 @@ def die_with_parent() -> None:
 _agent_watched = False  # stop_with_agent's thread runs in this process (one is enough)
 TORCHRUN_MARKS = "psgd-torchrun-"  # the temp folder of a torchrun job's marks on a machine: + agent's tag, attempt
 agent_gone = False  # stop_with_agent's thread found torchrun's agent gone (and stops this worker)
+_marked = False  # this process has marked itself running under torchrun (mark_running_under_torchrun)
 oom_kills_at_mark: int | None = None  # the kernel's OOM-kill count when this torchrun worker marked itself
 
 
@@ -403,9 +404,10 @@ def mark_running_under_torchrun() -> None:
     `torchrun_workers_gone`; torchrun's agent then stops the others with SIGTERM, and they can say
     which rank died instead of calling the run interrupted."""
     where = _torchrun_marks()
-    if where is None:
+    global oom_kills_at_mark, _marked
+    if where is None or _marked:  # once per process: a job marks it as Hydra hands it over, and again to train
         return
-    global oom_kills_at_mark
+    _marked = True
     oom_kills_at_mark = oom_kills()
     remove_left_folders(TORCHRUN_MARKS)  # of jobs whose workers were all killed outright
     folder, local_rank = where
@@ -428,6 +430,29 @@ def mark_running_under_torchrun() -> None:
                     folder.rmdir()
 
         atexit.register(ended)
+
+
+def wait_for_this_machines_workers(within_s: float) -> None:
+    """In a worker that torchrun started, before it takes away a run dir that every worker of this machine
+    shares: wait (at most `within_s`, or until a signal comes, such as the agent's SIGTERM once another
+    worker exited) until each of them has marked itself running (`mark_running_under_torchrun`, which
+    `psgd.cli.run_job` calls as Hydra hands it the job). A worker not yet marked may be inside Hydra's
+    set-up of that dir, between making it and opening its log file there: taken away then, Hydra failed
+    with a traceback ("Unable to configure handler 'file'") instead of the worker's own line."""
+    where = _torchrun_marks()
+    try:
+        workers = int(os.environ["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return
+    if where is None:  # not under torchrun
+        return
+    folder, _ = where
+    deadline = time.monotonic() + within_s
+    try:
+        while len(_marks(folder)) < workers and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except KeyboardInterrupt:  # the agent stops this worker (another one exited), or Ctrl-C: wait no more
+        pass
 
 
 def _write_mark(folder: Path, local_rank: int, text: str) -> None:

@@ -306,19 +306,20 @@ if "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_RANK" in os.environ:
     import hydra.core.utils as hydra_utils
     set_up_logs = hydra_utils.configure_log
     def slowly(*args, **kwargs):  # Hydra has made the run dir and not yet opened its log file in it
-        time.sleep(4 if os.environ["LOCAL_RANK"] == "0" else 1)
+        time.sleep(float(os.environ["SET_UP_SECONDS"].split(",")[int(os.environ["LOCAL_RANK"])]))
         return set_up_logs(*args, **kwargs)
     hydra_utils.configure_log = slowly
 """
 
 
 @pytest.mark.distributed
-@pytest.mark.slow  # ~12 s: a torchrun pair whose first worker sets its run dir up 4 s late
-def test_a_bad_value_under_torchrun_leaves_the_run_dir_to_a_worker_still_setting_it_up(tiny_data, tmp_path):
-    """Every torchrun worker finds the same bad value; one that found it first took the run dir away while
-    the machine's first worker, whose Hydra had made the dir, had not yet opened its log file there: that
-    worker failed with Hydra's traceback ("Unable to configure handler 'file'") and no psgd line was said
-    (seen once in CI: the file check of init_weights comes right at the job's start)."""
+@pytest.mark.slow  # ~12 s each: a torchrun pair, one of whose workers sets its run dir up seconds late
+@pytest.mark.parametrize("seconds", ["4,1", "0,3"], ids=["first-worker-late", "other-worker-late"])
+def test_a_bad_value_under_torchrun_leaves_the_run_dir_to_a_worker_still_setting_it_up(tiny_data, tmp_path, seconds):
+    """Every torchrun worker finds the same bad value. One that found it took the run dir away while another
+    worker, whose Hydra had made the dir, had not yet opened its log file there: that worker failed with
+    Hydra's traceback ("Unable to configure handler 'file'"), and with the machine's first worker late no
+    psgd line was said (seen once in CI: the file check of init_weights comes right at the job's start)."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(SLOW_HYDRA_SETUP)
@@ -329,7 +330,12 @@ def test_a_bad_value_under_torchrun_leaves_the_run_dir_to_a_worker_still_setting
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": os.pathsep.join([str(hook), *sys.path])},
+        env={
+            **os.environ,
+            "PYTHONWARNINGS": "ignore",
+            "PYTHONPATH": os.pathsep.join([str(hook), *sys.path]),
+            "SET_UP_SECONDS": seconds,
+        },
     )
     assert "Unable to configure handler" not in proc.stderr, proc.stderr[-3000:]
     said = [ln for ln in proc.stderr.splitlines() if ln.startswith("psgd:")]

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -236,6 +237,27 @@ def test_a_torchrun_worker_that_died_without_a_word_is_told_from_one_that_ended(
     assert seen["killed"] == [[5], [4, 6]]  # SIGKILLed, still a zombie: it died
     assert seen["ended"] == [[5], [4, 6]]  # global rank 6 ended as Python sees it (done, an error): it did not
     assert seen["left"] is False  # the last one out took the marks away, the dead one's too
+
+
+def test_a_torchrun_worker_waits_for_the_others_here_to_be_marked_and_no_longer(monkeypatch, tmp_path):
+    """Before a torchrun worker takes a refused run's dir away, the other workers of its machine must be past
+    Hydra's set-up of it (marked): it waits for their marks, and no longer than it was told to."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    folder, _ = signals._torchrun_marks()
+    folder.mkdir()
+    signals._write_mark(folder, 0, str(os.getpid()))
+    start = time.monotonic()
+    signals.wait_for_this_machines_workers(0.5)  # local rank 1 never marks itself
+    assert 0.5 <= time.monotonic() - start < 5
+    late = threading.Timer(1.0, signals._write_mark, (folder, 1, "12345"))
+    start = time.monotonic()
+    late.start()
+    signals.wait_for_this_machines_workers(30)
+    assert 1.0 <= time.monotonic() - start < 10  # it waited for rank 1's mark, and went on once it was there
+    late.join()
 
 
 def test_outside_torchrun_no_worker_is_marked_or_seen_gone(monkeypatch, tmp_path):
