@@ -132,9 +132,10 @@ def main() -> None:
     parser.add_argument("--steps", type=compare.positive, default=64, help="steps counted")
     parser.add_argument("--batch-size", type=compare.positive, default=128)
     parser.add_argument("--top", type=compare.positive, default=15, help="functions listed: psgd's run's most called")
-    parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parent / "results")
+    compare.results_arguments(parser)
     args = parser.parse_args()
     compare.exit_without_data(args.data_root)
+    compare.exit_unless_writable(args.results)
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")  # Lightning's advice (workers, val_dataloader) is not the subject here
 
@@ -163,12 +164,9 @@ def main() -> None:
     md += [f"- {name}: {n / args.steps:.1f}" for name, n in top]
     text = "\n".join(md) + "\n"
     print(text)
-    args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "calls_per_step.md").write_text(text)
     run_args = {**vars(args), "results": str(args.results)}
-    (args.results / "calls_per_step.json").write_text(
-        json.dumps({"date": date, "args": run_args, "per_step": per_step}, indent=2) + "\n"
-    )
+    record = json.dumps({"date": date, "args": run_args, "per_step": per_step}, indent=2) + "\n"
+    compare.write_results(args.results, "calls_per_step", record, text)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import itertools
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -50,6 +51,45 @@ def positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
     return int(text)
+
+
+def result_name(text: str) -> str:
+    """argparse type: the name of a run's result files (<name>.json and <name>.md in the results folder)."""
+    if not re.fullmatch(r"\w[\w.-]*", text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a file name (letters, digits, '_', '.', '-'); --results names the folder"
+        )
+    return text
+
+
+def results_arguments(parser: argparse.ArgumentParser, name: str | None = None) -> None:
+    """--results, the folder the result files go to, and, when `name` is given, --name (their name)."""
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for the result files (.json, .md)")
+    if name is not None:
+        parser.add_argument("--name", type=result_name, default=name, help="the result files' name (%(default)s)")
+
+
+def exit_unless_writable(folder: Path) -> None:
+    """Before any measurement: `folder` made and writable, or one line and exit code 2. A run of minutes
+    used to end in a traceback at its last line, writing its results, which were lost."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        print(
+            f"{Path(sys.argv[0]).name}: error: cannot write results into {folder} ({e.strerror or e}); "
+            "pass --results <a writable folder>",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
+
+
+def write_results(folder: Path, name: str, data: str, md: str) -> None:
+    """<name>.json (`data`) and <name>.md into `folder`, each whole or not at all."""
+    from psgd.results import write_atomic
+
+    write_atomic(folder / f"{name}.json", data)
+    write_atomic(folder / f"{name}.md", md)
 
 
 def non_negative(text: str) -> int:
@@ -638,7 +678,7 @@ def main() -> None:
     )
     parser.add_argument("--workers-list", nargs="+", type=positive, default=[1, 2, 3, 4, 5])
     parser.add_argument("--threads", type=positive, default=os.cpu_count() or 1, help="threads for overhead/flops")
-    parser.add_argument("--name", default="compare")
+    results_arguments(parser, "compare")
     parser.add_argument(
         "--target-overrides",
         nargs="*",
@@ -665,6 +705,7 @@ def main() -> None:
         print(vanilla(args.data_root, args.threads, fixed_batch=args.inner == "fixed"))
         return
     exit_without_data(args.data_root)
+    exit_unless_writable(args.results)
 
     out: dict = {"args": vars(args), "date": time.strftime("%Y-%m-%d"), "cpu_count": os.cpu_count()}
     md: list[str] = []
@@ -770,9 +811,7 @@ def main() -> None:
             md += [f"### Time to {args.target_acc:.1%} test accuracy", "", *lines]
     text = "\n".join(md) + "\n"
     print("\n" + text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(out, indent=2) + "\n")
-    (RESULTS / f"{args.name}.md").write_text(text)
+    write_results(args.results, args.name, json.dumps(out, indent=2, default=str) + "\n", text)
 
 
 if __name__ == "__main__":

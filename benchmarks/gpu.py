@@ -27,9 +27,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import exit_without_data, positive, psgd_run, table  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from compare import (  # noqa: E402
+    exit_unless_writable,
+    exit_without_data,
+    positive,
+    psgd_run,
+    results_arguments,
+    table,
+    write_results,
+)
 
 MODELS = {"lab CNN": ["model=lab_cnn", "data=mnist"], "WideResNet": ["model=wide_resnet", "data=fashion_mnist"]}
 VARIANTS = {  # name: train.py overrides
@@ -68,8 +74,7 @@ def main() -> None:
     parser.add_argument("--limit-batches", type=positive, default=None, help="training batches per epoch (default all)")
     parser.add_argument("--repeats", type=positive, default=3)
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
-    parser.add_argument("--name", default="gpu")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for <name>.json and .md")
+    results_arguments(parser, "gpu")
     args = parser.parse_args()
     if args.accelerator == "gpu":
         import torch
@@ -78,6 +83,7 @@ def main() -> None:
             parser.exit(2, "gpu.py: error: --accelerator gpu, but torch sees no CUDA device here; run it on a GPU "
                         "machine, or pass --accelerator cpu to smoke-test the runs\n")  # fmt: skip
     exit_without_data(args.data_root, tuple(dict.fromkeys(MODELS[m][1].split("=")[1] for m in args.models)))
+    exit_unless_writable(args.results)
 
     common = [
         f"trainer.accelerator={args.accelerator}",
@@ -107,7 +113,6 @@ def main() -> None:
     md = [title, "", table(rows, ["model", "run", "samples/s (median)", "runs"]), ""]
     md += [table(ratios, ["model", "ratio", "value"]), ""]
     print("\n".join(md))
-    args.results.mkdir(parents=True, exist_ok=True)
     out = {
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "date": time.strftime("%Y-%m-%d"),
@@ -116,8 +121,7 @@ def main() -> None:
         "median": {f"{m} | {v}": s for (m, v), s in med.items()},
         "ratios": {f"{r[0]} | {r[1]}": float(r[2]) for r in ratios},
     }
-    (args.results / f"{args.name}.json").write_text(json.dumps(out, indent=2) + "\n")
-    (args.results / f"{args.name}.md").write_text("\n".join(md))
+    write_results(args.results, args.name, json.dumps(out, indent=2) + "\n", "\n".join(md))
 
 
 if __name__ == "__main__":

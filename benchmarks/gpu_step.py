@@ -22,9 +22,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import ROOT, flop_per_sample, positive, sgd, table  # noqa: E402
+from compare import (  # noqa: E402
+    ROOT,
+    exit_unless_writable,
+    flop_per_sample,
+    positive,
+    results_arguments,
+    sgd,
+    table,
+    write_results,
+)
 
-RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = {"lab CNN": ("lab_cnn", "mnist"), "WideResNet": ("wide_resnet", "fashion_mnist")}
 
 
@@ -89,14 +97,14 @@ def main() -> None:
     parser.add_argument("--steps", type=positive, default=100, help="timed steps per row")
     parser.add_argument("--batches", type=positive, nargs="+", default=[128, 1024])
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
-    parser.add_argument("--name", default="gpu_step")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for <name>.json and .md")
+    results_arguments(parser, "gpu_step")
     args = parser.parse_args()
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.exit(2, "gpu_step.py: error: --device cuda, but torch sees no CUDA device here; pass --device cpu "
                     "to smoke-test the script\n")  # fmt: skip
+    exit_unless_writable(args.results)
     from gpu import device_name
 
     rows = []
@@ -110,10 +118,8 @@ def main() -> None:
     flop = {r["model"]: r["gflop_per_sample"] for r in rows}
     md += ["; ".join(f"{m}: {g} GFLOP per training sample (forward and backward)" for m, g in flop.items()), ""]
     print("\n".join(md))
-    args.results.mkdir(parents=True, exist_ok=True)
     out = {"date": time.strftime("%Y-%m-%d"), "device": device, "steps": args.steps, "rows": rows}
-    (args.results / f"{args.name}.json").write_text(json.dumps(out, indent=2) + "\n")
-    (args.results / f"{args.name}.md").write_text("\n".join(md))
+    write_results(args.results, args.name, json.dumps(out, indent=2) + "\n", "\n".join(md))
 
 
 if __name__ == "__main__":

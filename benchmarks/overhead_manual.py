@@ -42,8 +42,6 @@ from psgd.module import Classifier
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
-
 
 def manual_training_step(self, batch, batch_idx):
     """Classifier.training_step for manual optimization: the same loss and counting, and the
@@ -129,8 +127,10 @@ def main() -> None:
     parser.add_argument("--data-root", default="data")
     parser.add_argument("--repeats", type=compare.positive, default=3)
     parser.add_argument("--threads", type=compare.positive, default=os.cpu_count() or 1)
+    compare.results_arguments(parser)
     args = parser.parse_args()
     compare.exit_without_data(args.data_root)
+    compare.exit_unless_writable(args.results)
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", ".*val_dataloader.*")  # the bare and lean modules validate nothing
 
@@ -149,9 +149,8 @@ def main() -> None:
         f"{args.threads} threads, {args.repeats} runs each alternating ({date.today()})\n\n" + "\n".join(rows) + "\n"
     )
     print(text)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "overhead_manual.md").write_text(text)
-    (RESULTS / "overhead_manual.json").write_text(json.dumps({"date": str(date.today()), "runs": runs}, indent=1))
+    record = json.dumps({"date": str(date.today()), "runs": runs}, indent=1)
+    compare.write_results(args.results, "overhead_manual", record, text)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from compare import exit_without_data, positive  # noqa: E402
+from compare import exit_unless_writable, exit_without_data, positive, results_arguments, write_results  # noqa: E402
 
 IMPORTS = "import torch, pytorch_lightning, gc, sys; {freeze}print('ready', flush=True)"
 
@@ -71,10 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strategy", default="ddp")
     p.add_argument("--batches", type=positive, default=5, help="training and test batches per run")
     p.add_argument("--repeats", type=positive, default=3)
-    p.add_argument("--name", default="startup")
-    p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    results_arguments(p, "startup")
     args = p.parse_args(argv)
     exit_without_data(args.data_root)
+    exit_unless_writable(args.results)
 
     # each arm: (its command, given a fresh output dir; the stdout line that ends its work)
     arms = {f"train.py workers={w}": (partial(train_cmd, w, None, args), "psgd: test_acc=") for w in args.workers}
@@ -118,10 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         ],
     ]
     print("\n".join(lines))
-    args.results.mkdir(parents=True, exist_ok=True)
     result = {"rows": rows, "freeze_saves_s": round(saved, 2), "forkserver_sooner_than_spawn_s": sooner}
-    (args.results / f"{args.name}.json").write_text(json.dumps(result, indent=1))
-    (args.results / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    write_results(args.results, args.name, json.dumps(result, indent=1), "\n".join(lines) + "\n")
     return 0
 
 

@@ -111,8 +111,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=compare.positive, default=3000)
     parser.add_argument("--repeats", type=compare.positive, default=3)
-    parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parent / "results")
+    compare.results_arguments(parser)
     args = parser.parse_args()
+    compare.exit_unless_writable(args.results)
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", ".*val_dataloader.*")  # Classifier has a validation_step; no val data here
     torch.set_num_threads(1)
@@ -135,16 +136,13 @@ def main() -> None:
     for name, med, extra, v in rows:
         print(f"{name:40s} {med:8.1f} {extra:15.1f}   {' '.join(f'{x:.0f}' for x in v)}")
     results = args.results
-    results.mkdir(parents=True, exist_ok=True)
     date = time.strftime("%Y-%m-%d")
     settings = {**vars(args), "results": str(results)}
-    (results / "step_overhead.json").write_text(
-        json.dumps({"date": date, "args": settings, "us_per_step": runs}, indent=2) + "\n"
-    )
+    record = json.dumps({"date": date, "args": settings, "us_per_step": runs}, indent=2) + "\n"
     md = [f"Per-step loop cost, one-layer model, 1 thread, {args.steps} steps, medians of {args.repeats} ({date})", ""]
     md += ["| loop | us/step | + us vs vanilla |", "|---|---|---|"]
     md += [f"| {name.strip()} | {med:.1f} | {extra:.1f} |" for name, med, extra, _ in rows]
-    (results / "step_overhead.md").write_text("\n".join(md) + "\n")
+    compare.write_results(results, "step_overhead", record, "\n".join(md) + "\n")
 
 
 if __name__ == "__main__":

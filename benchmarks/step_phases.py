@@ -130,9 +130,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=compare.positive, default=2, help="epochs timed, after one of warm-up")
     parser.add_argument("--repeats", type=compare.positive, default=3)
     parser.add_argument("--batch-size", type=compare.positive, default=128)
-    parser.add_argument("--results", type=Path, default=Path(__file__).resolve().parent / "results")
+    compare.results_arguments(parser)
     args = parser.parse_args()
     compare.exit_without_data(args.data_root)
+    compare.exit_unless_writable(args.results)
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", ".*val_dataloader.*")
 
@@ -158,11 +159,9 @@ def main() -> None:
     md += ["", f"step time ratio psgd / vanilla: {total['psgd'] / total['vanilla']:.3f}"]
     text = "\n".join(md) + "\n"
     print(text)
-    args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "step_phases.md").write_text(text)
     run_args = {**vars(args), "results": str(args.results)}
     summary = {"date": date, "args": run_args, "phases": PHASES, "median_us": med, "total_us": total, "runs": runs}
-    (args.results / "step_phases.json").write_text(json.dumps(summary, indent=1) + "\n")
+    compare.write_results(args.results, "step_phases", json.dumps(summary, indent=1) + "\n", text)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from compare import exit_without_data, positive  # noqa: E402
+from compare import exit_unless_writable, exit_without_data, positive, results_arguments, write_results  # noqa: E402
 
 VARIANTS = {"hogwild_locked": ["strategy=hogwild", "strategy.lock=true"]}
 
@@ -85,18 +85,17 @@ def main() -> None:
     parser.add_argument("--epochs", type=positive, default=1)
     parser.add_argument("--batch-size", type=positive, default=128)
     parser.add_argument("--repeats", type=positive, default=3)
-    parser.add_argument("--name", default="throughput", help="results go to benchmarks/results/<name>.json/.md")
+    results_arguments(parser, "throughput")
     parser.add_argument("overrides", nargs="*", help="extra train.py overrides, e.g. model=singa_cnn")
     args = parser.parse_args()
     data = [o.split("=", 1)[1] for o in args.overrides if o.startswith("data=")]
     exit_without_data(args.data_root, (data[-1] if data else "mnist",))
+    exit_unless_writable(args.results)
 
     rows, lines = measure(args.strategies, args.workers, args.repeats, args)
     print("\n".join(lines))
-    results = ROOT / "benchmarks" / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    (results / f"{args.name}.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
-    (results / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    record = json.dumps({"args": vars(args), "rows": rows}, indent=2, default=str) + "\n"
+    write_results(args.results, args.name, record, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

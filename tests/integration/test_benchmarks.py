@@ -253,6 +253,9 @@ def test_gpu_step_benchmark_refuses_a_count_below_one_in_one_line(bad, tmp_path)
         ("compare.py", ["--target-seeds", "0", "-1"], "'-1' is not an integer >= 0"),
         ("throughput.py", ["--workers", "2", "0"], "'0' is not an integer >= 1"),  # was train.py's error, at run 2
         ("throughput.py", ["--strategies", "ddp", "hogwlid"], "invalid choice: 'hogwlid'"),
+        # a name with a folder: every figure measured, then a traceback at the last line (no such folder)
+        ("compare.py", ["--name", "mine/compare"], "'mine/compare' is not a file name"),
+        ("startup.py", ["--name", ""], "'' is not a file name"),
     ],
 )
 def test_a_bad_benchmark_argument_is_refused_before_anything_runs(script, bad, value):
@@ -263,6 +266,19 @@ def test_a_bad_benchmark_argument_is_refused_before_anything_runs(script, bad, v
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines()[-1].startswith(f"{script}: error: argument {bad[0]}: {value}"), proc.stderr
     assert {p: p.stat().st_mtime_ns for p in results.iterdir()} == before
+
+
+@pytest.mark.parametrize("script", ["compare.py", "overhead_manual.py"])  # each script calls the same check
+def test_results_that_cannot_be_written_are_one_line_before_any_measurement(script, tiny_data, tmp_path):
+    """A results folder that cannot be made or written was found at the run's last line, after minutes of
+    measurements: a traceback, and the figures were lost (but for the table printed just before)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / script), f"--data-root={tiny_data}"]
+    proc = subprocess.run([*cmd, f"--results={blocker / 'results'}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout[-2000:]
+    said = f"{script}: error: cannot write results into {blocker / 'results'} (Not a directory); pass --results"
+    assert proc.stderr == f"{said} <a writable folder>\n"
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")
