@@ -14,7 +14,7 @@ import math
 import os
 import shutil
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -453,9 +453,10 @@ def check_values(cfg: DictConfig) -> int:
         if per_step
         else "must be an integer >= 0 (fractions of an epoch need scheduler.interval=step)",
     )
-    if sch.warmup_epochs > t.max_epochs and not t.get("fast_dev_run"):  # the lr would never reach optimizer.lr
+    warmup_epochs = schedule(sch)["warmup_epochs"]
+    if warmup_epochs > t.max_epochs and not t.get("fast_dev_run"):  # the lr would never reach optimizer.lr
         raise ConfigError(
-            f"scheduler.warmup_epochs={sch.warmup_epochs} is invalid with trainer.max_epochs={t.max_epochs}: the "
+            f"scheduler.warmup_epochs={warmup_epochs} is invalid with trainer.max_epochs={t.max_epochs}: the "
             f"warm-up would not end before training does; use warmup_epochs<={t.max_epochs}"
         )
     _need(sch.decay in DECAYS, "scheduler.decay", sch.decay, f"allowed: {', '.join(DECAYS)}")
@@ -602,6 +603,20 @@ def check(cfg: DictConfig) -> Plan:
 Jobs = list[tuple[list[str], DictConfig]]  # (overrides, config) of each job, as psgd.command_line composes them
 
 
+# scheduler=none keeps optimizer.lr constant, whatever the schedule's other settings say. They are in its preset so
+# that a sweep such as `scheduler=none,warmup scheduler.warmup_epochs=1` can give them to the warm-up's jobs: there
+# the none jobs warmed up too, and the sweep compared two identical schedules under two names.
+CONSTANT_LR = {"warmup_epochs": 0, "decay": "none"}
+
+
+def schedule(scheduler: Mapping[str, Any]) -> dict[str, Any]:
+    """The lr schedule a run trains with: its scheduler settings, but a constant lr for scheduler=none."""
+    settings = dict(scheduler)
+    if settings.get("name") == "none":
+        settings.update(CONSTANT_LR)
+    return settings
+
+
 def values_problem(jobs: Jobs, name_the_job: bool) -> str | None:
     """Why a job of this command line would stop at its start for a value `check_values` refuses, or
     None: the scripts' check before torch loads, for every job wherever it will run (a value means the
@@ -624,6 +639,15 @@ READ_ONLY_WHEN: tuple[tuple[str, str, Callable[[object], bool], str], ...] = (
         "scheduler.warmup_epochs",
         lambda v: _is_number(v) and v > 0,
         "a warm-up (scheduler=warmup, scheduler.warmup_epochs > 0)",
+    ),
+    *(
+        (
+            f"scheduler.{key}",
+            "scheduler.name",
+            lambda v: v != "none",
+            "a schedule (scheduler=warmup or cosine): scheduler=none keeps optimizer.lr constant",
+        )
+        for key in ("warmup_epochs", "decay")
     ),
     (
         "lr_reference_batch",
@@ -652,6 +676,7 @@ def unread_settings(jobs: Jobs) -> list[str]:
             value = given[0][0]
             value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
             choosers = ",".join(dict.fromkeys(str(chooser) for _, chooser in given))
+            other = other.removesuffix(".name")  # scheduler.name: the preset chosen, as the command line says it
             lines.append(f"{key}={value} has no effect with {other}={choosers}: it is read with {wording}")
     return lines
 

@@ -52,7 +52,7 @@ from psgd.callbacks import (
 )
 from psgd.choices import INFO, DatasetInfo
 from psgd.command_line import earlier_results, first_worker, text_lines, warn
-from psgd.config import GIVE, ConfigError, DirInUse, Plan, check, checkpoint_file, duration_s, locate
+from psgd.config import GIVE, ConfigError, DirInUse, Plan, check, checkpoint_file, duration_s, locate, schedule
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
 from psgd.hooks import skip_unused_hooks
@@ -822,7 +822,7 @@ def _train(
         lr=lr,
         workers=plan.workers,
         max_epochs=t.max_epochs,
-        scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True),
+        scheduler=schedule(OmegaConf.to_container(cfg.scheduler, resolve=True)),  # scheduler=none: a constant lr
         num_classes=info.num_classes,
         channels_last=cfg.channels_last,
         per_worker_metrics=not one_model,

@@ -574,6 +574,17 @@ def test_the_lr_follows_the_samples_per_update_with_a_reference_batch(tiny_data,
     assert (m["lr"], m["lr_reference_batch"]) == (pytest.approx(lr), 16)
 
 
+def test_scheduler_none_trains_at_a_constant_lr_whatever_a_sweep_gives_the_warm_up(tiny_data, tmp_path):
+    """The none job of `sweep.py -m scheduler=none,warmup scheduler.warmup_epochs=1 scheduler.decay=cosine`: it
+    warmed up and decayed as the warm-up's job did, and the sweep compared one schedule under two names."""
+    lrs = Lrs()
+    settings = ["scheduler.warmup_epochs=1", "scheduler.start_factor=0.1", "scheduler.decay=cosine"]
+    cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=2", "scheduler=none", *settings, *TINY)
+    train(cfg, tmp_path / "none", callbacks=[lrs])
+    assert len(lrs.seen) == 32 and {lr for _, lr in lrs.seen} == {0.02}
+    assert [e.value for e in tensorboard(tmp_path / "none").Scalars("lr")] == pytest.approx([0.02, 0.02])
+
+
 @pytest.mark.parametrize("interval", ["step", "epoch"])
 def test_a_per_step_warm_up_moves_the_lr_at_every_optimizer_step(tiny_data, tmp_path, interval):
     """scheduler.interval=step: the lr rises at every optimizer step, and a one-epoch warm-up ends with

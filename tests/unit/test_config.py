@@ -81,6 +81,20 @@ def test_more_threads_than_cores_is_warned_about(monkeypatch, capsys):
     ]
 
 
+def test_scheduler_none_is_a_constant_lr_whatever_the_schedule_settings_say():
+    """`sweep.py -m scheduler=none,warmup scheduler.warmup_epochs=1`: the none jobs warmed up too, and the sweep
+    compared one schedule under two names; and with warmup_epochs longer than the run, the none jobs were refused."""
+    from psgd.config import schedule
+
+    none = compose_cfg("scheduler=none", "scheduler.warmup_epochs=5", "scheduler.decay=cosine", "trainer.max_epochs=3")
+    assert schedule(none.scheduler) == {**none.scheduler, "warmup_epochs": 0, "decay": "none"}
+    check(none)  # its warm-up is no warm-up: not longer than the run
+    cosine = compose_cfg("scheduler=cosine", "scheduler.warmup_epochs=1")  # a warm-up, then the cosine decay
+    assert schedule(cosine.scheduler) == dict(cosine.scheduler)
+    with pytest.raises(ConfigError, match="scheduler.warmup_epochs=5 is invalid with trainer.max_epochs=3"):
+        check(compose_cfg("scheduler=warmup", "scheduler.warmup_epochs=5", "trainer.max_epochs=3"))
+
+
 def test_a_setting_no_job_reads_is_warned_about_once(monkeypatch, capsys):
     """`workers=2 data.partition_sizes=[0.7,0.3]` without data.partition=sizes trained iid shards, and
     nothing said so; in a sweep, only a setting that no job reads is warned about."""
@@ -110,7 +124,15 @@ def test_a_setting_no_job_reads_is_warned_about_once(monkeypatch, capsys):
         "psgd: warning: scheduler.start_factor=0.1 has no effect with scheduler.warmup_epochs=0: it is read with "
         "a warm-up (scheduler=warmup, scheduler.warmup_epochs > 0)"
     ]
+    assert warnings("scheduler=none", "scheduler.warmup_epochs=2", "scheduler.decay=cosine") == [
+        "psgd: warning: scheduler.warmup_epochs=2 has no effect with scheduler=none: it is read with a schedule "
+        "(scheduler=warmup or cosine): scheduler=none keeps optimizer.lr constant",
+        "psgd: warning: scheduler.decay=cosine has no effect with scheduler=none: it is read with a schedule "
+        "(scheduler=warmup or cosine): scheduler=none keeps optimizer.lr constant",
+    ]
     for read in (
+        ["-m", "scheduler=none,warmup", "scheduler.warmup_epochs=1"],  # for the warm-up's jobs
+        ["scheduler.warmup_epochs=1"],  # the default cosine decay, after a warm-up
         ["workers=2", "data.partition=sizes", "data.partition_sizes=[0.7,0.3]"],
         ["workers=2", "data.partition=dirichlet", "data.dirichlet_alpha=0.5"],
         ["scheduler=warmup", "scheduler.start_factor=0.1", "trainer.max_epochs=8"],
