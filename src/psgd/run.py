@@ -205,7 +205,7 @@ def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path):
 
 
 def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
-    """The config as TensorBoard hparams: dotted keys, scalars only."""
+    """The config as TensorBoard hparams: dotted keys, scalars only; the lr schedule as the run trained with it."""
     out: dict[str, Any] = {}
 
     def walk(node: Any, prefix: str) -> None:
@@ -217,7 +217,10 @@ def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
         key = prefix[:-1]
         out[key] = node if isinstance(node, int | float | str | bool) else str(node)
 
-    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    settings = OmegaConf.to_container(cfg, resolve=True)
+    if isinstance(settings.get("scheduler"), dict):  # scheduler=none: a constant lr, whatever its keys say
+        settings["scheduler"] = schedule(settings["scheduler"])
+    walk(settings, "")
     return out
 
 

@@ -15,6 +15,7 @@ import pytorch_lightning as L
 import torch
 from conftest import compose_cfg, run_cli
 from helpers import metrics, scalars, tensorboard, training_data
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 from psgd.callbacks import denormals_flushed
 from psgd.config import ConfigError
@@ -582,7 +583,11 @@ def test_scheduler_none_trains_at_a_constant_lr_whatever_a_sweep_gives_the_warm_
     cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=2", "scheduler=none", *settings, *TINY)
     train(cfg, tmp_path / "none", callbacks=[lrs])
     assert len(lrs.seen) == 32 and {lr for _, lr in lrs.seen} == {0.02}
-    assert [e.value for e in tensorboard(tmp_path / "none").Scalars("lr")] == pytest.approx([0.02, 0.02])
+    acc = tensorboard(tmp_path / "none")
+    assert [e.value for e in acc.Scalars("lr")] == pytest.approx([0.02, 0.02])
+    start = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    hparams = HParamsPluginData.FromString(start).session_start_info.hparams  # the HParams tab: what it trained with
+    assert hparams["scheduler.warmup_epochs"].number_value == 0 and hparams["scheduler.decay"].string_value == "none"
 
 
 @pytest.mark.parametrize("interval", ["step", "epoch"])
