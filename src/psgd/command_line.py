@@ -793,7 +793,38 @@ def _unknown_key(config_name: str, job: list[str], config_dir: Path, key: str) -
     where = f"{parent} has" if parent else "the top level has"
     listing = f"; {where}: {', '.join(keys)}" if keys else ""
     add = f"; to add a new key write +{mine[0].lstrip('~+')}" if mine else ""
+    chosen, others = _choices_having(config_name, job, config_dir, key)
+    if others:  # strategy.period with strategy=ddp: a setting of model averaging's
+        group = key.partition(".")[0]
+        theirs = " and ".join(f"{group}={o}" for o in others)
+        if mine and group in CONSTRUCTOR_GROUPS:  # passed to the class of each choice: the others would refuse it
+            add = f"; a sweep can give it only to jobs of {theirs} (another {group}'s class refuses it)"
+        elif mine:
+            reads = "reads" if len(others) == 1 else "read"
+            # ++ (add or override): + alone fails in the jobs whose choice sets the key (but to null)
+            given = f"++{mine[0].lstrip('~+')}"
+            add = f"; in a sweep over {group}, {given} gives it to every job (only {theirs} {reads} it)"
+        return f"{key} is not a setting of {group}={chosen} but of {theirs}{listing}{add}"
     return f"{key} is not a setting{hint}{listing}{add}"
+
+
+def _choices_having(config_name: str, job: list[str], config_dir: Path, key: str) -> tuple[str | None, list[str]]:
+    """For a key of a config group that the job's choice of it does not have (strategy.period with
+    strategy=ddp): (that choice, the group's other choices whose files set the key); (None, []) elsewhere."""
+    group, _, sub = key.partition(".")
+    if not sub or not (config_dir / group).is_dir():
+        return None, []
+    try:
+        cfg = _compose(config_name, [o for o in job if override_key(o) != key], config_dir, hydra_node=True)
+        chosen = OmegaConf.select(cfg, f"hydra.runtime.choices.{group}")
+        others = [
+            f.stem
+            for f in sorted((config_dir / group).glob("*.yaml"))
+            if f.stem != chosen and OmegaConf.select(OmegaConf.load(f), sub, default=_ABSENT) is not _ABSENT
+        ]
+    except Exception:  # does not compose, or a file that does not load: no hint
+        return None, []
+    return (chosen, others) if chosen else (None, [])
 
 
 def _dotted_keys(cfg: DictConfig, prefix: str = "") -> list[str]:

@@ -29,6 +29,21 @@ BAD = [
     (["lr=0.1"], "lr is not a setting (did you mean optimizer.lr?); the top level has: workers, "),
     (["trainer.max_epoch=3"], "to add a new key write +trainer.max_epoch=3"),
     (["model=wide_resnet", "model.drop=0.1"], "model.drop is not a setting (did you mean model.dropout?)"),
+    # a setting of another choice of its group: before, only "to add a new key write +strategy.period=4"
+    (["strategy.period=4"], "strategy.period is not a setting of strategy=ddp but of strategy=model_averaging; "),
+    (
+        ["-m", "strategy=ddp,model_averaging", "strategy.period=4"],
+        "; in a sweep over strategy, ++strategy.period=4 gives it to every job (only strategy=model_averaging "
+        "reads it)",
+    ),
+    (["-m", "strategy=ddp,hogwild", "strategy.lock=true"], "not a setting of strategy=ddp but of strategy=hogwild"),
+    (["model.hidden=64"], "model.hidden is not a setting of model=lab_cnn but of model=mlp; model has: name,"),
+    (
+        ["-m", "optimizer=sgd,novograd", "optimizer.betas=[0.9,0.99]"],
+        "optimizer.betas is not a setting of optimizer=sgd but of optimizer=novograd; optimizer has: _target_, "
+        "_partial_, lr, momentum, weight_decay, nesterov; a sweep can give it only to jobs of optimizer=novograd "
+        "(another optimizer's class refuses it)",
+    ),
     (["workers=1,2"], "workers=1,2 gives workers several values: to run one job per value add -m"),
     (["workers=1,2"], "for a list write workers=[1,2]"),
     # Lightning's GPU ids: psgd's trainer.devices is a count, so not a list either but the GPUs made visible
@@ -90,6 +105,16 @@ def test_a_mistyped_choice_or_key_is_one_line_naming_it_and_what_is_allowed(argv
     problem = command_line_problem("train", argv, CONF)
     assert problem is not None and expected in problem
     assert "\n" not in problem
+
+
+def test_the_advice_for_a_setting_of_another_choice_composes_every_job_of_the_sweep():
+    """`++` as the refusal of `strategy=ddp,hogwild strategy.lock=true` advises: `+` alone failed in the hogwild
+    job, whose preset sets lock (to false), and a null default such as model averaging's period took either."""
+    assert command_line_problem("sweep", ["-m", "strategy=ddp,hogwild", "++strategy.lock=true"], CONF) is None
+    assert command_line_problem("sweep", ["-m", "strategy=ddp,model_averaging", "++strategy.period=4"], CONF) is None
+    assert "++strategy.lock=true gives it to every job (only strategy=hogwild reads it)" in command_line_problem(
+        "sweep", ["-m", "strategy=ddp,hogwild", "strategy.lock=true"], CONF
+    )
 
 
 @pytest.mark.parametrize(
@@ -464,10 +489,12 @@ def test_a_value_psgd_refuses_in_any_job_of_a_sweep_is_one_line_before_any_job_r
     assert command_line_problem("sweep", line, CONF, job_check=sweep_values_problem).endswith(
         "(in the job trainer.max_time=00:00:00:00; no job was started)"
     )
-    # a key only some jobs lack (SGD's momentum under NovoGrad) names the job that lacks it
+    # a key only some jobs lack (SGD's momentum under NovoGrad) names the job that lacks it, and not "+" as the
+    # way out: NovoGrad's class refuses momentum
     line = ["-m", "optimizer=sgd,novograd", "optimizer.momentum=0,0.9"]
     assert command_line_problem("sweep", line, CONF).endswith(
-        "+optimizer.momentum=0 (in the job optimizer=novograd optimizer.momentum=0; no job was started)"
+        "a sweep can give it only to jobs of optimizer=sgd (another optimizer's class refuses it) (in the job "
+        "optimizer=novograd optimizer.momentum=0; no job was started)"
     )
     # one that no job has is said without a job
     assert command_line_problem("sweep", ["-m", "optimizer.momentm=0,0.9"], CONF).endswith("+optimizer.momentm=0")
