@@ -796,7 +796,8 @@ def _unknown_key(config_name: str, job: list[str], config_dir: Path, key: str) -
     chosen, others = _choices_having(config_name, job, config_dir, key)
     if others:  # strategy.period with strategy=ddp: a setting of model averaging's
         group = key.partition(".")[0]
-        theirs = " and ".join(f"{group}={o}" for o in others)
+        named = [f"{group}={o}" for o in others]
+        theirs = " and ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
         if mine and group in CONSTRUCTOR_GROUPS:  # passed to the class of each choice: the others would refuse it
             add = f"; a sweep can give it only to jobs of {theirs} (another {group}'s class refuses it)"
         elif mine:

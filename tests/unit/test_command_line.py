@@ -38,6 +38,7 @@ BAD = [
     ),
     (["-m", "strategy=ddp,hogwild", "strategy.lock=true"], "not a setting of strategy=ddp but of strategy=hogwild"),
     (["model.hidden=64"], "model.hidden is not a setting of model=lab_cnn but of model=mlp; model has: name,"),
+    (["model=mlp", "model.dropout=0.2"], "model.dropout is not a setting of model=mlp but of model=lab_cnn and model="),
     (
         ["-m", "optimizer=sgd,novograd", "optimizer.betas=[0.9,0.99]"],
         "optimizer.betas is not a setting of optimizer=sgd but of optimizer=novograd; optimizer has: _target_, "
