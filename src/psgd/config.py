@@ -606,7 +606,7 @@ Jobs = list[tuple[list[str], DictConfig]]  # (overrides, config) of each job, as
 # scheduler=none keeps optimizer.lr constant, whatever the schedule's other settings say. They are in its preset so
 # that a sweep such as `scheduler=none,warmup scheduler.warmup_epochs=1` can give them to the warm-up's jobs: there
 # the none jobs warmed up too, and the sweep compared two identical schedules under two names.
-CONSTANT_LR = {"warmup_epochs": 0, "decay": "none"}
+CONSTANT_LR = {"warmup_epochs": 0, "decay": "none", "interval": "epoch"}
 
 
 def schedule(scheduler: Mapping[str, Any]) -> dict[str, Any]:
@@ -647,7 +647,7 @@ READ_ONLY_WHEN: tuple[tuple[str, str, Callable[[object], bool], str], ...] = (
             lambda v: v != "none",
             "a schedule (scheduler=warmup or cosine): scheduler=none keeps optimizer.lr constant",
         )
-        for key in ("warmup_epochs", "decay")
+        for key in CONSTANT_LR
     ),
     (
         "lr_reference_batch",

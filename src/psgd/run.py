@@ -817,6 +817,7 @@ def _train(
         reference_batch=cfg.get("lr_reference_batch"),
     )
     info = INFO[cfg.data.name]
+    lr_schedule = schedule(OmegaConf.to_container(cfg.scheduler, resolve=True))  # scheduler=none: a constant lr
     module = Classifier(
         net,
         # plain lists, not OmegaConf's ListConfig (NovoGrad's betas): the optimizer's state_dict keeps
@@ -825,7 +826,7 @@ def _train(
         lr=lr,
         workers=plan.workers,
         max_epochs=t.max_epochs,
-        scheduler=schedule(OmegaConf.to_container(cfg.scheduler, resolve=True)),  # scheduler=none: a constant lr
+        scheduler=lr_schedule,
         num_classes=info.num_classes,
         channels_last=cfg.channels_last,
         per_worker_metrics=not one_model,
@@ -889,7 +890,7 @@ def _train(
     es = cfg.early_stop
     callbacks: list = [
         WorkerSetup(
-            plan.threads_per_worker, cfg.seed, cfg.flush_denormal, step_logs=cfg.scheduler.get("interval") == "step"
+            plan.threads_per_worker, cfg.seed, cfg.flush_denormal, step_logs=lr_schedule.get("interval") == "step"
         ),
         RunRecorder(str(run_dir), run_info, es.target_acc, echo=not quiet and not bars),
         LatestCheckpoint(run_dir / "checkpoints"),  # first: it is trainer.checkpoint_callback
@@ -900,7 +901,7 @@ def _train(
         callbacks.append(TargetAccuracyStop(es.target_acc, es.patience))
     if cfg.strategy.name == "ddp":
         callbacks.append(LocalSigtermCheck())  # measured: +3 % samples/s for 2 CPU workers
-    if cfg.scheduler.get("interval") == "step":
+    if lr_schedule.get("interval") == "step":
         # the lr of a per-step schedule every trainer.log_every_n_steps steps (tag lr_step; `lr` is each
         # epoch's start); a per-epoch schedule has no per-step hook at all
         callbacks.append(LearningRateMonitor(logging_interval="step"))

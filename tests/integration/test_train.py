@@ -580,14 +580,19 @@ def test_scheduler_none_trains_at_a_constant_lr_whatever_a_sweep_gives_the_warm_
     warmed up and decayed as the warm-up's job did, and the sweep compared one schedule under two names."""
     lrs = Lrs()
     settings = ["scheduler.warmup_epochs=1", "scheduler.start_factor=0.1", "scheduler.decay=cosine"]
-    cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=2", "scheduler=none", *settings, *TINY)
-    train(cfg, tmp_path / "none", callbacks=[lrs])
+    settings += ["scheduler.interval=step", "checkpoint_every_epoch=true"]
+    cfg_args = [f"data.root={tiny_data}", "trainer.max_epochs=2", "scheduler=none", *settings, *TINY]
+    train(compose_cfg(*cfg_args), tmp_path / "none", callbacks=[lrs])
     assert len(lrs.seen) == 32 and {lr for _, lr in lrs.seen} == {0.02}
     acc = tensorboard(tmp_path / "none")
     assert [e.value for e in acc.Scalars("lr")] == pytest.approx([0.02, 0.02])
     start = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
     hparams = HParamsPluginData.FromString(start).session_start_info.hparams  # the HParams tab: what it trained with
     assert hparams["scheduler.warmup_epochs"].number_value == 0 and hparams["scheduler.decay"].string_value == "none"
+    # no per-step schedule either: a resume with other optimizer steps per epoch is no change to a constant lr
+    cut = tmp_path / "none" / "checkpoints" / "epoch0.ckpt"
+    resumed = compose_cfg(*cfg_args, "parallel_batches=2", f"ckpt_path={cut}")
+    assert train(resumed, tmp_path / "resumed")["status"] == "completed"
 
 
 @pytest.mark.parametrize("interval", ["step", "epoch"])

@@ -87,7 +87,7 @@ def test_scheduler_none_is_a_constant_lr_whatever_the_schedule_settings_say():
     from psgd.config import schedule
 
     none = compose_cfg("scheduler=none", "scheduler.warmup_epochs=5", "scheduler.decay=cosine", "trainer.max_epochs=3")
-    assert schedule(none.scheduler) == {**none.scheduler, "warmup_epochs": 0, "decay": "none"}
+    assert schedule(none.scheduler) == {**none.scheduler, "warmup_epochs": 0, "decay": "none", "interval": "epoch"}
     check(none)  # its warm-up is no warm-up: not longer than the run
     cosine = compose_cfg("scheduler=cosine", "scheduler.warmup_epochs=1")  # a warm-up, then the cosine decay
     assert schedule(cosine.scheduler) == dict(cosine.scheduler)
