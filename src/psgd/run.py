@@ -476,6 +476,17 @@ def _holdout_setting(holdout: list | None) -> str:
     return "data.val_split=0" if not holdout else f"data.val_split={holdout[0]:g} seed={holdout[1]}"
 
 
+def _schedule_as_built(settings: dict[str, Any] | None) -> dict[str, Any]:
+    """The scheduler settings that `build_scheduler` reads for them: start_factor only with a warm-up,
+    step_size and gamma only with the step decay, interval only where there is a schedule to step. A
+    checkpoint from before scheduler.interval existed stepped once per epoch."""
+    s = {"interval": "epoch", **{k: v for k, v in (settings or {}).items() if k != "name"}}
+    warm, decay = (s.get("warmup_epochs") or 0) > 0, s.get("decay", "none")
+    unread = ["start_factor"] * (not warm) + ["step_size", "gamma"] * (decay != "step")
+    unread += ["interval"] * (not warm and decay == "none")  # a constant lr
+    return {k: v for k, v in s.items() if k not in unread}
+
+
 def schedule_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
     """What of the lr and its schedule this run changes from the checkpoint's run (hyper-parameters
     of the Classifier), as `key=new (the checkpoint's run had old)`, or None. The lr and every
@@ -484,9 +495,7 @@ def schedule_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
     under a warm-up whose start factor is the default 1/workers."""
     if not saved:  # not written by psgd's Classifier: nothing to compare
         return None
-    # checkpoints from before scheduler.interval existed stepped once per epoch
-    old_s = {"interval": "epoch", **{k: v for k, v in (saved.get("scheduler") or {}).items() if k != "name"}}
-    new_s = {"interval": "epoch", **{k: v for k, v in (now.get("scheduler") or {}).items() if k != "name"}}
+    old_s, new_s = _schedule_as_built(saved.get("scheduler")), _schedule_as_built(now.get("scheduler"))
     if "lr" in saved and not math.isclose(saved["lr"], now["lr"], rel_tol=1e-9):
         return f"lr {now['lr']:g} (optimizer.lr x lr_scaling; the checkpoint's run had {saved['lr']:g})"
     for key in sorted(set(old_s) | set(new_s)):

@@ -128,3 +128,15 @@ def test_a_resume_that_changes_the_lr_schedule_is_named():
     )
     # a constant lr does not depend on the number of epochs: such a run may be resumed to train longer
     assert schedule_change({**saved, "scheduler": constant}, {**saved, "scheduler": constant, "max_epochs": 5}) is None
+    # settings the schedule does not read are no change to it: start_factor without a warm-up, step_size and
+    # gamma without the step decay, interval with a constant lr (scheduler=none with interval=step, kept in its
+    # checkpoints before scheduler=none ignored it)
+    assert schedule_change(saved, {**saved, "scheduler": {**cosine, "start_factor": 0.5, "step_size": 10}}) is None
+    assert (
+        schedule_change({**saved, "scheduler": {**constant, "interval": "step"}}, {**saved, "scheduler": constant})
+        is None
+    )
+    step = {**cosine, "decay": "step"}
+    assert schedule_change({**saved, "scheduler": step}, {**saved, "scheduler": {**step, "step_size": 10}}).startswith(
+        "scheduler.step_size=10 (the checkpoint's run had 30)"
+    )
