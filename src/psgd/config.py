@@ -641,6 +641,10 @@ READ_ONLY_WHEN: tuple[tuple[str, str, Callable[[object], bool], str], ...] = (
         "a warm-up (scheduler=warmup, scheduler.warmup_epochs > 0)",
     ),
     *(
+        (f"scheduler.{key}", "scheduler.decay", lambda v: v == "step", "scheduler.decay=step (x gamma every step_size)")
+        for key in ("step_size", "gamma")
+    ),
+    *(
         (
             f"scheduler.{key}",
             "scheduler.name",

@@ -130,7 +130,12 @@ def test_a_setting_no_job_reads_is_warned_about_once(monkeypatch, capsys):
         "psgd: warning: scheduler.decay=cosine has no effect with scheduler=none: it is read with a schedule "
         "(scheduler=warmup or cosine): scheduler=none keeps optimizer.lr constant",
     ]
+    assert warnings("scheduler.gamma=0.5") == [  # the default cosine decay
+        "psgd: warning: scheduler.gamma=0.5 has no effect with scheduler.decay=cosine: it is read with "
+        "scheduler.decay=step (x gamma every step_size)"
+    ]
     for read in (
+        ["scheduler=warmup", "scheduler.warmup_epochs=1", "scheduler.decay=step", "scheduler.step_size=2"],
         ["-m", "scheduler=none,warmup", "scheduler.warmup_epochs=1"],  # for the warm-up's jobs
         ["scheduler.warmup_epochs=1"],  # the default cosine decay, after a warm-up
         ["workers=2", "data.partition=sizes", "data.partition_sizes=[0.7,0.3]"],
