@@ -654,6 +654,12 @@ READ_ONLY_WHEN: tuple[tuple[str, str, Callable[[object], bool], str], ...] = (
         for key in CONSTANT_LR
     ),
     (
+        "early_stop.patience",
+        "early_stop.target_acc",
+        lambda v: v is not None,
+        "early_stop.target_acc=<an accuracy>, whose validations in a row it counts",
+    ),
+    (
         "lr_reference_batch",
         "lr_scaling",
         lambda v: v != "none",
@@ -679,7 +685,7 @@ def unread_settings(jobs: Jobs) -> list[str]:
         if given and not any(reads(chooser) for _, chooser in given):
             value = given[0][0]
             value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-            choosers = ",".join(dict.fromkeys(str(chooser) for _, chooser in given))
+            choosers = ",".join(dict.fromkeys("null" if c is None else str(c) for _, c in given))  # as typed
             other = other.removesuffix(".name")  # scheduler.name: the preset chosen, as the command line says it
             lines.append(f"{key}={value} has no effect with {other}={choosers}: it is read with {wording}")
     return lines

@@ -130,6 +130,11 @@ def test_a_setting_no_job_reads_is_warned_about_once(monkeypatch, capsys):
         "psgd: warning: scheduler.decay=cosine has no effect with scheduler=none: it is read with a schedule "
         "(scheduler=warmup or cosine): scheduler=none keeps optimizer.lr constant",
     ]
+    assert warnings("early_stop.patience=3") == [  # no early stop
+        "psgd: warning: early_stop.patience=3 has no effect with early_stop.target_acc=null: it is read with "
+        "early_stop.target_acc=<an accuracy>, whose validations in a row it counts"
+    ]
+    assert warnings("-m", "early_stop.target_acc=null,0.9", "early_stop.patience=2") == []
     assert warnings("scheduler.gamma=0.5") == [  # the default cosine decay
         "psgd: warning: scheduler.gamma=0.5 has no effect with scheduler.decay=cosine: it is read with "
         "scheduler.decay=step (x gamma every step_size)"
