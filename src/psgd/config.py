@@ -688,6 +688,18 @@ def unread_settings(jobs: Jobs) -> list[str]:
             choosers = ",".join(dict.fromkeys("null" if c is None else str(c) for _, c in given))  # as typed
             other = other.removesuffix(".name")  # scheduler.name: the preset chosen, as the command line says it
             lines.append(f"{key}={value} has no effect with {other}={choosers}: it is read with {wording}")
+    # worse than no effect: samples held out for a validation that never runs are not trained on either
+    held = [
+        OmegaConf.select(cfg, "data.val_split")
+        for job, cfg in jobs
+        if "data.val_split" in {override_key(text) for text in job}
+    ]
+    validated = [OmegaConf.select(cfg, "trainer.limit_val_batches") != 0 for _, cfg in jobs]
+    if any(_is_number(v) and v > 0 for v in held) and not any(validated):
+        lines.append(
+            f"data.val_split={held[0]} holds out training samples for validation, and trainer.limit_val_batches=0 "
+            "runs none: they are neither trained nor validated on; data.val_split=0 trains on them"
+        )
     return lines
 
 

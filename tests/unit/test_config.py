@@ -135,6 +135,13 @@ def test_a_setting_no_job_reads_is_warned_about_once(monkeypatch, capsys):
         "early_stop.target_acc=<an accuracy>, whose validations in a row it counts"
     ]
     assert warnings("-m", "early_stop.target_acc=null,0.9", "early_stop.patience=2") == []
+    assert warnings("data.val_split=0.1", "trainer.limit_val_batches=0") == [
+        "psgd: warning: data.val_split=0.1 holds out training samples for validation, and "
+        "trainer.limit_val_batches=0 runs none: they are neither trained nor validated on; data.val_split=0 trains "
+        "on them"
+    ]
+    assert warnings("-m", "data.val_split=0.1", "trainer.limit_val_batches=0,null") == []  # some job validates
+    assert warnings("data.val_split=0.1") == warnings("trainer.limit_val_batches=0") == []
     assert warnings("scheduler.gamma=0.5") == [  # the default cosine decay
         "psgd: warning: scheduler.gamma=0.5 has no effect with scheduler.decay=cosine: it is read with "
         "scheduler.decay=step (x gamma every step_size)"
