@@ -668,6 +668,38 @@ READ_ONLY_WHEN: tuple[tuple[str, str, Callable[[object], bool], str], ...] = (
 )
 
 
+# strategy settings that act only between worker processes: with one worker (under DDP, one that
+# strategy.ddp_for_one_worker does not wrap) nothing reads them. (setting, its strategy, what it acts on)
+BETWEEN_WORKERS: tuple[tuple[str, str, str], ...] = (
+    ("strategy.period", "model_averaging", "one worker has no other replica to average with"),
+    ("strategy.average_buffers", "model_averaging", "one worker has no other replica to average with"),
+    ("strategy.average_optimizer_state", "model_averaging", "one worker has no other replica to average with"),
+    ("strategy.lock", "hogwild", "one worker has no other worker's updates to take turns with"),
+    ("strategy.find_unused_parameters", "ddp", "one worker alone trains without DDP"),
+    ("strategy.bucket_cap_mb", "ddp", "one worker alone trains without DDP"),
+)
+
+
+def _processes(cfg: DictConfig) -> tuple[str, int, bool]:
+    """The strategy, its worker processes in all, and whether DDP wraps one worker alone (check_values has
+    passed)."""
+    world = resolve_workers(cfg) * cfg.trainer.get("num_nodes", 1)
+    return cfg.strategy.name, world, bool(cfg.strategy.get("ddp_for_one_worker", False))
+
+
+def _given(jobs: Jobs, key: str, chooser: Callable[[DictConfig], Any]) -> list[tuple[Any, Any]]:
+    """(value, chooser(cfg)) of each job whose command line gives `key` a value (not null)."""
+    given = [(OmegaConf.select(cfg, key), chooser(cfg)) for job, cfg in jobs if key in {override_key(t) for t in job}]
+    return [(value, chosen) for value, chosen in given if value is not None]
+
+
+def _said(value: Any) -> str:
+    """A setting's value as the command line writes it ([0.7, 0.3], true)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
+
+
 def unread_settings(jobs: Jobs) -> list[str]:
     """A warning line for each setting the command line gives a value that no job of it reads:
     `workers=2 data.partition_sizes=[0.7,0.3]` without data.partition=sizes trained iid shards, and
@@ -676,24 +708,25 @@ def unread_settings(jobs: Jobs) -> list[str]:
     `python train.py experiment=dist_tuto` alone runs iid)."""
     lines = []
     for key, other, reads, wording in READ_ONLY_WHEN:
-        given = [
-            (OmegaConf.select(cfg, key), OmegaConf.select(cfg, other))
-            for job, cfg in jobs
-            if key in {override_key(text) for text in job}
-        ]
-        given = [(value, chooser) for value, chooser in given if value is not None]
+        given = _given(jobs, key, lambda cfg, other=other: OmegaConf.select(cfg, other))
         if given and not any(reads(chooser) for _, chooser in given):
-            value = given[0][0]
-            value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
             choosers = ",".join(dict.fromkeys("null" if c is None else str(c) for _, c in given))  # as typed
             other = other.removesuffix(".name")  # scheduler.name: the preset chosen, as the command line says it
-            lines.append(f"{key}={value} has no effect with {other}={choosers}: it is read with {wording}")
+            lines.append(f"{key}={_said(given[0][0])} has no effect with {other}={choosers}: it is read with {wording}")
+    for key, owner, why in BETWEEN_WORKERS:
+        given = _given(jobs, key, _processes)
+        if given and not any(name == owner and (world > 1 or wrapped) for _, (name, world, wrapped) in given):
+            foreign = any(name != owner for _, (name, _, _) in given)
+            choosers = ", ".join(
+                dict.fromkeys(f"strategy={name}" if name != owner else f"workers={n}" for _, (name, n, _) in given)
+            )
+            alone = " or strategy.ddp_for_one_worker=true" if owner == "ddp" else ""
+            lines.append(
+                f"{key}={_said(given[0][0])} has no effect with {choosers}: it is read by strategy={owner} with more "
+                f"than one worker{alone}{'' if foreign else f' ({why})'}"
+            )
     # worse than no effect: samples held out for a validation that never runs are not trained on either
-    held = [
-        OmegaConf.select(cfg, "data.val_split")
-        for job, cfg in jobs
-        if "data.val_split" in {override_key(text) for text in job}
-    ]
+    held = [value for value, _ in _given(jobs, "data.val_split", lambda cfg: None)]
     validated = [OmegaConf.select(cfg, "trainer.limit_val_batches") != 0 for _, cfg in jobs]
     if any(_is_number(v) and v > 0 for v in held) and not any(validated):
         lines.append(

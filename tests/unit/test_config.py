@@ -160,6 +160,34 @@ def test_a_setting_no_job_reads_is_warned_about_once(monkeypatch, capsys):
         ["experiment=dist_tuto"],  # a preset's setting: one job of its sweep, iid, is not the user's mistake
     ):
         assert warnings(*read) == [], read
+    # strategy settings that act between workers, given a run of one (workers defaults to 1)
+    assert warnings("strategy=model_averaging", "strategy.period=4") == [
+        "psgd: warning: strategy.period=4 has no effect with workers=1: it is read by strategy=model_averaging with "
+        "more than one worker (one worker has no other replica to average with)"
+    ]
+    assert warnings("strategy=hogwild", "strategy.lock=true", "trainer.devices=1") == [
+        "psgd: warning: strategy.lock=true has no effect with workers=1: it is read by strategy=hogwild with more "
+        "than one worker (one worker has no other worker's updates to take turns with)"
+    ]
+    assert warnings("strategy.bucket_cap_mb=1", "strategy.find_unused_parameters=false") == [
+        f"psgd: warning: strategy.{setting} has no effect with workers=1: it is read by strategy=ddp with more than "
+        "one worker or strategy.ddp_for_one_worker=true (one worker alone trains without DDP)"
+        for setting in ("find_unused_parameters=false", "bucket_cap_mb=1")
+    ]
+    assert warnings("-m", "strategy=ddp,model_averaging", "++strategy.period=4") == [  # no job has 2 workers
+        "psgd: warning: strategy.period=4 has no effect with strategy=ddp, workers=1: it is read by "
+        "strategy=model_averaging with more than one worker"
+    ]
+    for read in (
+        ["strategy=model_averaging", "workers=2", "strategy.period=4", "strategy.average_buffers=false"],
+        ["strategy=model_averaging", "trainer.devices=2", "strategy.average_optimizer_state=true"],
+        ["strategy=hogwild", "workers=3", "strategy.lock=true"],
+        ["strategy.bucket_cap_mb=1", "strategy.ddp_for_one_worker=true"],  # DDP's cost measured on one worker
+        ["strategy.find_unused_parameters=true", "trainer.num_nodes=2"],  # one worker on each of 2 machines
+        ["-m", "workers=1,2", "strategy=model_averaging", "strategy.period=4"],  # a sweep's 2-worker job reads it
+        ["-m", "workers=2", "strategy=ddp,model_averaging", "++strategy.period=4"],
+    ):
+        assert warnings(*read) == [], read
     assert warnings("-m", "workers=2", "data.partition=iid,by_label", "data.partition_sizes=[0.7,0.3]") == [
         "psgd: warning: data.partition_sizes=[0.7, 0.3] has no effect with data.partition=iid,by_label: it is "
         "read with data.partition=sizes"
