@@ -545,6 +545,13 @@ def checkpoint_file(setting: str, value: str) -> Path:
     return path
 
 
+# switches that act on a GPU only, with what they do there (a run on CPU is warned that they change nothing)
+GPU_ONLY = (
+    ("data.on_device", "it keeps the dataset on the GPU and makes batches there (on CPU it is in memory already)"),
+    ("trainer.benchmark", "it runs cuDNN's autotuner for the GPU's convolutions"),
+)
+
+
 def check(cfg: DictConfig) -> Plan:
     """Validate every user-facing value, here on this machine (check_values, then what depends on the
     accelerator, torch and the environment); returns the resolved plan or raises ConfigError."""
@@ -562,6 +569,10 @@ def check(cfg: DictConfig) -> Plan:
             "trainer.sync_batchnorm=true is invalid on CPU: torch's SyncBatchNorm needs CUDA; "
             "use it with trainer.accelerator=gpu or leave it false"
         )
+    if accelerator == "cpu":
+        for key, what in GPU_ONLY:
+            if OmegaConf.select(cfg, key) is True:
+                warn(f"{key}=true has no effect on CPU: {what}")
     check_optimizer(cfg.optimizer)
     for setting in GIVE:  # here, not in check_values: a file is there on one machine and not on another (a
         # sweep's jobs on SLURM); a sweep run here finds a missing one before its first job, not in every job

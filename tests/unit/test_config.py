@@ -81,6 +81,20 @@ def test_more_threads_than_cores_is_warned_about(monkeypatch, capsys):
     ]
 
 
+def test_gpu_only_switches_on_cpu_are_warned_about(capsys):
+    """`data.on_device=true` or `trainer.benchmark=true` on CPU ran exactly as without them, and nothing said so."""
+    for fine in (["trainer.accelerator=cpu"], ["trainer.accelerator=cpu", "trainer.benchmark=false"]):
+        check(compose_cfg(*fine))
+        assert capsys.readouterr().err == "", fine
+    check(compose_cfg("trainer.accelerator=cpu", "data.on_device=true", "trainer.benchmark=true"))
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "psgd: warning: data.on_device=true has no effect on CPU: it keeps the dataset on the GPU and makes batches "
+        "there (on CPU it is in memory already)",
+        "psgd: warning: trainer.benchmark=true has no effect on CPU: it runs cuDNN's autotuner for the GPU's "
+        "convolutions",
+    ]
+
+
 def test_scheduler_none_is_a_constant_lr_whatever_the_schedule_settings_say():
     """`sweep.py -m scheduler=none,warmup scheduler.warmup_epochs=1`: the none jobs warmed up too, and the sweep
     compared one schedule under two names; and with warmup_epochs longer than the run, the none jobs were refused."""
