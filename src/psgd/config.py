@@ -201,7 +201,7 @@ def duration_s(value) -> float | None:
 
 def _need(ok: bool, key: str, value, allowed: str) -> None:
     if not ok:
-        raise ConfigError(f"{key}={value!r} is invalid: {allowed}")
+        raise ConfigError(f"{key}={'null' if value is None else repr(value)} is invalid: {allowed}")  # as typed
 
 
 def devices_allowed(devices: Any) -> str:

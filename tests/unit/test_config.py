@@ -231,6 +231,7 @@ BAD = [
         "scheduler.interval=step)",
     ),
     (["scheduler.interval=batch"], "scheduler.interval='batch' is invalid: allowed: epoch, step"),
+    (["data.eval_batch_size=null"], "data.eval_batch_size=null is invalid: must be an integer >= 1"),  # not None
     (["trainer.val_check_interval=1.5"], "trainer.val_check_interval=1.5 is invalid: must be a fraction"),
     (
         ["strategy=model_averaging", "workers=2", "trainer.val_check_interval=0.5"],
@@ -280,7 +281,7 @@ BAD = [
     # text where a number belongs: before, a TypeError traceback from the comparison
     (["optimizer.weight_decay=abc"], "optimizer.weight_decay='abc' is invalid: must be >= 0"),
     (["model.dropout=abc"], "model.dropout='abc' is invalid: must be in [0, 1)"),
-    (["model.dropout=null"], "model.dropout=None is invalid: must be in [0, 1)"),  # was the model's "'<' not supported"
+    (["model.dropout=null"], "model.dropout=null is invalid: must be in [0, 1)"),  # was the model's "'<' not supported"
     # the MLP's param groups set each layer's decay: the optimizer's would be ignored, silently
     (
         ["model=mlp", "optimizer.weight_decay=0.1"],
