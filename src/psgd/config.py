@@ -679,15 +679,17 @@ READ_ONLY_WHEN: tuple[tuple[str, str, Callable[[object], bool], str], ...] = (
 )
 
 
-# strategy settings that act only between worker processes: with one worker (under DDP, one that
-# strategy.ddp_for_one_worker does not wrap) nothing reads them. (setting, its strategy, what it acts on)
-BETWEEN_WORKERS: tuple[tuple[str, str, str], ...] = (
+# settings that act only between worker processes, of one strategy or (None) any: with one worker (under DDP,
+# one that strategy.ddp_for_one_worker does not wrap) nothing reads them. (setting, its strategy, why not)
+BETWEEN_WORKERS: tuple[tuple[str, str | None, str], ...] = (
     ("strategy.period", "model_averaging", "one worker has no other replica to average with"),
     ("strategy.average_buffers", "model_averaging", "one worker has no other replica to average with"),
     ("strategy.average_optimizer_state", "model_averaging", "one worker has no other replica to average with"),
     ("strategy.lock", "hogwild", "one worker has no other worker's updates to take turns with"),
     ("strategy.find_unused_parameters", "ddp", "one worker alone trains without DDP"),
     ("strategy.bucket_cap_mb", "ddp", "one worker alone trains without DDP"),
+    # label skew and shard sizes need shards to tell apart (iid, the default, is one worker's whole set too)
+    ("data.partition", None, "one worker's shard is the whole training set: no label skew, only another order"),
 )
 
 
@@ -725,16 +727,19 @@ def unread_settings(jobs: Jobs) -> list[str]:
             other = other.removesuffix(".name")  # scheduler.name: the preset chosen, as the command line says it
             lines.append(f"{key}={_said(given[0][0])} has no effect with {other}={choosers}: it is read with {wording}")
     for key, owner, why in BETWEEN_WORKERS:
-        given = _given(jobs, key, _processes)
-        if given and not any(name == owner and (world > 1 or wrapped) for _, (name, world, wrapped) in given):
-            foreign = any(name != owner for _, (name, _, _) in given)
+        given = [(value, run) for value, run in _given(jobs, key, _processes) if value != "iid"]
+        ours = [owner in (None, name) for _, (name, _, _) in given]  # the job's strategy has the setting
+        if given and not any(mine and (n > 1 or (owner and alone)) for mine, (_, (_, n, alone)) in zip(ours, given)):
             choosers = ", ".join(
-                dict.fromkeys(f"strategy={name}" if name != owner else f"workers={n}" for _, (name, n, _) in given)
+                dict.fromkeys(
+                    f"workers={n}" if mine else f"strategy={name}" for mine, (_, (name, n, _)) in zip(ours, given)
+                )
             )
-            alone = " or strategy.ddp_for_one_worker=true" if owner == "ddp" else ""
+            by = f" by strategy={owner}" if owner else ""
+            wrapped = " or strategy.ddp_for_one_worker=true" if owner == "ddp" else ""
             lines.append(
-                f"{key}={_said(given[0][0])} has no effect with {choosers}: it is read by strategy={owner} with more "
-                f"than one worker{alone}{'' if foreign else f' ({why})'}"
+                f"{key}={_said(given[0][0])} has no effect with {choosers}: it is read{by} with more than one "
+                f"worker{wrapped}{f' ({why})' if all(ours) else ''}"
             )
     # worse than no effect: samples held out for a validation that never runs are not trained on either
     held = [value for value, _ in _given(jobs, "data.val_split", lambda cfg: None)]

@@ -192,7 +192,14 @@ def test_a_setting_no_job_reads_is_warned_about_once(monkeypatch, capsys):
         "psgd: warning: strategy.period=4 has no effect with strategy=ddp, workers=1: it is read by "
         "strategy=model_averaging with more than one worker"
     ]
+    assert warnings("data.partition=by_label") == [  # workers=2 forgotten: no label skew
+        "psgd: warning: data.partition=by_label has no effect with workers=1: it is read with more than one worker "
+        "(one worker's shard is the whole training set: no label skew, only another order)"
+    ]
     for read in (
+        ["data.partition=iid"],  # the default: one worker's whole set
+        ["data.partition=dirichlet", "data.dirichlet_alpha=0.5", "workers=2", "strategy=hogwild"],
+        ["-m", "workers=1,2", "data.partition=by_label"],  # the 1-worker job is the sweep's baseline
         ["strategy=model_averaging", "workers=2", "strategy.period=4", "strategy.average_buffers=false"],
         ["strategy=model_averaging", "trainer.devices=2", "strategy.average_optimizer_state=true"],
         ["strategy=hogwild", "workers=3", "strategy.lock=true"],
