@@ -85,7 +85,7 @@ class Classifier(PlainHookName, L.LightningModule):
         net: nn.Module,
         optimizer: Callable[..., torch.optim.Optimizer],
         lr: float,
-        workers: int = 1,
+        workers: int = 1,  # per node
         max_epochs: int = 1,
         scheduler: dict | None = None,
         num_classes: int = 10,
@@ -95,6 +95,7 @@ class Classifier(PlainHookName, L.LightningModule):
         dataset: str | None = None,
         holdout: list | None = None,
         shards: list | None = None,
+        num_nodes: int = 1,  # kept in checkpoints: a resume under a warm-up from 1/workers compares all workers
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["net", "optimizer", "input_shape"])
@@ -344,8 +345,10 @@ class Classifier(PlainHookName, L.LightningModule):
         # per epoch, the scheduler is stepped once per epoch; per step, once per optimizer step
         self._steps_per_epoch = self.optimizer_steps_per_epoch() if interval == "step" else None
         self._check_resumed_steps()
+        world = self.hparams.workers * self.trainer.num_nodes  # a warm-up from 1/workers: of all nodes' workers,
+        # as lr_scaling multiplies by them all (workers is per node; 2 nodes of 2 started at twice the base lr)
         scheduler = build_scheduler(
-            optimizer, self.hparams.workers, self.hparams.max_epochs, steps_per_epoch=self._steps_per_epoch or 1, **cfg
+            optimizer, world, self.hparams.max_epochs, steps_per_epoch=self._steps_per_epoch or 1, **cfg
         )
         if scheduler is None:
             return optimizer

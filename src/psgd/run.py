@@ -487,6 +487,16 @@ def _schedule_as_built(settings: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in s.items() if k not in unread}
 
 
+def _all_workers(hparams: dict[str, Any]) -> int:
+    """The workers of all nodes (a checkpoint from before num_nodes was kept: one node)."""
+    return hparams["workers"] * (hparams.get("num_nodes") or 1)
+
+
+def _workers_said(hparams: dict[str, Any]) -> str:
+    nodes = hparams.get("num_nodes") or 1
+    return f"workers={hparams['workers']}" + (f" x trainer.num_nodes={nodes}" if nodes > 1 else "")
+
+
 def schedule_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
     """What of the lr and its schedule this run changes from the checkpoint's run (hyper-parameters
     of the Classifier), as `key=new (the checkpoint's run had old)`, or None. The lr and every
@@ -502,10 +512,10 @@ def schedule_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
         if old_s.get(key) != new_s.get(key):
             return f"scheduler.{key}={new_s.get(key)} (the checkpoint's run had {old_s.get(key)})"
     warming_up = (new_s.get("warmup_epochs") or 0) > 0 and new_s.get("start_factor") is None
-    if warming_up and saved.get("workers") not in (None, now.get("workers")):
+    if warming_up and saved.get("workers") is not None and _all_workers(saved) != _all_workers(now):
         return (
-            f"workers={now['workers']} under a warm-up from 1/workers of the lr "
-            f"(the checkpoint's run had {saved['workers']}: its warm-up starts at lr/{saved['workers']})"
+            f"{_workers_said(now)} under a warm-up from 1/workers of the lr "
+            f"(the checkpoint's run had {_workers_said(saved)}: its warm-up starts at lr/{_all_workers(saved)})"
         )
     if new_s.get("decay") == "cosine" and saved.get("max_epochs") not in (None, now["max_epochs"]):
         return (
@@ -845,6 +855,7 @@ def _train(
         # kept too: a resume holding out others would validate on samples the checkpoint trained on
         holdout=[cfg.data.val_split, cfg.seed] if cfg.data.val_split else None,
         shards=shard_settings(cfg),  # how samples are dealt to the workers: a resume must deal them alike
+        num_nodes=t.num_nodes,
     )
     world_size = plan.workers * t.num_nodes
     with found_by_every_worker():

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ROOT
-from helpers import metrics
+from helpers import metrics, scalars, tensorboard
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -109,6 +109,9 @@ def test_two_nodes_of_two_processes_share_one_job(strategy, tiny_data, tmp_path)
         "workers=2",
         "trainer.num_nodes=2",
         "trainer.max_epochs=2",
+        "lr_scaling=linear",  # x 4 workers in all
+        "scheduler=warmup",
+        "scheduler.warmup_epochs=2",  # from 1/4 of that: from the base lr
         "record_shards=true",
         "record_weights=true",
         f"data.root={tiny_data}",
@@ -123,6 +126,9 @@ def test_two_nodes_of_two_processes_share_one_job(strategy, tiny_data, tmp_path)
     assert "psgd: test_acc=" not in results[1][1]
     m = metrics(run_dir)
     assert (m["world_size"], m["num_nodes"], m["launcher"], m["status"]) == (4, 2, "torchrun", "completed")
+    # lr_scaling and the warm-up's 1/workers both count all nodes' workers: the lr starts at the base 0.02
+    # (it started at 0.04, 1/2 of 0.08, the workers of one node)
+    assert scalars(tensorboard(run_dir), "lr") == pytest.approx([0.02, 0.05])
     for epoch in (0, 1):
         shards = [torch.load(run_dir / "shards" / f"epoch{epoch}_rank{r}.pt") for r in range(4)]
         everything = torch.cat(shards)

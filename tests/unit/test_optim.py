@@ -113,6 +113,13 @@ def test_a_resume_that_changes_the_lr_schedule_is_named():
     warmup = {**constant, "name": "warmup", "warmup_epochs": 2}
     at_2 = {**saved, "workers": 2, "scheduler": warmup}
     assert schedule_change(at_2, {**at_2, "workers": 4}).startswith("workers=4 under a warm-up from 1/workers")
+    # workers is per node: 2 nodes of 2 warm up from lr/4 (a checkpoint without num_nodes ran on one node)
+    assert schedule_change(at_2, {**at_2, "num_nodes": 2}) == (
+        "workers=2 x trainer.num_nodes=2 under a warm-up from 1/workers of the lr (the checkpoint's run had "
+        "workers=2: its warm-up starts at lr/2)"
+    )
+    assert schedule_change({**at_2, "workers": 4}, {**at_2, "num_nodes": 2}) is None  # 4 workers either way
+    assert schedule_change({**at_2, "num_nodes": 2}, {**at_2, "num_nodes": 2}) is None
     assert (
         schedule_change(
             {**at_2, "scheduler": {**warmup, "start_factor": 0.1}},
