@@ -713,6 +713,42 @@ def _said(value: Any) -> str:
     return str(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
 
 
+def _one_workers_factors(jobs: Jobs) -> list[str]:
+    """The lr factors that default to the worker count, chosen for runs of one worker: a warm-up from
+    lr x start_factor, null = 1/workers, is a constant lr there (`sweep.py -m scheduler=none,warmup`
+    compared one schedule under two names), and lr_scaling without lr_reference_batch multiplies the lr by
+    the workers, 1. Said when no job of the command line gets a factor other than 1."""
+
+    def named(job: list[str], *keys: str) -> bool:
+        return any(override_key(text) in keys for text in job)
+
+    def warmup_factor(cfg: DictConfig) -> float | None:  # None: no warm-up
+        sch = schedule(cfg.scheduler)
+        if not (_is_number(sch["warmup_epochs"]) and sch["warmup_epochs"] > 0):
+            return None
+        return sch["start_factor"] if sch["start_factor"] is not None else 1 / _processes(cfg)[1]
+
+    lines = []
+    warmups = [(job, cfg) for job, cfg in jobs if named(job, "scheduler", "scheduler.warmup_epochs")]
+    factors = [warmup_factor(cfg) for _, cfg in jobs]
+    if any(warmup_factor(cfg) == 1 for _, cfg in warmups) and not any(f not in (None, 1) for f in factors):
+        sch = next(cfg.scheduler for _, cfg in warmups if warmup_factor(cfg) == 1)
+        lines.append(
+            f"the warm-up (scheduler={sch.name}, scheduler.warmup_epochs={sch.warmup_epochs}) has no effect with "
+            "workers=1: it starts at optimizer.lr x scheduler.start_factor, and start_factor=null is 1/workers = 1, "
+            "so the lr is constant through it; set scheduler.start_factor (e.g. 0.1) to warm one worker up"
+        )
+    scaled = [cfg for job, cfg in jobs if named(job, "lr_scaling") and cfg.lr_scaling != "none"]
+    scaling = [cfg for _, cfg in jobs if cfg.lr_scaling != "none"]
+    if scaled and all(cfg.get("lr_reference_batch") is None and _processes(cfg)[1] == 1 for cfg in scaling):
+        lines.append(
+            f"lr_scaling={scaled[0].lr_scaling} has no effect with workers=1: with lr_reference_batch=null it "
+            "scales optimizer.lr by the workers, 1 here; lr_reference_batch=<samples> scales it by the samples per "
+            "update instead"
+        )
+    return lines
+
+
 def unread_settings(jobs: Jobs) -> list[str]:
     """A warning line for each setting the command line gives a value that no job of it reads:
     `workers=2 data.partition_sizes=[0.7,0.3]` without data.partition=sizes trained iid shards, and
@@ -741,6 +777,7 @@ def unread_settings(jobs: Jobs) -> list[str]:
                 f"{key}={_said(given[0][0])} has no effect with {choosers}: it is read{by} with more than one "
                 f"worker{wrapped}{f' ({why})' if all(ours) else ''}"
             )
+    lines += _one_workers_factors(jobs)
     # worse than no effect: samples held out for a validation that never runs are not trained on either
     held = [value for value, _ in _given(jobs, "data.val_split", lambda cfg: None)]
     validated = [OmegaConf.select(cfg, "trainer.limit_val_batches") != 0 for _, cfg in jobs]

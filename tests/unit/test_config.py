@@ -161,9 +161,9 @@ def test_a_setting_no_job_reads_is_warned_about_once(monkeypatch, capsys):
         "scheduler.decay=step (x gamma every step_size)"
     ]
     for read in (
-        ["scheduler=warmup", "scheduler.warmup_epochs=1", "scheduler.decay=step", "scheduler.step_size=2"],
-        ["-m", "scheduler=none,warmup", "scheduler.warmup_epochs=1"],  # for the warm-up's jobs
-        ["scheduler.warmup_epochs=1"],  # the default cosine decay, after a warm-up
+        ["scheduler=warmup", "scheduler.warmup_epochs=1", "scheduler.decay=step", "scheduler.step_size=2", "workers=2"],
+        ["-m", "scheduler=none,warmup", "scheduler.warmup_epochs=1", "workers=2"],  # for the warm-up's jobs
+        ["scheduler.warmup_epochs=1", "workers=2"],  # the default cosine decay, after a warm-up
         ["workers=2", "data.partition=sizes", "data.partition_sizes=[0.7,0.3]"],
         ["workers=2", "data.partition=dirichlet", "data.dirichlet_alpha=0.5"],
         ["scheduler=warmup", "scheduler.start_factor=0.1", "trainer.max_epochs=8"],
@@ -192,6 +192,33 @@ def test_a_setting_no_job_reads_is_warned_about_once(monkeypatch, capsys):
         "psgd: warning: strategy.period=4 has no effect with strategy=ddp, workers=1: it is read by "
         "strategy=model_averaging with more than one worker"
     ]
+    # the factors that default to the worker count are 1 with one worker: these runs train as without them
+    flat = (
+        "psgd: warning: the warm-up (scheduler=warmup, scheduler.warmup_epochs=5) has no effect with workers=1: it "
+        "starts at optimizer.lr x scheduler.start_factor, and start_factor=null is 1/workers = 1, so the lr is "
+        "constant through it; set scheduler.start_factor (e.g. 0.1) to warm one worker up"
+    )
+    assert warnings("scheduler=warmup") == [flat]
+    assert warnings("-m", "scheduler=none,warmup") == [flat]  # one schedule under two names
+    assert warnings("scheduler.warmup_epochs=1")[0].startswith(
+        "psgd: warning: the warm-up (scheduler=cosine, scheduler.warmup_epochs=1) has no effect with workers=1"
+    )
+    assert warnings("-m", "lr_scaling=none,linear") == [
+        "psgd: warning: lr_scaling=linear has no effect with workers=1: with lr_reference_batch=null it scales "
+        "optimizer.lr by the workers, 1 here; lr_reference_batch=<samples> scales it by the samples per update "
+        "instead"
+    ]
+    for read in (
+        ["-m", "workers=1,2", "scheduler=warmup"],  # the 1-worker job is the baseline of the others
+        ["scheduler=warmup", "scheduler.start_factor=0.1"],
+        ["scheduler=warmup", "trainer.devices=2"],
+        ["scheduler=warmup", "workers=2", "trainer.num_nodes=2"],
+        ["-m", "scheduler=warmup", "scheduler.start_factor=null,0.1"],
+        ["lr_scaling=sqrt", "workers=4"],
+        ["lr_scaling=linear", "lr_reference_batch=64"],  # scales by the batch: 128/64 with the default batch
+        ["-m", "lr_scaling=linear", "workers=1,2"],
+    ):
+        assert warnings(*read) == [], read
     assert warnings("data.partition=by_label") == [  # workers=2 forgotten: no label skew
         "psgd: warning: data.partition=by_label has no effect with workers=1: it is read with more than one worker "
         "(one worker's shard is the whole training set: no label skew, only another order)"
