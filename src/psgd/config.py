@@ -805,7 +805,32 @@ def sweep_values_problem(jobs: Jobs) -> str | None:
         )
     if not launcher.endswith(".BasicLauncher"):
         return None
-    return _first_problem(jobs, check, name_the_job=True)
+    return _first_problem(jobs, check, name_the_job=True) or _data_problem(jobs)
+
+
+def _data_problem(jobs: Jobs) -> str | None:
+    """Why a dataset of this sweep cannot be read here, or None: the files a job would read are looked
+    for once per dataset and folder, and missing ones are downloaded now (as a single run does before
+    its workers start), not tried, and failed, by every job of a mistyped data.root in turn."""
+    from psgd.data.datasets import DataError, load_split, what_is_missing
+
+    def source(cfg: DictConfig) -> tuple[str, str, bool, bool]:
+        d = cfg.data
+        return d.name, os.path.abspath(os.path.expanduser(str(d.root))), bool(d.download), bool(d.verify_md5)
+
+    sources = [source(cfg) for _, cfg in jobs]
+    for first in dict.fromkeys(sources):  # each dataset and folder once
+        name, root, download, verify_md5 = first
+        if what_is_missing(name, root, verify_md5=False) is None:  # there: each job reads (and checks) it
+            continue
+        try:
+            for train in (True, False):
+                load_split(name, root, train, download=download, verify_md5=verify_md5)
+        except DataError as e:
+            if all(other == first for other in sources):
+                return f"{e} (no job was started)"
+            return in_the_job(e, jobs[sources.index(first)][0], [j for j, _ in jobs])
+    return None
 
 
 def _first_problem(jobs: Jobs, judge: Callable[[DictConfig], object], name_the_job: bool) -> str | None:

@@ -77,6 +77,24 @@ def test_a_mistyped_choice_or_key_is_one_line_and_no_job_runs(tiny_data, tmp_pat
     assert "Traceback" not in proc.stdout + proc.stderr and not out.exists()
 
 
+def test_a_sweeps_missing_dataset_is_one_line_before_any_job(tiny_data, tmp_path):
+    """A mistyped data.root in a sweep failed every job in turn (each trying the download again), where a
+    single run says it in one line before anything starts; the sweep exited 1 with a report of failures."""
+    out, nowhere = tmp_path / "out", tmp_path / "nowhere"
+    for roots, job in ((str(nowhere), ""), (f"{tiny_data},{nowhere}", f"in the job workers=1 data.root={nowhere}; ")):
+        proc = run_cli(
+            "sweep.py", "-m", "workers=1,2", f"data.root={roots}", "data.download=false", f"hydra.sweep.dir={out}",
+            timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            f"psgd: error: dataset mnist not found or unreadable under {nowhere}"
+        )
+        assert lines[0].endswith(f"({job}no job was started)"), lines
+        assert not out.exists() and not nowhere.exists() and "psgd: [1/" not in proc.stdout
+
+
 @pytest.mark.parametrize(
     "script,overrides,line",
     [
