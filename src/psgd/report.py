@@ -7,7 +7,7 @@
 Files written into the sweep dir:
     report.csv      one row per job: swept values, status (and error line), workers, strategy,
                     samples trained, train time, samples/s, test accuracy, per-worker accuracies,
-                    time to target, speedup
+                    replica distance (model averaging), staleness (HogWild), time to target, speedup
     summary.csv     one row per (group, workers): mean ± std over seeds, speedup S(P) = T(1)/T(P)
                     and efficiency S(P)/P, for the fixed epochs and for the time to target accuracy
     report.md       both tables in markdown
@@ -294,7 +294,7 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
         t1, ttt1 = mean_work_time(g, 1), mean_of(g, 1, "time_to_target_s")
         speedup = _ratio(t1, work_time(job)) if job.ok else None
         speedup_t = _ratio(ttt1, job.get("time_to_target_s")) if job.ok else None
-        worker_acc = job.get("worker_test_acc")
+        worker_acc, history = job.get("worker_test_acc"), job.get("history") or []
         worst = worst_class(job.get("test_acc_per_class"), job.get("test_classes"))
         rows.append(
             {
@@ -313,6 +313,10 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                 "samples_per_s": job.get("samples_per_s"),
                 "test_acc": job.get("test_acc"),
                 "worker_test_acc": " ".join(f"{a:.4f}" for a in worker_acc) if worker_acc else None,
+                # what parallelism did to the model: how far the averaged replicas had drifted apart (model
+                # averaging), how many other workers' updates landed during each update (HogWild)
+                "replica_distance": _r(job.get("replica_distance"), 4),
+                "staleness": _r(_mean([h["staleness"] for h in history if h.get("staleness") is not None]), 3),
                 "worst_class_acc": worst and worst[1],  # the label the final model knows least
                 "worst_class": worst and worst[0],
                 "time_to_target_s": _r(job.get("time_to_target_s"), 2),
@@ -534,6 +538,7 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
     # label-skewed shards: a test_acc can hide labels the final model hardly knows
     skewed = any(j.partition != "iid" for j in report.jobs)
     job_cols += ["samples_per_s", "test_acc"] + (["worker_test_acc"] if averaging else [])
+    job_cols += [key for key in ("replica_distance", "staleness") if any(r[key] is not None for r in report.rows)]
     job_cols += ["worst_class_acc", "worst_class"] if skewed else []
     job_cols += ["speedup", "efficiency"] + (["time_to_target_s", "speedup_to_target"] if targets else [])
     out.append(markdown_table(report.rows, job_cols))

@@ -115,6 +115,27 @@ def test_report_rows_speedup_and_efficiency_are_computed_from_the_mean_1_worker_
     )
 
 
+def test_the_jobs_table_says_how_far_replicas_drifted_and_how_stale_hogwild_updates_were(tmp_path):
+    """A sweep over worker counts or HogWild's lock showed speed and accuracy only: what parallelism did to
+    the model (the replicas' distance from their average, the other workers' updates landing during each
+    update) was in each job's metrics.json alone."""
+    drifted = done("model_averaging", 2, 10.0, 0.9, worker_test_acc=[0.91, 0.89], replica_distance=0.123456)
+    make_job(tmp_path, 0, {"strategy": "model_averaging", "workers": 2}, drifted, workers=2)
+    history = [{"epoch": 1, "staleness": 0.5}, {"epoch": 2, "staleness": 1.0}, {"epoch": 3}]
+    make_job(
+        tmp_path, 1, {"strategy": "hogwild", "workers": 2}, done("hogwild", 2, 9.0, 0.9, history=history), workers=2
+    )
+    make_job(tmp_path, 2, {"strategy": "ddp", "workers": 2}, done("ddp", 2, 8.0, 0.9), workers=2)
+    write_report(tmp_path)
+    rows = read_csv(tmp_path / "report.csv")
+    assert [(r["replica_distance"], r["staleness"]) for r in rows] == [("0.1235", ""), ("", "0.75"), ("", "")]
+    header = next(ln for ln in (tmp_path / "report.md").read_text().splitlines() if ln.startswith("| job |"))
+    assert "| test_acc | worker_test_acc | replica_distance | staleness |" in header
+    make_job(tmp_path / "ddp", 0, {"workers": 2}, done("ddp", 2, 8.0, 0.9), workers=2)
+    write_report(tmp_path / "ddp")  # neither figure: neither column
+    assert "staleness" not in (tmp_path / "ddp" / "report.md").read_text()
+
+
 def test_summary_has_mean_and_std_over_seeds_per_worker_count(seeded_sweep):
     write_report(seeded_sweep)
     summary = {int(r["workers"]): r for r in read_csv(seeded_sweep / "summary.csv")}
