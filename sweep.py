@@ -40,8 +40,8 @@ def main(cfg: DictConfig) -> float | None:
 
 def jobs_problem(jobs) -> str | None:
     """psgd's checks of every job's values: first those that need no torch (a bad value is reported
-    in about a second), then, with torch loaded, those that depend on this machine."""
-    from psgd.config import sweep_values_problem, values_problem
+    in about a second), then, with torch loaded, those that depend on this machine, and its datasets."""
+    from psgd.config import sweep_data_problem, sweep_values_problem, values_problem
 
     problem = values_problem(jobs, name_the_job=True)
     if problem:
@@ -50,7 +50,7 @@ def jobs_problem(jobs) -> str | None:
     # torch loads for the second: with Ctrl-C and SIGTERM held, as load_training always does (a Ctrl-C
     # inside numpy's import left it half-loaded: "ImportError: cannot load module more than once")
     load_training()
-    return sweep_values_problem(jobs)
+    return sweep_values_problem(jobs) or sweep_data_problem(jobs)
 
 
 if __name__ == "__main__":

@@ -805,14 +805,18 @@ def sweep_values_problem(jobs: Jobs) -> str | None:
         )
     if not launcher.endswith(".BasicLauncher"):
         return None
-    return _first_problem(jobs, check, name_the_job=True) or _data_problem(jobs)
+    return _first_problem(jobs, check, name_the_job=True)
 
 
-def _data_problem(jobs: Jobs) -> str | None:
+def sweep_data_problem(jobs: Jobs) -> str | None:
     """Why a dataset of this sweep cannot be read here, or None: the files a job would read are looked
     for once per dataset and folder, and missing ones are downloaded now (as a single run does before
-    its workers start), not tried, and failed, by every job of a mistyped data.root in turn."""
+    its workers start), not tried, and failed, by every job of a mistyped data.root in turn. Only for
+    Hydra's basic launcher, whose jobs run on this machine."""
     from psgd.data.datasets import DataError, load_split, what_is_missing
+
+    if not str(OmegaConf.select(jobs[0][1], "hydra.launcher._target_", default="")).endswith(".BasicLauncher"):
+        return None
 
     def source(cfg: DictConfig) -> tuple[str, str, bool, bool]:
         d = cfg.data
