@@ -262,16 +262,22 @@ def documented_commands() -> list[list[str]]:
     return commands
 
 
-def test_every_documented_command_passes():
+def test_every_documented_command_passes(capsys):
     """Every train.py command composes and passes; every sweep.py command parses. (Each job of every
     sweep is composed and checked by the slow test below: ~20 s.)"""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from psgd.config import values_problem
 
     commands = documented_commands()
     assert len(commands) >= 45  # the README's usage, sweep, preset and reproduce sections; the presets
     for script, *argv in commands:
         if script == "train":
             assert command_line_problem(script, argv, CONF) is None, f"python {script}.py {' '.join(argv)}"
+            # and warns of nothing: a documented example whose setting changes nothing (scheduler=warmup on one
+            # worker, a constant lr) shows the reader what does not happen
+            assert command_line_problem(script, argv, CONF, job_check=lambda jobs: values_problem(jobs, True)) is None
+            assert capsys.readouterr().err == "", f"python {script}.py {' '.join(argv)}"
         else:
             OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])  # flags: Hydra's
 
