@@ -283,10 +283,10 @@ def test_every_documented_command_passes(capsys):
 
 
 @pytest.mark.slow  # ~20 s: every documented sweep's jobs are composed and checked
-def test_every_documented_sweep_passes_psgds_value_checks(tmp_path, monkeypatch):
+def test_every_documented_sweep_passes_psgds_value_checks(tmp_path, monkeypatch, capsys):
     import torch
 
-    from psgd.config import sweep_values_problem
+    from psgd.config import sweep_values_problem, values_problem
 
     (tmp_path / "srun").write_text("#!/bin/sh\n")  # the SLURM sweeps, as on a SLURM login node
     (tmp_path / "srun").chmod(0o755)
@@ -297,6 +297,8 @@ def test_every_documented_sweep_passes_psgds_value_checks(tmp_path, monkeypatch)
         if "trainer.accelerator=gpu" in argv and not torch.cuda.is_available():
             continue
         assert command_line_problem("sweep", argv, CONF, job_check=sweep_values_problem) is None, " ".join(argv)
+        assert command_line_problem("sweep", argv, CONF, job_check=lambda jobs: values_problem(jobs, True)) is None
+        assert capsys.readouterr().err == "", " ".join(argv)  # no setting of it changes nothing
 
 
 @pytest.mark.parametrize(
