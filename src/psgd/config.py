@@ -728,11 +728,13 @@ def _one_workers_factors(jobs: Jobs) -> list[str]:
             return None
         return sch["start_factor"] if sch["start_factor"] is not None else 1 / _processes(cfg)[1]
 
+    def flat(cfg: DictConfig) -> bool:  # the default start, 1/workers, of one worker: a start factor of 1
+        return warmup_factor(cfg) == 1 and cfg.scheduler.get("start_factor") is None
+
     lines = []
-    warmups = [(job, cfg) for job, cfg in jobs if named(job, "scheduler", "scheduler.warmup_epochs")]
-    factors = [warmup_factor(cfg) for _, cfg in jobs]
-    if any(warmup_factor(cfg) == 1 for _, cfg in warmups) and not any(f not in (None, 1) for f in factors):
-        sch = next(cfg.scheduler for _, cfg in warmups if warmup_factor(cfg) == 1)
+    flats = [cfg for job, cfg in jobs if named(job, "scheduler", "scheduler.warmup_epochs") and flat(cfg)]
+    if flats and not any(warmup_factor(cfg) not in (None, 1) for _, cfg in jobs):
+        sch = flats[0].scheduler
         lines.append(
             f"the warm-up (scheduler={sch.name}, scheduler.warmup_epochs={sch.warmup_epochs}) has no effect with "
             "workers=1: it starts at optimizer.lr x scheduler.start_factor, and start_factor=null is 1/workers = 1, "

@@ -211,6 +211,7 @@ def test_a_setting_no_job_reads_is_warned_about_once(monkeypatch, capsys):
     for read in (
         ["-m", "workers=1,2", "scheduler=warmup"],  # the 1-worker job is the baseline of the others
         ["scheduler=warmup", "scheduler.start_factor=0.1"],
+        ["scheduler=warmup", "scheduler.start_factor=1"],  # flat by choice: the warning's reason is not its
         ["scheduler=warmup", "trainer.devices=2"],
         ["scheduler=warmup", "workers=2", "trainer.num_nodes=2"],
         ["-m", "scheduler=warmup", "scheduler.start_factor=null,0.1"],
