@@ -204,6 +204,21 @@ def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path):
     )
 
 
+def warn_if_no_buffers_to_average(cfg: DictConfig, net: nn.Module, world_size: int) -> None:
+    """strategy.average_buffers=false on a model without floating buffers (the lab CNN without batch norm)
+    trains as true does: a sweep over it compared two identical runs. (With one worker the command line's
+    check has said that nothing is averaged at all.)"""
+    s = cfg.strategy
+    if s.name != "model_averaging" or s.average_buffers is not False or world_size == 1:
+        return
+    if not any(b.is_floating_point() for b in net.buffers()):
+        adds = "; model.batch_norm=true adds them" if "batch_norm" in cfg.model else ""
+        warn(
+            f"strategy.average_buffers=false has no effect with model={cfg.model.name}: the model has no floating "
+            f"buffers to average (BatchNorm's running statistics{adds})"
+        )
+
+
 def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
     """The config as TensorBoard hparams: dotted keys, scalars only; the lr schedule as the run trained with it."""
     out: dict[str, Any] = {}
@@ -808,6 +823,7 @@ def _train(
     bars = not quiet and sys.stdout.isatty()  # into a file or pipe (SLURM, CI, `> log`): a line per epoch instead
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # before the model: same seed, same init
     net, image_size = build_model(cfg.model, cfg.data.name)
+    warn_if_no_buffers_to_average(cfg, net, plan.workers * cfg.trainer.num_nodes)
 
     synchronous = cfg.strategy.name == "ddp"
     one_model = cfg.strategy.name in ("ddp", "hogwild")  # every worker evaluates the same weights

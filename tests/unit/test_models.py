@@ -124,3 +124,25 @@ def test_mlp_shape_parameter_count_and_per_layer_weight_decay():
         p.grad = torch.zeros_like(p)
     opt.step()
     assert torch.allclose(model.hidden.weight, before * (1 - 1e-2))
+
+
+def test_averaging_buffers_of_a_model_without_any_is_warned_about(capsys):
+    """`strategy.average_buffers=true,false` on the lab CNN (no batch norm by default) compared two identical
+    runs: it has no floating buffer to average."""
+    from conftest import compose_cfg
+
+    from psgd.run import build_model, warn_if_no_buffers_to_average
+
+    def said(*overrides: str, world_size: int = 2) -> str:
+        cfg = compose_cfg("strategy=model_averaging", *overrides)
+        warn_if_no_buffers_to_average(cfg, build_model(cfg.model, "mnist")[0], world_size)
+        return capsys.readouterr().err.strip()
+
+    assert said("strategy.average_buffers=false") == (
+        "psgd: warning: strategy.average_buffers=false has no effect with model=lab_cnn: the model has no floating "
+        "buffers to average (BatchNorm's running statistics; model.batch_norm=true adds them)"
+    )
+    assert said("strategy.average_buffers=false", "model=mlp").endswith("(BatchNorm's running statistics)")
+    assert said("strategy.average_buffers=false", "model.batch_norm=true") == ""  # its running statistics
+    assert said("strategy.average_buffers=false", world_size=1) == ""  # the command line's check says it
+    assert said() == ""  # true, the default
