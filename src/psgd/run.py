@@ -68,6 +68,7 @@ from psgd.strategies._lightning import (
     refuse_a_run_while_a_worker_imports_the_script,
     session_refusal,
 )
+from psgd.strategies.model_averaging import optimizer_state_tensors
 
 HPARAM_METRICS = ("test/acc", "test/loss", "val/acc", "val/loss", "time/samples_per_s", "time/cumulative_s")
 
@@ -204,19 +205,31 @@ def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path):
     )
 
 
-def warn_if_no_buffers_to_average(cfg: DictConfig, net: nn.Module, world_size: int) -> None:
-    """strategy.average_buffers=false on a model without floating buffers (the lab CNN without batch norm)
-    trains as true does: a sweep over it compared two identical runs. (With one worker the command line's
-    check has said that nothing is averaged at all.)"""
+def warn_if_nothing_to_average(cfg: DictConfig, net: nn.Module, world_size: int) -> None:
+    """Model averaging's switches that find nothing to act on, so that a sweep over them compares identical
+    runs: strategy.average_buffers=false on a model without floating buffers (the lab CNN without batch
+    norm), strategy.average_optimizer_state=true with an optimizer that keeps no state (SGD without
+    momentum). (With one worker the command line's check has said that nothing is averaged at all.)"""
     s = cfg.strategy
-    if s.name != "model_averaging" or s.average_buffers is not False or world_size == 1:
+    if s.name != "model_averaging" or world_size == 1:
         return
-    if not any(b.is_floating_point() for b in net.buffers()):
+    if s.average_buffers is False and not any(b.is_floating_point() for b in net.buffers()):
         adds = "; model.batch_norm=true adds them" if "batch_norm" in cfg.model else ""
         warn(
             f"strategy.average_buffers=false has no effect with model={cfg.model.name}: the model has no floating "
             f"buffers to average (BatchNorm's running statistics{adds})"
         )
+    if s.average_optimizer_state is True:
+        weight = nn.Parameter(torch.zeros(1))
+        weight.grad = torch.ones(1)
+        optimizer = instantiate(cfg.optimizer, _convert_="all")([weight], lr=1e-3)
+        optimizer.step()  # its state, as after a training step
+        if not optimizer_state_tensors(optimizer):
+            momentum = f" and optimizer.momentum={cfg.optimizer.momentum}" if "momentum" in cfg.optimizer else ""
+            warn(
+                f"strategy.average_optimizer_state=true has no effect with {type(optimizer).__name__}{momentum}: it "
+                "keeps no state to average (SGD keeps its momentum, with optimizer.momentum > 0)"
+            )
 
 
 def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
@@ -823,7 +836,7 @@ def _train(
     bars = not quiet and sys.stdout.isatty()  # into a file or pipe (SLURM, CI, `> log`): a line per epoch instead
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # before the model: same seed, same init
     net, image_size = build_model(cfg.model, cfg.data.name)
-    warn_if_no_buffers_to_average(cfg, net, plan.workers * cfg.trainer.num_nodes)
+    warn_if_nothing_to_average(cfg, net, plan.workers * cfg.trainer.num_nodes)
 
     synchronous = cfg.strategy.name == "ddp"
     one_model = cfg.strategy.name in ("ddp", "hogwild")  # every worker evaluates the same weights

@@ -126,16 +126,16 @@ def test_mlp_shape_parameter_count_and_per_layer_weight_decay():
     assert torch.allclose(model.hidden.weight, before * (1 - 1e-2))
 
 
-def test_averaging_buffers_of_a_model_without_any_is_warned_about(capsys):
+def test_averaging_what_a_run_does_not_have_is_warned_about(capsys):
     """`strategy.average_buffers=true,false` on the lab CNN (no batch norm by default) compared two identical
-    runs: it has no floating buffer to average."""
+    runs: it has no floating buffer to average; so did average_optimizer_state with SGD without momentum."""
     from conftest import compose_cfg
 
-    from psgd.run import build_model, warn_if_no_buffers_to_average
+    from psgd.run import build_model, warn_if_nothing_to_average
 
     def said(*overrides: str, world_size: int = 2) -> str:
         cfg = compose_cfg("strategy=model_averaging", *overrides)
-        warn_if_no_buffers_to_average(cfg, build_model(cfg.model, "mnist")[0], world_size)
+        warn_if_nothing_to_average(cfg, build_model(cfg.model, "mnist")[0], world_size)
         return capsys.readouterr().err.strip()
 
     assert said("strategy.average_buffers=false") == (
@@ -145,4 +145,10 @@ def test_averaging_buffers_of_a_model_without_any_is_warned_about(capsys):
     assert said("strategy.average_buffers=false", "model=mlp").endswith("(BatchNorm's running statistics)")
     assert said("strategy.average_buffers=false", "model.batch_norm=true") == ""  # its running statistics
     assert said("strategy.average_buffers=false", world_size=1) == ""  # the command line's check says it
-    assert said() == ""  # true, the default
+    assert said() == ""  # the defaults: buffers averaged (none here), optimizer state not
+    assert said("strategy.average_optimizer_state=true", "optimizer.momentum=0") == (
+        "psgd: warning: strategy.average_optimizer_state=true has no effect with SGD and optimizer.momentum=0: it "
+        "keeps no state to average (SGD keeps its momentum, with optimizer.momentum > 0)"
+    )
+    for stateful in (["optimizer.momentum=0.9"], ["optimizer=adam"], ["optimizer=novograd"]):
+        assert said("strategy.average_optimizer_state=true", *stateful) == "", stateful
