@@ -222,8 +222,11 @@ def warn_if_nothing_to_average(cfg: DictConfig, net: nn.Module, world_size: int)
     if s.average_optimizer_state is True:
         weight = nn.Parameter(torch.zeros(1))
         weight.grad = torch.ones(1)
-        optimizer = instantiate(cfg.optimizer, _convert_="all")([weight], lr=1e-3)
-        optimizer.step()  # its state, as after a training step
+        try:  # an optimizer of the user's that takes no such parameter is not judged here
+            optimizer = instantiate(cfg.optimizer, _convert_="all")([weight], lr=1e-3)
+            optimizer.step()  # its state, as after a training step
+        except Exception:
+            return
         if not optimizer_state_tensors(optimizer):
             momentum = f" and optimizer.momentum={cfg.optimizer.momentum}" if "momentum" in cfg.optimizer else ""
             warn(
