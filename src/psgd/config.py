@@ -707,7 +707,9 @@ def _given(jobs: Jobs, key: str, chooser: Callable[[DictConfig], Any]) -> list[t
 
 
 def _said(value: Any) -> str:
-    """A setting's value as the command line writes it ([0.7, 0.3], true)."""
+    """A setting's value as the command line writes it ([0.7, 0.3], true, null)."""
+    if value is None:
+        return "null"
     if isinstance(value, bool):
         return str(value).lower()
     return str(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
@@ -761,7 +763,7 @@ def unread_settings(jobs: Jobs) -> list[str]:
     for key, other, reads, wording in READ_ONLY_WHEN:
         given = _given(jobs, key, lambda cfg, other=other: OmegaConf.select(cfg, other))
         if given and not any(reads(chooser) for _, chooser in given):
-            choosers = ",".join(dict.fromkeys("null" if c is None else str(c) for _, c in given))  # as typed
+            choosers = ",".join(dict.fromkeys(_said(c) for _, c in given))  # as typed
             other = other.removesuffix(".name")  # scheduler.name: the preset chosen, as the command line says it
             lines.append(f"{key}={_said(given[0][0])} has no effect with {other}={choosers}: it is read with {wording}")
     for key, owner, why in BETWEEN_WORKERS:
@@ -805,7 +807,7 @@ def sweep_values_problem(jobs: Jobs) -> str | None:
             "srun on its PATH: run the sweep on a SLURM login node, or leave hydra/launcher out to run the "
             "jobs here"
         )
-    if not launcher.endswith(".BasicLauncher"):
+    if not forkserver.runs_jobs_here(jobs[0][1]):
         return None
     return _first_problem(jobs, check, name_the_job=True)
 
@@ -817,7 +819,7 @@ def sweep_data_problem(jobs: Jobs) -> str | None:
     Hydra's basic launcher, whose jobs run on this machine."""
     from psgd.data.datasets import DataError, load_split, what_is_missing
 
-    if not str(OmegaConf.select(jobs[0][1], "hydra.launcher._target_", default="")).endswith(".BasicLauncher"):
+    if not forkserver.runs_jobs_here(jobs[0][1]):
         return None
 
     def source(cfg: DictConfig) -> tuple[str, str, bool, bool]:
