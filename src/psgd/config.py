@@ -814,9 +814,10 @@ def sweep_values_problem(jobs: Jobs) -> str | None:
 
 def sweep_data_problem(jobs: Jobs) -> str | None:
     """Why a dataset of this sweep cannot be read here, or None: the files a job would read are looked
-    for once per dataset and folder, and missing ones are downloaded now (as a single run does before
-    its workers start), not tried, and failed, by every job of a mistyped data.root in turn. Only for
-    Hydra's basic launcher, whose jobs run on this machine."""
+    for once per dataset and folder (CIFAR10's also md5-checked, as each job would), and missing or
+    damaged ones are downloaded now (as a single run does before its workers start), not tried, and
+    failed, by every job of a mistyped data.root in turn. Only for Hydra's basic launcher, whose jobs
+    run on this machine."""
     from psgd.data.datasets import DataError, load_split, what_is_missing
 
     if not forkserver.runs_jobs_here(jobs[0][1]):
@@ -829,7 +830,7 @@ def sweep_data_problem(jobs: Jobs) -> str | None:
     sources = [source(cfg) for _, cfg in jobs]
     for first in dict.fromkeys(sources):  # each dataset and folder once
         name, root, download, verify_md5 = first
-        if what_is_missing(name, root, verify_md5=False) is None:  # there: each job reads (and checks) it
+        if what_is_missing(name, root, verify_md5=verify_md5) is None:  # there: each job reads it
             continue
         try:
             for train in (True, False):

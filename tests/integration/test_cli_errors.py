@@ -95,6 +95,20 @@ def test_a_sweeps_missing_dataset_is_one_line_before_any_job(tiny_data, tmp_path
         assert not out.exists() and not nowhere.exists() and "psgd: [1/" not in proc.stdout
 
 
+def test_a_sweeps_damaged_cifar10_is_one_line_before_any_job(tiny_data, tmp_path):
+    """The generated CIFAR10 files are all there but are not the real ones (their md5 sums differ): every
+    job failed on them in turn, each trying a download again."""
+    out = tmp_path / "out"
+    proc = run_cli(
+        "sweep.py", "-m", "workers=1,2", "data=cifar10", f"data.root={tiny_data}", "data.download=false",
+        f"hydra.sweep.dir={out}", timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "md5 sum not CIFAR10's" in lines[0] and "data.verify_md5=false" in lines[0], lines
+    assert lines[0].endswith("(no job was started)") and not out.exists() and "psgd: [1/" not in proc.stdout
+
+
 @pytest.mark.parametrize(
     "script,overrides,line",
     [
