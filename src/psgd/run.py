@@ -935,6 +935,9 @@ def _train(
         "lr_scaling": cfg.lr_scaling,
         "lr_reference_batch": cfg.get("lr_reference_batch"),
         "init_weights": started_from,
+        # the checkpoint this run resumed from (ckpt_path, a restarted torchrun job's or a continued sweep
+        # job's own last.ckpt): its history's earlier epochs were trained there, maybe with other settings
+        "resumed_from": ckpt_path,
         "seed": cfg.seed,
         "device": device_description(plan.accelerator),
         "versions": versions(),

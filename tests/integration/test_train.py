@@ -275,6 +275,8 @@ def test_a_run_that_max_steps_stopped_inside_an_epoch_resumes_with_sane_times(ti
     assert epochs == sorted(set(epochs)) and m["epochs"] == len(epochs) and m["history"][-1]["step"] == 40
     assert m["train_time_s"] < 10 and all(h["epoch_s"] < 5 for h in m["history"]), m["history"]
     assert m["history"][1]["samples"] == 16 * 32  # epoch 2: its 4 steps before the stop and 12 after
+    # metrics.json says where the earlier epochs came from; a run that resumed nothing says null
+    assert m["resumed_from"] == str(tmp_path / "first" / "checkpoints" / "last.ckpt") and first["resumed_from"] is None
 
 
 def last_weights(run_dir) -> dict[str, torch.Tensor]:
