@@ -838,8 +838,10 @@ def _train(
     quiet = bool(cfg.get("quiet"))
     bars = not quiet and sys.stdout.isatty()  # into a file or pipe (SLURM, CI, `> log`): a line per epoch instead
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # before the model: same seed, same init
+    t = cfg.trainer
+    world_size = plan.workers * t.num_nodes  # the workers of all nodes
     net, image_size = build_model(cfg.model, cfg.data.name)
-    warn_if_nothing_to_average(cfg, net, plan.workers * cfg.trainer.num_nodes)
+    warn_if_nothing_to_average(cfg, net, world_size)
 
     synchronous = cfg.strategy.name == "ddp"
     one_model = cfg.strategy.name in ("ddp", "hogwild")  # every worker evaluates the same weights
@@ -855,14 +857,13 @@ def _train(
     )
     with found_by_every_worker():
         datamodule.prepare_data()  # a missing dataset fails here, before any worker starts
-        if short := datamodule.check_batches(plan.workers * cfg.trainer.num_nodes):  # so does a worker without a batch
+        if short := datamodule.check_batches(world_size):  # so does a worker without a batch
             warn(short)  # a shard smaller than one batch
         datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))  # and a test without one
 
-    t = cfg.trainer
     lr = scaled_lr(
         cfg.optimizer.lr,
-        plan.workers * t.num_nodes,
+        world_size,
         cfg.lr_scaling,
         samples_per_update=cfg.data.batch_size * micro_batches_per_update(plan, t.num_nodes, synchronous),
         reference_batch=cfg.get("lr_reference_batch"),
@@ -889,7 +890,6 @@ def _train(
         shards=shard_settings(cfg),  # how samples are dealt to the workers: a resume must deal them alike
         num_nodes=t.num_nodes,
     )
-    world_size = plan.workers * t.num_nodes
     with found_by_every_worker():
         # the weights of an earlier run to start from (a resume below, ckpt_path, restores its own over them)
         started_from = init_weights(cfg.get("init_weights"), module)
