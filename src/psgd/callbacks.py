@@ -15,7 +15,7 @@ from typing_extensions import override
 
 from psgd.data.partition import generator
 from psgd.module import cut_short, fit_loop_state
-from psgd.results import save_atomic, write_csv, write_json
+from psgd.results import allreduce_summary, save_atomic, write_csv, write_json
 from psgd.signals import handler_for_this_process, launched_worker, this_process
 from psgd.strategies._lightning import handle_sigterm_with, without_per_step_collectives
 
@@ -454,6 +454,16 @@ class RunRecorder(Callback):
                 [trainer.strategy.epoch_staleness() / trainer.world_size], dist.ReduceOp.SUM, pl_module.device
             )
             pl_module.log("hogwild/staleness", staleness, on_step=False, on_epoch=True, sync_dist=True)
+        allreduce = None
+        if getattr(trainer.strategy, "allreduce_timed", False):  # DDP: the gradient all-reduce, mean over the workers
+            own = trainer.strategy.epoch_allreduce()
+            total, wait, counted = _all_reduce(
+                [*(own or (0.0, 0.0)), 1.0 if own else 0.0], dist.ReduceOp.SUM, pl_module.device
+            )
+            if counted:
+                allreduce = {"allreduce_ms": round(total / counted, 3), "allreduce_wait_ms": round(wait / counted, 3)}
+                for name, value in allreduce.items():
+                    pl_module.log(f"ddp/{name}", value, on_step=False, on_epoch=True, sync_dist=True)
 
         metrics = trainer.callback_metrics
         # Lightning keeps the last validation's figures in callback_metrics through epochs without one
@@ -470,6 +480,7 @@ class RunRecorder(Callback):
             "val_loss": val_loss,
             "val_acc": val_acc,
             **({"staleness": round(staleness, 4)} if staleness is not None else {}),
+            **(allreduce or {}),
         }
         if self.history and self.history[-1]["epoch"] == record["epoch"]:
             # the rest of an epoch the checkpoint was cut short in (max_steps, max_time, an early stop): one epoch
@@ -518,6 +529,7 @@ class RunRecorder(Callback):
             "epoch_to_target": self.epoch_to_target,
             "step_to_target": self.step_to_target,
             **self._averaging_summary(),
+            **allreduce_summary(self.history),  # DDP: the gradient all-reduce's time per step and share
             "history": self.history,
         }
 

@@ -165,3 +165,26 @@ def versions() -> dict[str, str]:
         "hydra": hydra.__version__,
         "psgd": psgd.__version__,
     }
+
+
+def allreduce_summary(history: list[dict[str, Any]]) -> dict[str, float]:
+    """A DDP run's gradient all-reduce over its epochs (each epoch's figures from psgd's history):
+    `allreduce_ms` and `allreduce_wait_ms` per step, weighted by the epochs' steps, and
+    `allreduce_wait_share`, the part of the training time the workers stood waiting for it. Empty
+    for a run without them (one worker, model averaging, HogWild)."""
+    steps_before, steps, comm, wait, trained_s = 0, 0, 0.0, 0.0, 0.0
+    for h in history:
+        taken, steps_before = h["step"] - steps_before, h["step"]
+        if h.get("allreduce_wait_ms") is None or taken <= 0:
+            continue
+        steps += taken
+        comm += h["allreduce_ms"] * taken
+        wait += h["allreduce_wait_ms"] * taken
+        trained_s += h["epoch_s"]
+    if not steps:
+        return {}
+    return {
+        "allreduce_ms": round(comm / steps, 3),
+        "allreduce_wait_ms": round(wait / steps, 3),
+        "allreduce_wait_share": round(min(1.0, wait / 1000 / trained_s), 4) if trained_s > 0 else None,
+    }

@@ -1,6 +1,9 @@
 """Real multi-process DDP on CPU (gloo), started through train.py."""
 
+import time
+
 import pytest
+import pytorch_lightning as L
 import torch
 from conftest import compose_cfg, run_cli
 from helpers import metrics, scalars, tensorboard
@@ -67,6 +70,29 @@ def test_two_worker_metrics_and_tensorboard(ddp2):
     # rank 0's loss within the epochs: one point per epoch here (8 steps < log_every_n_steps), one writer
     assert [e.step for e in acc.Scalars("train/loss_step")] == [7, 15, 23]
     assert "_hparams_/session_start_info" in acc.PluginTagToContent("hparams")
+    # the gradient all-reduce, from DDP's reducer: every epoch has its figures, in the history and TensorBoard
+    for h in m["history"]:
+        assert h["allreduce_ms"] >= h["allreduce_wait_ms"] >= 0 and h["allreduce_ms"] > 0, h
+    assert scalars(acc, "ddp/allreduce_wait_ms") == pytest.approx([h["allreduce_wait_ms"] for h in m["history"]])
+    assert 0 <= m["allreduce_wait_share"] < 1 and m["allreduce_ms"] >= m["allreduce_wait_ms"] >= 0
+
+
+class SlowBackwardOnRank1(L.Callback):
+    """Worker 1 starts every backward 0.2 s late: worker 0's all-reduce waits for its gradients."""
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        if trainer.global_rank == 1:
+            time.sleep(0.2)
+
+
+def test_a_slow_worker_shows_as_time_waiting_for_the_allreduce(ddp2, tiny_data, tmp_path):
+    """What synchronising costs: a worker 0.2 s late at every step keeps the other waiting ~0.2 s in each
+    all-reduce (half that in the mean over both workers), most of the training time; the ddp2 run,
+    whose workers keep pace, waits a fraction of that."""
+    cfg = compose_cfg(f"data.root={tiny_data}", "workers=2", "trainer.max_epochs=1", *TINY)
+    slow = train(cfg, tmp_path / "run", callbacks=[SlowBackwardOnRank1()])
+    assert slow["allreduce_wait_ms"] > 80 and slow["allreduce_wait_share"] > 0.3, slow
+    assert metrics(ddp2)["allreduce_wait_ms"] < slow["allreduce_wait_ms"] / 2
 
 
 def test_workers_from_the_fork_server_train_exactly_as_spawned_ones(ddp2, tiny_data, tmp_path):
@@ -100,6 +126,7 @@ def test_a_ddp_update_is_one_workers_update_on_both_workers_batches(tiny_data, t
     assert (m["ddp"]["world_size"], m["one"]["world_size"]) == (2, 1)
     assert m["ddp"]["parallel_batches"] == m["one"]["parallel_batches"] == 2
     assert [h["step"] for h in m["ddp"]["history"]] == [h["step"] for h in m["one"]["history"]] == [8]
+    assert "allreduce_wait_ms" in m["ddp"] and "allreduce_wait_ms" not in m["one"]  # one worker: no all-reduce
     for key in one:
         torch.testing.assert_close(ddp[key], one[key], rtol=1e-4, atol=1e-5)
 

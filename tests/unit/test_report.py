@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from psgd.report import describe, learning_curves, main, write_report
+from psgd.results import allreduce_summary
 from psgd.signals import this_process
 from psgd.sweep import LAST, SweepReport, progress_line, shown_overrides, sweep_lengths
 
@@ -134,6 +135,26 @@ def test_the_jobs_table_says_how_far_replicas_drifted_and_how_stale_hogwild_upda
     make_job(tmp_path / "ddp", 0, {"workers": 2}, done("ddp", 2, 8.0, 0.9), workers=2)
     write_report(tmp_path / "ddp")  # neither figure: neither column
     assert "staleness" not in (tmp_path / "ddp" / "report.md").read_text()
+
+
+def test_a_ddp_jobs_allreduce_is_summed_over_its_epochs_and_shown_in_the_jobs_table(tmp_path):
+    """The history's per-epoch all-reduce figures (each epoch's median per step) weighted by each epoch's
+    steps; an epoch without figures (trained before a resume, by another strategy) counts for neither."""
+    history = [
+        {"epoch": 1, "step": 10, "epoch_s": 1.0, "allreduce_ms": 5.0, "allreduce_wait_ms": 4.0},
+        {"epoch": 2, "step": 40, "epoch_s": 2.0, "allreduce_ms": 3.0, "allreduce_wait_ms": 2.0},
+        {"epoch": 3, "step": 50, "epoch_s": 9.0},
+    ]
+    summary = allreduce_summary(history)
+    # (10 x 4 + 30 x 2) ms of waiting in the 3 s the two epochs trained (the share rounded to 4 digits)
+    assert summary == {"allreduce_ms": 3.5, "allreduce_wait_ms": 2.5, "allreduce_wait_share": 0.0333}
+    assert allreduce_summary([{"epoch": 1, "step": 10, "epoch_s": 1.0}]) == {}
+    make_job(tmp_path, 0, {"workers": 2}, done("ddp", 2, 8.0, 0.9, history=history, **summary), workers=2)
+    make_job(tmp_path, 1, {"workers": 1}, done("ddp", 1, 12.0, 0.9), workers=1)
+    write_report(tmp_path)
+    rows = read_csv(tmp_path / "report.csv")
+    assert [(r["allreduce_wait_ms"], r["allreduce_wait_share"]) for r in rows] == [("2.5", "0.0333"), ("", "")]
+    assert "| allreduce_wait_ms | allreduce_wait_share |" in (tmp_path / "report.md").read_text()
 
 
 def test_summary_has_mean_and_std_over_seeds_per_worker_count(seeded_sweep):

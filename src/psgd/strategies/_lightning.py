@@ -34,6 +34,7 @@ from psgd import forkserver
 from psgd.module import STEPS_PER_EPOCH_KEY
 from psgd.results import say
 from psgd.signals import die_with_parent, hang_up_as_sigterm, oom_kills, oom_kills_since, temp_folder_of_this_process
+from psgd.strategies.allreduce_timing import TimesAllReduce
 
 __all__ = [
     "FirstFailureLauncher",
@@ -426,8 +427,9 @@ def let_go_of_the_process_group(trainer: L.Trainer | None) -> None:
         pass
 
 
-class ReportsFirstFailure(GroupEndsAtExit, DDPStrategy):
-    """A DDPStrategy whose spawn/fork workers are started by FirstFailureLauncher."""
+class ReportsFirstFailure(TimesAllReduce, GroupEndsAtExit, DDPStrategy):
+    """A DDPStrategy whose spawn/fork workers are started by FirstFailureLauncher (and which samples
+    the DDP reducer's all-reduce timings, TimesAllReduce)."""
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()

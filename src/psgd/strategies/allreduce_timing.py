@@ -1,0 +1,91 @@
+"""How long DDP's gradient all-reduce took, and how long a step waited for it (on CPU), read from the
+timings torch's DDP reducer records itself (`DistributedDataParallel._get_ddp_logging_data`: the forward, the
+backward's compute, the all-reduce's span and the part of it that overlapped the backward).
+
+The reducer times its first 10 iterations and then every `sample_rate`-th (torch's default: 100),
+and only those: the sampled steps cost a few clock reads, the others nothing. A sample is read
+after the step that follows it (the reducer files a step's figures when the next forward starts), at
+most once per `sample_rate` steps. Figures per epoch are medians of its samples, so the first
+iterations (bucket rebuilding, cold caches) do not skew them.
+
+- all-reduce: from the first gradient bucket's all-reduce launch to the last one's completion;
+- wait: the part of it after the backward's compute had ended (or from its launch, if later), the
+  time the step stood still for the gradients of the other workers: the transfer itself, and any
+  worker arriving later.
+"""
+
+import statistics
+from typing import Any
+
+from torch.nn.parallel import DistributedDataParallel
+
+NS_PER_MS = 1e6
+
+
+class TimesAllReduce:
+    """Mixin for a DDPStrategy: samples the reducer's timings during training (`epoch_allreduce`)."""
+
+    allreduce_sample_rate = 20  # the reducer's sampling interval, in steps (torch's own default is 100)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._allreduce_steps = 0
+        self._allreduce_seen = 0  # the reducer's iteration of the last sample taken
+        self._allreduce_samples: list[tuple[float, float]] = []  # (all-reduce ms, wait ms) this epoch
+        self.allreduce_timed = False  # a DDP wrapper whose reducer times (model averaging and HogWild have none)
+
+    def _timed_ddp(self) -> DistributedDataParallel | None:
+        model = getattr(self, "model", None)
+        ok = isinstance(model, DistributedDataParallel) and hasattr(model, "_get_ddp_logging_data")
+        return model if ok else None
+
+    def configure_ddp(self) -> None:
+        super().configure_ddp()
+        model = self._timed_ddp()
+        # the same on every worker (the same strategy, torch and accelerator). CPU only: on a GPU the
+        # reducer's clock readings are when the host queued the work, not when the GPU did it
+        self.allreduce_timed = model is not None and self.root_device.type == "cpu"
+        if model is not None and hasattr(model, "_set_ddp_runtime_logging_sample_rate"):
+            model._set_ddp_runtime_logging_sample_rate(self.allreduce_sample_rate)
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().optimizer_step(*args, **kwargs)
+        self._allreduce_steps += 1
+        if self.allreduce_timed and (
+            self._allreduce_steps <= 11 or self._allreduce_steps % self.allreduce_sample_rate == 1
+        ):
+            self._take_allreduce_sample()
+        return out
+
+    def _take_allreduce_sample(self) -> None:
+        model = self._timed_ddp()
+        if model is None:
+            return
+        try:
+            data = model._get_ddp_logging_data()
+        except Exception:  # a torch without the reducer's timings: nothing to report
+            return
+        iteration = data.get("iteration", 0)
+        # the step's clock readings (ns; the reducer's own durations keep an older step's value where a
+        # span was not recorded, e.g. an all-reduce launched after the compute had ended: no overlap)
+        forward, computed, start, end = (
+            data.get(f"{key}_time_{edge}", -1)
+            for key, edge in (
+                ("forward_compute", "start"),
+                ("backward_compute", "end"),
+                ("backward_comm", "start"),
+                ("backward_comm", "end"),
+            )
+        )
+        if not iteration or iteration == self._allreduce_seen or not 0 < forward <= start <= end or computed < forward:
+            return
+        self._allreduce_seen = iteration
+        self._allreduce_samples.append(((end - start) / NS_PER_MS, (end - max(start, computed)) / NS_PER_MS))
+
+    def epoch_allreduce(self) -> tuple[float, float] | None:
+        """This worker's median all-reduce and wait per step (ms) over the epoch's samples, or None
+        without a sample; the samples start anew."""
+        samples, self._allreduce_samples = self._allreduce_samples, []
+        if not samples:
+            return None
+        return statistics.median(c for c, _ in samples), statistics.median(w for _, w in samples)
