@@ -15,7 +15,7 @@ from typing_extensions import override
 
 from psgd.data.partition import generator
 from psgd.module import cut_short, fit_loop_state
-from psgd.results import allreduce_summary, save_atomic, write_csv, write_json
+from psgd.results import allreduce_summary, averaging_summary, save_atomic, write_csv, write_json
 from psgd.signals import handler_for_this_process, launched_worker, this_process
 from psgd.strategies._lightning import handle_sigterm_with, without_per_step_collectives
 
@@ -464,6 +464,12 @@ class RunRecorder(Callback):
                 allreduce = {"allreduce_ms": round(total / counted, 3), "allreduce_wait_ms": round(wait / counted, 3)}
                 for name, value in allreduce.items():
                     pl_module.log(f"ddp/{name}", value, on_step=False, on_epoch=True, sync_dist=True)
+        averaging = None
+        if getattr(trainer.strategy, "period", None) and hasattr(trainer.strategy, "epoch_averaging_s"):  # local SGD
+            (averaging,) = _all_reduce(
+                [trainer.strategy.epoch_averaging_s() / trainer.world_size], dist.ReduceOp.SUM, pl_module.device
+            )
+            pl_module.log("averaging/time_s", averaging, on_step=False, on_epoch=True, sync_dist=True)
 
         metrics = trainer.callback_metrics
         # Lightning keeps the last validation's figures in callback_metrics through epochs without one
@@ -481,6 +487,7 @@ class RunRecorder(Callback):
             "val_acc": val_acc,
             **({"staleness": round(staleness, 4)} if staleness is not None else {}),
             **(allreduce or {}),
+            **({"averaging_s": round(averaging, 4)} if averaging is not None else {}),
         }
         if self.history and self.history[-1]["epoch"] == record["epoch"]:
             # the rest of an epoch the checkpoint was cut short in (max_steps, max_time, an early stop): one epoch
@@ -530,6 +537,7 @@ class RunRecorder(Callback):
             "step_to_target": self.step_to_target,
             **self._averaging_summary(),
             **allreduce_summary(self.history),  # DDP: the gradient all-reduce's time per step and share
+            **averaging_summary(self.history),  # local SGD: the periodic averaging's share
             "history": self.history,
         }
 

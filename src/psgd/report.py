@@ -258,6 +258,10 @@ def _r(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def _first_given(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
 def completed_by_group(jobs: list[Job], swept: list[str]) -> dict[tuple, dict[int, list[Job]]]:
     """The completed jobs of each speedup group, by worker count."""
     by_group: dict[tuple, dict[int, list[Job]]] = defaultdict(lambda: defaultdict(list))
@@ -317,10 +321,11 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                 # averaging), how many other workers' updates landed during each update (HogWild)
                 "replica_distance": _r(job.get("replica_distance"), 4),
                 "staleness": _r(_mean([h["staleness"] for h in history if h.get("staleness") is not None]), 3),
-                # what synchronising cost (DDP): the time a step stood waiting for the gradient all-reduce,
-                # and that wait's share of the training time
+                # what synchronising cost: the time a DDP step stood waiting for the gradient all-reduce, and
+                # the share of the training time the workers synchronised (DDP: that wait; model averaging:
+                # its periodic averaging)
                 "allreduce_wait_ms": job.get("allreduce_wait_ms"),
-                "allreduce_wait_share": job.get("allreduce_wait_share"),
+                "sync_share": _first_given(job.get("allreduce_wait_share"), job.get("averaging_share")),
                 "worst_class_acc": worst and worst[1],  # the label the final model knows least
                 "worst_class": worst and worst[0],
                 "time_to_target_s": _r(job.get("time_to_target_s"), 2),
@@ -542,7 +547,7 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
     # label-skewed shards: a test_acc can hide labels the final model hardly knows
     skewed = any(j.partition != "iid" for j in report.jobs)
     job_cols += ["samples_per_s", "test_acc"] + (["worker_test_acc"] if averaging else [])
-    drift = ("replica_distance", "staleness", "allreduce_wait_ms", "allreduce_wait_share")
+    drift = ("replica_distance", "staleness", "allreduce_wait_ms", "sync_share")
     job_cols += [key for key in drift if any(r[key] is not None for r in report.rows)]
     job_cols += ["worst_class_acc", "worst_class"] if skewed else []
     job_cols += ["speedup", "efficiency"] + (["time_to_target_s", "speedup_to_target"] if targets else [])

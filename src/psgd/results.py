@@ -188,3 +188,14 @@ def allreduce_summary(history: list[dict[str, Any]]) -> dict[str, float]:
         "allreduce_wait_ms": round(wait / steps, 3),
         "allreduce_wait_share": round(min(1.0, wait / 1000 / trained_s), 4) if trained_s > 0 else None,
     }
+
+
+def averaging_summary(history: list[dict[str, Any]]) -> dict[str, float]:
+    """A model-averaging run's periodic averaging (strategy.period) over its epochs: `averaging_share`,
+    the part of the training time the workers spent in it (the all-reduce of the weights, and waiting
+    there for the other workers). Empty without periodic averaging."""
+    spent = [(h["averaging_s"], h["epoch_s"]) for h in history if h.get("averaging_s") is not None]
+    trained_s = sum(t for _, t in spent)
+    if not spent or trained_s <= 0:
+        return {}
+    return {"averaging_share": round(min(1.0, sum(a for a, _ in spent) / trained_s), 4)}

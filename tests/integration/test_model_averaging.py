@@ -63,6 +63,8 @@ def test_reports_each_worker_and_the_averaged_model(averaged):
     assert (m["lr"], m["lr_reference_batch"]) == (pytest.approx(0.02), 32)  # 0.02 x 32 / 32 (BY_BATCH)
     assert len(m["worker_test_acc"]) == len(m["worker_test_loss"]) == 2
     assert m["replica_distance"] > 0
+    # averaged only at the end: no time in periodic averaging, and no gradient all-reduce
+    assert not {"averaging_share", "allreduce_wait_share"} & m.keys() and "averaging_s" not in m["history"][0]
     # validation runs on the test split: the final val numbers are the averaged model's test numbers
     assert m["val_acc"] == pytest.approx(m["test_acc"], abs=1e-6)
     assert m["val_loss"] == pytest.approx(m["test_loss"], abs=1e-5)
@@ -174,6 +176,10 @@ def test_a_period_longer_than_an_epoch_still_averages_every_period_steps(tiny_da
     assert m["worker_test_acc"][0] == m["worker_test_acc"][1] == m["test_acc"]  # one model, one test batch
     assert m["worker_test_loss"] == pytest.approx([m["test_loss"]] * 2, rel=1e-5)
     assert m["val_acc"] is None and {h["val_acc"] for h in m["history"]} == {None}
+    # the time in periodic averaging, each epoch: none in epoch 1, whose 8 steps hold no averaging point
+    spent = [h["averaging_s"] for h in m["history"]]
+    assert spent[0] == 0 and all(s > 0 for s in spent[1:]) and scalars(tensorboard(run_dir), "averaging/time_s")[0] == 0
+    assert 0 < m["averaging_share"] < 1
     ckpt = run_dir / "checkpoints" / "epoch1.ckpt"
     proc = run_cli("train.py", *settings, f"ckpt_path={ckpt}", f"data.root={tiny_data}", f"hydra.run.dir={resumed}")
     assert proc.returncode == 0, proc.stderr

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from psgd.report import describe, learning_curves, main, write_report
-from psgd.results import allreduce_summary
+from psgd.results import allreduce_summary, averaging_summary
 from psgd.signals import this_process
 from psgd.sweep import LAST, SweepReport, progress_line, shown_overrides, sweep_lengths
 
@@ -137,7 +137,7 @@ def test_the_jobs_table_says_how_far_replicas_drifted_and_how_stale_hogwild_upda
     assert "staleness" not in (tmp_path / "ddp" / "report.md").read_text()
 
 
-def test_a_ddp_jobs_allreduce_is_summed_over_its_epochs_and_shown_in_the_jobs_table(tmp_path):
+def test_the_time_synchronising_is_summed_over_the_epochs_and_shown_in_the_jobs_table(tmp_path):
     """The history's per-epoch all-reduce figures (each epoch's median per step) weighted by each epoch's
     steps; an epoch without figures (trained before a resume, by another strategy) counts for neither."""
     history = [
@@ -151,10 +151,15 @@ def test_a_ddp_jobs_allreduce_is_summed_over_its_epochs_and_shown_in_the_jobs_ta
     assert allreduce_summary([{"epoch": 1, "step": 10, "epoch_s": 1.0}]) == {}
     make_job(tmp_path, 0, {"workers": 2}, done("ddp", 2, 8.0, 0.9, history=history, **summary), workers=2)
     make_job(tmp_path, 1, {"workers": 1}, done("ddp", 1, 12.0, 0.9), workers=1)
+    # local SGD: the time in its periodic averaging over the time trained, in the same column
+    periodic = [{"epoch": 1, "step": 10, "epoch_s": 2.0, "averaging_s": 0.2}, {"epoch": 2, "step": 20, "epoch_s": 3.0}]
+    assert averaging_summary(periodic) == {"averaging_share": 0.1} and averaging_summary(periodic[1:]) == {}
+    averaged = done("model_averaging", 2, 7.0, 0.9, history=periodic, **averaging_summary(periodic))
+    make_job(tmp_path, 2, {"workers": 2, "strategy": "model_averaging"}, averaged, workers=2)
     write_report(tmp_path)
     rows = read_csv(tmp_path / "report.csv")
-    assert [(r["allreduce_wait_ms"], r["allreduce_wait_share"]) for r in rows] == [("2.5", "0.0333"), ("", "")]
-    assert "| allreduce_wait_ms | allreduce_wait_share |" in (tmp_path / "report.md").read_text()
+    assert [(r["allreduce_wait_ms"], r["sync_share"]) for r in rows] == [("2.5", "0.0333"), ("", ""), ("", "0.1")]
+    assert "| allreduce_wait_ms | sync_share |" in (tmp_path / "report.md").read_text()
 
 
 def test_summary_has_mean_and_std_over_seeds_per_worker_count(seeded_sweep):

@@ -19,6 +19,7 @@ an averaging point that another worker will not reach; a larger shard's further 
 All other communication is once per epoch.
 """
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         self._common_steps = 0  # F: the steps every worker takes in an epoch
         self._common_before = 0  # the steps every worker took in the epochs before this one
         self._averaged = False  # True once the final averaging has made every replica equal
+        self._averaging_s = 0.0  # this epoch's time in periodic averaging (the all-reduce, peers waited for)
 
     @property
     @override
@@ -165,8 +167,15 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         self._steps_in_epoch += 1
         step = self._steps_in_epoch
         if self.period and step <= self._common_steps and (self._common_before + step) % self.period == 0:
+            start = time.perf_counter()
             self._average()
+            self._averaging_s += time.perf_counter() - start
         return output
+
+    def epoch_averaging_s(self) -> float:
+        """This worker's time in periodic averaging this epoch (s); the count starts anew."""
+        spent, self._averaging_s = self._averaging_s, 0.0
+        return spent
 
     @override
     def on_train_end(self) -> None:
