@@ -258,8 +258,11 @@ def _r(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def _first_given(*values: Any) -> Any:
-    return next((v for v in values if v is not None), None)
+def sync_share(job: Job) -> float | None:
+    """The share of a job's training time its workers synchronised: DDP's wait for the gradient
+    all-reduce, or periodic model averaging's time averaging; None for neither."""
+    shares = (job.get("allreduce_wait_share"), job.get("averaging_share"))
+    return next((v for v in shares if v is not None), None)
 
 
 def completed_by_group(jobs: list[Job], swept: list[str]) -> dict[tuple, dict[int, list[Job]]]:
@@ -325,7 +328,7 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                 # the share of the training time the workers synchronised (DDP: that wait; model averaging:
                 # its periodic averaging)
                 "allreduce_wait_ms": job.get("allreduce_wait_ms"),
-                "sync_share": _first_given(job.get("allreduce_wait_share"), job.get("averaging_share")),
+                "sync_share": sync_share(job),
                 "worst_class_acc": worst and worst[1],  # the label the final model knows least
                 "worst_class": worst and worst[0],
                 "time_to_target_s": _r(job.get("time_to_target_s"), 2),
@@ -358,6 +361,7 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                     "test_acc_mean": _r(_mean(accs), 6),
                     "test_acc_std": _r(_std(accs), 6),
                     "worker_acc_mean": _r(_mean(worker_accs), 6),
+                    "sync_share_mean": _r(_mean([v for j in group_jobs if (v := sync_share(j)) is not None]), 4),
                     "train_time_s_mean": _r(t_p, 2),
                     "train_time_s_std": _r(_std(times), 2),
                     "samples_per_s_mean": _r(_mean([j.get("samples_per_s") or 0.0 for j in group_jobs]), 1),
@@ -569,6 +573,7 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
                 "workers' acc %": _pm(s["worker_acc_mean"], None, 100),
                 "train time s": _pm(s["train_time_s_mean"], s["train_time_s_std"]),
                 "samples/s": s["samples_per_s_mean"],
+                "sync %": _pm(s["sync_share_mean"], None, 100),
                 "S(P)": s["speedup"],
                 "E(P)": s["efficiency"],
                 "reached target": s["reached_target"],
@@ -581,6 +586,8 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
         cols = [c for c in table[0] if targets or c not in TARGET_COLUMNS]
         if not averaging:
             cols.remove("workers' acc %")
+        if all(s["sync_share_mean"] is None for s in report.summary):
+            cols.remove("sync %")
         out.append(markdown_table(table, cols))
     if report.plots:
         out += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in report.plots]

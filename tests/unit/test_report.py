@@ -160,6 +160,10 @@ def test_the_time_synchronising_is_summed_over_the_epochs_and_shown_in_the_jobs_
     rows = read_csv(tmp_path / "report.csv")
     assert [(r["allreduce_wait_ms"], r["sync_share"]) for r in rows] == [("2.5", "0.0333"), ("", ""), ("", "0.1")]
     assert "| allreduce_wait_ms | sync_share |" in (tmp_path / "report.md").read_text()
+    # per group and worker count too: how synchronising grows with the workers
+    summary = {(r["strategy"], r["workers"]): r["sync_share_mean"] for r in read_csv(tmp_path / "summary.csv")}
+    assert summary == {("ddp", "1"): "", ("ddp", "2"): "0.0333", ("model_averaging", "2"): "0.1"}
+    assert "| samples/s | sync % | S(P) |" in (tmp_path / "report.md").read_text()
 
 
 def test_summary_has_mean_and_std_over_seeds_per_worker_count(seeded_sweep):
