@@ -70,7 +70,19 @@ from psgd.strategies._lightning import (
 )
 from psgd.strategies.model_averaging import optimizer_state_tensors
 
-HPARAM_METRICS = ("test/acc", "test/loss", "val/acc", "val/loss", "time/samples_per_s", "time/cumulative_s")
+# the HParams tab's columns: each run's last value of these tags (a run without one, e.g. DDP's all-reduce
+# wait in a HogWild run, shows it blank)
+HPARAM_METRICS = (
+    "test/acc",
+    "test/loss",
+    "val/acc",
+    "val/loss",
+    "time/samples_per_s",
+    "time/cumulative_s",
+    "ddp/allreduce_wait_ms",
+    "averaging/time_s",
+    "hogwild/staleness",
+)
 
 
 def build_model(model_cfg: DictConfig, data_name: str) -> tuple[nn.Module, int]:

@@ -7,6 +7,7 @@ import pytorch_lightning as L
 import torch
 from conftest import compose_cfg, run_cli
 from helpers import metrics, scalars, tensorboard
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 from psgd.run import train
 
@@ -75,6 +76,9 @@ def test_two_worker_metrics_and_tensorboard(ddp2):
         assert h["allreduce_ms"] >= h["allreduce_wait_ms"] >= 0 and h["allreduce_ms"] > 0, h
     assert scalars(acc, "ddp/allreduce_wait_ms") == pytest.approx([h["allreduce_wait_ms"] for h in m["history"]])
     assert 0 <= m["allreduce_wait_share"] < 1 and m["allreduce_ms"] >= m["allreduce_wait_ms"] >= 0
+    # and a column of the HParams tab, beside the accuracy and the speed
+    experiment = HParamsPluginData.FromString(acc.PluginTagToContent("hparams")["_hparams_/experiment"]).experiment
+    assert {"ddp/allreduce_wait_ms", "test/acc", "time/samples_per_s"} <= {i.name.tag for i in experiment.metric_infos}
 
 
 class SlowBackwardOnRank1(L.Callback):
