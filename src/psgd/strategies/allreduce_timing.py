@@ -1,12 +1,13 @@
 """How long DDP's gradient all-reduce took, and how long a step waited for it (on CPU), read from the
-timings torch's DDP reducer records itself (`DistributedDataParallel._get_ddp_logging_data`: the forward, the
-backward's compute, the all-reduce's span and the part of it that overlapped the backward).
+clock readings torch's DDP reducer records itself (`DistributedDataParallel._get_ddp_logging_data`:
+when the step's forward started, when its backward's compute ended, when its all-reduce was launched
+and when it completed).
 
-The reducer times its first 10 iterations and then every `sample_rate`-th (torch's default: 100),
-and only those: the sampled steps cost a few clock reads, the others nothing. A sample is read
-after the step that follows it (the reducer files a step's figures when the next forward starts), at
-most once per `sample_rate` steps. Figures per epoch are medians of its samples, so the first
-iterations (bucket rebuilding, cold caches) do not skew them.
+The reducer times its first 10 iterations and then every `allreduce_sample_rate`-th (torch's default:
+100; psgd sets 20), and only those: the sampled steps cost a few clock reads, the others nothing. A
+sample is read after the step that follows it (the reducer files a step's figures when the next
+forward starts): after each of the first 11 steps, then after every 20th. Figures per epoch are
+medians of its samples, so the first iterations (bucket rebuilding, cold caches) do not skew them.
 
 - all-reduce: from the first gradient bucket's all-reduce launch to the last one's completion;
 - wait: the part of it after the backward's compute had ended (or from its launch, if later), the
@@ -45,7 +46,7 @@ class TimesAllReduce:
         # the same on every worker (the same strategy, torch and accelerator). CPU only: on a GPU the
         # reducer's clock readings are when the host queued the work, not when the GPU did it
         self.allreduce_timed = model is not None and self.root_device.type == "cpu"
-        if model is not None and hasattr(model, "_set_ddp_runtime_logging_sample_rate"):
+        if self.allreduce_timed and hasattr(model, "_set_ddp_runtime_logging_sample_rate"):
             model._set_ddp_runtime_logging_sample_rate(self.allreduce_sample_rate)
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
