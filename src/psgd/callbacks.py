@@ -15,7 +15,7 @@ from typing_extensions import override
 
 from psgd.data.partition import generator
 from psgd.module import cut_short, fit_loop_state
-from psgd.results import allreduce_summary, averaging_summary, save_atomic, write_csv, write_json
+from psgd.results import save_atomic, sync_summary, write_csv, write_json
 from psgd.signals import handler_for_this_process, launched_worker, this_process
 from psgd.strategies._lightning import handle_sigterm_with, without_per_step_collectives
 
@@ -470,6 +470,12 @@ class RunRecorder(Callback):
                 [trainer.strategy.epoch_averaging_s() / trainer.world_size], dist.ReduceOp.SUM, pl_module.device
             )
             pl_module.log("averaging/time_s", averaging, on_step=False, on_epoch=True, sync_dist=True)
+        lock_wait = None
+        if getattr(trainer.strategy, "lock", False) and hasattr(trainer.strategy, "epoch_lock_wait_s"):  # HogWild
+            (lock_wait,) = _all_reduce(
+                [trainer.strategy.epoch_lock_wait_s() / trainer.world_size], dist.ReduceOp.SUM, pl_module.device
+            )
+            pl_module.log("hogwild/lock_wait_s", lock_wait, on_step=False, on_epoch=True, sync_dist=True)
 
         metrics = trainer.callback_metrics
         # Lightning keeps the last validation's figures in callback_metrics through epochs without one
@@ -487,7 +493,8 @@ class RunRecorder(Callback):
             "val_acc": val_acc,
             **({"staleness": round(staleness, 4)} if staleness is not None else {}),
             **(allreduce or {}),
-            **({"averaging_s": round(averaging, 4)} if averaging is not None else {}),
+            **({"averaging_s": round(averaging, 6)} if averaging is not None else {}),
+            **({"lock_wait_s": round(lock_wait, 6)} if lock_wait is not None else {}),
         }
         if self.history and self.history[-1]["epoch"] == record["epoch"]:
             # the rest of an epoch the checkpoint was cut short in (max_steps, max_time, an early stop): one epoch
@@ -536,8 +543,7 @@ class RunRecorder(Callback):
             "epoch_to_target": self.epoch_to_target,
             "step_to_target": self.step_to_target,
             **self._averaging_summary(),
-            **allreduce_summary(self.history),  # DDP: the gradient all-reduce's time per step and share
-            **averaging_summary(self.history),  # local SGD: the periodic averaging's share
+            **sync_summary(self.history),  # what synchronising cost: DDP's all-reduce, averaging, the lock
             "history": self.history,
         }
 

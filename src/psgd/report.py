@@ -260,8 +260,9 @@ def _r(value: float | None, digits: int = 4) -> float | None:
 
 def sync_share(job: Job) -> float | None:
     """The share of a job's training time its workers synchronised: DDP's wait for the gradient
-    all-reduce, or periodic model averaging's time averaging; None for neither."""
-    shares = (job.get("allreduce_wait_share"), job.get("averaging_share"))
+    all-reduce, periodic model averaging's time averaging, or locked HogWild's wait for the lock; None
+    for none of them."""
+    shares = (job.get("allreduce_wait_share"), job.get("averaging_share"), job.get("lock_wait_share"))
     return next((v for v in shares if v is not None), None)
 
 

@@ -190,12 +190,24 @@ def allreduce_summary(history: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-def averaging_summary(history: list[dict[str, Any]]) -> dict[str, float]:
-    """A model-averaging run's periodic averaging (strategy.period) over its epochs: `averaging_share`,
-    the part of the training time the workers spent in it (the all-reduce of the weights, and waiting
-    there for the other workers). Empty without periodic averaging."""
-    spent = [(h["averaging_s"], h["epoch_s"]) for h in history if h.get("averaging_s") is not None]
+def time_share(history: list[dict[str, Any]], key: str) -> float | None:
+    """The share of the training time the workers spent as an epoch's `key` says (seconds per epoch,
+    the mean over the workers: periodic averaging's `averaging_s`, locked HogWild's `lock_wait_s`),
+    over the epochs that have it; None where none has."""
+    spent = [(h[key], h["epoch_s"]) for h in history if h.get(key) is not None]
     trained_s = sum(t for _, t in spent)
     if not spent or trained_s <= 0:
-        return {}
-    return {"averaging_share": round(min(1.0, sum(a for a, _ in spent) / trained_s), 4)}
+        return None
+    return round(min(1.0, sum(a for a, _ in spent) / trained_s), 4)
+
+
+def sync_summary(history: list[dict[str, Any]]) -> dict[str, float]:
+    """What synchronising the workers cost a run, from its history: DDP's all-reduce (allreduce_summary),
+    `averaging_share` (model averaging with strategy.period: the time in averaging, the all-reduce of the
+    weights and the wait there for the other workers) and `lock_wait_share` (HogWild with strategy.lock:
+    the time waiting for the update lock). Only the figures the run has."""
+    shares = {
+        "averaging_share": time_share(history, "averaging_s"),
+        "lock_wait_share": time_share(history, "lock_wait_s"),
+    }
+    return {**allreduce_summary(history), **{k: v for k, v in shares.items() if v is not None}}

@@ -82,6 +82,7 @@ HPARAM_METRICS = (
     "ddp/allreduce_wait_ms",
     "averaging/time_s",
     "hogwild/staleness",
+    "hogwild/lock_wait_s",
 )
 
 

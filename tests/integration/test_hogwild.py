@@ -60,6 +60,7 @@ def test_updates_of_each_worker_land_in_the_shared_model_during_training(by_labe
     # other workers' writes landed between a worker's read and its write: they interleave live
     assert max(h["staleness"] for h in m["history"]) > 0
     assert len(scalars(tensorboard(by_label), "hogwild/staleness")) == 6
+    assert "lock_wait_share" not in m and "lock_wait_s" not in m["history"][0]  # no lock, no wait for one
 
 
 def test_the_shared_model_learned_both_workers_halves(by_label):
@@ -108,6 +109,10 @@ def test_locked_variant_uneven_sizes_and_colour_images_complete(tiny_data, tmp_p
     assert m["saw_other_workers_write"] == [True, True]
     assert m["updates_per_worker"][0] > m["updates_per_worker"][1]  # 0.7 of the data: more steps
     assert m["total_updates"] == sum(m["updates_per_worker"])  # under the lock the counter is exact
+    # what the lock cost: each epoch's time waiting for it (the mean over the workers), and its share
+    assert all(h["lock_wait_s"] > 0 for h in m["history"]) and 0 < m["lock_wait_share"] < 1
+    waits = [h["lock_wait_s"] for h in m["history"]]
+    assert scalars(tensorboard(run_dir), "hogwild/lock_wait_s") == pytest.approx(waits, abs=1e-6)
 
 
 @pytest.mark.slow  # two 2-worker runs (23-40 s); the default run resumes 2 workers in test_model_averaging

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from psgd.report import describe, learning_curves, main, write_report
-from psgd.results import allreduce_summary, averaging_summary
+from psgd.results import sync_summary
 from psgd.signals import this_process
 from psgd.sweep import LAST, SweepReport, progress_line, shown_overrides, sweep_lengths
 
@@ -139,30 +139,47 @@ def test_the_jobs_table_says_how_far_replicas_drifted_and_how_stale_hogwild_upda
 
 def test_the_time_synchronising_is_summed_over_the_epochs_and_shown_in_the_jobs_table(tmp_path):
     """The history's per-epoch all-reduce figures (each epoch's median per step) weighted by each epoch's
-    steps; an epoch without figures (trained before a resume, by another strategy) counts for neither."""
+    steps; an epoch without figures (trained before a resume, by another strategy) counts for neither.
+    Periodic averaging's and the HogWild lock's seconds per epoch over the time those epochs trained."""
     history = [
         {"epoch": 1, "step": 10, "epoch_s": 1.0, "allreduce_ms": 5.0, "allreduce_wait_ms": 4.0},
         {"epoch": 2, "step": 40, "epoch_s": 2.0, "allreduce_ms": 3.0, "allreduce_wait_ms": 2.0},
         {"epoch": 3, "step": 50, "epoch_s": 9.0},
     ]
-    summary = allreduce_summary(history)
+    summary = sync_summary(history)
     # (10 x 4 + 30 x 2) ms of waiting in the 3 s the two epochs trained (the share rounded to 4 digits)
     assert summary == {"allreduce_ms": 3.5, "allreduce_wait_ms": 2.5, "allreduce_wait_share": 0.0333}
-    assert allreduce_summary([{"epoch": 1, "step": 10, "epoch_s": 1.0}]) == {}
+    assert sync_summary([{"epoch": 1, "step": 10, "epoch_s": 1.0}]) == {}
     make_job(tmp_path, 0, {"workers": 2}, done("ddp", 2, 8.0, 0.9, history=history, **summary), workers=2)
     make_job(tmp_path, 1, {"workers": 1}, done("ddp", 1, 12.0, 0.9), workers=1)
     # local SGD: the time in its periodic averaging over the time trained, in the same column
     periodic = [{"epoch": 1, "step": 10, "epoch_s": 2.0, "averaging_s": 0.2}, {"epoch": 2, "step": 20, "epoch_s": 3.0}]
-    assert averaging_summary(periodic) == {"averaging_share": 0.1} and averaging_summary(periodic[1:]) == {}
-    averaged = done("model_averaging", 2, 7.0, 0.9, history=periodic, **averaging_summary(periodic))
+    assert sync_summary(periodic) == {"averaging_share": 0.1} and sync_summary(periodic[1:]) == {}
+    averaged = done("model_averaging", 2, 7.0, 0.9, history=periodic, **sync_summary(periodic))
     make_job(tmp_path, 2, {"workers": 2, "strategy": "model_averaging"}, averaged, workers=2)
+    # locked HogWild: the time waiting for the update lock
+    locked = [{"epoch": 1, "step": 10, "epoch_s": 4.0, "lock_wait_s": 1.0}]
+    assert sync_summary(locked) == {"lock_wait_share": 0.25}
+    make_job(
+        tmp_path,
+        3,
+        {"workers": 2, "strategy": "hogwild"},
+        done("hogwild", 2, 6.0, 0.9, **sync_summary(locked)),
+        workers=2,
+    )
     write_report(tmp_path)
     rows = read_csv(tmp_path / "report.csv")
-    assert [(r["allreduce_wait_ms"], r["sync_share"]) for r in rows] == [("2.5", "0.0333"), ("", ""), ("", "0.1")]
+    shares = [(r["allreduce_wait_ms"], r["sync_share"]) for r in rows]
+    assert shares == [("2.5", "0.0333"), ("", ""), ("", "0.1"), ("", "0.25")]
     assert "| allreduce_wait_ms | sync_share |" in (tmp_path / "report.md").read_text()
     # per group and worker count too: how synchronising grows with the workers
     summary = {(r["strategy"], r["workers"]): r["sync_share_mean"] for r in read_csv(tmp_path / "summary.csv")}
-    assert summary == {("ddp", "1"): "", ("ddp", "2"): "0.0333", ("model_averaging", "2"): "0.1"}
+    assert summary == {
+        ("ddp", "1"): "",
+        ("ddp", "2"): "0.0333",
+        ("model_averaging", "2"): "0.1",
+        ("hogwild", "2"): "0.25",
+    }
     assert "| samples/s | sync % | S(P) |" in (tmp_path / "report.md").read_text()
 
 

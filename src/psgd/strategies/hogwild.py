@@ -8,10 +8,12 @@ each update holds a lock).
 
 Staleness: a shared counter is bumped after every update; a worker reads it before its forward pass
 and after its own write, and the difference minus one is how many other workers' updates landed in
-between (reported as ``hogwild/staleness``, the epoch mean).
+between (reported as ``hogwild/staleness``, the epoch mean). With ``lock=True`` the time each worker
+waits for the lock is reported too (``hogwild/lock_wait_s``, per epoch).
 """
 
 import multiprocessing
+import time
 from typing import Any
 
 import pytorch_lightning as L
@@ -44,6 +46,7 @@ class HogwildStrategy(PerWorkerCheckpoints, GroupEndsAtExit, DDPStrategy):
         self._updates: torch.Tensor | None = None  # shared: updates written, per worker
         self._staleness_sum = 0
         self._staleness_count = 0
+        self._lock_wait_s = 0.0  # lock=True: this epoch's time waiting for the update lock
 
     @override
     def _configure_launcher(self) -> None:
@@ -76,8 +79,10 @@ class HogwildStrategy(PerWorkerCheckpoints, GroupEndsAtExit, DDPStrategy):
             def closure_then_lock():
                 nonlocal held
                 result = closure()  # gradients in parallel ...
+                start = time.perf_counter()
                 self._update_lock.acquire()  # ... then one write at a time
                 held = True
+                self._lock_wait_s += time.perf_counter() - start
                 return result
 
             try:
@@ -99,6 +104,11 @@ class HogwildStrategy(PerWorkerCheckpoints, GroupEndsAtExit, DDPStrategy):
 
     def epoch_staleness(self) -> float:
         return self._staleness_sum / max(1, self._staleness_count)
+
+    def epoch_lock_wait_s(self) -> float:
+        """lock=True: this worker's time waiting for the update lock this epoch (s); the count starts anew."""
+        spent, self._lock_wait_s = self._lock_wait_s, 0.0
+        return spent
 
     @override
     def on_train_end(self) -> None:
