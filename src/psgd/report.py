@@ -11,7 +11,8 @@ Files written into the sweep dir:
     summary.csv     one row per (group, workers): mean ± std over seeds, speedup S(P) = T(1)/T(P)
                     and efficiency S(P)/P, for the fixed epochs and for the time to target accuracy
     report.md       both tables in markdown
-    speedup.png, efficiency.png, accuracy.png (when workers are swept), accuracy_vs_batch.png (when
+    speedup.png, efficiency.png, sync.png (the share of the training time spent synchronising, when
+    workers are swept and a job has it), accuracy.png (when workers are swept), accuracy_vs_batch.png (when
     the batch size is swept), curves.png (validation accuracy per epoch and against training time,
     one line per setting)
 
@@ -41,7 +42,7 @@ from psgd.signals import still_running
 WORKER_KEYS = ("workers", "trainer.devices")  # the key that sets P
 SEED_KEYS = ("seed",)
 BATCH_KEY = "data.batch_size"
-PLOTS = ("speedup.png", "efficiency.png", "accuracy.png", "accuracy_vs_batch.png", "curves.png")
+PLOTS = ("speedup.png", "efficiency.png", "sync.png", "accuracy.png", "accuracy_vs_batch.png", "curves.png")
 MAX_LEGEND = 16  # curves.png: more settings than this get no legend (the lines would be hidden by it)
 
 
@@ -666,6 +667,23 @@ def save_png(fig, path: Path) -> None:
         fig.savefig(f, format="png", dpi=100)
 
 
+def plot_sync(sweep_dir: Path, summary: list[dict]) -> Path | None:
+    """sync.png: the share of the training time each group's workers spent synchronising (DDP waiting for
+    its all-reduce, periodic averaging, the HogWild lock) vs workers: where the speedup goes."""
+    curves = _curves(summary, "sync_share_mean")
+    if len({s["workers"] for s in summary}) < 2 or not curves:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for label, (xs, ys) in curves.items():
+        ax.plot(xs, [100 * y for y in ys], marker="o", label=label)
+    ax.set_xlabel("workers P")
+    ax.set_xticks(sorted({s["workers"] for s in summary}))
+    ax.set_ylim(bottom=0)
+    title = "time spent synchronising vs workers"
+    return save_plot(fig, ax, "% of the training time", title, sweep_dir / "sync.png")
+
+
 def plot_accuracy(sweep_dir: Path, jobs: list[Job], summary: list[dict], swept: list[str]) -> Path | None:
     """accuracy.png: test accuracy vs workers per group; averaging jobs also show each worker's."""
     if len({s["workers"] for s in summary}) < 2:
@@ -817,6 +835,7 @@ def write_report(sweep_dir: str | Path) -> Report:
         for p in (
             plot_scaling(sweep_dir, summary, "speedup", cores),
             plot_scaling(sweep_dir, summary, "efficiency", cores),
+            plot_sync(sweep_dir, summary),
             plot_accuracy(sweep_dir, jobs, summary, swept),
             plot_batch(sweep_dir, jobs, swept),
             plot_curves(sweep_dir, jobs, swept),

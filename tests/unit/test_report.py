@@ -181,6 +181,9 @@ def test_the_time_synchronising_is_summed_over_the_epochs_and_shown_in_the_jobs_
         ("hogwild", "2"): "0.25",
     }
     assert "| samples/s | sync % | S(P) |" in (tmp_path / "report.md").read_text()
+    # and a plot of it against the workers (the seeded sweep, without these figures, has none)
+    assert (tmp_path / "sync.png").read_bytes()[:8] == PNG_MAGIC
+    assert "![sync](sync.png)" in (tmp_path / "report.md").read_text()
 
 
 def test_summary_has_mean_and_std_over_seeds_per_worker_count(seeded_sweep):
