@@ -3,6 +3,7 @@
 import gc
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -352,6 +353,39 @@ def _all_reduce(values: list[float], op: dist.ReduceOp, device: torch.device) ->
     return t.tolist()
 
 
+# the per-epoch figures a strategy keeps of its own workers (the mean over the workers): the strategy's method
+# that gives this worker's and starts its count anew, and whether this run has the figure
+WORKER_MEANS: tuple[tuple[str, str, Callable[[Any], bool]], ...] = (
+    ("staleness", "epoch_staleness", lambda s: True),  # HogWild: other workers' updates during each update
+    ("averaging_s", "epoch_averaging_s", lambda s: bool(s.period)),  # local SGD: the time in periodic averaging
+    ("lock_wait_s", "epoch_lock_wait_s", lambda s: bool(s.lock)),  # locked HogWild: the wait for the lock
+)
+# each strategy figure's TensorBoard tag and its digits in the history
+FIGURES = {
+    "staleness": ("hogwild/staleness", 4),
+    "averaging_s": ("averaging/time_s", 6),
+    "lock_wait_s": ("hogwild/lock_wait_s", 6),
+    "allreduce_ms": ("ddp/allreduce_ms", 3),
+    "allreduce_wait_ms": ("ddp/allreduce_wait_ms", 3),
+}
+
+
+def strategy_figures(trainer: L.Trainer, device: torch.device) -> dict[str, float]:
+    """This epoch's figures of what the workers' strategy did between them, reduced over the workers
+    (FIGURES): WORKER_MEANS, and DDP's gradient all-reduce (the mean over the workers that have samples of
+    it, to 3 digits). Every worker runs the same strategy, so every one joins the same all-reduces."""
+    strategy, figures = trainer.strategy, {}
+    for key, method, applies in WORKER_MEANS:
+        if hasattr(strategy, method) and applies(strategy):
+            (figures[key],) = _all_reduce([getattr(strategy, method)() / trainer.world_size], dist.ReduceOp.SUM, device)
+    if getattr(strategy, "allreduce_timed", False):
+        own = strategy.epoch_allreduce()
+        total, wait, counted = _all_reduce([*(own or (0.0, 0.0)), 1.0 if own else 0.0], dist.ReduceOp.SUM, device)
+        if counted:
+            figures |= {"allreduce_ms": round(total / counted, 3), "allreduce_wait_ms": round(wait / counted, 3)}
+    return figures
+
+
 class RunRecorder(Callback):
     """Times each epoch's training (validation excluded), logs time/* metrics, and has rank 0 keep
     metrics.json and training_data.csv up to date after every epoch (atomically).
@@ -448,34 +482,9 @@ class RunRecorder(Callback):
             # identical on every worker already; sync_dist (a mean of equal values) keeps Lightning's
             # bookkeeping consistent across ranks at the cost of one tiny all-reduce per epoch
             pl_module.log(name, value, on_step=False, on_epoch=True, sync_dist=True)
-        staleness = None
-        if hasattr(trainer.strategy, "epoch_staleness"):  # HogWild: mean over workers of their epoch means
-            (staleness,) = _all_reduce(
-                [trainer.strategy.epoch_staleness() / trainer.world_size], dist.ReduceOp.SUM, pl_module.device
-            )
-            pl_module.log("hogwild/staleness", staleness, on_step=False, on_epoch=True, sync_dist=True)
-        allreduce = None
-        if getattr(trainer.strategy, "allreduce_timed", False):  # DDP: the gradient all-reduce, mean over the workers
-            own = trainer.strategy.epoch_allreduce()
-            total, wait, counted = _all_reduce(
-                [*(own or (0.0, 0.0)), 1.0 if own else 0.0], dist.ReduceOp.SUM, pl_module.device
-            )
-            if counted:
-                allreduce = {"allreduce_ms": round(total / counted, 3), "allreduce_wait_ms": round(wait / counted, 3)}
-                for name, value in allreduce.items():
-                    pl_module.log(f"ddp/{name}", value, on_step=False, on_epoch=True, sync_dist=True)
-        averaging = None
-        if getattr(trainer.strategy, "period", None) and hasattr(trainer.strategy, "epoch_averaging_s"):  # local SGD
-            (averaging,) = _all_reduce(
-                [trainer.strategy.epoch_averaging_s() / trainer.world_size], dist.ReduceOp.SUM, pl_module.device
-            )
-            pl_module.log("averaging/time_s", averaging, on_step=False, on_epoch=True, sync_dist=True)
-        lock_wait = None
-        if getattr(trainer.strategy, "lock", False) and hasattr(trainer.strategy, "epoch_lock_wait_s"):  # HogWild
-            (lock_wait,) = _all_reduce(
-                [trainer.strategy.epoch_lock_wait_s() / trainer.world_size], dist.ReduceOp.SUM, pl_module.device
-            )
-            pl_module.log("hogwild/lock_wait_s", lock_wait, on_step=False, on_epoch=True, sync_dist=True)
+        figures = strategy_figures(trainer, pl_module.device)
+        for name, value in figures.items():
+            pl_module.log(FIGURES[name][0], value, on_step=False, on_epoch=True, sync_dist=True)
 
         metrics = trainer.callback_metrics
         # Lightning keeps the last validation's figures in callback_metrics through epochs without one
@@ -491,10 +500,7 @@ class RunRecorder(Callback):
             "train_acc": _get(metrics, "train/acc"),
             "val_loss": val_loss,
             "val_acc": val_acc,
-            **({"staleness": round(staleness, 4)} if staleness is not None else {}),
-            **(allreduce or {}),
-            **({"averaging_s": round(averaging, 6)} if averaging is not None else {}),
-            **({"lock_wait_s": round(lock_wait, 6)} if lock_wait is not None else {}),
+            **{name: round(value, FIGURES[name][1]) for name, value in figures.items()},
         }
         if self.history and self.history[-1]["epoch"] == record["epoch"]:
             # the rest of an epoch the checkpoint was cut short in (max_steps, max_time, an early stop): one epoch
