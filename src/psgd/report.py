@@ -327,8 +327,8 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                 "replica_distance": _r(job.get("replica_distance"), 4),
                 "staleness": _r(_mean([h["staleness"] for h in history if h.get("staleness") is not None]), 3),
                 # what synchronising cost: the time a DDP step stood waiting for the gradient all-reduce, and
-                # the share of the training time the workers synchronised (DDP: that wait; model averaging:
-                # its periodic averaging)
+                # the share of the training time the workers synchronised (sync_share: DDP's wait, periodic
+                # averaging's time, locked HogWild's wait for the lock)
                 "allreduce_wait_ms": job.get("allreduce_wait_ms"),
                 "sync_share": sync_share(job),
                 "worst_class_acc": worst and worst[1],  # the label the final model knows least
