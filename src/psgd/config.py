@@ -680,16 +680,17 @@ READ_ONLY_WHEN: tuple[tuple[str, str, Callable[[object], bool], str], ...] = (
 
 
 # settings that act only between worker processes, of one strategy or (None) any: with one worker (under DDP,
-# one that strategy.ddp_for_one_worker does not wrap) nothing reads them. (setting, its strategy, why not)
-BETWEEN_WORKERS: tuple[tuple[str, str | None, str], ...] = (
-    ("strategy.period", "model_averaging", "one worker has no other replica to average with"),
-    ("strategy.average_buffers", "model_averaging", "one worker has no other replica to average with"),
-    ("strategy.average_optimizer_state", "model_averaging", "one worker has no other replica to average with"),
-    ("strategy.lock", "hogwild", "one worker has no other worker's updates to take turns with"),
-    ("strategy.find_unused_parameters", "ddp", "one worker alone trains without DDP"),
-    ("strategy.bucket_cap_mb", "ddp", "one worker alone trains without DDP"),
+# one that strategy.ddp_for_one_worker does not wrap) nothing reads them. (setting, its strategy, why not, a
+# value that is one worker's anyway: given, it is no mistake)
+BETWEEN_WORKERS: tuple[tuple[str, str | None, str, object], ...] = (
+    ("strategy.period", "model_averaging", "one worker has no other replica to average with", None),
+    ("strategy.average_buffers", "model_averaging", "one worker has no other replica to average with", None),
+    ("strategy.average_optimizer_state", "model_averaging", "one worker has no other replica to average with", None),
+    ("strategy.lock", "hogwild", "one worker has no other worker's updates to take turns with", None),
+    ("strategy.find_unused_parameters", "ddp", "one worker alone trains without DDP", None),
+    ("strategy.bucket_cap_mb", "ddp", "one worker alone trains without DDP", None),
     # label skew and shard sizes need shards to tell apart (iid, the default, is one worker's whole set too)
-    ("data.partition", None, "one worker's shard is the whole training set: no label skew, only another order"),
+    ("data.partition", None, "one worker's shard is the whole training set: no label skew, only another order", "iid"),
 )
 
 
@@ -766,8 +767,8 @@ def unread_settings(jobs: Jobs) -> list[str]:
             choosers = ",".join(dict.fromkeys(_said(c) for _, c in given))  # as typed
             other = other.removesuffix(".name")  # scheduler.name: the preset chosen, as the command line says it
             lines.append(f"{key}={_said(given[0][0])} has no effect with {other}={choosers}: it is read with {wording}")
-    for key, owner, why in BETWEEN_WORKERS:
-        given = [(value, run) for value, run in _given(jobs, key, _processes) if value != "iid"]
+    for key, owner, why, as_one in BETWEEN_WORKERS:
+        given = [(value, run) for value, run in _given(jobs, key, _processes) if value != as_one]
         ours = [owner in (None, name) for _, (name, _, _) in given]  # the job's strategy has the setting
         if given and not any(mine and (n > 1 or (owner and alone)) for mine, (_, (_, n, alone)) in zip(ours, given)):
             choosers = ", ".join(
