@@ -890,8 +890,8 @@ def locate(key: str, target: object) -> type:
 def check_optimizer(opt: DictConfig) -> None:
     """The optimizer's own checks, here rather than in each worker: build it once on a stand-in
     parameter, so a value its constructor refuses (`optimizer.betas=[2,3]` for NovoGrad, SGD's
-    `nesterov=true` with `momentum=0`, a `+optimizer.<key>` it has no argument for) is one line
-    naming the settings before anything starts, not a traceback from every worker."""
+    `nesterov=true` with `momentum=0`) is one line naming the settings before anything starts, not a
+    traceback from every worker. A key it has no argument for is named with what it takes."""
     import inspect
 
     import torch
@@ -908,6 +908,17 @@ def check_optimizer(opt: DictConfig) -> None:
             raise ConfigError(f"optimizer.{key}={value} is invalid: must be a number (the default is {default})")
         if isinstance(default, bool) and not isinstance(value, bool):  # ... and a switch given anything else
             _need(False, f"optimizer.{key}", value, "must be true or false")
+    # a setting it has no argument for, with the way out: a preset's setting for another optimizer
+    # (experiment=dli_fashion optimizer=novograd kept SGD's momentum: NovoGrad's TypeError named no remedy)
+    takes = [k for k, p in defaults.items() if k != "params" and p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    if defaults and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in defaults.values()):
+        for key, value in opt.items():
+            if not str(key).startswith("_") and key not in defaults:
+                raise ConfigError(
+                    f"optimizer.{key}={value} is not a setting of {opt.get('_target_')} "
+                    f"(it takes: {', '.join(takes)}); leave it out (where a preset set it for another optimizer, "
+                    f"drop it with ~optimizer.{key})"
+                )
     try:
         instantiate(opt, _convert_="all")([torch.zeros(1, requires_grad=True)])  # as run.py makes it
     except Exception as e:

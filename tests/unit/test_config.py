@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import CONF, compose_cfg
 from omegaconf import OmegaConf
 
@@ -364,7 +365,18 @@ BAD = [
         ["optimizer.nesterov=true", "optimizer.momentum=0"],
         "torch.optim.SGD refuses them (Nesterov momentum requires a momentum and zero dampening)",
     ),
-    (["+optimizer.foo=1"], "unexpected keyword argument 'foo'"),
+    # a setting the optimizer has no argument for: named with what it takes, not its TypeError; a preset's
+    # setting for SGD stayed when the optimizer was swapped (the workshop preset's momentum 0 under NovoGrad)
+    (
+        ["+optimizer.foo=1"],
+        "optimizer.foo=1 is not a setting of torch.optim.SGD (it takes: lr, momentum, dampening, weight_decay,",
+    ),
+    (
+        ["experiment=dli_fashion", "optimizer=novograd"],
+        "optimizer.momentum=0.0 is not a setting of torch_optimizer.NovoGrad (it takes: lr, betas, eps, "
+        "weight_decay, grad_averaging, amsgrad); leave it out (where a preset set it for another optimizer, "
+        "drop it with ~optimizer.momentum)",
+    ),
     # a typo in a switch used to be read as true ("flase" is a non-empty string); a list failed in a worker
     (["workers=2", "strategy=model_averaging", "strategy.same_init=flase"], "strategy.same_init='flase' is invalid"),
     (["workers=2", "strategy=hogwild", "strategy.lock=[1,2]"], "strategy.lock=[1, 2] is invalid: must be true or"),
@@ -480,6 +492,7 @@ NEEDS_THE_MACHINE = {
     "optimizer=novograd optimizer.betas=[2,3]",
     "optimizer.nesterov=true optimizer.momentum=0",
     "+optimizer.foo=1",
+    "experiment=dli_fashion optimizer=novograd",
     "optimizer=adam +optimizer.eps=true",
     "+optimizer.maximize=flase",
     "workers=2 trainer.num_nodes=2",  # the launcher (torchrun, srun) is the machine's
@@ -508,6 +521,19 @@ def test_bad_values_are_one_clear_line(overrides, fragment):
         with pytest.raises(ConfigError) as early:
             check_values(compose_cfg(*overrides))
         assert str(early.value) == str(e.value)
+
+
+@pytest.mark.parametrize("optimizer,cls", [("sgd", "SGD"), ("novograd", "NovoGrad")])
+def test_dropping_a_presets_optimizer_setting_as_the_error_says_runs_either_optimizer(optimizer, cls):
+    """The way out the line above gives works for a sweep over both: SGD without the key is torch's
+    momentum 0 (what the preset meant), NovoGrad has nothing left it refuses."""
+    from hydra.utils import instantiate
+
+    cfg = compose_cfg("experiment=dli_fashion", f"optimizer={optimizer}", "~optimizer.momentum")
+    check(cfg)
+    opt = instantiate(cfg.optimizer, _convert_="all")([torch.zeros(1, requires_grad=True)])
+    assert type(opt).__name__ == cls and opt.defaults["lr"] == 0.01
+    assert opt.defaults.get("momentum", 0) == 0
 
 
 def test_the_value_checks_the_scripts_run_first_load_no_torch():
