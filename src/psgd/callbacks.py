@@ -412,6 +412,7 @@ class RunRecorder(Callback):
         self._t0 = self._val_t0 = 0.0
         self._val_s = 0.0
         self._samples = 0
+        self._lr: float | None = None  # the lr the epoch started with (rank 0's: every worker's schedule is one)
         self._validated = False  # a validation ran in this epoch (not every epoch has one: check_val_every_n_epoch)
 
     @override
@@ -424,15 +425,17 @@ class RunRecorder(Callback):
         self._trained = True
         # a resume from a checkpoint written inside an epoch (one trainer.max_steps stopped) goes on with
         # that epoch without on_train_epoch_start: its clock starts here (it read the machine's uptime)
-        self._start_epoch()
+        self._start_epoch(trainer)
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._start_epoch()
+        self._start_epoch(trainer)
 
-    def _start_epoch(self) -> None:
-        """The epoch's training clock and counts start from zero."""
+    def _start_epoch(self, trainer: L.Trainer) -> None:
+        """The epoch's training clock and counts start from zero; its lr is the one it starts with (a
+        schedule per epoch moves it after the epoch; per step, the epoch goes on from here)."""
         self._val_s, self._samples, self._validated = 0.0, 0, False
+        self._lr = float(trainer.optimizers[0].param_groups[0]["lr"]) if trainer.optimizers else None
         self._t0 = time.perf_counter()
 
     @override
@@ -496,6 +499,7 @@ class RunRecorder(Callback):
             "epoch_s": round(epoch_s, 4),
             "samples": int(samples),
             "samples_per_s": round(rate, 1),
+            "lr": None if self._lr is None else float(f"{self._lr:.6g}"),
             "train_loss": _get(metrics, "train/loss"),
             "train_acc": _get(metrics, "train/acc"),
             "val_loss": val_loss,
@@ -509,6 +513,7 @@ class RunRecorder(Callback):
                 record["train_loss"], record["train_acc"] = before["train_loss"], before["train_acc"]
             # (otherwise the module counted the second part on from the first's counts: the whole epoch's)
             record["samples"] += before["samples"]
+            record["lr"] = before.get("lr", record["lr"])  # what the epoch started with
             record["epoch_s"] = round(before["epoch_s"] + epoch_s, 4)
             record["samples_per_s"] = round(record["samples"] / max(record["epoch_s"], 1e-9), 1)
         self.history.append(record)

@@ -66,6 +66,7 @@ def test_two_worker_metrics_and_tensorboard(ddp2):
     # warm-up from lr/workers to lr over 1.5 epochs (12 of each worker's 8 steps per epoch), then flat;
     # the lr at each epoch's start
     assert scalars(acc, "lr") == pytest.approx([0.02, 0.02 + 0.02 / 1.5, 0.04])
+    assert [h["lr"] for h in m["history"]] == pytest.approx([0.02, 0.02 + 0.02 / 1.5, 0.04], abs=1e-6)  # the same
     assert scalars(acc, "val/acc") == pytest.approx([h["val_acc"] for h in m["history"]], abs=1e-6)
     assert len(scalars(acc, "time/samples_per_s")) == 3
     # rank 0's loss within the epochs: one point per epoch here (8 steps < log_every_n_steps), one writer

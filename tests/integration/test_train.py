@@ -279,6 +279,19 @@ def test_a_run_that_max_steps_stopped_inside_an_epoch_resumes_with_sane_times(ti
     assert m["resumed_from"] == str(tmp_path / "first" / "checkpoints" / "last.ckpt") and first["resumed_from"] is None
 
 
+def test_an_epoch_resumed_inside_keeps_the_lr_it_started_with(tiny_data, tmp_path):
+    """history[].lr is the lr an epoch started with: an epoch cut by max_steps and resumed inside is one
+    epoch in the history, with the lr of its start (not the resume's, mid-way through a per-step warm-up)."""
+    common = [f"data.root={tiny_data}", "trainer.max_epochs=2", "scheduler=warmup", "scheduler.interval=step", *TINY]
+    common += ["scheduler.warmup_epochs=2", "scheduler.start_factor=0.1"]  # 32 steps from 0.002 to 0.02
+    straight = train(compose_cfg(*common), tmp_path / "straight")
+    train(compose_cfg(*common, "trainer.max_steps=20"), tmp_path / "cut")
+    resumed = train(compose_cfg(*common, f"ckpt_path={tmp_path / 'cut'}"), tmp_path / "resumed")
+    expected = [0.002, 0.002 + 0.018 * 16 / 32]
+    assert [h["lr"] for h in straight["history"]] == pytest.approx(expected)
+    assert [h["lr"] for h in resumed["history"]] == pytest.approx(expected)
+
+
 def last_weights(run_dir) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
 
@@ -631,6 +644,8 @@ def test_a_per_step_warm_up_moves_the_lr_at_every_optimizer_step(tiny_data, tmp_
         assert logged == pytest.approx({n: 0.002 + 0.018 * min(n, 8) / 8 for n in range(1, 16, 2)})
     else:
         assert "lr_step" not in tags and "lr" in tags
+    # metrics.json: each epoch's lr as it started (a warm-up reads there without TensorBoard)
+    assert [h["lr"] for h in metrics(tmp_path / "run")["history"]] == pytest.approx([0.002, 0.02])
 
 
 def test_a_per_step_schedule_resumes_on_its_steps_and_refuses_other_steps_per_epoch(tiny_data, tmp_path, capsys):
