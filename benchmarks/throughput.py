@@ -5,8 +5,10 @@
 Each measurement is one `train.py` run in a fresh process tree (1 epoch of MNIST with the lab CNN by
 default); runs are interleaved across configurations (A B A B ...) and the median of `--repeats` is
 reported with the speedup over the same strategy's 1-worker figure. Figures come from each run's
-metrics.json (`samples_per_s`: training only, validation and process start excluded). Results also
-go to benchmarks/results/<name>.json and .md.
+metrics.json (`samples_per_s`: training only, validation and process start excluded), and so does
+where the lost speed went: `sync %`, the share of the training time the workers synchronised (DDP's
+wait for the gradient all-reduce, periodic averaging's averaging, locked HogWild's wait for the lock;
+the sweep report's column). Results also go to benchmarks/results/<name>.json and .md.
 """
 
 import argparse
@@ -21,10 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from compare import exit_unless_writable, exit_without_data, positive, results_arguments, write_results  # noqa: E402
 
+from psgd.report import sync_share  # noqa: E402
+
 VARIANTS = {"hogwild_locked": ["strategy=hogwild", "strategy.lock=true"]}
 
 
-def run_once(strategy: str, workers: int, args: argparse.Namespace, out: Path) -> float:
+def run_once(strategy: str, workers: int, args: argparse.Namespace, out: Path) -> tuple[float, float | None]:
+    """One run's samples/s and its share of training time synchronising (None where nothing waits)."""
     cmd = [
         sys.executable,
         str(ROOT / "train.py"),
@@ -42,7 +47,8 @@ def run_once(strategy: str, workers: int, args: argparse.Namespace, out: Path) -
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{proc.stderr.strip().splitlines()[-1:]}")
-    return json.loads((out / "metrics.json").read_text())["samples_per_s"]
+    metrics = json.loads((out / "metrics.json").read_text())
+    return metrics["samples_per_s"], sync_share(metrics)
 
 
 def measure(strategies: list[str], workers_list: list[int], repeats: int, args: argparse.Namespace):
@@ -50,12 +56,16 @@ def measure(strategies: list[str], workers_list: list[int], repeats: int, args: 
     `args` needs data_root, epochs, batch_size and overrides (train.py extras)."""
     configs = [(s, w) for s in strategies for w in workers_list]
     samples: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
+    shares: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(repeats):
             for i, (strategy, workers) in enumerate(configs):  # interleaved: A B A B ...
-                rate = run_once(strategy, workers, args, Path(tmp) / f"{rep}-{i}")
+                rate, share = run_once(strategy, workers, args, Path(tmp) / f"{rep}-{i}")
                 samples[(strategy, workers)].append(rate)
-                print(f"  rep {rep + 1}/{repeats} {strategy:16s} workers={workers}: {rate:9.1f} samples/s", flush=True)
+                shares[(strategy, workers)] += [] if share is None else [share]
+                sync = "" if share is None else f", {share:.1%} synchronising"
+                run = f"rep {rep + 1}/{repeats} {strategy:16s} workers={workers}"
+                print(f"  {run}: {rate:9.1f} samples/s{sync}", flush=True)
     rows = []
     for strategy, workers in configs:
         median = statistics.median(samples[(strategy, workers)])
@@ -67,11 +77,18 @@ def measure(strategies: list[str], workers_list: list[int], repeats: int, args: 
                 "samples_per_s": round(median, 1),
                 "runs": samples[(strategy, workers)],
                 "speedup_vs_1_worker": round(median / base, 3) if base else None,
+                "sync_share": round(statistics.median(shares[(strategy, workers)]), 4)
+                if shares[(strategy, workers)]
+                else None,
             }
         )
-    lines = ["| strategy | workers | samples/s (median) | speedup vs 1 worker |", "|---|---|---|---|"]
+    header = "| strategy | workers | samples/s (median) | speedup vs 1 worker | sync % (median) |"
+    lines = [header, "|---|---|---|---|---|"]
     lines += [
-        f"| {r['strategy']} | {r['workers']} | {r['samples_per_s']:.0f} | {r['speedup_vs_1_worker']} |" for r in rows
+        f"| {r['strategy']} | {r['workers']} | {r['samples_per_s']:.0f} | {r['speedup_vs_1_worker']} | "
+        + ("" if r["sync_share"] is None else f"{r['sync_share']:.1%}")
+        + " |"
+        for r in rows
     ]
     return rows, lines
 

@@ -319,6 +319,22 @@ def test_startup_benchmark_times_each_run_to_its_last_line_and_its_exit(tiny_dat
     assert "fork server (the default on CPU) gets 2 workers to their result" in md
 
 
+@pytest.mark.slow  # ~15 s: two train.py runs
+def test_throughput_benchmark_reports_samples_per_s_and_the_share_spent_synchronising(tiny_data, tmp_path):
+    """Each row: the median samples/s, the speedup over 1 worker, and where speed went: DDP's wait for
+    the all-reduce at 2 workers (nothing to wait for at 1), in the JSON and the markdown table."""
+    script = str(ROOT / "benchmarks" / "throughput.py")
+    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--workers", "1", "2", "--strategies", "ddp"]
+    proc = subprocess.run([*cmd, "--repeats=1", f"--results={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    one, two = json.loads((tmp_path / "throughput.json").read_text())["rows"]
+    assert (one["workers"], one["sync_share"], one["speedup_vs_1_worker"]) == (1, None, 1.0)
+    assert two["workers"] == 2 and 0 < two["sync_share"] < 1 and two["samples_per_s"] > 0
+    md = (tmp_path / "throughput.md").read_text().splitlines()
+    assert md[0].endswith("| sync % (median) |") and md[2].endswith("| 1.0 |  |")
+    assert md[3].endswith(f"| {two['sync_share']:.1%} |")
+
+
 def test_a_missing_dataset_is_one_line_before_any_measurement(tiny_data, tmp_path, offline, monkeypatch, capsys):
     """A mistyped --data-root ended in a traceback (torchvision's download error, or psgd's DataError
     from deep inside the first measured run) after the scripts had started their work."""
