@@ -248,12 +248,27 @@ class Classifier(PlainHookName, L.LightningModule):
             epoch = self.current_epoch + 1  # counted from 1, as the epoch lines and metrics.json's history count
             raise TrainingDiverged(
                 f"training diverged: the mean training loss of epoch {epoch} is {loss_sum / max(n, 1)}; "
-                f"lower optimizer.lr (the run's lr is {self.hparams.lr:g}) or warm up (scheduler=warmup)"
+                + self._divergence_remedy()
             )
         # the same value on every worker; sync_dist (a mean of equal values) keeps Lightning's epoch
         # bookkeeping the same across ranks
         self.log("train/acc", correct / max(n, 1), on_step=False, on_epoch=True, sync_dist=True)
         self.log("train/loss", loss_sum / max(n, 1), on_step=False, on_epoch=True, sync_dist=True)
+
+    def _divergence_remedy(self) -> str:
+        """What to change after a diverged epoch. HogWild's workers all write their own updates into the
+        one shared model: P workers move it about P times as far per step as one worker (each with its
+        own momentum), so the defaults that train one worker (lr 0.02, momentum 0.9) diverged at 5."""
+        lr, workers = self.hparams.lr, self.trainer.world_size
+        if getattr(self.trainer.strategy, "strategy_name", None) == "hogwild" and workers > 1:
+            smaller = float(f"{lr / workers:.3g}")
+            return (
+                f"under HogWild the {workers} workers' updates all land on the one shared model, about {workers} "
+                f"times one worker's steps: lower optimizer.lr about {workers}-fold (the run's lr is {lr:g}: "
+                f"optimizer.lr={smaller:g}) or optimizer.momentum (mnist_hogwild's lr 0.01 and momentum 0.5 are "
+                "experiment=hogwild_lab's)"
+            )
+        return f"lower optimizer.lr (the run's lr is {lr:g}) or warm up (scheduler=warmup)"
 
     @override
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:

@@ -727,17 +727,30 @@ def test_uneven_shards_never_hang(tiny_data, tmp_path, strategy, partition):
 
 
 @pytest.mark.parametrize(
-    "workers",
+    "workers,strategy,remedy",
     # one worker slow: the check is the module's own, and with 2 workers both must also stop together
-    [pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.distributed)],
-    ids=["in-process", "ddp-2"],
+    [
+        pytest.param(1, "ddp", "lower optimizer.lr (the run's lr is 10000) or warm up", marks=pytest.mark.slow),
+        pytest.param(2, "ddp", "lower optimizer.lr (the run's lr is 10000) or warm up", marks=pytest.mark.distributed),
+        # HogWild's workers all write to one model: the defaults that train one worker diverged at 5 workers,
+        # and the line said only "lower optimizer.lr", not by how much
+        pytest.param(
+            2,
+            "hogwild",
+            "under HogWild the 2 workers' updates all land on the one shared model, about 2 times one worker's "
+            "steps: lower optimizer.lr about 2-fold (the run's lr is 10000: optimizer.lr=5000)",
+            marks=pytest.mark.distributed,
+        ),
+    ],
+    ids=["in-process", "ddp-2", "hogwild-2"],
 )
-def test_a_diverged_run_stops_with_one_line(tiny_data, tmp_path, workers):
+def test_a_diverged_run_stops_with_one_line(tiny_data, tmp_path, workers, strategy, remedy):
     # before, a NaN loss trained on to the last epoch and "completed" at chance accuracy
     run_dir = tmp_path / "run"
     proc = run_cli(
         "train.py",
         f"workers={workers}",
+        f"strategy={strategy}",
         f"data.root={tiny_data}",
         "optimizer.lr=1e4",
         "trainer.max_epochs=5",
@@ -747,7 +760,7 @@ def test_a_diverged_run_stops_with_one_line(tiny_data, tmp_path, workers):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert lines[-1].startswith("psgd: error: training diverged: the mean training loss of epoch 1 is nan"), proc.stderr
-    assert "lower optimizer.lr (the run's lr is 10000)" in lines[-1]
+    assert remedy in lines[-1]
     assert "Traceback" not in proc.stderr
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["status"] == "failed" and m["error"] == lines[-1].removeprefix("psgd: error: ")
