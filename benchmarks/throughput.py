@@ -9,6 +9,10 @@ metrics.json (`samples_per_s`: training only, validation and process start exclu
 where the lost speed went: `sync %`, the share of the training time the workers synchronised (DDP's
 wait for the gradient all-reduce, periodic averaging's averaging, locked HogWild's wait for the lock;
 the sweep report's column). Results also go to benchmarks/results/<name>.json and .md.
+
+HogWild runs with mnist_hogwild's SGD (lr 0.01, momentum 0.5): with psgd's defaults its 5 workers'
+updates diverged (train.py overrides given here come after and win). A run that fails is said in its
+row and the others go on; the results are written, and the exit status is 1.
 """
 
 import argparse
@@ -25,11 +29,22 @@ from compare import exit_unless_writable, exit_without_data, positive, results_a
 
 from psgd.report import sync_share  # noqa: E402
 
-VARIANTS = {"hogwild_locked": ["strategy=hogwild", "strategy.lock=true"]}
+# HogWild runs with mnist_hogwild's SGD (lr 0.01, momentum 0.5, as the reference script): its workers all
+# write into one model, and psgd's defaults (lr 0.02, momentum 0.9) diverged at 5 workers
+HOGWILD_SGD = ["optimizer.lr=0.01", "optimizer.momentum=0.5"]
+VARIANTS = {
+    "hogwild": ["strategy=hogwild", *HOGWILD_SGD],
+    "hogwild_locked": ["strategy=hogwild", "strategy.lock=true", *HOGWILD_SGD],
+}
+
+
+class RunFailed(Exception):
+    """A train.py run that did not complete: its last line (a diverged run's, a refused override's)."""
 
 
 def run_once(strategy: str, workers: int, args: argparse.Namespace, out: Path) -> tuple[float, float | None]:
-    """One run's samples/s and its share of training time synchronising (None where nothing waits)."""
+    """One run's samples/s and its share of training time synchronising (None where nothing waits);
+    RunFailed with its last line where it failed."""
     cmd = [
         sys.executable,
         str(ROOT / "train.py"),
@@ -46,50 +61,61 @@ def run_once(strategy: str, workers: int, args: argparse.Namespace, out: Path) -
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{proc.stderr.strip().splitlines()[-1:]}")
+        last = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        raise RunFailed(f"{strategy} workers={workers}: {last}")
     metrics = json.loads((out / "metrics.json").read_text())
     return metrics["samples_per_s"], sync_share(metrics)
 
 
 def measure(strategies: list[str], workers_list: list[int], repeats: int, args: argparse.Namespace):
     """Interleaved runs of every (strategy, workers); returns the rows and their markdown table lines.
-    `args` needs data_root, epochs, batch_size and overrides (train.py extras)."""
+    `args` needs data_root, epochs, batch_size and overrides (train.py extras). A run that fails is
+    reported in its row (`failed`) and the others go on: one diverged run no longer lost the rest."""
     configs = [(s, w) for s in strategies for w in workers_list]
     samples: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
     shares: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
+    failed: dict[tuple[str, int], list[str]] = {c: [] for c in configs}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(repeats):
             for i, (strategy, workers) in enumerate(configs):  # interleaved: A B A B ...
-                rate, share = run_once(strategy, workers, args, Path(tmp) / f"{rep}-{i}")
+                run = f"rep {rep + 1}/{repeats} {strategy:16s} workers={workers}"
+                try:
+                    rate, share = run_once(strategy, workers, args, Path(tmp) / f"{rep}-{i}")
+                except RunFailed as e:
+                    failed[(strategy, workers)].append(str(e))
+                    print(f"  {run}: failed: {e}", flush=True)
+                    continue
                 samples[(strategy, workers)].append(rate)
                 shares[(strategy, workers)] += [] if share is None else [share]
                 sync = "" if share is None else f", {share:.1%} synchronising"
-                run = f"rep {rep + 1}/{repeats} {strategy:16s} workers={workers}"
                 print(f"  {run}: {rate:9.1f} samples/s{sync}", flush=True)
+
+    def median(values: list[float]) -> float | None:
+        return statistics.median(values) if values else None
+
     rows = []
     for strategy, workers in configs:
-        median = statistics.median(samples[(strategy, workers)])
-        base = statistics.median(samples[(strategy, 1)]) if (strategy, 1) in samples else None
+        rate, base = median(samples[(strategy, workers)]), median(samples.get((strategy, 1), []))
+        share = median(shares[(strategy, workers)])
         rows.append(
             {
                 "strategy": strategy,
                 "workers": workers,
-                "samples_per_s": round(median, 1),
+                "samples_per_s": None if rate is None else round(rate, 1),
                 "runs": samples[(strategy, workers)],
-                "speedup_vs_1_worker": round(median / base, 3) if base else None,
-                "sync_share": round(statistics.median(shares[(strategy, workers)]), 4)
-                if shares[(strategy, workers)]
-                else None,
+                "speedup_vs_1_worker": round(rate / base, 3) if rate is not None and base else None,
+                "sync_share": None if share is None else round(share, 4),
+                "failed": failed[(strategy, workers)],
             }
         )
     header = "| strategy | workers | samples/s (median) | speedup vs 1 worker | sync % (median) |"
     lines = [header, "|---|---|---|---|---|"]
-    lines += [
-        f"| {r['strategy']} | {r['workers']} | {r['samples_per_s']:.0f} | {r['speedup_vs_1_worker']} | "
-        + ("" if r["sync_share"] is None else f"{r['sync_share']:.1%}")
-        + " |"
-        for r in rows
-    ]
+    for r in rows:
+        rate = "all runs failed" if r["samples_per_s"] is None else f"{r['samples_per_s']:.0f}"
+        rate += f" ({len(r['failed'])} of {repeats} failed)" if r["failed"] and r["runs"] else ""
+        speedup = "" if r["speedup_vs_1_worker"] is None else r["speedup_vs_1_worker"]
+        share = "" if r["sync_share"] is None else f"{r['sync_share']:.1%}"
+        lines.append(f"| {r['strategy']} | {r['workers']} | {rate} | {speedup} | {share} |")
     return rows, lines
 
 
@@ -113,6 +139,9 @@ def main() -> None:
     print("\n".join(lines))
     record = json.dumps({"args": vars(args), "rows": rows}, indent=2, default=str) + "\n"
     write_results(args.results, args.name, record, "\n".join(lines) + "\n")
+    failures = [f for r in rows for f in r["failed"]]
+    if failures:  # written with the rest; the exit status says some figures are missing
+        raise SystemExit(f"throughput.py: {len(failures)} run(s) failed, the first: {failures[0]}")
 
 
 if __name__ == "__main__":

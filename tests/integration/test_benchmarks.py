@@ -335,6 +335,25 @@ def test_throughput_benchmark_reports_samples_per_s_and_the_share_spent_synchron
     assert md[3].endswith(f"| {two['sync_share']:.1%} |")
 
 
+@pytest.mark.slow  # ~15 s: two train.py runs
+def test_a_failed_throughput_run_is_reported_in_its_row_and_the_others_are_kept(tiny_data, tmp_path):
+    """One run that fails (here model averaging refuses the period; before, a HogWild run at 5 workers that
+    diverged) no longer ends the benchmark and loses every figure measured before it: its row says so,
+    the others are measured and written, and the exit status is 1 with one line."""
+    script = str(ROOT / "benchmarks" / "throughput.py")
+    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--workers", "1", "--repeats=1", f"--results={tmp_path}"]
+    proc = subprocess.run(
+        [*cmd, "++strategy.period=-1", "--strategies", "model_averaging", "ddp"], capture_output=True, text=True
+    )
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("throughput.py: 1 run(s) failed, the first: model_averaging workers=1: psgd: error: ")
+    failed, ddp = json.loads((tmp_path / "throughput.json").read_text())["rows"]
+    assert failed["samples_per_s"] is None and "strategy.period=-1 is invalid" in failed["failed"][0]
+    assert ddp["samples_per_s"] > 0 and ddp["failed"] == []
+    md = (tmp_path / "throughput.md").read_text()
+    assert "| model_averaging | 1 | all runs failed |  |  |" in md and "| ddp | 1 | " in md
+
+
 def test_a_missing_dataset_is_one_line_before_any_measurement(tiny_data, tmp_path, offline, monkeypatch, capsys):
     """A mistyped --data-root ended in a traceback (torchvision's download error, or psgd's DataError
     from deep inside the first measured run) after the scripts had started their work."""
