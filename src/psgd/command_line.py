@@ -58,10 +58,26 @@ def first_worker() -> bool:
     return global_rank() in (None, "0")
 
 
+# while a sweep runs its jobs in this process (Hydra's basic launcher): the warnings said so far, each
+# said for its first job only (a GPU-only switch on CPU came once per job, 25 lines in a 25-job sweep)
+_SAID_IN_SWEEP: set[str] | None = None
+
+
+def warn_once_per_sweep(on: bool) -> None:
+    """From now on (on=True) until off, a warning said by one job of the sweep is not said again."""
+    global _SAID_IN_SWEEP
+    _SAID_IN_SWEEP = set() if on else None
+
+
 def warn(message: str) -> None:
-    """A `psgd: warning: ...` line on stderr, said once per run (first_worker)."""
-    if first_worker():
-        say(f"psgd: warning: {message}")
+    """A `psgd: warning: ...` line on stderr, said once per run (first_worker), and once per sweep."""
+    if not first_worker():
+        return
+    if _SAID_IN_SWEEP is not None:
+        if message in _SAID_IN_SWEEP:
+            return
+        _SAID_IN_SWEEP.add(message)
+    say(f"psgd: warning: {message}")
 
 
 # how long a torchrun worker waits for its agent's SIGTERM once the first worker has said the problem

@@ -13,7 +13,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from psgd.command_line import as_typed, override_key
+from psgd.command_line import as_typed, override_key, warn_once_per_sweep
 from psgd.report import continue_command, describe, skew_note, stop_note, sweep_lengths, unwritten, write_report
 from psgd.results import read_json
 
@@ -59,6 +59,7 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         LAST.update(failed=0, sweep_dir=str(config.hydra.sweep.dir), ended=False)
+        warn_once_per_sweep(True)  # a warning every job would say: said at the first
         params = config.hydra.sweeper.get("params")
         try:
             lengths = sweep_lengths(dict(params) if params else None, list(config.hydra.overrides.task))
@@ -77,6 +78,7 @@ class SweepReport(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         LAST.update(ended=True)
+        warn_once_per_sweep(False)
         sweep_dir = Path(config.hydra.sweep.dir)
         try:
             report = write_report(sweep_dir)
@@ -96,6 +98,7 @@ def report_stopped_sweep() -> bool:
     """After a multirun that stopped before its end (Ctrl-C, SIGTERM: Hydra runs no end callback then):
     write the report of the jobs that ran and say so in one line. Nothing if none was started.
     Returns whether it said something."""
+    warn_once_per_sweep(False)
     if LAST["sweep_dir"] is None or LAST["ended"]:
         return False
     sweep_dir = Path(LAST["sweep_dir"])

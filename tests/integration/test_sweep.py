@@ -21,7 +21,8 @@ def read_csv(path):
 
 @pytest.fixture(scope="module")
 def mixed_sweep(tiny_data, tmp_path_factory):
-    """`sweep.py -m workers=1,2 strategy=ddp,model_averaging,hogwild` on tiny data: 6 jobs."""
+    """`sweep.py -m workers=1,2 strategy=ddp,model_averaging,hogwild` on tiny data: 6 jobs (with a GPU-only
+    switch, which every job on CPU warns about)."""
     sweep_dir = tmp_path_factory.mktemp("sweep") / "mixed"
     proc = run_cli(
         "sweep.py",
@@ -31,6 +32,7 @@ def mixed_sweep(tiny_data, tmp_path_factory):
         f"data.root={tiny_data}",
         "trainer.max_epochs=1",
         "data.batch_size=64",
+        "data.on_device=true",
         f"hydra.sweep.dir={sweep_dir}",
         timeout=400,
     )
@@ -85,6 +87,9 @@ def test_a_progress_line_per_job_and_a_final_line(mixed_sweep):
     assert "workers=1 strategy=ddp:" in lines[0]  # the swept values, not every override
     assert f"psgd: sweep finished: 6/6 jobs completed; report in {sweep_dir}/report.md" in proc.stdout
     assert "Initializing distributed" not in proc.stdout + proc.stderr  # workers are quiet too
+    # a warning every job would say is said once, at the first job (it came 6 times, once per job)
+    warning = "psgd: warning: data.on_device=true has no effect on CPU"
+    assert proc.stderr.count(warning) == 1, proc.stderr
 
 
 def test_every_job_has_its_own_tensorboard_run_with_hparams(mixed_sweep):
