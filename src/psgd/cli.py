@@ -17,11 +17,11 @@ from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd import command_line, signals
-from psgd.command_line import fail, first_worker, global_rank, other_torchrun_worker, text_lines
+from psgd.command_line import fail, first_worker, global_rank, other_torchrun_worker, text_lines, warn
 from psgd.config import ConfigError, DirInUse
 from psgd.data import DataError
 from psgd.module import TrainingDiverged
-from psgd.report import skew_note, stop_note
+from psgd.report import learned_nothing, learned_nothing_line, skew_note, stop_note
 from psgd.results import NO_ROOM, failed_write, read_json, write_atomic
 from psgd.run import WorkerGone, mark_status, raised_in_worker, run_dir_key, train
 from psgd.strategies._lightning import KilledWorker, lost_a_peer, timed_out
@@ -305,6 +305,11 @@ def run_job(cfg: DictConfig) -> float | None:
     if metrics is None:  # a torchrun / srun worker other than rank 0: rank 0 reports
         return None
     if not sweeping:  # a sweep prints one progress line per job instead (psgd.sweep)
+        if learned_nothing(metrics):  # a 10 % model "completed" as if it were a result
+            workers = metrics.get("world_size") or 1
+            hogwild = workers if metrics.get("strategy") == "hogwild" and workers > 1 else None
+            acc = f"{metrics['test_acc']:.4f}"
+            warn(f"the model {learned_nothing_line(acc, hogwild, metrics.get('lr'))}")
         print(
             f"psgd: test_acc={metrics['test_acc']:.4f}{skew_note(metrics)} train_time_s={metrics['train_time_s']:.1f} "
             f"samples_per_s={metrics['samples_per_s']}{stop_note(metrics)} results in {run_dir}",

@@ -452,6 +452,49 @@ def shared_cores_notes(shared: dict[tuple[str, int], set[tuple[int, int]]]) -> l
 PRECISION_ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
 
 
+def learned_nothing(job: "Job | dict") -> bool:
+    """A completed job whose model learned nothing: its last epoch's mean training loss is no lower than
+    a uniform guess's, ln(classes), and its test accuracy under twice chance. (HogWild at 3-5 workers with
+    the lr that trains one worker "completed" at 10-11 %: its weights settled where every image gets
+    one class, with a finite loss, so no divergence was found.)"""
+    classes = len(job.get("test_acc_per_class") or job.get("test_classes") or [])
+    history, acc = job.get("history") or [], job.get("test_acc")
+    loss = history[-1].get("train_loss") if history and isinstance(history[-1], dict) else None
+    if job.get("status") != "completed" or classes < 2 or not all(isinstance(v, int | float) for v in (loss, acc)):
+        return False
+    if job.get("stopped_by") == "fast_dev_run":  # a batch or two: a smoke test, not training
+        return False
+    return loss >= math.log(classes) and acc < 2 / classes
+
+
+def learned_nothing_notes(jobs: list[Job]) -> list[str]:
+    """One note naming the completed jobs that learned nothing, and what to change."""
+    bad = [j for j in jobs if learned_nothing(j)]
+    if not bad:
+        return []
+    which = f"job{'s' if len(bad) > 1 else ''} {', '.join(str(j.num) for j in bad)}"
+    accs = ", ".join(f"{j.get('test_acc'):.4f}" for j in bad)
+    hogwild = all(j.strategy == "hogwild" and j.workers > 1 for j in bad)
+    return [f"{which} {learned_nothing_line(accs, 'P' if hogwild else None)}"]
+
+
+def learned_nothing_line(accs: str, hogwild_workers: str | int | None, lr: float | None = None) -> str:
+    """What learning nothing says, and what to change (HogWild's P workers: about P times the step)."""
+    why = "lower optimizer.lr" + (f" (the run's lr is {lr:g})" if lr else "") + " or warm up (scheduler=warmup)"
+    if hogwild_workers is not None:
+        p = hogwild_workers
+        why = (
+            f"under HogWild every worker's update lands on the one model, about {p} times one worker's step at "
+            f"{p} workers: lower optimizer.lr about {p}-fold"
+            + (f" (the run's lr is {lr:g})" if lr else "")
+            + " or optimizer.momentum (experiment=hogwild_lab)"
+        )
+    return (
+        f"learned nothing (test accuracy {accs}, about chance; the last epoch's training loss no lower than a "
+        f"uniform guess's): most often the steps were too large; {why}"
+    )
+
+
 def precision_notes(jobs: list[Job]) -> list[str]:
     """A note per configured precision that ran as another (16-mixed runs as bf16-mixed where there is
     no CUDA device): the report's columns show trainer.precision as written."""
@@ -848,6 +891,7 @@ def write_report(sweep_dir: str | Path) -> Report:
     if not any(s["speedup_to_target"] for s in summary) and any(j.get("target_acc") for j in jobs):
         notes.append("no group has a 1-worker job that reached early_stop.target_acc: no speedup to target")
     notes += unequal_work_notes(jobs, swept)
+    notes += learned_nothing_notes(jobs)
     notes += precision_notes(jobs)
     notes += shared_cores_notes(shared)
     notes += threads_notes(jobs, swept)

@@ -14,7 +14,16 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from psgd.command_line import as_typed, override_key, warn_once_per_sweep
-from psgd.report import continue_command, describe, skew_note, stop_note, sweep_lengths, unwritten, write_report
+from psgd.report import (
+    continue_command,
+    describe,
+    learned_nothing,
+    skew_note,
+    stop_note,
+    sweep_lengths,
+    unwritten,
+    write_report,
+)
 from psgd.results import read_json
 
 # What the last multirun in this process found: sweep.py turns failed jobs into a non-zero exit code,
@@ -42,10 +51,11 @@ def progress_line(num: int, total: int | None, overrides: list[str], job_dir: Pa
         ttt = record.get("time_to_target_s")
         target = f", target reached at {ttt:.1f} s" if ttt is not None else ""
         kept = " (kept from the stopped sweep)" if str(job_dir) in KEPT else ""
+        nothing = " (learned nothing: see the report's notes)" if learned_nothing(record) else ""
         return (
             f"psgd: {where} {values}: completed{kept}, {record.get('train_time_s', 0):.1f} s training, "
-            f"{record.get('samples_per_s')} samples/s, test_acc {record.get('test_acc'):.4f}{skew_note(record)}{target}"
-            f"{stop_note(record)}"
+            f"{record.get('samples_per_s')} samples/s, test_acc {record.get('test_acc'):.4f}{nothing}"
+            f"{skew_note(record)}{target}{stop_note(record)}"
         )
     return f"psgd: {where} {values}: {status}: {record.get('error') or 'no result written'}"
 

@@ -292,6 +292,23 @@ def test_an_epoch_resumed_inside_keeps_the_lr_it_started_with(tiny_data, tmp_pat
     assert [h["lr"] for h in resumed["history"]] == pytest.approx(expected)
 
 
+def test_a_run_that_learned_nothing_says_so_beside_its_result(tiny_data, tmp_path):
+    """A completed run at chance accuracy whose training loss never fell below a uniform guess's (too large
+    a step, not large enough for NaN) ended with its result line alone, as if it were one."""
+    run_dir = tmp_path / "run"
+    steps = ["optimizer.lr=3", "trainer.max_epochs=1", "quiet=true"]  # batch 128: 4 steps, to 1e17 (32: NaN)
+    proc = run_cli("train.py", f"data.root={tiny_data}", *steps, f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr
+    m = metrics(run_dir)
+    assert m["status"] == "completed" and m["test_acc"] < 0.2 and m["history"][-1]["train_loss"] > 2.303
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"psgd: warning: the model learned nothing (test accuracy {m['test_acc']:.4f}, about chance; the last "
+        "epoch's training loss no lower than a uniform guess's): most often the steps were too large; lower "
+        "optimizer.lr (the run's lr is 3) or warm up (scheduler=warmup)"
+    )
+    assert proc.stdout.strip().splitlines()[-1].startswith(f"psgd: test_acc={m['test_acc']:.4f}")
+
+
 def last_weights(run_dir) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
 
