@@ -368,6 +368,9 @@ FIGURES = {
     "allreduce_ms": ("ddp/allreduce_ms", 3),
     "allreduce_wait_ms": ("ddp/allreduce_wait_ms", 3),
 }
+# the figures that are an epoch's time in all (the others are per update or per step): an epoch trained in
+# two parts (resumed inside it) adds these up, and weighs the others by each part's samples
+EPOCH_TOTALS = {"averaging_s", "lock_wait_s"}
 
 
 def strategy_figures(trainer: L.Trainer, device: torch.device) -> dict[str, float]:
@@ -512,6 +515,17 @@ class RunRecorder(Callback):
             if not record["samples"]:  # no batch was left to train: the first part's figures are the epoch's
                 record["train_loss"], record["train_acc"] = before["train_loss"], before["train_acc"]
             # (otherwise the module counted the second part on from the first's counts: the whole epoch's)
+            for name, (_, digits) in FIGURES.items():  # the second part's alone kept only its own share
+                if name in before and name in record:
+                    parts = (before["samples"], record["samples"])
+                    merged = (
+                        before[name] + record[name]
+                        if name in EPOCH_TOTALS
+                        else (before[name] * parts[0] + record[name] * parts[1]) / max(sum(parts), 1)
+                    )
+                    record[name] = round(merged, digits)
+                elif name in before:
+                    record[name] = before[name]
             record["samples"] += before["samples"]
             record["lr"] = before.get("lr", record["lr"])  # what the epoch started with
             record["epoch_s"] = round(before["epoch_s"] + epoch_s, 4)

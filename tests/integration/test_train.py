@@ -309,6 +309,22 @@ def test_a_run_that_learned_nothing_says_so_beside_its_result(tiny_data, tmp_pat
     assert proc.stdout.strip().splitlines()[-1].startswith(f"psgd: test_acc={m['test_acc']:.4f}")
 
 
+def test_an_epoch_resumed_inside_keeps_both_parts_allreduce_figures(tiny_data, tmp_path):
+    """DDP's all-reduce figures of an epoch trained in two parts (cut by max_steps, resumed inside it) are
+    both parts', weighed by their samples: the history kept the second part's alone. (Averaging's and the
+    lock's times would add up; their workers cannot be cut inside an epoch.)"""
+    common = [f"data.root={tiny_data}", "workers=2", "strategy=ddp", "trainer.max_epochs=2", *TINY]  # 8 steps
+    cut = train(compose_cfg(*common, "trainer.max_steps=12"), tmp_path / "cut")
+    resumed = train(compose_cfg(*common, f"ckpt_path={tmp_path / 'cut'}"), tmp_path / "resumed")
+    first, merged = cut["history"][1], resumed["history"][1]
+    (second,) = scalars(tensorboard(tmp_path / "resumed"), "ddp/allreduce_ms")  # the second part's, as it ended
+    n1 = first["samples"]
+    n2 = merged["samples"] - n1
+    assert n1 == 4 * 64 and n2 == 4 * 64  # 4 steps of 2 x 32 before the cut, 4 after
+    assert merged["allreduce_ms"] == pytest.approx((first["allreduce_ms"] * n1 + second * n2) / (n1 + n2), abs=2e-3)
+    assert resumed["history"][0] == cut["history"][0]
+
+
 def last_weights(run_dir) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
 
