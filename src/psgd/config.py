@@ -912,13 +912,15 @@ def check_optimizer(opt: DictConfig) -> None:
     # (experiment=dli_fashion optimizer=novograd kept SGD's momentum: NovoGrad's TypeError named no remedy)
     takes = [k for k, p in defaults.items() if k != "params" and p.kind is not inspect.Parameter.VAR_POSITIONAL]
     if defaults and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in defaults.values()):
-        for key, value in opt.items():
-            if not str(key).startswith("_") and key not in defaults:
-                raise ConfigError(
-                    f"optimizer.{key}={value} is not a setting of {opt.get('_target_')} "
-                    f"(it takes: {', '.join(takes)}); leave it out (where a preset set it for another optimizer, "
-                    f"drop it with ~optimizer.{key})"
-                )
+        foreign = [str(k) for k in opt if not str(k).startswith("_") and k not in defaults]
+        if foreign:
+            given = " and ".join(f"optimizer.{k}={opt[k]}" for k in foreign)
+            drop = "it" if len(foreign) == 1 else "them"
+            raise ConfigError(
+                f"{given} {'is not a setting' if len(foreign) == 1 else 'are not settings'} of "
+                f"{opt.get('_target_')} (it takes: {', '.join(takes)}); leave {drop} out (where a preset set "
+                f"{drop} for another optimizer, drop {drop} with {' '.join(f'~optimizer.{k}' for k in foreign)})"
+            )
     try:
         instantiate(opt, _convert_="all")([torch.zeros(1, requires_grad=True)])  # as run.py makes it
     except Exception as e:

@@ -371,6 +371,10 @@ BAD = [
         ["+optimizer.foo=1"],
         "optimizer.foo=1 is not a setting of torch.optim.SGD (it takes: lr, momentum, dampening, weight_decay,",
     ),
+    (  # every such key at once, not one per attempt
+        ["+optimizer.foo=1", "+optimizer.bar=2"],
+        "optimizer.foo=1 and optimizer.bar=2 are not settings of torch.optim.SGD (it takes: lr, momentum,",
+    ),
     (
         ["experiment=dli_fashion", "optimizer=novograd"],
         "optimizer.momentum=0.0 is not a setting of torch_optimizer.NovoGrad (it takes: lr, betas, eps, "
@@ -493,6 +497,7 @@ NEEDS_THE_MACHINE = {
     "optimizer.nesterov=true optimizer.momentum=0",
     "+optimizer.foo=1",
     "experiment=dli_fashion optimizer=novograd",
+    "+optimizer.foo=1 +optimizer.bar=2",
     "optimizer=adam +optimizer.eps=true",
     "+optimizer.maximize=flase",
     "workers=2 trainer.num_nodes=2",  # the launcher (torchrun, srun) is the machine's
