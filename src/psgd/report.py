@@ -600,7 +600,9 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
     job_cols += [key for key in drift if any(r[key] is not None for r in report.rows)]
     job_cols += ["worst_class_acc", "worst_class"] if skewed else []
     job_cols += ["speedup", "efficiency"] + (["time_to_target_s", "speedup_to_target"] if targets else [])
-    out.append(markdown_table(report.rows, job_cols))
+    # test accuracy to 4 decimals as beside it (worker_test_acc) and in the progress lines; the CSV keeps all
+    shown = [r | {"test_acc": f"{r['test_acc']:.4f}"} if isinstance(r["test_acc"], float) else r for r in report.rows]
+    out.append(markdown_table(shown, job_cols))
     if report.failed:
         out += ["", "## Failed or interrupted jobs" if interrupted else "## Failed jobs", ""]
         out += [f"- job {j.num} ({j.path.name}): {j.error or j.status}" for j in report.failed]

@@ -116,6 +116,15 @@ def test_report_rows_speedup_and_efficiency_are_computed_from_the_mean_1_worker_
     )
 
 
+def test_the_markdown_shows_test_accuracy_to_4_decimals_and_the_csv_keeps_it_whole(tmp_path):
+    # 0.203125 beside worker accuracies of 0.2031: one job's figures at two precisions
+    make_job(tmp_path, 0, {"workers": 2}, done("model_averaging", 2, 5.0, 0.203125, worker_test_acc=[0.203125] * 2))
+    write_report(tmp_path)
+    row = [ln for ln in (tmp_path / "report.md").read_text().splitlines() if ln.startswith("| 0 |")][0]
+    assert "| 0.2031 | 0.2031 0.2031 |" in row
+    assert read_csv(tmp_path / "report.csv")[0]["test_acc"] == "0.203125"
+
+
 def test_the_jobs_table_says_how_far_replicas_drifted_and_how_stale_hogwild_updates_were(tmp_path):
     """A sweep over worker counts or HogWild's lock showed speed and accuracy only: what parallelism did to
     the model (the replicas' distance from their average, the other workers' updates landing during each
