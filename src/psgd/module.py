@@ -16,6 +16,7 @@ from typing_extensions import override
 
 from psgd.config import ConfigError
 from psgd.optim import build_scheduler
+from psgd.results import step_advice
 
 # a per-step schedule's optimizer steps per epoch (this worker's), kept in its checkpoints
 STEPS_PER_EPOCH_KEY = "psgd_steps_per_epoch"
@@ -256,19 +257,10 @@ class Classifier(PlainHookName, L.LightningModule):
         self.log("train/loss", loss_sum / max(n, 1), on_step=False, on_epoch=True, sync_dist=True)
 
     def _divergence_remedy(self) -> str:
-        """What to change after a diverged epoch. HogWild's workers all write their own updates into the
-        one shared model: P workers move it about P times as far per step as one worker (each with its
-        own momentum), so the defaults that train one worker (lr 0.02, momentum 0.9) diverged at 5."""
-        lr, workers = self.hparams.lr, self.trainer.world_size
-        if getattr(self.trainer.strategy, "strategy_name", None) == "hogwild" and workers > 1:
-            smaller = float(f"{lr / workers:.3g}")
-            return (
-                f"under HogWild the {workers} workers' updates all land on the one shared model, about {workers} "
-                f"times one worker's steps: lower optimizer.lr about {workers}-fold (the run's lr is {lr:g}: "
-                f"optimizer.lr={smaller:g}) or optimizer.momentum (mnist_hogwild's lr 0.01 and momentum 0.5 are "
-                "experiment=hogwild_lab's)"
-            )
-        return f"lower optimizer.lr (the run's lr is {lr:g}) or warm up (scheduler=warmup)"
+        """What to change after a diverged epoch (step_advice; HogWild's workers all write into one model)."""
+        workers = self.trainer.world_size
+        hogwild = getattr(self.trainer.strategy, "strategy_name", None) == "hogwild" and workers > 1
+        return step_advice(self.hparams.lr, workers if hogwild else None)
 
     @override
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:

@@ -36,7 +36,16 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from psgd.command_line import NOT_IN_DIR_NAMES, as_typed, override_key, shell_override
-from psgd.results import NO_ROOM, atomic_file, cores_of, failed_write, read_json, write_atomic, write_csv
+from psgd.results import (
+    NO_ROOM,
+    atomic_file,
+    cores_of,
+    failed_write,
+    read_json,
+    step_advice,
+    write_atomic,
+    write_csv,
+)
 from psgd.signals import still_running
 
 WORKER_KEYS = ("workers", "trainer.devices")  # the key that sets P
@@ -259,7 +268,7 @@ def _r(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def sync_share(job: Job) -> float | None:
+def sync_share(job: "Job | dict") -> float | None:
     """The share of a job's training time its workers synchronised: DDP's wait for the gradient
     all-reduce, periodic model averaging's time averaging, or locked HogWild's wait for the lock; None
     for none of them."""
@@ -479,19 +488,10 @@ def learned_nothing_notes(jobs: list[Job]) -> list[str]:
 
 
 def learned_nothing_line(accs: str, hogwild_workers: str | int | None, lr: float | None = None) -> str:
-    """What learning nothing says, and what to change (HogWild's P workers: about P times the step)."""
-    why = "lower optimizer.lr" + (f" (the run's lr is {lr:g})" if lr else "") + " or warm up (scheduler=warmup)"
-    if hogwild_workers is not None:
-        p = hogwild_workers
-        why = (
-            f"under HogWild every worker's update lands on the one model, about {p} times one worker's step at "
-            f"{p} workers: lower optimizer.lr about {p}-fold"
-            + (f" (the run's lr is {lr:g})" if lr else "")
-            + " or optimizer.momentum (experiment=hogwild_lab)"
-        )
+    """What learning nothing says, and what to change (step_advice, as a diverged run's line)."""
     return (
         f"learned nothing (test accuracy {accs}, about chance; the last epoch's training loss no lower than a "
-        f"uniform guess's): most often the steps were too large; {why}"
+        f"uniform guess's): most often the steps were too large; {step_advice(lr, hogwild_workers)}"
     )
 
 

@@ -211,3 +211,21 @@ def sync_summary(history: list[dict[str, Any]]) -> dict[str, float]:
         "lock_wait_share": time_share(history, "lock_wait_s"),
     }
     return {**allreduce_summary(history), **{k: v for k, v in shares.items() if v is not None}}
+
+
+def step_advice(lr: float | None = None, hogwild_workers: int | str | None = None) -> str:
+    """What to change when a run's steps were too large (it diverged, or learned nothing): the lr (the
+    run's, where known), or a warm-up. Under HogWild (`hogwild_workers`: the count, or "P" for several
+    runs) every worker's update lands on the one shared model, so P workers take about P times one
+    worker's step: the defaults that train one worker (lr 0.02, momentum 0.9) diverged at 5."""
+    run_lr = f" (the run's lr is {lr:g})" if lr else ""
+    if hogwild_workers is None:
+        return f"lower optimizer.lr{run_lr} or warm up (scheduler=warmup)"
+    p = hogwild_workers
+    if lr and isinstance(p, int):
+        run_lr = f" (the run's lr is {lr:g}: optimizer.lr={float(f'{lr / p:.3g}'):g})"
+    return (
+        f"under HogWild the {p} workers' updates all land on the one shared model, about {p} times one worker's "
+        f"steps: lower optimizer.lr about {p}-fold{run_lr} or optimizer.momentum (mnist_hogwild's lr 0.01 and "
+        "momentum 0.5 are experiment=hogwild_lab's)"
+    )

@@ -654,7 +654,11 @@ def test_jobs_that_learned_nothing_are_named_with_what_to_change(tmp_path):
     report = write_report(tmp_path)
     (note,) = [n for n in report.notes if "learned nothing" in n]
     assert note.startswith("jobs 1, 2 learned nothing (test accuracy 0.1135, 0.0982, about chance;")
-    assert note.endswith("at P workers: lower optimizer.lr about P-fold or optimizer.momentum (experiment=hogwild_lab)")
+    assert note.endswith(
+        "under HogWild the P workers' updates all land on the one shared model, about P times one worker's steps: "
+        "lower optimizer.lr about P-fold or optimizer.momentum (mnist_hogwild's lr 0.01 and momentum 0.5 are "
+        "experiment=hogwild_lab's)"
+    )
     assert f"- {note}" in (tmp_path / "report.md").read_text()
     line = progress_line(1, 6, ["workers=3"], tmp_path / "1")
     assert line.endswith("test_acc 0.1135 (learned nothing: see the report's notes)")
