@@ -309,7 +309,7 @@ def run_job(cfg: DictConfig) -> float | None:
             workers = metrics.get("world_size") or 1
             hogwild = workers if metrics.get("strategy") == "hogwild" and workers > 1 else None
             acc = f"{metrics['test_acc']:.4f}"
-            warn(f"the model {learned_nothing_line(acc, hogwild, metrics.get('lr'))}")
+            warn(f"the model {learned_nothing_line(acc, hogwild, metrics.get('lr'), cfg.optimizer.lr)}")
         print(
             f"psgd: test_acc={metrics['test_acc']:.4f}{skew_note(metrics)} train_time_s={metrics['train_time_s']:.1f} "
             f"samples_per_s={metrics['samples_per_s']}{stop_note(metrics)} results in {run_dir}",

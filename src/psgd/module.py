@@ -97,6 +97,7 @@ class Classifier(PlainHookName, L.LightningModule):
         holdout: list | None = None,
         shards: list | None = None,
         num_nodes: int = 1,  # kept in checkpoints: a resume under a warm-up from 1/workers compares all workers
+        optimizer_lr: float | None = None,  # the optimizer.lr lr_scaling made `lr` (the one to lower on divergence)
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["net", "optimizer", "input_shape"])
@@ -260,7 +261,7 @@ class Classifier(PlainHookName, L.LightningModule):
         """What to change after a diverged epoch (step_advice; HogWild's workers all write into one model)."""
         workers = self.trainer.world_size
         hogwild = getattr(self.trainer.strategy, "strategy_name", None) == "hogwild" and workers > 1
-        return step_advice(self.hparams.lr, workers if hogwild else None)
+        return step_advice(self.hparams.lr, workers if hogwild else None, self.hparams.get("optimizer_lr"))
 
     @override
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:

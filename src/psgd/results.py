@@ -4,6 +4,7 @@ import csv
 import errno
 import io
 import json
+import math
 import os
 import platform
 import re
@@ -213,19 +214,30 @@ def sync_summary(history: list[dict[str, Any]]) -> dict[str, float]:
     return {**allreduce_summary(history), **{k: v for k, v in shares.items() if v is not None}}
 
 
-def step_advice(lr: float | None = None, hogwild_workers: int | str | None = None) -> str:
+def step_advice(
+    lr: float | None = None, hogwild_workers: int | str | None = None, optimizer_lr: float | None = None
+) -> str:
     """What to change when a run's steps were too large (it diverged, or learned nothing): the lr (the
     run's, where known), or a warm-up. Under HogWild (`hogwild_workers`: the count, or "P" for several
     runs) every worker's update lands on the one shared model, so P workers take about P times one
-    worker's step: the defaults that train one worker (lr 0.02, momentum 0.9) diverged at 5."""
-    run_lr = f" (the run's lr is {lr:g})" if lr else ""
+    worker's step: the defaults that train one worker (lr 0.02, momentum 0.9) diverged at 5.
+    `optimizer_lr`: the optimizer.lr that lr_scaling turned into the run's `lr`. The lr to set is then
+    that one's P-th (lr_scaling scales whatever is set): the run's lr's P-th, set as optimizer.lr, was
+    scaled up again by lr_scaling, to the very lr that diverged."""
+    scaled = bool(lr and optimizer_lr and not math.isclose(lr, optimizer_lr, rel_tol=1e-6))
+    base = optimizer_lr if scaled else lr
+    said = f"the run's lr is {lr:g}" if lr else ""
+    if scaled:
+        said += f": lr_scaling's {lr / base:.3g} x optimizer.lr {base:g}"
     if hogwild_workers is None:
-        return f"lower optimizer.lr{run_lr} or warm up (scheduler=warmup)"
+        return f"lower optimizer.lr{f' ({said})' if said else ''} or warm up (scheduler=warmup)"
     p = hogwild_workers
     if lr and isinstance(p, int):
-        run_lr = f" (the run's lr is {lr:g}: optimizer.lr={float(f'{lr / p:.3g}'):g})"
+        said += f"{'; so ' if scaled else ': '}optimizer.lr={float(f'{base / p:.3g}'):g}"
+        said += ", or lr_scaling=none, which runs optimizer.lr as set" if scaled else ""
     return (
         f"under HogWild the {p} workers' updates all land on the one shared model, about {p} times one worker's "
-        f"steps: lower optimizer.lr about {p}-fold{run_lr} or optimizer.momentum (mnist_hogwild's lr 0.01 and "
+        f"steps: lower optimizer.lr about {p}-fold{f' ({said})' if said else ''} or optimizer.momentum "
+        "(mnist_hogwild's lr 0.01 and "
         "momentum 0.5 are experiment=hogwild_lab's)"
     )

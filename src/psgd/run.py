@@ -902,6 +902,7 @@ def _train(
         holdout=[cfg.data.val_split, cfg.seed] if cfg.data.val_split else None,
         shards=shard_settings(cfg),  # how samples are dealt to the workers: a resume must deal them alike
         num_nodes=t.num_nodes,
+        optimizer_lr=cfg.optimizer.lr,
     )
     with found_by_every_worker():
         # the weights of an earlier run to start from (a resume below, ckpt_path, restores its own over them)

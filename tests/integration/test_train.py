@@ -292,11 +292,23 @@ def test_an_epoch_resumed_inside_keeps_the_lr_it_started_with(tiny_data, tmp_pat
     assert [h["lr"] for h in resumed["history"]] == pytest.approx(expected)
 
 
-def test_a_run_that_learned_nothing_says_so_beside_its_result(tiny_data, tmp_path):
+@pytest.mark.parametrize(
+    "lr,said",
+    [
+        (["optimizer.lr=3"], "the run's lr is 3"),
+        # the lr a learned-nothing line names is the run's; under lr_scaling it says which optimizer.lr that was
+        (
+            ["optimizer.lr=0.75", "lr_scaling=linear", "lr_reference_batch=32"],
+            "the run's lr is 3: lr_scaling's 4 x optimizer.lr 0.75",
+        ),
+    ],
+    ids=["set", "scaled"],
+)
+def test_a_run_that_learned_nothing_says_so_beside_its_result(tiny_data, tmp_path, lr, said):
     """A completed run at chance accuracy whose training loss never fell below a uniform guess's (too large
     a step, not large enough for NaN) ended with its result line alone, as if it were one."""
     run_dir = tmp_path / "run"
-    steps = ["optimizer.lr=3", "trainer.max_epochs=1", "quiet=true"]  # batch 128: 4 steps, to 1e17 (32: NaN)
+    steps = [*lr, "trainer.max_epochs=1", "quiet=true"]  # lr 3, batch 128: 4 steps, to 1e17 (32: NaN)
     proc = run_cli("train.py", f"data.root={tiny_data}", *steps, f"hydra.run.dir={run_dir}")
     assert proc.returncode == 0, proc.stderr
     m = metrics(run_dir)
@@ -304,7 +316,7 @@ def test_a_run_that_learned_nothing_says_so_beside_its_result(tiny_data, tmp_pat
     assert proc.stderr.strip().splitlines()[-1] == (
         f"psgd: warning: the model learned nothing (test accuracy {m['test_acc']:.4f}, about chance; the last "
         "epoch's training loss no lower than a uniform guess's): most often the steps were too large; lower "
-        "optimizer.lr (the run's lr is 3) or warm up (scheduler=warmup)"
+        f"optimizer.lr ({said}) or warm up (scheduler=warmup)"
     )
     assert proc.stdout.strip().splitlines()[-1].startswith(f"psgd: test_acc={m['test_acc']:.4f}")
 

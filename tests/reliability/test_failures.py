@@ -727,24 +727,29 @@ def test_uneven_shards_never_hang(tiny_data, tmp_path, strategy, partition):
 
 
 @pytest.mark.parametrize(
-    "workers,strategy,remedy",
+    "workers,strategy,lr,remedy",
     # one worker slow: the check is the module's own, and with 2 workers both must also stop together
     [
-        pytest.param(1, "ddp", "lower optimizer.lr (the run's lr is 10000) or warm up", marks=pytest.mark.slow),
-        pytest.param(2, "ddp", "lower optimizer.lr (the run's lr is 10000) or warm up", marks=pytest.mark.distributed),
+        pytest.param(1, "ddp", [], "lower optimizer.lr (the run's lr is 10000) or warm up", marks=pytest.mark.slow),
+        pytest.param(
+            2, "ddp", [], "lower optimizer.lr (the run's lr is 10000) or warm up", marks=pytest.mark.distributed
+        ),
         # HogWild's workers all write to one model: the defaults that train one worker diverged at 5 workers,
-        # and the line said only "lower optimizer.lr", not by how much
+        # and the line said only "lower optimizer.lr", not by how much. Under lr_scaling it named the run's lr
+        # halved, 5000 here: the optimizer.lr already set, which lr_scaling doubles to the lr that diverged
         pytest.param(
             2,
             "hogwild",
+            ["lr_scaling=linear", "optimizer.lr=5e3"],
             "under HogWild the 2 workers' updates all land on the one shared model, about 2 times one worker's "
-            "steps: lower optimizer.lr about 2-fold (the run's lr is 10000: optimizer.lr=5000)",
+            "steps: lower optimizer.lr about 2-fold (the run's lr is 10000: lr_scaling's 2 x optimizer.lr 5000; so "
+            "optimizer.lr=2500, or lr_scaling=none, which runs optimizer.lr as set)",
             marks=pytest.mark.distributed,
         ),
     ],
-    ids=["in-process", "ddp-2", "hogwild-2"],
+    ids=["in-process", "ddp-2", "hogwild-2-scaled"],
 )
-def test_a_diverged_run_stops_with_one_line(tiny_data, tmp_path, workers, strategy, remedy):
+def test_a_diverged_run_stops_with_one_line(tiny_data, tmp_path, workers, strategy, lr, remedy):
     # before, a NaN loss trained on to the last epoch and "completed" at chance accuracy
     run_dir = tmp_path / "run"
     proc = run_cli(
@@ -752,7 +757,7 @@ def test_a_diverged_run_stops_with_one_line(tiny_data, tmp_path, workers, strate
         f"workers={workers}",
         f"strategy={strategy}",
         f"data.root={tiny_data}",
-        "optimizer.lr=1e4",
+        *(lr or ["optimizer.lr=1e4"]),
         "trainer.max_epochs=5",
         f"hydra.run.dir={run_dir}",
         *TINY,

@@ -1,9 +1,11 @@
 import math
+import re
 
 import pytest
 import torch
 
 from psgd.optim import build_scheduler, scaled_lr
+from psgd.results import step_advice
 
 
 def lrs_per_epoch(scheduler, optimizer, epochs):
@@ -147,3 +149,15 @@ def test_a_resume_that_changes_the_lr_schedule_is_named():
     assert schedule_change({**saved, "scheduler": step}, {**saved, "scheduler": {**step, "step_size": 10}}).startswith(
         "scheduler.step_size=10 (the checkpoint's run had 30)"
     )
+
+
+@pytest.mark.parametrize("rule", ["none", "linear", "sqrt"])
+def test_hogwilds_advice_after_a_divergence_lowers_the_lr_it_ran_at_p_fold(rule):
+    """Under HogWild, the optimizer.lr the divergence line names runs at the diverged lr's P-th. Under
+    lr_scaling it named the diverged lr's P-th itself, which lr_scaling scaled up to the lr that diverged."""
+    workers, base = 4, 0.08
+    ran = scaled_lr(base, workers, rule)
+    advice = step_advice(ran, workers, base)
+    (named,) = re.findall(r"optimizer\.lr=([0-9.e-]+)", advice)
+    assert scaled_lr(float(named), workers, rule) == pytest.approx(ran / workers)
+    assert ("lr_scaling=none" in advice) == (rule != "none")  # the other way out, where the lr was scaled
