@@ -20,7 +20,6 @@ benchmarks/results/<name>.json and .md, with the device and the date.
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -28,11 +27,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import (  # noqa: E402
+    RunFailed,
     exit_unless_writable,
     exit_without_data,
+    medians,
     positive,
     psgd_run,
     results_arguments,
+    sample_rows,
+    shown,
     table,
     write_results,
 )
@@ -94,20 +97,31 @@ def main() -> None:
     if args.limit_batches is not None:
         common.append(f"trainer.limit_train_batches={args.limit_batches}")
     configs = {(m, v): [*MODELS[m], *VARIANTS[v], *common] for m in args.models for v in VARIANTS}
-    samples: dict[tuple[str, str], list[float]] = {c: [] for c in configs}
+    samples: dict[tuple[str, str], list[float | None]] = {c: [] for c in configs}
+    failed: list[str] = []  # a failed run is said in its row and the exit status; the others are measured
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
             for i, (config, overrides) in enumerate(configs.items()):  # interleaved: A B C ... A B C ...
-                m = psgd_run(Path(tmp) / f"{rep}-{i}", overrides, args)
+                run = f"rep {rep + 1}/{args.repeats}  {config[0]}, {config[1]:48s}"
+                try:
+                    m = psgd_run(Path(tmp) / f"{rep}-{i}", overrides, args)
+                except RunFailed as e:
+                    samples[config].append(None)
+                    failed.append(f"{config[0]}, {config[1]}: {e}")
+                    print(f"  {run} failed: {e}", flush=True)
+                    continue
                 want = "DDPStrategy" if "DDP" in config[1] else "auto"
                 if m["lightning_strategy"] != want:  # the run must be what its row says
                     raise SystemExit(f"gpu.py: {config} ran with {m['lightning_strategy']}, not {want}")
                 samples[config].append(m["history"][-1]["samples_per_s"])
-                print(f"  rep {rep + 1}/{args.repeats}  {config[0]}, {config[1]:48s} {samples[config][-1]:10.1f}",
-                      flush=True)  # fmt: skip
-    med = {c: statistics.median(v) for c, v in samples.items()}
-    rows = [[m, v, f"{med[(m, v)]:.0f}", " ".join(f"{s:.0f}" for s in samples[(m, v)])] for m, v in configs]
-    ratios = [[m, what, f"{med[(m, a)] / med[(m, b)]:.2f}"] for m in args.models for what, a, b in RATIOS]
+                print(f"  {run} {samples[config][-1]:10.1f}", flush=True)
+    med = medians(samples)
+    rows = [[*config, median, runs] for config, median, runs in sample_rows(samples)]  # (model, run) keys
+    ratios = [
+        [m, what, shown(med[(m, a)] / med[(m, b)] if (m, a) in med and (m, b) in med else None, ".2f")]
+        for m in args.models
+        for what, a, b in RATIOS
+    ]
     device = device_name(args.accelerator)
     title = f"### {device}, {time.strftime('%Y-%m-%d')}: samples/s, batch 128, epoch {args.epochs} of {args.epochs}"
     md = [title, "", table(rows, ["model", "run", "samples/s (median)", "runs"]), ""]
@@ -119,9 +133,12 @@ def main() -> None:
         "device": device,
         "samples": {f"{m} | {v}": s for (m, v), s in samples.items()},
         "median": {f"{m} | {v}": s for (m, v), s in med.items()},
-        "ratios": {f"{r[0]} | {r[1]}": float(r[2]) for r in ratios},
+        "ratios": {f"{r[0]} | {r[1]}": None if r[2] == "failed" else float(r[2]) for r in ratios},
+        "failed": failed,
     }
     write_results(args.results, args.name, json.dumps(out, indent=2) + "\n", "\n".join(md))
+    if failed:  # written with the rest; the exit status says some figures are missing
+        raise SystemExit(f"gpu.py: {len(failed)} run(s) failed, the first: {failed[0]}")
 
 
 if __name__ == "__main__":

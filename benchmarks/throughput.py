@@ -25,21 +25,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from compare import exit_unless_writable, exit_without_data, positive, results_arguments, write_results  # noqa: E402
+from compare import (  # noqa: E402
+    HOGWILD_SGD,
+    RunFailed,
+    exit_unless_writable,
+    exit_without_data,
+    positive,
+    results_arguments,
+    write_results,
+)
 
 from psgd.report import sync_share  # noqa: E402
 
-# HogWild runs with mnist_hogwild's SGD (lr 0.01, momentum 0.5, as the reference script): its workers all
-# write into one model, and psgd's defaults (lr 0.02, momentum 0.9) diverged at 5 workers
-HOGWILD_SGD = ["optimizer.lr=0.01", "optimizer.momentum=0.5"]
 VARIANTS = {
     "hogwild": ["strategy=hogwild", *HOGWILD_SGD],
     "hogwild_locked": ["strategy=hogwild", "strategy.lock=true", *HOGWILD_SGD],
 }
-
-
-class RunFailed(Exception):
-    """A train.py run that did not complete: its last line (a diverged run's, a refused override's)."""
 
 
 def run_once(strategy: str, workers: int, args: argparse.Namespace, out: Path) -> tuple[float, float | None]:

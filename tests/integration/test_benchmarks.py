@@ -374,3 +374,63 @@ def test_a_missing_dataset_is_one_line_before_any_measurement(tiny_data, tmp_pat
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, **proxy})
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("throughput.py: error: dataset mnist not found") and proc.stderr.count("\n") == 1
+
+
+def test_a_failed_run_is_none_in_its_round_and_the_other_runs_and_figures_go_on():
+    """compare.py's interleaved rounds: one failed run (RunFailed) ended the whole benchmark, losing every
+    figure measured before it; now it is None in its round, and the ratios use what was measured."""
+    calls = []
+
+    def config(name: str, rate: float, fails_in: set[int]):
+        def go(i: int) -> float:
+            calls.append((name, i))
+            if i in fails_in:
+                raise compare.RunFailed("psgd: error: training diverged")
+            return rate
+
+        return go
+
+    names = [n for row in compare.REFERENCE_RATIOS for n in row[1:3]]
+    configs = {n: config(n, 100.0, set()) for n in dict.fromkeys(names)}
+    configs["psgd hogwild, 2 workers"] = config("psgd hogwild, 2 workers", 180.0, {1})
+    configs["reference mnist_hogwild, 2 workers"] = config("reference mnist_hogwild, 2 workers", 120.0, {0})
+    configs["psgd model_averaging, 2 workers"] = config("psgd model_averaging, 2 workers", 190.0, {0, 1, 2})
+    failed: list[str] = []
+    samples = compare.interleaved(configs, 3, failed)
+    assert len(calls) == 3 * len(configs)  # every run of every round ran
+    assert samples["psgd hogwild, 2 workers"] == [180.0, None, 180.0]
+    assert failed[0] == "reference mnist_hogwild, 2 workers: psgd: error: training diverged" and len(failed) == 5
+    rows = {r["what"]: r for r in compare.reference_ratios(samples)}
+    hogwild = rows["psgd HogWild / reference mnist_hogwild, 2 workers"]
+    assert hogwild["ratio"] == pytest.approx(1.5) and hogwild["paired"] == pytest.approx(1.5)  # round 3 alone
+    assert rows["psgd model averaging 2 workers / 1 worker"]["ratio"] is None  # all its runs failed
+    assert rows["psgd HogWild 2 workers / 1 worker"]["ratio"] == pytest.approx(1.8)
+    table = {r[0]: r[1:] for r in compare.sample_rows(samples)}
+    assert table["psgd hogwild, 2 workers"] == ["180", "180 failed 180"]
+    assert table["psgd model_averaging, 2 workers"] == ["all runs failed", "failed failed failed"]
+    assert compare.shown(None, ".2f") == "failed" and compare.verdict(None, 1.5) == ""
+
+
+def test_a_failed_compare_run_is_said_in_its_row_and_the_results_are_written(tiny_data, tmp_path):
+    """A failed train.py run (here a refused lr) stopped compare.py with its lines and wrote nothing; now
+    its row says it, the results are written, and the exit status is 1 with one line."""
+    script = str(ROOT / "benchmarks" / "compare.py")
+    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--only", "target", "--target-seeds", "0"]
+    cmd += ["--target-overrides", "optimizer.lr=-1", f"--results={tmp_path}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("compare.py: 1 run(s) failed, the first: target seed=0: psgd: error: optimizer.lr")
+    out = json.loads((tmp_path / "compare.json").read_text())
+    (run,) = out["target"]["runs"]
+    assert run["seed"] == 0 and run["failed"].startswith("psgd: error: optimizer.lr=-1")
+    assert out["failed"] == [proc.stderr.strip().removeprefix("compare.py: 1 run(s) failed, the first: ")]
+    md = (tmp_path / "compare.md").read_text()
+    assert "| seed=0 | failed: psgd: error: optimizer.lr=-1" in md
+    assert "| **median of 0** (0 reached, 1 failed) | **no run completed** |" in md
+
+
+def test_paired_chunks_longer_than_an_epoch_are_one_line_not_a_statistics_error():
+    # on a small dataset compare.py's overhead section said "statistics.StatisticsError: no median for empty data"
+    with pytest.raises(SystemExit, match="^compare.py: no pair of 25-step chunks was timed: an epoch has fewer than"):
+        compare.paired_figures([], 25)
+    assert compare.paired_figures([(2.0, 1.0), (3.0, 2.0)], 25)["sum_ratio"] == pytest.approx(5 / 3)
