@@ -754,6 +754,31 @@ def _one_workers_factors(jobs: Jobs) -> list[str]:
     return lines
 
 
+def _hogwild_scaled_by_workers(jobs: Jobs) -> list[str]:
+    """lr_scaling by the worker count (lr_reference_batch=null) under HogWild: its P workers' updates all
+    land on the one model, about P times one worker's step already, and the lr P times larger on top
+    (`sweep.py -m workers=1,2,3,4,5 strategy=hogwild lr_scaling=linear` ran the 5 workers at lr 0.1). Said
+    once, for the job with the most workers; lr_reference_batch scales by an update's samples instead."""
+    hogwild = [
+        (n, cfg)
+        for _, cfg in jobs
+        if (n := _processes(cfg)[1]) > 1
+        and cfg.strategy.name == "hogwild"
+        and cfg.lr_scaling != "none"
+        and cfg.get("lr_reference_batch") is None
+    ]
+    if not hogwild:
+        return []
+    n, cfg = max(hogwild, key=lambda job: job[0])
+    lr = cfg.optimizer.lr * (n if cfg.lr_scaling == "linear" else math.sqrt(n))  # psgd.optim.scaled_lr's
+    return [
+        f"lr_scaling={cfg.lr_scaling} scales optimizer.lr by the workers under strategy=hogwild too (workers={n}: lr "
+        f"{lr:g}), whose workers' updates already all land on the one shared model, about {n} times one worker's "
+        "step: lr_scaling=none, or lr_reference_batch=<samples>, which scales by an update's samples (one worker's "
+        "batch under HogWild)"
+    ]
+
+
 def unread_settings(jobs: Jobs) -> list[str]:
     """A warning line for each setting the command line gives a value that no job of it reads:
     `workers=2 data.partition_sizes=[0.7,0.3]` without data.partition=sizes trained iid shards, and
@@ -783,6 +808,7 @@ def unread_settings(jobs: Jobs) -> list[str]:
                 f"worker{wrapped}{f' ({why})' if all(ours) else ''}"
             )
     lines += _one_workers_factors(jobs)
+    lines += _hogwild_scaled_by_workers(jobs)
     # worse than no effect: samples held out for a validation that never runs are not trained on either
     held = [value for value, _ in _given(jobs, "data.val_split", lambda cfg: None)]
     validated = [OmegaConf.select(cfg, "trainer.limit_val_batches") != 0 for _, cfg in jobs]

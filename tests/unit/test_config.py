@@ -209,6 +209,23 @@ def test_a_setting_no_job_reads_is_warned_about_once(monkeypatch, capsys):
         "optimizer.lr by the workers, 1 here; lr_reference_batch=<samples> scales it by the samples per update "
         "instead"
     ]
+    # HogWild's P workers already take about P times one worker's step: scaling the lr by P on top diverged
+    assert warnings("-m", "workers=1,2,3,4,5", "strategy=hogwild", "lr_scaling=linear") == [
+        "psgd: warning: lr_scaling=linear scales optimizer.lr by the workers under strategy=hogwild too (workers=5: "
+        "lr 0.1), whose workers' updates already all land on the one shared model, about 5 times one worker's step: "
+        "lr_scaling=none, or lr_reference_batch=<samples>, which scales by an update's samples (one worker's batch "
+        "under HogWild)"
+    ]
+    assert warnings("strategy=hogwild", "workers=4", "lr_scaling=sqrt")[0].startswith(
+        "psgd: warning: lr_scaling=sqrt scales optimizer.lr by the workers under strategy=hogwild too (workers=4: lr "
+        "0.04)"
+    )
+    for read in (
+        ["strategy=hogwild", "workers=4", "lr_scaling=linear", "lr_reference_batch=128"],  # by the batch: x1
+        ["-m", "strategy=ddp,model_averaging", "workers=4", "lr_scaling=linear"],
+        ["strategy=hogwild", "workers=4"],
+    ):
+        assert warnings(*read) == [], read
     for read in (
         ["-m", "workers=1,2", "scheduler=warmup"],  # the 1-worker job is the baseline of the others
         ["scheduler=warmup", "scheduler.start_factor=0.1"],
