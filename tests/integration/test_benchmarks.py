@@ -411,6 +411,7 @@ def test_a_failed_run_is_none_in_its_round_and_the_other_runs_and_figures_go_on(
     assert compare.shown(None, ".2f") == "failed" and compare.verdict(None, 1.5) == ""
 
 
+@pytest.mark.slow  # ~5 s: a refused train.py run; the rounds' handling of a failure is tested above
 def test_a_failed_compare_run_is_said_in_its_row_and_the_results_are_written(tiny_data, tmp_path):
     """A failed train.py run (here a refused lr) stopped compare.py with its lines and wrote nothing; now
     its row says it, the results are written, and the exit status is 1 with one line."""
