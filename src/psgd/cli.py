@@ -18,7 +18,7 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd import command_line, signals
 from psgd.command_line import fail, first_worker, global_rank, other_torchrun_worker, text_lines, warn
-from psgd.config import ConfigError, DirInUse
+from psgd.config import ConfigError, DirInUse, scales_by_workers
 from psgd.data import DataError
 from psgd.module import TrainingDiverged
 from psgd.report import learned_nothing, learned_nothing_line, skew_note, stop_note
@@ -309,7 +309,8 @@ def run_job(cfg: DictConfig) -> float | None:
             workers = metrics.get("world_size") or 1
             hogwild = workers if metrics.get("strategy") == "hogwild" and workers > 1 else None
             acc = f"{metrics['test_acc']:.4f}"
-            warn(f"the model {learned_nothing_line(acc, hogwild, metrics.get('lr'), cfg.optimizer.lr)}")
+            lr = (metrics.get("lr"), cfg.optimizer.lr, scales_by_workers(cfg))  # ran, set, scaled by the workers
+            warn(f"the model {learned_nothing_line(acc, hogwild, *lr)}")
         print(
             f"psgd: test_acc={metrics['test_acc']:.4f}{skew_note(metrics)} train_time_s={metrics['train_time_s']:.1f} "
             f"samples_per_s={metrics['samples_per_s']}{stop_note(metrics)} results in {run_dir}",

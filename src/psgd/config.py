@@ -754,6 +754,11 @@ def _one_workers_factors(jobs: Jobs) -> list[str]:
     return lines
 
 
+def scales_by_workers(cfg: DictConfig) -> bool:
+    """Whether lr_scaling multiplies optimizer.lr by the worker count (lr_reference_batch=null; psgd.optim)."""
+    return cfg.lr_scaling != "none" and cfg.get("lr_reference_batch") is None
+
+
 def _hogwild_scaled_by_workers(jobs: Jobs) -> list[str]:
     """lr_scaling by the worker count (lr_reference_batch=null) under HogWild: its P workers' updates all
     land on the one model, about P times one worker's step already, and the lr P times larger on top
@@ -762,10 +767,7 @@ def _hogwild_scaled_by_workers(jobs: Jobs) -> list[str]:
     hogwild = [
         (n, cfg)
         for _, cfg in jobs
-        if (n := _processes(cfg)[1]) > 1
-        and cfg.strategy.name == "hogwild"
-        and cfg.lr_scaling != "none"
-        and cfg.get("lr_reference_batch") is None
+        if (n := _processes(cfg)[1]) > 1 and cfg.strategy.name == "hogwild" and scales_by_workers(cfg)
     ]
     if not hogwild:
         return []

@@ -98,6 +98,7 @@ class Classifier(PlainHookName, L.LightningModule):
         shards: list | None = None,
         num_nodes: int = 1,  # kept in checkpoints: a resume under a warm-up from 1/workers compares all workers
         optimizer_lr: float | None = None,  # the optimizer.lr lr_scaling made `lr` (the one to lower on divergence)
+        lr_by_workers: bool = False,  # lr_scaling scaled it by the workers (lr_reference_batch=null)
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["net", "optimizer", "input_shape"])
@@ -261,7 +262,8 @@ class Classifier(PlainHookName, L.LightningModule):
         """What to change after a diverged epoch (step_advice; HogWild's workers all write into one model)."""
         workers = self.trainer.world_size
         hogwild = getattr(self.trainer.strategy, "strategy_name", None) == "hogwild" and workers > 1
-        return step_advice(self.hparams.lr, workers if hogwild else None, self.hparams.get("optimizer_lr"))
+        h = self.hparams
+        return step_advice(h.lr, workers if hogwild else None, h.get("optimizer_lr"), h.get("lr_by_workers", False))
 
     @override
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:

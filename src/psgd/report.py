@@ -488,12 +488,17 @@ def learned_nothing_notes(jobs: list[Job]) -> list[str]:
 
 
 def learned_nothing_line(
-    accs: str, hogwild_workers: str | int | None, lr: float | None = None, optimizer_lr: float | None = None
+    accs: str,
+    hogwild_workers: str | int | None,
+    lr: float | None = None,
+    optimizer_lr: float | None = None,
+    by_workers: bool = False,
 ) -> str:
     """What learning nothing says, and what to change (step_advice, as a diverged run's line)."""
     return (
         f"learned nothing (test accuracy {accs}, about chance; the last epoch's training loss no lower than a "
-        f"uniform guess's): most often the steps were too large; {step_advice(lr, hogwild_workers, optimizer_lr)}"
+        "uniform guess's): most often the steps were too large; "
+        + step_advice(lr, hogwild_workers, optimizer_lr, by_workers)
     )
 
 

@@ -215,15 +215,20 @@ def sync_summary(history: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def step_advice(
-    lr: float | None = None, hogwild_workers: int | str | None = None, optimizer_lr: float | None = None
+    lr: float | None = None,
+    hogwild_workers: int | str | None = None,
+    optimizer_lr: float | None = None,
+    by_workers: bool = False,
 ) -> str:
     """What to change when a run's steps were too large (it diverged, or learned nothing): the lr (the
     run's, where known), or a warm-up. Under HogWild (`hogwild_workers`: the count, or "P" for several
     runs) every worker's update lands on the one shared model, so P workers take about P times one
-    worker's step: the defaults that train one worker (lr 0.02, momentum 0.9) diverged at 5.
-    `optimizer_lr`: the optimizer.lr that lr_scaling turned into the run's `lr`. The lr to set is then
-    that one's P-th (lr_scaling scales whatever is set): the run's lr's P-th, set as optimizer.lr, was
-    scaled up again by lr_scaling, to the very lr that diverged."""
+    worker's step: the defaults that train one worker (lr 0.02, momentum 0.9) diverged at 5, and the lr
+    to name is one worker's P-th. `optimizer_lr`: the optimizer.lr that lr_scaling turned into the run's
+    `lr`, `by_workers` where it scaled by the workers (lr_reference_batch=null). One worker runs
+    optimizer.lr itself there, so the lr to set is optimizer.lr / P with lr_scaling=none: the run's lr / P,
+    set as optimizer.lr, was scaled straight back to the lr that diverged. Scaled by the batch, one worker
+    runs the run's lr too, and optimizer.lr / P is scaled to its P-th."""
     scaled = bool(lr and optimizer_lr and not math.isclose(lr, optimizer_lr, rel_tol=1e-6))
     base = optimizer_lr if scaled else lr
     said = f"the run's lr is {lr:g}" if lr else ""
@@ -233,8 +238,11 @@ def step_advice(
         return f"lower optimizer.lr{f' ({said})' if said else ''} or warm up (scheduler=warmup)"
     p = hogwild_workers
     if lr and isinstance(p, int):
-        said += f"{'; so ' if scaled else ': '}optimizer.lr={float(f'{base / p:.3g}'):g}"
-        said += ", or lr_scaling=none, which runs optimizer.lr as set" if scaled else ""
+        to = f"optimizer.lr={float(f'{base / p:.3g}'):g}"
+        if scaled and by_workers:  # one worker's lr is optimizer.lr; its P-th, unscaled
+            said += f", by the workers; so lr_scaling=none {to}"
+        else:
+            said += f"{'; so ' if scaled else ': '}{to}"
     return (
         f"under HogWild the {p} workers' updates all land on the one shared model, about {p} times one worker's "
         f"steps: lower optimizer.lr about {p}-fold{f' ({said})' if said else ''} or optimizer.momentum "

@@ -52,7 +52,18 @@ from psgd.callbacks import (
 )
 from psgd.choices import INFO, DatasetInfo
 from psgd.command_line import earlier_results, first_worker, text_lines, warn
-from psgd.config import GIVE, ConfigError, DirInUse, Plan, check, checkpoint_file, duration_s, locate, schedule
+from psgd.config import (
+    GIVE,
+    ConfigError,
+    DirInUse,
+    Plan,
+    check,
+    checkpoint_file,
+    duration_s,
+    locate,
+    scales_by_workers,
+    schedule,
+)
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
 from psgd.hooks import skip_unused_hooks
@@ -903,6 +914,7 @@ def _train(
         shards=shard_settings(cfg),  # how samples are dealt to the workers: a resume must deal them alike
         num_nodes=t.num_nodes,
         optimizer_lr=cfg.optimizer.lr,
+        lr_by_workers=scales_by_workers(cfg),
     )
     with found_by_every_worker():
         # the weights of an earlier run to start from (a resume below, ckpt_path, restores its own over them)

@@ -742,8 +742,8 @@ def test_uneven_shards_never_hang(tiny_data, tmp_path, strategy, partition):
             "hogwild",
             ["lr_scaling=linear", "optimizer.lr=5e3"],
             "under HogWild the 2 workers' updates all land on the one shared model, about 2 times one worker's "
-            "steps: lower optimizer.lr about 2-fold (the run's lr is 10000: lr_scaling's 2 x optimizer.lr 5000; so "
-            "optimizer.lr=2500, or lr_scaling=none, which runs optimizer.lr as set)",
+            "steps: lower optimizer.lr about 2-fold (the run's lr is 10000: lr_scaling's 2 x optimizer.lr 5000, by "
+            "the workers; so lr_scaling=none optimizer.lr=2500)",
             marks=pytest.mark.distributed,
         ),
     ],

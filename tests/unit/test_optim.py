@@ -152,12 +152,20 @@ def test_a_resume_that_changes_the_lr_schedule_is_named():
 
 
 @pytest.mark.parametrize("rule", ["none", "linear", "sqrt"])
-def test_hogwilds_advice_after_a_divergence_lowers_the_lr_it_ran_at_p_fold(rule):
-    """Under HogWild, the optimizer.lr the divergence line names runs at the diverged lr's P-th. Under
-    lr_scaling it named the diverged lr's P-th itself, which lr_scaling scaled up to the lr that diverged."""
-    workers, base = 4, 0.08
-    ran = scaled_lr(base, workers, rule)
-    advice = step_advice(ran, workers, base)
+@pytest.mark.parametrize("reference_batch", [None, 32])
+def test_hogwilds_advice_after_a_divergence_runs_one_workers_lr_over_p(rule, reference_batch):
+    """Under HogWild the divergence line names the settings that run one worker's lr / P (P workers take
+    about P times one worker's step). Under lr_scaling it named the diverged lr's P-th as optimizer.lr,
+    which lr_scaling scaled straight back to the lr that diverged; scaled by the workers, even lowering
+    optimizer.lr P-fold ran the lr that had diverged without scaling (lr 0.02 at 5 workers)."""
+    workers, base, batch = 4, 0.08, 128
+
+    def ran(lr: float, rule: str, workers: int) -> float:
+        return scaled_lr(lr, workers, rule, samples_per_update=batch, reference_batch=reference_batch)
+
+    by_workers = rule != "none" and reference_batch is None
+    advice = step_advice(ran(base, rule, workers), workers, base, by_workers)
     (named,) = re.findall(r"optimizer\.lr=([0-9.e-]+)", advice)
-    assert scaled_lr(float(named), workers, rule) == pytest.approx(ran / workers)
-    assert ("lr_scaling=none" in advice) == (rule != "none")  # the other way out, where the lr was scaled
+    now = "none" if "lr_scaling=none" in advice else rule
+    assert ran(float(named), now, workers) == pytest.approx(ran(base, rule, 1) / workers)
+    assert ("lr_scaling=none" in advice) == by_workers  # only where the workers scaled it
