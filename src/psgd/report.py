@@ -484,7 +484,9 @@ def learned_nothing_notes(jobs: list[Job]) -> list[str]:
     which = f"job{'s' if len(bad) > 1 else ''} {', '.join(str(j.num) for j in bad)}"
     accs = ", ".join(f"{j.get('test_acc'):.4f}" for j in bad)
     hogwild = all(j.strategy == "hogwild" and j.workers > 1 for j in bad)
-    return [f"{which} {learned_nothing_line(accs, 'P' if hogwild else None)}"]
+    # lr_scaling by the workers (lr_reference_batch=null): lowering optimizer.lr P-fold alone is not enough
+    by_workers = all(j.get("lr_scaling") not in (None, "none") and j.get("lr_reference_batch") is None for j in bad)
+    return [f"{which} {learned_nothing_line(accs, 'P' if hogwild else None, by_workers=by_workers)}"]
 
 
 def learned_nothing_line(

@@ -243,6 +243,8 @@ def step_advice(
             said += f", by the workers; so lr_scaling=none {to}"
         else:
             said += f"{'; so ' if scaled else ': '}{to}"
+    elif by_workers:  # several runs, lr_scaling by their workers: the way back to one worker's lr
+        said = "with lr_scaling=none: it scaled the lr up by the workers"
     return (
         f"under HogWild the {p} workers' updates all land on the one shared model, about {p} times one worker's "
         f"steps: lower optimizer.lr about {p}-fold{f' ({said})' if said else ''} or optimizer.momentum "

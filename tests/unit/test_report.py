@@ -671,6 +671,22 @@ def test_jobs_that_learned_nothing_are_named_with_what_to_change(tmp_path):
     assert note.endswith("lower optimizer.lr or warm up (scheduler=warmup)")
 
 
+@pytest.mark.parametrize("reference_batch,said", [(None, True), (128, False)])
+def test_hogwild_jobs_scaled_by_their_workers_that_learned_nothing_are_told_lr_scaling_none(
+    tmp_path, reference_batch, said
+):
+    """`workers=1,2,3,4,5 strategy=hogwild lr_scaling=linear`: lowering optimizer.lr P-fold alone runs the
+    P workers at optimizer.lr again (scaled P-fold), as many times one worker's step as before scaling."""
+    for num, workers in enumerate((1, 4, 5)):
+        scaling = {"lr_scaling": "linear", "lr_reference_batch": reference_batch}
+        record = stuck("hogwild", workers, 0.98 if workers == 1 else 0.1, 0.3 if workers == 1 else 2.4, **scaling)
+        make_job(tmp_path, num, {"workers": workers}, record, workers=workers)
+    (note,) = [n for n in write_report(tmp_path).notes if "learned nothing" in n]
+    assert note.startswith("jobs 1, 2 learned nothing")
+    told = "lower optimizer.lr about P-fold (with lr_scaling=none: it scaled the lr up by the workers)"
+    assert (told in note) is said
+
+
 @pytest.mark.parametrize(
     "partition,on_the_command_line", [("by_label", True), ("dirichlet", False), ("iid", True)]
 )  # not on the command line: a preset's (experiment=...)
