@@ -18,11 +18,11 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd import command_line, signals
 from psgd.command_line import fail, first_worker, global_rank, other_torchrun_worker, text_lines, warn
-from psgd.config import ConfigError, DirInUse, scales_by_workers
+from psgd.config import ConfigError, DirInUse
 from psgd.data import DataError
 from psgd.module import TrainingDiverged
 from psgd.report import learned_nothing, learned_nothing_line, skew_note, stop_note
-from psgd.results import NO_ROOM, failed_write, read_json, write_atomic
+from psgd.results import NO_ROOM, failed_write, read_json, scales_by_workers, write_atomic
 from psgd.run import WorkerGone, mark_status, raised_in_worker, run_dir_key, train
 from psgd.strategies._lightning import KilledWorker, lost_a_peer, timed_out
 from psgd.sweep import KEPT

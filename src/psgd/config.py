@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from psgd import forkserver
 from psgd.choices import AUGMENTATIONS, BUILTIN, DECAYS, INFO, INTERVALS, LR_SCALING, SCHEMES
 from psgd.command_line import gpus_by_id, in_the_job, override_key, text_lines, warn
-from psgd.results import cpu_count
+from psgd.results import cpu_count, scales_by_workers
 
 STRATEGIES = ("ddp", "model_averaging", "hogwild")
 # a setting only that strategy's config group (conf/strategy/<name>.yaml) has: tells which group was chosen
@@ -752,11 +752,6 @@ def _one_workers_factors(jobs: Jobs) -> list[str]:
             "update instead"
         )
     return lines
-
-
-def scales_by_workers(cfg: DictConfig) -> bool:
-    """Whether lr_scaling multiplies optimizer.lr by the worker count (lr_reference_batch=null; psgd.optim)."""
-    return cfg.lr_scaling != "none" and cfg.get("lr_reference_batch") is None
 
 
 def _hogwild_scaled_by_workers(jobs: Jobs) -> list[str]:

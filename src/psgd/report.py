@@ -42,6 +42,7 @@ from psgd.results import (
     cores_of,
     failed_write,
     read_json,
+    scales_by_workers,
     step_advice,
     write_atomic,
     write_csv,
@@ -485,7 +486,7 @@ def learned_nothing_notes(jobs: list[Job]) -> list[str]:
     accs = ", ".join(f"{j.get('test_acc'):.4f}" for j in bad)
     hogwild = all(j.strategy == "hogwild" and j.workers > 1 for j in bad)
     # lr_scaling by the workers (lr_reference_batch=null): lowering optimizer.lr P-fold alone is not enough
-    by_workers = all(j.get("lr_scaling") not in (None, "none") and j.get("lr_reference_batch") is None for j in bad)
+    by_workers = all(scales_by_workers(j) for j in bad)
     return [f"{which} {learned_nothing_line(accs, 'P' if hogwild else None, by_workers=by_workers)}"]
 
 

@@ -214,6 +214,12 @@ def sync_summary(history: list[dict[str, Any]]) -> dict[str, float]:
     return {**allreduce_summary(history), **{k: v for k, v in shares.items() if v is not None}}
 
 
+def scales_by_workers(settings: Any) -> bool:
+    """Whether lr_scaling multiplied optimizer.lr by the worker count (lr_reference_batch=null; psgd.optim):
+    `settings`, a run's config or its metrics.json record, which keeps both keys."""
+    return settings.get("lr_scaling") not in (None, "none") and settings.get("lr_reference_batch") is None
+
+
 def step_advice(
     lr: float | None = None,
     hogwild_workers: int | str | None = None,
@@ -248,6 +254,5 @@ def step_advice(
     return (
         f"under HogWild the {p} workers' updates all land on the one shared model, about {p} times one worker's "
         f"steps: lower optimizer.lr about {p}-fold{f' ({said})' if said else ''} or optimizer.momentum "
-        "(mnist_hogwild's lr 0.01 and "
-        "momentum 0.5 are experiment=hogwild_lab's)"
+        "(mnist_hogwild's lr 0.01 and momentum 0.5 are experiment=hogwild_lab's)"
     )

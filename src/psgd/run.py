@@ -61,7 +61,6 @@ from psgd.config import (
     checkpoint_file,
     duration_s,
     locate,
-    scales_by_workers,
     schedule,
 )
 from psgd.data import ClassificationData
@@ -70,7 +69,16 @@ from psgd.hooks import skip_unused_hooks
 from psgd.module import OPTIMIZER_KEY, Classifier, fit_loop_state
 from psgd.optim import scaled_lr
 from psgd.profiler import NoProfiler, PyTorchProfilerForWorkers
-from psgd.results import cpu_count, device_description, read_json, remove_temp_files, say, versions, write_json
+from psgd.results import (
+    cpu_count,
+    device_description,
+    read_json,
+    remove_temp_files,
+    say,
+    scales_by_workers,
+    versions,
+    write_json,
+)
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
 from psgd.strategies._lightning import (
     ReportsFirstFailure,
