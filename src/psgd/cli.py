@@ -22,7 +22,7 @@ from psgd.config import ConfigError, DirInUse
 from psgd.data import DataError
 from psgd.module import TrainingDiverged
 from psgd.report import learned_nothing, learned_nothing_line, skew_note, stop_note
-from psgd.results import NO_ROOM, failed_write, read_json, scales_by_workers, write_atomic
+from psgd.results import NO_ROOM, failed_write, hogwild_workers, read_json, scales_by_workers, write_atomic
 from psgd.run import WorkerGone, mark_status, raised_in_worker, run_dir_key, train
 from psgd.strategies._lightning import KilledWorker, lost_a_peer, timed_out
 from psgd.sweep import KEPT
@@ -306,8 +306,7 @@ def run_job(cfg: DictConfig) -> float | None:
         return None
     if not sweeping:  # a sweep prints one progress line per job instead (psgd.sweep)
         if learned_nothing(metrics):  # a 10 % model "completed" as if it were a result
-            workers = metrics.get("world_size") or 1
-            hogwild = workers if metrics.get("strategy") == "hogwild" and workers > 1 else None
+            hogwild = hogwild_workers(metrics.get("strategy"), metrics.get("world_size"))
             acc = f"{metrics['test_acc']:.4f}"
             lr = (metrics.get("lr"), cfg.optimizer.lr, scales_by_workers(cfg))  # ran, set, scaled by the workers
             warn(f"the model {learned_nothing_line(acc, hogwild, *lr)}")

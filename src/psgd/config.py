@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from psgd import forkserver
 from psgd.choices import AUGMENTATIONS, BUILTIN, DECAYS, INFO, INTERVALS, LR_SCALING, SCHEMES
 from psgd.command_line import gpus_by_id, in_the_job, override_key, text_lines, warn
-from psgd.results import cpu_count, scales_by_workers
+from psgd.results import cpu_count, hogwild_workers, scales_by_workers
 
 STRATEGIES = ("ddp", "model_averaging", "hogwild")
 # a setting only that strategy's config group (conf/strategy/<name>.yaml) has: tells which group was chosen
@@ -762,7 +762,7 @@ def _hogwild_scaled_by_workers(jobs: Jobs) -> list[str]:
     hogwild = [
         (n, cfg)
         for _, cfg in jobs
-        if (n := _processes(cfg)[1]) > 1 and cfg.strategy.name == "hogwild" and scales_by_workers(cfg)
+        if (n := hogwild_workers(cfg.strategy.name, _processes(cfg)[1])) and scales_by_workers(cfg)
     ]
     if not hogwild:
         return []

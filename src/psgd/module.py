@@ -16,7 +16,7 @@ from typing_extensions import override
 
 from psgd.config import ConfigError
 from psgd.optim import build_scheduler
-from psgd.results import step_advice
+from psgd.results import hogwild_workers, step_advice
 
 # a per-step schedule's optimizer steps per epoch (this worker's), kept in its checkpoints
 STEPS_PER_EPOCH_KEY = "psgd_steps_per_epoch"
@@ -260,10 +260,9 @@ class Classifier(PlainHookName, L.LightningModule):
 
     def _divergence_remedy(self) -> str:
         """What to change after a diverged epoch (step_advice; HogWild's workers all write into one model)."""
-        workers = self.trainer.world_size
-        hogwild = getattr(self.trainer.strategy, "strategy_name", None) == "hogwild" and workers > 1
+        hogwild = hogwild_workers(getattr(self.trainer.strategy, "strategy_name", None), self.trainer.world_size)
         h = self.hparams
-        return step_advice(h.lr, workers if hogwild else None, h.get("optimizer_lr"), h.get("lr_by_workers", False))
+        return step_advice(h.lr, hogwild, h.get("optimizer_lr"), h.get("lr_by_workers", False))
 
     @override
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:

@@ -41,6 +41,7 @@ from psgd.results import (
     atomic_file,
     cores_of,
     failed_write,
+    hogwild_workers,
     read_json,
     scales_by_workers,
     step_advice,
@@ -484,7 +485,7 @@ def learned_nothing_notes(jobs: list[Job]) -> list[str]:
         return []
     which = f"job{'s' if len(bad) > 1 else ''} {', '.join(str(j.num) for j in bad)}"
     accs = ", ".join(f"{j.get('test_acc'):.4f}" for j in bad)
-    hogwild = all(j.strategy == "hogwild" and j.workers > 1 for j in bad)
+    hogwild = all(hogwild_workers(j.strategy, j.workers) for j in bad)
     # lr_scaling by the workers (lr_reference_batch=null): lowering optimizer.lr P-fold alone is not enough
     by_workers = all(scales_by_workers(j) for j in bad)
     return [f"{which} {learned_nothing_line(accs, 'P' if hogwild else None, by_workers=by_workers)}"]

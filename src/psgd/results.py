@@ -214,6 +214,11 @@ def sync_summary(history: list[dict[str, Any]]) -> dict[str, float]:
     return {**allreduce_summary(history), **{k: v for k, v in shares.items() if v is not None}}
 
 
+def hogwild_workers(strategy: str | None, workers: int | None) -> int | None:
+    """The workers of a HogWild run where several write into the one shared model (step_advice), else None."""
+    return workers if strategy == "hogwild" and workers is not None and workers > 1 else None
+
+
 def scales_by_workers(settings: Any) -> bool:
     """Whether lr_scaling multiplied optimizer.lr by the worker count (lr_reference_batch=null; psgd.optim):
     `settings`, a run's config or its metrics.json record, which keeps both keys."""
