@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import (  # noqa: E402
-    RunFailed,
     exit_unless_writable,
     exit_without_data,
+    interleaved,
     medians,
     positive,
     psgd_run,
@@ -97,24 +97,22 @@ def main() -> None:
     if args.limit_batches is not None:
         common.append(f"trainer.limit_train_batches={args.limit_batches}")
     configs = {(m, v): [*MODELS[m], *VARIANTS[v], *common] for m in args.models for v in VARIANTS}
-    samples: dict[tuple[str, str], list[float | None]] = {c: [] for c in configs}
     failed: list[str] = []  # a failed run is said in its row and the exit status; the others are measured
-    with tempfile.TemporaryDirectory() as tmp:
-        for rep in range(args.repeats):
-            for i, (config, overrides) in enumerate(configs.items()):  # interleaved: A B C ... A B C ...
-                run = f"rep {rep + 1}/{args.repeats}  {config[0]}, {config[1]:48s}"
-                try:
-                    m = psgd_run(Path(tmp) / f"{rep}-{i}", overrides, args)
-                except RunFailed as e:
-                    samples[config].append(None)
-                    failed.append(f"{config[0]}, {config[1]}: {e}")
-                    print(f"  {run} failed: {e}", flush=True)
-                    continue
-                want = "DDPStrategy" if "DDP" in config[1] else "auto"
-                if m["lightning_strategy"] != want:  # the run must be what its row says
-                    raise SystemExit(f"gpu.py: {config} ran with {m['lightning_strategy']}, not {want}")
-                samples[config].append(m["history"][-1]["samples_per_s"])
-                print(f"  {run} {samples[config][-1]:10.1f}", flush=True)
+
+    def measured(tmp: str, i: int, config: tuple[str, str], overrides: list[str]):
+        def go(rep: int) -> float:
+            m = psgd_run(Path(tmp) / f"{rep}-{i}", overrides, args)
+            want = "DDPStrategy" if "DDP" in config[1] else "auto"
+            if m["lightning_strategy"] != want:  # the run must be what its row says
+                raise SystemExit(f"gpu.py: {config} ran with {m['lightning_strategy']}, not {want}")
+            return m["history"][-1]["samples_per_s"]
+
+        return go
+
+    with tempfile.TemporaryDirectory() as tmp:  # interleaved: A B C ... A B C ...
+        runs = {f"{c[0]}, {c[1]}": measured(tmp, i, c, over) for i, (c, over) in enumerate(configs.items())}
+        by_name = interleaved(runs, args.repeats, failed)
+    samples = {c: by_name[f"{c[0]}, {c[1]}"] for c in configs}
     med = medians(samples)
     rows = [[*config, median, runs] for config, median, runs in sample_rows(samples)]  # (model, run) keys
     ratios = [

@@ -18,7 +18,6 @@ row and the others go on; the results are written, and the exit status is 1.
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,6 +31,7 @@ from compare import (  # noqa: E402
     exit_without_data,
     positive,
     results_arguments,
+    run,
     write_results,
 )
 
@@ -60,10 +60,10 @@ def run_once(strategy: str, workers: int, args: argparse.Namespace, out: Path) -
         f"hydra.run.dir={out}",
         *args.overrides,
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-        raise RunFailed(f"{strategy} workers={workers}: {last}")
+    try:
+        run(cmd)
+    except RunFailed as e:  # its last line, named by its row
+        raise RunFailed(f"{strategy} workers={workers}: {e}") from None
     metrics = json.loads((out / "metrics.json").read_text())
     return metrics["samples_per_s"], sync_share(metrics)
 

@@ -52,17 +52,7 @@ from psgd.callbacks import (
 )
 from psgd.choices import INFO, DatasetInfo
 from psgd.command_line import earlier_results, first_worker, text_lines, warn
-from psgd.config import (
-    GIVE,
-    ConfigError,
-    DirInUse,
-    Plan,
-    check,
-    checkpoint_file,
-    duration_s,
-    locate,
-    schedule,
-)
+from psgd.config import GIVE, ConfigError, DirInUse, Plan, check, checkpoint_file, duration_s, locate, schedule
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
 from psgd.hooks import skip_unused_hooks
