@@ -26,9 +26,12 @@ Now:
   leaves a mark while it runs (`mark_running_under_torchrun`), so that when torchrun's agent SIGTERMs
   the workers after one died without a word (SIGKILL, the OOM killer), the others name it;
 - SIGHUP (the terminal closed) is taken as SIGTERM by every process of the run, unless it is
-  ignored (`nohup`): `hang_up_as_sigterm`.
+  ignored (`nohup`): `hang_up_as_sigterm`;
+- the KeyboardInterrupt of Ctrl-C or SIGTERM is not raised inside the standard library's thread
+  synchronisation (`_deferred`), which an exception between two of its lines can leave broken.
 """
 
+import _thread
 import atexit
 import multiprocessing
 import os
@@ -47,10 +50,70 @@ from pathlib import Path
 received: str | None = None  # the name of the signal that interrupted this process's run, if one did
 
 
+# modules whose code an exception raised between two of its lines can leave broken for good
+NOT_INTERRUPT_SAFE = frozenset({"threading", "queue"})
+DEFER_S = 0.005  # how soon a deferred signal comes again
+DEFER_AT_MOST_S = 1.0  # how long it is deferred at most: then raised where it lands (a wait in there)
+_deferred_since: float | None = None  # when the signal being deferred first came
+
+
+def _deferred(signum: int, frame) -> bool:
+    """For the handlers that raise KeyboardInterrupt: whether the signal `signum` came while the main
+    thread ran threading's or queue's own code (`frame`, where it stopped), and was sent again for
+    DEFER_S later, to be raised outside. Raised in there, it can break the lock and queue that a
+    library's thread waits on. It did: a Condition.notify stopped between waking TensorBoard's writer
+    thread and taking it off its list of waiters sent the next notify, that of the logger's close,
+    to that stale entry; the writer thread slept on (up to its flush_secs, 120 s) and the close, and
+    the interrupted run or sweep, waited for it. Deferred DEFER_AT_MOST_S at most, so that the main
+    thread blocked in a wait in there (a join) is still interrupted."""
+    global _deferred_since
+    if frame is None or getattr(frame, "f_globals", {}).get("__name__") not in NOT_INTERRUPT_SAFE:
+        _deferred_since = None
+        return False
+    now = time.monotonic()
+    if _deferred_since is None:
+        _deferred_since = now
+    elif now - _deferred_since > DEFER_AT_MOST_S:
+        _deferred_since = None
+        return False
+    _send_later(DEFER_S, signum)
+    return True
+
+
+def _send_later(delay: float, signum: int) -> None:
+    """Send `signum` to the main thread `delay` seconds from now, from a thread of _thread's: one of
+    threading's would take its module's locks, which the main thread may hold where it stopped."""
+
+    def send(ident: int) -> None:
+        time.sleep(delay)
+        with suppress(OSError, ValueError):
+            signal.pthread_kill(ident, signum)
+
+    _thread.start_new_thread(send, (threading.main_thread().ident,))
+
+
+def ctrl_c(signum: int, frame: object = None) -> None:
+    """SIGINT's handler: KeyboardInterrupt, as Python's own, but not raised inside threading or
+    queue (`_deferred`)."""
+    if _deferred(signum, frame):
+        return
+    raise KeyboardInterrupt
+
+
+def _ctrl_c_deferred() -> None:
+    """SIGINT raises KeyboardInterrupt through `ctrl_c` where it raises it through Python's own handler
+    (not where it is ignored, a background job, or handled otherwise). Main thread only."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, ctrl_c)
+
+
 def interrupt(signum: int, frame: object = None) -> None:
     """Signal handler: pass `signum` on to this process's multiprocessing children, then raise
-    KeyboardInterrupt. Further SIGTERMs are ignored while the run winds down (a process group gets
-    the signal once from the sender and once from its launcher)."""
+    KeyboardInterrupt (not inside threading or queue: `_deferred`). Further SIGTERMs are ignored
+    while the run winds down (a process group gets the signal once from the sender and once from its
+    launcher)."""
+    if _deferred(signum, frame):
+        return
     global received
     received = signal.Signals(signum).name
     signal.signal(signum, signal.SIG_IGN)
@@ -63,6 +126,8 @@ def interrupt(signum: int, frame: object = None) -> None:
 def _interrupt_again(signum: int, frame: object = None) -> None:
     """`interrupt`'s KeyboardInterrupt once more (the workers already have the signal), for
     `_lost_interrupts_raised_again`."""
+    if _deferred(signum, frame):
+        return
     signal.signal(signum, signal.SIG_IGN)
     raise KeyboardInterrupt(received)
 
@@ -86,9 +151,7 @@ def _lost_interrupts_raised_again(unraisable) -> None:
         signal.signal(sig, _interrupt_again)
     elif not callable(signal.getsignal(sig)):  # no handler of Python's would raise it (SIGINT ignored)
         return
-    again = threading.Timer(0.05, signal.pthread_kill, (threading.main_thread().ident, sig))
-    again.daemon = True
-    again.start()
+    _send_later(0.05, sig)
 
 
 _unraisablehook_before = sys.unraisablehook
@@ -150,18 +213,23 @@ def handler_for_this_process():
 @contextmanager
 def sigterm_interrupts() -> Iterator[None]:
     """While the block runs, SIGTERM raises KeyboardInterrupt here (after passing it on to the
-    workers). Python lets only the main thread set handlers: elsewhere this does nothing."""
+    workers), and neither it nor Ctrl-C's is raised inside threading or queue (`_deferred`). Python
+    lets only the main thread set handlers: elsewhere this does nothing."""
     global received
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     received = None
     previous = signal.signal(signal.SIGTERM, interrupt)
+    sigint = signal.getsignal(signal.SIGINT)
+    _ctrl_c_deferred()
     hook = sys.unraisablehook
     raise_lost_interrupts_again()
     try:
         yield
     finally:
+        if signal.getsignal(signal.SIGINT) is ctrl_c:
+            signal.signal(signal.SIGINT, sigint)
         if received is None or previous is not interrupt:
             signal.signal(signal.SIGTERM, previous)
         # else: the block was interrupted under the scripts' own handler (interrupt_on_sigterm), and the
@@ -221,6 +289,7 @@ def interrupt_on_sigterm() -> None:
     the main thread set handlers: elsewhere this does nothing."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, interrupt)
+        _ctrl_c_deferred()  # Ctrl-C's KeyboardInterrupt is not raised inside threading or queue either
         hang_up_as_sigterm()  # closing the terminal too
         raise_lost_interrupts_again()
 

@@ -163,6 +163,66 @@ def test_an_interrupt_that_lands_in_a_finalizer_still_stops_the_run(tmp_path, in
     assert proc.stderr == ""  # no "Exception ignored in ..." traceback either
 
 
+SIGNAL_IN_A_NOTIFY = """
+import inspect, signal, sys, threading, time
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from psgd import signals
+
+{install}
+sig = getattr(signal, sys.argv[1])
+handler = signal.getsignal(sig)
+writer = EventFileWriter(sys.argv[2], flush_secs=120)  # as Lightning's TensorBoardLogger makes it
+time.sleep(0.5)  # its thread waits for the next event in a Condition's wait
+lines, first = inspect.getsourcelines(threading.Condition.notify)
+unlist = first + next(i for i, line in enumerate(lines) if "waiters.remove(waiter)" in line)
+
+
+def trace(frame, event, arg):
+    return in_notify if frame.f_code is threading.Condition.notify.__code__ else None
+
+
+def in_notify(frame, event, arg):  # the signal comes after notify woke the writer thread, before it unlists it
+    if event == "line" and frame.f_lineno == unlist:
+        sys.settrace(None)
+        handler(sig, frame)  # as Python runs the handler of a signal that came there
+    return in_notify
+
+
+try:
+    sys.settrace(trace)
+    writer.add_event(Event(wall_time=time.time(), step=1))
+    sys.settrace(None)
+    time.sleep(10)
+    print("went on")
+except KeyboardInterrupt:
+    print("interrupted")
+time.sleep(0.5)  # the run winds down; the writer thread waits for the next event again
+start = time.monotonic()
+writer.close()  # the logger's finalize
+print(f"closed in {{time.monotonic() - start:.1f}} s")
+"""
+
+
+@pytest.mark.parametrize(
+    "install", ["signals.interrupt_on_sigterm()", "(run := signals.sigterm_interrupts()).__enter__()"]
+)
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_an_interrupt_that_lands_in_a_threads_notify_does_not_hold_up_the_loggers_close(tmp_path, install, sig):
+    """A sweep given SIGTERM once took over a minute to end: the signal had stopped a Condition.notify of
+    TensorBoard's event queue halfway, so the logger's close at the wind-down waited on a writer thread
+    that slept on, up to its flush_secs (120 s). Now the interrupt comes a moment later, outside."""
+    script = tmp_path / "notify.py"
+    script.write_text(SIGNAL_IN_A_NOTIFY.format(install=install))
+    proc = subprocess.run(
+        [sys.executable, str(script), sig, str(tmp_path / "tb")], capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    interrupted, closed = proc.stdout.splitlines()
+    assert interrupted == "interrupted"
+    assert float(closed.split()[2]) < 5, closed
+
+
 def test_wind_down_kills_a_worker_that_does_not_stop():
     ready = multiprocessing.get_context("spawn").Event()
     child = _start(_ignore_sigterm_and_sleep, 60, ready)
