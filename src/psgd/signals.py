@@ -55,6 +55,7 @@ NOT_INTERRUPT_SAFE = frozenset({"threading", "queue"})
 DEFER_S = 0.005  # how soon a deferred signal comes again
 DEFER_AT_MOST_S = 1.0  # how long it is deferred at most: then raised where it lands (a wait in there)
 _deferred_since: float | None = None  # when the signal being deferred first came
+_coming_again: set[int] = set()  # the signals that _deferred sent again and that have not come yet
 
 
 def _deferred(signum: int, frame) -> bool:
@@ -65,7 +66,9 @@ def _deferred(signum: int, frame) -> bool:
     thread and taking it off its list of waiters sent the next notify, that of the logger's close,
     to that stale entry; the writer thread slept on (up to its flush_secs, 120 s) and the close, and
     the interrupted run or sweep, waited for it. Deferred DEFER_AT_MOST_S at most, so that the main
-    thread blocked in a wait in there (a join) is still interrupted."""
+    thread blocked in a wait in there (a join) is still interrupted. Sent again once: Lightning's
+    SIGTERM handler calls psgd's twice (for itself and as the handler it found), and a second
+    KeyboardInterrupt would break into the run's wind-down."""
     global _deferred_since
     if frame is None or getattr(frame, "f_globals", {}).get("__name__") not in NOT_INTERRUPT_SAFE:
         _deferred_since = None
@@ -76,7 +79,9 @@ def _deferred(signum: int, frame) -> bool:
     elif now - _deferred_since > DEFER_AT_MOST_S:
         _deferred_since = None
         return False
-    _send_later(DEFER_S, signum)
+    if signum not in _coming_again:
+        _coming_again.add(signum)
+        _send_later(DEFER_S, signum)
     return True
 
 
@@ -86,6 +91,7 @@ def _send_later(delay: float, signum: int) -> None:
 
     def send(ident: int) -> None:
         time.sleep(delay)
+        _coming_again.discard(signum)
         with suppress(OSError, ValueError):
             signal.pthread_kill(ident, signum)
 

@@ -223,6 +223,30 @@ def test_an_interrupt_that_lands_in_a_threads_notify_does_not_hold_up_the_logger
     assert float(closed.split()[2]) < 5, closed
 
 
+def test_a_signal_that_lands_in_threading_twice_in_one_handler_call_comes_again_once(monkeypatch):
+    """Lightning's SIGTERM handler calls psgd's twice (for itself, and as the handler it found): sent
+    again twice, the second could raise a second KeyboardInterrupt inside the run's wind-down."""
+    sent = []
+    monkeypatch.setattr(signals, "_send_later", lambda delay, signum: sent.append(signum))
+    monkeypatch.setattr(signals, "_coming_again", set())
+    monkeypatch.setattr(signals, "_deferred_since", None)
+    in_threading = []
+
+    class Lock:
+        def _is_owned(self):  # Condition.notify asks this first
+            in_threading.append(sys._getframe(1))
+            return True
+
+        __enter__ = __exit__ = acquire = release = None
+
+    threading.Condition(Lock()).notify()
+    (frame,) = in_threading
+    assert frame.f_code is threading.Condition.notify.__code__
+    assert signals._deferred(signal.SIGTERM, frame) and signals._deferred(signal.SIGTERM, frame)
+    assert sent == [signal.SIGTERM]
+    assert not signals._deferred(signal.SIGTERM, sys._getframe())  # here, outside: raised at once
+
+
 def test_wind_down_kills_a_worker_that_does_not_stop():
     ready = multiprocessing.get_context("spawn").Event()
     child = _start(_ignore_sigterm_and_sleep, 60, ready)
