@@ -106,9 +106,11 @@ def ctrl_c(signum: int, frame: object = None) -> None:
     raise KeyboardInterrupt
 
 
-def _ctrl_c_deferred() -> None:
+def ctrl_c_out_of_threading() -> None:
     """SIGINT raises KeyboardInterrupt through `ctrl_c` where it raises it through Python's own handler
-    (not where it is ignored, a background job, or handled otherwise). Main thread only."""
+    (not where it is ignored, a background job, or handled otherwise): in train.py and sweep.py, around
+    a run's fit and test, and in the workers that psgd's launcher starts (Ctrl-C reaches them too, and
+    rank 0 closes the TensorBoard logger as it winds down). Main thread only."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, ctrl_c)
 
@@ -228,7 +230,7 @@ def sigterm_interrupts() -> Iterator[None]:
     received = None
     previous = signal.signal(signal.SIGTERM, interrupt)
     sigint = signal.getsignal(signal.SIGINT)
-    _ctrl_c_deferred()
+    ctrl_c_out_of_threading()
     hook = sys.unraisablehook
     raise_lost_interrupts_again()
     try:
@@ -295,7 +297,7 @@ def interrupt_on_sigterm() -> None:
     the main thread set handlers: elsewhere this does nothing."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, interrupt)
-        _ctrl_c_deferred()  # Ctrl-C's KeyboardInterrupt is not raised inside threading or queue either
+        ctrl_c_out_of_threading()  # Ctrl-C's KeyboardInterrupt is not raised inside threading or queue either
         hang_up_as_sigterm()  # closing the terminal too
         raise_lost_interrupts_again()
 

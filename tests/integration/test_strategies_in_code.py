@@ -32,7 +32,7 @@ class Mine(L.LightningModule):
 
 # a user's script, with MODULE beside it (a user's own module file): write_script
 SCRIPT = """
-import json, sys
+import json, signal, sys
 from pathlib import Path
 import torch
 import pytorch_lightning as L
@@ -45,6 +45,7 @@ OUT = Path(sys.argv[2])
 class Mine(mymodule.Mine):
     def on_fit_end(self):  # after the strategy's end of training: what each worker ends with
         torch.save(self.net.state_dict(), OUT / f"rank{self.global_rank}.pt")
+        (OUT / f"sigint{self.global_rank}").write_text(getattr(signal.getsignal(signal.SIGINT), "__name__", "?"))
         if self.global_rank == 0:
             (OUT / "report.json").write_text(json.dumps(getattr(self.trainer.strategy, "report", None)))
 
@@ -87,6 +88,9 @@ def test_a_users_own_module_trains_and_ends_with_one_model(tmp_path, strategy):
     assert threads.processes() and not threads.gloo_left(), threads.processes()
     ends = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
     assert all(torch.equal(ends[0][k], ends[1][k]) for k in ends[0])  # one model: averaged, or shared
+    # Ctrl-C in a worker is raised outside threading's code (psgd.signals.ctrl_c): inside, it could make
+    # rank 0's TensorBoard logger wait up to 2 minutes at its close
+    assert [(tmp_path / f"sigint{r}").read_text() for r in (0, 1)] == ["ctrl_c", "ctrl_c"]
     report = json.loads((tmp_path / "report.json").read_text())
     # the strategy's report reaches the caller's process too (it was {} there: Lightning sends back weights,
     # state and logged metrics only)

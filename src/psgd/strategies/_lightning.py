@@ -33,7 +33,14 @@ from typing_extensions import override
 from psgd import forkserver
 from psgd.module import STEPS_PER_EPOCH_KEY
 from psgd.results import say
-from psgd.signals import die_with_parent, hang_up_as_sigterm, oom_kills, oom_kills_since, temp_folder_of_this_process
+from psgd.signals import (
+    ctrl_c_out_of_threading,
+    die_with_parent,
+    hang_up_as_sigterm,
+    oom_kills,
+    oom_kills_since,
+    temp_folder_of_this_process,
+)
 from psgd.strategies.allreduce_timing import TimesAllReduce
 
 __all__ = [
@@ -332,6 +339,7 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
         # waits for there died too would otherwise wait out strategy.timeout_s, orphaned
         die_with_parent()
         hang_up_as_sigterm()  # the terminal closed: the launcher stops the run as on SIGTERM, not as on a death
+        ctrl_c_out_of_threading()  # (rank 0 closes the TensorBoard logger as Ctrl-C winds it down)
         try:
             super()._wrapping_function(process_idx, *args, **kwargs)
         except BaseException as e:
