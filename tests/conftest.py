@@ -4,6 +4,7 @@ import gzip
 import os
 import pickle
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -119,6 +120,30 @@ class ThreadsAtExit:
         """The pids whose process group's threads (torch's gloo workers, gloo's socket loop) outlived
         every exit hook."""
         return [pid for pid, names in self.processes().items() if {"pt_gloo_runloop", "gloo_tcp_loop"} & set(names)]
+
+
+# for a run a test stops and waits for: Python prints every thread's stack when it gets SIGABRT (`ended`)
+DUMPS_STACKS = {"PYTHONFAULTHANDLER": "1"}
+
+
+def ended(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """`proc.communicate(timeout=timeout)` for a run told to stop. One still running then gets SIGABRT
+    (its session, where it has one of its own), and the test fails showing where its threads were:
+    started with DUMPS_STACKS in its environment, Python prints every thread's stack."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGABRT)
+        except OSError:  # not a session of its own
+            proc.send_signal(signal.SIGABRT)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        stacks = (err or "").split("\nExtension modules:")[0]  # (the list of loaded C modules that ends the dump)
+        pytest.fail(f"still running {timeout:g} s after it was told to stop; its threads then:\n{stacks[-8000:]}")
 
 
 def own_lines(output: str) -> list[str]:

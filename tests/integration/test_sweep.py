@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, run_cli
+from conftest import DUMPS_STACKS, ROOT, ended, run_cli
 from helpers import metrics, tensorboard
 from matplotlib.image import imread
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
@@ -170,8 +170,6 @@ def test_a_sweep_stopped_early_reports_the_jobs_that_ran_and_goes_on_where_it_st
     import signal
     import time
 
-    from conftest import ROOT
-
     sweep_dir = tmp_path / "sweep"
     proc = subprocess.Popen(
         [
@@ -187,6 +185,7 @@ def test_a_sweep_stopped_early_reports_the_jobs_that_ran_and_goes_on_where_it_st
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        env={**os.environ, **DUMPS_STACKS},
     )
     try:
         deadline = time.monotonic() + 180
@@ -202,7 +201,7 @@ def test_a_sweep_stopped_early_reports_the_jobs_that_ran_and_goes_on_where_it_st
         else:
             raise AssertionError("job 1 finished no epoch in 180 s")
         os.kill(proc.pid, signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=60)
+        _, stderr = ended(proc, 60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -15,7 +15,7 @@ import pytest
 import pytorch_lightning as L
 import torch
 import torch.distributed as dist
-from conftest import ROOT, ThreadsAtExit, compose_cfg, run_cli
+from conftest import DUMPS_STACKS, ROOT, ThreadsAtExit, compose_cfg, ended, run_cli
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd.run import train
@@ -27,7 +27,7 @@ TINY = ["quiet=true", "data.batch_size=16", "data.eval_batch_size=64"]
 
 def start(run_dir: Path, *overrides: str, background: bool = False, env: dict | None = None) -> subprocess.Popen:
     """train.py in a session of its own; `background`: with SIGINT ignored, as a shell starts `cmd &`."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", **DUMPS_STACKS, **(env or {})}
     return subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", *overrides],
         stdout=subprocess.PIPE,
@@ -83,7 +83,7 @@ def stop_after_two_epochs(run_dir: Path, proc: subprocess.Popen, send, workers: 
         pids = worker_pids(proc.pid) if workers > 1 else []
         assert len(pids) == (workers if workers > 1 else 0), pids
         send(pids)
-        _, stderr = proc.communicate(timeout=60)
+        _, stderr = ended(proc, 60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -510,7 +510,7 @@ def test_ctrl_c_while_starting_up_is_one_line_and_leaves_nothing(tiny_data, tmp_
     )
     time.sleep(1.0 if workers == 1 else 2.0)  # still loading: torch alone takes longer (the server starts at ~1 s)
     os.killpg(proc.pid, sig)
-    _, stderr = proc.communicate(timeout=60)
+    _, stderr = ended(proc, 60)
     assert proc.returncode == 128 + sig, stderr  # 130, 143: as a shell reports the signal
     how = " (SIGTERM)" if sig == signal.SIGTERM else ""
     assert stderr.strip().splitlines() == [f"psgd: interrupted{how} before training started; nothing was written"]
