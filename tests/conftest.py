@@ -127,9 +127,10 @@ DUMPS_STACKS = {"PYTHONFAULTHANDLER": "1"}
 
 
 def ended(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
-    """`proc.communicate(timeout=timeout)` for a run told to stop. One still running then gets SIGABRT
-    (its session, where it has one of its own), and the test fails showing where its threads were:
-    started with DUMPS_STACKS in its environment, Python prints every thread's stack."""
+    """`proc.communicate(timeout=timeout)` for a run that should end by then (told to stop, or short). One
+    still running then gets SIGABRT (its session, where it has one of its own), and the test fails
+    showing where its threads were: started with DUMPS_STACKS in its environment, Python prints every
+    thread's stack."""
     try:
         return proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -143,7 +144,7 @@ def ended(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
             proc.kill()
             _, err = proc.communicate()
         stacks = (err or "").split("\nExtension modules:")[0]  # (the list of loaded C modules that ends the dump)
-        pytest.fail(f"still running {timeout:g} s after it was told to stop; its threads then:\n{stacks[-8000:]}")
+        pytest.fail(f"still running after the test's {timeout:g} s wait; its threads then:\n{stacks[-8000:]}")
 
 
 def own_lines(output: str) -> list[str]:

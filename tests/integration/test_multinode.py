@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import DUMPS_STACKS, ROOT, ended
 from helpers import metrics, scalars, tensorboard
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -59,19 +59,14 @@ def torchrun(
         str(ROOT / "train.py"),
         *overrides,
     ]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", **DUMPS_STACKS}
     return subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=session
     )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"torchrun did not finish in {timeout} s:\n{err[-3000:]}")
+    out, err = ended(proc, timeout)  # (fails showing the agent's and workers' stacks if not)
     return proc.returncode, out, err
 
 
