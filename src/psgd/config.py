@@ -745,7 +745,7 @@ def _one_workers_factors(jobs: Jobs) -> list[str]:
         )
     scaled = [cfg for job, cfg in jobs if named(job, "lr_scaling") and cfg.lr_scaling != "none"]
     scaling = [cfg for _, cfg in jobs if cfg.lr_scaling != "none"]
-    if scaled and all(cfg.get("lr_reference_batch") is None and _processes(cfg)[1] == 1 for cfg in scaling):
+    if scaled and all(scales_by_workers(cfg) and _processes(cfg)[1] == 1 for cfg in scaling):
         lines.append(
             f"lr_scaling={scaled[0].lr_scaling} has no effect with workers=1: with lr_reference_batch=null it "
             "scales optimizer.lr by the workers, 1 here; lr_reference_batch=<samples> scales it by the samples per "
