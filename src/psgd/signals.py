@@ -43,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
@@ -58,7 +59,7 @@ _deferred_since: float | None = None  # when the signal being deferred first cam
 _coming_again: set[int] = set()  # the signals that _deferred sent again and that have not come yet
 
 
-def _deferred(signum: int, frame) -> bool:
+def _deferred(signum: int, frame: types.FrameType | None) -> bool:
     """For the handlers that raise KeyboardInterrupt: whether the signal `signum` came while the main
     thread ran threading's or queue's own code (`frame`, where it stopped), and was sent again for
     DEFER_S later, to be raised outside. Raised in there, it can break the lock and queue that a
@@ -70,7 +71,7 @@ def _deferred(signum: int, frame) -> bool:
     SIGTERM handler calls psgd's twice (for itself and as the handler it found), and a second
     KeyboardInterrupt would break into the run's wind-down."""
     global _deferred_since
-    if frame is None or getattr(frame, "f_globals", {}).get("__name__") not in NOT_INTERRUPT_SAFE:
+    if frame is None or frame.f_globals.get("__name__") not in NOT_INTERRUPT_SAFE:
         _deferred_since = None
         return False
     now = time.monotonic()
