@@ -15,7 +15,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from psgd.config import ConfigError
-from psgd.optim import build_scheduler
+from psgd.optim import build_scheduler, schedule_read
 from psgd.results import hogwild_workers, step_advice
 
 # a per-step schedule's optimizer steps per epoch (this worker's), kept in its checkpoints
@@ -348,8 +348,7 @@ class Classifier(PlainHookName, L.LightningModule):
     @override
     def configure_optimizers(self):
         optimizer = self.build_optimizer()
-        cfg = dict(self.scheduler_cfg or {})
-        cfg.pop("name", None)
+        cfg = schedule_read(self.scheduler_cfg)  # (a constant lr has no interval: nothing to step)
         interval = cfg.pop("interval", "epoch")
         # per epoch, the scheduler is stepped once per epoch; per step, once per optimizer step
         self._steps_per_epoch = self.optimizer_steps_per_epoch() if interval == "step" else None

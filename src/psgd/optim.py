@@ -1,6 +1,8 @@
 """Learning-rate scaling by worker count or batch and the warm-up schedule, from torch.optim.lr_scheduler parts."""
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, SequentialLR, StepLR
@@ -21,6 +23,19 @@ def scaled_lr(
         return base_lr
     ratio = workers if reference_batch is None else samples_per_update / reference_batch
     return base_lr * (ratio if rule == "linear" else math.sqrt(ratio))
+
+
+def schedule_read(settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The scheduler settings (after config.schedule) that `build_scheduler` and the module read: start_factor
+    only with a warm-up, step_size and gamma only with the step decay, interval only where the lr moves.
+    A setting left out here makes no difference to the lr (the tests check this on build_scheduler), so
+    two runs whose schedule_read agree follow the same lr schedule. A checkpoint from before
+    scheduler.interval existed stepped once per epoch."""
+    s = {"interval": "epoch", **{k: v for k, v in (settings or {}).items() if k != "name"}}
+    warm, decay = (s.get("warmup_epochs") or 0) > 0, s.get("decay", "none")
+    unread = ["start_factor"] * (not warm) + ["step_size", "gamma"] * (decay != "step")
+    unread += ["interval"] * (not warm and decay == "none")  # a constant lr
+    return {k: v for k, v in s.items() if k not in unread}
 
 
 def build_scheduler(

@@ -57,7 +57,7 @@ from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
 from psgd.hooks import skip_unused_hooks
 from psgd.module import OPTIMIZER_KEY, Classifier, fit_loop_state
-from psgd.optim import scaled_lr
+from psgd.optim import scaled_lr, schedule_read
 from psgd.profiler import NoProfiler, PyTorchProfilerForWorkers
 from psgd.results import (
     cpu_count,
@@ -529,17 +529,6 @@ def _holdout_setting(holdout: list | None) -> str:
     return "data.val_split=0" if not holdout else f"data.val_split={holdout[0]:g} seed={holdout[1]}"
 
 
-def _schedule_as_built(settings: dict[str, Any] | None) -> dict[str, Any]:
-    """The scheduler settings that `build_scheduler` reads for them: start_factor only with a warm-up,
-    step_size and gamma only with the step decay, interval only where there is a schedule to step. A
-    checkpoint from before scheduler.interval existed stepped once per epoch."""
-    s = {"interval": "epoch", **{k: v for k, v in (settings or {}).items() if k != "name"}}
-    warm, decay = (s.get("warmup_epochs") or 0) > 0, s.get("decay", "none")
-    unread = ["start_factor"] * (not warm) + ["step_size", "gamma"] * (decay != "step")
-    unread += ["interval"] * (not warm and decay == "none")  # a constant lr
-    return {k: v for k, v in s.items() if k not in unread}
-
-
 def _all_workers(hparams: dict[str, Any]) -> int:
     """The workers of all nodes (a checkpoint from before num_nodes was kept: one node)."""
     return hparams["workers"] * (hparams.get("num_nodes") or 1)
@@ -558,7 +547,7 @@ def schedule_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
     under a warm-up whose start factor is the default 1/workers."""
     if not saved:  # not written by psgd's Classifier: nothing to compare
         return None
-    old_s, new_s = _schedule_as_built(saved.get("scheduler")), _schedule_as_built(now.get("scheduler"))
+    old_s, new_s = schedule_read(saved.get("scheduler")), schedule_read(now.get("scheduler"))
     if "lr" in saved and not math.isclose(saved["lr"], now["lr"], rel_tol=1e-9):
         return f"lr {now['lr']:g} (optimizer.lr x lr_scaling; the checkpoint's run had {saved['lr']:g})"
     for key in sorted(set(old_s) | set(new_s)):
@@ -980,7 +969,7 @@ def _train(
         callbacks.append(TargetAccuracyStop(es.target_acc, es.patience))
     if cfg.strategy.name == "ddp":
         callbacks.append(LocalSigtermCheck())  # measured: +3 % samples/s for 2 CPU workers
-    if lr_schedule.get("interval") == "step":
+    if schedule_read(lr_schedule).get("interval") == "step":
         # the lr of a per-step schedule every trainer.log_every_n_steps steps (tag lr_step; `lr` is each
         # epoch's start); a per-epoch schedule has no per-step hook at all
         callbacks.append(LearningRateMonitor(logging_interval="step"))

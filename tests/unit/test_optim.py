@@ -4,7 +4,9 @@ import re
 import pytest
 import torch
 
-from psgd.optim import build_scheduler, scaled_lr
+from psgd.choices import DECAYS
+from psgd.config import READ_ONLY_WHEN, schedule
+from psgd.optim import build_scheduler, scaled_lr, schedule_read
 from psgd.results import step_advice
 
 
@@ -96,6 +98,72 @@ def test_a_per_step_step_decay_keeps_its_epochs():
 
 def test_no_schedule_when_nothing_asked():
     assert build_scheduler(sgd(0.1), workers=4, max_epochs=3) is None
+
+
+# a grid of scheduler settings as a user gives them (the presets' keys), and another value for each key
+SCHEDULE_GRID = [
+    {"name": n, "warmup_epochs": w, "start_factor": f, "decay": d, "step_size": z, "gamma": 0.1, "interval": i}
+    for n in ("none", "warmup", "cosine")
+    for w in (0, 1, 2)
+    for f in (None, 0.25)
+    for d in DECAYS
+    for z in (1, 2)
+    for i in ("epoch", "step")
+]
+OTHER_VALUE = {
+    "warmup_epochs": lambda v: 2 if v == 0 else 0,
+    "start_factor": lambda v: 0.25 if v is None else None,
+    "decay": lambda v: DECAYS[(DECAYS.index(v) + 1) % len(DECAYS)],
+    "step_size": lambda v: 3 - v,
+    "gamma": lambda v: 0.5,
+    "interval": lambda v: "step" if v == "epoch" else "epoch",
+}
+
+
+def lr_of_each_step(settings, workers=2, epochs=6, steps=3):
+    """The lr of every optimizer step of a run with these scheduler settings, built from all of them (not
+    only those schedule_read keeps) and stepped per epoch or per step as the module's interval says."""
+    cfg = {k: v for k, v in schedule(settings).items() if k != "name"}
+    interval = cfg.pop("interval")
+    optimizer = sgd(0.1)
+    scheduler = build_scheduler(optimizer, workers, epochs, steps_per_epoch=steps if interval == "step" else 1, **cfg)
+    lrs = []
+    for _ in range(epochs):
+        for _ in range(steps):
+            lrs.append(round(optimizer.param_groups[0]["lr"], 12))
+            optimizer.step()
+            if scheduler is not None and interval == "step":
+                scheduler.step()
+        if scheduler is not None and interval == "epoch":
+            scheduler.step()
+    return lrs
+
+
+def test_the_settings_a_schedule_reads_are_those_that_change_its_lr_and_no_warning_says_otherwise():
+    """The rules of which scheduler setting is read with which others live in schedule_read (resume's
+    check, the module) and config.READ_ONLY_WHEN (the warning that a setting has no effect): both are
+    checked here against the lrs build_scheduler gives. A setting schedule_read leaves out never changes
+    the lr (or a resume would go on with another schedule unnoticed), one it keeps changes it for some
+    value (or a resume would be refused for nothing), and one the warning says has no effect has none."""
+    warned = [
+        (key.removeprefix("scheduler."), other.removeprefix("scheduler."), reads)
+        for key, other, reads, _ in READ_ONLY_WHEN
+        if key.startswith("scheduler.")
+    ]
+    assert {key for key, _, _ in warned} >= {"start_factor", "step_size", "gamma", "interval"}
+    for settings in SCHEDULE_GRID:
+        lrs, read = lr_of_each_step(settings), schedule_read(schedule(settings))
+        for key, other_value in OTHER_VALUE.items():
+            changed = {**settings, key: other_value(settings[key])}
+            reads_it = schedule_read(schedule(changed)) != read
+            moves = lr_of_each_step(changed) != lrs
+            # (interval is read wherever the lr moves, also where both give the same lrs, a step decay
+            # alone: it is the unit the scheduler counts in, and a checkpoint's scheduler state counts in it)
+            assert moves == reads_it or (key == "interval" and reads_it and len(set(lrs)) > 1), (
+                f"{key} {'is read for nothing' if reads_it else 'changes the lr unread'}: {settings}"
+            )
+            if any(k == key and not reads(settings[o]) for k, o, reads in warned):
+                assert not reads_it, f"{key} is said to have no effect but is read: {settings}"
 
 
 def test_a_resume_that_changes_the_lr_schedule_is_named():
