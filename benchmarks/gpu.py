@@ -110,9 +110,11 @@ def main() -> None:
         return go
 
     with tempfile.TemporaryDirectory() as tmp:  # interleaved: A B C ... A B C ...
-        runs = {f"{c[0]}, {c[1]}": measured(tmp, i, c, over) for i, (c, over) in enumerate(configs.items())}
-        by_name = interleaved(runs, args.repeats, failed)
-    samples = {c: by_name[f"{c[0]}, {c[1]}"] for c in configs}
+        named = {", ".join(c): c for c in configs}  # (interleaved prints and keys its runs by name)
+        by_name = interleaved(
+            {name: measured(tmp, i, c, configs[c]) for i, (name, c) in enumerate(named.items())}, args.repeats, failed
+        )
+    samples = {c: by_name[name] for name, c in named.items()}
     med = medians(samples)
     rows = [[*config, median, runs] for config, median, runs in sample_rows(samples)]  # (model, run) keys
     ratios = [
