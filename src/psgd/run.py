@@ -956,10 +956,9 @@ def _train(
         "versions": versions(),
     }
     es = cfg.early_stop
+    per_step_lr = schedule_read(lr_schedule).get("interval") == "step"  # (a constant lr has no steps to log)
     callbacks: list = [
-        WorkerSetup(
-            plan.threads_per_worker, cfg.seed, cfg.flush_denormal, step_logs=lr_schedule.get("interval") == "step"
-        ),
+        WorkerSetup(plan.threads_per_worker, cfg.seed, cfg.flush_denormal, step_logs=per_step_lr),
         RunRecorder(str(run_dir), run_info, es.target_acc, echo=not quiet and not bars),
         LatestCheckpoint(run_dir / "checkpoints"),  # first: it is trainer.checkpoint_callback
     ]
@@ -969,7 +968,7 @@ def _train(
         callbacks.append(TargetAccuracyStop(es.target_acc, es.patience))
     if cfg.strategy.name == "ddp":
         callbacks.append(LocalSigtermCheck())  # measured: +3 % samples/s for 2 CPU workers
-    if schedule_read(lr_schedule).get("interval") == "step":
+    if per_step_lr:
         # the lr of a per-step schedule every trainer.log_every_n_steps steps (tag lr_step; `lr` is each
         # epoch's start); a per-epoch schedule has no per-step hook at all
         callbacks.append(LearningRateMonitor(logging_interval="step"))

@@ -736,17 +736,25 @@ def test_a_constant_lr_counts_no_steps_whatever_its_interval_says(tiny_data, tmp
     """scheduler.interval=step with a constant lr (the warm-up preset with warmup_epochs=0, decay none)
     has no schedule to step. Its checkpoints kept their steps per epoch all the same, so a resume with
     another batch size was refused ("its lr schedule counts those steps"), and Lightning's
-    LearningRateMonitor logged a stray `lr-SGD` beside the documented `lr`."""
+    LearningRateMonitor logged a stray `lr-SGD` beside the documented `lr` (and Lightning's advice about
+    epochs shorter than log_every_n_steps, which applies only to per-step logs, was shown)."""
     common = [f"data.root={tiny_data}", "scheduler=warmup", "scheduler.warmup_epochs=0", "scheduler.interval=step"]
     first = [*common, *TINY, "trainer.max_epochs=1"]
     train(compose_cfg(*first, "trainer.log_every_n_steps=1"), tmp_path / "a")
     assert "psgd_steps_per_epoch" not in torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt", weights_only=True)
     tags = tensorboard(tmp_path / "a").Tags()["scalars"]
     assert "lr" in tags and not [t for t in tags if t.startswith("lr") and t != "lr"], tags
-    resumed = train(
-        compose_cfg(*first, "trainer.max_epochs=2", "data.batch_size=64", f"ckpt_path={tmp_path / 'a'}"), tmp_path / "b"
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = train(
+            compose_cfg(
+                *first, "trainer.max_epochs=2", "data.batch_size=64", "quiet=false", f"ckpt_path={tmp_path / 'a'}"
+            ),
+            tmp_path / "b",
+        )
     assert resumed["status"] == "completed" and [h["lr"] for h in resumed["history"]] == pytest.approx([0.02, 0.02])
+    # nor is Lightning's advice to lower log_every_n_steps (50) "to see logs" of 8-batch epochs shown
+    assert not [w for w in caught if "smaller than the logging interval" in str(w.message)]
 
 
 @pytest.mark.parametrize("optimizer", ["novograd", "adam"])
