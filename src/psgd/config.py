@@ -640,9 +640,10 @@ def values_problem(jobs: Jobs, name_the_job: bool) -> str | None:
     return problem
 
 
-# settings read only when another one has a certain value: (setting, the other one, whether a value of
-# it reads the setting, the words for those values)
-READ_ONLY_WHEN: tuple[tuple[str, str, Callable[[object], bool], str], ...] = (
+# settings read only when another one has a certain value: (setting, the other one (or a tuple of others),
+# whether a value of it (of each) reads the setting, the words for those values). A setting is warned about
+# by its first row that finds no job reading it.
+READ_ONLY_WHEN: tuple[tuple[str, str | tuple[str, ...], Callable[..., bool], str], ...] = (
     ("data.partition_sizes", "data.partition", lambda v: v == "sizes", "data.partition=sizes"),
     ("data.dirichlet_alpha", "data.partition", lambda v: v == "dirichlet", "data.partition=dirichlet"),
     (
@@ -663,6 +664,12 @@ READ_ONLY_WHEN: tuple[tuple[str, str, Callable[[object], bool], str], ...] = (
             "a schedule (scheduler=warmup or cosine): scheduler=none keeps optimizer.lr constant",
         )
         for key in CONSTANT_LR
+    ),
+    (  # with scheduler=warmup or cosine: their keys can make a constant lr too
+        "scheduler.interval",
+        ("scheduler.warmup_epochs", "scheduler.decay"),
+        lambda warmup, decay: (_is_number(warmup) and warmup > 0) or decay != "none",
+        "a warm-up or a decay: a constant lr has no steps to count",
     ),
     (
         "early_stop.patience",
@@ -782,13 +789,17 @@ def unread_settings(jobs: Jobs) -> list[str]:
     nothing said so. A setting that some job of a sweep reads is not warned about for the others, nor
     one a preset sets (experiment=dist_tuto sets partition_sizes for its data.partition=sizes jobs, and
     `python train.py experiment=dist_tuto` alone runs iid)."""
-    lines = []
+    lines, warned = [], set()
     for key, other, reads, wording in READ_ONLY_WHEN:
-        given = _given(jobs, key, lambda cfg, other=other: OmegaConf.select(cfg, other))
-        if given and not any(reads(chooser) for _, chooser in given):
-            choosers = ",".join(dict.fromkeys(_said(c) for _, c in given))  # as typed
-            other = other.removesuffix(".name")  # scheduler.name: the preset chosen, as the command line says it
-            lines.append(f"{key}={_said(given[0][0])} has no effect with {other}={choosers}: it is read with {wording}")
+        others = (other,) if isinstance(other, str) else other
+        given = _given(jobs, key, lambda cfg, others=others: [OmegaConf.select(cfg, o) for o in others])
+        if key not in warned and given and not any(reads(*chosen) for _, chosen in given):
+            choosers = " ".join(  # as typed; scheduler.name: the preset chosen, as the command line says it
+                f"{o.removesuffix('.name')}={','.join(dict.fromkeys(_said(c[i]) for _, c in given))}"
+                for i, o in enumerate(others)
+            )
+            lines.append(f"{key}={_said(given[0][0])} has no effect with {choosers}: it is read with {wording}")
+            warned.add(key)
     for key, owner, why, as_one in BETWEEN_WORKERS:
         given = [(value, run) for value, run in _given(jobs, key, _processes) if value != as_one]
         ours = [owner in (None, name) for _, (name, _, _) in given]  # the job's strategy has the setting

@@ -161,7 +161,24 @@ def test_a_setting_no_job_reads_is_warned_about_once(monkeypatch, capsys):
         "psgd: warning: scheduler.gamma=0.5 has no effect with scheduler.decay=cosine: it is read with "
         "scheduler.decay=step (x gamma every step_size)"
     ]
+    # a constant lr from the warm-up or cosine preset: nothing to step after every optimizer step
+    assert warnings("scheduler=warmup", "scheduler.warmup_epochs=0", "scheduler.interval=step") == [
+        "psgd: warning: scheduler.interval=step has no effect with scheduler.warmup_epochs=0 scheduler.decay=none: it "
+        "is read with a warm-up or a decay: a constant lr has no steps to count"
+    ]
+    assert warnings("scheduler=none", "scheduler.interval=step") == [  # said once, by scheduler=none's row
+        "psgd: warning: scheduler.interval=step has no effect with scheduler=none: it is read with a schedule "
+        "(scheduler=warmup or cosine): scheduler=none keeps optimizer.lr constant"
+    ]
     for read in (
+        ["scheduler.interval=step"],  # the default cosine decay
+        [
+            "-m",
+            "scheduler=warmup",
+            "scheduler.warmup_epochs=0,1",
+            "scheduler.interval=step",
+            "workers=2",
+        ],  # its warm-up
         ["scheduler=warmup", "scheduler.warmup_epochs=1", "scheduler.decay=step", "scheduler.step_size=2", "workers=2"],
         ["-m", "scheduler=none,warmup", "scheduler.warmup_epochs=1", "workers=2"],  # for the warm-up's jobs
         ["scheduler.warmup_epochs=1", "workers=2"],  # the default cosine decay, after a warm-up
