@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, make_mnist_like
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import compare  # noqa: E402
@@ -216,6 +216,27 @@ def test_gpu_benchmark_runs_every_variant_and_reports_the_ratios(tiny_data, tmp_
     assert len(out["ratios"]) == 4 and out["device"].startswith("cpu: ")
     md = (tmp_path / "g.md").read_text()
     assert md.count("| lab CNN |") == 9 and "bf16 autocast / fp32" in md and "cuDNN autotuner / without" in md
+
+
+@pytest.mark.slow  # ~25 s: five train.py runs that fail; the interleaving's failures are tested by default
+def test_gpu_benchmark_whose_runs_fail_says_so_in_its_rows_and_exit_status_and_writes_its_results(tmp_path):
+    """gpu.py's runs after its data check passed (the training split): here the test split is damaged,
+    so every train.py run ends with psgd's one-line error. The rows say `all runs failed`, the ratios
+    `failed`, the results are still written, and the exit status is not 0, naming the first failure."""
+    root = make_mnist_like(tmp_path / "data", "MNIST", n_train=256, n_test=64, seed=4)
+    (root / "MNIST" / "raw" / "t10k-images-idx3-ubyte.gz").write_bytes(b"not gzip")
+    script = str(ROOT / "benchmarks" / "gpu.py")
+    cmd = [sys.executable, script, f"--data-root={root}", "--accelerator=cpu", "--epochs=1", "--repeats=1"]
+    cmd += ["--limit-batches=2", "--models", "lab CNN", f"--results={tmp_path}", "--name=g"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("gpu.py: 5 run(s) failed, the first: lab CNN, host batches, fp32: psgd: error: "), last
+    out = json.loads((tmp_path / "g.json").read_text())
+    assert len(out["failed"]) == 5 and out["median"] == {} and set(out["ratios"].values()) == {None}
+    assert all(runs == [None] for runs in out["samples"].values()) and len(out["samples"]) == 5
+    md = (tmp_path / "g.md").read_text()
+    assert md.count("| all runs failed | failed |") == 5 and md.count("| failed |") == 5 + 4
 
 
 @pytest.mark.slow  # ~10 s on a CPU, a GPU benchmark: pytest -m slow
