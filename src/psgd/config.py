@@ -646,6 +646,15 @@ def values_problem(jobs: Jobs, name_the_job: bool) -> str | None:
 READ_ONLY_WHEN: tuple[tuple[str, str | tuple[str, ...], Callable[..., bool], str], ...] = (
     ("data.partition_sizes", "data.partition", lambda v: v == "sizes", "data.partition=sizes"),
     ("data.dirichlet_alpha", "data.partition", lambda v: v == "dirichlet", "data.partition=dirichlet"),
+    *(  # first: with scheduler=none no scheduler setting is read, whatever the others say
+        (
+            f"scheduler.{key}",
+            "scheduler.name",
+            lambda v: v != "none",
+            "a schedule (scheduler=warmup or cosine): scheduler=none keeps optimizer.lr constant",
+        )
+        for key in (*CONSTANT_LR, "start_factor", "step_size", "gamma")
+    ),
     (
         "scheduler.start_factor",
         "scheduler.warmup_epochs",
@@ -656,16 +665,7 @@ READ_ONLY_WHEN: tuple[tuple[str, str | tuple[str, ...], Callable[..., bool], str
         (f"scheduler.{key}", "scheduler.decay", lambda v: v == "step", "scheduler.decay=step (x gamma every step_size)")
         for key in ("step_size", "gamma")
     ),
-    *(
-        (
-            f"scheduler.{key}",
-            "scheduler.name",
-            lambda v: v != "none",
-            "a schedule (scheduler=warmup or cosine): scheduler=none keeps optimizer.lr constant",
-        )
-        for key in CONSTANT_LR
-    ),
-    (  # with scheduler=warmup or cosine: their keys can make a constant lr too
+    (  # under scheduler=warmup or cosine, their keys can make a constant lr too
         "scheduler.interval",
         ("scheduler.warmup_epochs", "scheduler.decay"),
         lambda warmup, decay: (_is_number(warmup) and warmup > 0) or decay != "none",

@@ -166,9 +166,13 @@ def test_a_setting_no_job_reads_is_warned_about_once(monkeypatch, capsys):
         "psgd: warning: scheduler.interval=step has no effect with scheduler.warmup_epochs=0 scheduler.decay=none: it "
         "is read with a warm-up or a decay: a constant lr has no steps to count"
     ]
-    assert warnings("scheduler=none", "scheduler.interval=step") == [  # said once, by scheduler=none's row
-        "psgd: warning: scheduler.interval=step has no effect with scheduler=none: it is read with a schedule "
+    # said once, by scheduler=none's row, whatever the other settings say
+    assert warnings(
+        "scheduler=none", "scheduler.interval=step", "scheduler.warmup_epochs=2", "scheduler.gamma=0.5"
+    ) == [
+        f"psgd: warning: scheduler.{setting} has no effect with scheduler=none: it is read with a schedule "
         "(scheduler=warmup or cosine): scheduler=none keeps optimizer.lr constant"
+        for setting in ("warmup_epochs=2", "interval=step", "gamma=0.5")
     ]
     for read in (
         ["scheduler.interval=step"],  # the default cosine decay

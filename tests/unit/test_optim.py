@@ -144,9 +144,8 @@ def test_the_settings_a_schedule_reads_are_those_that_change_its_lr_and_the_warn
     check, the module) and config.READ_ONLY_WHEN (the warning that a setting has no effect): both are
     checked here against the lrs build_scheduler gives. A setting schedule_read leaves out never changes
     the lr (or a resume would go on with another schedule unnoticed), one it keeps changes it (or a
-    resume would be refused for nothing); one the warning says has no effect has none, and under
-    scheduler=warmup or cosine every one that has none is warned about (scheduler=none warns about its
-    keys by name, and then not about start_factor, step_size or gamma as well)."""
+    resume would be refused for nothing); one the warning says has no effect has none, and every one
+    that has none is warned about."""
 
     def warned(key, settings):  # whether a row of READ_ONLY_WHEN says that settings[key] has no effect
         for setting, other, reads, _ in READ_ONLY_WHEN:
@@ -168,7 +167,7 @@ def test_the_settings_a_schedule_reads_are_those_that_change_its_lr_and_the_warn
             )
             if reads_it:
                 assert not warned(key, settings), f"{key} is said to have no effect but is read: {settings}"
-            elif settings["name"] != "none":
+            else:
                 assert warned(key, settings), f"{key} has no effect and no warning says so: {settings}"
 
 
