@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -24,3 +25,23 @@ def tensorboard(run_dir: Path) -> EventAccumulator:
 
 def scalars(acc: EventAccumulator, tag: str) -> list[float]:
     return [e.value for e in acc.Scalars(tag)]
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def undocumented(run_dir: Path) -> list[str]:
+    """What a run wrote that the README does not name: each metrics.json key (top level and `history`'s)
+    missing from the Outputs table's metrics.json row, and each TensorBoard scalar tag named nowhere in
+    the README (a rank or a class in a tag is the README's `<rank>` or `<label>_<name>`)."""
+    readme = README.read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `metrics.json` |"))
+    m = metrics(run_dir)
+    keys = set(m).union(*(set(h) for h in m["history"]))
+    missing = sorted(f"metrics.json: {k}" for k in keys - set(re.findall(r"`(\w+)`", row)))
+    named = set(re.findall(r"`([^`\s]+)`", readme))
+    for tag in tensorboard(run_dir).Tags()["scalars"]:
+        shown = re.sub(r"^test/acc_class/.+", "test/acc_class/<label>_<name>", re.sub(r"/\d+/", "/<rank>/", tag))
+        if shown not in named:
+            missing.append(f"tensorboard: {tag}")
+    return missing

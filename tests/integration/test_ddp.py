@@ -6,7 +6,7 @@ import pytest
 import pytorch_lightning as L
 import torch
 from conftest import compose_cfg, run_cli
-from helpers import metrics, scalars, tensorboard
+from helpers import metrics, scalars, tensorboard, undocumented
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 from psgd.run import train
@@ -56,6 +56,7 @@ def test_two_workers_train_on_disjoint_shards_covering_the_data(ddp2):
 
 
 def test_two_worker_metrics_and_tensorboard(ddp2):
+    assert undocumented(ddp2) == []  # every key and tag is in the README (the all-reduce figures too)
     m = metrics(ddp2)
     assert (m["world_size"], m["workers"], m["status"]) == (2, 2, "completed")
     assert m["parallel_batches"] == 2  # each update averages both workers' batches

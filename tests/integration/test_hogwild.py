@@ -3,7 +3,7 @@
 import pytest
 import torch
 from conftest import run_cli
-from helpers import metrics, scalars, tensorboard
+from helpers import metrics, scalars, tensorboard, undocumented
 
 pytestmark = pytest.mark.distributed
 
@@ -113,6 +113,7 @@ def test_locked_variant_uneven_sizes_and_colour_images_complete(tiny_data, tmp_p
     assert all(h["lock_wait_s"] > 0 for h in m["history"]) and 0 < m["lock_wait_share"] < 1
     waits = [h["lock_wait_s"] for h in m["history"]]
     assert scalars(tensorboard(run_dir), "hogwild/lock_wait_s") == pytest.approx(waits, abs=1e-6)
+    assert undocumented(run_dir) == []  # every key and tag is in the README (the lock's and sharing's too)
 
 
 @pytest.mark.slow  # two 2-worker runs (23-40 s); the default run resumes 2 workers in test_model_averaging

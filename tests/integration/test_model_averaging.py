@@ -3,7 +3,7 @@
 import pytest
 import torch
 from conftest import run_cli
-from helpers import metrics, scalars, tensorboard
+from helpers import metrics, scalars, tensorboard, undocumented
 
 pytestmark = pytest.mark.distributed
 
@@ -57,6 +57,7 @@ def test_final_weights_are_the_mean_of_the_replicas(averaged):
 
 
 def test_reports_each_worker_and_the_averaged_model(averaged):
+    assert undocumented(averaged) == []  # every key and tag is in the README (the replicas' figures too)
     m = metrics(averaged)
     assert (m["strategy"], m["world_size"], m["period"], m["same_init"]) == ("model_averaging", 2, None, True)
     assert m["parallel_batches"] == 1  # each worker updates with its own batch (it said 2, as DDP's)
