@@ -16,6 +16,7 @@ import pytorch_lightning as L
 import torch
 import torch.distributed as dist
 from conftest import DUMPS_STACKS, ROOT, ThreadsAtExit, compose_cfg, ended, run_cli
+from integration.helpers import undocumented
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd.run import train
@@ -124,6 +125,7 @@ def test_a_killed_worker_ends_the_run_with_its_rank(tiny_data, tmp_path, strateg
     assert alive(workers) == []  # no process left behind
     m = json.loads((run_dir / "metrics.json").read_text())
     assert len(m["history"]) >= 2 and m["status"] == "failed"  # finished epochs stay on disk
+    assert undocumented(run_dir) == []  # what the record says (its error too) is in the README
     assert_resumable(run_dir)
 
 
@@ -365,7 +367,7 @@ def test_ctrl_c_leaves_a_valid_metrics_file_marked_interrupted(tiny_data, tmp_pa
     assert stderr.strip().splitlines() == [f"psgd: interrupted; finished epochs are kept in {run_dir}"]
     assert proc.returncode == 128 + signal.SIGINT  # 130, as before training started (Lightning's exit code was 1)
     m = json.loads((run_dir / "metrics.json").read_text())
-    assert m["status"] == "interrupted" and len(m["history"]) >= 2
+    assert m["status"] == "interrupted" and len(m["history"]) >= 2 and undocumented(run_dir) == []
     # train.py (and multiprocessing's resource tracker); spawned workers too
     assert len(threads.processes()) >= (1 if method is None else 1 + workers), threads.processes()
     assert not threads.gloo_left(), threads.processes()
