@@ -45,3 +45,10 @@ def undocumented(run_dir: Path) -> list[str]:
         if shown not in named:
             missing.append(f"tensorboard: {tag}")
     return missing
+
+
+def unnamed_columns(csv_file: Path) -> list[str]:
+    """The columns of a sweep's report.csv or summary.csv that the README names nowhere."""
+    with open(csv_file) as f:
+        columns = next(csv.reader(f))
+    return [c for c in columns if f"`{c}`" not in README.read_text()]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 from conftest import DUMPS_STACKS, ROOT, ended, run_cli
-from helpers import metrics, tensorboard
+from helpers import metrics, tensorboard, undocumented, unnamed_columns
 from matplotlib.image import imread
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
@@ -55,6 +55,9 @@ def test_one_sweep_runs_every_strategy_with_its_own_world_size(mixed_sweep):
         if job["strategy"] == "model_averaging":  # each worker's accuracy beside the average
             assert len(row["worker_test_acc"].split()) == job["world_size"]
     assert seen == {(s, p) for s in ("ddp", "model_averaging", "hogwild") for p in (1, 2)}
+    # a user looks a column, a job's metrics.json key or a TensorBoard tag up in the README: each is there
+    assert unnamed_columns(sweep_dir / "report.csv") == unnamed_columns(sweep_dir / "summary.csv") == []
+    assert [undocumented(sweep_dir / row["dir"]) for row in rows] == [[]] * 6
 
 
 def test_report_speedup_is_t1_over_tp_per_strategy(mixed_sweep):
