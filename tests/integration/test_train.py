@@ -695,6 +695,7 @@ def test_a_per_step_warm_up_moves_the_lr_at_every_optimizer_step(tiny_data, tmp_
         assert logged == pytest.approx({n: 0.002 + 0.018 * min(n, 8) / 8 for n in range(1, 16, 2)})
     else:
         assert "lr_step" not in tags and "lr" in tags
+    assert undocumented(tmp_path / "run") == []  # lr_step too
     # metrics.json: each epoch's lr as it started (a warm-up reads there without TensorBoard)
     assert [h["lr"] for h in metrics(tmp_path / "run")["history"]] == pytest.approx([0.002, 0.02])
 
@@ -750,6 +751,7 @@ def test_a_constant_lr_counts_no_steps_whatever_its_interval_says(tiny_data, tmp
     assert "psgd_steps_per_epoch" not in torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt", weights_only=True)
     tags = tensorboard(tmp_path / "a").Tags()["scalars"]
     assert "lr" in tags and not [t for t in tags if t.startswith("lr") and t != "lr"], tags
+    assert undocumented(tmp_path / "a") == []  # (lr-SGD was not)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         resumed = train(
