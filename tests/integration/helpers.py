@@ -51,4 +51,5 @@ def unnamed_columns(csv_file: Path) -> list[str]:
     """The columns of a sweep's report.csv or summary.csv that the README names nowhere."""
     with open(csv_file) as f:
         columns = next(csv.reader(f))
-    return [c for c in columns if f"`{c}`" not in README.read_text()]
+    readme = README.read_text()
+    return [c for c in columns if f"`{c}`" not in readme]
