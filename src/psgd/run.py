@@ -77,7 +77,7 @@ from psgd.strategies._lightning import (
     refuse_a_run_while_a_worker_imports_the_script,
     session_refusal,
 )
-from psgd.strategies.model_averaging import optimizer_state_tensors
+from psgd.strategies.model_averaging import common_steps, optimizer_state_tensors
 
 # the HParams tab's columns: each run's last value of these tags (a run without one, e.g. DDP's all-reduce
 # wait in a HogWild run, shows it blank)
@@ -255,6 +255,27 @@ def warn_if_nothing_to_average(cfg: DictConfig, net: nn.Module, world_size: int)
                 f"strategy.average_optimizer_state=true has no effect with {type(optimizer).__name__}{momentum}: it "
                 "keeps no state to average (SGD keeps its momentum, with optimizer.momentum > 0)"
             )
+
+
+def warn_if_period_never_comes(cfg: DictConfig, batches: list[int], accumulate: int) -> None:
+    """Model averaging with a strategy.period longer than the steps every worker takes in the whole
+    run (`batches`: each worker's per epoch; `accumulate` of them per optimizer step): no periodic
+    averaging happens, the run is one-shot averaging (strategy.period=null), and a sweep over periods
+    compared identical runs without a word."""
+    s, t = cfg.strategy, cfg.trainer
+    if s.name != "model_averaging" or not s.period or len(batches) == 1 or t.get("fast_dev_run"):
+        return
+    if t.max_epochs in (-1, None) or t.get("overfit_batches"):
+        return  # training's length is not known ahead (early stopping ends it), or Lightning's own
+    per_epoch = common_steps(batches, t.get("limit_train_batches"), accumulate)
+    steps = per_epoch * t.max_epochs
+    if s.period > steps:
+        warn(
+            f"strategy.period={s.period} never comes: it counts the optimizer steps every worker takes, "
+            f"{per_epoch} per epoch and {steps} in trainer.max_epochs={t.max_epochs}, so the replicas are "
+            f"averaged only at the end, as with strategy.period=null; use strategy.period<={steps} to also "
+            "average during training"
+        )
 
 
 def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
@@ -870,6 +891,7 @@ def _train(
         datamodule.prepare_data()  # a missing dataset fails here, before any worker starts
         if short := datamodule.check_batches(world_size):  # so does a worker without a batch
             warn(short)  # a shard smaller than one batch
+        warn_if_period_never_comes(cfg, datamodule.batches_per_worker(world_size), plan.accumulate_grad_batches)
         datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))  # and a test without one
 
     lr = scaled_lr(

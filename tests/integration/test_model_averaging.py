@@ -60,6 +60,7 @@ def test_reports_each_worker_and_the_averaged_model(averaged):
     assert undocumented(averaged) == []  # every key and tag is in the README (the replicas' figures too)
     m = metrics(averaged)
     assert (m["strategy"], m["world_size"], m["period"], m["same_init"]) == ("model_averaging", 2, None, True)
+    assert m["periodic_averagings"] == 0
     assert m["parallel_batches"] == 1  # each worker updates with its own batch (it said 2, as DDP's)
     assert (m["lr"], m["lr_reference_batch"]) == (pytest.approx(0.02), 32)  # 0.02 x 32 / 32 (BY_BATCH)
     assert len(m["worker_test_acc"]) == len(m["worker_test_loss"]) == 2
@@ -171,9 +172,10 @@ def test_a_period_longer_than_an_epoch_still_averages_every_period_steps(tiny_da
     extra = ["checkpoint_every_epoch=true"]
     proc = run_cli("train.py", *settings, *extra, f"data.root={tiny_data}", f"hydra.run.dir={run_dir}")
     assert proc.returncode == 0, proc.stderr
+    assert "never comes" not in proc.stderr  # 12 <= 24 steps
     m = metrics(run_dir)
     assert m["history"][-1]["step"] == 24  # each worker's optimizer steps
-    assert m["replica_distance"] == 0
+    assert m["replica_distance"] == 0 and m["periodic_averagings"] == 2  # at steps 12 and 24
     assert m["worker_test_acc"][0] == m["worker_test_acc"][1] == m["test_acc"]  # one model, one test batch
     assert m["worker_test_loss"] == pytest.approx([m["test_loss"]] * 2, rel=1e-5)
     assert m["val_acc"] is None and {h["val_acc"] for h in m["history"]} == {None}
@@ -184,7 +186,8 @@ def test_a_period_longer_than_an_epoch_still_averages_every_period_steps(tiny_da
     ckpt = run_dir / "checkpoints" / "epoch1.ckpt"
     proc = run_cli("train.py", *settings, f"ckpt_path={ckpt}", f"data.root={tiny_data}", f"hydra.run.dir={resumed}")
     assert proc.returncode == 0, proc.stderr
-    assert metrics(resumed)["replica_distance"] == 0
+    # the count goes on over the whole run: step 12 before the checkpoint, 24 after it
+    assert metrics(resumed)["replica_distance"] == 0 and metrics(resumed)["periodic_averagings"] == 2
     assert_close(weights(resumed), weights(run_dir), atol=0)
 
 
@@ -215,6 +218,8 @@ def test_uneven_shards_complete_with_periodic_averaging(tiny_data, tmp_path, par
     m = metrics(run_dir)
     # each worker trained on its whole shard (no lockstep), so every sample was used each epoch
     assert [h["samples"] for h in m["history"]] == [512, 512]
+    # F = 5 steps per epoch, the smaller shard's (154 samples in batches of 32; below): at 2, 4, 6, 8, 10
+    assert m["periodic_averagings"] == 5
     sizes = sorted(len(torch.load(run_dir / "shards" / f"epoch0_rank{r}.pt")) for r in range(2))
     assert sum(sizes) == 512
     if "data.partition=sizes" in partition:

@@ -22,7 +22,7 @@ def read_csv(path):
 @pytest.fixture(scope="module")
 def mixed_sweep(tiny_data, tmp_path_factory):
     """`sweep.py -m workers=1,2 strategy=ddp,model_averaging,hogwild` on tiny data: 6 jobs (with a GPU-only
-    switch, which every job on CPU warns about)."""
+    switch, which every job on CPU warns about, and a model-averaging period longer than its job's 4 steps)."""
     sweep_dir = tmp_path_factory.mktemp("sweep") / "mixed"
     proc = run_cli(
         "sweep.py",
@@ -33,6 +33,7 @@ def mixed_sweep(tiny_data, tmp_path_factory):
         "trainer.max_epochs=1",
         "data.batch_size=64",
         "data.on_device=true",
+        "++strategy.period=100",
         f"hydra.sweep.dir={sweep_dir}",
         timeout=400,
     )
@@ -54,6 +55,7 @@ def test_one_sweep_runs_every_strategy_with_its_own_world_size(mixed_sweep):
         seen.add((job["strategy"], job["world_size"]))
         if job["strategy"] == "model_averaging":  # each worker's accuracy beside the average
             assert len(row["worker_test_acc"].split()) == job["world_size"]
+            assert job["period"] == 100 and job["periodic_averagings"] == 0  # 4 steps at most
     assert seen == {(s, p) for s in ("ddp", "model_averaging", "hogwild") for p in (1, 2)}
     # a user looks a column, a job's metrics.json key or a TensorBoard tag up in the README: each is there
     assert unnamed_columns(sweep_dir / "report.csv") == unnamed_columns(sweep_dir / "summary.csv") == []
@@ -93,6 +95,9 @@ def test_a_progress_line_per_job_and_a_final_line(mixed_sweep):
     # a warning every job would say is said once, at the first job (it came 6 times, once per job)
     warning = "psgd: warning: data.on_device=true has no effect on CPU"
     assert proc.stderr.count(warning) == 1, proc.stderr
+    # the 2-worker model-averaging job's workers take 4 steps (256 samples each, batch 64): no periodic averaging
+    period = "psgd: warning: strategy.period=100 never comes: it counts the optimizer steps every worker takes, 4 per"
+    assert proc.stderr.count(period) == 1, proc.stderr
 
 
 def test_every_job_has_its_own_tensorboard_run_with_hparams(mixed_sweep):

@@ -152,3 +152,44 @@ def test_averaging_what_a_run_does_not_have_is_warned_about(capsys):
     )
     for stateful in (["optimizer.momentum=0.9"], ["optimizer=adam"], ["optimizer=novograd"]):
         assert said("strategy.average_optimizer_state=true", *stateful) == "", stateful
+
+
+def test_the_steps_every_averaging_worker_takes_per_epoch_are_lightnings():
+    """F, the steps model averaging's period counts in an epoch: the fewest any worker takes, as
+    Lightning runs them. Lightning steps after an epoch's last batch whatever the accumulation holds:
+    5 batches accumulated by 2 are 3 steps (F was 2, so each epoch's last step never counted)."""
+    from psgd.strategies.model_averaging import common_steps
+
+    assert common_steps([8, 5], None, 1) == 5  # uneven shards: the smaller one's
+    assert common_steps([5, 5], None, 2) == 3
+    assert common_steps([6, 6], None, 2) == 3
+    assert common_steps([8, 5], 3, 1) == 3  # trainer.limit_train_batches=3: 3 batches at most
+    assert common_steps([8, 6], 0.5, 1) == 3  # a fraction of each worker's batches
+    assert common_steps([8, 6], 1.0, 1) == 6  # all of them
+
+
+def test_a_period_the_run_never_reaches_is_warned_about(capsys):
+    """strategy.period longer than the steps every worker takes in the whole run: nothing is averaged
+    before the end, so the run is strategy.period=null's (a sweep over periods compared identical runs)."""
+    from conftest import compose_cfg
+
+    from psgd.run import warn_if_period_never_comes
+
+    def said(*overrides: str, batches=(2, 2), accumulate: int = 1) -> str:
+        cfg = compose_cfg("strategy=model_averaging", "trainer.max_epochs=2", *overrides)
+        warn_if_period_never_comes(cfg, list(batches), accumulate)
+        return capsys.readouterr().err.strip()
+
+    assert said("strategy.period=5") == (
+        "psgd: warning: strategy.period=5 never comes: it counts the optimizer steps every worker takes, 2 per "
+        "epoch and 4 in trainer.max_epochs=2, so the replicas are averaged only at the end, as with "
+        "strategy.period=null; use strategy.period<=4 to also average during training"
+    )
+    assert said("strategy.period=4") == ""  # at the run's last step
+    assert "3 per epoch and 6 in" in said("strategy.period=7", batches=(8, 5), accumulate=2)
+    assert said("strategy.period=6", batches=(8, 5), accumulate=2) == ""
+    assert "1 per epoch and 2 in" in said("strategy.period=3", "trainer.limit_train_batches=1", batches=(8, 8))
+    assert said("strategy.period=3", batches=(2,)) == ""  # one worker: the command line says nothing is averaged
+    assert said() == ""  # no period: averaged at the end, as asked
+    assert said("strategy.period=5", "trainer.max_epochs=-1") == ""  # early stopping ends it: not known ahead
+    assert said("strategy.period=5", "trainer.fast_dev_run=true") == ""  # one batch, as asked

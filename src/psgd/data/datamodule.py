@@ -331,14 +331,7 @@ class ClassificationData(L.LightningDataModule):
         warning line when a worker's shard is smaller than one batch: it never trains on the batch size
         asked for (data.batch_size=100000 on MNIST trained one batch of the whole shard per epoch, and
         the run's records say 100000). Needs prepare_data; reads only the labels."""
-        labels = self._decoded[True][1]
-        if self.val_split > 0:
-            labels = labels[self._holdout(len(labels))[1]]
-        try:
-            sampler = self.train_sampler(workers, 0, labels)
-            sizes, counts = [len(s) for s in sampler.shards()], sampler.counts()
-        except ValueError as e:  # a partition that leaves a worker nothing (dirichlet)
-            raise DataError(f"data.partition={self.scheme}: {e}") from e
+        labels, sizes, counts = self._train_shards(workers)
         empty = [r for r, c in enumerate(counts) if c == 0]
         if not empty:
             return self._short_shards_warning(sizes)
@@ -353,6 +346,22 @@ class ClassificationData(L.LightningDataModule):
             f"data.partition={self.scheme}, data.batch_size={self.batch_size} and "
             f"data.drop_last={str(self.drop_last).lower()}: {fix}"
         )
+
+    def batches_per_worker(self, workers: int) -> list[int]:
+        """The training batches each of `workers` workers takes per epoch, in rank order (whole shards,
+        as model averaging's workers train them). Needs prepare_data; reads only the labels."""
+        return self._train_shards(workers)[2]
+
+    def _train_shards(self, workers: int) -> tuple[Tensor, list[int], list[int]]:
+        """The training labels, each worker's shard size and its batches per epoch."""
+        labels = self._decoded[True][1]
+        if self.val_split > 0:
+            labels = labels[self._holdout(len(labels))[1]]
+        try:
+            sampler = self.train_sampler(workers, 0, labels)
+            return labels, [len(s) for s in sampler.shards()], sampler.counts()
+        except ValueError as e:  # a partition that leaves a worker nothing (dirichlet)
+            raise DataError(f"data.partition={self.scheme}: {e}") from e
 
     def _short_shards_warning(self, sizes: list[int]) -> str | None:
         short = [r for r, n in enumerate(sizes) if n < self.batch_size]

@@ -19,6 +19,7 @@ an averaging point that another worker will not reach; a larger shard's further 
 All other communication is once per epoch.
 """
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,18 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[Tensor]:
     return out
 
 
+def common_steps(batches: list[int], limit_train_batches: int | float | None, accumulate: int) -> int:
+    """F: the optimizer steps every worker takes in an epoch, from each worker's batches per epoch and
+    Lightning's `limit_train_batches` (a count or a fraction) and `accumulate_grad_batches`."""
+    if isinstance(limit_train_batches, int) and not isinstance(limit_train_batches, bool):
+        batches = [min(b, limit_train_batches) for b in batches]
+    elif limit_train_batches is not None and limit_train_batches < 1.0:
+        batches = [int(b * limit_train_batches) for b in batches]
+    # Lightning steps after the last batch of an epoch whatever the accumulation holds: 5 batches
+    # accumulated by 2 are 3 steps (it was 5 // 2, so each epoch's last step never counted towards the period)
+    return math.ceil(min(batches) / accumulate)
+
+
 class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
     """Independent SGD per worker; parameters averaged every `period` steps and at the end."""
 
@@ -104,6 +117,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         self._common_before = 0  # the steps every worker took in the epochs before this one
         self._averaged = False  # True once the final averaging has made every replica equal
         self._averaging_s = 0.0  # this epoch's time in periodic averaging (the all-reduce, peers waited for)
+        self._common_done: int | None = None  # the steps every worker took so far in the run (None: none here)
 
     @property
     @override
@@ -154,23 +168,27 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         trainer = self.lightning_module.trainer
         sampler = getattr(trainer.train_dataloader, "sampler", None)
         counts = sampler.counts() if hasattr(sampler, "counts") else [trainer.num_training_batches]
-        limit = trainer.limit_train_batches
-        if isinstance(limit, int):
-            counts = [min(c, limit) for c in counts]
-        elif limit is not None and limit < 1.0:
-            counts = [int(c * limit) for c in counts]
-        return min(counts) // trainer.accumulate_grad_batches
+        return common_steps(counts, trainer.limit_train_batches, trainer.accumulate_grad_batches)
 
     @override
     def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any) -> Any:
         output = super().optimizer_step(optimizer, closure, model, **kwargs)
         self._steps_in_epoch += 1
         step = self._steps_in_epoch
+        if step <= self._common_steps:
+            self._common_done = self._common_before + step
         if self.period and step <= self._common_steps and (self._common_before + step) % self.period == 0:
             start = time.perf_counter()
             self._average()
             self._averaging_s += time.perf_counter() - start
         return output
+
+    def periodic_averagings(self) -> int | None:
+        """The averagings every `period` steps the run has made, a resumed run's earlier ones included
+        (the final averaging not counted); None when this process trained no step (a finished run resumed)."""
+        if not self.period:
+            return 0
+        return None if self._common_done is None else self._common_done // self.period
 
     def epoch_averaging_s(self) -> float:
         """This worker's time in periodic averaging this epoch (s); the count starts anew."""
@@ -209,6 +227,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         self.report = {
             "replica_distance": round(sum(d[0] for d in distances) / len(distances), 6),
             "period": self.period,
+            "periodic_averagings": self.periodic_averagings(),
             "same_init": self.same_init,
         }
         values = {"averaging/replica_distance": self.report["replica_distance"]}
