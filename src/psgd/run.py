@@ -278,6 +278,35 @@ def warn_if_period_never_comes(cfg: DictConfig, batches: list[int], accumulate: 
         )
 
 
+def warn_if_an_epoch_holds_less_than_an_update(cfg: DictConfig, batches: list[int], accumulate: int) -> None:
+    """Each worker accumulates `accumulate` batches per update, but a worker's epoch holds fewer
+    (`batches`: each worker's per epoch): Lightning steps at every epoch's end, so that worker's updates
+    never hold what was asked, while metrics.json's parallel_batches and lr_scaling's lr count it."""
+    t = cfg.trainer
+    if accumulate == 1 or t.get("fast_dev_run"):
+        return
+    fewest = common_steps(batches, t.get("limit_train_batches"), 1)
+    if fewest >= accumulate:
+        return
+    world_size = len(batches)
+    k = cfg.get("parallel_batches")
+    given, most = (
+        (f"parallel_batches={k}", f"parallel_batches<={fewest * world_size}")
+        if k is not None
+        else (f"trainer.accumulate_grad_batches={accumulate}", f"trainer.accumulate_grad_batches<={fewest}")
+    )
+    # DDP's workers all take the fewest batches any shard holds (lockstep); the others their own shard's
+    every = cfg.strategy.name == "ddp" or len(set(batches)) == 1
+    whose, which = (
+        ("each worker's epoch", "every update holds") if every else ("the smallest shard's epoch", "its updates hold")
+    )
+    plural = "batch" if fewest == 1 else "batches"
+    warn(
+        f"{given} accumulates {accumulate} batches per worker and update, but {whose} holds {fewest} {plural} and "
+        f"Lightning steps at each epoch's end: {which} {fewest} at most; use {most}"
+    )
+
+
 def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
     """The config as TensorBoard hparams: dotted keys, scalars only; the lr schedule as the run trained with it."""
     out: dict[str, Any] = {}
@@ -891,7 +920,9 @@ def _train(
         datamodule.prepare_data()  # a missing dataset fails here, before any worker starts
         if short := datamodule.check_batches(world_size):  # so does a worker without a batch
             warn(short)  # a shard smaller than one batch
-        warn_if_period_never_comes(cfg, datamodule.batches_per_worker(world_size), plan.accumulate_grad_batches)
+        batches = datamodule.batches_per_worker(world_size)
+        warn_if_an_epoch_holds_less_than_an_update(cfg, batches, plan.accumulate_grad_batches)
+        warn_if_period_never_comes(cfg, batches, plan.accumulate_grad_batches)
         datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))  # and a test without one
 
     lr = scaled_lr(

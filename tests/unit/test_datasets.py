@@ -188,6 +188,41 @@ def test_a_run_where_a_worker_gets_no_training_batch_is_refused_before_it_starts
         data(partition="dirichlet", dirichlet_alpha=1e-4).check_batches(10)
 
 
+def test_an_update_accumulating_more_batches_than_an_epoch_holds_is_warned_about(tmp_path, capsys):
+    """trainer.accumulate_grad_batches (or parallel_batches) beyond a worker's batches per epoch: Lightning
+    steps at each epoch's end, so the updates never hold what was asked, while metrics.json's
+    parallel_batches and lr_scaling's lr count it."""
+    from conftest import compose_cfg
+
+    from psgd.run import warn_if_an_epoch_holds_less_than_an_update
+
+    make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
+
+    def said(workers: int, accumulate: int, *overrides: str, **data) -> str:
+        dm = ClassificationData("mnist", str(tmp_path), batch_size=20, **data)
+        dm.prepare_data()
+        cfg = compose_cfg(*overrides)
+        warn_if_an_epoch_holds_less_than_an_update(cfg, dm.batches_per_worker(workers), accumulate)
+        return capsys.readouterr().err.strip()
+
+    # 200 samples in batches of 20: 10 per epoch for one worker, 5 for each of two
+    assert said(1, 10) == "" and said(2, 5) == ""
+    assert said(1, 11) == (
+        "psgd: warning: trainer.accumulate_grad_batches=11 accumulates 11 batches per worker and update, but each "
+        "worker's epoch holds 10 batches and Lightning steps at each epoch's end: every update holds 10 at most; use "
+        "trainer.accumulate_grad_batches<=10"
+    )
+    assert said(2, 8, "parallel_batches=16").endswith(  # 8 per worker
+        "each worker's epoch holds 5 batches and Lightning steps at each epoch's end: every update holds 5 at most; "
+        "use parallel_batches<=10"
+    )
+    assert "holds 2 batches" in said(1, 3, "trainer.limit_train_batches=2")  # as Lightning runs it
+    sizes = {"partition": "sizes", "partition_sizes": [0.9, 0.1]}  # shards of 180 and 20: 9 and 1 batches
+    assert "but the smallest shard's epoch holds 1 batch and" in said(2, 2, "strategy=model_averaging", **sizes)
+    assert "but each worker's epoch holds 1 batch and" in said(2, 2, "strategy=ddp", **sizes)  # lockstep
+    assert said(1, 11, "trainer.fast_dev_run=true") == ""  # one batch, as asked
+
+
 def test_a_batch_larger_than_a_workers_shard_is_warned_about(tmp_path):
     # such a run trains on less than data.batch_size at every step, while its records say data.batch_size
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
