@@ -336,6 +336,8 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                 # what parallelism did to the model: how far the averaged replicas had drifted apart (model
                 # averaging), how many other workers' updates landed during each update (HogWild)
                 "replica_distance": _r(job.get("replica_distance"), 4),
+                # periodic model averaging: the averagings it made (0: its period never came)
+                "periodic_averagings": job.get("periodic_averagings") if job.get("period") else None,
                 "staleness": _r(_mean([h["staleness"] for h in history if h.get("staleness") is not None]), 3),
                 # what synchronising cost: the time a DDP step stood waiting for the gradient all-reduce, and
                 # the share of the training time the workers synchronised (sync_share: DDP's wait, periodic
@@ -607,7 +609,7 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
     # label-skewed shards: a test_acc can hide labels the final model hardly knows
     skewed = any(j.partition != "iid" for j in report.jobs)
     job_cols += ["samples_per_s", "test_acc"] + (["worker_test_acc"] if averaging else [])
-    drift = ("replica_distance", "staleness", "allreduce_wait_ms", "sync_share")
+    drift = ("replica_distance", "periodic_averagings", "staleness", "allreduce_wait_ms", "sync_share")
     job_cols += [key for key in drift if any(r[key] is not None for r in report.rows)]
     job_cols += ["worst_class_acc", "worst_class"] if skewed else []
     job_cols += ["speedup", "efficiency"] + (["time_to_target_s", "speedup_to_target"] if targets else [])

@@ -5,6 +5,7 @@ import csv
 import errno
 import json
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -144,6 +145,21 @@ def test_the_jobs_table_says_how_far_replicas_drifted_and_how_stale_hogwild_upda
     make_job(tmp_path / "ddp", 0, {"workers": 2}, done("ddp", 2, 8.0, 0.9), workers=2)
     write_report(tmp_path / "ddp")  # neither figure: neither column
     assert "staleness" not in (tmp_path / "ddp" / "report.md").read_text()
+    assert "periodic_averagings" not in header  # averaged at the end only: no periodic averagings to count
+
+
+def test_the_jobs_table_says_how_often_periodic_averaging_averaged(tmp_path):
+    """A sweep over strategy.period: each job's count of averagings, 0 for a period its run never reached
+    (that job is one-shot averaging under another name)."""
+    for num, (period, count) in enumerate([(1, 40), (100, 0), (None, 0)]):
+        job = done("model_averaging", 2, 10.0, 0.9, period=period, periodic_averagings=count)
+        make_job(tmp_path, num, {"strategy.period": period if period else "null"}, job, workers=2)
+    write_report(tmp_path)
+    assert [r["periodic_averagings"] for r in read_csv(tmp_path / "report.csv")] == ["40", "0", ""]
+    lines = (tmp_path / "report.md").read_text().splitlines()
+    header = next(ln for ln in lines if ln.startswith("| job |")).split(" | ")
+    column = header.index("periodic_averagings")
+    assert [ln.split(" | ")[column] for ln in lines if re.match(r"\| \d \|", ln)] == ["40", "0", ""]
 
 
 def test_the_time_synchronising_is_summed_over_the_epochs_and_shown_in_the_jobs_table(tmp_path):
