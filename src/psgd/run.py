@@ -307,6 +307,33 @@ def warn_if_an_epoch_holds_less_than_an_update(cfg: DictConfig, batches: list[in
     )
 
 
+def warn_if_lockstep_leaves_samples_out(cfg: DictConfig, sizes: list[int], batches: list[int]) -> None:
+    """DDP's workers all take the batches of the smallest shard (lockstep): with uneven shards
+    (`sizes` samples in `batches` batches per worker) the larger ones' further samples are left out
+    of every epoch, which only the history's sample counts showed. Said from 1 % of the samples on."""
+    t, d = cfg.trainer, cfg.data
+    if cfg.strategy.name != "ddp" or len(sizes) == 1 or t.get("fast_dev_run"):
+        return
+    limit = t.get("limit_train_batches")
+    if limit is not None and not (isinstance(limit, float) and limit == 1.0):  # an int 1 is one batch
+        return  # shorter epochs asked for: what is left out is the user's choice
+    steps = min(batches)
+
+    def trained(counts: list[int]) -> int:
+        return sum(min(n, c * d.batch_size) for n, c in zip(sizes, counts))
+
+    left_out = trained(batches) - trained([steps] * len(sizes))  # drop_last's partial batches are not counted
+    total = sum(sizes)
+    if left_out >= total / 100:  # not a few samples of a last partial batch (by_label's classes differ a little)
+        warn(
+            f"data.partition={d.partition} under strategy=ddp: every worker takes the {steps} "
+            f"step{'' if steps == 1 else 's'} per epoch the "
+            f"smallest shard gives (DDP's lockstep), so {left_out} of the {total} training samples "
+            f"({100 * left_out / total:.0f} %) are left out of each epoch, other ones each epoch; "
+            "strategy=model_averaging or strategy=hogwild train every shard whole"
+        )
+
+
 def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
     """The config as TensorBoard hparams: dotted keys, scalars only; the lr schedule as the run trained with it."""
     out: dict[str, Any] = {}
@@ -920,7 +947,8 @@ def _train(
         datamodule.prepare_data()  # a missing dataset fails here, before any worker starts
         if short := datamodule.check_batches(world_size):  # so does a worker without a batch
             warn(short)  # a shard smaller than one batch
-        batches = datamodule.batches_per_worker(world_size)
+        sizes, batches = datamodule.train_shards(world_size)
+        warn_if_lockstep_leaves_samples_out(cfg, sizes, batches)
         warn_if_an_epoch_holds_less_than_an_update(cfg, batches, plan.accumulate_grad_batches)
         warn_if_period_never_comes(cfg, batches, plan.accumulate_grad_batches)
         datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))  # and a test without one

@@ -202,7 +202,7 @@ def test_an_update_accumulating_more_batches_than_an_epoch_holds_is_warned_about
         dm = ClassificationData("mnist", str(tmp_path), batch_size=20, **data)
         dm.prepare_data()
         cfg = compose_cfg(*overrides)
-        warn_if_an_epoch_holds_less_than_an_update(cfg, dm.batches_per_worker(workers), accumulate)
+        warn_if_an_epoch_holds_less_than_an_update(cfg, dm.train_shards(workers)[1], accumulate)
         return capsys.readouterr().err.strip()
 
     # 200 samples in batches of 20: 10 per epoch for one worker, 5 for each of two
@@ -221,6 +221,39 @@ def test_an_update_accumulating_more_batches_than_an_epoch_holds_is_warned_about
     assert "but the smallest shard's epoch holds 1 batch and" in said(2, 2, "strategy=model_averaging", **sizes)
     assert "but each worker's epoch holds 1 batch and" in said(2, 2, "strategy=ddp", **sizes)  # lockstep
     assert said(1, 11, "trainer.fast_dev_run=true") == ""  # one batch, as asked
+
+
+def test_the_samples_ddps_lockstep_leaves_out_of_uneven_shards_are_warned_about(tmp_path, capsys):
+    """DDP's workers take the smallest shard's batches: the larger shards' further samples are left out
+    of every epoch (only the history's sample counts showed it)."""
+    from conftest import compose_cfg
+
+    from psgd.run import warn_if_lockstep_leaves_samples_out
+
+    make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
+
+    def said(sizes: list[float], *overrides: str, drop_last: bool = False) -> str:
+        dm = ClassificationData(
+            "mnist", str(tmp_path), batch_size=20, partition="sizes", partition_sizes=sizes, drop_last=drop_last
+        )
+        dm.prepare_data()
+        cfg = compose_cfg("data.partition=sizes", "data.batch_size=20", *overrides)
+        warn_if_lockstep_leaves_samples_out(cfg, *dm.train_shards(len(sizes)))
+        return capsys.readouterr().err.strip()
+
+    # shards of 180 and 20 samples: both workers take 1 batch of 20, so 160 of worker 0's are left out
+    assert said([0.9, 0.1]) == (
+        "psgd: warning: data.partition=sizes under strategy=ddp: every worker takes the 1 step per epoch the "
+        "smallest shard gives (DDP's lockstep), so 160 of the 200 training samples (80 %) are left out of each "
+        "epoch, other ones each epoch; strategy=model_averaging or strategy=hogwild train every shard whole"
+    )
+    assert "takes the 5 steps per epoch" in said([0.55, 0.45]) and "so 10 of the 200" in said([0.55, 0.45])
+    # drop_last's partial batches are left out anyway: 110 and 90 samples, 5 and 4 batches; 20 more by lockstep
+    assert "so 20 of the 200 training samples (10 %)" in said([0.55, 0.45], drop_last=True)
+    assert said([0.505, 0.495]) == ""  # 101 and 99: 1 sample (0.5 %) of a last partial batch
+    assert said([0.5, 0.5]) == ""
+    assert said([0.9, 0.1], "strategy=model_averaging") == "" and said([0.9, 0.1], "strategy=hogwild") == ""
+    assert said([0.9, 0.1], "trainer.limit_train_batches=1") == ""  # shorter epochs, asked for
 
 
 def test_a_batch_larger_than_a_workers_shard_is_warned_about(tmp_path):

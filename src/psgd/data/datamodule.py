@@ -347,10 +347,11 @@ class ClassificationData(L.LightningDataModule):
             f"data.drop_last={str(self.drop_last).lower()}: {fix}"
         )
 
-    def batches_per_worker(self, workers: int) -> list[int]:
-        """The training batches each of `workers` workers takes per epoch, in rank order (whole shards,
-        as model averaging's workers train them). Needs prepare_data; reads only the labels."""
-        return self._train_shards(workers)[2]
+    def train_shards(self, workers: int) -> tuple[list[int], list[int]]:
+        """Each of `workers` workers' training samples and batches per epoch, in rank order (whole
+        shards, as model averaging's workers train them; DDP's take the fewest batches). Needs
+        prepare_data; reads only the labels."""
+        return self._train_shards(workers)[1:]
 
     def _train_shards(self, workers: int) -> tuple[Tensor, list[int], list[int]]:
         """The training labels, each worker's shard size and its batches per epoch."""
