@@ -79,10 +79,8 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[Tensor]:
 def common_steps(batches: list[int], limit_train_batches: int | float | None, accumulate: int) -> int:
     """F: the optimizer steps every worker takes in an epoch, from each worker's batches per epoch and
     Lightning's `limit_train_batches` (a count or a fraction) and `accumulate_grad_batches`."""
-    if isinstance(limit_train_batches, int) and not isinstance(limit_train_batches, bool):
-        batches = [min(b, limit_train_batches) for b in batches]
-    elif limit_train_batches is not None and limit_train_batches < 1.0:
-        batches = [int(b * limit_train_batches) for b in batches]
+    if limit_train_batches is not None:
+        batches = [limited_batches(b, limit_train_batches) for b in batches]
     # Lightning steps after the last batch of an epoch whatever the accumulation holds: 5 batches
     # accumulated by 2 are 3 steps (it was 5 // 2, so each epoch's last step never counted towards the period)
     return math.ceil(min(batches) / accumulate)
