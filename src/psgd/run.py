@@ -283,7 +283,7 @@ def warn_if_an_epoch_holds_less_than_an_update(cfg: DictConfig, batches: list[in
     (`batches`: each worker's per epoch): Lightning steps at every epoch's end, so that worker's updates
     never hold what was asked, while metrics.json's parallel_batches and lr_scaling's lr count it."""
     t = cfg.trainer
-    if accumulate == 1 or t.get("fast_dev_run"):
+    if accumulate == 1 or t.get("fast_dev_run") or t.get("overfit_batches"):
         return
     fewest = common_steps(batches, t.get("limit_train_batches"), 1)
     if fewest >= accumulate:
@@ -312,7 +312,7 @@ def warn_if_lockstep_leaves_samples_out(cfg: DictConfig, sizes: list[int], batch
     (`sizes` samples in `batches` batches per worker) the larger ones' further samples are left out
     of every epoch, which only the history's sample counts showed. Said from 1 % of the samples on."""
     t, d = cfg.trainer, cfg.data
-    if cfg.strategy.name != "ddp" or len(sizes) == 1 or t.get("fast_dev_run"):
+    if cfg.strategy.name != "ddp" or len(sizes) == 1 or t.get("fast_dev_run") or t.get("overfit_batches"):
         return
     limit = t.get("limit_train_batches")
     if limit is not None and not (isinstance(limit, float) and limit == 1.0):  # an int 1 is one batch

@@ -221,6 +221,7 @@ def test_an_update_accumulating_more_batches_than_an_epoch_holds_is_warned_about
     assert "but the smallest shard's epoch holds 1 batch and" in said(2, 2, "strategy=model_averaging", **sizes)
     assert "but each worker's epoch holds 1 batch and" in said(2, 2, "strategy=ddp", **sizes)  # lockstep
     assert said(1, 11, "trainer.fast_dev_run=true") == ""  # one batch, as asked
+    assert said(1, 11, "+trainer.overfit_batches=2") == ""  # the same few batches by heart, as asked
 
 
 def test_the_samples_ddps_lockstep_leaves_out_of_uneven_shards_are_warned_about(tmp_path, capsys):
@@ -254,6 +255,7 @@ def test_the_samples_ddps_lockstep_leaves_out_of_uneven_shards_are_warned_about(
     assert said([0.5, 0.5]) == ""
     assert said([0.9, 0.1], "strategy=model_averaging") == "" and said([0.9, 0.1], "strategy=hogwild") == ""
     assert said([0.9, 0.1], "trainer.limit_train_batches=1") == ""  # shorter epochs, asked for
+    assert said([0.9, 0.1], "+trainer.overfit_batches=1") == ""  # and the same batch every epoch
 
 
 def test_a_batch_larger_than_a_workers_shard_is_warned_about(tmp_path):
