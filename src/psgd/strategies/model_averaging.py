@@ -183,7 +183,8 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
 
     def periodic_averagings(self) -> int | None:
         """The averagings every `period` steps the run has made, a resumed run's earlier ones included
-        (the final averaging not counted); None when this process trained no step (a finished run resumed)."""
+        (the final averaging not counted); None if this process took no step (not seen: a resumed run with
+        nothing left to train does not come here, and every worker has a batch)."""
         if not self.period:
             return 0
         return None if self._common_done is None else self._common_done // self.period
