@@ -573,6 +573,7 @@ def check(cfg: DictConfig) -> Plan:
         for key, what in GPU_ONLY:
             if OmegaConf.select(cfg, key) is True:
                 warn(f"{key}=true has no effect on CPU: {what}")
+    warn_of_what_never_comes(cfg)
     check_optimizer(cfg.optimizer)
     for setting in GIVE:  # here, not in check_values: a file is there on one machine and not on another (a
         # sweep's jobs on SLURM); a sweep run here finds a missing one before its first job, not in every job
@@ -609,6 +610,41 @@ def check(cfg: DictConfig) -> Plan:
         accumulate_grad_batches=accumulate,
         launcher=launcher or "psgd",
     )
+
+
+def warn_of_what_never_comes(cfg: DictConfig) -> None:
+    """A setting that is read but whose moment never comes in trainer.max_epochs: a step decay whose
+    first step is at or after the last epoch (scheduler.step_size defaults to 30, the default run has 8
+    epochs: `scheduler.decay=step` alone trained at a constant lr), and an early_stop.patience longer than
+    the run's validations (no run stopped early). Each run trained as if the setting were not there."""
+    t = cfg.trainer
+    epochs = t.max_epochs
+    if epochs in (-1, None) or t.get("fast_dev_run"):
+        return
+    s = schedule(cfg.scheduler)
+    if s.get("decay") == "step":
+        warm, size = s.get("warmup_epochs") or 0, s.get("step_size")
+        if warm + size >= epochs:
+            after = f"epoch {warm + size:g} (warm-up {warm:g} + step_size {size})" if warm else f"epoch {size}"
+            most = math.ceil(epochs - warm) - 1
+            use = f"use scheduler.step_size<={most}" if most >= 1 else "use a longer trainer.max_epochs"
+            warn(
+                f"scheduler.step_size={size} never comes: the step decay's first step is after {after}, and "
+                f"trainer.max_epochs={epochs} ends training first, so the lr is never decayed (as with "
+                f"scheduler.decay=none); {use}"
+            )
+    target, patience = cfg.early_stop.get("target_acc"), cfg.early_stop.get("patience")
+    vci, every = t.get("val_check_interval"), t.get("check_val_every_n_epoch") or 1
+    if target is not None and (vci is None or (isinstance(vci, float) and vci == 1.0)):  # once per epoch at most
+        validations = epochs // every
+        if patience > validations:
+            how = f" (trainer.check_val_every_n_epoch={every})" if every > 1 else ""
+            warn(
+                f"early_stop.patience={patience} never comes: trainer.max_epochs={epochs} validates "
+                f"{validations} time(s){how}, fewer than the {patience} in a row at early_stop.target_acc={target} "
+                f"it waits for, so the run never stops early (time_to_target_s is still recorded); use "
+                f"early_stop.patience<={validations}"
+            )
 
 
 Jobs = list[tuple[list[str], DictConfig]]  # (overrides, config) of each job, as psgd.command_line composes them

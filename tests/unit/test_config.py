@@ -96,6 +96,50 @@ def test_gpu_only_switches_on_cpu_are_warned_about(capsys):
     ]
 
 
+def test_a_setting_whose_moment_never_comes_in_the_run_is_warned_about(capsys):
+    """`scheduler.decay=step` on the default run (8 epochs, step_size 30) trained at a constant lr, and an
+    early_stop.patience longer than the run's validations never stopped it; nothing said so."""
+
+    def said(*overrides: str) -> list[str]:
+        check(compose_cfg("trainer.accelerator=cpu", *overrides))
+        return capsys.readouterr().err.strip().splitlines()
+
+    assert said("scheduler.decay=step") == [
+        "psgd: warning: scheduler.step_size=30 never comes: the step decay's first step is after epoch 30, and "
+        "trainer.max_epochs=8 ends training first, so the lr is never decayed (as with scheduler.decay=none); use "
+        "scheduler.step_size<=7"
+    ]
+    assert said("scheduler.decay=step", "scheduler.step_size=7") == []  # the last epoch runs at lr x gamma
+    warm = ["scheduler=warmup", "scheduler.start_factor=0.1", "scheduler.decay=step", "trainer.max_epochs=5"]
+    assert said(*warm, "scheduler.warmup_epochs=2", "scheduler.step_size=2") == []
+    assert said(*warm, "scheduler.warmup_epochs=2", "scheduler.step_size=3")[0].endswith(
+        "after epoch 5 (warm-up 2 + step_size 3), and trainer.max_epochs=5 ends training first, so the lr is never "
+        "decayed (as with scheduler.decay=none); use scheduler.step_size<=2"
+    )
+    assert said(*warm, "scheduler.warmup_epochs=4.5", "scheduler.interval=step", "scheduler.step_size=1")[0].endswith(
+        "after epoch 5.5 (warm-up 4.5 + step_size 1), and trainer.max_epochs=5 ends training first, so the lr is "
+        "never decayed (as with scheduler.decay=none); use a longer trainer.max_epochs"
+    )
+    assert said("scheduler=none", "scheduler.decay=step") == []  # a constant lr anyway (the command line says it)
+    assert said("scheduler.decay=step", "trainer.fast_dev_run=true") == []
+
+    stop = ["early_stop.target_acc=0.9", "trainer.max_epochs=2"]
+    assert said(*stop, "early_stop.patience=2") == []
+    assert said(*stop, "early_stop.patience=3") == [
+        "psgd: warning: early_stop.patience=3 never comes: trainer.max_epochs=2 validates 2 time(s), fewer than "
+        "the 3 in a row at early_stop.target_acc=0.9 it waits for, so the run never stops early (time_to_target_s "
+        "is still recorded); use early_stop.patience<=2"
+    ]
+    every = ["early_stop.target_acc=0.9", "trainer.max_epochs=4", "trainer.check_val_every_n_epoch=3"]
+    assert (
+        "validates 1 time(s) (trainer.check_val_every_n_epoch=3), fewer than the 2"
+        in said(*every, "early_stop.patience=2")[0]
+    )
+    # several validations per epoch: how many depends on the data; not judged here
+    assert said(*stop, "early_stop.patience=3", "trainer.val_check_interval=0.5") == []
+    assert said("early_stop.patience=30") == []  # no target: the command line says patience is not read
+
+
 def test_scheduler_none_is_a_constant_lr_whatever_the_schedule_settings_say():
     """`sweep.py -m scheduler=none,warmup scheduler.warmup_epochs=1`: the none jobs warmed up too, and the sweep
     compared one schedule under two names; and with warmup_epochs longer than the run, the none jobs were refused."""
