@@ -115,7 +115,6 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         self._common_before = 0  # the steps every worker took in the epochs before this one
         self._averaged = False  # True once the final averaging has made every replica equal
         self._averaging_s = 0.0  # this epoch's time in periodic averaging (the all-reduce, peers waited for)
-        self._common_done: int | None = None  # the steps every worker took so far in the run (None: none here)
 
     @property
     @override
@@ -172,22 +171,20 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
     def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any) -> Any:
         output = super().optimizer_step(optimizer, closure, model, **kwargs)
         self._steps_in_epoch += 1
-        step = self._steps_in_epoch
-        if step <= self._common_steps:
-            self._common_done = self._common_before + step
-        if self.period and step <= self._common_steps and (self._common_before + step) % self.period == 0:
+        if self.period and self._steps_in_epoch <= self._common_steps and self._common_done() % self.period == 0:
             start = time.perf_counter()
             self._average()
             self._averaging_s += time.perf_counter() - start
         return output
 
-    def periodic_averagings(self) -> int | None:
+    def _common_done(self) -> int:
+        """The steps every worker has taken so far in the run, the epochs before a resume included."""
+        return self._common_before + min(self._steps_in_epoch, self._common_steps)
+
+    def periodic_averagings(self) -> int:
         """The averagings every `period` steps the run has made, a resumed run's earlier ones included
-        (the final averaging not counted); None if this process took no step (not seen: a resumed run with
-        nothing left to train does not come here, and every worker has a batch)."""
-        if not self.period:
-            return 0
-        return None if self._common_done is None else self._common_done // self.period
+        (the final averaging not counted)."""
+        return self._common_done() // self.period if self.period else 0
 
     def epoch_averaging_s(self) -> float:
         """This worker's time in periodic averaging this epoch (s); the count starts anew."""
