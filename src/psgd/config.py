@@ -390,7 +390,7 @@ def check_values(cfg: DictConfig) -> int:
             isinstance(sizes, list) and len(sizes) == workers,
             "data.partition_sizes",
             sizes,
-            f"needs one fraction per worker ({workers})",
+            f"data.partition=sizes needs one fraction per worker ({workers}), summing to 1",
         )
         _need(
             all(_is_number(s) and s > 0 for s in sizes),
@@ -414,7 +414,12 @@ def check_values(cfg: DictConfig) -> int:
         )
     if d.partition == "dirichlet":
         a = d.dirichlet_alpha
-        _need(_is_number(a) and a > 0, "data.dirichlet_alpha", a, "must be a number > 0")
+        _need(
+            _is_number(a) and a > 0,
+            "data.dirichlet_alpha",
+            a,
+            "data.partition=dirichlet needs a number > 0 (the label skew: smaller = more skewed, e.g. 0.5)",
+        )
 
     _need(_is_number(opt.lr) and opt.lr > 0, "optimizer.lr", opt.lr, "must be > 0")
     if "momentum" in opt:

@@ -366,6 +366,15 @@ BAD = [
     (["workers=2", "data.partition=sizes", "data.partition_sizes=[1.0,0]"], "must be > 0"),
     (["workers=11", "data.partition=by_label"], "only 10 classes"),
     (["workers=2", "data.partition=dirichlet", "data.dirichlet_alpha=0"], "data.dirichlet_alpha=0"),
+    (  # the default null: the line says what the partition needs
+        ["workers=2", "data.partition=dirichlet"],
+        "data.dirichlet_alpha=null is invalid: data.partition=dirichlet needs a number > 0 (the label skew: "
+        "smaller = more skewed, e.g. 0.5)",
+    ),
+    (
+        ["workers=2", "data.partition=sizes"],
+        "data.partition_sizes=null is invalid: data.partition=sizes needs one fraction per worker (2), summing to 1",
+    ),
     (["data.partition=random"], "allowed: iid, sizes, by_label, dirichlet"),
     (["trainer.max_epochs=0"], "trainer.max_epochs=0 is invalid: must be an integer >= 1"),
     (
@@ -495,7 +504,10 @@ BAD = [
     ),
     (["+optimizer.maximize=flase"], "optimizer.maximize='flase' is invalid: must be true or false"),
     # not a path: before, a TypeError traceback
-    (["data.partition=sizes", "workers=2", "data.partition_sizes=3"], "data.partition_sizes=3 is invalid: needs one"),
+    (
+        ["data.partition=sizes", "workers=2", "data.partition_sizes=3"],
+        "data.partition_sizes=3 is invalid: data.partition=sizes needs one",
+    ),
     (["data.partition=sizes", "workers=2", "data.partition_sizes=ab"], "data.partition_sizes='ab' is invalid"),
     (["ckpt_path=3"], "ckpt_path=3 is invalid: must be a checkpoint file or run dir"),
     (["ckpt_path="], "ckpt_path='' is invalid: must be a checkpoint file or run dir (a path; null, the default, "),
