@@ -113,6 +113,9 @@ def test_checkpoints_hold_every_replica_and_resume_gives_the_uninterrupted_weigh
     final = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)
     assert final["averaged"] is True
     assert_close(final["state_dict"], weights(averaged), atol=0)
+    # with the figures of its end, which a resume with nothing left to train reports again (below)
+    report = final["psgd_strategy_report"]
+    assert report["worker_test_acc"] == metrics(resumed)["worker_test_acc"] and report["period"] is None
 
 
 @pytest.mark.slow  # ~13 s; resuming every replica from a mid-run checkpoint is tested by default above
@@ -122,7 +125,12 @@ def test_the_final_checkpoint_resumes_each_worker_on_the_average_and_its_own_sch
     # the resume was refused
     again = tmp_path / "again"
     resume_averaged(averaged, again, tiny_data)
-    assert metrics(again)["test_acc"] == pytest.approx(metrics(averaged)["test_acc"])
+    before, now = metrics(averaged), metrics(again)
+    assert now["test_acc"] == pytest.approx(before["test_acc"])
+    # and reports the figures of the training that made those weights: they were missing, and val_acc
+    # was the replicas' mean from the last epoch instead of the averaged model's
+    for key in ("val_acc", "val_acc_before_averaging", "worker_test_acc", "replica_distance", "same_init"):
+        assert now[key] == before[key], key
 
 
 @pytest.mark.parametrize(

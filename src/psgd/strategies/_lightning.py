@@ -43,6 +43,8 @@ from psgd.signals import (
 )
 from psgd.strategies.allreduce_timing import TimesAllReduce
 
+REPORT_KEY = "psgd_strategy_report"  # a checkpoint's copy of the strategy's final figures (`report`)
+
 __all__ = [
     "FirstFailureLauncher",
     "ForkServerDied",
@@ -515,6 +517,8 @@ class PerWorkerCheckpoints:
         dist.all_gather_object(replicas, mine)
         if self.is_global_zero:
             checkpoint = {**checkpoint, "replicas": replicas, "averaged": self._averaged}
+            if getattr(self, "report", None):  # the final (averaged) checkpoint: the figures of its end
+                checkpoint[REPORT_KEY] = dict(self.report)
             super().save_checkpoint(checkpoint, filepath, storage_options)
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
@@ -522,6 +526,11 @@ class PerWorkerCheckpoints:
         From the final (averaged) checkpoint every worker starts on the average, with its own schedule
         where the worker count is the same (any other count starts on rank 0's)."""
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        if REPORT_KEY in checkpoint:
+            # a resume with nothing left to train reports the figures of the training that made these
+            # weights (its metrics.json lacked them, and its val_acc was the replicas', not the average's);
+            # one that trains on makes its own at its end
+            self.report = dict(checkpoint[REPORT_KEY])
         replicas = checkpoint.get("replicas")
         if not replicas:
             return checkpoint
