@@ -427,15 +427,38 @@ def this_process() -> dict[str, str | int]:
     return {"host": socket.gethostname(), "pid": os.getpid(), "tag": process_tag(os.getpid())}
 
 
+PROC = "/proc/self/stat"  # Linux's process table; macOS and Windows have none
+
+
 def alive(process: object) -> bool:
     """Whether the process a record names (`this_process`) still runs: on this machine, the same pid and
-    start time (a pid is reused). False for one on another machine, or a record without it."""
+    start time (a pid is reused). False for one on another machine, or a record without it. Without
+    /proc (macOS) the pid alone is asked (`os.kill(pid, 0)`): a reused pid reads as alive, the safe side
+    for a guard against continuing a sweep twice at once (every process read as gone there: a running
+    job as killed)."""
     if not isinstance(process, dict) or process.get("host") != socket.gethostname():
         return False
     try:
-        return process_tag(int(process["pid"])) == process.get("tag") and proc_stat(int(process["pid"]))[0] != "Z"
+        pid = int(process["pid"])
+        if not os.path.exists(PROC):
+            return _pid_exists(pid)
+        return process_tag(pid) == process.get("tag") and proc_stat(pid)[0] != "Z"
     except (KeyError, TypeError, ValueError, IndexError):
         return False
+
+
+def _pid_exists(pid: int) -> bool:
+    if os.name != "posix" or pid <= 0:  # Windows' os.kill ends the process; pid <= 0 names process groups
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists (and may be signalled)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it exists
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def still_running(record: dict) -> bool:
@@ -456,7 +479,8 @@ def remove_left_folders(prefix: str) -> None:
     for folder in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
         with suppress(OSError, ValueError):
             pid, started = folder.name[len(prefix) :].split("-")[:2]
-            if folder.stat().st_uid == os.getuid() and process_tag(int(pid)) != f"{pid}-{started}":
+            gone = process_tag(int(pid)) != f"{pid}-{started}" if os.path.exists(PROC) else not _pid_exists(int(pid))
+            if folder.stat().st_uid == os.getuid() and gone:
                 shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -417,6 +417,27 @@ def test_temp_folders_left_by_processes_killed_outright_are_taken_away(monkeypat
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, unnamed.name, mine.name])
 
 
+def test_without_proc_a_process_is_alive_while_its_pid_is(monkeypatch, tmp_path):
+    """macOS has no /proc: every process read as gone, so a running sweep could be continued a second
+    time at once, and a killed process's temp folder was never taken away. The pid alone is asked there."""
+    monkeypatch.setattr(signals, "PROC", str(tmp_path / "no-proc"))
+    monkeypatch.setattr(signals, "proc_stat", lambda pid: [])  # as it reads without /proc
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    me = signals.this_process()
+    assert me["tag"] == f"{os.getpid()}-0"  # no start time to tell a reused pid by
+    assert signals.alive(me) and signals.still_running({"status": "running", "process": me})
+    assert not signals.alive({**me, "pid": dead.pid, "tag": f"{dead.pid}-0"})
+    assert not signals.alive({**me, "pid": 0}) and not signals.alive({**me, "pid": -1})
+    assert signals.alive({**me, "pid": 1})  # another user's (PermissionError unless root): it exists
+    left = tmp_path / f"psgd-worker-errors-{dead.pid}-0-abc"
+    live = tmp_path / f"psgd-worker-errors-{os.getppid()}-0-abc"
+    left.mkdir(), live.mkdir()
+    signals.remove_left_folders("psgd-worker-errors-")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name]
+
+
 HELD = """
 import os, signal, sys, time
 from psgd import signals
