@@ -576,7 +576,10 @@ def _marks(folder: Path) -> dict[int, tuple[int, bool]]:
 
 
 def _running(pid: int, parent: int) -> bool:
-    """Whether process `pid` is a child of `parent` that has not exited (a zombie has; Linux: /proc)."""
+    """Whether process `pid` is a child of `parent` that has not exited (a zombie has; Linux: /proc).
+    Without /proc, whether the pid exists (a zombie does: a dead worker is then not told from the others)."""
+    if not os.path.exists(PROC):
+        return _pid_exists(pid)
     fields = proc_stat(pid)
     return len(fields) > 1 and fields[1] == str(parent) and fields[0] not in ("Z", "X", "x")
 

@@ -431,6 +431,8 @@ def test_without_proc_a_process_is_alive_while_its_pid_is(monkeypatch, tmp_path)
     assert not signals.alive({**me, "pid": dead.pid, "tag": f"{dead.pid}-0"})
     assert not signals.alive({**me, "pid": 0}) and not signals.alive({**me, "pid": -1})
     assert signals.alive({**me, "pid": 1})  # another user's (PermissionError unless root): it exists
+    # a torchrun worker's peers: a running one is not named as dead (its parent cannot be read there)
+    assert signals._running(os.getpid(), os.getppid()) and not signals._running(dead.pid, os.getpid())
     left = tmp_path / f"psgd-worker-errors-{dead.pid}-0-abc"
     live = tmp_path / f"psgd-worker-errors-{os.getppid()}-0-abc"
     left.mkdir(), live.mkdir()
