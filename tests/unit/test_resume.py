@@ -373,3 +373,29 @@ def test_init_weights_that_do_not_fit_or_are_not_weights_are_refused(tmp_path):
         ConfigError, match=r"does not fit this run's model: .* \(that run's overrides: model=mlp workers=2\)$"
     ):
         init_weights(str(run_dir), lab_cnn)
+
+
+def test_only_the_final_averaged_checkpoint_keeps_the_strategys_end_figures(tmp_path):
+    """A resume with nothing left to train reports the figures of the training that made its weights, read
+    from the final checkpoint; a run that trains on from there must not write those old figures into its own
+    checkpoints before it has averaged again."""
+    import torch.distributed as dist
+
+    from psgd.strategies.model_averaging import ModelAveragingStrategy
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        strategy = ModelAveragingStrategy()
+        strategy.report = {"replica_distance": 0.25, "worker_test_acc": [0.9]}
+        strategy.save_checkpoint({"state_dict": {}}, tmp_path / "mid.ckpt")  # not averaged yet
+        strategy._averaged = True
+        strategy.save_checkpoint({"state_dict": {}}, tmp_path / "final.ckpt")
+    finally:
+        dist.destroy_process_group()
+    assert "psgd_strategy_report" not in torch.load(tmp_path / "mid.ckpt", weights_only=True)
+    resumed = ModelAveragingStrategy()
+    resumed.load_checkpoint(tmp_path / "final.ckpt", weights_only=True)
+    assert resumed.report == {"replica_distance": 0.25, "worker_test_acc": [0.9]}
+    resumed = ModelAveragingStrategy()
+    resumed.load_checkpoint(tmp_path / "mid.ckpt", weights_only=True)
+    assert resumed.report == {}

@@ -517,7 +517,7 @@ class PerWorkerCheckpoints:
         dist.all_gather_object(replicas, mine)
         if self.is_global_zero:
             checkpoint = {**checkpoint, "replicas": replicas, "averaged": self._averaged}
-            if getattr(self, "report", None):  # the final (averaged) checkpoint: the figures of its end
+            if self._averaged and getattr(self, "report", None):  # the final checkpoint: the figures of its end
                 checkpoint[REPORT_KEY] = dict(self.report)
             super().save_checkpoint(checkpoint, filepath, storage_options)
 
@@ -529,7 +529,7 @@ class PerWorkerCheckpoints:
         if REPORT_KEY in checkpoint:
             # a resume with nothing left to train reports the figures of the training that made these
             # weights (its metrics.json lacked them, and its val_acc was the replicas', not the average's);
-            # one that trains on makes its own at its end
+            # one that trains on makes its own at its end (its checkpoints until then hold none: _averaged)
             self.report = dict(checkpoint[REPORT_KEY])
         replicas = checkpoint.get("replicas")
         if not replicas:
