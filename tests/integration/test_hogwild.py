@@ -131,6 +131,8 @@ def test_checkpoint_holds_each_workers_optimizer_and_resume_continues(tiny_data,
     )
     assert proc.returncode == 0, proc.stderr
     assert metrics(resumed)["epochs"] == 2 and all(metrics(resumed)["saw_other_workers_write"])
+    # the update counts are the resumed run's own (README): one epoch's of the two, as the iid shards are equal
+    assert metrics(resumed)["updates_per_worker"] == [u // 2 for u in metrics(two)["updates_per_worker"]]
 
 
 @pytest.mark.slow
