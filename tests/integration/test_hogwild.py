@@ -45,8 +45,11 @@ def test_workers_share_one_model_and_see_the_same_weights(by_label):
     # after the last update both processes read identical weights, and so does the final checkpoint
     sums = m["weight_checksum_per_worker"]
     assert sums[0] == sums[1]
-    final = torch.load(by_label / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    assert sum(float(v.double().sum()) for k, v in final.items() if k.startswith("net.")) == pytest.approx(sums[0])
+    final = torch.load(by_label / "checkpoints" / "last.ckpt", weights_only=True)
+    weights = final["state_dict"]
+    assert sum(float(v.double().sum()) for k, v in weights.items() if k.startswith("net.")) == pytest.approx(sums[0])
+    # which also holds the figures of the run's end, for a resume with nothing left to train to report again
+    assert final["psgd_strategy_report"]["updates_per_worker"] == m["updates_per_worker"]
 
 
 def test_updates_of_each_worker_land_in_the_shared_model_during_training(by_label):
@@ -133,6 +136,12 @@ def test_checkpoint_holds_each_workers_optimizer_and_resume_continues(tiny_data,
     assert metrics(resumed)["epochs"] == 2 and all(metrics(resumed)["saw_other_workers_write"])
     # the update counts are the resumed run's own (README): one epoch's of the two, as the iid shards are equal
     assert metrics(resumed)["updates_per_worker"] == [u // 2 for u in metrics(two)["updates_per_worker"]]
+    # resumed from its end, with nothing left to train, the run reports the end figures of the run it tests
+    again = tmp_path / "again"
+    proc = run_cli("train.py", *common, "workers=2", f"ckpt_path={two}", f"hydra.run.dir={again}")
+    assert proc.returncode == 0 and "nothing is left to train" in proc.stdout, proc.stderr
+    for key in ("updates_per_worker", "total_updates", "saw_other_workers_write", "weight_checksum_per_worker"):
+        assert metrics(again)[key] == metrics(two)[key], key
 
 
 @pytest.mark.slow

@@ -375,7 +375,7 @@ def test_init_weights_that_do_not_fit_or_are_not_weights_are_refused(tmp_path):
         init_weights(str(run_dir), lab_cnn)
 
 
-def test_only_the_final_averaged_checkpoint_keeps_the_strategys_end_figures(tmp_path):
+def test_only_the_final_checkpoint_keeps_the_strategys_end_figures(tmp_path):
     """A resume with nothing left to train reports the figures of the training that made its weights, read
     from the final checkpoint; a run that trains on from there must not write those old figures into its own
     checkpoints before it has averaged again."""
@@ -388,7 +388,7 @@ def test_only_the_final_averaged_checkpoint_keeps_the_strategys_end_figures(tmp_
         strategy = ModelAveragingStrategy()
         strategy.report = {"replica_distance": 0.25, "worker_test_acc": [0.9]}
         strategy.save_checkpoint({"state_dict": {}}, tmp_path / "mid.ckpt")  # not averaged yet
-        strategy._averaged = True
+        strategy._ended = True  # save_final_checkpoint's mark
         strategy.save_checkpoint({"state_dict": {}}, tmp_path / "final.ckpt")
     finally:
         dist.destroy_process_group()

@@ -510,6 +510,7 @@ class PerWorkerCheckpoints:
     # what the final (averaged) checkpoint gives every worker alike: the average and rank 0's optimizer
     shared_when_averaged = ("state_dict", "optimizer_states")
     _averaged = False
+    _ended = False  # training has ended and `report` holds its end figures (save_final_checkpoint)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
         mine = {k: checkpoint[k] for k in self.per_worker_keys if k in checkpoint}
@@ -517,9 +518,19 @@ class PerWorkerCheckpoints:
         dist.all_gather_object(replicas, mine)
         if self.is_global_zero:
             checkpoint = {**checkpoint, "replicas": replicas, "averaged": self._averaged}
-            if self._averaged and getattr(self, "report", None):  # the final checkpoint: the figures of its end
+            if self._ended and getattr(self, "report", None):  # the final checkpoint: the figures of its end
                 checkpoint[REPORT_KEY] = dict(self.report)
             super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    def save_final_checkpoint(self) -> None:
+        """In on_train_end, once `report` is made (every worker calls it): write the run's last checkpoint
+        again, with the report, so that a resume with nothing left to train reports it again."""
+        self._ended = True
+        trainer = self.lightning_module.trainer
+        checkpoint = trainer.checkpoint_callback
+        path = checkpoint and (checkpoint.last_model_path or checkpoint.best_model_path)  # psgd's: last.ckpt
+        if path:
+            trainer.save_checkpoint(path, weights_only=False)  # full: can be continued
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         """The checkpoint as this worker resumes from it: its own replica's keys in place of rank 0's.
@@ -529,7 +540,7 @@ class PerWorkerCheckpoints:
         if REPORT_KEY in checkpoint:
             # a resume with nothing left to train reports the figures of the training that made these
             # weights (its metrics.json lacked them, and its val_acc was the replicas', not the average's);
-            # one that trains on makes its own at its end (its checkpoints until then hold none: _averaged)
+            # one that trains on makes its own at its end (its checkpoints until then hold none: _ended)
             self.report = dict(checkpoint[REPORT_KEY])
         replicas = checkpoint.get("replicas")
         if not replicas:

@@ -244,10 +244,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
                 values[f"worker/{r}/test_acc"], values[f"worker/{r}/test_loss"] = acc, loss
         if trainer.logger is not None and trainer.is_global_zero:
             trainer.logger.log_metrics(values, step=trainer.global_step)
-        checkpoint = trainer.checkpoint_callback
-        path = checkpoint and (checkpoint.last_model_path or checkpoint.best_model_path)  # psgd's: last.ckpt
-        if path:
-            trainer.save_checkpoint(path, weights_only=False)  # full: can be continued
+        self.save_final_checkpoint()  # the average, with the report
         super().on_train_end()
 
     @classmethod
