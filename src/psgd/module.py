@@ -77,6 +77,14 @@ class PlainHookName:
             super().__setattr__(name, value)
 
 
+def _loss_mean(**kwargs) -> MeanMetric:
+    """A mean validation or test loss that keeps a NaN batch's NaN. torchmetrics' default dropped NaN
+    values with a warning, so a diverging model's val_loss was the mean of its finite batches alone, and
+    its check costs a host sync per batch on a GPU. With nan_strategy="disable" torchmetrics 1.9 ignores
+    `weight`, so the update gives the batch's loss once per sample instead of a weight."""
+    return MeanMetric(nan_strategy="disable", **kwargs)
+
+
 class Classifier(PlainHookName, L.LightningModule):
     """Wraps a plain nn.Module. Metrics are accumulated per step and reduced once per epoch (over
     all workers), so no step pays for a collective other than the strategy's own."""
@@ -111,7 +119,7 @@ class Classifier(PlainHookName, L.LightningModule):
         self.scheduler_cfg = scheduler  # a plain dict: checkpoints stay loadable with weights_only=True
         for stage in ("val", "test"):
             setattr(self, f"{stage}_acc", MulticlassAccuracy(num_classes, average="micro", validate_args=False))
-            setattr(self, f"{stage}_loss", MeanMetric())
+            setattr(self, f"{stage}_loss", _loss_mean())
         # each class's test accuracy (its recall): which labels the final model knows, e.g. after
         # label-skewed shards (data.partition=by_label); test_acc_per_class once a test has run
         self.test_class_acc = MulticlassAccuracy(num_classes, average=None, validate_args=False)
@@ -132,7 +140,7 @@ class Classifier(PlainHookName, L.LightningModule):
             self.worker_val_acc = MulticlassAccuracy(
                 num_classes, average="micro", validate_args=False, sync_on_compute=False
             )
-            self.worker_val_loss = MeanMetric(sync_on_compute=False)
+            self.worker_val_loss = _loss_mean(sync_on_compute=False)
 
     @override
     def forward(self, x: Tensor) -> Tensor:
@@ -145,7 +153,7 @@ class Classifier(PlainHookName, L.LightningModule):
         loss = F.cross_entropy(out, y)  # also right for log-softmax outputs: log_softmax is idempotent
         acc, mean_loss = getattr(self, f"{stage}_acc"), getattr(self, f"{stage}_loss")
         acc.update(out.detach(), y)
-        mean_loss.update(loss.detach(), weight=len(y))
+        mean_loss.update(loss.detach().expand(len(y)))  # once per sample: weighed by the batch's size
         if batch_idx == 0:
             # Lightning computes (over all workers) and resets a logged Metric object at epoch end from
             # everything it accumulated, so registering it once per epoch is enough; self.log on every
@@ -269,7 +277,7 @@ class Classifier(PlainHookName, L.LightningModule):
         loss, out = self._step(batch, batch_idx, "val")
         if self.hparams.per_worker_metrics:  # the same output, kept unreduced for this worker
             self.worker_val_acc.update(out.detach(), batch[1])
-            self.worker_val_loss.update(loss.detach(), weight=len(batch[1]))
+            self.worker_val_loss.update(loss.detach().expand(len(batch[1])))
 
     @override
     def on_validation_epoch_end(self) -> None:

@@ -117,6 +117,26 @@ def test_the_test_reports_each_classs_accuracy_and_none_for_a_class_it_never_saw
     assert tested["test/acc"] == pytest.approx((expected[0] * 40 + expected[1] * 30) / 90)
 
 
+def test_the_validation_loss_is_the_mean_over_samples_and_keeps_a_nan_batch(recwarn):
+    """val/loss weighs each batch by its samples (64 + 6 here), and a batch whose loss is NaN makes it
+    NaN: torchmetrics' default dropped that batch with a UserWarning, so a diverging model's val_loss
+    was the mean of its finite batches alone."""
+    torch.manual_seed(0)
+    x, y = torch.randn(70, 6), torch.randint(0, 4, (70,))
+    net = nn.Linear(6, 4)
+    module = Classifier(net, partial(torch.optim.SGD), lr=0.0, num_classes=4)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    loader = partial(DataLoader, batch_size=64)  # a full batch and a short one of 6
+    (validated,) = trainer.validate(module, loader(TensorDataset(x, y)), verbose=False)
+    with torch.no_grad():
+        expected = F.cross_entropy(net(x), y).item()
+    assert validated["val/loss"] == pytest.approx(expected, rel=1e-5)
+    x[66, 2] = float("nan")  # one sample of the short batch: its loss is NaN
+    (validated,) = trainer.validate(module, loader(TensorDataset(x, y)), verbose=False)
+    assert validated["val/loss"] != validated["val/loss"]  # NaN, not the first batch's mean alone
+    assert not [w for w in recwarn if "nan" in str(w.message).lower()]
+
+
 @pytest.mark.parametrize("precision", ["32-true", "64-true", "bf16-true", "bf16-mixed"])
 def test_evaluate_runs_in_the_trainers_precision(precision):
     """Model averaging evaluates each replica with Classifier.evaluate, outside Lightning's loops: with
