@@ -21,7 +21,7 @@ from psgd.command_line import fail, first_worker, global_rank, other_torchrun_wo
 from psgd.config import ConfigError, DirInUse
 from psgd.data import DataError
 from psgd.module import TrainingDiverged
-from psgd.report import learned_nothing, learned_nothing_line, skew_note, stop_note
+from psgd.report import few_steps, learned_nothing, learned_nothing_line, skew_note, stop_note
 from psgd.results import NO_ROOM, failed_write, hogwild_workers, read_json, scales_by_workers, write_atomic
 from psgd.run import WorkerGone, mark_status, raised_in_worker, run_dir_key, train
 from psgd.strategies._lightning import KilledWorker, lost_a_peer, timed_out
@@ -309,7 +309,8 @@ def run_job(cfg: DictConfig) -> float | None:
             hogwild = hogwild_workers(metrics.get("strategy"), metrics.get("world_size"))
             acc = f"{metrics['test_acc']:.4f}"
             lr = (metrics.get("lr"), cfg.optimizer.lr, scales_by_workers(cfg))  # ran, set, scaled by the workers
-            warn(f"the model {learned_nothing_line(acc, hogwild, *lr)}")
+            steps = few_steps(metrics)
+            warn(f"the model {learned_nothing_line(acc, hogwild, *lr, steps=None if steps is None else str(steps))}")
         print(
             f"psgd: test_acc={metrics['test_acc']:.4f}{skew_note(metrics)} train_time_s={metrics['train_time_s']:.1f} "
             f"samples_per_s={metrics['samples_per_s']}{stop_note(metrics)} results in {run_dir}",

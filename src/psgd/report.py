@@ -480,6 +480,26 @@ def learned_nothing(job: "Job | dict") -> bool:
     return loss >= math.log(classes) and acc < 2 / classes
 
 
+# Under this many optimizer steps, a model at chance may just not have trained long enough: the lab CNN at
+# the defaults was still at chance on MNIST after 3 steps (trainer.limit_train_batches=3), above it after
+# 10; the WideResNet after 3, its epoch's mean loss 2.95 (ln 10 = 2.30). The lr a learned-nothing line
+# names is the other cause, and the one that stays at any length.
+FEW_STEPS = 100
+
+
+def few_steps(job: "Job | dict") -> int | None:
+    """The optimizer steps a job that learned nothing trained (its last epoch's `step`), where they are
+    under FEW_STEPS and its last epoch's mean training loss stayed under twice a uniform guess's: a loss
+    far above it is steps too large (lr 3 took the lab CNN's to 1e17 in 4 steps), however few."""
+    history = job.get("history") or []
+    last = history[-1] if history and isinstance(history[-1], dict) else {}
+    step, loss = last.get("step"), last.get("train_loss")
+    classes = len(job.get("test_acc_per_class") or job.get("test_classes") or [])
+    if not (isinstance(step, int) and isinstance(loss, int | float) and classes >= 2):
+        return None
+    return step if step < FEW_STEPS and loss < 2 * math.log(classes) else None
+
+
 def learned_nothing_notes(jobs: list[Job]) -> list[str]:
     """One note naming the completed jobs that learned nothing, and what to change."""
     bad = [j for j in jobs if learned_nothing(j)]
@@ -490,7 +510,9 @@ def learned_nothing_notes(jobs: list[Job]) -> list[str]:
     hogwild = all(hogwild_workers(j.strategy, j.workers) for j in bad)
     # lr_scaling by the workers (lr_reference_batch=null): lowering optimizer.lr P-fold alone is not enough
     by_workers = all(scales_by_workers(j) for j in bad)
-    return [f"{which} {learned_nothing_line(accs, 'P' if hogwild else None, by_workers=by_workers)}"]
+    steps = [few_steps(j) for j in bad]
+    steps = ", ".join(map(str, steps)) if None not in steps else None
+    return [f"{which} {learned_nothing_line(accs, 'P' if hogwild else None, by_workers=by_workers, steps=steps)}"]
 
 
 def learned_nothing_line(
@@ -499,13 +521,22 @@ def learned_nothing_line(
     lr: float | None = None,
     optimizer_lr: float | None = None,
     by_workers: bool = False,
+    steps: str | None = None,
 ) -> str:
-    """What learning nothing says, and what to change (step_advice, as a diverged run's line)."""
-    return (
+    """What learning nothing says, and what to change (step_advice, as a diverged run's line). `steps`:
+    the optimizer steps trained, where under FEW_STEPS: too few may be the cause, so the line says so
+    first, and the lr after it."""
+    said = (
         f"learned nothing (test accuracy {accs}, about chance; the last epoch's training loss no lower than a "
-        "uniform guess's): most often the steps were too large; "
-        + step_advice(lr, hogwild_workers, optimizer_lr, by_workers)
+        "uniform guess's)"
     )
+    if steps is not None:
+        return (
+            f"{said} after only {steps} optimizer steps: too few to learn from, so train longer "
+            "(trainer.max_epochs, trainer.limit_train_batches, trainer.max_steps); or the steps were too large: "
+            + step_advice(lr, hogwild_workers, optimizer_lr, by_workers)
+        )
+    return f"{said}: most often the steps were too large; " + step_advice(lr, hogwild_workers, optimizer_lr, by_workers)
 
 
 def precision_notes(jobs: list[Job]) -> list[str]:
