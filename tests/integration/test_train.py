@@ -8,6 +8,7 @@ import socket
 import stat
 import subprocess
 import threading
+import time
 import warnings
 
 import pytest
@@ -17,6 +18,7 @@ from conftest import compose_cfg, run_cli
 from helpers import metrics, scalars, tensorboard, training_data, undocumented
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
+import psgd.callbacks
 from psgd.callbacks import denormals_flushed
 from psgd.config import ConfigError
 from psgd.data.datasets import MNIST
@@ -50,6 +52,34 @@ def test_output_into_a_file_is_a_line_per_epoch_not_progress_bars(single_run):
     for line, h in zip(lines, history, strict=True):
         assert line.startswith(f"psgd: epoch {h['epoch']}/3 train_loss={h['train_loss']:.4f} ")
         assert f" val_acc={h['val_acc']:.4f} epoch_s={h['epoch_s']:.1f} samples_per_s={h['samples_per_s']:.1f}" in line
+
+
+class SlowBatches(L.Callback):
+    def on_train_batch_start(self, *args):
+        time.sleep(0.1)
+
+
+def test_a_long_epoch_into_a_log_file_says_where_it_is_on_the_way(tiny_data, tmp_path, monkeypatch, capsys):
+    """The WideResNet trains ~15 samples/s on 2 cores, an hour per MNIST epoch, and with the output into
+    a file (SLURM, `> log`) nothing was printed till the epoch ended. Every PROGRESS_EVERY_S (60 s; 0 here:
+    every batch) it prints the batch, the time so far, the pace and the rest of the epoch at that pace."""
+    monkeypatch.setattr(psgd.callbacks, "PROGRESS_EVERY_S", 0.0)
+    overrides = [f"data.root={tiny_data}", "trainer.max_epochs=2", "data.batch_size=64", "data.eval_batch_size=256"]
+    train(compose_cfg(*overrides), tmp_path / "run", callbacks=[SlowBatches()])  # 8 batches of 0.1 s and more
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("psgd: epoch ")]
+    expected = [f"psgd: epoch {e}/2: batch {b}/8 after " for e in (1, 2) for b in range(1, 9)]
+    expected.insert(8, "psgd: epoch 1/2 train_loss=")  # each epoch's own line after its last batch
+    expected.append("psgd: epoch 2/2 train_loss=")
+    assert [ln[: len(start)] for ln, start in zip(lines, expected, strict=False)] == expected and len(lines) == 18
+    said = re.compile(r".* batch (\d)/8 after ([\d.]+) s, ([\d.]+) samples/s(?:; about ([\d.]+) s to the epoch's end)?")
+    for line in lines[:8] + lines[9:17]:
+        batch, after, rate, left = said.match(line).groups()
+        b, low, high = int(batch), float(after) - 0.05, float(after) + 0.05  # the time said to 0.1 s
+        assert 0.1 * b <= high and low < 0.1 * b + 1.5, line
+        assert 64 * b / high <= float(rate) <= 64 * b / low, line
+        assert (left is None) == (b == 8), line  # no time left to tell after the last batch
+        if left is not None:
+            assert (8 - b) * low / b - 0.05 <= float(left) <= (8 - b) * high / b + 0.05, line
 
 
 def test_what_a_run_writes_is_named_in_the_readme(single_run):
