@@ -415,8 +415,8 @@ class RunRecorder(Callback):
         self._t0 = self._val_t0 = 0.0
         self._val_s = 0.0
         self._samples = 0
-        # into a log file, an epoch longer than PROGRESS_EVERY_S also prints where it is, every as long:
-        # the time its next line is due (rank 0, echo only; None: no line) and its batches so far
+        # into a log file, an epoch longer than PROGRESS_EVERY_S also prints where it is, once every
+        # PROGRESS_EVERY_S: when its next line is due (rank 0, echo only; None: no line), its batches so far
         self._progress_at: float | None = None
         self._batches = 0
         self._lr: float | None = None  # the lr the epoch started with (rank 0's: every worker's schedule is one)
@@ -630,7 +630,7 @@ class RunRecorder(Callback):
             )
 
 
-# An epoch that takes longer than this, its output into a log file, prints a line this often on the way:
+# With the output into a log file, an epoch longer than this prints a line this often on the way:
 # the WideResNet trains ~15 samples/s on 2 cores, an hour per MNIST epoch, and a log showed nothing till its end.
 PROGRESS_EVERY_S = 60.0
 
@@ -642,7 +642,7 @@ def _duration(seconds: float) -> str:
 
 
 def progress_line(recorder: "RunRecorder", trainer: L.Trainer, batch: int, trained_s: float) -> str:
-    """`psgd: epoch 1/8: batch 120/469 after 8.2 min, 31.2 samples/s; about 24 min to the epoch's end`:
+    """`psgd: epoch 1/8: batch 120/469 after 8.2 min, 31.2 samples/s; about 23.8 min to the epoch's end`:
     this worker's (rank 0's) pace since the epoch, or its resumed part, started, and the rest of the
     epoch at that pace."""
     of = f"/{recorder.max_epochs}" if recorder.max_epochs else ""
