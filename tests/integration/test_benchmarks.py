@@ -289,7 +289,8 @@ def test_a_bad_benchmark_argument_is_refused_before_anything_runs(script, bad, v
     assert {p: p.stat().st_mtime_ns for p in results.iterdir()} == before
 
 
-@pytest.mark.parametrize("script", ["compare.py", "overhead_manual.py"])  # each script calls the same check
+# each script calls the same check (compare.exit_unless_writable); the second is slow (~5 s of a process start)
+@pytest.mark.parametrize("script", ["compare.py", pytest.param("overhead_manual.py", marks=pytest.mark.slow)])
 def test_results_that_cannot_be_written_are_one_line_before_any_measurement(script, tiny_data, tmp_path):
     """A results folder that cannot be made or written was found at the run's last line, after minutes of
     measurements: a traceback, and the figures were lost (but for the table printed just before)."""

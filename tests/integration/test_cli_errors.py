@@ -60,11 +60,18 @@ MISTYPED = [
         ["-m", "workers=1,2", "init_weights=nowhere"],
         "init_weights='nowhere' is invalid: no checkpoint at nowhere (give a run dir, a .ckpt file or a weights file",
     ),
-    ("sweep.py", ["-m", "seed=0,1", "ckpt_path=nowhere"], "ckpt_path='nowhere' is invalid: no checkpoint at nowhere"),
+    pytest.param(  # the same check as init_weights's above (checkpoint_file, for each of config.GIVE); ~5 s
+        "sweep.py",
+        ["-m", "seed=0,1", "ckpt_path=nowhere"],
+        "ckpt_path='nowhere' is invalid: no checkpoint at nowhere",
+        marks=pytest.mark.slow,
+    ),
 ]
 
 
-@pytest.mark.parametrize("script,overrides,fragment", MISTYPED, ids=[" ".join(o) for _, o, _ in MISTYPED])
+@pytest.mark.parametrize(
+    "script,overrides,fragment", MISTYPED, ids=[" ".join(getattr(c, "values", c)[1]) for c in MISTYPED]
+)
 def test_a_mistyped_choice_or_key_is_one_line_and_no_job_runs(tiny_data, tmp_path, script, overrides, fragment):
     """Hydra's own report of these is ~10 lines and exit code 1; psgd checks the command line first
     (also every job of a sweep, before the first one starts)."""
@@ -77,22 +84,30 @@ def test_a_mistyped_choice_or_key_is_one_line_and_no_job_runs(tiny_data, tmp_pat
     assert "Traceback" not in proc.stdout + proc.stderr and not out.exists()
 
 
-def test_a_sweeps_missing_dataset_is_one_line_before_any_job(tiny_data, tmp_path):
+@pytest.mark.parametrize(
+    "every_job",
+    [pytest.param(True, marks=pytest.mark.slow), False],  # slow: the same check as the other's, ~5 s
+    ids=["every-job", "one-job"],
+)
+def test_a_sweeps_missing_dataset_is_one_line_before_any_job(tiny_data, tmp_path, every_job):
     """A mistyped data.root in a sweep failed every job in turn (each trying the download again), where a
-    single run says it in one line before anything starts; the sweep exited 1 with a report of failures."""
+    single run says it in one line before anything starts; the sweep exited 1 with a report of failures.
+    A root missing in only some jobs is said naming the first such job."""
     out, nowhere = tmp_path / "out", tmp_path / "nowhere"
-    for roots, job in ((str(nowhere), ""), (f"{tiny_data},{nowhere}", f"in the job workers=1 data.root={nowhere}; ")):
-        proc = run_cli(
-            "sweep.py", "-m", "workers=1,2", f"data.root={roots}", "data.download=false", f"hydra.sweep.dir={out}",
-            timeout=120,
-        )  # fmt: skip
-        assert proc.returncode == 2, proc.stderr[-2000:]
-        lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith(
-            f"psgd: error: dataset mnist not found or unreadable under {nowhere}"
-        )
-        assert lines[0].endswith(f"({job}no job was started)"), lines
-        assert not out.exists() and not nowhere.exists() and "psgd: [1/" not in proc.stdout
+    if every_job:
+        roots, job = str(nowhere), ""
+    else:
+        roots, job = f"{tiny_data},{nowhere}", f"in the job workers=1 data.root={nowhere}; "
+    proc = run_cli(
+        "sweep.py", "-m", "workers=1,2", f"data.root={roots}", "data.download=false", f"hydra.sweep.dir={out}",
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    said = f"psgd: error: dataset mnist not found or unreadable under {nowhere}"
+    assert len(lines) == 1 and lines[0].startswith(said), lines
+    assert lines[0].endswith(f"({job}no job was started)"), lines
+    assert not out.exists() and not nowhere.exists() and "psgd: [1/" not in proc.stdout
 
 
 def test_a_sweeps_damaged_cifar10_is_one_line_before_any_job(tiny_data, tmp_path):
