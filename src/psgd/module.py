@@ -78,11 +78,11 @@ class PlainHookName:
 
 
 def _loss_mean(**kwargs) -> MeanMetric:
-    """A mean validation or test loss that keeps a NaN batch's NaN. torchmetrics' default dropped NaN
-    values with a warning, so a diverging model's val_loss was the mean of its finite batches alone, and
-    its check costs a host sync per batch on a GPU. With nan_strategy="disable" torchmetrics 1.9 ignores
-    `weight`, so the update gives the batch's loss once per sample instead of a weight."""
-    return MeanMetric(nan_strategy="disable", **kwargs)
+    """A mean validation or test loss that keeps a NaN batch's NaN: torchmetrics' default dropped NaN
+    values with a warning, so a diverging model's val_loss was the mean of its finite batches alone. A
+    float nan_strategy puts that float (NaN) in their place, in every torchmetrics pyproject allows;
+    "disable" would skip the check but is refused by torchmetrics 1.4, and 1.9 then ignores `weight`."""
+    return MeanMetric(nan_strategy=float("nan"), **kwargs)
 
 
 class Classifier(PlainHookName, L.LightningModule):
@@ -153,7 +153,7 @@ class Classifier(PlainHookName, L.LightningModule):
         loss = F.cross_entropy(out, y)  # also right for log-softmax outputs: log_softmax is idempotent
         acc, mean_loss = getattr(self, f"{stage}_acc"), getattr(self, f"{stage}_loss")
         acc.update(out.detach(), y)
-        mean_loss.update(loss.detach().expand(len(y)))  # once per sample: weighed by the batch's size
+        mean_loss.update(loss.detach(), weight=len(y))
         if batch_idx == 0:
             # Lightning computes (over all workers) and resets a logged Metric object at epoch end from
             # everything it accumulated, so registering it once per epoch is enough; self.log on every
@@ -277,7 +277,7 @@ class Classifier(PlainHookName, L.LightningModule):
         loss, out = self._step(batch, batch_idx, "val")
         if self.hparams.per_worker_metrics:  # the same output, kept unreduced for this worker
             self.worker_val_acc.update(out.detach(), batch[1])
-            self.worker_val_loss.update(loss.detach().expand(len(batch[1])))
+            self.worker_val_loss.update(loss.detach(), weight=len(batch[1]))
 
     @override
     def on_validation_epoch_end(self) -> None:
