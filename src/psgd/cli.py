@@ -309,8 +309,7 @@ def run_job(cfg: DictConfig) -> float | None:
             hogwild = hogwild_workers(metrics.get("strategy"), metrics.get("world_size"))
             acc = f"{metrics['test_acc']:.4f}"
             lr = (metrics.get("lr"), cfg.optimizer.lr, scales_by_workers(cfg))  # ran, set, scaled by the workers
-            steps = few_steps(metrics)
-            warn(f"the model {learned_nothing_line(acc, hogwild, *lr, steps=None if steps is None else str(steps))}")
+            warn(f"the model {learned_nothing_line(acc, hogwild, *lr, steps=few_steps(metrics))}")
         print(
             f"psgd: test_acc={metrics['test_acc']:.4f}{skew_note(metrics)} train_time_s={metrics['train_time_s']:.1f} "
             f"samples_per_s={metrics['samples_per_s']}{stop_note(metrics)} results in {run_dir}",

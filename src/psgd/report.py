@@ -465,14 +465,20 @@ def shared_cores_notes(shared: dict[tuple[str, int], set[tuple[int, int]]]) -> l
 PRECISION_ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
 
 
+def _last_epoch(job: "Job | dict") -> tuple[dict, int]:
+    """A job's last epoch record ({} without one) and its number of classes (0 where unknown)."""
+    history = job.get("history") or []
+    last = history[-1] if history and isinstance(history[-1], dict) else {}
+    return last, len(job.get("test_acc_per_class") or job.get("test_classes") or [])
+
+
 def learned_nothing(job: "Job | dict") -> bool:
     """A completed job whose model learned nothing: its last epoch's mean training loss is no lower than
     a uniform guess's, ln(classes), and its test accuracy under twice chance. (HogWild at 3-5 workers with
     the lr that trains one worker "completed" at 10-11 %: its weights settled where every image gets
     one class, with a finite loss, so no divergence was found.)"""
-    classes = len(job.get("test_acc_per_class") or job.get("test_classes") or [])
-    history, acc = job.get("history") or [], job.get("test_acc")
-    loss = history[-1].get("train_loss") if history and isinstance(history[-1], dict) else None
+    last, classes = _last_epoch(job)
+    loss, acc = last.get("train_loss"), job.get("test_acc")
     if job.get("status") != "completed" or classes < 2 or not all(isinstance(v, int | float) for v in (loss, acc)):
         return False
     if job.get("stopped_by") == "fast_dev_run":  # a batch or two: a smoke test, not training
@@ -491,10 +497,8 @@ def few_steps(job: "Job | dict") -> int | None:
     """The optimizer steps a job that learned nothing trained (its last epoch's `step`), where they are
     under FEW_STEPS and its last epoch's mean training loss stayed under twice a uniform guess's: a loss
     far above it is steps too large (lr 3 took the lab CNN's to 1e17 in 4 steps), however few."""
-    history = job.get("history") or []
-    last = history[-1] if history and isinstance(history[-1], dict) else {}
+    last, classes = _last_epoch(job)
     step, loss = last.get("step"), last.get("train_loss")
-    classes = len(job.get("test_acc_per_class") or job.get("test_classes") or [])
     if not (isinstance(step, int) and isinstance(loss, int | float) and classes >= 2):
         return None
     return step if step < FEW_STEPS and loss < 2 * math.log(classes) else None
@@ -510,8 +514,8 @@ def learned_nothing_notes(jobs: list[Job]) -> list[str]:
     hogwild = all(hogwild_workers(j.strategy, j.workers) for j in bad)
     # lr_scaling by the workers (lr_reference_batch=null): lowering optimizer.lr P-fold alone is not enough
     by_workers = all(scales_by_workers(j) for j in bad)
-    steps = [few_steps(j) for j in bad]
-    steps = ", ".join(map(str, steps)) if None not in steps else None
+    trained = [few_steps(j) for j in bad]
+    steps = ", ".join(map(str, trained)) if None not in trained else None
     return [f"{which} {learned_nothing_line(accs, 'P' if hogwild else None, by_workers=by_workers, steps=steps)}"]
 
 
@@ -521,7 +525,7 @@ def learned_nothing_line(
     lr: float | None = None,
     optimizer_lr: float | None = None,
     by_workers: bool = False,
-    steps: str | None = None,
+    steps: int | str | None = None,
 ) -> str:
     """What learning nothing says, and what to change (step_advice, as a diverged run's line). `steps`:
     the optimizer steps trained, where under FEW_STEPS: too few may be the cause, so the line says so
