@@ -455,7 +455,23 @@ class RunRecorder(Callback):
             if now >= self._progress_at:
                 self._progress_at = now + PROGRESS_EVERY_S
                 trained_s = now - self._t0 - self._val_s  # validations inside the epoch left out
-                print(progress_line(self, trainer, batch_idx + 1, trained_s), flush=True)
+                print(self._progress_line(trainer, batch_idx + 1, trained_s), flush=True)
+
+    def _progress_line(self, trainer: L.Trainer, batch: int, trained_s: float) -> str:
+        """`psgd: epoch 1/8: batch 120/469 after 8.2 min, 31.2 samples/s; about 23.8 min to the epoch's end`:
+        this worker's (rank 0's) pace since the epoch, or its resumed part, started, and the rest of the
+        epoch at that pace."""
+        of = f"/{self.max_epochs}" if self.max_epochs else ""
+        total = trainer.num_training_batches
+        known = isinstance(total, int) and total >= batch
+        line = (
+            f"psgd: epoch {trainer.current_epoch + 1}{of}: batch {batch}{f'/{total}' if known else ''} after "
+            f"{_duration(trained_s)}, {self._samples / max(trained_s, 1e-9):.1f} samples/s"
+            + (" on worker 0" if trainer.world_size > 1 else "")
+        )
+        if known and total > batch:
+            line += f"; about {_duration((total - batch) * trained_s / self._batches)} to the epoch's end"
+        return line
 
     @override
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -639,23 +655,6 @@ def _duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
-
-
-def progress_line(recorder: "RunRecorder", trainer: L.Trainer, batch: int, trained_s: float) -> str:
-    """`psgd: epoch 1/8: batch 120/469 after 8.2 min, 31.2 samples/s; about 23.8 min to the epoch's end`:
-    this worker's (rank 0's) pace since the epoch, or its resumed part, started, and the rest of the
-    epoch at that pace."""
-    of = f"/{recorder.max_epochs}" if recorder.max_epochs else ""
-    total = trainer.num_training_batches
-    known = isinstance(total, int) and total >= batch
-    line = (
-        f"psgd: epoch {trainer.current_epoch + 1}{of}: batch {batch}{f'/{total}' if known else ''} after "
-        f"{_duration(trained_s)}, {recorder._samples / max(trained_s, 1e-9):.1f} samples/s"
-        + (" on worker 0" if trainer.world_size > 1 else "")
-    )
-    if known and total > batch:
-        line += f"; about {_duration((total - batch) * trained_s / recorder._batches)} to the epoch's end"
-    return line
 
 
 def epoch_line(record: dict[str, Any], max_epochs: int | None) -> str:
