@@ -2,7 +2,8 @@
 (`data.on_device=true`) against host batches, fp32 against bf16 autocast
 (`trainer.precision=bf16-mixed`), and DDP over NCCL on the one GPU (`strategy.ddp_for_one_worker=true`,
 a one-process group) against the same run without DDP, and cuDNN's autotuner (`trainer.benchmark=true`)
-against bf16 without it. benchmarks/gpu_step.py gives the bare step's ceiling to read these against.
+against bf16 without it, and the network through torch.compile (`compile=true`; `compile=reduce-overhead`:
+its forward and backward replayed as CUDA graphs) against eager. benchmarks/gpu_step.py gives the bare step's ceiling to read these against.
 
     python benchmarks/gpu.py --data-root ../shared/data                   # needs CUDA; ~14 min on one H200
     python benchmarks/gpu.py --data-root DIR --accelerator cpu --epochs 1 --limit-batches 5 --repeats 1
@@ -51,12 +52,16 @@ VARIANTS = {  # name: train.py overrides
         "trainer.benchmark=true",
     ],
     "on device, fp32, DDP (1 process)": ["data.on_device=true", "strategy.ddp_for_one_worker=true"],
+    "on device, fp32, compile=true": ["data.on_device=true", "compile=true"],
+    "on device, fp32, compile=reduce-overhead": ["data.on_device=true", "compile=reduce-overhead"],
 }
 RATIOS = [  # (what, numerator variant, denominator variant)
     ("dataset on the device / batches made on the host", "on device, fp32", "host batches, fp32"),
     ("bf16 autocast / fp32", "on device, bf16 autocast", "on device, fp32"),
     ("DDP (one process) / no DDP", "on device, fp32, DDP (1 process)", "on device, fp32"),
     ("cuDNN autotuner / without (bf16)", "on device, bf16 autocast, cuDNN autotuner", "on device, bf16 autocast"),
+    ("compile=true / eager (fp32)", "on device, fp32, compile=true", "on device, fp32"),
+    ("compile=reduce-overhead / eager (fp32)", "on device, fp32, compile=reduce-overhead", "on device, fp32"),
 ]  # fmt: skip
 
 
@@ -77,8 +82,12 @@ def main() -> None:
     parser.add_argument("--limit-batches", type=positive, default=None, help="training batches per epoch (default all)")
     parser.add_argument("--repeats", type=positive, default=3)
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), metavar="RUN", help="the runs of each "
+                        "model (default all; on CPU all but the compiled ones): " + "; ".join(VARIANTS))
     results_arguments(parser, "gpu")
     args = parser.parse_args()
+    # (on CPU compile=reduce-overhead is refused, and compile=true ran the lab CNN slower: README, Performance)
+    args.variants = args.variants or [v for v in VARIANTS if args.accelerator == "gpu" or "compile" not in v]
     if args.accelerator == "gpu":
         import torch
 
@@ -96,7 +105,7 @@ def main() -> None:
     ]
     if args.limit_batches is not None:
         common.append(f"trainer.limit_train_batches={args.limit_batches}")
-    configs = {(m, v): [*MODELS[m], *VARIANTS[v], *common] for m in args.models for v in VARIANTS}
+    configs = {(m, v): [*MODELS[m], *VARIANTS[v], *common] for m in args.models for v in args.variants}
     failed: list[str] = []  # a failed run is said in its row and the exit status; the others are measured
 
     def measured(tmp: str, i: int, config: tuple[str, str], overrides: list[str]):
@@ -121,6 +130,7 @@ def main() -> None:
         [m, what, shown(med[(m, a)] / med[(m, b)] if (m, a) in med and (m, b) in med else None, ".2f")]
         for m in args.models
         for what, a, b in RATIOS
+        if a in args.variants and b in args.variants
     ]
     device = device_name(args.accelerator)
     title = f"### {device}, {time.strftime('%Y-%m-%d')}: samples/s, batch 128, epoch {args.epochs} of {args.epochs}"

@@ -62,6 +62,14 @@ SWITCHES = (
     "strategy.ddp_for_one_worker",
 )
 _ABSENT = object()
+# compile=...: torch.compile's modes (true is "default"; false or null: not compiled)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def compile_mode(value: Any) -> str | None:
+    """The torch.compile mode the `compile` setting asks for, or None (not compiled); check_values
+    has refused anything else."""
+    return "default" if value is True else (value or None)
 
 
 class ConfigError(ValueError):
@@ -272,6 +280,13 @@ def check_values(cfg: DictConfig) -> int:
     t, d, opt, sch = cfg.trainer, cfg.data, cfg.optimizer, cfg.scheduler
 
     _need(cfg.strategy.name in STRATEGIES, "strategy", cfg.strategy.name, f"allowed: {', '.join(STRATEGIES)}")
+    c = cfg.get("compile")
+    _need(
+        c is None or isinstance(c, bool) or c in COMPILE_MODES,
+        "compile",
+        c,
+        f"allowed: false, true (torch.compile's default mode), {', '.join(COMPILE_MODES[1:])}",
+    )
     check_strategy_group(cfg.strategy)
     if cfg.strategy.name == "model_averaging":
         period = cfg.strategy.period
@@ -569,6 +584,11 @@ def check(cfg: DictConfig) -> Plan:
             "use trainer.accelerator=cpu (or strategy=ddp / model_averaging on GPU)"
         )
     check_backend(cfg.strategy.get("backend"), accelerator)
+    if compile_mode(cfg.get("compile")) == "reduce-overhead" and accelerator == "cpu":
+        raise ConfigError(
+            "compile=reduce-overhead is invalid on CPU: it replays CUDA graphs, which need a GPU; use compile=true "
+            "on CPU (or trainer.accelerator=gpu)"
+        )
     if t.get("sync_batchnorm") and accelerator == "cpu":
         raise ConfigError(
             "trainer.sync_batchnorm=true is invalid on CPU: torch's SyncBatchNorm needs CUDA; "

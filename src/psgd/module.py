@@ -107,10 +107,13 @@ class Classifier(PlainHookName, L.LightningModule):
         num_nodes: int = 1,  # kept in checkpoints: a resume under a warm-up from 1/workers compares all workers
         optimizer_lr: float | None = None,  # the optimizer.lr lr_scaling made `lr` (the one to lower on divergence)
         lr_by_workers: bool = False,  # lr_scaling scaled it by the workers (lr_reference_batch=null)
+        compile: str | None = None,  # torch.compile's mode for the network ("default", "reduce-overhead", ...)
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["net", "optimizer", "input_shape"])
         self.net = net.to(memory_format=torch.channels_last) if channels_last else net
+        # compiled in place (state_dict keys unchanged) in each worker at the start of fit: see compile_net
+        self._compile_mode, self._compiled = compile, False
         if input_shape is not None:
             # one (channels, height, width) image: Lightning's model summary at the start of fit runs it
             # through the network and shows each layer's input and output sizes and its forward FLOPs
@@ -187,11 +190,27 @@ class Classifier(PlainHookName, L.LightningModule):
             if self._resumed_counts is not None:
                 self._carry_resumed_counts()
         pending = self._train_pending
+        if self._graph_outputs:  # a CUDA graph's replay overwrites its outputs: keep a copy of the kept ones
+            out = out.detach().clone()
         pending.append((out.detach(), y, loss.detach()))
         if len(pending) >= self._count_every:
             self._count_pending()
 
     _count_every = 32  # count_every as resolved at the start of fit
+    _graph_outputs = False  # the network's outputs come from CUDA graphs (compile=reduce-overhead on GPU)
+
+    def compile_net(self) -> None:
+        """torch.compile the network in place (nn.Module.compile: its state_dict, checkpoints and the
+        strategies' parameter handling are unchanged), once, in the worker that trains it; compiling
+        itself happens at the first batch. Called at the start of fit, after Lightning's model summary
+        ran its example input, which would otherwise be compiled too."""
+        mode = self._compile_mode
+        if not mode or self._compiled:
+            return
+        self.net.compile(mode=None if mode == "default" else mode)
+        self._compiled = True
+        # reduce-overhead, and max-autotune on CUDA, replay CUDA graphs: a kept output would be overwritten
+        self._graph_outputs = self.device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
 
     def _carry_resumed_counts(self) -> None:
         """Resumed inside an epoch a checkpoint was cut short in: that epoch's counts so far start this
@@ -331,6 +350,7 @@ class Classifier(PlainHookName, L.LightningModule):
     @override
     def on_fit_start(self) -> None:
         self._count_every = max(1, self.count_every or self.trainer.log_every_n_steps)
+        self.compile_net()
         # A process group left over from an earlier job would silently change the world size.
         expected = self.hparams.workers * self.trainer.num_nodes
         actual = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

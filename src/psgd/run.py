@@ -52,7 +52,18 @@ from psgd.callbacks import (
 )
 from psgd.choices import INFO, DatasetInfo
 from psgd.command_line import earlier_results, first_worker, text_lines, warn
-from psgd.config import GIVE, ConfigError, DirInUse, Plan, check, checkpoint_file, duration_s, locate, schedule
+from psgd.config import (
+    GIVE,
+    ConfigError,
+    DirInUse,
+    Plan,
+    check,
+    checkpoint_file,
+    compile_mode,
+    duration_s,
+    locate,
+    schedule,
+)
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
 from psgd.hooks import skip_unused_hooks
@@ -983,6 +994,7 @@ def _train(
         num_nodes=t.num_nodes,
         optimizer_lr=cfg.optimizer.lr,
         lr_by_workers=scales_by_workers(cfg),
+        compile=compile_mode(cfg.get("compile")),
     )
     with found_by_every_worker():
         # the weights of an earlier run to start from (a resume below, ckpt_path, restores its own over them)

@@ -405,6 +405,14 @@ BAD = [
     (["data.drop_last=1"], "data.drop_last=1 is invalid: must be true or false"),
     (["strategy.ddp_for_one_worker=2"], "strategy.ddp_for_one_worker=2 is invalid: must be true or false"),
     (["channels_last=1"], "channels_last=1"),
+    # torch.compile's own error came from the first batch, inside a worker; `ture` is not true
+    (["compile=ture"], "compile='ture' is invalid: allowed: false, true (torch.compile's default mode), reduce-overhead"),
+    (["compile=1"], "compile=1 is invalid: allowed: false, true"),
+    # on CPU, cudagraphs were skipped with a warning in a log: the run was not what was asked
+    (
+        ["compile=reduce-overhead", "trainer.accelerator=cpu"],
+        "compile=reduce-overhead is invalid on CPU: it replays CUDA graphs, which need a GPU; use compile=true",
+    ),
     # text where a number belongs: before, a TypeError traceback from the comparison
     (["optimizer.weight_decay=abc"], "optimizer.weight_decay='abc' is invalid: must be >= 0"),
     (["model.dropout=abc"], "model.dropout='abc' is invalid: must be in [0, 1)"),
@@ -586,6 +594,7 @@ BAD = [
 # judged only with torch loaded, on the machine that runs the job (check, not check_values)
 NEEDS_THE_MACHINE = {
     "trainer.sync_batchnorm=true trainer.accelerator=cpu",
+    "compile=reduce-overhead trainer.accelerator=cpu",
     "workers=2 trainer.accelerator=cpu strategy.backend=nccl",
     "optimizer=novograd optimizer.betas=[2,3]",
     "optimizer.nesterov=true optimizer.momentum=0",
@@ -855,7 +864,8 @@ def _first_choice_per_switch() -> list[tuple[str, str]]:
         if group in ("experiment", "hydra", "trainer"):
             continue
         for key in _switches(OmegaConf.to_container(compose_cfg(f"{group}={choice}"), resolve=False)):
-            if not key.startswith(("trainer.", "hydra.")) and not key.endswith("._partial_"):
+            # (compile is false, true or one of torch.compile's modes: its bad values are in BAD)
+            if not key.startswith(("trainer.", "hydra.")) and not key.endswith("._partial_") and key != "compile":
                 found.setdefault(key, f"{group}={choice}")
     return sorted((choice, key) for key, choice in found.items())
 
