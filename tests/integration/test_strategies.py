@@ -3,6 +3,7 @@
 import pytest
 import torch
 from conftest import run_cli
+from helpers import metrics
 
 ONE_WORKER = [
     "workers=1",
@@ -35,3 +36,20 @@ def test_one_worker_gives_the_plain_runs_weights(plain, tiny_data, tmp_path, str
     weights = final_weights(tmp_path / "run", tiny_data, f"strategy={strategy}")
     assert weights.keys() == plain.keys()
     assert all(torch.equal(weights[k], plain[k]) for k in plain)
+
+
+@pytest.mark.slow  # ~1.5 min: three 2-worker runs that each compile the network in every worker
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy", ["ddp", "model_averaging", "hogwild"])
+def test_every_strategy_trains_a_compiled_network_with_two_workers(plain, tiny_data, tmp_path, strategy):
+    """compile=true in each worker (forked from psgd's fork server), whatever the strategy does with the
+    parameters (DDP's gradient hooks, averaging's in-place copies, HogWild's shared memory); the
+    checkpoint keeps the eager network's keys."""
+    run_dir = tmp_path / "run"
+    two = [f"strategy={strategy}", "workers=2", "compile=true", "trainer.max_epochs=2", *ONE_WORKER[3:]]
+    proc = run_cli("train.py", f"data.root={tiny_data}", f"hydra.run.dir={run_dir}", "threads_per_worker=1", *two)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = metrics(run_dir)
+    assert m["status"] == "completed" and m["world_size"] == 2 and m["test_acc"] > 0.3, m  # chance is 0.1
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert state.keys() == plain.keys()

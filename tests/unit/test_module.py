@@ -155,3 +155,45 @@ def test_evaluate_runs_in_the_trainers_precision(precision):
     rough = "bf16" in precision  # a bf16 forward pass against this float one: an argmax may flip
     assert acc == pytest.approx((out.argmax(1) == y).sum().item() / len(y), abs=0.1 if rough else 1e-9)
     assert loss == pytest.approx(F.cross_entropy(out, y).item(), rel=0.05 if rough else 1e-5)
+
+
+def test_a_compiled_network_is_compiled_in_place_at_fit_and_trains_as_the_eager_one():
+    """compile=true: the network is compiled in place at the start of fit, in the worker, so its
+    state_dict (what checkpoints, model averaging and HogWild read) keeps the eager keys, and it
+    trains to the eager network's weights and training figures (no dropout here: compiled dropout
+    draws other random numbers)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(96, 6), torch.randint(0, 4, (96,))
+    start = nn.Linear(6, 4).state_dict()
+    fitted = {}
+    for mode in (None, "default"):
+        net = nn.Linear(6, 4)
+        net.load_state_dict(start)
+        module = Classifier(net, partial(torch.optim.SGD), lr=0.5, num_classes=4, compile=mode)
+        assert net._compiled_call_impl is None  # not before fit: the workers get the eager network pickled
+        trainer = L.Trainer(
+            max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        trainer.fit(module, train_dataloaders=DataLoader(TensorDataset(x, y), batch_size=32))
+        assert (net._compiled_call_impl is not None) == (mode is not None)
+        fitted[mode] = net.state_dict(), trainer.callback_metrics
+    (eager, eager_metrics), (compiled, compiled_metrics) = fitted[None], fitted["default"]
+    assert list(compiled) == list(eager) == ["weight", "bias"]  # no _orig_mod. prefix
+    assert not torch.allclose(compiled["weight"], start["weight"])  # it trained
+    assert all(torch.allclose(compiled[k], eager[k], atol=1e-5) for k in eager)
+    assert compiled_metrics["train/acc"] == eager_metrics["train/acc"]
+    assert compiled_metrics["train/loss"] == pytest.approx(eager_metrics["train/loss"].item(), abs=1e-5)
+
+
+def test_under_cuda_graphs_a_kept_training_output_is_a_copy():
+    """compile=reduce-overhead on GPU: the next replay of the network's CUDA graph overwrites its output,
+    and the training counts keep outputs for several steps (reading one raised 'accessing tensor output of
+    CUDAGraphs that has been overwritten by a subsequent run' on an H100). The copy, checked on CPU."""
+    module = Classifier(nn.Linear(6, 4), partial(torch.optim.SGD), lr=0.0, num_classes=4)
+    out, y, loss = torch.randn(8, 4), torch.randint(0, 4, (8,)), torch.tensor(1.0)
+    for graphs in (False, True):
+        module._graph_outputs = graphs
+        module.count_train(out, y, loss, batch_idx=0)
+        kept = module._train_pending[0][0]
+        assert torch.equal(kept, out) and (kept.data_ptr() != out.data_ptr()) == graphs
