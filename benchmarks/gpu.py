@@ -2,8 +2,9 @@
 (`data.on_device=true`) against host batches, fp32 against bf16 autocast
 (`trainer.precision=bf16-mixed`), and DDP over NCCL on the one GPU (`strategy.ddp_for_one_worker=true`,
 a one-process group) against the same run without DDP, and cuDNN's autotuner (`trainer.benchmark=true`)
-against bf16 without it, and the network through torch.compile (`compile=true`; `compile=reduce-overhead`:
-its forward and backward replayed as CUDA graphs) against eager. benchmarks/gpu_step.py gives the bare step's ceiling to read these against.
+against bf16 without it, and, on request (--variants), the network through torch.compile
+(`compile=true`; `compile=reduce-overhead`: its forward and backward replayed as CUDA graphs) against
+eager. benchmarks/gpu_step.py gives the bare step's ceiling to read these against.
 
     python benchmarks/gpu.py --data-root ../shared/data                   # needs CUDA; ~14 min on one H200
     python benchmarks/gpu.py --data-root DIR --accelerator cpu --epochs 1 --limit-batches 5 --repeats 1
@@ -82,9 +83,14 @@ def main() -> None:
     parser.add_argument("--limit-batches", type=positive, default=None, help="training batches per epoch (default all)")
     parser.add_argument("--repeats", type=positive, default=3)
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
-    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), metavar="RUN", help="the runs of each "
-                        "model (default all but the compiled ones, which were measured for the lab CNN only): "
-                        + "; ".join(VARIANTS))
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=list(VARIANTS),
+        metavar="RUN",
+        help="the runs of each model (default all but the compiled ones, measured for the lab CNN only): "
+        + "; ".join(VARIANTS),
+    )
     results_arguments(parser, "gpu")
     args = parser.parse_args()
     # the compiled runs on request (each compiles for ~20-40 s; on CPU compile=reduce-overhead is refused)

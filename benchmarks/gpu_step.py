@@ -128,11 +128,11 @@ def main() -> None:
     parser.add_argument("--steps", type=positive, default=100, help="timed steps per row")
     parser.add_argument("--batches", type=positive, nargs="+", default=[128, 1024])
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=["eager"], help="see above; CUDA only "
-                        "but for eager and compile")
+    parser.add_argument(
+        "--modes", nargs="+", choices=MODES, default=["eager"], help="see above; CUDA only but for eager and compile"
+    )
     parser.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
-    parser.add_argument("--autotune", nargs="+", choices=["off", "on"], default=["off", "on"],
-                        help="cuDNN's autotuner")
+    parser.add_argument("--autotune", nargs="+", choices=["off", "on"], default=["off", "on"], help="cuDNN's autotuner")
     results_arguments(parser, "gpu_step")
     args = parser.parse_args()
     import torch
@@ -148,7 +148,11 @@ def main() -> None:
 
     rows = []
     grid = itertools.product(
-        args.models, args.batches, [p == "bf16" for p in args.precisions], [a == "on" for a in args.autotune], args.modes
+        args.models,
+        args.batches,
+        [p == "bf16" for p in args.precisions],
+        [a == "on" for a in args.autotune],
+        args.modes,
     )
     for model, batch, bf16, autotune, mode in grid:
         rows.append(measure(model, batch, bf16, autotune, args.steps, args.device, mode))

@@ -406,7 +406,10 @@ BAD = [
     (["strategy.ddp_for_one_worker=2"], "strategy.ddp_for_one_worker=2 is invalid: must be true or false"),
     (["channels_last=1"], "channels_last=1"),
     # torch.compile's own error came from the first batch, inside a worker; `ture` is not true
-    (["compile=ture"], "compile='ture' is invalid: allowed: false, true (torch.compile's default mode), reduce-overhead"),
+    (
+        ["compile=ture"],
+        "compile='ture' is invalid: allowed: false, true (torch.compile's default mode), reduce-overhead",
+    ),
     (["compile=1"], "compile=1 is invalid: allowed: false, true"),
     # on CPU, cudagraphs were skipped with a warning in a log: the run was not what was asked
     (
