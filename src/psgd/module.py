@@ -1,6 +1,7 @@
 """The LightningModule for image classification: loss, torchmetrics accuracy, optimizer and schedule."""
 
 import itertools
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -207,6 +208,9 @@ class Classifier(PlainHookName, L.LightningModule):
         mode = self._compile_mode
         if not mode or self._compiled:
             return
+        if self.device.type == "cpu":  # inductor's C++ builder, on a CUDA build of torch without a CUDA runtime,
+            # warns "No CUDA runtime is found, using CUDA_HOME=..." in every worker: nothing a CPU run needs
+            logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         self.net.compile(mode=None if mode == "default" else mode)
         self._compiled = True
         # reduce-overhead, and max-autotune on CUDA, replay CUDA graphs: a kept output would be overwritten
