@@ -20,15 +20,23 @@ if os.environ.get(LAUNCHER_ENV, str(os.getpid())) != str(os.getpid()):
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 
 
-class _NoAdvert(logging.Filter):
-    """Lightning 2.6 prints a tip to install its cloud logger (litlogger) whenever a Trainer is made
-    without it: every run. psgd logs to TensorBoard; the tip is noise in every run's output."""
+class _Noise(logging.Filter):
+    """Drops one library's log line that says nothing to a psgd user, in every run's output."""
+
+    def __init__(self, start: str):
+        super().__init__()
+        self.start = start
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip: For seamless cloud logging")
+        return not str(record.msg).startswith(self.start)
 
 
-logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(_NoAdvert())
+# Lightning 2.6 prints a tip to install its cloud logger (litlogger) whenever a Trainer is made without it;
+# psgd logs to TensorBoard
+logging.getLogger("pytorch_lightning.utilities.rank_zero").addFilter(_Noise("💡 Tip: For seamless cloud logging"))
+# compile=true on CPU: inductor's C++ builder, on a CUDA build of torch where no CUDA runtime is (a CPU
+# machine), says so in every worker; nothing a CPU run needs
+logging.getLogger("torch.utils.cpp_extension").addFilter(_Noise("No CUDA runtime is found"))
 
 QUIET_ENV = "PSGD_QUIET"  # set by a quiet run for its worker processes, which import psgd when they start
 LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning_fabric", "lightning")

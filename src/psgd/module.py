@@ -1,7 +1,6 @@
 """The LightningModule for image classification: loss, torchmetrics accuracy, optimizer and schedule."""
 
 import itertools
-import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -114,7 +113,7 @@ class Classifier(PlainHookName, L.LightningModule):
         self.save_hyperparameters(ignore=["net", "optimizer", "input_shape"])
         self.net = net.to(memory_format=torch.channels_last) if channels_last else net
         # compiled in place (state_dict keys unchanged) in each worker at the start of fit: see compile_net
-        self._compile_mode, self._compiled = compile, False
+        self._compile_mode = compile
         if input_shape is not None:
             # one (channels, height, width) image: Lightning's model summary at the start of fit runs it
             # through the network and shows each layer's input and output sizes and its forward FLOPs
@@ -191,9 +190,10 @@ class Classifier(PlainHookName, L.LightningModule):
             if self._resumed_counts is not None:
                 self._carry_resumed_counts()
         pending = self._train_pending
+        out = out.detach()
         if self._graph_outputs:  # a CUDA graph's replay overwrites its outputs: keep a copy of the kept ones
-            out = out.detach().clone()
-        pending.append((out.detach(), y, loss.detach()))
+            out = out.clone()
+        pending.append((out, y, loss.detach()))
         if len(pending) >= self._count_every:
             self._count_pending()
 
@@ -206,13 +206,9 @@ class Classifier(PlainHookName, L.LightningModule):
         itself happens at the first batch. Called at the start of fit, after Lightning's model summary
         ran its example input, which would otherwise be compiled too."""
         mode = self._compile_mode
-        if not mode or self._compiled:
+        if not mode or self.net._compiled_call_impl is not None:  # (what nn.Module.compile sets)
             return
-        if self.device.type == "cpu":  # inductor's C++ builder, on a CUDA build of torch without a CUDA runtime,
-            # warns "No CUDA runtime is found, using CUDA_HOME=..." in every worker: nothing a CPU run needs
-            logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-        self.net.compile(mode=None if mode == "default" else mode)
-        self._compiled = True
+        self.net.compile(mode=mode)
         # reduce-overhead, and max-autotune on CUDA, replay CUDA graphs: a kept output would be overwritten
         self._graph_outputs = self.device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
 
