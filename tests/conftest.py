@@ -14,6 +14,13 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
+# OpenMP threads that find no work sleep at once instead of spinning for it: the suite runs two tests at a
+# time (pytest.ini's -n 2) on as few as 2 cores, and a run's threads spinning took the cores the other
+# test's processes needed (default suite 9m45 with spinning, 7m47 without, 2 cores, 2026-11-27; 11m57 one
+# test at a time). Read when torch loads OpenMP, so set before any test imports torch; the runs the tests
+# start inherit it. No test times training: the benchmarks/ scripts keep OpenMP's default.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 SHARED_DATA = (ROOT / ".." / "shared" / "data").resolve()
