@@ -599,6 +599,7 @@ def check(cfg: DictConfig) -> Plan:
             if OmegaConf.select(cfg, key) is True:
                 warn(f"{key}=true has no effect on CPU: {what}")
     warn_of_what_never_comes(cfg)
+    check_model(cfg.model, cfg.data.name)
     check_optimizer(cfg.optimizer)
     for setting in GIVE:  # here, not in check_values: a file is there on one machine and not on another (a
         # sweep's jobs on SLURM); a sweep run here finds a missing one before its first job, not in every job
@@ -948,6 +949,46 @@ def _first_problem(jobs: Jobs, judge: Callable[[DictConfig], object], name_the_j
         except Exception:  # anything else: left to the job, which reports it as its failure
             continue
     return None
+
+
+def check_model(model_cfg: DictConfig, data_name: str) -> tuple[type, dict[str, Any], int]:
+    """The network's class, its keyword arguments from the config and the image size it takes with this
+    dataset, or a ConfigError: a class that cannot be imported, a model that needs other images than the
+    dataset has (a 28x28-only model on 32x32 CIFAR10), a setting its constructor has no argument for. In
+    `check`, so that a sweep refuses such a job before its first job runs, not when that job's turn comes."""
+    import inspect
+
+    params = OmegaConf.to_container(model_cfg, resolve=True)
+    name, target = params.pop("name"), params.pop("_target_")
+    cls = locate("model._target_", target)
+    info = INFO[data_name]
+    size, needed = info.size, getattr(cls, "input_size", None)
+    if needed is not None and needed != size:
+        if not getattr(cls, "resize_input", False):
+            fits = [d for d, i in INFO.items() if i.size == needed]
+            raise ConfigError(
+                f"model={name} needs {needed}x{needed} inputs but data={data_name} has {size}x{size} images; "
+                f"allowed data for {name}: {', '.join(fits)}"
+            )
+        size = needed
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):  # none to read (a class made in C): the constructor judges
+        return cls, params, size
+    given = {"in_channels": info.channels, "num_classes": info.num_classes}  # psgd's, from the dataset
+    takes = [k for k, p in signature.parameters.items() if k not in given and p.kind is not p.VAR_POSITIONAL]
+    foreign = [k for k in params if k not in signature.parameters]
+    if foreign and not any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+        settings = " and ".join(f"model.{k}={params[k]}" for k in foreign)
+        raise ConfigError(
+            f"{settings} {'is not a setting' if len(foreign) == 1 else 'are not settings'} of model={name} "
+            f"({target} takes: {', '.join(takes) or 'none'}); leave {'it' if len(foreign) == 1 else 'them'} out"
+        )
+    try:
+        signature.bind(**given, **params)
+    except TypeError as e:  # a required argument not given
+        raise ConfigError(f"model={name}: {e}") from e
+    return cls, params, size
 
 
 def locate(key: str, target: object) -> type:

@@ -50,7 +50,7 @@ from psgd.callbacks import (
     WeightRecorder,
     WorkerSetup,
 )
-from psgd.choices import INFO, DatasetInfo
+from psgd.choices import INFO
 from psgd.command_line import earlier_results, first_worker, text_lines, warn
 from psgd.config import (
     GIVE,
@@ -58,10 +58,10 @@ from psgd.config import (
     DirInUse,
     Plan,
     check,
+    check_model,
     checkpoint_file,
     compile_mode,
     duration_s,
-    locate,
     schedule,
 )
 from psgd.data import ClassificationData
@@ -109,22 +109,10 @@ HPARAM_METRICS = (
 def build_model(model_cfg: DictConfig, data_name: str) -> tuple[nn.Module, int]:
     """Instantiate the network for this dataset; returns it and the image size it needs.
 
-    A pairing that cannot work (e.g. a 28x28-only model on 32x32 CIFAR10) is a ConfigError.
+    A pairing that cannot work (e.g. a 28x28-only model on 32x32 CIFAR10) is a ConfigError (check_model).
     """
-    params = OmegaConf.to_container(model_cfg, resolve=True)
-    name, target = params.pop("name"), params.pop("_target_")
-    info: DatasetInfo = INFO[data_name]
-    cls = locate("model._target_", target)
-    size = info.size
-    needed = getattr(cls, "input_size", None)
-    if needed is not None and needed != size:
-        if not getattr(cls, "resize_input", False):
-            fits = [d for d, i in INFO.items() if i.size == needed]
-            raise ConfigError(
-                f"model={name} needs {needed}x{needed} inputs but data={data_name} has {size}x{size} images; "
-                f"allowed data for {name}: {', '.join(fits)}"
-            )
-        size = needed
+    cls, params, size = check_model(model_cfg, data_name)
+    name, info = model_cfg.name, INFO[data_name]
     try:
         net = cls(in_channels=info.channels, num_classes=info.num_classes, **params)
     except TypeError as e:  # a setting the model has no argument for

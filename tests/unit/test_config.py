@@ -698,9 +698,31 @@ def test_more_workers_than_visible_gpus_is_one_clear_line(monkeypatch):
 
 @pytest.mark.parametrize("model,data", [("singa_cnn", "cifar10"), ("mlp", "cifar10")])
 def test_model_data_pairings_that_cannot_work_are_config_errors(model, data):
+    """Refused by `check` (before any worker, and before any job of a sweep) and by build_model."""
     cfg = compose_cfg(f"model={model}", f"data={data}")
-    with pytest.raises(ConfigError, match=f"model={model} needs 28x28 inputs but data={data}"):
-        build_model(cfg.model, cfg.data.name)
+    line = f"model={model} needs 28x28 inputs but data={data} has 32x32 images; allowed data for {model}: mnist, "
+    for refuses in (check, lambda cfg: build_model(cfg.model, cfg.data.name)):
+        with pytest.raises(ConfigError) as e:
+            refuses(cfg)
+        assert str(e.value) == line + "fashion_mnist"
+
+
+@pytest.mark.parametrize(
+    "overrides,line",
+    [
+        (["+model.foo=1"], "model.foo=1 is not a setting of model=lab_cnn (psgd.models.LabCNN takes: dropout, "),
+        (  # a typo of a setting another model has: named with what this one takes
+            ["model=wide_resnet", "+model.hidden=64", "+model.widen=2"],
+            "model.hidden=64 and model.widen=2 are not settings of model=wide_resnet (psgd.models.WideResNet takes: ",
+        ),
+    ],
+)
+def test_a_setting_the_model_has_no_argument_for_is_refused_by_check_with_what_it_takes(overrides, line):
+    """It used to be found when the network was built: in a sweep, when that job's turn came."""
+    with pytest.raises(ConfigError) as e:
+        check(compose_cfg(*overrides))
+    assert str(e.value).startswith(line) and str(e.value).endswith(" out") and "\n" not in str(e.value)
+    check(compose_cfg("model=mlp", "model.hidden=64"))  # the model's own settings pass
 
 
 @pytest.mark.parametrize(
