@@ -954,8 +954,9 @@ def _first_problem(jobs: Jobs, judge: Callable[[DictConfig], object], name_the_j
 def check_model(model_cfg: DictConfig, data_name: str) -> tuple[type, dict[str, Any], int]:
     """The network's class, its keyword arguments from the config and the image size it takes with this
     dataset, or a ConfigError: a class that cannot be imported, a model that needs other images than the
-    dataset has (a 28x28-only model on 32x32 CIFAR10), a setting its constructor has no argument for. In
-    `check`, so that a sweep refuses such a job before its first job runs, not when that job's turn comes."""
+    dataset has (a 28x28-only model on 32x32 CIFAR10), a setting its constructor has no argument for or a
+    value it refuses. In `check`, so that a sweep refuses such a job before its first job runs, not when
+    that job's turn comes."""
     import inspect
 
     params = OmegaConf.to_container(model_cfg, resolve=True)
@@ -988,6 +989,15 @@ def check_model(model_cfg: DictConfig, data_name: str) -> tuple[type, dict[str, 
         signature.bind(**given, **params)
     except TypeError as e:  # a required argument not given
         raise ConfigError(f"model={name}: {e}") from e
+    import torch
+
+    try:  # the constructor's own checks (MLP's model.hidden=0), on the meta device: no memory, ~ms
+        with torch.device("meta"):
+            cls(**given, **params)
+    except ValueError as e:  # a value the model refuses, named in its message (build_model says the same)
+        raise ConfigError(str(e)) from e
+    except Exception:  # what a constructor cannot do on the meta device: build_model judges it
+        pass
     return cls, params, size
 
 

@@ -511,6 +511,11 @@ def test_a_value_psgd_refuses_in_any_job_of_a_sweep_is_one_line_before_any_job_r
         "model=singa_cnn needs 28x28 inputs but data=cifar10 has 32x32 images; allowed data for singa_cnn: mnist, "
         "fashion_mnist (in the job model=singa_cnn data=cifar10; no job was started)"
     )
+    line = ["-m", "model=mlp", "model.hidden=64,0"]  # a value the model's class refuses
+    assert command_line_problem("sweep", line, CONF, job_check=sweep_values_problem) == (
+        "model.hidden=0 is invalid: must be an integer >= 1 (hidden units) (in the job model.hidden=0; no job was "
+        "started)"
+    )
     # one that no job has is said without a job
     assert command_line_problem("sweep", ["-m", "optimizer.momentm=0,0.9"], CONF).endswith("+optimizer.momentm=0")
     # where there is no SLURM, submitit's launcher failed with a traceback and left the sweep's dir

@@ -772,11 +772,13 @@ def test_a_model_module_in_the_current_folder_but_not_on_the_path_is_said_so(tmp
         ("model.weight_decay_output=-1", "model.weight_decay_output=-1 is invalid: must be a number >= 0"),
     ],
 )
-def test_the_mlps_settings_are_checked_when_it_is_built(override, message):
+def test_the_mlps_settings_are_checked_by_check_and_when_it_is_built(override, message):
+    """By its constructor, which `check` runs on the meta device: a sweep refuses the job before any runs."""
     cfg = compose_cfg("model=mlp", override)
-    with pytest.raises(ConfigError) as e:
-        build_model(cfg.model, "mnist")
-    assert str(e.value) == message
+    for refuses in (check, lambda cfg: build_model(cfg.model, "mnist")):
+        with pytest.raises(ConfigError) as e:
+            refuses(cfg)
+        assert str(e.value) == message
 
 
 @pytest.mark.parametrize(
