@@ -781,6 +781,15 @@ def test_the_mlps_settings_are_checked_by_check_and_when_it_is_built(override, m
         assert str(e.value) == message
 
 
+@pytest.mark.parametrize("model", ["lab_cnn", "wide_resnet", "mlp", "singa_cnn"])
+def test_check_builds_the_network_without_drawing_from_torchs_random_numbers(model):
+    """check's network is built on the meta device: the run's seeded initial weights stay the same."""
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    check(compose_cfg(f"model={model}"))
+    assert torch.equal(state, torch.get_rng_state())
+
+
 @pytest.mark.parametrize(
     "model,data,size",
     [
