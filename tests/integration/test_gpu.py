@@ -1,7 +1,7 @@
 """The GPU paths, through train.py as a user starts them: the dataset kept on the GPU, bf16 autocast,
 DDP over NCCL. They need a CUDA device and are skipped without one; on a GPU machine:
 
-    python -m pytest -m gpu
+    python -m pytest -m gpu -n 0      (one test at a time, as they passed on an H100; -n 2 was not run on a GPU)
 
 PSGD_TEST_ACCELERATOR=cpu runs the same tests on the CPU (on_device has no effect there and the
 one-process DDP group is gloo): a check of the tests themselves where no GPU is lent.
