@@ -951,12 +951,11 @@ def _first_problem(jobs: Jobs, judge: Callable[[DictConfig], object], name_the_j
     return None
 
 
-def check_model(model_cfg: DictConfig, data_name: str) -> tuple[type, dict[str, Any], int]:
-    """The network's class, its keyword arguments from the config and the image size it takes with this
-    dataset, or a ConfigError: a class that cannot be imported, a model that needs other images than the
-    dataset has (a 28x28-only model on 32x32 CIFAR10), a setting its constructor has no argument for or a
-    value it refuses. In `check`, so that a sweep refuses such a job before its first job runs, not when
-    that job's turn comes."""
+def model_arguments(model_cfg: DictConfig, data_name: str) -> tuple[type, dict[str, Any], int]:
+    """The network's class, its constructor's keyword arguments (the config's and the dataset's channels and
+    classes) and the image size it takes with this dataset, or a ConfigError: a class that cannot be
+    imported, a model that needs other images than the dataset has (a 28x28-only model on 32x32 CIFAR10),
+    a setting its constructor has no argument for."""
     import inspect
 
     params = OmegaConf.to_container(model_cfg, resolve=True)
@@ -972,11 +971,11 @@ def check_model(model_cfg: DictConfig, data_name: str) -> tuple[type, dict[str, 
                 f"allowed data for {name}: {', '.join(fits)}"
             )
         size = needed
+    given = {"in_channels": info.channels, "num_classes": info.num_classes}  # psgd's, from the dataset
     try:
         signature = inspect.signature(cls)
     except (TypeError, ValueError):  # none to read (a class made in C): the constructor judges
-        return cls, params, size
-    given = {"in_channels": info.channels, "num_classes": info.num_classes}  # psgd's, from the dataset
+        return cls, {**given, **params}, size
     takes = [k for k, p in signature.parameters.items() if k not in given and p.kind is not p.VAR_POSITIONAL]
     foreign = [k for k in params if k not in signature.parameters]
     if foreign and not any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
@@ -989,16 +988,23 @@ def check_model(model_cfg: DictConfig, data_name: str) -> tuple[type, dict[str, 
         signature.bind(**given, **params)
     except TypeError as e:  # a required argument not given
         raise ConfigError(f"model={name}: {e}") from e
+    return cls, {**given, **params}, size
+
+
+def check_model(model_cfg: DictConfig, data_name: str) -> None:
+    """model_arguments' checks, and the constructor's own (MLP's model.hidden=0) on the meta device (no
+    memory, ~ms). In `check`, so that a sweep refuses such a job before its first job runs, not when that
+    job's turn comes (build_model builds the network itself)."""
     import torch
 
-    try:  # the constructor's own checks (MLP's model.hidden=0), on the meta device: no memory, ~ms
+    cls, arguments, _ = model_arguments(model_cfg, data_name)
+    try:
         with torch.device("meta"):
-            cls(**given, **params)
+            cls(**arguments)
     except ValueError as e:  # a value the model refuses, named in its message (build_model says the same)
         raise ConfigError(str(e)) from e
     except Exception:  # what a constructor cannot do on the meta device: build_model judges it
         pass
-    return cls, params, size
 
 
 def locate(key: str, target: object) -> type:

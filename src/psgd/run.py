@@ -58,10 +58,10 @@ from psgd.config import (
     DirInUse,
     Plan,
     check,
-    check_model,
     checkpoint_file,
     compile_mode,
     duration_s,
+    model_arguments,
     schedule,
 )
 from psgd.data import ClassificationData
@@ -109,12 +109,12 @@ HPARAM_METRICS = (
 def build_model(model_cfg: DictConfig, data_name: str) -> tuple[nn.Module, int]:
     """Instantiate the network for this dataset; returns it and the image size it needs.
 
-    A pairing that cannot work (e.g. a 28x28-only model on 32x32 CIFAR10) is a ConfigError (check_model).
+    A pairing that cannot work (e.g. a 28x28-only model on 32x32 CIFAR10) is a ConfigError (model_arguments).
     """
-    cls, params, size = check_model(model_cfg, data_name)
+    cls, arguments, size = model_arguments(model_cfg, data_name)
     name, info = model_cfg.name, INFO[data_name]
     try:
-        net = cls(in_channels=info.channels, num_classes=info.num_classes, **params)
+        net = cls(**arguments)
     except TypeError as e:  # a setting the model has no argument for
         raise ConfigError(f"model={name}: {e}") from e
     except ValueError as e:  # a value the model refuses, named in its message
