@@ -131,6 +131,28 @@ def build_model(model_cfg: DictConfig, data_name: str) -> tuple[nn.Module, int]:
     return net, size
 
 
+def build_datamodule(cfg: DictConfig, image_size: int) -> ClassificationData:
+    """The run's datamodule, from its data settings and strategy; nothing is read yet (prepare_data)."""
+    return ClassificationData(
+        **OmegaConf.to_container(cfg.data, resolve=True),
+        image_size=image_size,
+        seed=cfg.seed,
+        channels_last=cfg.channels_last,
+        record_shards=cfg.record_shards,
+        lockstep=cfg.strategy.name == "ddp",  # DDP needs equal steps on every worker; averaging lets each run its own
+        # replicas that differ (model averaging) are each evaluated on the whole split
+        shard_eval=cfg.strategy.name in ("ddp", "hogwild"),
+    )
+
+
+def check_data(cfg: DictConfig, datamodule: ClassificationData, world_size: int) -> str | None:
+    """What can only be judged with the dataset read (prepare_data): a DataError for a worker that would
+    get no training batch, or a final test of no batch; a warning line for a shard smaller than one batch."""
+    short = datamodule.check_batches(world_size)
+    datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))
+    return short
+
+
 @contextmanager
 def rendezvous_port():
     """A random free port for the workers' rendezvous while fit runs, unless the user set MASTER_PORT.
@@ -932,25 +954,15 @@ def _train(
 
     synchronous = cfg.strategy.name == "ddp"
     one_model = cfg.strategy.name in ("ddp", "hogwild")  # every worker evaluates the same weights
-    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-    datamodule = ClassificationData(
-        **data_cfg,
-        image_size=image_size,
-        seed=cfg.seed,
-        channels_last=cfg.channels_last,
-        record_shards=cfg.record_shards,
-        lockstep=synchronous,  # DDP needs equal steps on every worker; averaging lets each run its own
-        shard_eval=one_model,  # replicas that differ are each evaluated on the whole split
-    )
+    datamodule = build_datamodule(cfg, image_size)
     with found_by_every_worker():
         datamodule.prepare_data()  # a missing dataset fails here, before any worker starts
-        if short := datamodule.check_batches(world_size):  # so does a worker without a batch
+        if short := check_data(cfg, datamodule, world_size):  # so does a worker without a batch
             warn(short)  # a shard smaller than one batch
         sizes, batches = datamodule.train_shards(world_size)
         warn_if_lockstep_leaves_samples_out(cfg, sizes, batches)
         warn_if_an_epoch_holds_less_than_an_update(cfg, batches, plan.accumulate_grad_batches)
         warn_if_period_never_comes(cfg, batches, plan.accumulate_grad_batches)
-        datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))  # and a test without one
 
     lr = scaled_lr(
         cfg.optimizer.lr,

@@ -300,6 +300,13 @@ class ClassificationData(L.LightningDataModule):
             if train not in self._decoded:
                 self._decoded[train] = load_split(self.name, self.root, train, self.download, self.verify_md5)
 
+    def decoded_from(self, other: "ClassificationData") -> None:
+        """Use the splits `other` decoded (prepare_data) from the same dataset and folder, instead of
+        decoding them again: a sweep's check of its jobs' batches reads each dataset once."""
+        if (other.name, other.root) != (self.name, self.root):
+            raise ValueError(f"{other.name} under {other.root} is not {self.name} under {self.root}")
+        self._decoded = other._decoded
+
     def _load(self, train: bool) -> tuple[Tensor, Tensor]:
         if train in self._decoded:
             images, labels = self._decoded[train]
