@@ -936,6 +936,35 @@ def sweep_data_problem(jobs: Jobs) -> str | None:
             if all(other == first for other in sources):
                 return f"{e} (no job was started)"
             return in_the_job(e, jobs[sources.index(first)][0], [j for j, _ in jobs])
+    return _batches_problem(jobs)
+
+
+def _batches_problem(jobs: Jobs) -> str | None:
+    """What a job finds only with its dataset read, for every job before the first one starts: a worker
+    without a training batch (a shard smaller than data.batch_size with data.drop_last=true, a
+    dirichlet partition that leaves a worker no sample at the job's seed), or a final test of no batch.
+    Each dataset and folder is decoded once (MNIST: ~0.25 s); each job then deals its shards as it will
+    (~ms). The datamodule is the job's own (run.build_datamodule), so is the check (run.check_data)."""
+    from psgd.data.datasets import DataError
+    from psgd.run import build_datamodule, check_data
+
+    decoded: dict[tuple[str, str], Any] = {}  # the first datamodule of each dataset and folder
+    every_job = [j for j, _ in jobs]
+    for job, cfg in jobs:
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # a warning: each job prints its own as it starts
+                workers = check_values(cfg) * cfg.trainer.num_nodes
+            datamodule = build_datamodule(cfg, model_arguments(cfg.model, cfg.data.name)[2])
+            first = decoded.setdefault((datamodule.name, datamodule.root), datamodule)
+            if first is datamodule:
+                datamodule.prepare_data()
+            else:
+                datamodule.decoded_from(first)
+            check_data(cfg, datamodule, workers)
+        except (DataError, ConfigError) as e:
+            return in_the_job(e, job, every_job)
+        except Exception:  # anything else: left to the job, which reports it as its failure
+            continue
     return None
 
 

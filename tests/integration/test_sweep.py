@@ -128,8 +128,7 @@ def test_a_failed_job_is_marked_and_the_rest_reported(tiny_data, tmp_path, scrip
     sweep_dir = tmp_path / "sweep"
     proc = run_cli(
         script,
-        "data.batch_size=64,1024",  # 1024: no training batch, found once the job reads its data
-        "data.drop_last=true",
+        "optimizer.lr=0.05,1e6",  # 1e6: the training loss turns NaN, found only once the job trains
         f"data.root={tiny_data}",
         "trainer.max_epochs=1",
         f"hydra.sweep.dir={sweep_dir}",
@@ -140,11 +139,11 @@ def test_a_failed_job_is_marked_and_the_rest_reported(tiny_data, tmp_path, scrip
     ok, bad = read_csv(sweep_dir / "report.csv")
     assert ok["status"] == "completed" and float(ok["test_acc"]) > 0
     assert bad["status"] == "failed"
-    assert bad["error"].startswith("no training batch for worker 0 (512 samples) of 1 with 512 training samples")
-    assert "psgd: [2/2] data.batch_size=1024: failed: no training batch for worker 0" in proc.stdout
+    assert bad["error"].startswith("training diverged: the mean training loss of epoch 1 is nan")
+    assert "psgd: [2/2] optimizer.lr=1000000.0: failed: training diverged" in proc.stdout
     assert "1 failed (jobs 1)" in proc.stdout
     assert "## Failed jobs" in (sweep_dir / "report.md").read_text()
-    assert imread(sweep_dir / "accuracy_vs_batch.png").ndim == 3
+    assert imread(sweep_dir / "curves.png").ndim == 3
     assert "Traceback" not in proc.stderr
     # the report can be rebuilt from the sweep dir alone, with the same rows and exit code
     (sweep_dir / "report.csv").unlink()

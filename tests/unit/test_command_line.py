@@ -537,6 +537,46 @@ def test_a_value_psgd_refuses_in_any_job_of_a_sweep_is_one_line_before_any_job_r
     )
 
 
+def test_a_job_whose_worker_would_get_no_batch_is_one_line_before_any_job_runs(tiny_data, monkeypatch):
+    """These were found only when the job's turn came, with the dataset read (`sweep.py -m workers=1,4
+    data.batch_size=16384 data.drop_last=true` on MNIST trained job 1, then failed job 2); now the sweep
+    reads each dataset once and deals every job's shards before the first job starts."""
+    import psgd.data.datamodule
+    from psgd.config import sweep_data_problem
+
+    reads = []
+    real = psgd.data.datamodule.load_split
+    monkeypatch.setattr(psgd.data.datamodule, "load_split", lambda *a, **k: reads.append(a[:3]) or real(*a, **k))
+
+    def problem(*overrides: str) -> str | None:
+        reads.clear()
+        return command_line_problem(
+            "sweep", ["-m", f"data.root={tiny_data}", *overrides], CONF, job_check=sweep_data_problem
+        )
+
+    # 512 training samples: 171 per worker of 3, fewer than one batch of 200, dropped
+    assert problem("data.batch_size=200", "data.drop_last=true", "workers=1,2,3") == (
+        "no training batch for worker 0 (171 samples), worker 1 (171 samples), worker 2 (170 samples) of 3 with "
+        "512 training samples, data.partition=iid, data.batch_size=200 and data.drop_last=true: use a smaller "
+        "data.batch_size or data.drop_last=false (in the job workers=3; no job was started)"
+    )
+    assert len(reads) == 2  # the training and the test split, once for the three jobs
+    # a partition that leaves a worker no sample depends on the labels and the seed
+    assert problem("data.partition=dirichlet", "data.dirichlet_alpha=0.01", "workers=2,8") == (
+        "data.partition=dirichlet: dirichlet_alpha=0.01 left worker(s) [1] with no samples; use a larger alpha or "
+        "another seed (in the job workers=8; no job was started)"
+    )
+    # a final test of no batch (256 test samples: 4 batches of 64)
+    assert problem("data.eval_batch_size=64", "trainer.limit_test_batches=0.5,0.1").startswith(
+        "trainer.limit_test_batches=0.1 is invalid: the test set is 4 batch(es) of data.eval_batch_size=64"
+    )
+    # jobs that all have batches pass, each dataset read once
+    assert problem("workers=1,2,3", "data.batch_size=64,128", "data=mnist,fashion_mnist") is None
+    assert sorted(reads) == sorted(
+        (name, str(tiny_data), train) for name in ("mnist", "fashion_mnist") for train in (True, False)
+    )
+
+
 TORCHRUN_WORKER = {"TORCHELASTIC_RUN_ID": "job", "RANK": "1", "LOCAL_RANK": "1"}
 
 
