@@ -110,6 +110,20 @@ def test_a_sweeps_missing_dataset_is_one_line_before_any_job(tiny_data, tmp_path
     assert not out.exists() and not nowhere.exists() and "psgd: [1/" not in proc.stdout
 
 
+def test_a_sweeps_job_without_a_training_batch_is_one_line_before_any_job(tiny_data, tmp_path):
+    """Found only with the data read: the sweep ran its first job, then failed the second as it started."""
+    out = tmp_path / "out"
+    proc = run_cli(
+        "sweep.py", "-m", "workers=1,2", "data.batch_size=300", "data.drop_last=true", f"data.root={tiny_data}",
+        f"hydra.sweep.dir={out}", timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("psgd: error: no training batch for worker 0 (256 samples)"), lines
+    assert lines[0].endswith("(in the job workers=2; no job was started)"), lines
+    assert not out.exists() and "psgd: [1/" not in proc.stdout
+
+
 def test_a_sweeps_damaged_cifar10_is_one_line_before_any_job(tiny_data, tmp_path):
     """The generated CIFAR10 files are all there but are not the real ones (their md5 sums differ): every
     job failed on them in turn, each trying a download again."""
