@@ -1021,19 +1021,34 @@ def model_arguments(model_cfg: DictConfig, data_name: str) -> tuple[type, dict[s
 
 
 def check_model(model_cfg: DictConfig, data_name: str) -> None:
-    """model_arguments' checks, and the constructor's own (MLP's model.hidden=0) on the meta device (no
-    memory, ~ms). In `check`, so that a sweep refuses such a job before its first job runs, not when that
-    job's turn comes (build_model builds the network itself)."""
+    """model_arguments' checks, the constructor's own (MLP's model.hidden=0) and a forward pass of the
+    dataset's image shape, on the meta device (no memory, no random numbers; 5-25 ms). In `check`, so that
+    a sweep refuses such a job before its first job runs, not when that job's turn comes (build_model
+    builds and runs the network itself): a model class of the user's that fits MNIST's 28x28 images and
+    not CIFAR10's 32x32 ones, in `sweep.py -m data=mnist,cifar10`, failed the CIFAR10 jobs as they started."""
     import torch
 
-    cls, arguments, _ = model_arguments(model_cfg, data_name)
+    cls, arguments, size = model_arguments(model_cfg, data_name)
     try:
         with torch.device("meta"):
-            cls(**arguments)
+            net = cls(**arguments)
     except ValueError as e:  # a value the model refuses, named in its message (build_model says the same)
         raise ConfigError(str(e)) from e
     except Exception:  # what a constructor cannot do on the meta device: build_model judges it
-        pass
+        return
+    info = INFO[data_name]
+    try:
+        net.eval()
+        with torch.no_grad():
+            net(torch.zeros(2, info.channels, size, size, device="meta"))
+    except Exception:
+        # A shape that does not fit, or only what meta tensors cannot do (.item(), an operation without a
+        # meta kernel): the network is built and run on the CPU as the job will (build_model), whose line
+        # the job would have said, with torch's random numbers left as they were for the run's seeded weights.
+        from psgd.run import build_model
+
+        with torch.random.fork_rng(devices=[]):
+            build_model(model_cfg, data_name)
 
 
 def locate(key: str, target: object) -> type:

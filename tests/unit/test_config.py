@@ -781,6 +781,65 @@ def test_the_mlps_settings_are_checked_by_check_and_when_it_is_built(override, m
         assert str(e.value) == message
 
 
+USER_MODELS = """
+import torch.nn as nn
+
+
+class Fixed28(nn.Module):  # written for MNIST's 28x28 images
+    def __init__(self, in_channels=1, num_classes=10):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, 4, 3)
+        self.fc = nn.Linear(4 * 26 * 26, num_classes)
+
+    def forward(self, x):
+        return self.fc(self.conv(x).flatten(1))
+
+
+class ReadsAValue(nn.Module):  # .item() in its forward: meta tensors cannot run it, the CPU can
+    def __init__(self, in_channels=1, num_classes=10):
+        super().__init__()
+        self.fc = nn.LazyLinear(num_classes)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1) / (x.abs().max().item() + 1))
+"""
+
+
+def test_a_model_of_the_users_that_does_not_fit_a_jobs_images_is_refused_by_check(tmp_path, monkeypatch):
+    """check runs the network on the dataset's image shape (meta device): a model for 28x28 images failed
+    the CIFAR10 jobs of `sweep.py -m data=mnist,cifar10` only as each started. What meta tensors cannot
+    run is judged on the CPU, as the job will: it is not refused for that."""
+    (tmp_path / "psgd_test_user_models.py").write_text(USER_MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def cfg(cls: str, data: str):
+        mine = [f"model._target_=psgd_test_user_models.{cls}", "model.name=mine", "~model.dropout"]
+        return compose_cfg(*mine, "~model.batch_norm", f"data={data}")
+
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    check(cfg("Fixed28", "mnist"))
+    with pytest.raises(ConfigError) as by_check:
+        check(cfg("Fixed28", "cifar10"))
+    check(cfg("ReadsAValue", "cifar10"))  # runs on the CPU, where .item() works
+    assert torch.equal(state, torch.get_rng_state())  # the run's seeded initial weights stay the same
+    with pytest.raises(ConfigError) as by_the_job:
+        build_model(cfg("Fixed28", "cifar10").model, "cifar10")
+    assert str(by_check.value) == str(by_the_job.value)
+    assert str(by_check.value).startswith("model=mine does not fit data=cifar10 (3x32x32): mat1 and mat2 shapes")
+    # and a sweep says it naming the job, before its first job
+    from psgd.command_line import command_line_problem
+    from psgd.config import sweep_values_problem
+
+    line = ["-m", "model._target_=psgd_test_user_models.Fixed28", "model.name=mine", "~model.dropout"]
+    problem = command_line_problem(
+        "sweep", [*line, "~model.batch_norm", "data=mnist,cifar10"], CONF, job_check=sweep_values_problem
+    )
+    assert problem.startswith("model=mine does not fit data=cifar10") and problem.endswith(
+        "(in the job data=cifar10; no job was started)"
+    )
+
+
 @pytest.mark.parametrize("model", ["lab_cnn", "wide_resnet", "mlp", "singa_cnn"])
 def test_check_builds_the_network_without_drawing_from_torchs_random_numbers(model):
     """check's network is built on the meta device: the run's seeded initial weights stay the same."""
