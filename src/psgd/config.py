@@ -944,7 +944,8 @@ def _batches_problem(jobs: Jobs) -> str | None:
     without a training batch (a shard smaller than data.batch_size with data.drop_last=true, a
     dirichlet partition that leaves a worker no sample at the job's seed), or a final test of no batch.
     Each dataset and folder is decoded once (MNIST: ~0.25 s); each job then deals its shards as it will
-    (~ms). The datamodule is the job's own (run.build_datamodule), so is the check (run.check_data)."""
+    (~ms). The datamodule is the job's own (run.build_datamodule) but for the image size, which no
+    batch count depends on; so is the check (run.check_data). Every job has passed `check` already."""
     from psgd.data.datasets import DataError
     from psgd.run import build_datamodule, check_data
 
@@ -952,9 +953,8 @@ def _batches_problem(jobs: Jobs) -> str | None:
     every_job = [j for j, _ in jobs]
     for job, cfg in jobs:
         try:
-            with contextlib.redirect_stderr(io.StringIO()):  # a warning: each job prints its own as it starts
-                workers = check_values(cfg) * cfg.trainer.num_nodes
-            datamodule = build_datamodule(cfg, model_arguments(cfg.model, cfg.data.name)[2])
+            workers = resolve_workers(cfg) * cfg.trainer.num_nodes
+            datamodule = build_datamodule(cfg)
             first = decoded.setdefault((datamodule.name, datamodule.root), datamodule)
             if first is datamodule:
                 datamodule.prepare_data()

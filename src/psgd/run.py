@@ -131,8 +131,9 @@ def build_model(model_cfg: DictConfig, data_name: str) -> tuple[nn.Module, int]:
     return net, size
 
 
-def build_datamodule(cfg: DictConfig, image_size: int) -> ClassificationData:
-    """The run's datamodule, from its data settings and strategy; nothing is read yet (prepare_data)."""
+def build_datamodule(cfg: DictConfig, image_size: int | None = None) -> ClassificationData:
+    """The run's datamodule, from its data settings and strategy, its images resized to `image_size`
+    (the model's; None: the dataset's own); nothing is read yet (prepare_data)."""
     return ClassificationData(
         **OmegaConf.to_container(cfg.data, resolve=True),
         image_size=image_size,
