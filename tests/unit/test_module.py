@@ -197,3 +197,59 @@ def test_under_cuda_graphs_a_kept_training_output_is_a_copy():
         module.count_train(out, y, loss, batch_idx=0)
         kept = module._train_pending[0][0]
         assert torch.equal(kept, out) and (kept.data_ptr() != out.data_ptr()) == graphs
+
+
+class GradsAtBatchEnd(L.Callback):
+    """Whether every parameter's gradient is None at the end of each training batch."""
+
+    def __init__(self):
+        self.freed: list[bool] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.freed.append(all(p.grad is None for p in pl_module.parameters()))
+
+
+@pytest.mark.parametrize("accumulate", [1, 2], ids=["a step per batch", "accumulate_grad_batches=2"])
+def test_the_gradients_are_freed_after_each_step_and_training_is_a_hand_written_loops(accumulate):
+    """Classifier frees the gradients right after each optimizer step (Lightning's zero_grad would
+    keep them through the next forward): a user sees the same weights as a hand-written loop's
+    (zero_grad, forward, backward, step; with accumulation, each micro-batch's loss / K), also where
+    the network held gradients before fit (none leaks into the first update), and no gradient stays
+    allocated from one update into the next."""
+    torch.manual_seed(0)
+    x, y = torch.randn(80, 6), torch.randint(0, 4, (80,))
+    net = nn.Linear(6, 4)
+    hand = nn.Linear(6, 4)
+    hand.load_state_dict(net.state_dict())
+    for p in net.parameters():
+        p.grad = torch.ones_like(p)  # left over from before fit
+    sgd = partial(torch.optim.SGD, momentum=0.9)
+    module = Classifier(net, sgd, lr=0.1, num_classes=4)
+    grads = GradsAtBatchEnd()
+    trainer = L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=False,
+        callbacks=[grads],
+        accumulate_grad_batches=accumulate,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    loader = DataLoader(TensorDataset(x, y), batch_size=16)  # 5 batches per epoch: K=2's last update has 1
+    trainer.fit(module, train_dataloaders=loader)
+    batches = list(loader)
+
+    opt = sgd(hand.parameters(), lr=0.1)
+    for _ in range(2):
+        for first in range(0, len(batches), accumulate):
+            opt.zero_grad()
+            for bx, by in batches[first : first + accumulate]:
+                (F.cross_entropy(hand(bx), by) / accumulate).backward()
+            opt.step()
+    for ours, theirs in zip(net.parameters(), hand.parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+    # freed after every update: after each batch without accumulation; with K=2 after batches 2, 4
+    # and the epoch's last (5), and held between the micro-batches of an update (1, 3)
+    stepped = [(i + 1) % accumulate == 0 or i == len(batches) - 1 for i in range(len(batches))] * 2
+    assert grads.freed == stepped
