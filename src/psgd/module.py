@@ -348,18 +348,6 @@ class Classifier(PlainHookName, L.LightningModule):
         metric.reset()
 
     @override
-    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
-        """Lightning's step (the closure runs training_step, zero_grad and backward inside it), then the
-        gradients are freed at once, as a hand-written loop's zero_grad before its next forward frees
-        them. Lightning's own zero_grad comes later, inside the next update's closure after its forward,
-        so the gradients of the step before stayed allocated through that forward: ~1 point of framework
-        overhead on a lab-CNN step on 2 CPU cores (benchmarks/README), and the parameters' size more
-        memory at the forward's peak. Lightning's zero_grad still runs (on gradients already None). The
-        hooks that read gradients (on_after_backward, on_before_optimizer_step, clipping) run before this."""
-        optimizer.step(closure=optimizer_closure)
-        optimizer.zero_grad(set_to_none=True)
-
-    @override
     def on_fit_start(self) -> None:
         self._count_every = max(1, self.count_every or self.trainer.log_every_n_steps)
         self.compile_net()
