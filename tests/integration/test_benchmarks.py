@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import ROOT, make_mnist_like
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -87,6 +88,59 @@ def test_step_phases_with_chunks_longer_than_an_epoch_is_a_one_line_error(tiny_d
     proc = subprocess.run([*cmd, f"--results={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "--chunk=1000" in proc.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "step_phases.json").exists()
+
+
+@pytest.mark.slow  # the overhead-splitting scripts (~10 s each): pytest -m slow
+def test_grad_lifetime_reports_each_loop_variant_and_psgd_with_and_without_the_freeing(tiny_data, tmp_path):
+    import grad_lifetime
+
+    script = str(ROOT / "benchmarks" / "grad_lifetime.py")
+    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--chunk=3", "--pairs=2", "--epochs=1"]
+    proc = subprocess.run(
+        [*cmd, "--batch-size=16", "--repeats=1", f"--results={tmp_path}"], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads((tmp_path / "grad_lifetime.json").read_text())
+    (loop,), (ours,) = out["minimal_loop"], out["psgd"]
+    assert list(loop) == list(grad_lifetime.VARIANTS)
+    assert all(v["median"] > 0 and v["sum_ratio"] > 0 and v["us_per_step"] > 0 for v in loop.values())
+    # psgd's 32 batches of the timed epoch: chunks start at 0, 3, ..., 30; each one after the first is
+    # timed when the next starts, alternately with the freeing on and off
+    assert list(ours) == list(grad_lifetime.PSGD_ROWS.values()) and [v["chunks"] for v in ours.values()] == [5, 5]
+    table = (tmp_path / "grad_lifetime.md").read_text()
+    assert table.count("\n| ") == 6 and "psgd as it is" in proc.stdout  # header + 5 rows
+
+
+@pytest.mark.slow
+def test_grad_lifetime_switches_the_freeing_with_its_chunks(tiny_data, tmp_path):
+    """What the psgd rows compare: in a chunk with the freeing on, no gradient is left after the step;
+    in one with it off (Lightning's optimizer_step), the step's gradients stay until the next forward."""
+    import grad_lifetime
+    import pytorch_lightning as L
+
+    from psgd.run import train
+
+    cfg = compare.psgd_overhead_cfg(str(tiny_data), 1, 2, ["data.batch_size=16"])
+    toggled, seen = grad_lifetime.Toggled(cfg, 3), []
+
+    class Seen(L.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if trainer.current_epoch >= 1:
+                seen.append((toggled.freed, all(p.grad is None for p in module.parameters())))
+
+    train(cfg, tmp_path / "run", callbacks=[toggled, Seen()])
+    assert len(seen) == 32 and {freed for freed, _ in seen} == {True, False}
+    assert all(freed == none_left for freed, none_left in seen)
+    # the minimal loop's variants: in place keeps the same gradient tensors, the others make new ones
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    for where, same in (("before", False), ("after", False), ("in place", True)):
+        net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))
+        step = grad_lifetime.variant_step(net, torch.optim.SGD(net.parameters(), lr=0.1), where)
+        step(x, y)
+        first = net[1].weight.grad
+        step(x, y)
+        assert (net[1].weight.grad is first) == same, where
 
 
 def test_paired_data_path_times_loader_and_fixed_batch_chunks_over_whole_epochs(tiny_data):

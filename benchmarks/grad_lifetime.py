@@ -1,0 +1,228 @@
+"""When a step's gradients are freed, and what it costs a lab-CNN step on the CPU.
+
+    python benchmarks/grad_lifetime.py --data-root ../shared/data   # ~8 min; results/grad_lifetime.{json,md}
+
+Lightning's automatic optimization zeroes the gradients inside each step's closure, after that
+step's forward; a hand-written loop zeroes them before it. So under Lightning the last step's
+gradients stay allocated through the forward. Would freeing them right after each optimizer step
+(freeing_optimizer_step, a LightningModule.optimizer_step) make psgd's step faster? Two measurements,
+each in one process and thread:
+
+- minimal loop: the vanilla step (compare.vanilla_step) beside two variants of it, chunks of --chunk
+  steps in rotation (A B C, then C B A, ...), each variant with its own copy of the lab CNN and its own
+  pass over psgd's batches: zero_grad(set_to_none) after the forward (Lightning's place), and
+  zero_grad(set_to_none=False) before it (the gradients kept and zeroed in place). Each variant's
+  chunk time over the vanilla step's next to it, the median over --pairs rotations;
+- psgd's run (train.py's default config, no validation) with that freeing switched on and off every
+  --chunk steps (off: Lightning's own optimizer_step, psgd's), each chunk followed by --chunk minimal-loop
+  steps as in compare.py's paired overhead: psgd's paired overhead with the gradients freed after the
+  step and with Lightning's placement, each the median over its chunks, over --epochs after one of
+  warm-up.
+
+Medians over --repeats runs of each. Not adopted: see benchmarks/README.md, Tried, no gain.
+"""
+
+import argparse
+import copy
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import pytorch_lightning as L
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare  # noqa: E402
+
+VARIANTS = {
+    "zero_grad before the forward (the minimal loop)": "before",
+    "zero_grad after the forward (Lightning's place)": "after",
+    "zero_grad in place (set_to_none=False) before the forward": "in place",
+}
+
+
+def variant_step(net, opt, where: str):
+    """The minimal loop's step with its zero_grad `where` ("before", "after", "in place")."""
+    if where == "before":
+        return compare.vanilla_step(net, opt)
+
+    def step(x, y):
+        if where == "in place":
+            opt.zero_grad(set_to_none=False)
+            F.cross_entropy(net(x), y).backward()
+        else:
+            loss = F.cross_entropy(net(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+        opt.step()
+
+    return step
+
+
+def minimal_loop(data_root: str, threads: int, chunk: int, pairs: int, overrides=()) -> dict:
+    """The three variants in rotation; each variant's median chunk-time ratio to the minimal loop's."""
+    cfg, net, data = compare.lab_cnn_setup(data_root, threads, overrides)
+    data.prepare_data()
+    data.setup("fit")
+    loader = data.train_dataloader()
+    sides = {}
+    for name, where in VARIANTS.items():
+        own = copy.deepcopy(net)
+        sides[name] = {"step": variant_step(own, compare.sgd(cfg, own.parameters()), where), "batches": iter(())}
+
+    def next_batch(side):
+        for batch in side["batches"]:
+            return batch
+        side["batches"] = iter(loader)
+        return next(side["batches"])
+
+    def run_chunk(side) -> float:
+        start = time.perf_counter()
+        for _ in range(chunk):
+            side["step"](*next_batch(side))
+        return time.perf_counter() - start
+
+    names = list(VARIANTS)
+    for _ in range(2):  # warm-up: allocator, oneDNN kernels
+        for name in names:
+            run_chunk(sides[name])
+    ratios = {name: [] for name in names[1:]}
+    seconds = {name: 0.0 for name in names}
+    for i in range(pairs):
+        took = {name: run_chunk(sides[name]) for name in (names if i % 2 == 0 else names[::-1])}
+        for name in names:
+            seconds[name] += took[name]
+        for name in names[1:]:
+            ratios[name].append(took[name] / took[names[0]])
+    out = {names[0]: {"median": 1.0, "sum_ratio": 1.0, "us_per_step": seconds[names[0]] / pairs / chunk * 1e6}}
+    for name in names[1:]:
+        out[name] = {
+            "median": statistics.median(ratios[name]),
+            "sum_ratio": seconds[name] / seconds[names[0]],
+            "us_per_step": seconds[name] / pairs / chunk * 1e6,
+        }
+    return out
+
+
+def freeing_optimizer_step(module, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
+    """LightningModule.optimizer_step, then the gradients freed at once (set to None), as a hand-written
+    loop's zero_grad before its next forward frees them; Lightning's zero_grad inside the next closure
+    then finds nothing to zero."""
+    optimizer.step(closure=optimizer_closure)
+    optimizer.zero_grad(set_to_none=True)
+
+
+class Toggled(L.Callback):
+    """psgd's run with the freeing on in even chunks and off in odd ones; after every chunk, as many
+    minimal-loop steps. Keeps (freed, psgd seconds, minimal-loop seconds) per chunk."""
+
+    def __init__(self, cfg, chunk: int):
+        self.cfg, self.chunk = cfg, chunk
+        self.rows: list[tuple[bool, float, float]] = []
+        self.freed = True
+
+    def on_train_epoch_start(self, trainer, module):
+        self.on = trainer.current_epoch >= 1
+        self.start, self.vanilla_s = None, 0.0
+        if trainer.current_epoch == 1:
+            self.side = compare.VanillaSide(self.cfg, module, trainer.datamodule)
+            lightnings = type(module).optimizer_step
+
+            def optimizer_step(*args, **kwargs):  # Lightning calls the instance's attribute
+                return (freeing_optimizer_step if self.freed else lightnings)(module, *args, **kwargs)
+
+            module.optimizer_step = optimizer_step
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if self.on and batch_idx % self.chunk == 0:
+            now = time.perf_counter()
+            if self.start is not None:  # the chunk up to here, less the minimal loop's chunk in it
+                self.rows.append((self.freed, now - self.start - self.vanilla_s, self.vanilla_s))
+            self.start = now
+            self.freed = (batch_idx // self.chunk) % 2 == 0
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if self.on and self.start is not None and (batch_idx + 1) % self.chunk == 0:
+            start = time.perf_counter()
+            for _ in range(self.chunk):
+                self.side.step(*self.side.next_batch())
+            self.vanilla_s = time.perf_counter() - start
+
+
+PSGD_ROWS = {True: "psgd, gradients freed after the step", False: "psgd as it is (Lightning's placement)"}
+
+
+def psgd_run(data_root: str, threads: int, chunk: int, epochs: int, overrides=()) -> dict:
+    """psgd's paired overhead with the freeing on and off: per-chunk ratio medians and ratios of sums."""
+    from psgd.run import train
+
+    cfg = compare.psgd_overhead_cfg(data_root, threads, epochs + 1, overrides)
+    toggled = Toggled(cfg, chunk)
+    with tempfile.TemporaryDirectory() as tmp:
+        train(cfg, Path(tmp) / "run", callbacks=[toggled])
+    out = {}
+    for freed, name in PSGD_ROWS.items():
+        rows = [(ours, theirs) for f, ours, theirs in toggled.rows if f == freed]
+        if not rows:
+            sys.exit(f"grad_lifetime: no chunk was timed; an epoch needs at least 3 x --chunk={chunk} batches")
+        out[name] = {
+            "median": statistics.median(ours / theirs for ours, theirs in rows),
+            "sum_ratio": sum(o for o, _ in rows) / sum(t for _, t in rows),
+            "chunks": len(rows),
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-root", default="data")
+    parser.add_argument("--threads", type=compare.positive, default=os.cpu_count() or 1)
+    parser.add_argument("--chunk", type=compare.positive, default=25, help="steps per timed chunk")
+    parser.add_argument("--pairs", type=compare.positive, default=100, help="rotations of the minimal-loop variants")
+    parser.add_argument("--epochs", type=compare.positive, default=4, help="psgd's epochs timed, after one of warm-up")
+    parser.add_argument("--repeats", type=compare.positive, default=2)
+    parser.add_argument("--batch-size", type=compare.positive, default=128)
+    compare.results_arguments(parser)
+    args = parser.parse_args()
+    compare.exit_without_data(args.data_root)
+    compare.exit_unless_writable(args.results)
+    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", ".*val_dataloader.*")
+
+    over = [f"data.batch_size={args.batch_size}"]
+    loops, psgds = [], []
+    for _ in range(args.repeats):
+        loops.append(minimal_loop(args.data_root, args.threads, args.chunk, args.pairs, over))
+        psgds.append(psgd_run(args.data_root, args.threads, args.chunk, args.epochs, over))
+    date = time.strftime("%Y-%m-%d")
+    md = [
+        f"When a lab-CNN step's gradients are freed: batch {args.batch_size}, {args.threads} threads, chunks of "
+        f"{args.chunk} steps; medians of {args.repeats} runs, each run's figure in brackets ({date})",
+        "",
+        "| loop | step time ÷ the minimal loop's (median of pairs) | ratio of sums |",
+        "|---|---|---|",
+    ]
+
+    def row(name: str, runs: list[dict]) -> str:
+        med = [r[name]["median"] for r in runs]
+        sums = [r[name]["sum_ratio"] for r in runs]
+        each = ", ".join(f"{m:.3f}" for m in med)
+        return f"| {name} | **{statistics.median(med):.3f}** ({each}) | {statistics.median(sums):.3f} |"
+
+    md += [row(name, loops) for name in VARIANTS]
+    md += [row(name, psgds) for name in PSGD_ROWS.values()]
+    text = "\n".join(md) + "\n"
+    print(text)
+    run_args = {**vars(args), "results": str(args.results)}
+    summary = {"date": date, "args": run_args, "minimal_loop": loops, "psgd": psgds}
+    compare.write_results(args.results, "grad_lifetime", json.dumps(summary, indent=1) + "\n", text)
+
+
+if __name__ == "__main__":
+    main()
