@@ -67,6 +67,7 @@ from psgd.config import (
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
 from psgd.hooks import skip_unused_hooks
+from psgd.memory import memory_problem
 from psgd.module import OPTIMIZER_KEY, Classifier, fit_loop_state
 from psgd.optim import scaled_lr, schedule_read
 from psgd.profiler import NoProfiler, PyTorchProfilerForWorkers
@@ -961,6 +962,16 @@ def _train(
         if short := check_data(cfg, datamodule, world_size):  # so does a worker without a batch
             warn(short)  # a shard smaller than one batch
         sizes, batches = datamodule.train_shards(world_size)
+        if plan.accelerator == "cpu" and plan.launcher == "psgd":  # every worker on this machine
+            batch = min(cfg.data.batch_size, max(sizes))
+            shape = (INFO[cfg.data.name].channels, image_size, image_size)
+            optimizer = str(cfg.optimizer.get("_target_", "")).rpartition(".")[2]
+            asked = f"data.batch_size={cfg.data.batch_size}" + (
+                f" (a batch of {batch}: each worker's whole shard)" if batch < cfg.data.batch_size else ""
+            )
+            hogwild = cfg.strategy.name == "hogwild"  # one copy of the weights in shared memory
+            if problem := memory_problem(net, shape, batch, plan.workers, optimizer, asked, shared_weights=hogwild):
+                raise DataError(problem)
         warn_if_lockstep_leaves_samples_out(cfg, sizes, batches)
         warn_if_an_epoch_holds_less_than_an_update(cfg, batches, plan.accumulate_grad_batches)
         warn_if_period_never_comes(cfg, batches, plan.accumulate_grad_batches)

@@ -1,0 +1,115 @@
+"""A run's training memory, judged before any worker starts: one that cannot fit is refused in one line.
+
+A run whose activations do not fit was killed by the kernel's out-of-memory killer: after the dataset
+was decoded and the workers started, and with nothing but "Killed" from the shell where it trained in
+the launcher's own process (one worker). What a training step must hold at the least is known before
+that: the tensors the forward keeps for backward grow with the batch, and the weights, gradients and
+the optimizer's state do not. They are counted on the meta device (no memory, ~30 ms for the
+WideResNet), so the estimate is a lower bound: the data, the framework and torch's own buffers come on
+top. Linux only (its MemAvailable and cgroup limit); CPU runs only (a GPU's memory is the GPU's).
+"""
+
+import copy
+from pathlib import Path
+
+import torch
+from torch import nn
+
+GiB = 1024**3
+
+
+def saved_bytes(net: nn.Module, images: torch.Tensor) -> int:
+    """Bytes of the tensors a training forward of `images` keeps for its backward (each storage once)."""
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()  # views share their base's storage (its _cdata), also on meta
+        kept[storage._cdata] = storage.nbytes()
+        return t
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        net(images)
+    return sum(kept.values())
+
+
+def activation_bytes_per_sample(net: nn.Module, image_shape: tuple[int, int, int]) -> int | None:
+    """What one more sample in a batch adds to what the forward keeps for backward: the difference
+    between batches of 3 and 2 on a meta copy of `net` in training mode; None where the network cannot
+    run on the meta device (.item(), an operation without a meta kernel)."""
+    try:
+        meta = copy.deepcopy(net).to("meta").train()
+        two, three = (saved_bytes(meta, torch.zeros(n, *image_shape, device="meta")) for n in (2, 3))
+    except Exception:
+        return None
+    return max(0, three - two)
+
+
+def state_bytes(net: nn.Module, optimizer: str) -> int:
+    """The weights, their gradients and the optimizer's state per weight (SGD's momentum, Adam's two
+    moments; NovoGrad keeps one per weight and one per layer: counted as one)."""
+    weights = sum(p.numel() * p.element_size() for p in net.parameters())
+    return weights * state_bytes_factor(optimizer)
+
+
+def state_bytes_factor(optimizer: str) -> int:
+    """Copies of the weights a step holds: the weights, the gradients and the optimizer's state."""
+    return 2 + {"SGD": 1, "Adam": 2, "AdamW": 2}.get(optimizer, 1)
+
+
+def available_bytes() -> int | None:
+    """The memory this process can still take: the kernel's MemAvailable, or less under a cgroup (v2 or
+    v1) memory limit (a container, a SLURM job); None where neither can be read (not Linux)."""
+    found = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit, usage in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            cap, used = Path(limit).read_text().strip(), int(Path(usage).read_text())
+        except (OSError, ValueError):
+            continue
+        if cap.isdigit() and int(cap) < 1 << 60:  # "max" (v2) or a huge number (v1): no limit
+            found.append(max(0, int(cap) - used))
+        break
+    return min(found) if found else None
+
+
+def memory_problem(
+    net: nn.Module,
+    image_shape: tuple[int, int, int],
+    batch: int,
+    workers: int,
+    optimizer: str,
+    batch_setting: str,
+    available: int | None = None,
+    shared_weights: bool = False,
+) -> str | None:
+    """The one-line reason a CPU run of `workers` workers on this machine, each training `batch`
+    samples at a time, cannot fit in the memory available; None where it may (or cannot be judged).
+    `shared_weights`: the workers share one copy of the weights (HogWild), each has its own gradients
+    and optimizer state."""
+    available = available_bytes() if available is None else available
+    per_sample = activation_bytes_per_sample(net, image_shape)
+    if available is None or per_sample is None:
+        return None
+    fixed = state_bytes(net, optimizer)
+    shared = fixed // state_bytes_factor(optimizer) if shared_weights and workers > 1 else 0
+    fixed -= shared  # each worker's own part; the shared weights once
+    need = workers * (per_sample * batch + fixed) + shared
+    if need <= available:
+        return None
+    fits = ((available - shared) // workers - fixed) // per_sample if per_sample else 0
+    each = f" x {workers} workers" if workers > 1 else ""
+    hint = f"at most {fits} fits" if fits >= 1 else "not even one sample fits"
+    return (
+        f"{batch_setting} needs at least {need / GiB:.1f} GiB of memory to train ({per_sample / 2**20:.1f} MiB "
+        f"of activations per sample x {batch}{each}, plus weights, gradients and optimizer state), more than the "
+        f"{available / GiB:.1f} GiB this machine has available: lower data.batch_size ({hint}"
+        f"{'' if workers == 1 else ' with these workers'}) or the workers"
+    )

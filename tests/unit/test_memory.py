@@ -1,0 +1,69 @@
+"""A run that cannot fit in memory is refused before any worker starts, from a count that is a lower bound."""
+
+import pytest
+import torch
+from torch import nn
+
+from psgd.memory import activation_bytes_per_sample, available_bytes, memory_problem, saved_bytes, state_bytes
+from psgd.models import LabCNN
+
+
+class Reuses(nn.Module):
+    """A ReLU's output that the next layer keeps too, through a view: counted once."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(12, 32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x.flatten(1)))
+        return self.b(h.view(len(x), 32)) + h.sum(1, keepdim=True)
+
+
+class ReadsAValue(nn.Module):
+    """Runs on the CPU, not on the meta device (.item())."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(12, 4)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1)) * float(x.abs().max().item() > 0)
+
+
+@pytest.mark.parametrize("net,shape", [(LabCNN(), (1, 28, 28)), (Reuses(), (3, 2, 2))], ids=["lab CNN", "reused"])
+def test_the_count_per_sample_is_what_a_real_forward_keeps_for_backward(net, shape):
+    """The meta count equals what a CPU forward keeps (each storage once) for each added sample."""
+    per_sample = activation_bytes_per_sample(net, shape)
+    net.train()
+    kept = {n: saved_bytes(net, torch.randn(n, *shape)) for n in (2, 10)}
+    assert per_sample > 0 and kept[10] - kept[2] == 8 * per_sample
+    if isinstance(net, Reuses):  # the flattened input (12 floats) and the ReLU's output (32), once each
+        assert per_sample == (12 + 32) * 4
+
+
+def test_a_run_is_refused_only_where_even_the_lower_bound_does_not_fit():
+    net, shape = LabCNN(), (1, 28, 28)
+    per_sample, fixed = activation_bytes_per_sample(net, shape), state_bytes(net, "SGD")
+    weights = sum(p.numel() for p in net.parameters()) * 4
+    assert fixed == 3 * weights and state_bytes(net, "Adam") == 4 * weights  # + gradients + momentum / moments
+    available = 2 * (100 * per_sample + fixed)  # 2 workers of a batch of 100 fit exactly
+    assert memory_problem(net, shape, 100, 2, "SGD", "data.batch_size=100", available=available) is None
+    line = memory_problem(net, shape, 101, 2, "SGD", "data.batch_size=101", available=available)
+    assert line.startswith("data.batch_size=101 needs at least ") and "x 101 x 2 workers" in line
+    assert "lower data.batch_size (at most 100 fits with these workers) or the workers" in line
+    # HogWild's workers share the weights: one copy less for the second worker
+    shared = available - weights
+    assert memory_problem(net, shape, 100, 2, "SGD", "b", available=shared, shared_weights=True) is None
+    assert memory_problem(net, shape, 100, 2, "SGD", "b", available=shared - 1, shared_weights=True)
+    one = memory_problem(net, shape, 500, 1, "SGD", "data.batch_size=500", available=fixed + 10)
+    assert "not even one sample fits" in one
+    # a network meta tensors cannot run is not judged (its job builds it on the CPU as before)
+    assert memory_problem(ReadsAValue(), (3, 2, 2), 10**9, 1, "SGD", "data.batch_size=1", available=1) is None
+
+
+def test_the_memory_available_is_read_on_linux():
+    available = available_bytes()
+    if available is None:
+        pytest.skip("no /proc/meminfo: not Linux")
+    assert 0 < available < 1 << 50
