@@ -942,12 +942,15 @@ def sweep_data_problem(jobs: Jobs) -> str | None:
 def _batches_problem(jobs: Jobs) -> str | None:
     """What a job finds only with its dataset read, for every job before the first one starts: a worker
     without a training batch (a shard smaller than data.batch_size with data.drop_last=true, a
-    dirichlet partition that leaves a worker no sample at the job's seed), or a final test of no batch.
+    dirichlet partition that leaves a worker no sample at the job's seed), a final test of no batch, or
+    (on CPU) a batch whose training cannot fit in this machine's memory (run.check_memory).
     Each dataset and folder is decoded once (MNIST: ~0.25 s); each job then deals its shards as it will
     (~ms). The datamodule is the job's own (run.build_datamodule) but for the image size, which no
     batch count depends on; so is the check (run.check_data). Every job has passed `check` already."""
+    import torch
+
     from psgd.data.datasets import DataError
-    from psgd.run import build_datamodule, check_data
+    from psgd.run import build_datamodule, check_data, check_memory
 
     decoded: dict[tuple[str, str], Any] = {}  # the first datamodule of each dataset and folder
     every_job = [j for j, _ in jobs]
@@ -961,6 +964,11 @@ def _batches_problem(jobs: Jobs) -> str | None:
             else:
                 datamodule.decoded_from(first)
             check_data(cfg, datamodule, workers)
+            if resolve_accelerator(cfg) == "cpu":  # a batch that cannot fit in memory, as the job judges it
+                cls, arguments, size = model_arguments(cfg.model, cfg.data.name)
+                with torch.device("meta"):
+                    net = cls(**arguments)
+                check_memory(cfg, net, size, datamodule.train_shards(workers)[0], workers)
         except (DataError, ConfigError) as e:
             return in_the_job(e, job, every_job)
         except Exception:  # anything else: left to the job, which reports it as its failure

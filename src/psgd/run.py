@@ -155,6 +155,21 @@ def check_data(cfg: DictConfig, datamodule: ClassificationData, world_size: int)
     return short
 
 
+def check_memory(cfg: DictConfig, net: nn.Module, image_size: int, sizes: list[int], workers: int) -> None:
+    """A DataError where `workers` CPU workers on this machine, each training its batches (data.batch_size,
+    or its whole shard where that is smaller; `sizes`: the shards), cannot fit in the memory available
+    (psgd.memory: a lower bound counted on the meta device). Needs prepare_data for the shard sizes."""
+    batch = min(cfg.data.batch_size, max(sizes))
+    shape = (INFO[cfg.data.name].channels, image_size, image_size)
+    optimizer = str(cfg.optimizer.get("_target_", "")).rpartition(".")[2]
+    asked = f"data.batch_size={cfg.data.batch_size}" + (
+        f" (a batch of {batch}: each worker's whole shard)" if batch < cfg.data.batch_size else ""
+    )
+    hogwild = cfg.strategy.name == "hogwild"  # one copy of the weights in shared memory
+    if problem := memory_problem(net, shape, batch, workers, optimizer, asked, shared_weights=hogwild):
+        raise DataError(problem)
+
+
 @contextmanager
 def rendezvous_port():
     """A random free port for the workers' rendezvous while fit runs, unless the user set MASTER_PORT.
@@ -963,15 +978,7 @@ def _train(
             warn(short)  # a shard smaller than one batch
         sizes, batches = datamodule.train_shards(world_size)
         if plan.accelerator == "cpu" and plan.launcher == "psgd":  # every worker on this machine
-            batch = min(cfg.data.batch_size, max(sizes))
-            shape = (INFO[cfg.data.name].channels, image_size, image_size)
-            optimizer = str(cfg.optimizer.get("_target_", "")).rpartition(".")[2]
-            asked = f"data.batch_size={cfg.data.batch_size}" + (
-                f" (a batch of {batch}: each worker's whole shard)" if batch < cfg.data.batch_size else ""
-            )
-            hogwild = cfg.strategy.name == "hogwild"  # one copy of the weights in shared memory
-            if problem := memory_problem(net, shape, batch, plan.workers, optimizer, asked, shared_weights=hogwild):
-                raise DataError(problem)
+            check_memory(cfg, net, image_size, sizes, plan.workers)
         warn_if_lockstep_leaves_samples_out(cfg, sizes, batches)
         warn_if_an_epoch_holds_less_than_an_update(cfg, batches, plan.accumulate_grad_batches)
         warn_if_period_never_comes(cfg, batches, plan.accumulate_grad_batches)

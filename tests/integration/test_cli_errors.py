@@ -522,10 +522,12 @@ def test_hydra_full_error_also_prints_a_bugs_traceback(tiny_data, tmp_path):
     assert f'buggy_net.py", line {where}, in forward' in (run_dir / "error.log").read_text()
 
 
-def test_a_run_whose_training_cannot_fit_in_memory_is_one_line_before_any_worker(tmp_path):
+@pytest.mark.parametrize("script", ["train.py", "sweep.py"])
+def test_a_run_whose_training_cannot_fit_in_memory_is_one_line_before_any_worker(tmp_path, script):
     """The WideResNet at a batch whose activations alone exceed this machine's available memory was
-    killed by the kernel mid-step ("Killed", nothing else, for one worker). The batch is sized from
-    what is available here, on a generated CIFAR10 holding that many images."""
+    killed by the kernel mid-step ("Killed", nothing else, for one worker); in a sweep, after the jobs
+    before it had run. The batch is sized from what is available here, on a generated CIFAR10 holding
+    that many images."""
     from conftest import make_cifar_like
 
     from psgd.memory import activation_bytes_per_sample, available_bytes
@@ -536,19 +538,18 @@ def test_a_run_whose_training_cannot_fit_in_memory_is_one_line_before_any_worker
         pytest.skip("no /proc/meminfo: not Linux")
     batch = available // activation_bytes_per_sample(WideResNet(in_channels=3), (3, 32, 32)) + 20
     root = make_cifar_like(tmp_path / "data", per_batch=batch // 5 + 1)
-    run_dir = tmp_path / "outputs" / "run"
-    settings = [
-        "model=wide_resnet",
-        "data=cifar10",
-        f"data.batch_size={batch}",
-        "data.val_split=0",
-        "data.verify_md5=false",
-    ]
-    proc = run_cli(
-        "train.py", *settings, "trainer.max_steps=1", f"data.root={root}", f"hydra.run.dir={run_dir}", timeout=300
-    )
+    out = tmp_path / "outputs" / "run"
+    settings = ["model=wide_resnet", "data=cifar10", "data.val_split=0", "data.verify_md5=false", f"data.root={root}"]
+    if script == "train.py":
+        cmd = [f"data.batch_size={batch}", "trainer.max_steps=1", f"hydra.run.dir={out}"]
+    else:  # the first job fits; the second is refused before the first runs
+        cmd = ["-m", f"data.batch_size=16,{batch}", "trainer.max_steps=1", f"hydra.sweep.dir={out}"]
+    proc = run_cli(script, *settings, *cmd, timeout=300)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert lines[0].startswith(f"psgd: error: data.batch_size={batch} needs at least ")
     assert "GiB this machine has available: lower data.batch_size (at most " in lines[0]
+    if script == "sweep.py":
+        assert lines[0].endswith(f"(in the job data.batch_size={batch}; no job was started)")
+        assert "psgd: [1/" not in proc.stdout
     assert not (tmp_path / "outputs").exists()
