@@ -4,7 +4,7 @@ A run whose activations do not fit was killed by the kernel's out-of-memory kill
 was decoded and the workers started, and with nothing but "Killed" from the shell where it trained in
 the launcher's own process (one worker). What a training step must hold at the least is known before
 that: the tensors the forward keeps for backward grow with the batch, and the weights, gradients and
-the optimizer's state do not. They are counted on the meta device (no memory, ~30 ms for the
+the optimizer's state do not. They are counted on the meta device (no memory, ~90 ms for the
 WideResNet), so the estimate is a lower bound: the data, the framework and torch's own buffers come on
 top. Linux only (its MemAvailable and cgroup limit); CPU runs only (a GPU's memory is the GPU's).
 """
@@ -89,16 +89,20 @@ def memory_problem(
     batch_setting: str,
     available: int | None = None,
     shared_weights: bool = False,
+    half: bool = False,
 ) -> str | None:
     """The one-line reason a CPU run of `workers` workers on this machine, each training `batch`
     samples at a time, cannot fit in the memory available; None where it may (or cannot be judged).
     `shared_weights`: the workers share one copy of the weights (HogWild), each has its own gradients
-    and optimizer state."""
+    and optimizer state. `half`: a 16-bit precision (bf16-mixed, ...): everything counted at half its
+    fp32 size, which stays a lower bound (autocast keeps some tensors, and the weights, in fp32)."""
     available = available_bytes() if available is None else available
     per_sample = activation_bytes_per_sample(net, image_shape)
     if available is None or per_sample is None:
         return None
     fixed = state_bytes(net, optimizer)
+    if half:
+        per_sample, fixed = per_sample // 2, fixed // 2
     shared = fixed // state_bytes_factor(optimizer) if shared_weights and workers > 1 else 0
     fixed -= shared  # each worker's own part; the shared weights once
     need = workers * (per_sample * batch + fixed) + shared

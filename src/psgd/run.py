@@ -158,7 +158,10 @@ def check_data(cfg: DictConfig, datamodule: ClassificationData, world_size: int)
 def check_memory(cfg: DictConfig, net: nn.Module, image_size: int, sizes: list[int], workers: int) -> None:
     """A DataError where `workers` CPU workers on this machine, each training its batches (data.batch_size,
     or its whole shard where that is smaller; `sizes`: the shards), cannot fit in the memory available
-    (psgd.memory: a lower bound counted on the meta device). Needs prepare_data for the shard sizes."""
+    (psgd.memory: a lower bound counted on the meta device, of the eager network: not judged under
+    compile, whose graphs may keep fewer tensors). Needs prepare_data for the shard sizes."""
+    if compile_mode(cfg.get("compile")):
+        return
     batch = min(cfg.data.batch_size, max(sizes))
     shape = (INFO[cfg.data.name].channels, image_size, image_size)
     optimizer = str(cfg.optimizer.get("_target_", "")).rpartition(".")[2]
@@ -166,7 +169,8 @@ def check_memory(cfg: DictConfig, net: nn.Module, image_size: int, sizes: list[i
         f" (a batch of {batch}: each worker's whole shard)" if batch < cfg.data.batch_size else ""
     )
     hogwild = cfg.strategy.name == "hogwild"  # one copy of the weights in shared memory
-    if problem := memory_problem(net, shape, batch, workers, optimizer, asked, shared_weights=hogwild):
+    half = "16" in str(cfg.trainer.get("precision"))  # bf16-mixed, 16-mixed, bf16-true ...
+    if problem := memory_problem(net, shape, batch, workers, optimizer, asked, shared_weights=hogwild, half=half):
         raise DataError(problem)
 
 

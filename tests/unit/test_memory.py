@@ -67,3 +67,28 @@ def test_the_memory_available_is_read_on_linux():
     if available is None:
         pytest.skip("no /proc/meminfo: not Linux")
     assert 0 < available < 1 << 50
+
+
+def test_a_16_bit_run_counts_half_and_a_compiled_one_is_not_judged():
+    """bf16-mixed keeps its convolutions' activations in bf16 (half the fp32 count is a lower bound of
+    them); torch.compile's graphs may keep fewer tensors than the eager network, so no eager count is
+    held against them. Judged with this machine's available memory, at 1.5x the fp32 batch that fits."""
+    from conftest import compose_cfg
+
+    from psgd.data.datasets import DataError
+    from psgd.models import WideResNet
+    from psgd.run import check_memory
+
+    available = available_bytes()
+    if available is None:
+        pytest.skip("no /proc/meminfo: not Linux")
+    net = WideResNet(in_channels=3)
+    batch = int(available / activation_bytes_per_sample(net, (3, 32, 32)) * 1.5)
+    job = ["model=wide_resnet", "data=cifar10", f"data.batch_size={batch}"]
+    with pytest.raises(DataError, match=f"data.batch_size={batch} needs at least "):
+        check_memory(compose_cfg(*job), net, 32, [batch], 1)
+    check_memory(compose_cfg(*job, "trainer.precision=bf16-mixed"), net, 32, [batch], 1)
+    check_memory(compose_cfg(*job, "compile=true"), net, 32, [batch], 1)
+    # a shard smaller than the batch is what each worker trains at once: named beside the setting
+    with pytest.raises(DataError, match=rf"data.batch_size={batch * 2} \(a batch of {batch}: each worker's whole"):
+        check_memory(compose_cfg(*job[:2], f"data.batch_size={batch * 2}"), net, 32, [batch], 1)
