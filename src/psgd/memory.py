@@ -57,8 +57,9 @@ def state_bytes_factor(optimizer: str) -> int:
 
 
 def available_bytes() -> int | None:
-    """The memory this process can still take: the kernel's MemAvailable, or less under a cgroup (v2 or
-    v1) memory limit (a container, a SLURM job); None where neither can be read (not Linux)."""
+    """The memory this process can still take: the kernel's MemAvailable, or less under a memory
+    cgroup limit on its own cgroup or an ancestor's (a container, a SLURM job); None where neither can
+    be read (not Linux)."""
     found = []
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -66,18 +67,49 @@ def available_bytes() -> int | None:
                 found.append(int(line.split()[1]) * 1024)
     except (OSError, ValueError, IndexError):
         pass
-    for limit, usage in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-    ):
-        try:
-            cap, used = Path(limit).read_text().strip(), int(Path(usage).read_text())
-        except (OSError, ValueError):
-            continue
-        if cap.isdigit() and int(cap) < 1 << 60:  # "max" (v2) or a huge number (v1): no limit
-            found.append(max(0, int(cap) - used))
-        break
+    room = cgroup_room()
+    if room is not None:
+        found.append(room)
     return min(found) if found else None
+
+
+# cgroup v2 (unified: a "0::<path>" line) and v1 (a line naming the memory controller): where the files are
+_CGROUPS = {
+    "v2": ("/sys/fs/cgroup", "memory.max", "memory.current", "inactive_file"),
+    "v1": ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
+}
+
+
+def cgroup_room(proc_cgroup: str = "/proc/self/cgroup") -> int | None:
+    """The least room left under a memory limit, over this process's memory cgroup and its ancestors:
+    the limit less the usage, of which the inactive file cache counts as free (the kernel reclaims it
+    first). None where no limit is set or none can be read (a cgroup path the container does not show
+    is read at its mount's root, the container's own cgroup)."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    rooms = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        version = "v2" if controllers == "" else "v1" if "memory" in controllers.split(",") else None
+        if version is None:
+            continue
+        root, limit, usage, inactive = _CGROUPS[version]
+        group = Path(root) / path.strip().lstrip("/")
+        while True:
+            try:
+                cap = (group / limit).read_text().strip()
+                used = int((group / usage).read_text())
+                stat = dict(row.split() for row in (group / "memory.stat").read_text().splitlines())
+                if cap.isdigit() and int(cap) < 1 << 60:  # "max" (v2) or a huge number (v1): no limit
+                    rooms.append(max(0, int(cap) - used + int(stat.get(inactive, 0))))
+            except (OSError, ValueError):
+                pass
+            if group == Path(root) or group.parent == group:
+                break
+            group = group.parent
+    return min(rooms) if rooms else None
 
 
 def memory_problem(

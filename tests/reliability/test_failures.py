@@ -4,6 +4,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -863,6 +864,38 @@ def test_a_run_out_of_memory_loses_a_worker_not_the_launcher_and_says_so(tiny_da
         while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not (group / "cgroup.procs").read_text().strip(), "a worker outlived the run"
+    finally:
+        with contextlib.suppress(OSError):
+            group.rmdir()
+
+
+@pytest.mark.slow  # ~15 s; needs root and cgroup v1's memory controller (the development VM has both)
+@pytest.mark.skipif(
+    not (hasattr(os, "geteuid") and os.geteuid() == 0 and os.access(MEMCG, os.W_OK)),
+    reason="needs root and a writable cgroup v1 memory controller to give a run a memory limit",
+)
+def test_a_batch_that_cannot_fit_under_a_cgroup_limit_is_refused_before_the_workers_start(tmp_path):
+    """In a 1.2 GB memory cgroup (a container's or a SLURM job's limit, far below the machine's memory)
+    the WideResNet at batch 128 (~2 GiB of activations) was killed by the OOM killer inside the group.
+    psgd reads the limit of the run's own cgroup and refuses the batch in one line."""
+    from conftest import make_cifar_like
+
+    root = make_cifar_like(tmp_path / "data")
+    group = MEMCG / f"psgd-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(1_200_000_000))
+        cmd = f'echo $$ > {group}/cgroup.procs && exec "$0" "$@"'
+        args = [sys.executable, str(ROOT / "train.py"), "model=wide_resnet", "data=cifar10", f"data.root={root}"]
+        args += ["data.verify_md5=false", "data.val_split=0", f"hydra.run.dir={tmp_path / 'run'}"]
+        proc = subprocess.run(["sh", "-c", cmd, *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+        available = float(re.search(r"more than the ([0-9.]+) GiB this machine has available", lines[0])[1])
+        assert (
+            lines[0].startswith("psgd: error: data.batch_size=128 needs at least ") and 0 < available <= 1.2e9 / 2**30
+        )
+        assert not (tmp_path / "run").exists()
     finally:
         with contextlib.suppress(OSError):
             group.rmdir()
