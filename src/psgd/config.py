@@ -947,8 +947,6 @@ def _batches_problem(jobs: Jobs) -> str | None:
     Each dataset and folder is decoded once (MNIST: ~0.25 s); each job then deals its shards as it will
     (~ms). The datamodule is the job's own (run.build_datamodule) but for the image size, which no
     batch count depends on; so is the check (run.check_data). Every job has passed `check` already."""
-    import torch
-
     from psgd.data.datasets import DataError
     from psgd.run import build_datamodule, check_data, check_memory
 
@@ -965,9 +963,7 @@ def _batches_problem(jobs: Jobs) -> str | None:
                 datamodule.decoded_from(first)
             check_data(cfg, datamodule, workers)
             if resolve_accelerator(cfg) == "cpu":  # a batch that cannot fit in memory, as the job judges it
-                cls, arguments, size = model_arguments(cfg.model, cfg.data.name)
-                with torch.device("meta"):
-                    net = cls(**arguments)
+                net, size = meta_network(cfg.model, cfg.data.name)
                 check_memory(cfg, net, size, datamodule.train_shards(workers)[0], workers)
         except (DataError, ConfigError) as e:
             return in_the_job(e, job, every_job)
@@ -1028,6 +1024,16 @@ def model_arguments(model_cfg: DictConfig, data_name: str) -> tuple[type, dict[s
     return cls, {**given, **params}, size
 
 
+def meta_network(model_cfg: DictConfig, data_name: str) -> tuple[Any, int]:
+    """The job's network built on the meta device (no memory, no random numbers) and the image size it
+    takes; model_arguments' ConfigError, or what its constructor raises (also what it cannot do on meta)."""
+    import torch
+
+    cls, arguments, size = model_arguments(model_cfg, data_name)
+    with torch.device("meta"):
+        return cls(**arguments), size
+
+
 def check_model(model_cfg: DictConfig, data_name: str) -> None:
     """model_arguments' checks, the constructor's own (MLP's model.hidden=0) and a forward pass of the
     dataset's image shape, on the meta device (no memory, no random numbers; 5-25 ms). In `check`, so that
@@ -1036,10 +1042,10 @@ def check_model(model_cfg: DictConfig, data_name: str) -> None:
     not CIFAR10's 32x32 ones, in `sweep.py -m data=mnist,cifar10`, failed the CIFAR10 jobs as they started."""
     import torch
 
-    cls, arguments, size = model_arguments(model_cfg, data_name)
     try:
-        with torch.device("meta"):
-            net = cls(**arguments)
+        net, size = meta_network(model_cfg, data_name)
+    except ConfigError:
+        raise
     except ValueError as e:  # a value the model refuses, named in its message (build_model says the same)
         raise ConfigError(str(e)) from e
     except Exception:  # what a constructor cannot do on the meta device: build_model judges it

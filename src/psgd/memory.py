@@ -44,16 +44,20 @@ def activation_bytes_per_sample(net: nn.Module, image_shape: tuple[int, int, int
     return max(0, three - two)
 
 
-def state_bytes(net: nn.Module, optimizer: str) -> int:
-    """The weights, their gradients and the optimizer's state per weight (SGD's momentum, Adam's two
-    moments; NovoGrad keeps one per weight and one per layer: counted as one)."""
-    weights = sum(p.numel() * p.element_size() for p in net.parameters())
-    return weights * state_bytes_factor(optimizer)
+def weight_bytes(net: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in net.parameters())
 
 
-def state_bytes_factor(optimizer: str) -> int:
-    """Copies of the weights a step holds: the weights, the gradients and the optimizer's state."""
+def state_copies(optimizer: str) -> int:
+    """Copies of the weights a step holds: the weights, their gradients and the optimizer's state per
+    weight (SGD's momentum, Adam's two moments; NovoGrad keeps one per weight and one per layer: counted
+    as one)."""
     return 2 + {"SGD": 1, "Adam": 2, "AdamW": 2}.get(optimizer, 1)
+
+
+def state_bytes(net: nn.Module, optimizer: str) -> int:
+    """The weights, their gradients and the optimizer's state."""
+    return weight_bytes(net) * state_copies(optimizer)
 
 
 def available_bytes() -> int | None:
@@ -132,11 +136,11 @@ def memory_problem(
     per_sample = activation_bytes_per_sample(net, image_shape)
     if available is None or per_sample is None:
         return None
-    fixed = state_bytes(net, optimizer)
+    weights = weight_bytes(net)
     if half:
-        per_sample, fixed = per_sample // 2, fixed // 2
-    shared = fixed // state_bytes_factor(optimizer) if shared_weights and workers > 1 else 0
-    fixed -= shared  # each worker's own part; the shared weights once
+        per_sample, weights = per_sample // 2, weights // 2
+    shared = weights if shared_weights and workers > 1 else 0  # the shared weights once
+    fixed = weights * state_copies(optimizer) - shared  # each worker's own part
     need = workers * (per_sample * batch + fixed) + shared
     if need <= available:
         return None
