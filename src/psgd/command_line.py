@@ -25,7 +25,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 
@@ -150,26 +150,41 @@ def process_start(pid: int) -> datetime | None:
         return None
 
 
+def job_start(env: Mapping[str, str]) -> datetime | None:
+    """When this torchrun / srun job started, alike in all of its processes and in a worker torchrun
+    restarts hours later: srun's SLURM_JOB_START_TIME (a Unix time, the same on every node), or the
+    start of torchrun's agent, the workers' parent on each machine. None where neither can be read."""
+    if torchrun_worker():
+        return process_start(os.getppid())
+    try:
+        return datetime.fromtimestamp(int(env["SLURM_JOB_START_TIME"]))
+    except (KeyError, ValueError, OverflowError, OSError):
+        return None
+
+
 def run_name() -> str:
     """The run dir under outputs/: <date>/<time>, or a name every process of one torchrun / srun job
-    computes alike, so that all workers (and a restarted worker) write into the same dir."""
-    env, today = os.environ, datetime.now().strftime("%Y-%m-%d")
+    computes alike, so that all workers (and a restarted worker) write into the same dir. Its date is
+    the job's start (job_start), not today's: a worker that started, or was restarted, after midnight
+    would otherwise file itself under the next day, apart from the run it belongs to."""
+    env = os.environ
     if torchrun_worker():
+        started = job_start(env)
+        day = (started or datetime.now()).strftime("%Y-%m-%d")
         run_id = env["TORCHELASTIC_RUN_ID"]
         if run_id not in ("", "none"):  # --rdzv-id, or the id torchrun makes up for one machine
-            return f"{today}/torchrun-{run_id}"
+            return f"{day}/torchrun-{run_id}"
         # "none": a static rendezvous (--master-port given). On one machine every worker, restarted
         # ones too, is a child of the one torchrun process: its pid and start time name this job (the
         # port alone would name every such job of the day alike). Across machines, only the port.
-        agent = os.getppid()
-        started = process_start(agent) if env.get("WORLD_SIZE") == env.get("LOCAL_WORLD_SIZE") else None
-        if started is not None:
-            return started.strftime(f"%Y-%m-%d/%H-%M-%S-torchrun{agent}")
-        return f"{today}/torchrun-port{env.get('MASTER_PORT', '')}"
+        if started is not None and env.get("WORLD_SIZE") == env.get("LOCAL_WORLD_SIZE"):
+            return started.strftime(f"%Y-%m-%d/%H-%M-%S-torchrun{os.getppid()}")
+        return f"{day}/torchrun-port{env.get('MASTER_PORT', '')}"
     if "SLURM_JOB_ID" in env and "SLURM_STEP_ID" in env and int(env.get("SLURM_NTASKS") or 1) > 1:
         # srun's tasks (one per worker); one task, e.g. `python train.py` lines in a batch script, has
         # no other process to agree with and gets a name of its own, as anywhere
-        return f"{today}/slurm-{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
+        day = (job_start(env) or datetime.now()).strftime("%Y-%m-%d")
+        return f"{day}/slurm-{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
     return datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
 
 

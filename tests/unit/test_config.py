@@ -913,6 +913,35 @@ def test_every_process_of_a_torchrun_or_srun_job_names_the_same_run_dir(monkeypa
     assert run_name() == run_name() and run_name().endswith("/slurm-4242.0")
 
 
+def test_a_torchrun_or_srun_job_keeps_the_date_it_started_on_after_midnight(monkeypatch):
+    """A job started before midnight whose workers start, or are restarted by torchrun, after it: every
+    worker files the run under the job's start date. With today's date a worker restarted after midnight
+    looked for the run's checkpoint under the next day's dir, found none and began again from epoch 0."""
+    import psgd.command_line as command_line
+
+    evening = datetime(2026, 11, 26, 23, 59, 58)
+    monkeypatch.setattr(command_line, "process_start", lambda pid: evening if pid == os.getppid() else None)
+    for k, v in {**TORCHRUN_2X2, "TORCHELASTIC_RUN_ID": "job7"}.items():
+        monkeypatch.setenv(k, v)
+    assert command_line.run_name() == "2026-11-26/torchrun-job7"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # across machines, a static rendezvous
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert command_line.run_name() == "2026-11-26/torchrun-port29500"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])  # one machine: named by torchrun's start
+    assert command_line.run_name() == f"2026-11-26/23-59-58-torchrun{os.getppid()}"
+    monkeypatch.setattr(command_line, "process_start", lambda pid: None)  # no /proc: today's date, as before
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
+    assert command_line.run_name() == datetime.now().strftime("%Y-%m-%d/torchrun-job7")
+    for k in [*TORCHRUN_2X2, "TORCHELASTIC_RUN_ID", "MASTER_PORT"]:
+        monkeypatch.delenv(k, raising=False)
+    for k, v in {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "4"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("SLURM_JOB_START_TIME", str(int(evening.timestamp())))  # the same on every node
+    assert command_line.run_name() == "2026-11-26/slurm-4242.0"
+    monkeypatch.setenv("SLURM_JOB_START_TIME", "")  # an older Slurm's, unset: today's date
+    assert command_line.run_name() == datetime.now().strftime("%Y-%m-%d/slurm-4242.0")
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 def test_a_process_start_time_is_read_to_the_second():
     from psgd.command_line import process_start
