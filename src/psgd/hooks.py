@@ -1,4 +1,6 @@
-"""Per-batch hooks that nobody implements, taken out of Lightning's hook dispatch.
+"""Lightning's per-step hook work cut down: the per-batch hooks nobody implements taken out of its
+dispatch (skip_unused_hooks), the batch hooks' owner chosen once per fit (SelectedBatchHooks), and
+training_step's signature built once (fixed_signature).
 
 Lightning calls every per-batch hook of every callback and of the LightningModule on every batch,
 also where the object inherits the base class's empty one: six per training step in automatic
@@ -19,9 +21,13 @@ call it through the class or `super()`.
 """
 
 import dis
-from collections.abc import Iterable
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import pytorch_lightning as L
+from pytorch_lightning.trainer import call
+from pytorch_lightning.utilities.model_helpers import is_overridden
 
 TRAINING_STEP_HOOKS = (
     "on_train_batch_start",
@@ -73,3 +79,49 @@ def skip_unused_hooks(trainer: L.Trainer, module: L.LightningModule) -> None:
     for callback in trainer.callbacks:
         skip_empty_hooks(callback)
     skip_empty_hooks(module, TRAINING_STEP_HOOKS)
+
+
+def fixed_signature(fn: Callable) -> Callable:
+    """Decorator: `fn`'s signature, computed once. Lightning reads training_step's signature on every
+    training step (`inspect.getfullargspec`, to learn whether it takes batch_idx), and inspect builds a
+    new Signature each time, ~460 Python bytecodes a step; a function's `__signature__` is what inspect
+    returns instead."""
+    fn.__signature__ = inspect.signature(fn)
+    return fn
+
+
+# the batch hooks whose Lightning default returns the batch as it is
+_PASS_THROUGH = ("on_before_batch_transfer", "on_after_batch_transfer")
+
+
+class SelectedBatchHooks:
+    """LightningModule mixin. Lightning calls three batch hooks on every step (on_before_batch_transfer,
+    transfer_batch_to_device, on_after_batch_transfer) and, for each call, asks again whether the
+    datamodule or the module implements it: up to two `is_overridden` per call, ~1000 Python bytecodes
+    a step. Here Lightning's own choice (its `get_instance`, warnings and all) is made once per fit and
+    kept; a pass-through hook that the chosen object leaves at Lightning's default (which returns the
+    batch unchanged) is not called at all, and the others are called as Lightning calls them."""
+
+    _batch_hooks: tuple[Any, dict[str, Any]] | None = None  # (the fit's hook selector, hook -> caller)
+
+    def _call_batch_hook(self, hook_name: str, *args: Any) -> Any:
+        trainer = self._trainer
+        if trainer is None:
+            return super()._call_batch_hook(hook_name, *args)
+        selector = trainer._data_connector._datahook_selector
+        kept = self._batch_hooks
+        if kept is None or kept[0] is not selector:
+            kept = self._batch_hooks = (selector, {})
+        caller = kept[1].get(hook_name)
+        if caller is None:
+            obj = selector.get_instance(hook_name)
+            if hook_name in _PASS_THROUGH and not is_overridden(hook_name, obj):
+                caller = False
+            elif isinstance(obj, self.__class__):
+                caller = call._call_lightning_module_hook
+            else:
+                caller = call._call_lightning_datamodule_hook
+            kept[1][hook_name] = caller
+        if caller is False:
+            return args[0]
+        return caller(trainer, hook_name, *args)

@@ -15,6 +15,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from psgd.config import ConfigError
+from psgd.hooks import SelectedBatchHooks, fixed_signature
 from psgd.optim import build_scheduler, schedule_read
 from psgd.results import hogwild_workers, step_advice
 
@@ -85,7 +86,7 @@ def _loss_mean(**kwargs) -> MeanMetric:
     return MeanMetric(nan_strategy=float("nan"), **kwargs)
 
 
-class Classifier(PlainHookName, L.LightningModule):
+class Classifier(PlainHookName, SelectedBatchHooks, L.LightningModule):
     """Wraps a plain nn.Module. Metrics are accumulated per step and reduced once per epoch (over
     all workers), so no step pays for a collective other than the strategy's own."""
 
@@ -166,6 +167,7 @@ class Classifier(PlainHookName, L.LightningModule):
         return loss, out
 
     @override
+    @fixed_signature
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
         out = self(x)
@@ -248,7 +250,7 @@ class Classifier(PlainHookName, L.LightningModule):
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        trainer = self.trainer
+        trainer = self._trainer  # (the `trainer` property checks more, on every step)
         if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or batch_idx + 1 >= trainer.num_training_batches:
             self._log_train_epoch()
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from pytorch_lightning.profilers import PassThroughProfiler
 from pytorch_lightning.utilities.model_helpers import is_overridden
+from pytorch_lightning.utilities.signature_utils import is_param_in_hook_signature
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -228,3 +229,108 @@ def test_a_run_without_the_empty_hooks_calls_every_implemented_one_and_trains_th
     assert calls["[Callback]CountingChild.on_before_backward"] == steps
     assert calls["[LightningModule]Tiny.on_before_optimizer_step"] == steps
     assert sum(calls.values()) < sum(plain_calls.values()) - 6 * steps
+
+
+class Batches(L.LightningDataModule):
+    """Four training batches of 8 (4 features, 3 classes), with Lightning's own batch hooks."""
+
+    def __init__(self):
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        images, labels = torch.randn(32, 4, generator=generator), torch.randint(0, 3, (32,), generator=generator)
+        self.data = TensorDataset(images, labels)
+        self.after = 0
+
+    def train_dataloader(self):
+        return DataLoader(self.data, batch_size=8)
+
+
+class ShiftedBatches(Batches):
+    """Its own on_after_batch_transfer (as a user's datamodule may have) shifts the images; it counts calls."""
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        self.after += 1
+        return batch[0] + 0.5, batch[1]
+
+
+class LightningsBatchHooks(Classifier):
+    """Classifier with Lightning's own batch-hook dispatch: asked again on every call."""
+
+    _call_batch_hook = L.LightningModule._call_batch_hook
+
+
+def fit_classifier(module_class, datamodule) -> tuple[Classifier, Counter, int]:
+    """Two epochs; the hook calls Lightning made, and how often it chose a batch hook's owner (the
+    datamodule or the module: `get_instance`, up to two is_overridden each) after the first step."""
+    from pytorch_lightning.trainer.connectors.data_connector import _DataHookSelector
+
+    torch.manual_seed(0)
+    module, profiler, chosen = module_class(nn.Linear(4, 3), torch.optim.SGD, lr=0.5, num_classes=3), Names(), []
+
+    class AfterFirstStep(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            chosen.append(0)
+
+    def get_instance(self, hook_name):
+        if chosen:
+            chosen[-1] += 1
+        return original(self, hook_name)
+
+    original = _DataHookSelector.get_instance
+    _DataHookSelector.get_instance = get_instance
+    try:
+        trainer = L.Trainer(
+            max_epochs=2,
+            accelerator="cpu",
+            logger=False,
+            callbacks=[AfterFirstStep()],
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            profiler=profiler,
+        )
+        trainer.fit(module, datamodule=datamodule)
+    finally:
+        _DataHookSelector.get_instance = original
+    return module, profiler.names, sum(chosen)
+
+
+@pytest.mark.parametrize("datamodule", [Batches, ShiftedBatches])
+def test_the_batch_hooks_are_chosen_once_per_fit_and_a_pass_through_default_is_not_called(datamodule):
+    """Lightning asked, on every one of its three batch-hook calls per step, whether the datamodule or the
+    module implements the hook (up to two is_overridden each). psgd's Classifier keeps the fit's choice,
+    and leaves out on_before/after_batch_transfer where nobody overrides them: they return the batch."""
+    steps = 8  # 2 epochs of 4 batches
+    ours, calls, chosen = fit_classifier(Classifier, data := datamodule())
+    theirs, their_calls, their_chosen = fit_classifier(LightningsBatchHooks, their_data := datamodule())
+    assert chosen == 0 and their_chosen == 3 * (steps - 1)
+    for p, q in zip(ours.parameters(), theirs.parameters(), strict=True):  # the same batches, the same training
+        assert torch.equal(p, q)
+    after = "[LightningDataModule]ShiftedBatches.on_after_batch_transfer"
+    if datamodule is Batches:
+        assert their_calls["[LightningModule]LightningsBatchHooks.on_before_batch_transfer"] == steps
+        assert not any("on_before_batch_transfer" in k or "on_after_batch_transfer" in k for k in calls)
+    else:  # the datamodule's own hook is called as Lightning calls it, every step
+        assert calls[after] == their_calls[after] == steps and data.after == their_data.after == steps
+    assert calls["[LightningModule]Classifier.transfer_batch_to_device"] == steps
+
+
+def test_lightning_reads_the_training_steps_signature_without_building_it_again():
+    import inspect
+
+    module = Classifier(nn.Linear(4, 3), torch.optim.SGD, lr=0.5, num_classes=3)
+    built = Counter()
+    original = inspect._signature_from_function
+
+    def counted(*args, **kwargs):
+        built["signature"] += 1
+        return original(*args, **kwargs)
+
+    inspect._signature_from_function = counted
+    try:
+        spec = inspect.getfullargspec(module.training_step)  # what Lightning asks on every training step
+    finally:
+        inspect._signature_from_function = original
+    assert spec.args == ["self", "batch", "batch_idx"] and built["signature"] == 0
+    assert is_param_in_hook_signature(module.training_step, "batch_idx", min_args=2)  # so batch_idx is passed
