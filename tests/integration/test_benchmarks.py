@@ -511,3 +511,32 @@ def test_paired_chunks_longer_than_an_epoch_are_one_line_not_a_statistics_error(
     with pytest.raises(SystemExit, match="^compare.py: no pair of 25-step chunks was timed: an epoch has fewer than"):
         compare.paired_figures([], 25)
     assert compare.paired_figures([(2.0, 1.0), (3.0, 2.0)], 25)["sum_ratio"] == pytest.approx(5 / 3)
+
+
+def test_instructions_per_step_reads_callgrinds_dumps_in_order_and_counts_the_gap_to_lightning(tmp_path):
+    import instructions_per_step as ips
+
+    # dumps as callgrind writes them: cg.<pid>.<n> in the order of the markers (n sorts numerically), and the
+    # exit's cg.<pid> without a number; each has a "summary:" line with the instructions since the last dump
+    counts = [900, 7, 110, 100, 3, 106, 100, 4, 108, 102, 2]  # warm-up, epoch start, then [lightning, vanilla, gap]
+    for n, count in enumerate(counts, 1):
+        (tmp_path / f"cg.4242.{n}").write_text(f"version: 1\ncreator: callgrind\nsummary: {count}\ntotals: {count}\n")
+    (tmp_path / "cg.4242").write_text("summary: 123456\n")
+    assert ips.dumps(tmp_path) == counts
+    out = ips.chunks(counts, chunk=2)
+    # the first chunk (110 + 3 against 100) is left out: the vanilla loop's first steps build its state
+    assert out["chunks"] == 2
+    assert out["lightning"] == pytest.approx(((106 + 4) / 2 + (108 + 2) / 2) / 2)  # the gap is Lightning's
+    assert out["vanilla"] == pytest.approx((100 / 2 + 102 / 2) / 2)
+    assert out["extra"] == pytest.approx(out["lightning"] - out["vanilla"])
+    assert ips.chunks(counts[:5], chunk=2) == {}  # one chunk only: nothing counted
+
+
+def test_instructions_per_step_without_valgrind_is_one_line_before_anything_runs(tiny_data, tmp_path):
+    script = str(ROOT / "benchmarks" / "instructions_per_step.py")
+    env = {**os.environ, "PATH": str(tmp_path)}  # no valgrind on it
+    cmd = [sys.executable, script, f"--data-root={tiny_data}", f"--results={tmp_path / 'results'}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip() == "instructions_per_step: needs valgrind (callgrind and callgrind_control) on the PATH"
+    assert not (tmp_path / "results").exists()
