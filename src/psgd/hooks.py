@@ -125,3 +125,10 @@ class SelectedBatchHooks:
         if caller is False:
             return args[0]
         return caller(trainer, hook_name, *args)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the fit's selector holds its datamodule (and its data): a pickled or copied module leaves it, as
+        # Lightning's own __getstate__ leaves the trainer
+        state = super().__getstate__()
+        state.pop("_batch_hooks", None)
+        return state

@@ -314,6 +314,9 @@ def test_the_batch_hooks_are_chosen_once_per_fit_and_a_pass_through_default_is_n
     else:  # the datamodule's own hook is called as Lightning calls it, every step
         assert calls[after] == their_calls[after] == steps and data.after == their_data.after == steps
     assert calls["[LightningModule]Classifier.transfer_batch_to_device"] == steps
+    pickled = pickle.dumps(ours)  # as a module sent to worker processes: without the fit's datamodule and data
+    assert "_batch_hooks" in vars(ours) and "_batch_hooks" not in vars(pickle.loads(pickled))
+    assert type(data).__name__.encode() not in pickled
 
 
 def test_lightning_reads_the_training_steps_signature_without_building_it_again():
