@@ -91,14 +91,9 @@ def vanilla(data_root: str, skip: int, steps: int, overrides=()) -> Calls:
 
 
 def lightning(data_root: str, skip: int, steps: int, module: str, overrides=()) -> Calls:
-    from psgd.profiler import NoProfiler
-
-    cfg, net, data = compare.lab_cnn_setup(data_root, 1, overrides)
     counter = CountSteps(skip, steps)
-    model = compare.lean_module(cfg, net) if module == "lean" else compare.bare_module(cfg, net)
-    trainer = compare.lean_trainer(1, [counter], NoProfiler() if module == "lean" else None)
-    trainer.limit_train_batches = skip + steps + 1
-    trainer.fit(model, datamodule=data)
+    _, fit = compare.lightning_loop(module, data_root, 1, 1, overrides)
+    fit([counter], limit_train_batches=skip + steps + 1)
     return counter.calls
 
 

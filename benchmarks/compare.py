@@ -489,6 +489,39 @@ class VanillaSide:
         return next(self.batches)
 
 
+def lightning_loop(loop: str, data_root: str, threads: int, epochs: int, overrides=()):
+    """One of the Lightning loops the overhead is measured in, not yet run: its composed config and a
+    function that fits it with the given callbacks (and, for the bare and lean Trainers, a limit on the
+    training batches per epoch; psgd's run takes trainer.limit_train_batches among `overrides`). `loop`
+    "psgd": psgd's real run (train.py's default config, no validation); "bare": the smallest
+    LightningModule in the leanest Trainer; "lean": the leanest LightningModule (lean_module, with
+    NoProfiler), Lightning's own floor."""
+    if loop in ("bare", "lean"):
+        from psgd.profiler import NoProfiler
+
+        cfg, net, data = lab_cnn_setup(data_root, threads, overrides)
+        module = bare_module(cfg, net) if loop == "bare" else lean_module(cfg, net)
+
+        def fit(callbacks: list, limit_train_batches: int | None = None) -> None:
+            trainer = lean_trainer(epochs, callbacks, NoProfiler() if loop == "lean" else None)
+            if limit_train_batches is not None:
+                trainer.limit_train_batches = limit_train_batches
+            trainer.fit(module, datamodule=data)
+
+        return cfg, fit
+    import tempfile
+
+    from psgd.run import train
+
+    cfg = psgd_overhead_cfg(data_root, threads, epochs, overrides)
+
+    def fit(callbacks: list, limit_train_batches: int | None = None) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            train(cfg, Path(tmp) / "run", callbacks=callbacks)
+
+    return cfg, fit
+
+
 def paired_overhead(
     data_root: str, threads: int, chunk: int = 25, epochs: int = 3, overrides=(), loop: str = "psgd"
 ) -> dict:
@@ -502,11 +535,7 @@ def paired_overhead(
     warm-up; `epochs` more are measured (`overrides`: more train.py overrides, for short test runs).
     Returns the per-pair step-time ratios Lightning / vanilla, their median, and the ratio of the
     summed times."""
-    import tempfile
-
     import pytorch_lightning as L
-
-    from psgd.run import train
 
     class Paired(L.Callback):
         def __init__(self):
@@ -535,16 +564,8 @@ def paired_overhead(
                 self.vanilla_s.append(self.vanilla_in_chunk)
 
     paired = Paired()
-    if loop in ("bare", "lean"):
-        from psgd.profiler import NoProfiler
-
-        cfg, net, data = lab_cnn_setup(data_root, threads, overrides)
-        module = bare_module(cfg, net) if loop == "bare" else lean_module(cfg, net)
-        lean_trainer(epochs + 1, [paired], NoProfiler() if loop == "lean" else None).fit(module, datamodule=data)
-    else:
-        cfg = psgd_overhead_cfg(data_root, threads, epochs + 1, overrides)
-        with tempfile.TemporaryDirectory() as tmp:
-            train(cfg, Path(tmp) / "run", callbacks=[paired])
+    cfg, fit = lightning_loop(loop, data_root, threads, epochs + 1, overrides)
+    fit([paired])
     pairs = list(zip(paired.lightning_s, paired.vanilla_s))  # the last chunk of an epoch may lack its partner
     return paired_figures(pairs, chunk)
 

@@ -74,19 +74,9 @@ def inner(args: argparse.Namespace) -> None:
     steps = chunk * (args.chunks + 1)  # and one chunk that is not counted
     over = [f"data.batch_size={args.batch_size}", f"trainer.limit_train_batches={steps}"]
     if args.loop == "psgd":
-        from psgd.run import train
-
-        cfg = compare.psgd_overhead_cfg(args.data_root, 1, 2, [*over, "trainer.limit_test_batches=1"])
-        with tempfile.TemporaryDirectory() as tmp:
-            train(cfg, Path(tmp) / "run", callbacks=[Marks()])
-    else:
-        from psgd.profiler import NoProfiler
-
-        cfg, net, data = compare.lab_cnn_setup(args.data_root, 1, over)
-        module = compare.bare_module(cfg, net) if args.loop == "bare" else compare.lean_module(cfg, net)
-        trainer = compare.lean_trainer(2, [Marks()], NoProfiler() if args.loop == "lean" else None)
-        trainer.limit_train_batches = steps
-        trainer.fit(module, datamodule=data)
+        over.append("trainer.limit_test_batches=1")
+    cfg, fit = compare.lightning_loop(args.loop, args.data_root, 1, 2, over)
+    fit([Marks()], limit_train_batches=steps)
 
 
 def dumps(folder: Path) -> list[int]:
