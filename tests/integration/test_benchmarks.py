@@ -311,6 +311,37 @@ def test_gpu_step_benchmark_counts_the_lab_cnn_flop_and_times_every_variant(tmp_
     assert "lab CNN: 0.0101 GFLOP per training sample" in (tmp_path / "gpu_step.md").read_text()
 
 
+@pytest.mark.slow  # ~15 s on a CPU, a GPU benchmark: pytest -m slow
+def test_gpu_profile_benchmark_times_psgd_against_the_bare_step(tmp_path):
+    # on CPU: the script itself (the GPU's busy time and kernels are the GPU's own; n/a here)
+    root = make_mnist_like(tmp_path / "data", "MNIST", n_train=128 * 9, n_test=64, seed=5)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"), f"--data-root={root}", "--device=cpu"]
+    cmd += ["--models", "lab CNN", "--precisions", "fp32", "bf16", "--warm-up=2", "--steps=3", "--profiled=2"]
+    proc = subprocess.run([*cmd, f"--results={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads((tmp_path / "gpu_profile.json").read_text())
+    assert [(r["model"], r["precision"]) for r in out["rows"]] == [("lab CNN", "fp32"), ("lab CNN", "bf16")]
+    for r in out["rows"]:
+        assert r["bare"]["wall_ms"] > 0 and r["psgd"]["wall_ms"] > 0
+        assert r["psgd_speed_of_bare"] == pytest.approx(r["bare"]["wall_ms"] / r["psgd"]["wall_ms"], rel=0.01)
+        assert r["bare"]["gpu_busy_ms"] is None and r["psgd"]["kernels"] is None  # no GPU: not made up
+    md = (tmp_path / "gpu_profile.md").read_text()
+    assert md.count("| lab CNN |") == 2 and "| n/a |" in md and out["device"].startswith("cpu: ")
+
+
+@pytest.mark.slow  # ~10 s: one psgd run that ends before the profile does
+def test_gpu_profile_benchmark_on_too_few_batches_is_one_line(tmp_path):
+    root = make_mnist_like(tmp_path / "data", "MNIST", n_train=128 * 4, n_test=64, seed=5)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"), f"--data-root={root}", "--device=cpu"]
+    cmd += ["--models", "lab CNN", "--precisions", "fp32", "--warm-up=2", "--steps=3", "--profiled=2"]
+    proc = subprocess.run([*cmd, f"--results={tmp_path / 'r'}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "gpu_profile.py: psgd's lab CNN run ended before step 7: fewer batches in an epoch"
+    ), proc.stderr[-2000:]
+    assert not (tmp_path / "r" / "gpu_profile.json").exists()
+
+
 @pytest.mark.parametrize("bad", [["--steps", "0"], ["--batches", "128", "-4"]])
 def test_gpu_step_benchmark_refuses_a_count_below_one_in_one_line(bad, tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), "--device=cpu", *bad, f"--results={tmp_path}"]
@@ -360,6 +391,14 @@ def test_results_that_cannot_be_written_are_one_line_before_any_measurement(scri
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")
 def test_gpu_step_benchmark_without_cuda_is_a_one_line_error(tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), f"--results={tmp_path}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "no CUDA device" in proc.stderr and not list(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")
+def test_gpu_profile_benchmark_without_cuda_is_a_one_line_error(tmp_path):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"), f"--results={tmp_path}"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "no CUDA device" in proc.stderr and not list(tmp_path.iterdir())

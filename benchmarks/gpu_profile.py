@@ -1,0 +1,231 @@
+"""Is psgd's GPU step bound by the GPU or by the host, and what does psgd launch that a bare step does
+not? For each model and precision, psgd's real run (psgd.run.train, the dataset on the GPU, batch 128)
+and benchmarks/gpu_step.py's bare step (zero_grad, forward, cross-entropy, backward, SGD step on one
+resident batch) each give, per step:
+
+  wall      ms between two steps, timed over `--steps` steps after `--warm-up` (no profiler running);
+  GPU busy  ms of the GPU's own kernels, memory copies and sets (torch.profiler, over `--profiled`
+            more steps);
+  kernels   the GPU work items launched.
+
+A step whose wall time is at its GPU busy time is bound by the GPU; one above it waits on the host
+(Python, Lightning, the kernel launches), and psgd's `compile=reduce-overhead` (CUDA graphs) is the
+lever. The kernels psgd runs more often or longer than the bare step are listed, the largest first.
+
+    python benchmarks/gpu_profile.py --data-root ../shared/data     # WideResNet, bf16 and fp32; ~40 s on one H200
+    python benchmarks/gpu_profile.py --data-root DIR --device cpu --models "lab CNN" --precisions fp32
+                                                                      # a smoke test: no GPU figures on CPU
+Results go to benchmarks/results/<name>.json and .md, with the device and the date.
+"""
+
+import argparse
+import collections
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare import (  # noqa: E402
+    ROOT,
+    exit_unless_writable,
+    exit_without_data,
+    positive,
+    results_arguments,
+    sgd,
+    table,
+    write_results,
+)
+
+MODELS = {"lab CNN": ("lab_cnn", "mnist"), "WideResNet": ("wide_resnet", "fashion_mnist")}
+BATCH = 128
+
+
+def device_work(prof, steps: int) -> dict[str, list[float]]:
+    """{name: [launches per step, us per step]} of the GPU's work items in a profile (kernels, memory
+    copies and sets; not the ranges that record_function marks on the GPU's timeline)."""
+    import torch
+
+    out: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation:
+            work = out[e.name[:100]]
+            work[0] += 1 / steps
+            work[1] += e.time_range.elapsed_us() / steps
+    return dict(out)
+
+
+class Timed:
+    """Times steps [warm_up, warm_up + steps) with the device synchronised at both ends, then profiles
+    the next `profiled` steps. step_started(i) is called at the start of step i."""
+
+    def __init__(self, device: str, warm_up: int, steps: int, profiled: int):
+        import torch
+
+        self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        self.activities = [torch.profiler.ProfilerActivity.CPU]
+        if device == "cuda":
+            self.activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.device, self.warm_up, self.steps, self.profiled = device, warm_up, steps, profiled
+        self.total = warm_up + steps + profiled
+        self.wall_ms: float | None = None
+        self.work: dict | None = None
+
+    def step_started(self, i: int) -> None:
+        import torch
+
+        if i == self.warm_up:
+            self.sync()
+            self.start = time.perf_counter()
+        elif i == self.warm_up + self.steps:
+            self.sync()
+            self.wall_ms = (time.perf_counter() - self.start) * 1000 / self.steps
+            self.prof = torch.profiler.profile(activities=self.activities)
+            self.prof.__enter__()
+        elif i == self.total:
+            self.sync()
+            self.prof.__exit__(None, None, None)
+            self.work = device_work(self.prof, self.profiled)
+
+
+def bare(model: str, bf16: bool, device: str, timed: Timed) -> None:
+    import torch
+    import torch.nn.functional as F
+    from gpu_step import build
+
+    torch.manual_seed(0)
+    cfg, net, size = build(model)
+    net = net.to(device, memory_format=torch.channels_last).train()
+    opt = sgd(cfg, net.parameters())
+    x = torch.randn(BATCH, 1, size, size, device=device).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (BATCH,), device=device)
+    for i in range(timed.total + 1):
+        timed.step_started(i)
+        if i == timed.total:
+            break
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+
+
+def psgd(model: str, bf16: bool, device: str, data_root: str, timed: Timed) -> None:
+    import pytorch_lightning as L
+    from hydra import compose, initialize_config_dir
+
+    from psgd.run import train
+
+    class Steps(L.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            timed.step_started(batch_idx)
+
+    name, data = MODELS[model]
+    over = [
+        f"model={name}",
+        f"data={data}",
+        f"data.root={data_root}",
+        f"data.batch_size={BATCH}",
+        f"data.on_device={device == 'cuda'}",
+        f"trainer.accelerator={'gpu' if device == 'cuda' else 'cpu'}",
+        "trainer.max_epochs=1",
+        f"trainer.limit_train_batches={timed.total + 1}",
+        "trainer.limit_val_batches=0",
+        "trainer.limit_test_batches=1",
+        "quiet=true",
+        *(["trainer.precision=bf16-mixed"] if bf16 else []),
+    ]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=over)
+    with tempfile.TemporaryDirectory() as tmp:
+        train(cfg, Path(tmp) / "run", callbacks=[Steps()])
+    if timed.work is None:
+        raise SystemExit(f"gpu_profile.py: psgd's {model} run ended before step {timed.total}: fewer batches in an "
+                         "epoch")  # fmt: skip
+
+
+def differences(bare_work: dict, psgd_work: dict, top: int) -> list[dict]:
+    """The `top` kernels whose time per step differs most between psgd and the bare step."""
+    none = [0.0, 0.0]
+    rows = [
+        {"kernel": k, "extra_us": round(psgd_work.get(k, none)[1] - bare_work.get(k, none)[1], 1),
+         "bare": [round(v, 2) for v in bare_work.get(k, none)], "psgd": [round(v, 2) for v in psgd_work.get(k, none)]}
+        for k in set(bare_work) | set(psgd_work)
+    ]  # fmt: skip
+    return sorted(rows, key=lambda r: -abs(r["extra_us"]))[:top]
+
+
+def summary(timed: Timed) -> dict:
+    busy = kernels = None
+    if timed.device == "cuda":
+        busy = round(sum(w[1] for w in timed.work.values()) / 1000, 3)
+        kernels = round(sum(w[0] for w in timed.work.values()), 1)
+    return {"wall_ms": round(timed.wall_ms, 3), "gpu_busy_ms": busy, "kernels": kernels}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-root", default="data")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=["WideResNet"])
+    parser.add_argument("--precisions", nargs="+", choices=["bf16", "fp32"], default=["bf16", "fp32"])
+    parser.add_argument("--warm-up", type=positive, default=15, help="steps before the timed ones")
+    parser.add_argument("--steps", type=positive, default=30, help="timed steps")
+    parser.add_argument("--profiled", type=positive, default=10, help="profiled steps, after the timed ones")
+    parser.add_argument("--top", type=positive, default=12, help="kernels listed per row")
+    results_arguments(parser, "gpu_profile")
+    args = parser.parse_args()
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.exit(2, "gpu_profile.py: error: --device cuda, but torch sees no CUDA device here; run it on a GPU "
+                    "machine, or pass --device cpu to smoke-test it\n")  # fmt: skip
+    exit_without_data(args.data_root, tuple(dict.fromkeys(MODELS[m][1] for m in args.models)))
+    exit_unless_writable(args.results)
+
+    rows, extra, md_extra = [], {}, []
+    for model in args.models:
+        for precision in args.precisions:
+            bf16 = precision == "bf16"
+            b = Timed(args.device, args.warm_up, args.steps, args.profiled)
+            bare(model, bf16, args.device, b)
+            p = Timed(args.device, args.warm_up, args.steps, args.profiled)
+            psgd(model, bf16, args.device, args.data_root, p)
+            row = {"model": model, "precision": precision, "bare": summary(b), "psgd": summary(p)}
+            row["psgd_speed_of_bare"] = round(b.wall_ms / p.wall_ms, 3)
+            rows.append(row)
+            if args.device == "cuda":
+                diff = differences(b.work, p.work, args.top)
+                extra[f"{model} | {precision}"] = diff
+                md_extra += [
+                    f"{model}, {precision}: psgd's GPU work against the bare step's, per step, largest first",
+                    "",
+                    table(
+                        [
+                            [f"{d['extra_us']:+.1f}", f"{d['psgd'][0]:.1f} / {d['bare'][0]:.1f}", f"`{d['kernel']}`"]
+                            for d in diff
+                        ],
+                        ["us more in psgd", "launches psgd / bare", "kernel"],
+                    ),
+                    "",
+                ]
+
+    from gpu import device_name
+
+    device = device_name("gpu" if args.device == "cuda" else "cpu")
+    head = ["model", "precision", "bare: wall ms", "GPU busy ms", "kernels", "psgd: wall ms", "GPU busy ms", "kernels",
+            "psgd / bare speed"]  # fmt: skip
+    cells = [
+        [r["model"], r["precision"], *r["bare"].values(), *r["psgd"].values(), r["psgd_speed_of_bare"]] for r in rows
+    ]
+    title = f"### {device}, {time.strftime('%Y-%m-%d')}: one training step at batch {BATCH}, psgd against the bare step"
+    md = [title, "", table([[("n/a" if c is None else c) for c in r] for r in cells], head), "", *md_extra]
+    print("\n".join(md))
+    out = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "date": time.strftime(
+        "%Y-%m-%d"), "device": device, "rows": rows, "psgd_extra_work": extra}  # fmt: skip
+    write_results(args.results, args.name, json.dumps(out, indent=2) + "\n", "\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
