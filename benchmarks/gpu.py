@@ -55,6 +55,11 @@ VARIANTS = {  # name: train.py overrides
     "on device, fp32, DDP (1 process)": ["data.on_device=true", "strategy.ddp_for_one_worker=true"],
     "on device, fp32, compile=true": ["data.on_device=true", "compile=true"],
     "on device, fp32, compile=reduce-overhead": ["data.on_device=true", "compile=reduce-overhead"],
+    "on device, bf16 autocast, compile=reduce-overhead": [
+        "data.on_device=true",
+        "trainer.precision=bf16-mixed",
+        "compile=reduce-overhead",
+    ],
 }
 RATIOS = [  # (what, numerator variant, denominator variant)
     ("dataset on the device / batches made on the host", "on device, fp32", "host batches, fp32"),
@@ -63,6 +68,8 @@ RATIOS = [  # (what, numerator variant, denominator variant)
     ("cuDNN autotuner / without (bf16)", "on device, bf16 autocast, cuDNN autotuner", "on device, bf16 autocast"),
     ("compile=true / eager (fp32)", "on device, fp32, compile=true", "on device, fp32"),
     ("compile=reduce-overhead / eager (fp32)", "on device, fp32, compile=reduce-overhead", "on device, fp32"),
+    ("compile=reduce-overhead / eager (bf16)", "on device, bf16 autocast, compile=reduce-overhead",
+     "on device, bf16 autocast"),
 ]  # fmt: skip
 
 
