@@ -18,7 +18,7 @@ from psgd.data.partition import generator
 from psgd.module import cut_short, fit_loop_state
 from psgd.results import save_atomic, sync_summary, write_csv, write_json
 from psgd.signals import handler_for_this_process, launched_worker, this_process
-from psgd.strategies._lightning import handle_sigterm_with, without_per_step_collectives
+from psgd.strategies._lightning import handle_sigterm_with
 
 
 def denormals_flushed() -> bool:
@@ -220,15 +220,6 @@ class LatestCheckpoint(ResumedInPlace, ModelCheckpoint):
         restored (on every resume, also in quiet runs): there is none to restore, only last.ckpt."""
         if state_dict.get("dirpath", self.dirpath) == self.dirpath:
             super().load_state_dict(state_dict)
-
-
-class LocalSigtermCheck(Callback):
-    """DDP: check for SIGTERM locally instead of Lightning's per-step broadcast from rank 0 (one
-    collective less per step; on clusters every worker gets the signal anyway)."""
-
-    @override
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        without_per_step_collectives(trainer)
 
 
 class ShardRecorder(Callback):
