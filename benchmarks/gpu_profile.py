@@ -33,12 +33,11 @@ from compare import (  # noqa: E402
     exit_without_data,
     positive,
     results_arguments,
-    sgd,
     table,
     write_results,
 )
+from gpu_step import MODELS, resident  # noqa: E402
 
-MODELS = {"lab CNN": ("lab_cnn", "mnist"), "WideResNet": ("wide_resnet", "fashion_mnist")}
 BATCH = 128
 
 
@@ -92,14 +91,8 @@ class Timed:
 def bare(model: str, bf16: bool, device: str, timed: Timed) -> None:
     import torch
     import torch.nn.functional as F
-    from gpu_step import build
 
-    torch.manual_seed(0)
-    cfg, net, size = build(model)
-    net = net.to(device, memory_format=torch.channels_last).train()
-    opt = sgd(cfg, net.parameters())
-    x = torch.randn(BATCH, 1, size, size, device=device).contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, 10, (BATCH,), device=device)
+    net, opt, x, y = resident(model, BATCH, device)
     for i in range(timed.total + 1):
         timed.step_started(i)
         if i == timed.total:

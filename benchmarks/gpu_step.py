@@ -57,17 +57,24 @@ def build(model: str):
     return cfg, net, size
 
 
+def resident(model: str, batch: int, device: str):
+    """The bare step's pieces: psgd's network (channels_last, in training mode) on `device`, the default
+    config's SGD, and one random batch (x, y) of `batch` samples resident there."""
+    import torch
+
+    torch.manual_seed(0)
+    cfg, net, size = build(model)
+    net = net.to(device, memory_format=torch.channels_last).train()
+    x = torch.randn(batch, 1, size, size, device=device).contiguous(memory_format=torch.channels_last)
+    return net, sgd(cfg, net.parameters()), x, torch.randint(0, 10, (batch,), device=device)
+
+
 def measure(model: str, batch: int, bf16: bool, autotune: bool, steps: int, device: str, mode: str = "eager") -> dict:
     import torch
     import torch.nn.functional as F
 
     torch.backends.cudnn.benchmark = autotune
-    torch.manual_seed(0)
-    cfg, net, size = build(model)
-    net = net.to(device, memory_format=torch.channels_last).train()
-    opt = sgd(cfg, net.parameters())
-    x = torch.randn(batch, 1, size, size, device=device).contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, 10, (batch,), device=device)
+    net, opt, x, y = resident(model, batch, device)
     flop = flop_per_sample(net, x, y)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     # (a CUDA graph's capture must not keep autocast's casts cached from outside it)

@@ -389,26 +389,10 @@ def test_results_that_cannot_be_written_are_one_line_before_any_measurement(scri
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")
-def test_gpu_step_benchmark_without_cuda_is_a_one_line_error(tmp_path):
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), f"--results={tmp_path}"]
+@pytest.mark.parametrize("script", ["gpu.py", "gpu_step.py", "gpu_profile.py"])
+def test_a_gpu_benchmark_without_cuda_is_a_one_line_error(script, tmp_path):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / script), f"--results={tmp_path}"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert "no CUDA device" in proc.stderr and not list(tmp_path.iterdir())
-
-
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")
-def test_gpu_profile_benchmark_without_cuda_is_a_one_line_error(tmp_path):
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"), f"--results={tmp_path}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert "no CUDA device" in proc.stderr and not list(tmp_path.iterdir())
-
-
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")
-def test_gpu_benchmark_without_cuda_is_a_one_line_error(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), f"--results={tmp_path}"], capture_output=True, text=True
-    )
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "no CUDA device" in proc.stderr and not list(tmp_path.iterdir())
 
