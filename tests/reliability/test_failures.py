@@ -837,26 +837,61 @@ def test_a_worker_failing_alone_is_the_one_reported_not_the_peer_that_lost_it(ti
 MEMCG = Path("/sys/fs/cgroup/memory")  # cgroup v1's memory controller: a memory limit for one run
 
 
-@pytest.mark.slow  # ~20 s; needs root and cgroup v1's memory controller (the development VM has both)
+HOG_MODEL = """
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class Hog(nn.Module):
+    \"\"\"A user's network that, in each worker, holds 400 MB that no estimate of a step's memory counts.\"\"\"
+
+    def __init__(self, in_channels=1, num_classes=10, **lab_cnn_settings):
+        super().__init__()
+        self.fc, self.hog = nn.Linear(in_channels * 28 * 28, num_classes), None
+
+    def forward(self, x):
+        if self.hog is None and dist.is_initialized():
+            self.hog = torch.ones(100_000_000)
+        return self.fc(x.flatten(1))
+"""
+
+
+@pytest.mark.slow  # ~20 s each; needs root and cgroup v1's memory controller (the development VM has both)
 @pytest.mark.skipif(
     not (hasattr(os, "geteuid") and os.geteuid() == 0 and os.access(MEMCG, os.W_OK)),
     reason="needs root and a writable cgroup v1 memory controller to give a run a memory limit",
 )
-def test_a_run_out_of_memory_loses_a_worker_not_the_launcher_and_says_so(tiny_data, tmp_path):
-    """Four workers in 1.2 GB: the kernel's OOM killer ends one while they start. It used to pick the
-    launcher (the largest process), and the user saw only the shell's "Killed" (exit 137), with
-    nothing marking the run failed."""
+@pytest.mark.parametrize("model,limit", [("lab_cnn", 1_200_000_000), ("hog", 1_700_000_000)], ids=["refused", "killed"])
+def test_a_run_out_of_memory_loses_a_worker_not_the_launcher_and_says_so(tiny_data, tmp_path, model, limit):
+    """Four workers in a memory cgroup. Where what they hold passes psgd's estimate (a lower bound) but
+    not the limit (a network of the user's holding 400 MB in each worker, in 1.7 GB), the kernel's OOM
+    killer ends one while they start. It used to pick the launcher (the largest process), and the user
+    saw only the shell's "Killed" (exit 137), with nothing marking the run failed. Where the estimate
+    does not fit either (the lab CNN's four in 1.2 GB, 100 MiB counted per worker process, where each
+    held 134-352 MB measured; they were killed so until 2026-11-27) the run is refused in one line
+    before any worker starts."""
+    (tmp_path / "usercode").mkdir()
+    (tmp_path / "usercode" / "hog_net.py").write_text(HOG_MODEL)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "usercode"), os.environ.get("PYTHONPATH", "")])}
     group = MEMCG / f"psgd-test-{os.getpid()}"
     group.mkdir()
     try:
-        (group / "memory.limit_in_bytes").write_text(str(1_200_000_000))
+        (group / "memory.limit_in_bytes").write_text(str(limit))
         run_dir = tmp_path / "run"
         cmd = f'echo $$ > {group}/cgroup.procs && exec "$0" "$@"'
         args = [sys.executable, str(ROOT / "train.py"), "workers=4", f"data.root={tiny_data}", "quiet=true"]
         args += ["trainer.max_epochs=1", f"hydra.run.dir={run_dir}"]
-        proc = subprocess.run(["sh", "-c", cmd, *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
+        if model == "hog":
+            args += ["model._target_=hog_net.Hog", "model.name=hog"]
+        proc = subprocess.run(["sh", "-c", cmd, *args], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2, proc.stderr[-3000:]
+        if model == "lab_cnn":
+            assert len(lines) == 1 and "x 128 x 4 workers" in lines[0] and "MiB per worker process" in lines[0]
+            assert "(not even one sample fits with these workers) or the workers" in lines[0]
+            assert not run_dir.exists()
+            return
         assert "was killed by the kernel's out-of-memory killer" in lines[-1] and "use fewer workers" in lines[-1]
         m = json.loads((run_dir / "metrics.json").read_text())
         assert m["status"] == "failed" and m["error"] == lines[-1].removeprefix("psgd: error: ")

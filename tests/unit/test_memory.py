@@ -4,7 +4,14 @@ import pytest
 import torch
 from torch import nn
 
-from psgd.memory import activation_bytes_per_sample, available_bytes, memory_problem, saved_bytes, state_bytes
+from psgd.memory import (
+    WORKER_PROCESS_BYTES,
+    activation_bytes_per_sample,
+    available_bytes,
+    memory_problem,
+    saved_bytes,
+    state_bytes,
+)
 from psgd.models import LabCNN
 
 
@@ -47,17 +54,23 @@ def test_a_run_is_refused_only_where_even_the_lower_bound_does_not_fit():
     per_sample, fixed = activation_bytes_per_sample(net, shape), state_bytes(net, "SGD")
     weights = sum(p.numel() for p in net.parameters()) * 4
     assert fixed == 3 * weights and state_bytes(net, "Adam") == 4 * weights  # + gradients + momentum / moments
-    available = 2 * (100 * per_sample + fixed)  # 2 workers of a batch of 100 fit exactly
+    # 2 workers of a batch of 100 fit exactly, each a process of its own
+    available = 2 * (100 * per_sample + fixed + WORKER_PROCESS_BYTES)
     assert memory_problem(net, shape, 100, 2, "SGD", "data.batch_size=100", available=available) is None
     line = memory_problem(net, shape, 101, 2, "SGD", "data.batch_size=101", available=available)
     assert line.startswith("data.batch_size=101 needs at least ") and "x 101 x 2 workers" in line
+    assert "optimizer state, and 100 MiB per worker process), more than" in line
     assert "lower data.batch_size (at most 100 fits with these workers) or the workers" in line
+    # many workers: their processes alone exceed the memory, whatever the batch (each held 134-352 MB
+    # here; the run would have been killed by the kernel once they had started)
+    many = memory_problem(net, shape, 1, 64, "SGD", "data.batch_size=1", available=4 * 2**30)
+    assert "x 1 x 64 workers" in many and "(not even one sample fits with these workers) or the workers" in many
     # HogWild's workers share the weights: one copy less for the second worker
     shared = available - weights
     assert memory_problem(net, shape, 100, 2, "SGD", "b", available=shared, shared_weights=True) is None
     assert memory_problem(net, shape, 100, 2, "SGD", "b", available=shared - 1, shared_weights=True)
     one = memory_problem(net, shape, 500, 1, "SGD", "data.batch_size=500", available=fixed + 10)
-    assert "not even one sample fits" in one
+    assert "not even one sample fits" in one and "per worker process" not in one  # (this process: counted)
     # a network meta tensors cannot run is not judged (its job builds it on the CPU as before)
     assert memory_problem(ReadsAValue(), (3, 2, 2), 10**9, 1, "SGD", "data.batch_size=1", available=1) is None
 
