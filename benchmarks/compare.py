@@ -272,10 +272,13 @@ def lab_cnn_setup(data_root: str, threads: int, overrides=()):
 
 
 def sgd(cfg, params):
-    """The optimizer of every loop here: the default config's SGD."""
+    """The optimizer of every loop here: the default config's SGD (fused, as psgd's: the loops compared,
+    not the optimizers)."""
     import torch
 
-    return torch.optim.SGD(params, lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum)
+    return torch.optim.SGD(
+        params, lr=cfg.optimizer.lr, momentum=cfg.optimizer.momentum, fused=cfg.optimizer.get("fused")
+    )
 
 
 def vanilla_step(net, opt):

@@ -1118,6 +1118,8 @@ def check_optimizer(opt: DictConfig) -> None:
             raise ConfigError(f"optimizer.{key}={value} is invalid: must be a number (the default is {default})")
         if isinstance(default, bool) and not isinstance(value, bool):  # ... and a switch given anything else
             _need(False, f"optimizer.{key}", value, "must be true or false")
+        if key in ("fused", "foreach") and value is not None and not isinstance(value, bool):  # (default None)
+            _need(False, f"optimizer.{key}", value, "must be true or false")
     # a setting it has no argument for, with the way out: a preset's setting for another optimizer
     # (experiment=dli_fashion optimizer=novograd kept SGD's momentum: NovoGrad's TypeError named no remedy)
     takes = [k for k, p in defaults.items() if k != "params" and p.kind is not inspect.Parameter.VAR_POSITIONAL]

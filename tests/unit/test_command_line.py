@@ -42,8 +42,8 @@ BAD = [
     (
         ["-m", "optimizer=sgd,novograd", "optimizer.betas=[0.9,0.99]"],
         "optimizer.betas is not a setting of optimizer=sgd but of optimizer=novograd; optimizer has: _target_, "
-        "_partial_, lr, momentum, weight_decay, nesterov; a sweep can give it only to jobs of optimizer=novograd "
-        "(another optimizer's class refuses it)",
+        "_partial_, lr, momentum, weight_decay, nesterov, fused; a sweep can give it only to jobs of "
+        "optimizer=novograd (another optimizer's class refuses it)",
     ),
     (["workers=1,2"], "workers=1,2 gives workers several values: to run one job per value add -m"),
     (["workers=1,2"], "for a list write workers=[1,2]"),
