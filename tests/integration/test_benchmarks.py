@@ -311,6 +311,19 @@ def test_gpu_step_benchmark_counts_the_lab_cnn_flop_and_times_every_variant(tmp_
     assert "lab CNN: 0.0101 GFLOP per training sample" in (tmp_path / "gpu_step.md").read_text()
 
 
+def test_optimizer_step_benchmark_times_every_way_of_each_optimizer(tmp_path):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "optimizer_step.py"), "--steps=3", "--repeats=1"]
+    proc = subprocess.run([*cmd, f"--results={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "optimizer_step.json").read_text())["rows"]
+    assert [(r["model"], r["optimizer"]) for r in rows] == [("lab CNN", "sgd"), ("lab CNN", "adam")]
+    for r in rows:
+        us = r["us_per_update"]
+        assert list(us) == ["per-tensor loop", "foreach", "fused"] and all(v > 0 for v in us.values())
+        assert r["fused_speedup"] == pytest.approx(us["per-tensor loop"] / us["fused"])
+    assert (tmp_path / "optimizer_step.md").read_text().count("| lab CNN |") == 2
+
+
 @pytest.mark.slow  # ~15 s on a CPU, a GPU benchmark: pytest -m slow
 def test_gpu_profile_benchmark_times_psgd_against_the_bare_step(tmp_path):
     # on CPU: the script itself (the GPU's busy time and kernels are the GPU's own; n/a here)

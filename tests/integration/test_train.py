@@ -262,7 +262,7 @@ class OptimizerSeen(L.Callback):
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_the_update_is_one_fused_kernel_by_default_and_trains_as_torchs_loop_does(tiny_data, tmp_path, optimizer):
     """optimizer.fused (SGD's and Adam's, true by default): the update is torch's fused kernel (a lab-CNN
-    step's 66 against 140 us for SGD, 163 against 493 for Adam, on one core), which rounds differently
+    step's 67 against 136 us for SGD, 285 against 631 for Adam, on one core), which rounds differently
     from torch's per-tensor loop (fused=false) and trains to the same weights within that rounding."""
     weights, seen = {}, {}
     for fused in (True, False):
