@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import ROOT, exit_unless_writable, positive, results_arguments, table, write_results  # noqa: E402
+from gpu_step import MODELS  # noqa: E402
 
-MODELS = {"lab CNN": ("lab_cnn", "mnist"), "WideResNet": ("wide_resnet", "fashion_mnist")}
 OPTIMIZERS = ("sgd", "adam")
 WAYS = {"per-tensor loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 
