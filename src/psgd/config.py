@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -26,6 +26,9 @@ from psgd import forkserver
 from psgd.choices import AUGMENTATIONS, BUILTIN, DECAYS, INFO, INTERVALS, LR_SCALING, SCHEMES
 from psgd.command_line import gpus_by_id, in_the_job, override_key, text_lines, warn
 from psgd.results import cpu_count, hogwild_workers, scales_by_workers
+
+if TYPE_CHECKING:
+    from torch import nn
 
 STRATEGIES = ("ddp", "model_averaging", "hogwild")
 # a setting only that strategy's config group (conf/strategy/<name>.yaml) has: tells which group was chosen
@@ -599,8 +602,13 @@ def check(cfg: DictConfig) -> Plan:
             if OmegaConf.select(cfg, key) is True:
                 warn(f"{key}=true has no effect on CPU: {what}")
     warn_of_what_never_comes(cfg)
-    check_model(cfg.model, cfg.data.name)
+    net = check_model(cfg.model, cfg.data.name)
     check_optimizer(cfg.optimizer)
+    if net is not None and cfg.optimizer.get("fused") and (sparse := sparse_gradient_modules(net)):
+        raise ConfigError(
+            f"optimizer.fused=true is invalid with model={cfg.model.get('name')}: its {sparse[0]} makes sparse "
+            "gradients, which the fused update refuses; set optimizer.fused=false"
+        )
     for setting in GIVE:  # here, not in check_values: a file is there on one machine and not on another (a
         # sweep's jobs on SLURM); a sweep run here finds a missing one before its first job, not in every job
         if cfg.get(setting) is not None:
@@ -1034,12 +1042,25 @@ def meta_network(model_cfg: DictConfig, data_name: str) -> tuple[Any, int]:
         return cls(**arguments), size
 
 
-def check_model(model_cfg: DictConfig, data_name: str) -> None:
+def sparse_gradient_modules(net: "nn.Module") -> list[str]:
+    """`net`'s modules that make sparse gradients (nn.Embedding / nn.EmbeddingBag with sparse=True), by name."""
+    import torch
+
+    kinds = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    return [
+        f"{name or 'network'} ({type(m).__name__}, sparse=True)"
+        for name, m in net.named_modules()
+        if isinstance(m, kinds) and m.sparse
+    ]
+
+
+def check_model(model_cfg: DictConfig, data_name: str) -> "nn.Module | None":
     """model_arguments' checks, the constructor's own (MLP's model.hidden=0) and a forward pass of the
     dataset's image shape, on the meta device (no memory, no random numbers; 5-25 ms). In `check`, so that
     a sweep refuses such a job before its first job runs, not when that job's turn comes (build_model
     builds and runs the network itself): a model class of the user's that fits MNIST's 28x28 images and
-    not CIFAR10's 32x32 ones, in `sweep.py -m data=mnist,cifar10`, failed the CIFAR10 jobs as they started."""
+    not CIFAR10's 32x32 ones, in `sweep.py -m data=mnist,cifar10`, failed the CIFAR10 jobs as they started.
+    Returns the network on the meta device, or None where its constructor cannot build it there."""
     import torch
 
     try:
@@ -1049,7 +1070,7 @@ def check_model(model_cfg: DictConfig, data_name: str) -> None:
     except ValueError as e:  # a value the model refuses, named in its message (build_model says the same)
         raise ConfigError(str(e)) from e
     except Exception:  # what a constructor cannot do on the meta device: build_model judges it
-        return
+        return None
     info = INFO[data_name]
     try:
         net.eval()
@@ -1063,6 +1084,7 @@ def check_model(model_cfg: DictConfig, data_name: str) -> None:
 
         with torch.random.fork_rng(devices=[]):
             build_model(model_cfg, data_name)
+    return net
 
 
 def locate(key: str, target: object) -> type:

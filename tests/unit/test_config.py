@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import CONF, compose_cfg
 from omegaconf import OmegaConf
 
@@ -802,7 +803,41 @@ class ReadsAValue(nn.Module):  # .item() in its forward: meta tensors cannot run
 
     def forward(self, x):
         return self.fc(x.flatten(1) / (x.abs().max().item() + 1))
+
+
+class SparseEmbedding(nn.Module):  # pixel values looked up in a table whose gradients are sparse
+    def __init__(self, in_channels=1, num_classes=10):
+        super().__init__()
+        self.table = nn.Embedding(256, 2, sparse=True)
+        self.fc = nn.Linear(2, num_classes)
+
+    def forward(self, x):
+        return self.fc(self.table((x.flatten(1) * 255).long().clamp(0, 255)).mean(1))
 """
+
+
+def test_fused_updates_with_a_model_that_makes_sparse_gradients_are_one_line_before_anything_runs(
+    tmp_path, monkeypatch
+):
+    """torch's fused SGD refuses sparse gradients ("`_fused_sgd` does not support sparse gradients") at the
+    first step, in every worker. optimizer.fused=true (the default) is refused with such a model, naming the
+    module and the way out; fused=false runs torch's loop, which takes them."""
+    (tmp_path / "psgd_test_user_models.py").write_text(USER_MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mine = ["model._target_=psgd_test_user_models.SparseEmbedding", "model.name=mine", "~model.dropout"]
+    with pytest.raises(ConfigError) as e:
+        check(compose_cfg(*mine, "~model.batch_norm"))
+    assert str(e.value) == (
+        "optimizer.fused=true is invalid with model=mine: its table (Embedding, sparse=True) makes sparse "
+        "gradients, which the fused update refuses; set optimizer.fused=false"
+    )
+    check(compose_cfg(*mine, "~model.batch_norm", "optimizer.fused=false"))
+    net, _ = build_model(compose_cfg(*mine, "~model.batch_norm").model, "mnist")
+    F.cross_entropy(net(torch.rand(4, 1, 28, 28)), torch.arange(4)).backward()
+    assert net.table.weight.grad.is_sparse  # what the check is about
+    torch.optim.SGD(net.parameters(), lr=0.1, fused=False).step()  # the loop takes them
+    with pytest.raises(RuntimeError, match="sparse"):
+        torch.optim.SGD(net.parameters(), lr=0.1, fused=True).step()
 
 
 def test_a_model_of_the_users_that_does_not_fit_a_jobs_images_is_refused_by_check(tmp_path, monkeypatch):
