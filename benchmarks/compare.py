@@ -249,19 +249,25 @@ def sample_rows(samples: dict) -> list[list]:
     return [[k, f"{med[k]:.0f}" if k in med else "all runs failed", runs[k]] for k in samples]
 
 
+def train_cfg(overrides=()):
+    """train.py's config (conf/train.yaml) composed with `overrides`, as a run of `python train.py ...` gets it."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))
+
+
 # ---------------------------------------------------------------------------------------------- overhead
 def lab_cnn_setup(data_root: str, threads: int, overrides=()):
     """What the vanilla and the bare-Lightning loops share with psgd's default run: the composed
     default config (plus `overrides`), `threads` torch threads, denormals flushed, the lab CNN
     (channels_last) and psgd's datamodule."""
     import torch
-    from hydra import compose, initialize_config_dir
 
     from psgd.data import ClassificationData
     from psgd.run import build_model
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[f"data.root={data_root}", *overrides])
+    cfg = train_cfg([f"data.root={data_root}", *overrides])
     torch.set_num_threads(threads)
     torch.set_flush_denormal(cfg.flush_denormal)  # as psgd's WorkerSetup does in every worker
     torch.manual_seed(0)
@@ -619,11 +625,7 @@ def psgd_overhead_overrides(threads: int, epochs: int = 2) -> list[str]:
 
 def psgd_overhead_cfg(data_root: str, threads: int, epochs: int = 2, overrides=()):
     """The composed config of that run, quiet, for psgd.run.train in this process."""
-    from hydra import compose, initialize_config_dir
-
-    over = [f"data.root={data_root}", "quiet=true", *psgd_overhead_overrides(threads, epochs), *overrides]
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose(config_name="train", overrides=over)
+    return train_cfg([f"data.root={data_root}", "quiet=true", *psgd_overhead_overrides(threads, epochs), *overrides])
 
 
 def overhead_configs(args, tmp: Path, threads: int) -> dict[str, callable]:

@@ -28,12 +28,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import (  # noqa: E402
-    ROOT,
     exit_unless_writable,
     exit_without_data,
     positive,
     results_arguments,
     table,
+    train_cfg,
     write_results,
 )
 from gpu_step import MODELS, resident  # noqa: E402
@@ -63,9 +63,6 @@ class Timed:
         import torch
 
         self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-        self.activities = [torch.profiler.ProfilerActivity.CPU]
-        if device == "cuda":
-            self.activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.device, self.warm_up, self.steps, self.profiled = device, warm_up, steps, profiled
         self.total = warm_up + steps + profiled
         self.wall_ms: float | None = None
@@ -80,7 +77,8 @@ class Timed:
         elif i == self.warm_up + self.steps:
             self.sync()
             self.wall_ms = (time.perf_counter() - self.start) * 1000 / self.steps
-            self.prof = torch.profiler.profile(activities=self.activities)
+            kinds = torch.profiler.ProfilerActivity
+            self.prof = torch.profiler.profile(activities=[kinds.CPU, *([kinds.CUDA] if self.device == "cuda" else [])])
             self.prof.__enter__()
         elif i == self.total:
             self.sync()
@@ -106,7 +104,6 @@ def bare(model: str, bf16: bool, device: str, timed: Timed) -> None:
 
 def psgd(model: str, bf16: bool, device: str, data_root: str, timed: Timed) -> None:
     import pytorch_lightning as L
-    from hydra import compose, initialize_config_dir
 
     from psgd.run import train
 
@@ -129,10 +126,8 @@ def psgd(model: str, bf16: bool, device: str, data_root: str, timed: Timed) -> N
         "quiet=true",
         *(["trainer.precision=bf16-mixed"] if bf16 else []),
     ]
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=over)
     with tempfile.TemporaryDirectory() as tmp:
-        train(cfg, Path(tmp) / "run", callbacks=[Steps()])
+        train(train_cfg(over), Path(tmp) / "run", callbacks=[Steps()])
     if timed.work is None:
         raise SystemExit(f"gpu_profile.py: psgd's {model} run ended before step {timed.total}: fewer batches in an "
                          "epoch")  # fmt: skip

@@ -31,13 +31,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import (  # noqa: E402
-    ROOT,
     exit_unless_writable,
     flop_per_sample,
     positive,
     results_arguments,
     sgd,
     table,
+    train_cfg,
     write_results,
 )
 
@@ -45,14 +45,12 @@ MODELS = {"lab CNN": ("lab_cnn", "mnist"), "WideResNet": ("wide_resnet", "fashio
 MODES = ("eager", "compile", "reduce-overhead", "cuda-graph")
 
 
-def build(model: str):
-    from hydra import compose, initialize_config_dir
-
+def build(model: str, overrides=()):
+    """The composed config of `model` on its dataset (plus `overrides`), the network and its image size."""
     from psgd.run import build_model
 
     name, data = MODELS[model]
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[f"model={name}", f"data={data}"])
+    cfg = train_cfg([f"model={name}", f"data={data}", *overrides])
     net, size = build_model(cfg.model, cfg.data.name)
     return cfg, net, size
 

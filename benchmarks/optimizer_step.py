@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import ROOT, exit_unless_writable, positive, results_arguments, table, write_results  # noqa: E402
-from gpu_step import MODELS  # noqa: E402
+from compare import exit_unless_writable, positive, results_arguments, table, write_results  # noqa: E402
+from gpu_step import MODELS, build  # noqa: E402
 
 OPTIMIZERS = ("sgd", "adam")
 WAYS = {"per-tensor loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
@@ -26,15 +26,9 @@ WAYS = {"per-tensor loop": {"foreach": False, "fused": False}, "foreach": {"fore
 def timed_update(model: str, optimizer: str, way: str, steps: int, repeats: int) -> float:
     """us per update: the best of `repeats` runs of `steps` updates, after as many to warm up."""
     import torch
-    from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from psgd.run import build_model
-
-    name, data = MODELS[model]
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[f"model={name}", f"data={data}", f"optimizer={optimizer}"])
-    net, _ = build_model(cfg.model, cfg.data.name)
+    cfg, net, _ = build(model, [f"optimizer={optimizer}"])
     for p in net.parameters():
         p.grad = torch.randn_like(p)
     settings = {k: v for k, v in cfg.optimizer.items() if k not in ("fused", "foreach")}
