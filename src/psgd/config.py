@@ -1138,9 +1138,9 @@ def check_optimizer(opt: DictConfig) -> None:
         default = defaults[key].default if key in defaults else None
         if isinstance(value, bool) and _is_number(default):
             raise ConfigError(f"optimizer.{key}={value} is invalid: must be a number (the default is {default})")
-        if isinstance(default, bool) and not isinstance(value, bool):  # ... and a switch given anything else
-            _need(False, f"optimizer.{key}", value, "must be true or false")
-        if key in ("fused", "foreach") and value is not None and not isinstance(value, bool):  # (default None)
+        # ... and a switch given anything else (torch's fused and foreach default to None: its own choice)
+        switch = isinstance(default, bool) or (key in ("fused", "foreach") and value is not None)
+        if switch and not isinstance(value, bool):
             _need(False, f"optimizer.{key}", value, "must be true or false")
     # a setting it has no argument for, with the way out: a preset's setting for another optimizer
     # (experiment=dli_fashion optimizer=novograd kept SGD's momentum: NovoGrad's TypeError named no remedy)

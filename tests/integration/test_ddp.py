@@ -1,6 +1,7 @@
 """Real multi-process DDP on CPU (gloo), started through train.py."""
 
 import time
+from pathlib import Path
 
 import pytest
 import pytorch_lightning as L
@@ -124,8 +125,9 @@ class CountsBroadcasts(L.Callback):
         self.counting = batch_idx < trainer.num_training_batches - 1  # (between steps too: the next one's start)
 
     def on_train_end(self, trainer, pl_module):
-        (tmp := __import__("pathlib").Path(self.folder)).mkdir(exist_ok=True)
-        (tmp / f"broadcasts{trainer.global_rank}").write_text(str(self.count))
+        folder = Path(self.folder)
+        folder.mkdir(exist_ok=True)
+        (folder / f"broadcasts{trainer.global_rank}").write_text(str(self.count))
 
 
 def test_a_ddp_step_broadcasts_nothing(tiny_data, tmp_path):
