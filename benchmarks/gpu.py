@@ -52,6 +52,7 @@ VARIANTS = {  # name: train.py overrides
         "trainer.precision=bf16-mixed",
         "trainer.benchmark=true",
     ],
+    "on device, fp32, per-tensor SGD": ["data.on_device=true", "optimizer.fused=false"],
     "on device, fp32, DDP (1 process)": ["data.on_device=true", "strategy.ddp_for_one_worker=true"],
     "on device, fp32, compile=true": ["data.on_device=true", "compile=true"],
     "on device, fp32, compile=reduce-overhead": ["data.on_device=true", "compile=reduce-overhead"],

@@ -86,11 +86,11 @@ class Timed:
             self.work = device_work(self.prof, self.profiled)
 
 
-def bare(model: str, bf16: bool, device: str, timed: Timed) -> None:
+def bare(model: str, bf16: bool, device: str, timed: Timed, overrides=()) -> None:
     import torch
     import torch.nn.functional as F
 
-    net, opt, x, y = resident(model, BATCH, device)
+    net, opt, x, y = resident(model, BATCH, device, overrides)
     for i in range(timed.total + 1):
         timed.step_started(i)
         if i == timed.total:
@@ -102,7 +102,27 @@ def bare(model: str, bf16: bool, device: str, timed: Timed) -> None:
         opt.step()
 
 
-def psgd(model: str, bf16: bool, device: str, data_root: str, timed: Timed) -> None:
+def psgd_overrides(model: str, bf16: bool, device: str, data_root: str, batches: int, overrides=()) -> list[str]:
+    """train.py's overrides of psgd's run: `batches` training batches of `model`, then `overrides`."""
+    name, data = MODELS[model]
+    return [
+        f"model={name}",
+        f"data={data}",
+        f"data.root={data_root}",
+        f"data.batch_size={BATCH}",
+        f"data.on_device={device == 'cuda'}",
+        f"trainer.accelerator={'gpu' if device == 'cuda' else 'cpu'}",
+        "trainer.max_epochs=1",
+        f"trainer.limit_train_batches={batches}",
+        "trainer.limit_val_batches=0",
+        "trainer.limit_test_batches=1",
+        "quiet=true",
+        *(["trainer.precision=bf16-mixed"] if bf16 else []),
+        *overrides,
+    ]
+
+
+def psgd(model: str, bf16: bool, device: str, data_root: str, timed: Timed, overrides=()) -> None:
     import pytorch_lightning as L
 
     from psgd.run import train
@@ -111,21 +131,7 @@ def psgd(model: str, bf16: bool, device: str, data_root: str, timed: Timed) -> N
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
             timed.step_started(batch_idx)
 
-    name, data = MODELS[model]
-    over = [
-        f"model={name}",
-        f"data={data}",
-        f"data.root={data_root}",
-        f"data.batch_size={BATCH}",
-        f"data.on_device={device == 'cuda'}",
-        f"trainer.accelerator={'gpu' if device == 'cuda' else 'cpu'}",
-        "trainer.max_epochs=1",
-        f"trainer.limit_train_batches={timed.total + 1}",
-        "trainer.limit_val_batches=0",
-        "trainer.limit_test_batches=1",
-        "quiet=true",
-        *(["trainer.precision=bf16-mixed"] if bf16 else []),
-    ]
+    over = psgd_overrides(model, bf16, device, data_root, timed.total + 1, overrides)
     with tempfile.TemporaryDirectory() as tmp:
         train(train_cfg(over), Path(tmp) / "run", callbacks=[Steps()])
     if timed.work is None:
@@ -162,6 +168,8 @@ def main() -> None:
     parser.add_argument("--steps", type=positive, default=30, help="timed steps")
     parser.add_argument("--profiled", type=positive, default=10, help="profiled steps, after the timed ones")
     parser.add_argument("--top", type=positive, default=12, help="kernels listed per row")
+    parser.add_argument("--overrides", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="train.py overrides for both steps, e.g. optimizer.fused=false")  # fmt: skip
     results_arguments(parser, "gpu_profile")
     args = parser.parse_args()
     import torch
@@ -170,6 +178,19 @@ def main() -> None:
         parser.exit(2, "gpu_profile.py: error: --device cuda, but torch sees no CUDA device here; run it on a GPU "
                     "machine, or pass --device cpu to smoke-test it\n")  # fmt: skip
     exit_without_data(args.data_root, tuple(dict.fromkeys(MODELS[m][1] for m in args.models)))
+    if args.overrides:  # refused here in one line, as train.py refuses them, not after the first model's runs
+        from hydra.errors import HydraException
+
+        from psgd.config import ConfigError, check
+
+        for model in args.models:
+            for precision in args.precisions:
+                over = psgd_overrides(model, precision == "bf16", args.device, args.data_root, 1, args.overrides)
+                try:
+                    check(train_cfg(over))
+                except (ConfigError, HydraException) as e:
+                    parser.exit(2, f"gpu_profile.py: error: --overrides {' '.join(args.overrides)}: "
+                                f"{str(e).strip().splitlines()[0]}\n")  # fmt: skip
     exit_unless_writable(args.results)
 
     rows, extra, md_extra = [], {}, []
@@ -177,9 +198,9 @@ def main() -> None:
         for precision in args.precisions:
             bf16 = precision == "bf16"
             b = Timed(args.device, args.warm_up, args.steps, args.profiled)
-            bare(model, bf16, args.device, b)
+            bare(model, bf16, args.device, b, args.overrides)
             p = Timed(args.device, args.warm_up, args.steps, args.profiled)
-            psgd(model, bf16, args.device, args.data_root, p)
+            psgd(model, bf16, args.device, args.data_root, p, args.overrides)
             row = {"model": model, "precision": precision, "bare": summary(b), "psgd": summary(p)}
             row["psgd_speed_of_bare"] = round(b.wall_ms / p.wall_ms, 3)
             rows.append(row)
@@ -208,6 +229,8 @@ def main() -> None:
         [r["model"], r["precision"], *r["bare"].values(), *r["psgd"].values(), r["psgd_speed_of_bare"]] for r in rows
     ]
     title = f"### {device}, {time.strftime('%Y-%m-%d')}: one training step at batch {BATCH}, psgd against the bare step"
+    if args.overrides:
+        title += f", both with {' '.join(args.overrides)}"
     md = [title, "", table([[("n/a" if c is None else c) for c in r] for r in cells], head), "", *md_extra]
     print("\n".join(md))
     out = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "date": time.strftime(

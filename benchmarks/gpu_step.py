@@ -55,13 +55,13 @@ def build(model: str, overrides=()):
     return cfg, net, size
 
 
-def resident(model: str, batch: int, device: str):
-    """The bare step's pieces: psgd's network (channels_last, in training mode) on `device`, the default
-    config's SGD, and one random batch (x, y) of `batch` samples resident there."""
+def resident(model: str, batch: int, device: str, overrides=()):
+    """The bare step's pieces: psgd's network (channels_last, in training mode) on `device`, the config's
+    SGD (the default's, plus `overrides`), and one random batch (x, y) of `batch` samples resident there."""
     import torch
 
     torch.manual_seed(0)
-    cfg, net, size = build(model)
+    cfg, net, size = build(model, overrides)
     net = net.to(device, memory_format=torch.channels_last).train()
     x = torch.randn(batch, 1, size, size, device=device).contiguous(memory_format=torch.channels_last)
     return net, sgd(cfg, net.parameters()), x, torch.randint(0, 10, (batch,), device=device)

@@ -324,15 +324,27 @@ def test_optimizer_step_benchmark_times_every_way_of_each_optimizer(tmp_path):
     assert (tmp_path / "optimizer_step.md").read_text().count("| lab CNN |") == 2
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error of a machine without CUDA")
+def test_optimizer_step_benchmark_on_cuda_without_a_gpu_is_one_line(tmp_path):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "optimizer_step.py"), "--device=cuda"]
+    proc = subprocess.run([*cmd, f"--results={tmp_path / 'r'}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "optimizer_step.py: error: --device cuda, but torch sees no CUDA device here"
+    ), proc.stderr[-2000:]
+    assert not (tmp_path / "r").exists()
+
+
 @pytest.mark.slow  # ~15 s on a CPU, a GPU benchmark: pytest -m slow
 def test_gpu_profile_benchmark_times_psgd_against_the_bare_step(tmp_path):
     # on CPU: the script itself (the GPU's busy time and kernels are the GPU's own; n/a here)
     root = make_mnist_like(tmp_path / "data", "MNIST", n_train=128 * 9, n_test=64, seed=5)
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"), f"--data-root={root}", "--device=cpu"]
     cmd += ["--models", "lab CNN", "--precisions", "fp32", "bf16", "--warm-up=2", "--steps=3", "--profiled=2"]
+    cmd += ["--overrides", "optimizer.fused=false"]  # both steps then run torch's per-tensor SGD
     proc = subprocess.run([*cmd, f"--results={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads((tmp_path / "gpu_profile.json").read_text())
+    assert out["args"]["overrides"] == ["optimizer.fused=false"]
     assert [(r["model"], r["precision"]) for r in out["rows"]] == [("lab CNN", "fp32"), ("lab CNN", "bf16")]
     for r in out["rows"]:
         assert r["bare"]["wall_ms"] > 0 and r["psgd"]["wall_ms"] > 0
@@ -340,6 +352,25 @@ def test_gpu_profile_benchmark_times_psgd_against_the_bare_step(tmp_path):
         assert r["bare"]["gpu_busy_ms"] is None and r["psgd"]["kernels"] is None  # no GPU: not made up
     md = (tmp_path / "gpu_profile.md").read_text()
     assert md.count("| lab CNN |") == 2 and "| n/a |" in md and out["device"].startswith("cpu: ")
+    assert md.splitlines()[0].endswith("psgd against the bare step, both with optimizer.fused=false")
+
+
+@pytest.mark.parametrize(
+    "override,said",
+    [
+        ("optimizer.fused=maybe", "optimizer.fused='maybe' is invalid: must be true or false"),  # psgd's check
+        ("optimiser.lr=0.1", "Could not override 'optimiser.lr'."),  # Hydra's: no such key
+    ],
+)
+def test_gpu_profile_benchmark_refuses_a_bad_override_in_one_line_before_measuring(override, said, tmp_path):
+    root = make_mnist_like(tmp_path / "data", "MNIST", n_train=64, n_test=64, seed=5)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"), f"--data-root={root}", "--device=cpu"]
+    cmd += ["--models", "lab CNN", "--precisions", "fp32", "--overrides", override, f"--results={tmp_path / 'r'}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
+        f"gpu_profile.py: error: --overrides {override}: {said}"
+    ), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
 
 
 @pytest.mark.slow  # ~10 s: one psgd run that ends before the profile does

@@ -1,7 +1,8 @@
 """The GPU paths, through train.py as a user starts them: the dataset kept on the GPU, bf16 autocast,
 DDP over NCCL. They need a CUDA device and are skipped without one; on a GPU machine:
 
-    python -m pytest -m gpu -n 0      (one test at a time, as they passed on an H100; -n 2 was not run on a GPU)
+    python -m pytest -m gpu -n 0      (one test at a time, as they passed on an H100 and an H200;
+                                      -n 2 was not run on a GPU)
 
 PSGD_TEST_ACCELERATOR=cpu runs the same tests on the CPU (on_device has no effect there and the
 one-process DDP group is gloo): a check of the tests themselves where no GPU is lent.
@@ -83,3 +84,13 @@ def test_a_compiled_network_trains_as_the_eager_one(on_device_run, tiny_data, tm
     assert [h["samples"] for h in m["history"]] == [h["samples"] for h in eager]
     # the same samples and the same steps: the training accuracy counted from the kept outputs agrees
     assert m["history"][-1]["train_acc"] == pytest.approx(eager[-1]["train_acc"], abs=0.05)
+
+
+def test_the_fused_update_trains_as_torchs_per_tensor_loop(on_device_run, tiny_data, tmp_path):
+    """optimizer.fused=true (the default) is one CUDA kernel per update; false is torch's loop over tensors.
+    The same run either way: only the kernels' rounding may differ."""
+    loop = gpu_run(tiny_data, tmp_path / "loop", "data.on_device=true", "optimizer.fused=false")
+    fused_loss = [h["train_loss"] for h in on_device_run["history"]]
+    assert [h["train_loss"] for h in loop["history"]] == pytest.approx(fused_loss, rel=0.05)
+    assert fused_loss[-1] < fused_loss[0]
+    assert loop["test_acc"] == pytest.approx(on_device_run["test_acc"], abs=0.05)
