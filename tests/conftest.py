@@ -170,6 +170,15 @@ def compose_cfg(*overrides: str):
         return compose(config_name="train", overrides=list(overrides))
 
 
+def user_code(tmp_path: Path, module: str, source: str) -> dict[str, str]:
+    """A user's own code, as a run imports it: `source` written to <tmp_path>/usercode/<module>.py; returns
+    the environment entry that puts that folder first on a run's PYTHONPATH (for run_cli's `env`)."""
+    folder = tmp_path / "usercode"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{module}.py").write_text(source)
+    return {"PYTHONPATH": os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")])}
+
+
 def run_cli(
     script: str, *overrides: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None
 ) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, ThreadsAtExit, compose_cfg, run_cli
+from conftest import ROOT, ThreadsAtExit, compose_cfg, run_cli, user_code
 
 from psgd.config import DirInUse
 from psgd.run import train
@@ -459,12 +459,10 @@ def test_a_bug_in_a_users_model_is_one_line_and_its_whole_traceback_is_kept(tiny
     where the whole traceback is. Before, one worker printed Hydra's abridged report; two workers' run
     said 'worker rank 0 failed: ValueError: ...' with the traceback nowhere; under torchrun each worker
     printed Hydra's report of the whole stack, interleaved (319 lines with torchrun's own)."""
-    (tmp_path / "usercode").mkdir()
-    (tmp_path / "usercode" / "buggy_net.py").write_text(BUGGY_MODEL)
+    env = user_code(tmp_path, "buggy_net", BUGGY_MODEL)
     run_dir = tmp_path / "run"
     workers = 1 if launch == "in-process" else 2
     over = [f"workers={workers}", "model._target_=buggy_net.Buggy", "model.name=buggy", f"hydra.run.dir={run_dir}"]
-    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "usercode"), os.environ.get("PYTHONPATH", "")])}
     args = [f"data.root={tiny_data}", "quiet=true", "data.batch_size=16", *over]
     if launch == "torchrun-2":
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
@@ -504,13 +502,8 @@ def test_a_bug_in_a_users_model_is_one_line_and_its_whole_traceback_is_kept(tiny
 def test_hydra_full_error_also_prints_a_bugs_traceback(tiny_data, tmp_path):
     """HYDRA_FULL_ERROR=1 is how a Hydra user asks for whole tracebacks: a bug's is printed above its
     line as well as kept in error.log."""
-    (tmp_path / "usercode").mkdir()
-    (tmp_path / "usercode" / "buggy_net.py").write_text(BUGGY_MODEL)
+    env = {**user_code(tmp_path, "buggy_net", BUGGY_MODEL), "HYDRA_FULL_ERROR": "1"}
     run_dir = tmp_path / "run"
-    env = {
-        "PYTHONPATH": os.pathsep.join([str(tmp_path / "usercode"), os.environ.get("PYTHONPATH", "")]),
-        "HYDRA_FULL_ERROR": "1",
-    }
     over = ["model._target_=buggy_net.Buggy", "model.name=buggy", f"hydra.run.dir={run_dir}", "data.batch_size=16"]
     proc = run_cli("train.py", f"data.root={tiny_data}", "quiet=true", *over, env=env)
     assert proc.returncode == 2

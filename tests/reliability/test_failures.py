@@ -16,7 +16,7 @@ import pytest
 import pytorch_lightning as L
 import torch
 import torch.distributed as dist
-from conftest import DUMPS_STACKS, ROOT, ThreadsAtExit, compose_cfg, ended, run_cli
+from conftest import DUMPS_STACKS, ROOT, ThreadsAtExit, compose_cfg, ended, run_cli, user_code
 from integration.helpers import undocumented
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
@@ -871,9 +871,7 @@ def test_a_run_out_of_memory_loses_a_worker_not_the_launcher_and_says_so(tiny_da
     does not fit either (the lab CNN's four in 1.2 GB, 100 MiB counted per worker process, where each
     held 134-352 MB measured; they were killed so until 2026-11-27) the run is refused in one line
     before any worker starts."""
-    (tmp_path / "usercode").mkdir()
-    (tmp_path / "usercode" / "hog_net.py").write_text(HOG_MODEL)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "usercode"), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, **user_code(tmp_path, "hog_net", HOG_MODEL)}
     group = MEMCG / f"psgd-test-{os.getpid()}"
     group.mkdir()
     try:
