@@ -1,7 +1,8 @@
 """The GPU figures: lab CNN and WideResNet samples/s with the dataset resident on the GPU
 (`data.on_device=true`) against host batches, fp32 against bf16 autocast
 (`trainer.precision=bf16-mixed`), and DDP over NCCL on the one GPU (`strategy.ddp_for_one_worker=true`,
-a one-process group) against the same run without DDP, and cuDNN's autotuner (`trainer.benchmark=true`)
+a one-process group) against the same run without DDP, psgd's fused SGD update (`optimizer.fused=true`,
+the default) against torch's per-tensor loop, and cuDNN's autotuner (`trainer.benchmark=true`)
 against bf16 without it, and, on request (--variants), the network through torch.compile
 (`compile=true`; `compile=reduce-overhead`: its forward and backward replayed as CUDA graphs) against
 eager. benchmarks/gpu_step.py gives the bare step's ceiling to read these against.
@@ -65,6 +66,7 @@ VARIANTS = {  # name: train.py overrides
 RATIOS = [  # (what, numerator variant, denominator variant)
     ("dataset on the device / batches made on the host", "on device, fp32", "host batches, fp32"),
     ("bf16 autocast / fp32", "on device, bf16 autocast", "on device, fp32"),
+    ("fused update / torch's per-tensor SGD (fp32)", "on device, fp32", "on device, fp32, per-tensor SGD"),
     ("DDP (one process) / no DDP", "on device, fp32, DDP (1 process)", "on device, fp32"),
     ("cuDNN autotuner / without (bf16)", "on device, bf16 autocast, cuDNN autotuner", "on device, bf16 autocast"),
     ("compile=true / eager (fp32)", "on device, fp32, compile=true", "on device, fp32"),

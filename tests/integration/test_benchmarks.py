@@ -250,7 +250,7 @@ def test_time_to_target_runs_each_seed_and_reports_every_run_and_the_median(tiny
     assert "seed=0" in text and "seed=1" in text and "median of 2** (2 reached)" in text and "met" in text
 
 
-@pytest.mark.slow  # ~30 s: four train.py runs; the features it measures have default tests of their own
+@pytest.mark.slow  # ~35 s: six train.py runs; the features it measures have default tests of their own
 def test_gpu_benchmark_runs_every_variant_and_reports_the_ratios(tiny_data, tmp_path):
     # on CPU (the runs are the same; on_device and NCCL then mean the host and gloo): the script itself works
     script = str(ROOT / "benchmarks" / "gpu.py")
@@ -264,15 +264,21 @@ def test_gpu_benchmark_runs_every_variant_and_reports_the_ratios(tiny_data, tmp_
         "lab CNN | on device, fp32",
         "lab CNN | on device, bf16 autocast",
         "lab CNN | on device, bf16 autocast, cuDNN autotuner",
+        "lab CNN | on device, fp32, per-tensor SGD",
         "lab CNN | on device, fp32, DDP (1 process)",
     ]
     assert all(v > 0 for v in out["median"].values())
-    assert len(out["ratios"]) == 4 and out["device"].startswith("cpu: ")
+    assert len(out["ratios"]) == 5 and out["device"].startswith("cpu: ")
+    fused = out["ratios"]["lab CNN | fused update / torch's per-tensor SGD (fp32)"]
+    assert fused == pytest.approx(
+        out["median"]["lab CNN | on device, fp32"] / out["median"]["lab CNN | on device, fp32, per-tensor SGD"],
+        abs=0.01,
+    )
     md = (tmp_path / "g.md").read_text()
-    assert md.count("| lab CNN |") == 9 and "bf16 autocast / fp32" in md and "cuDNN autotuner / without" in md
+    assert md.count("| lab CNN |") == 11 and "bf16 autocast / fp32" in md and "cuDNN autotuner / without" in md
 
 
-@pytest.mark.slow  # ~25 s: five train.py runs that fail; the interleaving's failures are tested by default
+@pytest.mark.slow  # ~25 s: six train.py runs that fail; the interleaving's failures are tested by default
 def test_gpu_benchmark_whose_runs_fail_says_so_in_its_rows_and_exit_status_and_writes_its_results(tmp_path):
     """gpu.py's runs after its data check passed (the training split): here the test split is damaged,
     so every train.py run ends with psgd's one-line error. The rows say `all runs failed`, the ratios
@@ -285,12 +291,12 @@ def test_gpu_benchmark_whose_runs_fail_says_so_in_its_rows_and_exit_status_and_w
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("gpu.py: 5 run(s) failed, the first: lab CNN, host batches, fp32: psgd: error: "), last
+    assert last.startswith("gpu.py: 6 run(s) failed, the first: lab CNN, host batches, fp32: psgd: error: "), last
     out = json.loads((tmp_path / "g.json").read_text())
-    assert len(out["failed"]) == 5 and out["median"] == {} and set(out["ratios"].values()) == {None}
-    assert all(runs == [None] for runs in out["samples"].values()) and len(out["samples"]) == 5
+    assert len(out["failed"]) == 6 and out["median"] == {} and set(out["ratios"].values()) == {None}
+    assert all(runs == [None] for runs in out["samples"].values()) and len(out["samples"]) == 6
     md = (tmp_path / "g.md").read_text()
-    assert md.count("| all runs failed | failed |") == 5 and md.count("| failed |") == 5 + 4
+    assert md.count("| all runs failed | failed |") == 6 and md.count("| failed |") == 6 + 5
 
 
 @pytest.mark.slow  # ~10 s on a CPU, a GPU benchmark: pytest -m slow
