@@ -7,7 +7,7 @@ against bf16 without it, and, on request (--variants), the network through torch
 (`compile=true`; `compile=reduce-overhead`: its forward and backward replayed as CUDA graphs) against
 eager. benchmarks/gpu_step.py gives the bare step's ceiling to read these against.
 
-    python benchmarks/gpu.py --data-root ../shared/data                   # needs CUDA; ~17 min on one H200 (~14 before the per-tensor SGD run)
+    python benchmarks/gpu.py --data-root ../shared/data                   # needs CUDA; ~17 min on one H200 (estimated)
     python benchmarks/gpu.py --data-root DIR --accelerator cpu --epochs 1 --limit-batches 5 --repeats 1
                                                                           # the same runs on CPU: a smoke test
     python benchmarks/gpu.py --data-root ../shared/data --accelerator cpu --models "lab CNN" --name cpu_bf16
