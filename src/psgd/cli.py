@@ -130,13 +130,30 @@ def error_line(e: BaseException, run_dir: Path) -> str:
             why = " (it waited longer than strategy.timeout_s for another worker)"
         else:  # an error of its own, a bug maybe (its traceback is the worker's, in the exception's text)
             why = f" (traceback in {traceback_path(run_dir)})" if keeps_traceback(e) else ""
-        return f"worker rank {e.error_index} failed: {message_line(e)}{why}"
+        return f"worker rank {e.error_index} failed: {with_remedy(message_line(e))}{why}"
     if isinstance(e, ProcessExitedException):
         how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
         return f"worker rank {e.error_index} died ({how}); results of finished epochs are in {run_dir}"
     rank = global_rank()  # under torchrun / srun each worker is a train.py process and says its rank
     who = f"worker rank {rank} failed: " if rank is not None else ""
-    return f"{who}{type(e).__name__}: {message_line(e)} (traceback in {traceback_path(run_dir)})"
+    return f"{who}{type(e).__name__}: {with_remedy(message_line(e))} (traceback in {traceback_path(run_dir)})"
+
+
+# torch's errors whose remedy is a psgd setting: (a pattern of the message, what to add to it)
+REMEDIES = (
+    # the fused update met sparse gradients that `check` could not foresee (it finds nn.Embedding and
+    # nn.EmbeddingBag with sparse=True; F.embedding(..., sparse=True) in a forward shows only here)
+    (re.compile(r"`_fused_\w+` does not support sparse gradients"),
+     "; set optimizer.fused=false, whose per-tensor update takes them"),
+)  # fmt: skip
+
+
+def with_remedy(line: str) -> str:
+    """An error's line with psgd's remedy added where one of REMEDIES matches it."""
+    for cause, remedy in REMEDIES:
+        if cause.search(line):
+            return line + remedy
+    return line
 
 
 def message_line(e: BaseException) -> str:

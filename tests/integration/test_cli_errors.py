@@ -499,6 +499,43 @@ def test_a_bug_in_a_users_model_is_one_line_and_its_whole_traceback_is_kept(tiny
     )
 
 
+PIXEL_TABLE = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class PixelTable(nn.Module):
+    \"\"\"Each pixel's value looked up in a table of its own through F.embedding(sparse=True): sparse
+    gradients that no nn.Embedding module announces, so check cannot refuse the fused update for them.\"\"\"
+
+    def __init__(self, in_channels=1, num_classes=10, **lab_cnn_settings):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(256, 2))
+        self.fc = nn.Linear(2, num_classes)
+
+    def forward(self, x):
+        index = (x.flatten(1) * 64 + 128).long().clamp(0, 255)
+        return self.fc(F.embedding(index, self.table, sparse=True).mean(1))
+"""
+
+
+def test_sparse_gradients_the_fused_update_meets_in_training_are_one_line_naming_the_way_out(tiny_data, tmp_path):
+    env = user_code(tmp_path, "pixel_table", PIXEL_TABLE)
+    mine = ["model._target_=pixel_table.PixelTable", "model.name=pixel", "trainer.max_epochs=1", "quiet=true"]
+    fused = run_cli("train.py", f"data.root={tiny_data}", *mine, f"hydra.run.dir={tmp_path / 'fused'}", env=env)
+    assert fused.returncode == 2 and fused.stderr.strip().splitlines() == [
+        "psgd: error: RuntimeError: `_fused_sgd` does not support sparse gradients; set optimizer.fused=false, "
+        f"whose per-tensor update takes them (traceback in {tmp_path / 'fused' / 'error.log'})"
+    ], fused.stderr[-3000:]
+    loop = run_cli(
+        "train.py", f"data.root={tiny_data}", *mine, "optimizer.fused=false", f"hydra.run.dir={tmp_path / 'loop'}",
+        env=env,
+    )  # fmt: skip
+    assert loop.returncode == 0, loop.stderr[-3000:]  # the way out works
+    assert json.loads((tmp_path / "loop" / "metrics.json").read_text())["status"] == "completed"
+
+
 def test_hydra_full_error_also_prints_a_bugs_traceback(tiny_data, tmp_path):
     """HYDRA_FULL_ERROR=1 is how a Hydra user asks for whole tracebacks: a bug's is printed above its
     line as well as kept in error.log."""

@@ -86,6 +86,24 @@ def test_an_errors_line_is_the_first_of_its_message_here_and_the_named_one_from_
     )
 
 
+def test_the_fused_update_meeting_sparse_gradients_says_to_turn_it_off(tmp_path):
+    """Sparse gradients that `check` cannot foresee (F.embedding(..., sparse=True) in a forward) reach
+    torch's fused SGD, whose error names no way out; psgd's line adds it, here and from a worker."""
+    table = torch.nn.Parameter(torch.randn(10, 3))
+    torch.nn.functional.embedding(torch.tensor([1, 2]), table, sparse=True).sum().backward()
+    with pytest.raises(RuntimeError) as here:
+        torch.optim.SGD([table], lr=0.1, fused=True).step()
+    said = (
+        "`_fused_sgd` does not support sparse gradients; set optimizer.fused=false, whose per-tensor update takes them"
+    )
+    assert error_line(here.value, tmp_path) == f"RuntimeError: {said} (traceback in {tmp_path / 'error.log'})"
+    line = error_line(raised(1, f"RuntimeError: {here.value}"), tmp_path)
+    assert line == f"worker rank 1 failed: RuntimeError: {said} (traceback in {tmp_path / 'error.log'})"
+    # another error is left as it is
+    other = error_line(raised(1, "RuntimeError: SparseAdam does not support dense gradients"), tmp_path)
+    assert "optimizer.fused" not in other
+
+
 def test_a_taken_master_port_says_so_and_how_to_free_it(tmp_path):
     """MASTER_PORT exported for another run: rank 0's store cannot listen (the line was torch's
     "DistNetworkError: The server socket has failed to listen on any local network address...")."""
