@@ -145,6 +145,10 @@ REMEDIES = (
     # nn.EmbeddingBag with sparse=True; F.embedding(..., sparse=True) in a forward shows only here)
     (re.compile(r"`_fused_\w+` does not support sparse gradients"),
      "; set optimizer.fused=false, whose per-tensor update takes them"),
+    # Adam, AdamW and NovoGrad refuse them whatever their settings (and suggest SparseAdam, which takes
+    # nothing but sparse gradients: a model's other layers have dense ones)
+    (re.compile(r"\b(Adam|AdamW|NovoGrad) does not support sparse gradients"),
+     "; use optimizer=sgd optimizer.fused=false, whose per-tensor update takes them"),
 )  # fmt: skip
 
 

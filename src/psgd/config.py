@@ -604,11 +604,8 @@ def check(cfg: DictConfig) -> Plan:
     warn_of_what_never_comes(cfg)
     net = check_model(cfg.model, cfg.data.name)
     check_optimizer(cfg.optimizer)
-    if net is not None and cfg.optimizer.get("fused") and (sparse := sparse_gradient_modules(net)):
-        raise ConfigError(
-            f"optimizer.fused=true is invalid with model={cfg.model.get('name')}: its {sparse[0]} makes sparse "
-            "gradients, which the fused update refuses; set optimizer.fused=false"
-        )
+    if net is not None and (sparse := sparse_gradient_modules(net)):
+        check_sparse_gradients(cfg.optimizer, cfg.model.get("name"), sparse[0])
     for setting in GIVE:  # here, not in check_values: a file is there on one machine and not on another (a
         # sweep's jobs on SLURM); a sweep run here finds a missing one before its first job, not in every job
         if cfg.get(setting) is not None:
@@ -1052,6 +1049,29 @@ def sparse_gradient_modules(net: "nn.Module") -> list[str]:
         for name, m in net.named_modules()
         if isinstance(m, kinds) and m.sparse
     ]
+
+
+def check_sparse_gradients(opt: DictConfig, model_name: str | None, module: str) -> None:
+    """A model whose `module` makes sparse gradients, with an optimizer that refuses them at the first
+    step in every worker: Adam and NovoGrad whatever their settings (their errors suggest SparseAdam,
+    which psgd does not offer), SGD's fused update (its error names no way out). torch's per-tensor
+    SGD takes them."""
+    import torch
+    import torch_optimizer
+
+    target = opt.get("_target_")
+    cls = locate("optimizer._target_", target)
+    if isinstance(cls, type) and issubclass(cls, (torch.optim.Adam, torch_optimizer.NovoGrad)):  # AdamW too
+        raise ConfigError(
+            f"optimizer._target_={target} is invalid with model={model_name}: its {module} makes sparse "
+            f"gradients, which {cls.__name__} refuses; use optimizer=sgd optimizer.fused=false, whose per-tensor "
+            "update takes them"
+        )
+    if opt.get("fused"):
+        raise ConfigError(
+            f"optimizer.fused=true is invalid with model={model_name}: its {module} makes sparse "
+            "gradients, which the fused update refuses; set optimizer.fused=false"
+        )
 
 
 def check_model(model_cfg: DictConfig, data_name: str) -> "nn.Module | None":

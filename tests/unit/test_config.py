@@ -840,6 +840,37 @@ def test_fused_updates_with_a_model_that_makes_sparse_gradients_are_one_line_bef
         torch.optim.SGD(net.parameters(), lr=0.1, fused=True).step()
 
 
+@pytest.mark.parametrize(
+    "optimizer,target,name",
+    [("adam", "torch.optim.Adam", "Adam"), ("novograd", "torch_optimizer.NovoGrad", "NovoGrad")],
+)
+def test_an_optimizer_that_refuses_sparse_gradients_is_named_with_the_one_that_takes_them(
+    tmp_path, monkeypatch, optimizer, target, name
+):
+    """Adam and NovoGrad refuse sparse gradients fused or not ("Adam does not support sparse gradients,
+    please consider SparseAdam instead", at the first step in every worker): optimizer.fused=false, the
+    line's advice before, would not have helped them."""
+    (tmp_path / "psgd_test_user_models.py").write_text(USER_MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mine = ["model._target_=psgd_test_user_models.SparseEmbedding", "model.name=mine", "~model.dropout"]
+    over = [*mine, "~model.batch_norm", f"optimizer={optimizer}"]
+    for fused in (["optimizer.fused=false"] if optimizer == "adam" else []) + [None]:
+        with pytest.raises(ConfigError) as e:
+            check(compose_cfg(*over, *([fused] if fused else [])))
+        assert str(e.value) == (
+            f"optimizer._target_={target} is invalid with model=mine: its table (Embedding, sparse=True) makes "
+            f"sparse gradients, which {name} refuses; use optimizer=sgd optimizer.fused=false, whose per-tensor "
+            "update takes them"
+        )
+    from hydra.utils import instantiate
+
+    cfg = compose_cfg(*over, *(["optimizer.fused=false"] if optimizer == "adam" else []))
+    net, _ = build_model(cfg.model, "mnist")
+    F.cross_entropy(net(torch.rand(4, 1, 28, 28)), torch.arange(4)).backward()
+    with pytest.raises(RuntimeError, match=f"{name} does not support sparse gradients"):  # what the run met
+        instantiate(cfg.optimizer, _convert_="all")(net.parameters()).step()
+
+
 def test_a_model_of_the_users_that_does_not_fit_a_jobs_images_is_refused_by_check(tmp_path, monkeypatch):
     """check runs the network on the dataset's image shape (meta device): a model for 28x28 images failed
     the CIFAR10 jobs of `sweep.py -m data=mnist,cifar10` only as each started. What meta tensors cannot

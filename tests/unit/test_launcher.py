@@ -99,9 +99,16 @@ def test_the_fused_update_meeting_sparse_gradients_says_to_turn_it_off(tmp_path)
     assert error_line(here.value, tmp_path) == f"RuntimeError: {said} (traceback in {tmp_path / 'error.log'})"
     line = error_line(raised(1, f"RuntimeError: {here.value}"), tmp_path)
     assert line == f"worker rank 1 failed: RuntimeError: {said} (traceback in {tmp_path / 'error.log'})"
+    # Adam's (or NovoGrad's) own refusal, fused or not, is pointed at the optimizer that takes them
+    with pytest.raises(RuntimeError) as adam:
+        torch.optim.Adam([table], fused=False).step()
+    assert error_line(adam.value, tmp_path) == (
+        "RuntimeError: Adam does not support sparse gradients, please consider SparseAdam instead; use optimizer=sgd "
+        f"optimizer.fused=false, whose per-tensor update takes them (traceback in {tmp_path / 'error.log'})"
+    )
     # another error is left as it is
     other = error_line(raised(1, "RuntimeError: SparseAdam does not support dense gradients"), tmp_path)
-    assert "optimizer.fused" not in other
+    assert "optimizer.fused" not in other and "optimizer=sgd" not in other
 
 
 def test_a_taken_master_port_says_so_and_how_to_free_it(tmp_path):
