@@ -1054,8 +1054,8 @@ def sparse_gradient_modules(net: "nn.Module") -> list[str]:
 def check_sparse_gradients(opt: DictConfig, model_name: str | None, module: str) -> None:
     """A model whose `module` makes sparse gradients, with an optimizer that refuses them at the first
     step in every worker: Adam and NovoGrad whatever their settings (their errors suggest SparseAdam,
-    which psgd does not offer), SGD's fused update (its error names no way out). torch's per-tensor
-    SGD takes them."""
+    which takes sparse gradients only, and a model's other layers have dense ones), SGD's fused update
+    (its error names no way out). torch's per-tensor SGD takes them."""
     import torch
     import torch_optimizer
 
