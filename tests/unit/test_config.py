@@ -816,23 +816,31 @@ class SparseEmbedding(nn.Module):  # pixel values looked up in a table whose gra
 """
 
 
-def test_fused_updates_with_a_model_that_makes_sparse_gradients_are_one_line_before_anything_runs(
-    tmp_path, monkeypatch
-):
+@pytest.fixture
+def user_model(tmp_path, monkeypatch):
+    """USER_MODELS importable (as psgd_test_user_models); gives the overrides that choose one of its classes."""
+    (tmp_path / "psgd_test_user_models.py").write_text(USER_MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def choose(cls: str) -> list[str]:
+        return [f"model._target_=psgd_test_user_models.{cls}", "model.name=mine", "~model.dropout", "~model.batch_norm"]
+
+    return choose
+
+
+def test_fused_updates_with_a_model_that_makes_sparse_gradients_are_one_line_before_anything_runs(user_model):
     """torch's fused SGD refuses sparse gradients ("`_fused_sgd` does not support sparse gradients") at the
     first step, in every worker. optimizer.fused=true (the default) is refused with such a model, naming the
     module and the way out; fused=false runs torch's loop, which takes them."""
-    (tmp_path / "psgd_test_user_models.py").write_text(USER_MODELS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    mine = ["model._target_=psgd_test_user_models.SparseEmbedding", "model.name=mine", "~model.dropout"]
+    mine = user_model("SparseEmbedding")
     with pytest.raises(ConfigError) as e:
-        check(compose_cfg(*mine, "~model.batch_norm"))
+        check(compose_cfg(*mine))
     assert str(e.value) == (
         "optimizer.fused=true is invalid with model=mine: its table (Embedding, sparse=True) makes sparse "
         "gradients, which the fused update refuses; set optimizer.fused=false"
     )
-    check(compose_cfg(*mine, "~model.batch_norm", "optimizer.fused=false"))
-    net, _ = build_model(compose_cfg(*mine, "~model.batch_norm").model, "mnist")
+    check(compose_cfg(*mine, "optimizer.fused=false"))
+    net, _ = build_model(compose_cfg(*mine).model, "mnist")
     F.cross_entropy(net(torch.rand(4, 1, 28, 28)), torch.arange(4)).backward()
     assert net.table.weight.grad.is_sparse  # what the check is about
     torch.optim.SGD(net.parameters(), lr=0.1, fused=False).step()  # the loop takes them
@@ -845,42 +853,37 @@ def test_fused_updates_with_a_model_that_makes_sparse_gradients_are_one_line_bef
     [("adam", "torch.optim.Adam", "Adam"), ("novograd", "torch_optimizer.NovoGrad", "NovoGrad")],
 )
 def test_an_optimizer_that_refuses_sparse_gradients_is_named_with_the_one_that_takes_them(
-    tmp_path, monkeypatch, optimizer, target, name
+    user_model, optimizer, target, name
 ):
     """Adam and NovoGrad refuse sparse gradients fused or not ("Adam does not support sparse gradients,
     please consider SparseAdam instead", at the first step in every worker): optimizer.fused=false, the
     line's advice before, would not have helped them."""
-    (tmp_path / "psgd_test_user_models.py").write_text(USER_MODELS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    mine = ["model._target_=psgd_test_user_models.SparseEmbedding", "model.name=mine", "~model.dropout"]
-    over = [*mine, "~model.batch_norm", f"optimizer={optimizer}"]
-    for fused in (["optimizer.fused=false"] if optimizer == "adam" else []) + [None]:
+    from hydra.utils import instantiate
+
+    over = [*user_model("SparseEmbedding"), f"optimizer={optimizer}"]
+    ways = [[], ["optimizer.fused=false"]] if optimizer == "adam" else [[]]  # (NovoGrad has no fused)
+    for way in ways:
         with pytest.raises(ConfigError) as e:
-            check(compose_cfg(*over, *([fused] if fused else [])))
+            check(compose_cfg(*over, *way))
         assert str(e.value) == (
             f"optimizer._target_={target} is invalid with model=mine: its table (Embedding, sparse=True) makes "
             f"sparse gradients, which {name} refuses; use optimizer=sgd optimizer.fused=false, whose per-tensor "
             "update takes them"
         )
-    from hydra.utils import instantiate
-
-    cfg = compose_cfg(*over, *(["optimizer.fused=false"] if optimizer == "adam" else []))
+    cfg = compose_cfg(*over, *ways[-1])
     net, _ = build_model(cfg.model, "mnist")
     F.cross_entropy(net(torch.rand(4, 1, 28, 28)), torch.arange(4)).backward()
     with pytest.raises(RuntimeError, match=f"{name} does not support sparse gradients"):  # what the run met
         instantiate(cfg.optimizer, _convert_="all")(net.parameters()).step()
 
 
-def test_a_model_of_the_users_that_does_not_fit_a_jobs_images_is_refused_by_check(tmp_path, monkeypatch):
+def test_a_model_of_the_users_that_does_not_fit_a_jobs_images_is_refused_by_check(user_model):
     """check runs the network on the dataset's image shape (meta device): a model for 28x28 images failed
     the CIFAR10 jobs of `sweep.py -m data=mnist,cifar10` only as each started. What meta tensors cannot
     run is judged on the CPU, as the job will: it is not refused for that."""
-    (tmp_path / "psgd_test_user_models.py").write_text(USER_MODELS)
-    monkeypatch.syspath_prepend(str(tmp_path))
 
     def cfg(cls: str, data: str):
-        mine = [f"model._target_=psgd_test_user_models.{cls}", "model.name=mine", "~model.dropout"]
-        return compose_cfg(*mine, "~model.batch_norm", f"data={data}")
+        return compose_cfg(*user_model(cls), f"data={data}")
 
     torch.manual_seed(0)
     state = torch.get_rng_state()
