@@ -59,6 +59,8 @@ def keep_a_cut_epoch_unfinished(checkpoint: dict[str, Any]) -> bool:
 OPTIMIZER_KEY = "psgd_optimizer"
 # in a checkpoint written where an epoch was cut short: that epoch's training counts so far, all workers'
 CUT_EPOCH_COUNTS_KEY = "psgd_cut_epoch_train_counts"
+# param-group entries that say how torch runs the update, not what it computes: a resumed run takes its own
+STEP_IMPLEMENTATION = ("foreach", "fused", "differentiable", "capturable")
 
 
 class TrainingDiverged(RuntimeError):
@@ -417,6 +419,7 @@ class Classifier(PlainHookName, SelectedBatchHooks, L.LightningModule):
         self._resumed_steps_per_epoch = checkpoint.get(STEPS_PER_EPOCH_KEY)
         self._resumed_counts = checkpoint.get(CUT_EPOCH_COUNTS_KEY)
         self._check_resumed_steps()
+        self._update_as_configured(checkpoint)
         # Callbacks psgd adds by a setting keep their state in its checkpoints: the epoch ModelCheckpoint
         # (checkpoint_every_epoch=true) and TargetAccuracyStop (early_stop.target_acc). Resumed without
         # the setting, Lightning (which restores callbacks after this hook) told the user to add the
@@ -429,6 +432,22 @@ class Classifier(PlainHookName, SelectedBatchHooks, L.LightningModule):
             settings = [k for k in states if k.startswith(by_setting) or k == "TargetAccuracyStop"]
             for key in [k for k in settings if k not in present]:
                 del states[key]
+
+    def _update_as_configured(self, checkpoint: dict[str, Any]) -> None:
+        """Lightning restores the optimizer's param groups from the checkpoint wholesale, how torch runs the
+        update included: a run resumed with optimizer.fused=false went on with the checkpoint's fused update,
+        and one from a checkpoint written before the fused update was psgd's default (fused None) with
+        torch's per-tensor loop. The checkpoint's groups take this run's settings (STEP_IMPLEMENTATION)
+        before the optimizer loads them, so that torch also places the state as this update needs it (Adam's
+        step counts on the parameters' device for the fused one). What the update computes is compared
+        before the run starts (run.optimizer_change) and stays the checkpoint's."""
+        states = checkpoint.get("optimizer_states")
+        if not states:
+            return
+        fresh = self.build_optimizer().param_groups  # no state: only its settings are read
+        for state in states:
+            for saved, group in zip(state.get("param_groups") or [], fresh):
+                saved.update({k: group[k] for k in STEP_IMPLEMENTATION if k in group})
 
     def _check_resumed_steps(self) -> None:
         """A per-step schedule is restored in the checkpoint's optimizer steps: resumed with other steps

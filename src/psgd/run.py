@@ -67,7 +67,7 @@ from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
 from psgd.hooks import skip_unused_hooks
 from psgd.memory import memory_problem
-from psgd.module import OPTIMIZER_KEY, Classifier, fit_loop_state
+from psgd.module import OPTIMIZER_KEY, STEP_IMPLEMENTATION, Classifier, fit_loop_state
 from psgd.optim import scaled_lr, schedule_read
 from psgd.profiler import NoProfiler, PyTorchProfilerForWorkers
 from psgd.results import (
@@ -686,8 +686,8 @@ def schedule_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
 
 
 # param-group entries that are not the optimizer's settings: the parameters, the lr (the schedule's, checked
-# by schedule_change) and how torch runs the step
-_NOT_SETTINGS = {"params", "lr", "initial_lr", "foreach", "fused", "differentiable", "capturable"}
+# by schedule_change) and how torch runs the step (the resumed run's own: Classifier._update_as_configured)
+_NOT_SETTINGS = {"params", "lr", "initial_lr", *STEP_IMPLEMENTATION}
 
 
 def optimizer_change(checkpoint: dict[str, Any], module: Classifier) -> str | None:

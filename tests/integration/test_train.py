@@ -255,8 +255,9 @@ def test_same_seed_gives_the_same_weights_and_another_seed_does_not(tiny_data, t
 
 
 class OptimizerSeen(L.Callback):
-    def on_train_start(self, trainer, pl_module):
+    def on_train_start(self, trainer, pl_module):  # (after a resume has loaded the optimizer's state)
         self.defaults = dict(trainer.optimizers[0].defaults)
+        self.group = {k: v for k, v in trainer.optimizers[0].param_groups[0].items() if k != "params"}
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
@@ -276,6 +277,36 @@ def test_the_update_is_one_fused_kernel_by_default_and_trains_as_torchs_loop_doe
     fused, loop = (w["state_dict"] for w in (weights[True], weights[False]))
     for k in fused:
         torch.testing.assert_close(fused[k], loop[k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_resumed_run_updates_as_its_own_settings_say_not_as_the_checkpoints_run_did(tiny_data, tmp_path, optimizer):
+    """How torch runs the update (optimizer.fused) is this run's choice: a resume may change it. Lightning
+    restored the checkpoint's param groups wholesale, so a run resumed with optimizer.fused=false went
+    on with the checkpoint's fused update, unsaid, and one resumed from a checkpoint written before the
+    fused update was psgd's default (fused None) went on with torch's per-tensor loop (on CPU)."""
+    base = [f"data.root={tiny_data}", f"optimizer={optimizer}", "trainer.max_epochs=2", *TINY]
+    train(compose_cfg(*base, "checkpoint_every_epoch=true"), tmp_path / "first")
+    first = tmp_path / "first" / "checkpoints" / "epoch0.ckpt"
+    saved = torch.load(first, weights_only=True)
+    assert saved["optimizer_states"][0]["param_groups"][0]["fused"] is True
+    older = tmp_path / "older.ckpt"  # as written before fused was the default
+    for group in saved["optimizer_states"][0]["param_groups"]:
+        group["fused"] = None
+    torch.save(saved, older)
+    for ckpt, over, fused in ((first, ["optimizer.fused=false"], False), (older, [], True)):
+        run_dir = tmp_path / f"resumed_{fused}"
+        train(
+            compose_cfg(*base, *over, "trainer.max_epochs=2", f"ckpt_path={ckpt}"),
+            run_dir,
+            callbacks=[seen := OptimizerSeen()],
+        )
+        assert seen.group["fused"] is fused, (ckpt.name, seen.group)
+        assert metrics(run_dir)["epochs"] == 2
+        # the resumed run's momentum / moments are the checkpoint's: it went on, it did not start over
+        resumed = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+        assert resumed["optimizer_states"][0]["param_groups"][0]["fused"] is fused
+        assert resumed["epoch"] == 1
 
 
 def test_early_stop_after_patience_epochs_at_target(tiny_data, tmp_path):
