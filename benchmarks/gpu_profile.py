@@ -8,6 +8,9 @@ resident batch) each give, per step:
             more steps);
   kernels   the GPU work items launched.
 
+  update    the optimizer and how torch runs its update (fused, foreach, torch's default or its
+            per-tensor loop), read from the optimizer each step ran: what --overrides changed.
+
 A step whose wall time is at its GPU busy time is bound by the GPU; one above it waits on the host
 (Python, Lightning, the kernel launches), and psgd's `compile=reduce-overhead` (CUDA graphs) is the
 lever. The kernels psgd runs more often or longer than the bare step are listed, the largest first.
@@ -67,6 +70,7 @@ class Timed:
         self.total = warm_up + steps + profiled
         self.wall_ms: float | None = None
         self.work: dict | None = None
+        self.update: str | None = None  # update_kind of the optimizer the steps ran
 
     def step_started(self, i: int) -> None:
         import torch
@@ -86,11 +90,27 @@ class Timed:
             self.work = device_work(self.prof, self.profiled)
 
 
+def update_kind(optimizer) -> str:
+    """The optimizer's class and how torch runs its update: "SGD, fused", "Adam, foreach", "SGD, torch's
+    default" (foreach None: foreach on CUDA, the per-tensor loop on CPU) or "NovoGrad, per-tensor loop"."""
+    group = optimizer.param_groups[0]
+    if group.get("fused"):
+        how = "fused"
+    elif group.get("foreach"):
+        how = "foreach"
+    elif "foreach" in group and group["foreach"] is None:
+        how = "torch's default"
+    else:
+        how = "per-tensor loop"
+    return f"{type(optimizer).__name__}, {how}"
+
+
 def bare(model: str, bf16: bool, device: str, timed: Timed, overrides=()) -> None:
     import torch
     import torch.nn.functional as F
 
     net, opt, x, y = resident(model, BATCH, device, overrides)
+    timed.update = update_kind(opt)
     for i in range(timed.total + 1):
         timed.step_started(i)
         if i == timed.total:
@@ -128,6 +148,9 @@ def psgd(model: str, bf16: bool, device: str, data_root: str, timed: Timed, over
     from psgd.run import train
 
     class Steps(L.Callback):
+        def on_train_start(self, trainer, module):
+            timed.update = update_kind(trainer.optimizers[0])
+
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
             timed.step_started(batch_idx)
 
@@ -203,6 +226,7 @@ def main() -> None:
             psgd(model, bf16, args.device, args.data_root, p, args.overrides)
             row = {"model": model, "precision": precision, "bare": summary(b), "psgd": summary(p)}
             row["psgd_speed_of_bare"] = round(b.wall_ms / p.wall_ms, 3)
+            row["update"] = {"bare": b.update, "psgd": p.update}
             rows.append(row)
             if args.device == "cuda":
                 diff = differences(b.work, p.work, args.top)
@@ -224,9 +248,21 @@ def main() -> None:
 
     device = device_name("gpu" if args.device == "cuda" else "cpu")
     head = ["model", "precision", "bare: wall ms", "GPU busy ms", "kernels", "psgd: wall ms", "GPU busy ms", "kernels",
-            "psgd / bare speed"]  # fmt: skip
+            "psgd / bare speed", "update"]  # fmt: skip
+
+    def updates(u: dict) -> str:
+        return u["bare"] if u["bare"] == u["psgd"] else f"bare: {u['bare']}; psgd: {u['psgd']}"
+
     cells = [
-        [r["model"], r["precision"], *r["bare"].values(), *r["psgd"].values(), r["psgd_speed_of_bare"]] for r in rows
+        [
+            r["model"],
+            r["precision"],
+            *r["bare"].values(),
+            *r["psgd"].values(),
+            r["psgd_speed_of_bare"],
+            updates(r["update"]),
+        ]
+        for r in rows
     ]
     title = f"### {device}, {time.strftime('%Y-%m-%d')}: one training step at batch {BATCH}, psgd against the bare step"
     if args.overrides:

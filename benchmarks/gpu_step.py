@@ -35,7 +35,6 @@ from compare import (  # noqa: E402
     flop_per_sample,
     positive,
     results_arguments,
-    sgd,
     table,
     train_cfg,
     write_results,
@@ -57,14 +56,17 @@ def build(model: str, overrides=()):
 
 def resident(model: str, batch: int, device: str, overrides=()):
     """The bare step's pieces: psgd's network (channels_last, in training mode) on `device`, the config's
-    SGD (the default's, plus `overrides`), and one random batch (x, y) of `batch` samples resident there."""
+    optimizer (the default SGD, or what `overrides` make it, built as psgd builds it), and one random batch
+    (x, y) of `batch` samples resident there."""
     import torch
+    from hydra.utils import instantiate
 
     torch.manual_seed(0)
     cfg, net, size = build(model, overrides)
     net = net.to(device, memory_format=torch.channels_last).train()
     x = torch.randn(batch, 1, size, size, device=device).contiguous(memory_format=torch.channels_last)
-    return net, sgd(cfg, net.parameters()), x, torch.randint(0, 10, (batch,), device=device)
+    optimizer = instantiate(cfg.optimizer, _convert_="all")(net.parameters())
+    return net, optimizer, x, torch.randint(0, 10, (batch,), device=device)
 
 
 def measure(model: str, batch: int, bf16: bool, autotune: bool, steps: int, device: str, mode: str = "eager") -> dict:

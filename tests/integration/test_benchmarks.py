@@ -352,6 +352,8 @@ def test_gpu_profile_benchmark_times_psgd_against_the_bare_step(tmp_path):
     out = json.loads((tmp_path / "gpu_profile.json").read_text())
     assert out["args"]["overrides"] == ["optimizer.fused=false"]
     assert [(r["model"], r["precision"]) for r in out["rows"]] == [("lab CNN", "fp32"), ("lab CNN", "bf16")]
+    # the override reached both steps: each ran the per-tensor update (psgd's default is the fused one)
+    assert [r["update"] for r in out["rows"]] == [{"bare": "SGD, torch's default", "psgd": "SGD, torch's default"}] * 2
     for r in out["rows"]:
         assert r["bare"]["wall_ms"] > 0 and r["psgd"]["wall_ms"] > 0
         assert r["psgd_speed_of_bare"] == pytest.approx(r["bare"]["wall_ms"] / r["psgd"]["wall_ms"], rel=0.01)
@@ -359,6 +361,13 @@ def test_gpu_profile_benchmark_times_psgd_against_the_bare_step(tmp_path):
     md = (tmp_path / "gpu_profile.md").read_text()
     assert md.count("| lab CNN |") == 2 and "| n/a |" in md and out["device"].startswith("cpu: ")
     assert md.splitlines()[0].endswith("psgd against the bare step, both with optimizer.fused=false")
+    assert md.count("| SGD, torch's default |") == 2
+    # without overrides, and with another optimizer (which gpu_profile.py failed on with a traceback)
+    cmd = [*cmd[: cmd.index("--precisions")], "--precisions", "fp32", "--warm-up=2", "--steps=3", "--profiled=2"]
+    for over, said in (([], "SGD, fused"), (["--overrides", "optimizer=adam"], "Adam, fused")):
+        proc = subprocess.run([*cmd, *over, f"--results={tmp_path / 'b'}"], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert f"| {said} |" in (tmp_path / "b" / "gpu_profile.md").read_text()
 
 
 @pytest.mark.parametrize(
