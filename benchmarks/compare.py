@@ -441,7 +441,7 @@ def lean_module(cfg, net, bodies: list | None = None):
     seconds each step body took."""
     import pytorch_lightning as L
 
-    from psgd.module import PlainHookName
+    from psgd.hooks import PlainHookName
 
     opt = sgd(cfg, net.parameters())
     plain_step = step = vanilla_step(net, opt)  # the vanilla loop's step verbatim

@@ -27,7 +27,8 @@ import pytorch_lightning as L
 import torch
 import torch.nn.functional as F
 
-from psgd.module import Classifier, PlainHookName
+from psgd.hooks import PlainHookName
+from psgd.module import Classifier
 from psgd.profiler import NoProfiler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

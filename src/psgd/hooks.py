@@ -1,6 +1,7 @@
 """Lightning's per-step hook work cut down: the per-batch hooks nobody implements taken out of its
-dispatch (skip_unused_hooks), the batch hooks' owner chosen once per fit (SelectedBatchHooks), and
-training_step's signature built once (fixed_signature).
+dispatch (skip_unused_hooks), training_step's signature built once (fixed_signature), the hook name
+Lightning writes around every hook call written plainly (PlainHookName), and the batch hooks' owner
+chosen once per fit (SelectedBatchHooks).
 
 Lightning calls every per-batch hook of every callback and of the LightningModule on every batch,
 also where the object inherits the base class's empty one: six per training step in automatic
@@ -88,6 +89,19 @@ def fixed_signature(fn: Callable) -> Callable:
     returns instead."""
     fn.__signature__ = inspect.signature(fn)
     return fn
+
+
+class PlainHookName:
+    """LightningModule mixin: Lightning sets `_current_fx_name` before and after every hook call, ~40
+    times per training step; nn.Module.__setattr__ first looks the name up among parameters, buffers
+    and submodules, which it never is: ~60 us per step (benchmarks/step_overhead.py). This writes that
+    one attribute plainly; every other attribute goes through nn.Module as usual."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "_current_fx_name":
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
 
 
 # the batch hooks whose Lightning default returns the batch as it is

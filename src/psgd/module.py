@@ -15,7 +15,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from psgd.config import ConfigError
-from psgd.hooks import SelectedBatchHooks, fixed_signature
+from psgd.hooks import PlainHookName, SelectedBatchHooks, fixed_signature
 from psgd.optim import build_scheduler, schedule_read
 from psgd.results import hogwild_workers, step_advice
 
@@ -65,19 +65,6 @@ STEP_IMPLEMENTATION = ("foreach", "fused", "differentiable", "capturable")
 
 class TrainingDiverged(RuntimeError):
     """The training loss became NaN or infinite; str() is the one-line message shown to the user."""
-
-
-class PlainHookName:
-    """LightningModule mixin: Lightning sets `_current_fx_name` before and after every hook call, ~40
-    times per training step; nn.Module.__setattr__ first looks the name up among parameters, buffers
-    and submodules, which it never is: ~60 us per step (benchmarks/step_overhead.py). This writes that
-    one attribute plainly; every other attribute goes through nn.Module as usual."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "_current_fx_name":
-            object.__setattr__(self, name, value)
-        else:
-            super().__setattr__(name, value)
 
 
 def _loss_mean(**kwargs) -> MeanMetric:
