@@ -1,7 +1,7 @@
 """Is psgd's GPU step bound by the GPU or by the host, and what does psgd launch that a bare step does
 not? For each model and precision, psgd's real run (psgd.run.train, the dataset on the GPU, batch 128)
-and benchmarks/gpu_step.py's bare step (zero_grad, forward, cross-entropy, backward, SGD step on one
-resident batch) each give, per step:
+and benchmarks/gpu_step.py's bare step (zero_grad, forward, cross-entropy, backward, the optimizer's step
+on one resident batch; the config's optimizer, SGD by default, as psgd's run has) each give, per step:
 
   wall      ms between two steps, timed over `--steps` steps after `--warm-up` (no profiler running);
   GPU busy  ms of the GPU's own kernels, memory copies and sets (torch.profiler, over `--profiled`
