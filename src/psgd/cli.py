@@ -18,7 +18,7 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd import command_line, signals
 from psgd.command_line import fail, first_worker, global_rank, other_torchrun_worker, text_lines, warn
-from psgd.config import ConfigError, DirInUse
+from psgd.config import SPARSE_GRADIENTS_WAY_OUT, ConfigError, DirInUse
 from psgd.data import DataError
 from psgd.module import TrainingDiverged
 from psgd.report import few_steps, learned_nothing, learned_nothing_line, skew_note, stop_note
@@ -148,7 +148,7 @@ REMEDIES = (
     # Adam, AdamW and NovoGrad refuse them whatever their settings (and suggest SparseAdam, which takes
     # nothing but sparse gradients: a model's other layers have dense ones)
     (re.compile(r"\b(Adam|AdamW|NovoGrad) does not support sparse gradients"),
-     "; use optimizer=sgd optimizer.fused=false, whose per-tensor update takes them"),
+     f"; {SPARSE_GRADIENTS_WAY_OUT}"),
 )  # fmt: skip
 
 

@@ -1051,6 +1051,11 @@ def sparse_gradient_modules(net: "nn.Module") -> list[str]:
     ]
 
 
+# the way out for an optimizer that refuses sparse gradients: said by check_sparse_gradients before a run, and by
+# cli.REMEDIES after torch's error where the run met ones check could not foresee
+SPARSE_GRADIENTS_WAY_OUT = "use optimizer=sgd optimizer.fused=false, whose per-tensor update takes them"
+
+
 def check_sparse_gradients(opt: DictConfig, model_name: str | None, module: str) -> None:
     """A model whose `module` makes sparse gradients, with an optimizer that refuses them at the first
     step in every worker: Adam and NovoGrad whatever their settings (their errors suggest SparseAdam,
@@ -1064,8 +1069,7 @@ def check_sparse_gradients(opt: DictConfig, model_name: str | None, module: str)
     if isinstance(cls, type) and issubclass(cls, (torch.optim.Adam, torch_optimizer.NovoGrad)):  # AdamW too
         raise ConfigError(
             f"optimizer._target_={target} is invalid with model={model_name}: its {module} makes sparse "
-            f"gradients, which {cls.__name__} refuses; use optimizer=sgd optimizer.fused=false, whose per-tensor "
-            "update takes them"
+            f"gradients, which {cls.__name__} refuses; {SPARSE_GRADIENTS_WAY_OUT}"
         )
     if opt.get("fused"):
         raise ConfigError(
