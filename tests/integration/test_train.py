@@ -297,7 +297,7 @@ def test_a_resumed_run_updates_as_its_own_settings_say_not_as_the_checkpoints_ru
     for ckpt, over, fused in ((first, ["optimizer.fused=false"], False), (older, [], True)):
         run_dir = tmp_path / f"resumed_{fused}"
         train(
-            compose_cfg(*base, *over, "trainer.max_epochs=2", f"ckpt_path={ckpt}"),
+            compose_cfg(*base, *over, f"ckpt_path={ckpt}"),
             run_dir,
             callbacks=[seen := OptimizerSeen()],
         )
