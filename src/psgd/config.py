@@ -355,7 +355,7 @@ def check_values(cfg: DictConfig) -> int:
         )
     if cfg.strategy.name == "ddp":
         cap = cfg.strategy.get("bucket_cap_mb")
-        _need(cap is None or (_is_number(cap) and cap > 0), "strategy.bucket_cap_mb", cap, "must be > 0")
+        _need(cap is None or (_is_number(cap) and cap > 0), "strategy.bucket_cap_mb", cap, "must be a number > 0")
     for key in SWITCHES:
         value = OmegaConf.select(cfg, key, default=_ABSENT)
         _need(value is _ABSENT or isinstance(value, bool), key, value, "must be true or false")
@@ -400,7 +400,7 @@ def check_values(cfg: DictConfig) -> int:
         _is_number(d.val_split) and 0 <= d.val_split < 1,
         "data.val_split",
         d.val_split,
-        "must be in [0, 1)",
+        "must be a number in [0, 1)",
     )
     if d.partition == "sizes":
         sizes = list(d.partition_sizes) if OmegaConf.is_list(d.partition_sizes) else d.partition_sizes
@@ -439,20 +439,20 @@ def check_values(cfg: DictConfig) -> int:
             "data.partition=dirichlet needs a number > 0 (the label skew: smaller = more skewed, e.g. 0.5)",
         )
 
-    _need(_is_number(opt.lr) and opt.lr > 0, "optimizer.lr", opt.lr, "must be > 0")
+    _need(_is_number(opt.lr) and opt.lr > 0, "optimizer.lr", opt.lr, "must be a number > 0")
     if "momentum" in opt:
         _need(
             _is_number(opt.momentum) and 0 <= opt.momentum < 1,
             "optimizer.momentum",
             opt.momentum,
-            "must be in [0, 1)",
+            "must be a number in [0, 1)",
         )
     if "weight_decay" in opt:
         _need(
             _is_number(opt.weight_decay) and opt.weight_decay >= 0,
             "optimizer.weight_decay",
             opt.weight_decay,
-            "must be >= 0",
+            "must be a number >= 0",
         )
         # a model that sets each layer's decay in its own param groups (the MLP) overrides the optimizer's
         own_decay = sorted(k for k in cfg.model if str(k).startswith("weight_decay_"))
@@ -532,7 +532,7 @@ def check_values(cfg: DictConfig) -> int:
     _need(logs is None or (_is_int(logs) and logs >= 1), "trainer.log_every_n_steps", logs, "must be an integer >= 1")
     if "dropout" in cfg.model:  # the models that have one (null too: it used to reach the model's `<`)
         dropout = cfg.model.dropout
-        _need(_is_number(dropout) and 0 <= dropout < 1, "model.dropout", dropout, "must be in [0, 1)")
+        _need(_is_number(dropout) and 0 <= dropout < 1, "model.dropout", dropout, "must be a number in [0, 1)")
 
     resolve_accumulation(cfg, world)
     return workers

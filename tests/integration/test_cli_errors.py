@@ -145,7 +145,8 @@ def test_a_sweeps_damaged_cifar10_is_one_line_before_any_job(tiny_data, tmp_path
         (
             "sweep.py",
             ["-m", "optimizer.lr=0.1,-1"],
-            "psgd: error: optimizer.lr=-1 is invalid: must be > 0 (in the job optimizer.lr=-1; no job was started)",
+            "psgd: error: optimizer.lr=-1 is invalid: must be a number > 0"
+            " (in the job optimizer.lr=-1; no job was started)",
         ),
     ],
 )

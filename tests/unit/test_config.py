@@ -418,9 +418,10 @@ BAD = [
         "compile=reduce-overhead is invalid on CPU: it replays CUDA graphs, which need a GPU; use compile=true",
     ),
     # text where a number belongs: before, a TypeError traceback from the comparison
-    (["optimizer.weight_decay=abc"], "optimizer.weight_decay='abc' is invalid: must be >= 0"),
-    (["model.dropout=abc"], "model.dropout='abc' is invalid: must be in [0, 1)"),
-    (["model.dropout=null"], "model.dropout=null is invalid: must be in [0, 1)"),  # was the model's "'<' not supported"
+    (["optimizer.weight_decay=abc"], "optimizer.weight_decay='abc' is invalid: must be a number >= 0"),
+    (["model.dropout=abc"], "model.dropout='abc' is invalid: must be a number in [0, 1)"),
+    # was the model's "'<' not supported"
+    (["model.dropout=null"], "model.dropout=null is invalid: must be a number in [0, 1)"),
     # the MLP's param groups set each layer's decay: the optimizer's would be ignored, silently
     (
         ["model=mlp", "optimizer.weight_decay=0.1"],
@@ -506,7 +507,7 @@ BAD = [
     (["scheduler.decay=step", "scheduler.step_size=0"], "scheduler.step_size=0 is invalid: must be an integer >= 1"),
     (["scheduler.decay=step", "scheduler.gamma=abc"], "scheduler.gamma='abc' is invalid: must be a number > 0"),
     # true is not a number (Python's bool is an int: these were accepted, lr as 1.0)
-    (["optimizer.lr=true"], "optimizer.lr=True is invalid: must be > 0"),
+    (["optimizer.lr=true"], "optimizer.lr=True is invalid: must be a number > 0"),
     (["workers=2", "strategy.bucket_cap_mb=true"], "strategy.bucket_cap_mb=True is invalid"),
     (["early_stop.target_acc=true"], "early_stop.target_acc=True is invalid"),
     # any optimizer's settings, by the defaults of its constructor: numbers and switches
