@@ -116,3 +116,29 @@ def test_the_fused_update_trains_as_torchs_per_tensor_loop(on_device_run, tiny_d
     assert [h["train_loss"] for h in loop["history"]] == pytest.approx(fused_loss, rel=0.05)
     assert fused_loss[-1] < fused_loss[0]
     assert loop["test_acc"] == pytest.approx(on_device_run["test_acc"], abs=0.05)
+
+
+@pytest.mark.parametrize(("written", "resumed"), [("false", "true"), ("true", "false")])
+def test_adam_resumed_on_the_gpu_updates_as_the_resumed_run_says(tiny_data, tmp_path, written, resumed):
+    """A resume takes this run's optimizer.fused, not the checkpoint's (module._update_as_configured). On
+    CUDA the fused update needs Adam's step counts on the GPU, torch's foreach loop does not: the state
+    is placed as the resumed run's update needs before it runs its first step, or that step fails."""
+    first = tmp_path / "first"
+    gpu_run(tiny_data, first, "optimizer=adam", f"optimizer.fused={written}", "checkpoint_every_epoch=true",
+            "trainer.max_epochs=2")  # fmt: skip
+    m = gpu_run(
+        tiny_data,
+        tmp_path / "resumed",
+        "optimizer=adam",
+        f"optimizer.fused={resumed}",
+        "trainer.max_epochs=2",
+        f"ckpt_path={first / 'checkpoints' / 'epoch0.ckpt'}",
+    )
+    assert m["epochs"] == 2
+    saved = torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")
+    assert saved["epoch"] == 1  # it went on from the checkpoint's epoch and trained the second
+    optimizer = saved["optimizer_states"][0]
+    assert optimizer["param_groups"][0]["fused"] is (resumed == "true")
+    # every parameter's step count is both epochs' steps: the moments went on, they did not start over
+    one_epoch = torch.load(first / "checkpoints" / "epoch0.ckpt", weights_only=True, map_location="cpu")["global_step"]
+    assert {state["step"].item() for state in optimizer["state"].values()} == {2 * one_epoch}
