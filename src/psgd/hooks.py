@@ -1,7 +1,8 @@
 """Lightning's per-step hook work cut down: the per-batch hooks nobody implements taken out of its
 dispatch (skip_unused_hooks), training_step's signature built once (fixed_signature), the hook name
-Lightning writes around every hook call written plainly (PlainHookName), and the batch hooks' owner
-chosen once per fit (SelectedBatchHooks).
+Lightning writes around every hook call written plainly (PlainHookName), the batch hooks' owner
+chosen once per fit (SelectedBatchHooks), and the Trainer's strategy and module read in one step
+(Trainer).
 
 Lightning calls every per-batch hook of every callback and of the LightningModule on every batch,
 also where the object inherits the base class's empty one: six per training step in automatic
@@ -24,6 +25,7 @@ call it through the class or `super()`.
 import dis
 import inspect
 from collections.abc import Callable, Iterable
+from functools import cached_property
 from typing import Any
 
 import pytorch_lightning as L
@@ -146,3 +148,20 @@ class SelectedBatchHooks:
         state = super().__getstate__()
         state.pop("_batch_hooks", None)
         return state
+
+
+class Trainer(L.Trainer):
+    """Lightning's Trainer, with the two properties its own loop reads most made cheap. Every hook call
+    reads `trainer.lightning_module`, which is `trainer.strategy.lightning_module`, three Python calls;
+    with `trainer.strategy` read elsewhere too, that is ~80 of the ~800 Python calls of a lab-CNN
+    training step (benchmarks/calls_per_step.py). The strategy is made once, in the Trainer's
+    constructor, and never replaced, so here it is read once and kept on the instance; the module
+    (set at the start of each fit) is read from it in one call. Everything else is Lightning's Trainer."""
+
+    @cached_property
+    def strategy(self):  # noqa: D102 -- Lightning's, kept after its first read
+        return self._accelerator_connector.strategy
+
+    @property
+    def lightning_module(self) -> L.LightningModule:
+        return self.strategy._lightning_module

@@ -65,7 +65,7 @@ from psgd.config import (
 )
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
-from psgd.hooks import skip_unused_hooks
+from psgd.hooks import Trainer, skip_unused_hooks
 from psgd.memory import memory_problem
 from psgd.module import OPTIMIZER_KEY, STEP_IMPLEMENTATION, Classifier, fit_loop_state
 from psgd.optim import scaled_lr, schedule_read
@@ -1106,7 +1106,7 @@ def _train(
     if trainer_kwargs["profiler"] == "pytorch":  # Lightning's own cannot be pickled into worker processes
         trainer_kwargs["profiler"] = PyTorchProfilerForWorkers()
     try:
-        trainer = L.Trainer(
+        trainer = Trainer(
             **trainer_kwargs,
             strategy=strategy,
             callbacks=callbacks,
@@ -1157,7 +1157,7 @@ def _train(
         # Test the final weights here, on one device: the workers have exited (spawn) or are this process.
         limits = {"limit_test_batches": t.limit_test_batches} if t.get("limit_test_batches") is not None else {}
         with _quiet_lightning_banner():
-            test_trainer = L.Trainer(
+            test_trainer = Trainer(
                 accelerator=plan.accelerator,
                 devices=1,
                 logger=False,

@@ -337,3 +337,38 @@ def test_lightning_reads_the_training_steps_signature_without_building_it_again(
         inspect._signature_from_function = original
     assert spec.args == ["self", "batch", "batch_idx"] and built["signature"] == 0
     assert is_param_in_hook_signature(module.training_step, "batch_idx", min_args=2)  # so batch_idx is passed
+
+
+class Reads(L.Callback):
+    """What a Trainer's properties return at each training step, beside what Lightning's own return."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_train_batch_start(self, trainer, pl_module, *args):
+        self.seen.append((trainer.lightning_module, L.Trainer.lightning_module.fget(trainer), trainer.strategy))
+
+
+def test_psgds_trainer_reads_the_strategy_and_module_lightning_set_up():
+    """psgd.hooks.Trainer keeps the strategy after its first read and reads the module from it in one
+    step: what Lightning's own properties return, before, during and after a fit, and after pickling
+    (a spawned worker gets the Trainer pickled)."""
+    from psgd.hooks import Trainer
+
+    module = Classifier(nn.Linear(4, 3), torch.optim.SGD, lr=0.5, num_classes=3)
+    trainer = Trainer(
+        max_steps=2,
+        accelerator="cpu",
+        logger=False,
+        callbacks=[reads := Reads()],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    lightnings = L.Trainer.strategy.fget(trainer)
+    assert trainer.strategy is lightnings and trainer.lightning_module is None  # no module before fit
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    trainer.fit(module, train_dataloaders=DataLoader(TensorDataset(x, y), batch_size=4))
+    assert reads.seen == [(module, module, lightnings)] * 2 and trainer.lightning_module is module
+    copy = pickle.loads(pickle.dumps(trainer))
+    assert type(copy.strategy) is type(lightnings) and copy.strategy is copy._accelerator_connector.strategy
