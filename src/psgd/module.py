@@ -164,6 +164,16 @@ class Classifier(PlainHookName, SelectedBatchHooks, L.LightningModule):
         self.count_train(out, y, loss, batch_idx)
         return loss
 
+    @override
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
+    ) -> None:
+        """Lightning calls this before every optimizer step with trainer.gradient_clip_val. Without one (None or
+        0, psgd's default) its clip_gradients finds nothing to clip, after ~20 Python calls a step (the
+        algorithm's name checked against its enum, the trainer read three times); that is skipped here."""
+        if gradient_clip_val:
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     # training batches kept before they are counted together (and logged as train/loss_step and
     # train/acc_step); None: the trainer's log_every_n_steps (50 by default)
     count_every: int | None = None

@@ -339,6 +339,42 @@ def test_lightning_reads_the_training_steps_signature_without_building_it_again(
     assert is_param_in_hook_signature(module.training_step, "batch_idx", min_args=2)  # so batch_idx is passed
 
 
+def one_clipped_step(clip: float | None, algorithm: str | None = None) -> torch.Tensor:
+    """A Classifier's first SGD step (lr 1, no momentum) under Trainer(gradient_clip_val=clip): the
+    weights' change, which is minus the gradient as it was clipped."""
+    torch.manual_seed(0)
+    net = nn.Linear(4, 3)
+    before = torch.cat([p.detach().clone().flatten() for p in net.parameters()])
+    module = Classifier(net, torch.optim.SGD, lr=1.0, num_classes=3)
+    x, y = torch.randn(8, 4) * 10, torch.randint(0, 3, (8,))
+    trainer = L.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        gradient_clip_val=clip,
+        gradient_clip_algorithm=algorithm,
+    )
+    trainer.fit(module, train_dataloaders=DataLoader(TensorDataset(x, y), batch_size=8))
+    return torch.cat([p.detach().flatten() for p in net.parameters()]) - before
+
+
+def test_gradients_are_clipped_as_the_trainer_says_and_left_alone_without_a_clip_value():
+    """Classifier skips Lightning's clipping call when there is nothing to clip (trainer.gradient_clip_val
+    None or 0); with a value, Lightning clips as it does for any module."""
+    free = one_clipped_step(None)
+    assert free.norm() > 1.0  # the step's whole gradient
+    assert torch.equal(one_clipped_step(0), free)  # 0: no clipping, as Lightning reads it
+    by_norm = one_clipped_step(0.5)
+    assert by_norm.norm() == pytest.approx(0.5, rel=1e-4)
+    assert torch.allclose(by_norm, free * 0.5 / free.norm(), atol=1e-6)  # the same direction, shortened
+    by_value = one_clipped_step(0.01, "value")
+    assert by_value.abs().max() == pytest.approx(0.01, rel=1e-4)
+    assert torch.allclose(by_value, free.clamp(-0.01, 0.01), atol=1e-6)
+
+
 class Reads(L.Callback):
     """What a Trainer's properties return at each training step, beside what Lightning's own return."""
 
