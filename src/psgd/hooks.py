@@ -156,10 +156,12 @@ class Trainer(L.Trainer):
     with `trainer.strategy` read elsewhere too, that is ~80 of the ~800 Python calls of a lab-CNN
     training step (benchmarks/calls_per_step.py). The strategy is made once, in the Trainer's
     constructor, and never replaced, so here it is read once and kept on the instance; the module
-    (set at the start of each fit) is read from it in one call. Everything else is Lightning's Trainer."""
+    (set at the start of each fit) is read from it in one call, as Lightning's Strategy.lightning_module
+    returns it (no strategy of Lightning's or psgd's overrides that). Everything else is Lightning's."""
 
     @cached_property
-    def strategy(self):  # noqa: D102 -- Lightning's, kept after its first read
+    def strategy(self):
+        """Lightning's Trainer.strategy, kept after its first read."""
         return self._accelerator_connector.strategy
 
     @property

@@ -408,3 +408,11 @@ def test_psgds_trainer_reads_the_strategy_and_module_lightning_set_up():
     assert reads.seen == [(module, module, lightnings)] * 2 and trainer.lightning_module is module
     copy = pickle.loads(pickle.dumps(trainer))
     assert type(copy.strategy) is type(lightnings) and copy.strategy is copy._accelerator_connector.strategy
+    # the module is read as Strategy.lightning_module returns it: no strategy psgd runs gives it otherwise
+    from pytorch_lightning.strategies import DDPStrategy, SingleDeviceStrategy, Strategy
+
+    from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
+    from psgd.strategies._lightning import ReportsFirstFailure
+
+    for cls in (SingleDeviceStrategy, DDPStrategy, ReportsFirstFailure, ModelAveragingStrategy, HogwildStrategy):
+        assert cls.lightning_module is Strategy.lightning_module, cls
