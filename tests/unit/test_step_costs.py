@@ -19,6 +19,16 @@ from psgd.hooks import does_nothing, skip_empty_hooks, skip_unused_hooks
 from psgd.module import Classifier
 from psgd.profiler import NoProfiler, PyTorchProfilerForWorkers
 
+# a CPU Trainer with nothing of its own (no logger, checkpoints, progress bar or model summary); each test adds
+# what it measures
+QUIET = {
+    "accelerator": "cpu",
+    "logger": False,
+    "enable_checkpointing": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+}
+
 
 @pytest.fixture
 def restore_numerics():
@@ -197,16 +207,7 @@ def fit_tiny(skip: bool) -> tuple[Tiny, CountingChild, Counter]:
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(40, 4), torch.randint(0, 3, (40,)))
     module, cb, profiler = Tiny(), CountingChild(), Names()
-    trainer = L.Trainer(
-        max_epochs=2,
-        accelerator="cpu",
-        logger=False,
-        callbacks=[cb],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        profiler=profiler,
-    )
+    trainer = L.Trainer(max_epochs=2, callbacks=[cb], profiler=profiler, **QUIET)
     if skip:
         skip_unused_hooks(trainer, module)
     trainer.fit(module, DataLoader(data, batch_size=8))
@@ -281,14 +282,10 @@ def fit_classifier(module_class, datamodule) -> tuple[Classifier, Counter, int]:
     try:
         trainer = L.Trainer(
             max_epochs=2,
-            accelerator="cpu",
-            logger=False,
             callbacks=[AfterFirstStep()],
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
             limit_val_batches=0,
             profiler=profiler,
+            **QUIET,
         )
         trainer.fit(module, datamodule=datamodule)
     finally:
@@ -347,16 +344,7 @@ def one_clipped_step(clip: float | None, algorithm: str | None = None) -> torch.
     before = torch.cat([p.detach().clone().flatten() for p in net.parameters()])
     module = Classifier(net, torch.optim.SGD, lr=1.0, num_classes=3)
     x, y = torch.randn(8, 4) * 10, torch.randint(0, 3, (8,))
-    trainer = L.Trainer(
-        max_steps=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        gradient_clip_val=clip,
-        gradient_clip_algorithm=algorithm,
-    )
+    trainer = L.Trainer(max_steps=1, gradient_clip_val=clip, gradient_clip_algorithm=algorithm, **QUIET)
     trainer.fit(module, train_dataloaders=DataLoader(TensorDataset(x, y), batch_size=8))
     return torch.cat([p.detach().flatten() for p in net.parameters()]) - before
 
@@ -392,15 +380,7 @@ def test_psgds_trainer_reads_the_strategy_and_module_lightning_set_up():
     from psgd.hooks import Trainer
 
     module = Classifier(nn.Linear(4, 3), torch.optim.SGD, lr=0.5, num_classes=3)
-    trainer = Trainer(
-        max_steps=2,
-        accelerator="cpu",
-        logger=False,
-        callbacks=[reads := Reads()],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = Trainer(max_steps=2, callbacks=[reads := Reads()], **QUIET)
     lightnings = L.Trainer.strategy.fget(trainer)
     assert trainer.strategy is lightnings and trainer.lightning_module is None  # no module before fit
     x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
