@@ -97,10 +97,13 @@ class PlainHookName:
     """LightningModule mixin: Lightning sets `_current_fx_name` before and after every hook call, ~40
     times per training step; nn.Module.__setattr__ first looks the name up among parameters, buffers
     and submodules, which it never is: ~60 us per step (benchmarks/step_overhead.py). This writes that
-    one attribute plainly; every other attribute goes through nn.Module as usual."""
+    one attribute plainly; every other attribute goes through nn.Module as usual. A subclass may name
+    more attributes written on every step in `plain_attributes` (never a parameter, buffer or submodule)."""
+
+    plain_attributes = frozenset({"_current_fx_name"})
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "_current_fx_name":
+        if name in self.plain_attributes:
             object.__setattr__(self, name, value)
         else:
             super().__setattr__(name, value)

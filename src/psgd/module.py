@@ -174,6 +174,35 @@ class Classifier(PlainHookName, SelectedBatchHooks, L.LightningModule):
         if gradient_clip_val:
             super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
+    # Where the gradients are zeroed. Lightning zeroes them (sets them to None) inside its closure, after
+    # the next batch's forward pass and before its backward: the last update's gradients stay allocated
+    # through that forward, and zero_grad's Python and C++ (the optimizer's profiler context, its loop)
+    # run right after ~5 ms of convolutions, their code out of the caches: ~155 us there against ~45 us
+    # right after the optimizer step, where a plain torch loop zeroes them (benchmarks/README.md, "Where
+    # zero_grad frees the gradients"). So psgd zeroes them at the end of each batch that stepped the
+    # optimizer, after the callbacks' on_train_batch_end (which still see them, as under Lightning), and
+    # Lightning's zeroing at the start of the next accumulation window finds nothing to do, unless
+    # something put gradients there since (a callback's own backward): those it zeroes, as Lightning
+    # does. The updates are Lightning's. One difference a callback could see: in on_before_zero_grad
+    # (which Lightning still calls, after the next training_step) the gradients are already None.
+    _stepped: torch.optim.Optimizer | None = None  # the optimizer this batch stepped, its gradients not yet zeroed
+    plain_attributes = PlainHookName.plain_attributes | {"_stepped"}  # written twice a step
+
+    @override
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        self._stepped = optimizer
+
+    @override
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
+        """Lightning calls this at the start of each accumulation window, before its backward: the gradients
+        are zeroed where there are any (on_train_batch_end zeroed them after the last update)."""
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    optimizer.zero_grad()
+                    return
+
     # training batches kept before they are counted together (and logged as train/loss_step and
     # train/acc_step); None: the trainer's log_every_n_steps (50 by default)
     count_every: int | None = None
@@ -249,6 +278,9 @@ class Classifier(PlainHookName, SelectedBatchHooks, L.LightningModule):
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._stepped is not None:  # (see optimizer_step)
+            self._stepped.zero_grad()
+            self._stepped = None
         trainer = self._trainer  # (the `trainer` property checks more, on every step)
         if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or batch_idx + 1 >= trainer.num_training_batches:
             self._log_train_epoch()

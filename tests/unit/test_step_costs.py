@@ -3,6 +3,7 @@ empty hooks taken out of Lightning's dispatch, the process group's end."""
 
 import pickle
 from collections import Counter
+from functools import partial
 
 import pytest
 import pytorch_lightning as L
@@ -396,3 +397,71 @@ def test_psgds_trainer_reads_the_strategy_and_module_lightning_set_up():
 
     for cls in (SingleDeviceStrategy, DDPStrategy, ReportsFirstFailure, ModelAveragingStrategy, HogwildStrategy):
         assert cls.lightning_module is Strategy.lightning_module, cls
+
+
+class GradsHeld(L.Callback):
+    """Whether any gradient is allocated at the start and at the (callbacks') end of each training batch."""
+
+    def __init__(self):
+        self.at_start, self.at_end = [], []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.at_start.append(any(p.grad is not None for p in pl_module.parameters()))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.at_end.append(any(p.grad is not None for p in pl_module.parameters()))
+
+
+class LightningZeroing(Classifier):
+    """Classifier with Lightning's own zeroing: after the next forward pass, before its backward."""
+
+    optimizer_step = L.LightningModule.optimizer_step
+    optimizer_zero_grad = L.LightningModule.optimizer_zero_grad
+
+
+def fit_with_zeroing(cls, accumulate: int, *callbacks: L.Callback) -> tuple[dict, GradsHeld]:
+    """Two epochs of 7 batches (windows of `accumulate`, the epoch's last one short); the weights and
+    whether gradients were held at each batch's start and end."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 4))
+    module = cls(net, partial(torch.optim.SGD, momentum=0.9), lr=0.1, num_classes=4)
+    x, y = torch.randn(56, 6), torch.randint(0, 4, (56,))
+    held = GradsHeld()
+    trainer = L.Trainer(max_epochs=2, accumulate_grad_batches=accumulate, callbacks=[held, *callbacks], **QUIET)
+    trainer.fit(module, train_dataloaders=DataLoader(TensorDataset(x, y), batch_size=8))
+    return net.state_dict(), held
+
+
+@pytest.mark.parametrize("accumulate", [1, 3])
+def test_gradients_are_freed_after_each_update_and_the_updates_are_lightnings(accumulate):
+    """psgd zeroes the gradients at the end of each batch that stepped the optimizer (Lightning: after
+    the next forward pass), so no batch's forward pass holds the last update's gradients; callbacks
+    still see them in on_train_batch_end, and the weights come out bit for bit as with Lightning's
+    zeroing, with gradient accumulation too (windows 0-2, 3-5 and the epoch's last batch alone)."""
+    weights, held = fit_with_zeroing(Classifier, accumulate)
+    lightning_weights, lightning_held = fit_with_zeroing(LightningZeroing, accumulate)
+    assert all(torch.equal(weights[k], lightning_weights[k]) for k in weights)
+    window_start = [i % 7 % accumulate == 0 for i in range(14)]
+    assert held.at_start == [not start for start in window_start]  # only inside an accumulation window
+    assert lightning_held.at_start == [i > 0 for i in range(14)]  # Lightning's: from the first backward on
+    assert held.at_end == lightning_held.at_end == [True] * 14
+
+
+class OwnBackward(L.Callback):
+    """A callback with a backward of its own at each batch's start (a probe, an auxiliary loss)."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        (pl_module.net[0].weight.sum() * 100).backward()
+
+
+@pytest.mark.parametrize("accumulate", [1, 3])
+def test_gradients_a_callback_leaves_before_the_backward_are_treated_as_lightning_treats_them(accumulate):
+    """Lightning zeroes at each window's start, after the forward pass: a callback's gradients from before
+    it are dropped there and kept inside a window. psgd zeroes them there too, though its own zeroing
+    happened after the last update: the weights are Lightning's (and far from them if those gradients
+    reached the update)."""
+    weights, _ = fit_with_zeroing(Classifier, accumulate, OwnBackward())
+    lightning_weights, _ = fit_with_zeroing(LightningZeroing, accumulate, OwnBackward())
+    clean_weights, _ = fit_with_zeroing(Classifier, accumulate)
+    assert all(torch.equal(weights[k], lightning_weights[k]) for k in weights)
+    assert torch.equal(weights["0.weight"], clean_weights["0.weight"]) == (accumulate == 1)
