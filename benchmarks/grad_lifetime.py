@@ -4,22 +4,23 @@
 
 Lightning's automatic optimization zeroes the gradients inside each step's closure, after that
 step's forward; a hand-written loop zeroes them before it. So under Lightning the last step's
-gradients stay allocated through the forward. Would freeing them right after each optimizer step
-(freeing_optimizer_step, a LightningModule.optimizer_step) make psgd's step faster? Two measurements,
-each in one process and thread:
+gradients stay allocated through the forward, and zero_grad runs right after the forward's
+convolutions. psgd's Classifier zeroes them at the end of each batch that stepped the optimizer and
+leaves Lightning's zeroing nothing to do (psgd.module, optimizer_step). Two measurements, each in one
+process and thread:
 
 - minimal loop: the vanilla step (compare.vanilla_step) beside two variants of it, chunks of --chunk
   steps in rotation (A B C, then C B A, ...), each variant with its own copy of the lab CNN and its own
   pass over psgd's batches: zero_grad(set_to_none) after the forward (Lightning's place), and
   zero_grad(set_to_none=False) before it (the gradients kept and zeroed in place). Each variant's
   chunk time over the vanilla step's next to it, the median over --pairs rotations;
-- psgd's run (train.py's default config, no validation) with that freeing switched on and off every
-  --chunk steps (off: Lightning's own optimizer_step, psgd's), each chunk followed by --chunk minimal-loop
-  steps as in compare.py's paired overhead: psgd's paired overhead with the gradients freed after the
-  step and with Lightning's placement, each the median over its chunks, over --epochs after one of
+- psgd's run (train.py's default config, no validation) with its zeroing and Lightning's in turn,
+  switched every --chunk steps (LightningModule's own optimizer_step and optimizer_zero_grad on the
+  module), each chunk followed by --chunk minimal-loop steps as in compare.py's paired overhead:
+  psgd's paired overhead with each zeroing, the median over its chunks, over --epochs after one of
   warm-up.
 
-Medians over --repeats runs of each. Not adopted: see benchmarks/README.md, Tried, no gain.
+Medians over --repeats runs of each. The runs: benchmarks/README.md, "Where zero_grad frees the gradients".
 """
 
 import argparse
@@ -110,42 +111,44 @@ def minimal_loop(data_root: str, threads: int, chunk: int, pairs: int, overrides
     return out
 
 
-def freeing_optimizer_step(module, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
-    """LightningModule.optimizer_step, then the gradients freed at once (set to None), as a hand-written
-    loop's zero_grad before its next forward frees them; Lightning's zero_grad inside the next closure
-    then finds nothing to zero."""
-    optimizer.step(closure=optimizer_closure)
-    optimizer.zero_grad(set_to_none=True)
+def lightnings_zeroing(module: L.LightningModule) -> dict:
+    """The module's instance attributes that give it Lightning's own zeroing: LightningModule's
+    optimizer_step (no zeroing after it, so psgd's on_train_batch_end has none to do) and
+    optimizer_zero_grad (zero_grad inside the closure, after the forward)."""
+    return {
+        "optimizer_step": L.LightningModule.optimizer_step.__get__(module),
+        "optimizer_zero_grad": L.LightningModule.optimizer_zero_grad.__get__(module),
+    }
 
 
 class Toggled(L.Callback):
-    """psgd's run with the freeing on in even chunks and off in odd ones; after every chunk, as many
-    minimal-loop steps. Keeps (freed, psgd seconds, minimal-loop seconds) per chunk."""
+    """psgd's run with its own zeroing in even chunks and Lightning's in odd ones; after every chunk, as
+    many minimal-loop steps. Keeps (psgd's zeroing, psgd seconds, minimal-loop seconds) per chunk."""
 
     def __init__(self, cfg, chunk: int):
         self.cfg, self.chunk = cfg, chunk
         self.rows: list[tuple[bool, float, float]] = []
-        self.freed = True
+        self.psgds_zeroing = True
 
     def on_train_epoch_start(self, trainer, module):
         self.on = trainer.current_epoch >= 1
         self.start, self.vanilla_s = None, 0.0
         if trainer.current_epoch == 1:
             self.side = compare.VanillaSide(self.cfg, module, trainer.datamodule)
-            lightnings = type(module).optimizer_step
-
-            def optimizer_step(*args, **kwargs):  # Lightning calls the instance's attribute
-                return (freeing_optimizer_step if self.freed else lightnings)(module, *args, **kwargs)
-
-            module.optimizer_step = optimizer_step
+            self.lightnings = lightnings_zeroing(module)
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if self.on and batch_idx % self.chunk == 0:
             now = time.perf_counter()
             if self.start is not None:  # the chunk up to here, less the minimal loop's chunk in it
-                self.rows.append((self.freed, now - self.start - self.vanilla_s, self.vanilla_s))
+                self.rows.append((self.psgds_zeroing, now - self.start - self.vanilla_s, self.vanilla_s))
             self.start = now
-            self.freed = (batch_idx // self.chunk) % 2 == 0
+            self.psgds_zeroing = (batch_idx // self.chunk) % 2 == 0
+            for name, hook in self.lightnings.items():  # Lightning calls the instance's attribute
+                if self.psgds_zeroing:
+                    vars(module).pop(name, None)  # psgd's own, from its class
+                else:
+                    setattr(module, name, hook)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if self.on and self.start is not None and (batch_idx + 1) % self.chunk == 0:
@@ -155,11 +158,14 @@ class Toggled(L.Callback):
             self.vanilla_s = time.perf_counter() - start
 
 
-PSGD_ROWS = {True: "psgd, gradients freed after the step", False: "psgd as it is (Lightning's placement)"}
+PSGD_ROWS = {
+    True: "psgd as it is (gradients zeroed at the end of the batch that stepped)",
+    False: "psgd with Lightning's zeroing (after the next forward)",
+}
 
 
 def psgd_run(data_root: str, threads: int, chunk: int, epochs: int, overrides=()) -> dict:
-    """psgd's paired overhead with the freeing on and off: per-chunk ratio medians and ratios of sums."""
+    """psgd's paired overhead with its zeroing and Lightning's: per-chunk ratio medians and ratios of sums."""
     from psgd.run import train
 
     cfg = compare.psgd_overhead_cfg(data_root, threads, epochs + 1, overrides)
@@ -167,8 +173,8 @@ def psgd_run(data_root: str, threads: int, chunk: int, epochs: int, overrides=()
     with tempfile.TemporaryDirectory() as tmp:
         train(cfg, Path(tmp) / "run", callbacks=[toggled])
     out = {}
-    for freed, name in PSGD_ROWS.items():
-        rows = [(ours, theirs) for f, ours, theirs in toggled.rows if f == freed]
+    for psgds, name in PSGD_ROWS.items():
+        rows = [(ours, theirs) for f, ours, theirs in toggled.rows if f == psgds]
         if not rows:
             sys.exit(f"grad_lifetime: no chunk was timed; an epoch needs at least 3 x --chunk={chunk} batches")
         out[name] = {

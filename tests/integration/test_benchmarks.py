@@ -92,7 +92,7 @@ def test_step_phases_with_chunks_longer_than_an_epoch_is_a_one_line_error(tiny_d
 
 
 @pytest.mark.slow  # the overhead-splitting scripts (~10 s each): pytest -m slow
-def test_grad_lifetime_reports_each_loop_variant_and_psgd_with_and_without_the_freeing(tiny_data, tmp_path):
+def test_grad_lifetime_reports_each_loop_variant_and_psgd_with_its_zeroing_and_lightnings(tiny_data, tmp_path):
     import grad_lifetime
 
     script = str(ROOT / "benchmarks" / "grad_lifetime.py")
@@ -106,16 +106,17 @@ def test_grad_lifetime_reports_each_loop_variant_and_psgd_with_and_without_the_f
     assert list(loop) == list(grad_lifetime.VARIANTS)
     assert all(v["median"] > 0 and v["sum_ratio"] > 0 and v["us_per_step"] > 0 for v in loop.values())
     # psgd's 32 batches of the timed epoch: chunks start at 0, 3, ..., 30; each one after the first is
-    # timed when the next starts, alternately with the freeing on and off
+    # timed when the next starts, alternately with psgd's zeroing and Lightning's
     assert list(ours) == list(grad_lifetime.PSGD_ROWS.values()) and [v["chunks"] for v in ours.values()] == [5, 5]
     table = (tmp_path / "grad_lifetime.md").read_text()
     assert table.count("\n| ") == 6 and "psgd as it is" in proc.stdout  # header + 5 rows
 
 
 @pytest.mark.slow
-def test_grad_lifetime_switches_the_freeing_with_its_chunks(tiny_data, tmp_path):
-    """What the psgd rows compare: in a chunk with the freeing on, no gradient is left after the step;
-    in one with it off (Lightning's optimizer_step), the step's gradients stay until the next forward."""
+def test_grad_lifetime_switches_the_zeroing_with_its_chunks(tiny_data, tmp_path):
+    """What the psgd rows compare: in a chunk with psgd's zeroing, no gradient is left from one batch into
+    the next; in one with Lightning's (LightningModule's optimizer_step and optimizer_zero_grad), the
+    step's gradients stay until the next forward."""
     import grad_lifetime
     import pytorch_lightning as L
 
@@ -124,14 +125,14 @@ def test_grad_lifetime_switches_the_freeing_with_its_chunks(tiny_data, tmp_path)
     cfg = compare.psgd_overhead_cfg(str(tiny_data), 1, 2, ["data.batch_size=16"])
     toggled, seen = grad_lifetime.Toggled(cfg, 3), []
 
-    class Seen(L.Callback):
-        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-            if trainer.current_epoch >= 1:
-                seen.append((toggled.freed, all(p.grad is None for p in module.parameters())))
+    class Seen(L.Callback):  # after Toggled, inside a chunk: the zeroing of the batch before is the chunk's
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            if trainer.current_epoch >= 1 and batch_idx % 3:
+                seen.append((toggled.psgds_zeroing, all(p.grad is None for p in module.parameters())))
 
     train(cfg, tmp_path / "run", callbacks=[toggled, Seen()])
-    assert len(seen) == 32 and {freed for freed, _ in seen} == {True, False}
-    assert all(freed == none_left for freed, none_left in seen)
+    assert len(seen) == 21 and {psgds for psgds, _ in seen} == {True, False}  # 32 batches, 11 chunk starts
+    assert all(psgds == none_left for psgds, none_left in seen)
     # the minimal loop's variants: in place keeps the same gradient tensors, the others make new ones
     torch.manual_seed(0)
     x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
