@@ -9,6 +9,7 @@ import pytorch_lightning as L
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from pytorch_lightning.core.optimizer import LightningOptimizer
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
@@ -191,7 +192,8 @@ class Classifier(PlainHookName, SelectedBatchHooks, L.LightningModule):
     @override
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        self._stepped = optimizer
+        # torch's own optimizer: zero_grad through Lightning's wrapper reads five attributes via its __getattr__
+        self._stepped = optimizer.optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
 
     @override
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
