@@ -1,6 +1,7 @@
 """Lightning's per-step hook work cut down: the per-batch hooks nobody implements taken out of its
-dispatch (skip_unused_hooks), training_step's signature built once (fixed_signature), the hook name
-Lightning writes around every hook call written plainly (PlainHookName), the batch hooks' owner
+dispatch (skip_unused_hooks), and the backward and optimizer-step hooks nobody implements not
+dispatched at all (PlainPrecision), training_step's signature built once (fixed_signature), the hook
+name Lightning writes around every hook call written plainly (PlainHookName), the batch hooks' owner
 chosen once per fit (SelectedBatchHooks), and the Trainer's strategy and module read in one step
 (Trainer).
 
@@ -25,10 +26,12 @@ call it through the class or `super()`.
 import dis
 import inspect
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from functools import cached_property
 from typing import Any
 
 import pytorch_lightning as L
+from pytorch_lightning.plugins.precision import Precision
 from pytorch_lightning.trainer import call
 from pytorch_lightning.utilities.model_helpers import is_overridden
 
@@ -78,10 +81,93 @@ def skip_empty_hooks(obj: object, hooks: Iterable[str] = PER_BATCH_HOOKS) -> lis
 
 def skip_unused_hooks(trainer: L.Trainer, module: L.LightningModule) -> None:
     """skip_empty_hooks for every callback of `trainer` (Lightning's own, psgd's and the user's) and
-    for `module`'s training-step hooks."""
+    for `module`'s training-step hooks; Lightning's full-precision plugin (32-true, the default) made a
+    PlainPrecision."""
     for callback in trainer.callbacks:
         skip_empty_hooks(callback)
     skip_empty_hooks(module, TRAINING_STEP_HOOKS)
+    if type(trainer.strategy.precision_plugin) is Precision:
+        trainer.strategy.precision_plugin = PlainPrecision()
+
+
+def implements(obj: object, hook: str) -> bool:
+    """Whether `obj` has `hook` with a body: Lightning dispatches it (callable) and it does something."""
+    fn = getattr(obj, hook, None)
+    return callable(fn) and not does_nothing(fn)
+
+
+def clips_only_with_a_value(fn: Callable) -> Callable:
+    """Decorator for a LightningModule's configure_gradient_clipping that does nothing when the Trainer
+    has no gradient_clip_val (None or 0), as Lightning's own: PlainPrecision then skips calling it."""
+    fn.clips_only_with_a_value = True
+    return fn
+
+
+# the precision plugin's per-step hooks: called before and after each backward, and once the closure
+# (training_step, backward) has run, before the optimizer's update
+_PRECISION_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step")
+
+
+class PlainPrecision(Precision):
+    """Lightning's full-precision plugin (32-true) with its per-step work cut to what is used. Around every
+    training step Lightning's plugin dispatches on_before_backward, on_after_backward and
+    on_before_optimizer_step to every callback and to the module, and configure_gradient_clipping to the
+    module, each through its hook machinery (a debug-log line formatted, the module's hook name written
+    twice, a getattr per callback, the profiler's context), and wraps the closure and the training step's
+    context in two more layers each. Where no callback and not the module implements a hook (with a
+    body: psgd.hooks.does_nothing), this plugin does not dispatch it; where the module's gradient clipping
+    is Lightning's own or marked clips_only_with_a_value and the Trainer has no clip value, it is not
+    called. Everything else (an implemented hook, clipping, the optimizer's update) is Lightning's
+    Precision, in the same order. Which hooks are implemented is read at the first step of each fit, after
+    Lightning attached the module's own callbacks (configure_callbacks): `connect`, at each fit's setup,
+    forgets the last fit's answer."""
+
+    _calls: dict[str, bool] | None = None  # hook -> dispatched, for this fit
+
+    def connect(self, model, optimizers, lr_schedulers):
+        self._calls = None
+        return super().connect(model, optimizers, lr_schedulers)
+
+    def _dispatched(self, module: L.LightningModule) -> dict[str, bool]:
+        trainer = module.trainer
+        calls = {
+            hook: implements(module, hook) or any(implements(c, hook) for c in trainer.callbacks)
+            for hook in _PRECISION_HOOKS
+        }
+        clipping = getattr(module, "configure_gradient_clipping", None)
+        calls["clipping"] = callable(clipping) and not (
+            getattr(clipping, "clips_only_with_a_value", False)
+            or getattr(clipping, "__func__", None) is L.LightningModule.configure_gradient_clipping
+        )
+        self._calls = calls
+        return calls
+
+    def pre_backward(self, tensor, module):
+        calls = self._calls or self._dispatched(module)
+        return super().pre_backward(tensor, module) if calls["on_before_backward"] else tensor
+
+    def post_backward(self, tensor, module):
+        calls = self._calls or self._dispatched(module)
+        return super().post_backward(tensor, module) if calls["on_after_backward"] else tensor.detach()
+
+    def optimizer_step(self, optimizer, model, closure, **kwargs):
+        calls = self._calls or self._dispatched(model)
+        if calls["on_before_optimizer_step"] or calls["clipping"] or model.trainer.gradient_clip_val:
+            return super().optimizer_step(optimizer, model, closure, **kwargs)
+        return optimizer.step(closure=closure, **kwargs)  # Lightning's, less its wrapper around the closure
+
+    # Lightning's step contexts wrap forward_context in a generator of their own
+    def train_step_context(self) -> AbstractContextManager:
+        return self.forward_context()
+
+    def val_step_context(self) -> AbstractContextManager:
+        return self.forward_context()
+
+    def test_step_context(self) -> AbstractContextManager:
+        return self.forward_context()
+
+    def predict_step_context(self) -> AbstractContextManager:
+        return self.forward_context()
 
 
 def fixed_signature(fn: Callable) -> Callable:

@@ -16,7 +16,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from psgd.config import ConfigError
-from psgd.hooks import PlainHookName, SelectedBatchHooks, fixed_signature
+from psgd.hooks import PlainHookName, SelectedBatchHooks, clips_only_with_a_value, fixed_signature
 from psgd.optim import build_scheduler, schedule_read
 from psgd.results import hogwild_workers, step_advice
 
@@ -166,12 +166,14 @@ class Classifier(PlainHookName, SelectedBatchHooks, L.LightningModule):
         return loss
 
     @override
+    @clips_only_with_a_value
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
     ) -> None:
         """Lightning calls this before every optimizer step with trainer.gradient_clip_val. Without one (None or
         0, psgd's default) its clip_gradients finds nothing to clip, after ~20 Python calls a step (the
-        algorithm's name checked against its enum, the trainer read three times); that is skipped here."""
+        algorithm's name checked against its enum, the trainer read three times); that is skipped here (and
+        psgd.hooks.PlainPrecision, psgd's plugin for 32-true, does not call this at all then)."""
         if gradient_clip_val:
             super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 

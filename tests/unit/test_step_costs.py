@@ -337,31 +337,37 @@ def test_lightning_reads_the_training_steps_signature_without_building_it_again(
     assert is_param_in_hook_signature(module.training_step, "batch_idx", min_args=2)  # so batch_idx is passed
 
 
-def one_clipped_step(clip: float | None, algorithm: str | None = None) -> torch.Tensor:
+def one_clipped_step(clip: float | None, algorithm: str | None = None, plugin=None, cls=Classifier) -> torch.Tensor:
     """A Classifier's first SGD step (lr 1, no momentum) under Trainer(gradient_clip_val=clip): the
     weights' change, which is minus the gradient as it was clipped."""
     torch.manual_seed(0)
     net = nn.Linear(4, 3)
     before = torch.cat([p.detach().clone().flatten() for p in net.parameters()])
-    module = Classifier(net, torch.optim.SGD, lr=1.0, num_classes=3)
+    module = cls(net, torch.optim.SGD, lr=1.0, num_classes=3)
     x, y = torch.randn(8, 4) * 10, torch.randint(0, 3, (8,))
-    trainer = L.Trainer(max_steps=1, gradient_clip_val=clip, gradient_clip_algorithm=algorithm, **QUIET)
+    trainer = L.Trainer(max_steps=1, gradient_clip_val=clip, gradient_clip_algorithm=algorithm, plugins=plugin, **QUIET)
     trainer.fit(module, train_dataloaders=DataLoader(TensorDataset(x, y), batch_size=8))
     return torch.cat([p.detach().flatten() for p in net.parameters()]) - before
 
 
-def test_gradients_are_clipped_as_the_trainer_says_and_left_alone_without_a_clip_value():
+@pytest.mark.parametrize("plain", [False, True], ids=["lightnings-precision", "plain-precision"])
+def test_gradients_are_clipped_as_the_trainer_says_and_left_alone_without_a_clip_value(plain):
     """Classifier skips Lightning's clipping call when there is nothing to clip (trainer.gradient_clip_val
-    None or 0); with a value, Lightning clips as it does for any module."""
-    free = one_clipped_step(None)
+    None or 0); with a value, Lightning clips as it does for any module. So does psgd's PlainPrecision,
+    which also calls a module's own configure_gradient_clipping where the Trainer has no clip value."""
+    from psgd.hooks import PlainPrecision
+
+    step = partial(one_clipped_step, plugin=PlainPrecision() if plain else None)
+    free = step(None)
     assert free.norm() > 1.0  # the step's whole gradient
-    assert torch.equal(one_clipped_step(0), free)  # 0: no clipping, as Lightning reads it
-    by_norm = one_clipped_step(0.5)
+    assert torch.equal(step(0), free)  # 0: no clipping, as Lightning reads it
+    by_norm = step(0.5)
     assert by_norm.norm() == pytest.approx(0.5, rel=1e-4)
     assert torch.allclose(by_norm, free * 0.5 / free.norm(), atol=1e-6)  # the same direction, shortened
-    by_value = one_clipped_step(0.01, "value")
+    by_value = step(0.01, "value")
     assert by_value.abs().max() == pytest.approx(0.01, rel=1e-4)
     assert torch.allclose(by_value, free.clamp(-0.01, 0.01), atol=1e-6)
+    assert torch.equal(step(None, cls=OwnClipping), by_value)
 
 
 class Reads(L.Callback):
@@ -465,3 +471,125 @@ def test_gradients_a_callback_leaves_before_the_backward_are_treated_as_lightnin
     clean_weights, _ = fit_with_zeroing(Classifier, accumulate)
     assert all(torch.equal(weights[k], lightning_weights[k]) for k in weights)
     assert torch.equal(weights["0.weight"], clean_weights["0.weight"]) == (accumulate == 1)
+
+
+class Recorder(L.Callback):
+    """Lightning's three backward and optimizer-step hooks, each recording what it sees: the loss, and the
+    gradients' norm after the backward and before the update."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_before_backward(self, trainer, module, loss):
+        self.seen.append(("on_before_backward", loss.item()))
+
+    def on_after_backward(self, trainer, module):
+        self.seen.append(("on_after_backward", grad_norm(module)))
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        self.seen.append(("on_before_optimizer_step", grad_norm(module)))
+
+
+def grad_norm(module: nn.Module) -> float:
+    return torch.cat([p.grad.flatten() for p in module.parameters()]).norm().item()
+
+
+class AfterBackward(L.Callback):
+    def __init__(self):
+        self.norms = []
+
+    def on_after_backward(self, trainer, module):
+        self.norms.append(grad_norm(module))
+
+
+class OwnHooks(Tiny):
+    """Tiny, manual optimization optional, that attaches an AfterBackward of its own (configure_callbacks)."""
+
+    def __init__(self, manual: bool = False, own_callback: bool = False):
+        super().__init__()
+        self.automatic_optimization = not manual
+        self.own = AfterBackward() if own_callback else None
+
+    def training_step(self, batch, batch_idx):
+        if self.automatic_optimization:
+            return super().training_step(batch, batch_idx)
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(super().training_step(batch, batch_idx))
+        opt.step()
+
+    def configure_callbacks(self):
+        return [self.own] if self.own is not None else []
+
+
+def fit_recorded(plugin, manual=False, callbacks=(), own_callback=False, steps=6) -> tuple[OwnHooks, Counter]:
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(24, 4), torch.randint(0, 3, (24,)))
+    module, names = OwnHooks(manual, own_callback), Names()
+    trainer = L.Trainer(max_steps=steps, callbacks=list(callbacks), profiler=names, plugins=plugin, **QUIET)
+    trainer.fit(module, DataLoader(data, batch_size=4))
+    return module, names.names
+
+
+@pytest.mark.parametrize("manual", [False, True], ids=["automatic", "manual"])
+def test_plain_precision_calls_the_implemented_hooks_as_lightning_does_and_trains_the_same(manual):
+    """PlainPrecision (psgd's plugin for 32-true) calls the backward and optimizer-step hooks a callback or
+    the module implements, in Lightning's order and seeing what they see under Lightning's plugin, and
+    dispatches none that nobody implements; the weights are Lightning's bit for bit."""
+    from pytorch_lightning.plugins.precision import Precision
+
+    from psgd.hooks import PlainPrecision
+
+    lightnings, ours = Recorder(), Recorder()
+    plain, plain_names = fit_recorded(Precision(), manual, [lightnings])
+    module, names = fit_recorded(PlainPrecision(), manual, [ours])
+    assert len(ours.seen) == 3 * 6 and [h for h, _ in ours.seen[:3]] == [h for h, _ in lightnings.seen[:3]]
+    assert ours.seen == lightnings.seen
+    assert module.stepped == plain.stepped == 6  # Tiny's own on_before_optimizer_step
+    for p, q in zip(plain.parameters(), module.parameters(), strict=True):
+        assert torch.equal(p, q)
+    # with no implementation anywhere, the hook is not dispatched at all
+    bare, bare_names = fit_recorded(PlainPrecision(), manual)
+    _, lightning_bare_names = fit_recorded(Precision(), manual)
+    assert lightning_bare_names["[LightningModule]OwnHooks.on_after_backward"] == 6
+    assert "[LightningModule]OwnHooks.on_after_backward" not in bare_names
+    assert "[LightningModule]OwnHooks.on_before_backward" not in bare_names
+    assert bare_names["[LightningModule]OwnHooks.on_before_optimizer_step"] == 6  # Tiny implements it
+    for p, q in zip(plain.parameters(), bare.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_plain_precision_reads_each_fits_callbacks_also_those_the_module_attaches():
+    """Which hooks are implemented is read per fit, after Lightning attached the module's own callbacks: one
+    plugin, used in a fit without any, then in one with a module's callback and a trainer's, calls them."""
+    from psgd.hooks import PlainPrecision
+
+    plugin = PlainPrecision()
+    fit_recorded(plugin)
+    module, names = fit_recorded(plugin, own_callback=True, steps=4)
+    assert len(module.own.norms) == 4 and all(n > 0 for n in module.own.norms)
+    later = AfterBackward()
+    fit_recorded(plugin, callbacks=[later], steps=3)
+    assert len(later.norms) == 3
+
+
+def test_psgd_takes_plain_precision_for_32_bit_runs_only():
+    """skip_unused_hooks (psgd's run calls it on its Trainer) puts PlainPrecision in place of Lightning's
+    32-true plugin; other precisions keep Lightning's own plugin."""
+    from pytorch_lightning.plugins.precision import DoublePrecision, MixedPrecision
+
+    from psgd.hooks import PlainPrecision
+
+    kept = {}
+    for precision in ("32-true", "bf16-mixed", "64-true"):
+        trainer = L.Trainer(precision=precision, **QUIET)
+        skip_unused_hooks(trainer, Tiny())
+        kept[precision] = type(trainer.strategy.precision_plugin)
+    assert kept == {"32-true": PlainPrecision, "bf16-mixed": MixedPrecision, "64-true": DoublePrecision}
+
+
+class OwnClipping(Classifier):
+    """Clips by value in its own configure_gradient_clipping, with no clip value on the Trainer."""
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        self.clip_gradients(optimizer, 0.01, "value")
