@@ -33,6 +33,7 @@ from typing import Any
 import pytorch_lightning as L
 from pytorch_lightning.plugins.precision import Precision
 from pytorch_lightning.trainer import call
+from pytorch_lightning.trainer.states import RunningStage
 from pytorch_lightning.utilities.model_helpers import is_overridden
 
 TRAINING_STEP_HOOKS = (
@@ -240,13 +241,14 @@ class SelectedBatchHooks:
 
 
 class Trainer(L.Trainer):
-    """Lightning's Trainer, with the two properties its own loop reads most made cheap. Every hook call
+    """Lightning's Trainer, with the three properties its own loop reads most made cheap. Every hook call
     reads `trainer.lightning_module`, which is `trainer.strategy.lightning_module`, three Python calls;
     with `trainer.strategy` read elsewhere too, that is ~80 of the ~800 Python calls of a lab-CNN
     training step (benchmarks/calls_per_step.py). The strategy is made once, in the Trainer's
     constructor, and never replaced, so here it is read once and kept on the instance; the module
     (set at the start of each fit) is read from it in one call, as Lightning's Strategy.lightning_module
-    returns it (no strategy of Lightning's or psgd's overrides that). Everything else is Lightning's."""
+    returns it (no strategy of Lightning's or psgd's overrides that). `training` is below. Everything
+    else is Lightning's."""
 
     @cached_property
     def strategy(self):
@@ -256,3 +258,16 @@ class Trainer(L.Trainer):
     @property
     def lightning_module(self) -> L.LightningModule:
         return self.strategy._lightning_module
+
+    @property
+    def training(self) -> bool:
+        """Lightning's Trainer.training: whether the stage is training. Lightning compares the stage's name
+        with RunningStage.TRAINING's, both lower-cased (LightningEnum.__eq__, five Python calls), and its loop
+        reads this 13 times a step (each `trainer._results` reads it twice); a stage Lightning set is the
+        enum member itself, so that is checked first."""
+        stage = self.state.stage
+        return stage is RunningStage.TRAINING or (type(stage) is not RunningStage and L.Trainer.training.fget(self))
+
+    @training.setter
+    def training(self, value: bool) -> None:
+        L.Trainer.training.fset(self, value)

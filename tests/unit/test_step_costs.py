@@ -473,6 +473,46 @@ def test_gradients_a_callback_leaves_before_the_backward_are_treated_as_lightnin
     assert torch.equal(weights["0.weight"], clean_weights["0.weight"]) == (accumulate == 1)
 
 
+class Stages(L.Callback):
+    """psgd's Trainer.training beside Lightning's own, at each training and validation batch (the sanity
+    check's too)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def _read(self, trainer):
+        self.seen.append((trainer.training, L.Trainer.training.fget(trainer)))
+
+    def on_train_batch_start(self, trainer, *args):
+        self._read(trainer)
+
+    def on_validation_batch_start(self, trainer, *args):
+        self._read(trainer)
+
+
+def test_psgds_trainer_tells_training_as_lightning_does():
+    """psgd.hooks.Trainer.training (Lightning's loop reads it 13 times a step) answers as Lightning's
+    property in training, validation (its sanity check too), outside a fit, for a stage set as its name,
+    and its setter sets the stage as Lightning's does."""
+    from pytorch_lightning.trainer.states import RunningStage
+
+    from psgd.hooks import Trainer
+
+    module = Classifier(nn.Linear(4, 3), torch.optim.SGD, lr=0.5, num_classes=3)
+    loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randint(0, 3, (8,))), batch_size=4)
+    trainer = Trainer(max_steps=2, callbacks=[stages := Stages()], num_sanity_val_steps=1, **QUIET)
+    trainer.fit(module, train_dataloaders=loader, val_dataloaders=loader)
+    assert stages.seen == [(False, False), (True, True), (True, True), (False, False), (False, False)]
+    assert trainer.training is L.Trainer.training.fget(trainer) is False  # after the fit
+    for stage in (*RunningStage, "train", "TRAIN", "validate", None):
+        trainer.state.stage = stage
+        assert trainer.training is L.Trainer.training.fget(trainer), stage
+    trainer.training = True
+    assert trainer.state.stage is RunningStage.TRAINING and trainer.training
+    trainer.training = False
+    assert trainer.state.stage is None and not trainer.training
+
+
 class Recorder(L.Callback):
     """Lightning's three backward and optimizer-step hooks, each recording what it sees: the loss, and the
     gradients' norm after the backward and before the update."""
