@@ -115,7 +115,7 @@ class PlainPrecision(Precision):
     on_before_optimizer_step to every callback and to the module, and configure_gradient_clipping to the
     module, each through its hook machinery (a debug-log line formatted, the module's hook name written
     twice, a getattr per callback, the profiler's context), and wraps the closure and the training step's
-    context in two more layers each. Where no callback and not the module implements a hook (with a
+    context in one more layer each. Where no callback and not the module implements a hook (with a
     body: psgd.hooks.does_nothing), this plugin does not dispatch it; where the module's gradient clipping
     is Lightning's own or marked clips_only_with_a_value and the Trainer has no clip value, it is not
     called. Everything else (an implemented hook, clipping, the optimizer's update) is Lightning's
