@@ -837,6 +837,25 @@ def test_a_worker_failing_alone_is_the_one_reported_not_the_peer_that_lost_it(ti
 MEMCG = Path("/sys/fs/cgroup/memory")  # cgroup v1's memory controller: a memory limit for one run
 
 
+@contextlib.contextmanager
+def memory_cgroup(limit: int, tmp_path: Path):
+    """A cgroup v1 memory group limited to `limit` bytes, named after the test's own folder. It is removed
+    at the end once the processes it held are gone (up to 10 s): a process that outlives its run by a
+    moment kept it, and the next test in the same pytest worker, which used to take the same name (the
+    worker's pid), failed to make it."""
+    group = MEMCG / f"psgd-test-{os.getpid()}-{tmp_path.name}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(limit))
+        yield group
+    finally:
+        deadline = time.monotonic() + 10
+        while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with contextlib.suppress(OSError):
+            group.rmdir()
+
+
 HOG_MODEL = """
 import torch
 import torch.distributed as dist
@@ -872,10 +891,7 @@ def test_a_run_out_of_memory_loses_a_worker_not_the_launcher_and_says_so(tiny_da
     held 134-352 MB measured; they were killed so until 2026-11-27) the run is refused in one line
     before any worker starts."""
     env = {**os.environ, **user_code(tmp_path, "hog_net", HOG_MODEL)}
-    group = MEMCG / f"psgd-test-{os.getpid()}"
-    group.mkdir()
-    try:
-        (group / "memory.limit_in_bytes").write_text(str(limit))
+    with memory_cgroup(limit, tmp_path) as group:
         run_dir = tmp_path / "run"
         cmd = f'echo $$ > {group}/cgroup.procs && exec "$0" "$@"'
         args = [sys.executable, str(ROOT / "train.py"), "workers=4", f"data.root={tiny_data}", "quiet=true"]
@@ -897,9 +913,6 @@ def test_a_run_out_of_memory_loses_a_worker_not_the_launcher_and_says_so(tiny_da
         while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not (group / "cgroup.procs").read_text().strip(), "a worker outlived the run"
-    finally:
-        with contextlib.suppress(OSError):
-            group.rmdir()
 
 
 @pytest.mark.slow  # ~15 s; needs root and cgroup v1's memory controller (the development VM has both)
@@ -914,10 +927,7 @@ def test_a_batch_that_cannot_fit_under_a_cgroup_limit_is_refused_before_the_work
     from conftest import make_cifar_like
 
     root = make_cifar_like(tmp_path / "data")
-    group = MEMCG / f"psgd-test-{os.getpid()}"
-    group.mkdir()
-    try:
-        (group / "memory.limit_in_bytes").write_text(str(1_200_000_000))
+    with memory_cgroup(1_200_000_000, tmp_path) as group:
         cmd = f'echo $$ > {group}/cgroup.procs && exec "$0" "$@"'
         args = [sys.executable, str(ROOT / "train.py"), "model=wide_resnet", "data=cifar10", f"data.root={root}"]
         args += ["data.verify_md5=false", "data.val_split=0", f"hydra.run.dir={tmp_path / 'run'}"]
@@ -929,9 +939,6 @@ def test_a_batch_that_cannot_fit_under_a_cgroup_limit_is_refused_before_the_work
             lines[0].startswith("psgd: error: data.batch_size=128 needs at least ") and 0 < available <= 1.2e9 / 2**30
         )
         assert not (tmp_path / "run").exists()
-    finally:
-        with contextlib.suppress(OSError):
-            group.rmdir()
 
 
 @contextlib.contextmanager
