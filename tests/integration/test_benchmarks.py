@@ -145,6 +145,72 @@ def test_grad_lifetime_switches_the_zeroing_with_its_chunks(tiny_data, tmp_path)
         assert (net[1].weight.grad is first) == same, where
 
 
+def test_plumbing_figures_take_each_arm_over_the_minimal_loop_and_against_psgd_in_its_rotation():
+    import plumbing
+
+    rows = [  # (rotation, arm, psgd's chunk seconds, the minimal loop's beside it)
+        (0, "psgd", 1.05, 1.0),
+        (0, "lightning", 1.06, 1.0),
+        (0, "raw", 2.06, 2.0),
+        (1, "raw", 1.03, 1.0),
+        (1, "lightning", 1.10, 1.0),
+        (1, "psgd", 1.04, 1.0),
+        (2, "psgd", 1.00, 1.0),  # a rotation the epoch's end cut short: no arm compared in it
+    ]
+    f = plumbing.figures(rows)
+    assert {arm: v["chunks"] for arm, v in f.items()} == {"psgd": 3, "lightning": 2, "raw": 2}
+    assert f["psgd"]["median"] == pytest.approx(1.04) and f["raw"]["sum_ratio"] == pytest.approx(3.09 / 3.0)
+    assert "minus_psgd" not in f["psgd"]
+    lightning, raw = f["lightning"]["minus_psgd"], f["raw"]["minus_psgd"]
+    assert lightning["rotations"] == raw["rotations"] == 2
+    assert lightning["mean"] == pytest.approx(0.035) and lightning["median"] == pytest.approx(0.035)
+    assert raw["mean"] == pytest.approx(-0.015) and raw["sem"] == pytest.approx(0.005)
+
+
+@pytest.mark.slow  # the overhead-splitting scripts (~10 s each): pytest -m slow
+def test_plumbing_reports_each_arm_and_switches_what_psgds_step_runs(tiny_data, tmp_path):
+    import plumbing
+    import pytorch_lightning as L
+    from pytorch_lightning.plugins.precision import Precision
+
+    from psgd.hooks import PlainPrecision
+    from psgd.run import train
+
+    script = str(ROOT / "benchmarks" / "plumbing.py")
+    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--chunk=3", "--epochs=1", "--batch-size=16"]
+    proc = subprocess.run([*cmd, f"--results={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (run,) = json.loads((tmp_path / "plumbing.json").read_text())["runs"]
+    # 32 batches: chunks start at 0, 3, ..., 30, each timed when the next starts (10), in rotations
+    # psgd lightning raw, raw lightning psgd, ...; three rotations whole
+    assert {arm: v["chunks"] for arm, v in run.items()} == {"psgd": 3, "lightning": 3, "raw": 4}
+    assert run["lightning"]["minus_psgd"]["rotations"] == run["raw"]["minus_psgd"]["rotations"] == 3
+    table = (tmp_path / "plumbing.md").read_text()
+    assert table.count("\n| ") == 4 and "PlainPrecision" in proc.stdout  # header + 3 rows
+    # what each arm runs: its precision plugin, Lightning's optimization, and whether its steps go through
+    # Lightning's optimizer step (the raw step goes around it)
+    cfg = compare.psgd_overhead_cfg(str(tiny_data), 1, 2, ["data.batch_size=16"])
+    rotation, seen = plumbing.Rotation(cfg, 3), []
+
+    class Seen(L.Callback):  # after Rotation, on each chunk's last batch: what that chunk ran
+        updates = 0
+
+        def on_before_optimizer_step(self, trainer, module, optimizer):
+            self.updates += 1
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if trainer.current_epoch >= 1 and batch_idx % 3 == 2:
+                plugin = type(trainer.strategy.precision_plugin)
+                seen.append((rotation.arm, plugin, module.automatic_optimization, self.updates))
+
+    train(cfg, tmp_path / "run", callbacks=[rotation, Seen()])
+    assert [arm for arm, *_ in seen] == (["psgd", "lightning", "raw", "raw", "lightning", "psgd"] * 2)[:10]
+    for (arm, plugin, automatic, updates), (_, _, _, before) in zip(seen[1:], seen, strict=False):
+        assert plugin is {"psgd": PlainPrecision, "lightning": Precision, "raw": PlainPrecision}[arm]
+        assert automatic == (arm != "raw")
+        assert updates - before == (0 if arm == "raw" else 3), arm
+
+
 def test_paired_data_path_times_loader_and_fixed_batch_chunks_over_whole_epochs(tiny_data):
     r = compare.paired_data_path(str(tiny_data), 1, chunk=3, epochs=2, overrides=["data.batch_size=16"])
     # every batch of each measured epoch is in one loader chunk, paired with as many fixed-batch steps
