@@ -76,6 +76,35 @@ def results_arguments(parser: argparse.ArgumentParser, name: str | None = None) 
         parser.add_argument("--name", type=result_name, default=name, help="the result files' name (%(default)s)")
 
 
+def chunked_arguments(doc: str, epochs: int, repeats: int, chunk_help: str = "steps per timed chunk"):
+    """The arguments of the scripts that time psgd's run in chunks of steps, each beside as many
+    minimal-loop steps (step_phases.py, grad_lifetime.py, plumbing.py); a script adds its own, then
+    calls parse_chunked."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-root", default="data")
+    parser.add_argument("--threads", type=positive, default=os.cpu_count() or 1)
+    parser.add_argument("--chunk", type=positive, default=25, help=chunk_help)
+    parser.add_argument("--epochs", type=positive, default=epochs, help="psgd's epochs timed, after one of warm-up")
+    parser.add_argument("--repeats", type=positive, default=repeats)
+    parser.add_argument("--batch-size", type=positive, default=128)
+    results_arguments(parser)
+    return parser
+
+
+def parse_chunked(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The arguments parsed; without the data or a writable results folder, one line and exit code 2
+    before anything is measured; Lightning's info lines and its no-validation warning quieted."""
+    import logging
+    import warnings
+
+    args = parser.parse_args()
+    exit_without_data(args.data_root)
+    exit_unless_writable(args.results)
+    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", ".*val_dataloader.*")
+    return args
+
+
 def exit_unless_writable(folder: Path) -> None:
     """Before any measurement: `folder` made and writable, or one line and exit code 2. A run of minutes
     used to end in a traceback at its last line, writing its results, which were lost."""

@@ -23,16 +23,12 @@ process and thread:
 Medians over --repeats runs of each. The runs: benchmarks/README.md, "Where zero_grad frees the gradients".
 """
 
-import argparse
 import copy
 import json
-import logging
-import os
 import statistics
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import pytorch_lightning as L
@@ -186,20 +182,9 @@ def psgd_run(data_root: str, threads: int, chunk: int, epochs: int, overrides=()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-root", default="data")
-    parser.add_argument("--threads", type=compare.positive, default=os.cpu_count() or 1)
-    parser.add_argument("--chunk", type=compare.positive, default=25, help="steps per timed chunk")
+    parser = compare.chunked_arguments(__doc__, epochs=4, repeats=2)
     parser.add_argument("--pairs", type=compare.positive, default=100, help="rotations of the minimal-loop variants")
-    parser.add_argument("--epochs", type=compare.positive, default=4, help="psgd's epochs timed, after one of warm-up")
-    parser.add_argument("--repeats", type=compare.positive, default=2)
-    parser.add_argument("--batch-size", type=compare.positive, default=128)
-    compare.results_arguments(parser)
-    args = parser.parse_args()
-    compare.exit_without_data(args.data_root)
-    compare.exit_unless_writable(args.results)
-    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", ".*val_dataloader.*")
+    args = compare.parse_chunked(parser)
 
     over = [f"data.batch_size={args.batch_size}"]
     loops, psgds = [], []

@@ -22,15 +22,11 @@ which the machine's drift moves least. Medians over --repeats runs of --epochs e
 of warm-up. The runs: benchmarks/README.md, "The backward and optimizer-step hooks nobody implements".
 """
 
-import argparse
 import json
-import logging
-import os
 import statistics
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import pytorch_lightning as L
@@ -137,19 +133,7 @@ def psgd_run(data_root: str, threads: int, chunk: int, epochs: int, overrides=()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-root", default="data")
-    parser.add_argument("--threads", type=compare.positive, default=os.cpu_count() or 1)
-    parser.add_argument("--chunk", type=compare.positive, default=25, help="steps per timed chunk")
-    parser.add_argument("--epochs", type=compare.positive, default=8, help="epochs timed, after one of warm-up")
-    parser.add_argument("--repeats", type=compare.positive, default=1)
-    parser.add_argument("--batch-size", type=compare.positive, default=128)
-    compare.results_arguments(parser)
-    args = parser.parse_args()
-    compare.exit_without_data(args.data_root)
-    compare.exit_unless_writable(args.results)
-    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", ".*val_dataloader.*")
+    args = compare.parse_chunked(compare.chunked_arguments(__doc__, epochs=8, repeats=1))
 
     over = [f"data.batch_size={args.batch_size}"]
     runs = [psgd_run(args.data_root, args.threads, args.chunk, args.epochs, over) for _ in range(args.repeats)]

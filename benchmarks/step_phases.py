@@ -24,15 +24,11 @@ its paired overhead. Epoch 1 is warm-up; means per step over the --epochs after 
 --repeats runs.
 """
 
-import argparse
 import json
-import logging
-import os
 import statistics
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import pytorch_lightning as L
@@ -123,19 +119,10 @@ def run(data_root: str, threads: int, chunk: int, epochs: int, overrides=()) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-root", default="data")
-    parser.add_argument("--threads", type=compare.positive, default=os.cpu_count() or 1)
-    parser.add_argument("--chunk", type=compare.positive, default=25, help="psgd steps, then as many vanilla steps")
-    parser.add_argument("--epochs", type=compare.positive, default=2, help="epochs timed, after one of warm-up")
-    parser.add_argument("--repeats", type=compare.positive, default=3)
-    parser.add_argument("--batch-size", type=compare.positive, default=128)
-    compare.results_arguments(parser)
-    args = parser.parse_args()
-    compare.exit_without_data(args.data_root)
-    compare.exit_unless_writable(args.results)
-    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", ".*val_dataloader.*")
+    parser = compare.chunked_arguments(
+        __doc__, epochs=2, repeats=3, chunk_help="psgd steps, then as many vanilla steps"
+    )
+    args = compare.parse_chunked(parser)
 
     over = [f"data.batch_size={args.batch_size}"]
     runs = [run(args.data_root, args.threads, args.chunk, args.epochs, over) for _ in range(args.repeats)]
