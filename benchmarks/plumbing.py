@@ -1,6 +1,6 @@
 """What Lightning's backward and optimizer-step plumbing costs psgd's run, toggled inside one run.
 
-    python benchmarks/plumbing.py --data-root ../shared/data   # ~4 min a repeat; results/plumbing.{json,md}
+    python benchmarks/plumbing.py --data-root ../shared/data   # ~2 min a repeat of 8 epochs; results/plumbing.{json,md}
 
 psgd's run (train.py's default config, no validation), its step switched every --chunk steps, in
 rotation (A B C, then C B A, ...), between:
