@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare  # noqa: E402
+import switched  # noqa: E402
 
 VARIANTS = {
     "zero_grad before the forward (the minimal loop)": "before",
@@ -117,41 +118,23 @@ def lightnings_zeroing(module: L.LightningModule) -> dict:
     }
 
 
-class Toggled(L.Callback):
+class Toggled(switched.SwitchedChunks):
     """psgd's run with its own zeroing in even chunks and Lightning's in odd ones; after every chunk, as
     many minimal-loop steps. Keeps (psgd's zeroing, psgd seconds, minimal-loop seconds) per chunk."""
 
-    def __init__(self, cfg, chunk: int):
-        self.cfg, self.chunk = cfg, chunk
-        self.rows: list[tuple[bool, float, float]] = []
-        self.psgds_zeroing = True
+    psgds_zeroing = True
 
-    def on_train_epoch_start(self, trainer, module):
-        self.on = trainer.current_epoch >= 1
-        self.start, self.vanilla_s = None, 0.0
-        if trainer.current_epoch == 1:
-            self.side = compare.VanillaSide(self.cfg, module, trainer.datamodule)
-            self.lightnings = lightnings_zeroing(module)
+    def set_up(self, trainer, module):
+        self.lightnings = lightnings_zeroing(module)
 
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if self.on and batch_idx % self.chunk == 0:
-            now = time.perf_counter()
-            if self.start is not None:  # the chunk up to here, less the minimal loop's chunk in it
-                self.rows.append((self.psgds_zeroing, now - self.start - self.vanilla_s, self.vanilla_s))
-            self.start = now
-            self.psgds_zeroing = (batch_idx // self.chunk) % 2 == 0
-            for name, hook in self.lightnings.items():  # Lightning calls the instance's attribute
-                if self.psgds_zeroing:
-                    vars(module).pop(name, None)  # psgd's own, from its class
-                else:
-                    setattr(module, name, hook)
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if self.on and self.start is not None and (batch_idx + 1) % self.chunk == 0:
-            start = time.perf_counter()
-            for _ in range(self.chunk):
-                self.side.step(*self.side.next_batch())
-            self.vanilla_s = time.perf_counter() - start
+    def switch(self, trainer, module, batch_idx):
+        self.psgds_zeroing = (batch_idx // self.chunk) % 2 == 0
+        for name, hook in self.lightnings.items():  # Lightning calls the instance's attribute
+            if self.psgds_zeroing:
+                vars(module).pop(name, None)  # psgd's own, from its class
+            else:
+                setattr(module, name, hook)
+        return self.psgds_zeroing
 
 
 PSGD_ROWS = {

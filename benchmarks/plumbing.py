@@ -29,11 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytorch_lightning as L
 from pytorch_lightning.plugins.precision import Precision
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare  # noqa: E402
+import switched  # noqa: E402
 
 ARMS = {
     "psgd": "psgd as it is (PlainPrecision)",
@@ -42,52 +42,31 @@ ARMS = {
 }
 
 
-class Rotation(L.Callback):
+class Rotation(switched.SwitchedChunks):
     """psgd's run with its step switched between ARMS every `chunk` steps, each chunk followed by as many
-    minimal-loop steps. Keeps (rotation, arm, psgd seconds, minimal-loop seconds) per chunk, in order."""
+    minimal-loop steps. Keeps ((rotation, arm), psgd seconds, minimal-loop seconds) per chunk, in order."""
 
-    def __init__(self, cfg, chunk: int):
-        self.cfg, self.chunk = cfg, chunk
-        self.rows: list[tuple[int, str, float, float]] = []
-        self.arm = "psgd"
-        self.chunks = 0
+    arm = "psgd"
+    chunks = 0
 
-    def on_train_epoch_start(self, trainer, module):
-        self.on = trainer.current_epoch >= 1
-        self.start, self.vanilla_s = None, 0.0
-        if trainer.current_epoch == 1:
-            self.side = compare.VanillaSide(self.cfg, module, trainer.datamodule)
-            self.plugins = {"lightning": Precision(), "own": trainer.strategy.precision_plugin}
-            raw = compare.vanilla_step(module.net, trainer.optimizers[0])
-            self.raw_step = lambda batch, batch_idx: raw(*batch)
+    def set_up(self, trainer, module):
+        self.plugins = {"lightning": Precision(), "own": trainer.strategy.precision_plugin}
+        raw = compare.vanilla_step(module.net, trainer.optimizers[0])
+        self.raw_step = lambda batch, batch_idx: raw(*batch)
 
-    def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if self.on and batch_idx % self.chunk == 0:
-            now = time.perf_counter()
-            if self.start is not None:  # the chunk up to here, less the minimal loop's chunk in it
-                self.rows.append((self.turn, self.arm, now - self.start - self.vanilla_s, self.vanilla_s))
-            self.start = now
-            arms = list(ARMS)
-            self.turn, at = divmod(self.chunks, len(arms))
-            self.arm = arms[at] if self.turn % 2 == 0 else arms[-1 - at]
-            self.chunks += 1
-            self.switch(trainer, module, self.arm)
-
-    def switch(self, trainer, module, arm: str) -> None:
-        """Lightning reads the module's automatic_optimization and training_step, and the strategy's
-        precision plugin, at every step."""
-        trainer.strategy.precision_plugin = self.plugins["lightning" if arm == "lightning" else "own"]
-        module.automatic_optimization = arm != "raw"
+    def switch(self, trainer, module, batch_idx):
+        """The next arm, in rotation. Lightning reads the module's automatic_optimization and training_step,
+        and the strategy's precision plugin, at every step."""
+        arms = list(ARMS)
+        turn, at = divmod(self.chunks, len(arms))
+        self.arm = arms[at] if turn % 2 == 0 else arms[-1 - at]
+        self.chunks += 1
+        trainer.strategy.precision_plugin = self.plugins["lightning" if self.arm == "lightning" else "own"]
+        module.automatic_optimization = self.arm != "raw"
         vars(module).pop("training_step", None)  # psgd's own, from its class
-        if arm == "raw":
+        if self.arm == "raw":
             module.training_step = self.raw_step
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if self.on and self.start is not None and (batch_idx + 1) % self.chunk == 0:
-            start = time.perf_counter()
-            for _ in range(self.chunk):
-                self.side.step(*self.side.next_batch())
-            self.vanilla_s = time.perf_counter() - start
+        return turn, self.arm
 
 
 def figures(rows: list[tuple[int, str, float, float]]) -> dict:
@@ -126,7 +105,7 @@ def psgd_run(data_root: str, threads: int, chunk: int, epochs: int, overrides=()
     rotation = Rotation(cfg, chunk)
     with tempfile.TemporaryDirectory() as tmp:
         train(cfg, Path(tmp) / "run", callbacks=[rotation])
-    out = figures(rotation.rows)
+    out = figures([(*label, ours, theirs) for label, ours, theirs in rotation.rows])
     if set(out) != set(ARMS) or "minus_psgd" not in out["raw"]:
         sys.exit(f"plumbing: no rotation timed every arm; an epoch needs at least 4 x --chunk={chunk} batches")
     return out
