@@ -849,11 +849,17 @@ def memory_cgroup(limit: int, tmp_path: Path):
         (group / "memory.limit_in_bytes").write_text(str(limit))
         yield group
     finally:
-        deadline = time.monotonic() + 10
-        while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        processes_gone(group)
         with contextlib.suppress(OSError):
             group.rmdir()
+
+
+def processes_gone(group: Path, within_s: float = 10) -> bool:
+    """Whether the cgroup `group` holds no process, waiting up to `within_s` for it to empty."""
+    deadline = time.monotonic() + within_s
+    while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not (group / "cgroup.procs").read_text().strip()
 
 
 HOG_MODEL = """
@@ -909,10 +915,7 @@ def test_a_run_out_of_memory_loses_a_worker_not_the_launcher_and_says_so(tiny_da
         assert "was killed by the kernel's out-of-memory killer" in lines[-1] and "use fewer workers" in lines[-1]
         m = json.loads((run_dir / "metrics.json").read_text())
         assert m["status"] == "failed" and m["error"] == lines[-1].removeprefix("psgd: error: ")
-        deadline = time.monotonic() + 10
-        while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not (group / "cgroup.procs").read_text().strip(), "a worker outlived the run"
+        assert processes_gone(group), "a worker outlived the run"
 
 
 @pytest.mark.slow  # ~15 s; needs root and cgroup v1's memory controller (the development VM has both)
