@@ -60,11 +60,20 @@ def children(pid: int) -> list[int]:
     return sorted(int(p) for p in out.split())
 
 
+def command_line(pid: int) -> str:
+    """The process's command line; "" once it has exited (a child can end between `children` listing it
+    and this read: CI once failed on that FileNotFoundError while a run's workers were starting)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return ""
+
+
 def worker_pids(launcher: int) -> list[int]:
     """The training workers of a psgd launcher process, in rank order (rank = start order)."""
-    workers = [p for p in children(launcher) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+    workers = [p for p in children(launcher) if "spawn_main" in command_line(p)]
     if not workers:  # forkserver (hogwild): the workers are children of the fork server
-        server = [p for p in children(launcher) if "forkserver" in Path(f"/proc/{p}/cmdline").read_text()]
+        server = [p for p in children(launcher) if "forkserver" in command_line(p)]
         workers = sorted(c for s in server for c in children(s))
     return workers
 
