@@ -527,6 +527,51 @@ class VanillaSide:
         return next(self.batches)
 
 
+class PairedChunks:
+    """A Lightning run from epoch 1 on (epoch 0 is warm-up) in chunks of `chunk` steps, each followed by as
+    many minimal-loop steps (VanillaSide) in the same process and thread; mixed into an `L.Callback`
+    where Lightning is imported (compare.py imports it only where it runs it). `set_up(trainer, module)`
+    runs once, at epoch 1's start; before each chunk, `switch(trainer, module, batch_idx)` may set up what
+    the chunk runs (Lightning reads the module's and the strategy's attributes at every step: grad_lifetime.py
+    and plumbing.py switch psgd's step there) and returns the chunk's label, by default (epoch, first
+    batch). `rows` keeps (label, Lightning seconds, minimal-loop seconds) per timed chunk, in order, each
+    pair recorded together; an epoch's last chunk is timed only when the next epoch's first starts, so a
+    chunk the epoch's end cut short, or the epoch's last whole one, is not."""
+
+    def __init__(self, cfg, chunk: int):
+        self.cfg, self.chunk = cfg, chunk
+        self.rows: list[tuple] = []
+        self.label = None
+
+    def set_up(self, trainer, module) -> None:
+        pass
+
+    def switch(self, trainer, module, batch_idx: int):
+        return trainer.current_epoch, batch_idx
+
+    def on_train_epoch_start(self, trainer, module):
+        self.on = trainer.current_epoch >= 1
+        self.start, self.vanilla_s = None, 0.0
+        if trainer.current_epoch == 1:
+            self.side = VanillaSide(self.cfg, module, trainer.datamodule)
+            self.set_up(trainer, module)
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if self.on and batch_idx % self.chunk == 0:
+            now = time.perf_counter()
+            if self.start is not None:  # the chunk up to here, less the minimal loop's chunk in it
+                self.rows.append((self.label, now - self.start - self.vanilla_s, self.vanilla_s))
+            self.start = now
+            self.label = self.switch(trainer, module, batch_idx)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if self.on and self.start is not None and (batch_idx + 1) % self.chunk == 0:
+            start = time.perf_counter()
+            for _ in range(self.chunk):
+                self.side.step(*self.side.next_batch())
+            self.vanilla_s = time.perf_counter() - start
+
+
 def lightning_loop(loop: str, data_root: str, threads: int, epochs: int, overrides=()):
     """One of the Lightning loops the overhead is measured in, not yet run: its composed config and a
     function that fits it with the given callbacks (and, for the bare and lean Trainers, a limit on the
@@ -571,41 +616,18 @@ def paired_overhead(
     LightningModule in the leanest Trainer, what Lightning costs a user measured the same way; "lean":
     the leanest LightningModule (lean_module, with NoProfiler), Lightning's own floor. Epoch 1 is
     warm-up; `epochs` more are measured (`overrides`: more train.py overrides, for short test runs).
-    Returns the per-pair step-time ratios Lightning / vanilla, their median, and the ratio of the
-    summed times."""
+    Returns the per-pair step-time ratios Lightning / vanilla, their median, the ratio of the summed
+    times, and which chunk each pair timed ("chunks": [epoch, first batch])."""
     import pytorch_lightning as L
 
-    class Paired(L.Callback):
-        def __init__(self):
-            self.lightning_s: list[float] = []
-            self.vanilla_s: list[float] = []
+    class Paired(PairedChunks, L.Callback):
+        pass
 
-        def on_train_epoch_start(self, trainer, module):
-            self.on = trainer.current_epoch >= 1
-            self.start, self.vanilla_in_chunk = None, 0.0
-            if trainer.current_epoch == 1:
-                self.vanilla = VanillaSide(cfg, module, trainer.datamodule)
-
-        def on_train_batch_start(self, trainer, module, batch, batch_idx):
-            if self.on and batch_idx % chunk == 0:
-                now = time.perf_counter()
-                if self.start is not None:  # a whole Lightning chunk, up to this step, less the vanilla one in it
-                    self.lightning_s.append(now - self.start - self.vanilla_in_chunk)
-                self.start = now
-
-        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-            if self.on and self.start is not None and (batch_idx + 1) % chunk == 0:
-                begin = time.perf_counter()
-                for _ in range(chunk):
-                    self.vanilla.step(*self.vanilla.next_batch())
-                self.vanilla_in_chunk = time.perf_counter() - begin
-                self.vanilla_s.append(self.vanilla_in_chunk)
-
-    paired = Paired()
     cfg, fit = lightning_loop(loop, data_root, threads, epochs + 1, overrides)
+    paired = Paired(cfg, chunk)
     fit([paired])
-    pairs = list(zip(paired.lightning_s, paired.vanilla_s))  # the last chunk of an epoch may lack its partner
-    return paired_figures(pairs, chunk)
+    figures = paired_figures([(ours, theirs) for _, ours, theirs in paired.rows], chunk)
+    return {**figures, "chunks": [list(label) for label, _, _ in paired.rows]}
 
 
 def time_second_epoch(module, profiler=None, **fit_kwargs) -> tuple[float, int]:

@@ -36,7 +36,6 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare  # noqa: E402
-import switched  # noqa: E402
 
 VARIANTS = {
     "zero_grad before the forward (the minimal loop)": "before",
@@ -118,7 +117,7 @@ def lightnings_zeroing(module: L.LightningModule) -> dict:
     }
 
 
-class Toggled(switched.SwitchedChunks):
+class Toggled(compare.PairedChunks, L.Callback):
     """psgd's run with its own zeroing in even chunks and Lightning's in odd ones; after every chunk, as
     many minimal-loop steps. Keeps (psgd's zeroing, psgd seconds, minimal-loop seconds) per chunk."""
 

@@ -29,11 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytorch_lightning as L
 from pytorch_lightning.plugins.precision import Precision
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare  # noqa: E402
-import switched  # noqa: E402
 
 ARMS = {
     "psgd": "psgd as it is (PlainPrecision)",
@@ -42,7 +42,7 @@ ARMS = {
 }
 
 
-class Rotation(switched.SwitchedChunks):
+class Rotation(compare.PairedChunks, L.Callback):
     """psgd's run with its step switched between ARMS every `chunk` steps, each chunk followed by as many
     minimal-loop steps. Keeps ((rotation, arm), psgd seconds, minimal-loop seconds) per chunk, in order."""
 
