@@ -16,7 +16,6 @@ A Python call costs ~0.5 us here after a lab-CNN step has evicted the loop's cod
 """
 
 import argparse
-import json
 import logging
 import sys
 import tempfile
@@ -157,11 +156,7 @@ def main() -> None:
     top = counted["psgd's run"].python.most_common(args.top)
     md += ["", f"psgd's run, its {args.top} most called Python functions (calls/step):", ""]
     md += [f"- {name}: {n / args.steps:.1f}" for name, n in top]
-    text = "\n".join(md) + "\n"
-    print(text)
-    run_args = {**vars(args), "results": str(args.results)}
-    record = json.dumps({"date": date, "args": run_args, "per_step": per_step}, indent=2) + "\n"
-    compare.write_results(args.results, "calls_per_step", record, text)
+    compare.report(args, "calls_per_step", date, md, per_step=per_step)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,15 @@ def write_results(folder: Path, name: str, data: str, md: str) -> None:
     write_atomic(folder / f"{name}.md", md)
 
 
+def report(args: argparse.Namespace, name: str, date: str, md: list[str], **data) -> None:
+    """Print the markdown lines `md` and write them to <name>.md in args.results, beside <name>.json: the
+    date, the arguments the script ran with, and `data`."""
+    text = "\n".join(md) + "\n"
+    print(text)
+    summary = {"date": date, "args": {**vars(args), "results": str(args.results)}, **data}
+    write_results(args.results, name, json.dumps(summary, indent=1) + "\n", text)
+
+
 def non_negative(text: str) -> int:
     """argparse type: an integer >= 0 (a seed, a number of steps skipped)."""
     if not text.isdigit():

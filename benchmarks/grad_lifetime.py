@@ -24,7 +24,6 @@ Medians over --repeats runs of each. The runs: benchmarks/README.md, "Where zero
 """
 
 import copy
-import json
 import statistics
 import sys
 import tempfile
@@ -190,11 +189,7 @@ def main() -> None:
 
     md += [row(name, loops) for name in VARIANTS]
     md += [row(name, psgds) for name in PSGD_ROWS.values()]
-    text = "\n".join(md) + "\n"
-    print(text)
-    run_args = {**vars(args), "results": str(args.results)}
-    summary = {"date": date, "args": run_args, "minimal_loop": loops, "psgd": psgds}
-    compare.write_results(args.results, "grad_lifetime", json.dumps(summary, indent=1) + "\n", text)
+    compare.report(args, "grad_lifetime", date, md, minimal_loop=loops, psgd=psgds)
 
 
 if __name__ == "__main__":

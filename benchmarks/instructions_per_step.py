@@ -23,7 +23,6 @@ Lightning's floor) or bare (the smallest LightningModule a user writes), as in c
 """
 
 import argparse
-import json
 import logging
 import os
 import re
@@ -146,11 +145,7 @@ def main() -> None:
         f"| {name} | {out['lightning'] / 1e6:.3f} M | {out['vanilla'] / 1e6:.3f} M | {out['extra'] / 1e6:.3f} M "
         f"| {out['ratio']:.4f} |",
     ]
-    text = "\n".join(md) + "\n"
-    print(text)
-    summary = {"date": date, "args": {**vars(args), "results": str(args.results)}, **out}
-    name = f"instructions_{args.loop}_b{args.batch_size}"
-    compare.write_results(args.results, name, json.dumps(summary, indent=1) + "\n", text)
+    compare.report(args, f"instructions_{args.loop}_b{args.batch_size}", date, md, **out)
 
 
 if __name__ == "__main__":

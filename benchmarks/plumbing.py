@@ -22,7 +22,6 @@ which the machine's drift moves least. Medians over --repeats runs of --epochs e
 of warm-up. The runs: benchmarks/README.md, "The backward and optimizer-step hooks nobody implements".
 """
 
-import json
 import statistics
 import sys
 import tempfile
@@ -135,11 +134,7 @@ def main() -> None:
             d = {k: 100 * statistics.median(r[arm]["minus_psgd"][k] for r in runs) for k in ("median", "mean", "sem")}
             diff = f"{d['median']:+.2f}; {d['mean']:+.2f} ± {d['sem']:.2f}"
         md.append(f"| {name} | **{statistics.median(med):.3f}** ({each}) | {sums:.3f} | {diff} |")
-    text = "\n".join(md) + "\n"
-    print(text)
-    run_args = {**vars(args), "results": str(args.results)}
-    summary = {"date": date, "args": run_args, "arms": ARMS, "runs": runs}
-    compare.write_results(args.results, "plumbing", json.dumps(summary, indent=1) + "\n", text)
+    compare.report(args, "plumbing", date, md, arms=ARMS, runs=runs)
 
 
 if __name__ == "__main__":

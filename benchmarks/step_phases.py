@@ -24,7 +24,6 @@ its paired overhead. Epoch 1 is warm-up; means per step over the --epochs after 
 --repeats runs.
 """
 
-import json
 import statistics
 import sys
 import tempfile
@@ -144,11 +143,7 @@ def main() -> None:
         md.append(f"| {p} | {med['psgd'][p]:.0f} | {med['vanilla'][p]:.0f} | {diff:+.0f} | {diff / gap:.0%} |")
     md.append(f"| **step** | **{total['psgd']:.0f}** | **{total['vanilla']:.0f}** | **{gap:+.0f}** | 100% |")
     md += ["", f"step time ratio psgd / vanilla: {total['psgd'] / total['vanilla']:.3f}"]
-    text = "\n".join(md) + "\n"
-    print(text)
-    run_args = {**vars(args), "results": str(args.results)}
-    summary = {"date": date, "args": run_args, "phases": PHASES, "median_us": med, "total_us": total, "runs": runs}
-    compare.write_results(args.results, "step_phases", json.dumps(summary, indent=1) + "\n", text)
+    compare.report(args, "step_phases", date, md, phases=PHASES, median_us=med, total_us=total, runs=runs)
 
 
 if __name__ == "__main__":
