@@ -15,10 +15,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import compare  # noqa: E402
 
 
+def benchmark(script: str, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """benchmarks/<script> with `args`, run as a user runs it; its output captured as text."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / script), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
 @pytest.mark.slow  # the overhead-splitting scripts (~10 s each): pytest -m slow
 def test_step_overhead_reports_every_loop_per_step(tmp_path):
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "step_overhead.py"), "--steps", "200", "--repeats", "1"]
-    proc = subprocess.run([*cmd, "--results", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    proc = benchmark("step_overhead.py", "--steps", "200", "--repeats", "1", "--results", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = json.loads((tmp_path / "step_overhead.json").read_text())["us_per_step"]
     assert list(runs) == [
@@ -39,9 +44,8 @@ def test_step_overhead_reports_every_loop_per_step(tmp_path):
 
 @pytest.mark.slow  # the overhead-splitting scripts (~10 s each): pytest -m slow
 def test_calls_per_step_counts_each_loop_and_psgd_skips_the_empty_hooks(tiny_data, tmp_path):
-    script = str(ROOT / "benchmarks" / "calls_per_step.py")
-    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--skip=2", "--steps=4", "--batch-size=16"]
-    proc = subprocess.run([*cmd, f"--results={tmp_path}"], capture_output=True, text=True, timeout=300)
+    args = [f"--data-root={tiny_data}", "--skip=2", "--steps=4", "--batch-size=16", f"--results={tmp_path}"]
+    proc = benchmark("calls_per_step.py", *args)
     assert proc.returncode == 0, proc.stderr[-2000:]
     per_step = json.loads((tmp_path / "calls_per_step.json").read_text())["per_step"]
     calls = {name: v["python"] for name, v in per_step.items()}
@@ -62,9 +66,8 @@ def test_calls_per_step_counts_each_loop_and_psgd_skips_the_empty_hooks(tiny_dat
 
 @pytest.mark.slow  # the overhead-splitting scripts (~10 s each): pytest -m slow
 def test_step_phases_splits_both_loops_steps_into_the_same_phases(tiny_data, tmp_path):
-    script = str(ROOT / "benchmarks" / "step_phases.py")
-    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--chunk=3", "--epochs=1", "--batch-size=16"]
-    proc = subprocess.run([*cmd, "--repeats=1", f"--results={tmp_path}"], capture_output=True, text=True, timeout=300)
+    args = [f"--data-root={tiny_data}", "--chunk=3", "--epochs=1", "--batch-size=16", "--repeats=1"]
+    proc = benchmark("step_phases.py", *args, f"--results={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads((tmp_path / "step_phases.json").read_text())
     (run,) = out["runs"]
@@ -84,9 +87,8 @@ def test_step_phases_splits_both_loops_steps_into_the_same_phases(tiny_data, tmp
 
 @pytest.mark.slow  # the overhead-splitting scripts (~10 s each): pytest -m slow
 def test_step_phases_with_chunks_longer_than_an_epoch_is_a_one_line_error(tiny_data, tmp_path):
-    script = str(ROOT / "benchmarks" / "step_phases.py")
-    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--chunk=1000", "--epochs=1", "--repeats=1"]
-    proc = subprocess.run([*cmd, f"--results={tmp_path}"], capture_output=True, text=True, timeout=300)
+    args = [f"--data-root={tiny_data}", "--chunk=1000", "--epochs=1", "--repeats=1", f"--results={tmp_path}"]
+    proc = benchmark("step_phases.py", *args)
     assert proc.returncode != 0 and "--chunk=1000" in proc.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "step_phases.json").exists()
 
@@ -95,11 +97,8 @@ def test_step_phases_with_chunks_longer_than_an_epoch_is_a_one_line_error(tiny_d
 def test_grad_lifetime_reports_each_loop_variant_and_psgd_with_its_zeroing_and_lightnings(tiny_data, tmp_path):
     import grad_lifetime
 
-    script = str(ROOT / "benchmarks" / "grad_lifetime.py")
-    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--chunk=3", "--pairs=2", "--epochs=1"]
-    proc = subprocess.run(
-        [*cmd, "--batch-size=16", "--repeats=1", f"--results={tmp_path}"], capture_output=True, text=True, timeout=300
-    )
+    args = [f"--data-root={tiny_data}", "--chunk=3", "--pairs=2", "--epochs=1", "--batch-size=16", "--repeats=1"]
+    proc = benchmark("grad_lifetime.py", *args, f"--results={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads((tmp_path / "grad_lifetime.json").read_text())
     (loop,), (ours,) = out["minimal_loop"], out["psgd"]
@@ -176,9 +175,8 @@ def test_plumbing_reports_each_arm_and_switches_what_psgds_step_runs(tiny_data, 
     from psgd.hooks import PlainPrecision
     from psgd.run import train
 
-    script = str(ROOT / "benchmarks" / "plumbing.py")
-    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--chunk=3", "--epochs=1", "--batch-size=16"]
-    proc = subprocess.run([*cmd, f"--results={tmp_path}"], capture_output=True, text=True, timeout=300)
+    args = [f"--data-root={tiny_data}", "--chunk=3", "--epochs=1", "--batch-size=16", f"--results={tmp_path}"]
+    proc = benchmark("plumbing.py", *args)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (run,) = json.loads((tmp_path / "plumbing.json").read_text())["runs"]
     # 32 batches: chunks start at 0, 3, ..., 30, each timed when the next starts (10), in rotations
@@ -331,10 +329,8 @@ def test_time_to_target_runs_each_seed_and_reports_every_run_and_the_median(tiny
 @pytest.mark.slow  # ~35 s: six train.py runs; the features it measures have default tests of their own
 def test_gpu_benchmark_runs_every_variant_and_reports_the_ratios(tiny_data, tmp_path):
     # on CPU (the runs are the same; on_device and NCCL then mean the host and gloo): the script itself works
-    script = str(ROOT / "benchmarks" / "gpu.py")
-    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--accelerator=cpu", "--epochs=1", "--repeats=1"]
-    cmd += ["--limit-batches=3", "--models", "lab CNN", f"--results={tmp_path}", "--name=g"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    args = [f"--data-root={tiny_data}", "--accelerator=cpu", "--epochs=1", "--repeats=1", "--limit-batches=3"]
+    proc = benchmark("gpu.py", *args, "--models", "lab CNN", f"--results={tmp_path}", "--name=g")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads((tmp_path / "g.json").read_text())
     assert list(out["median"]) == [
@@ -363,10 +359,8 @@ def test_gpu_benchmark_whose_runs_fail_says_so_in_its_rows_and_exit_status_and_w
     `failed`, the results are still written, and the exit status is not 0, naming the first failure."""
     root = make_mnist_like(tmp_path / "data", "MNIST", n_train=256, n_test=64, seed=4)
     (root / "MNIST" / "raw" / "t10k-images-idx3-ubyte.gz").write_bytes(b"not gzip")
-    script = str(ROOT / "benchmarks" / "gpu.py")
-    cmd = [sys.executable, script, f"--data-root={root}", "--accelerator=cpu", "--epochs=1", "--repeats=1"]
-    cmd += ["--limit-batches=2", "--models", "lab CNN", f"--results={tmp_path}", "--name=g"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    args = [f"--data-root={root}", "--accelerator=cpu", "--epochs=1", "--repeats=1", "--limit-batches=2"]
+    proc = benchmark("gpu.py", *args, "--models", "lab CNN", f"--results={tmp_path}", "--name=g")
     assert proc.returncode == 1, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("gpu.py: 6 run(s) failed, the first: lab CNN, host batches, fp32: psgd: error: "), last
@@ -380,8 +374,8 @@ def test_gpu_benchmark_whose_runs_fail_says_so_in_its_rows_and_exit_status_and_w
 @pytest.mark.slow  # ~10 s on a CPU, a GPU benchmark: pytest -m slow
 def test_gpu_step_benchmark_counts_the_lab_cnn_flop_and_times_every_variant(tmp_path):
     # on CPU: the script itself (the figures are the GPU's); ~10 s
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), "--device=cpu", "--steps=2", "--batches", "4", "8"]
-    proc = subprocess.run([*cmd, "--models", "lab CNN", f"--results={tmp_path}"], capture_output=True, text=True)
+    args = ["--device=cpu", "--steps=2", "--batches", "4", "8", "--models", "lab CNN", f"--results={tmp_path}"]
+    proc = benchmark("gpu_step.py", *args)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads((tmp_path / "gpu_step.json").read_text())["rows"]
     variants = [(r["batch"], r["precision"], r["cudnn.benchmark"]) for r in rows]
@@ -396,8 +390,7 @@ def test_gpu_step_benchmark_counts_the_lab_cnn_flop_and_times_every_variant(tmp_
 
 
 def test_optimizer_step_benchmark_times_every_way_of_each_optimizer(tmp_path):
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "optimizer_step.py"), "--steps=3", "--repeats=1"]
-    proc = subprocess.run([*cmd, f"--results={tmp_path}"], capture_output=True, text=True, timeout=120)
+    proc = benchmark("optimizer_step.py", "--steps=3", "--repeats=1", f"--results={tmp_path}", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads((tmp_path / "optimizer_step.json").read_text())["rows"]
     assert [(r["model"], r["optimizer"]) for r in rows] == [("lab CNN", "sgd"), ("lab CNN", "adam")]
@@ -410,8 +403,7 @@ def test_optimizer_step_benchmark_times_every_way_of_each_optimizer(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the error of a machine without CUDA")
 def test_optimizer_step_benchmark_on_cuda_without_a_gpu_is_one_line(tmp_path):
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "optimizer_step.py"), "--device=cuda"]
-    proc = subprocess.run([*cmd, f"--results={tmp_path / 'r'}"], capture_output=True, text=True, timeout=120)
+    proc = benchmark("optimizer_step.py", "--device=cuda", f"--results={tmp_path / 'r'}", timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip() == (
         "optimizer_step.py: error: --device cuda, but torch sees no CUDA device here"
     ), proc.stderr[-2000:]
@@ -422,10 +414,10 @@ def test_optimizer_step_benchmark_on_cuda_without_a_gpu_is_one_line(tmp_path):
 def test_gpu_profile_benchmark_times_psgd_against_the_bare_step(tmp_path):
     # on CPU: the script itself (the GPU's busy time and kernels are the GPU's own; n/a here)
     root = make_mnist_like(tmp_path / "data", "MNIST", n_train=128 * 9, n_test=64, seed=5)
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"), f"--data-root={root}", "--device=cpu"]
-    cmd += ["--models", "lab CNN", "--precisions", "fp32", "bf16", "--warm-up=2", "--steps=3", "--profiled=2"]
-    cmd += ["--overrides", "optimizer.fused=false"]  # both steps then run torch's per-tensor SGD
-    proc = subprocess.run([*cmd, f"--results={tmp_path}"], capture_output=True, text=True, timeout=300)
+    args = [f"--data-root={root}", "--device=cpu", "--models", "lab CNN"]
+    steps = ["--warm-up=2", "--steps=3", "--profiled=2"]
+    over = ["--overrides", "optimizer.fused=false"]  # both steps then run torch's per-tensor SGD
+    proc = benchmark("gpu_profile.py", *args, "--precisions", "fp32", "bf16", *steps, *over, f"--results={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads((tmp_path / "gpu_profile.json").read_text())
     assert out["args"]["overrides"] == ["optimizer.fused=false"]
@@ -441,9 +433,8 @@ def test_gpu_profile_benchmark_times_psgd_against_the_bare_step(tmp_path):
     assert md.splitlines()[0].endswith("psgd against the bare step, both with optimizer.fused=false")
     assert md.count("| SGD, torch's default |") == 2
     # without overrides, and with another optimizer (which gpu_profile.py failed on with a traceback)
-    cmd = [*cmd[: cmd.index("--precisions")], "--precisions", "fp32", "--warm-up=2", "--steps=3", "--profiled=2"]
     for over, said in (([], "SGD, fused"), (["--overrides", "optimizer=adam"], "Adam, fused")):
-        proc = subprocess.run([*cmd, *over, f"--results={tmp_path / 'b'}"], capture_output=True, text=True, timeout=300)
+        proc = benchmark("gpu_profile.py", *args, "--precisions", "fp32", *steps, *over, f"--results={tmp_path / 'b'}")
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert f"| {said} |" in (tmp_path / "b" / "gpu_profile.md").read_text()
 
@@ -457,9 +448,8 @@ def test_gpu_profile_benchmark_times_psgd_against_the_bare_step(tmp_path):
 )
 def test_gpu_profile_benchmark_refuses_a_bad_override_in_one_line_before_measuring(override, said, tmp_path):
     root = make_mnist_like(tmp_path / "data", "MNIST", n_train=64, n_test=64, seed=5)
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"), f"--data-root={root}", "--device=cpu"]
-    cmd += ["--models", "lab CNN", "--precisions", "fp32", "--overrides", override, f"--results={tmp_path / 'r'}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    args = [f"--data-root={root}", "--device=cpu", "--models", "lab CNN", "--precisions", "fp32"]
+    proc = benchmark("gpu_profile.py", *args, "--overrides", override, f"--results={tmp_path / 'r'}", timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
         f"gpu_profile.py: error: --overrides {override}: {said}"
     ), proc.stderr[-2000:]
@@ -469,9 +459,8 @@ def test_gpu_profile_benchmark_refuses_a_bad_override_in_one_line_before_measuri
 @pytest.mark.slow  # ~10 s: one psgd run that ends before the profile does
 def test_gpu_profile_benchmark_on_too_few_batches_is_one_line(tmp_path):
     root = make_mnist_like(tmp_path / "data", "MNIST", n_train=128 * 4, n_test=64, seed=5)
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_profile.py"), f"--data-root={root}", "--device=cpu"]
-    cmd += ["--models", "lab CNN", "--precisions", "fp32", "--warm-up=2", "--steps=3", "--profiled=2"]
-    proc = subprocess.run([*cmd, f"--results={tmp_path / 'r'}"], capture_output=True, text=True, timeout=300)
+    args = [f"--data-root={root}", "--device=cpu", "--models", "lab CNN", "--precisions", "fp32"]
+    proc = benchmark("gpu_profile.py", *args, "--warm-up=2", "--steps=3", "--profiled=2", f"--results={tmp_path / 'r'}")
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
         "gpu_profile.py: psgd's lab CNN run ended before step 7: fewer batches in an epoch"
@@ -481,8 +470,7 @@ def test_gpu_profile_benchmark_on_too_few_batches_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("bad", [["--steps", "0"], ["--batches", "128", "-4"]])
 def test_gpu_step_benchmark_refuses_a_count_below_one_in_one_line(bad, tmp_path):
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_step.py"), "--device=cpu", *bad, f"--results={tmp_path}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = benchmark("gpu_step.py", "--device=cpu", *bad, f"--results={tmp_path}")
     assert proc.returncode == 2 and f"'{bad[-1]}' is not an integer >= 1" in proc.stderr, proc.stderr
     assert not list(tmp_path.iterdir())
 
@@ -504,8 +492,7 @@ def test_gpu_step_benchmark_refuses_a_count_below_one_in_one_line(bad, tmp_path)
 def test_a_bad_benchmark_argument_is_refused_before_anything_runs(script, bad, value):
     results = ROOT / "benchmarks" / "results"
     before = {p: p.stat().st_mtime_ns for p in results.iterdir()}
-    cmd = [sys.executable, str(ROOT / "benchmarks" / script), "--data-root", "unused", *bad]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    proc = benchmark(script, "--data-root", "unused", *bad, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines()[-1].startswith(f"{script}: error: argument {bad[0]}: {value}"), proc.stderr
     assert {p: p.stat().st_mtime_ns for p in results.iterdir()} == before
@@ -518,8 +505,7 @@ def test_results_that_cannot_be_written_are_one_line_before_any_measurement(scri
     measurements: a traceback, and the figures were lost (but for the table printed just before)."""
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    cmd = [sys.executable, str(ROOT / "benchmarks" / script), f"--data-root={tiny_data}"]
-    proc = subprocess.run([*cmd, f"--results={blocker / 'results'}"], capture_output=True, text=True, timeout=120)
+    proc = benchmark(script, f"--data-root={tiny_data}", f"--results={blocker / 'results'}", timeout=120)
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout[-2000:]
     said = f"{script}: error: cannot write results into {blocker / 'results'} (Not a directory); pass --results"
     assert proc.stderr == f"{said} <a writable folder>\n"
@@ -528,17 +514,15 @@ def test_results_that_cannot_be_written_are_one_line_before_any_measurement(scri
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")
 @pytest.mark.parametrize("script", ["gpu.py", "gpu_step.py", "gpu_profile.py"])
 def test_a_gpu_benchmark_without_cuda_is_a_one_line_error(script, tmp_path):
-    cmd = [sys.executable, str(ROOT / "benchmarks" / script), f"--results={tmp_path}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = benchmark(script, f"--results={tmp_path}")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "no CUDA device" in proc.stderr and not list(tmp_path.iterdir())
 
 
 @pytest.mark.slow  # ~40 s: four fresh processes that import torch and Lightning, two with 2 workers
 def test_startup_benchmark_times_each_run_to_its_last_line_and_its_exit(tiny_data, tmp_path):
-    script = str(ROOT / "benchmarks" / "startup.py")
-    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--workers", "2", "--repeats=1", "--batches=2"]
-    proc = subprocess.run([*cmd, f"--results={tmp_path}"], capture_output=True, text=True, timeout=300)
+    args = [f"--data-root={tiny_data}", "--workers", "2", "--repeats=1", "--batches=2", f"--results={tmp_path}"]
+    proc = benchmark("startup.py", *args)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "startup.json").read_text())
     assert [r["run"] for r in result["rows"]] == [
@@ -559,9 +543,8 @@ def test_startup_benchmark_times_each_run_to_its_last_line_and_its_exit(tiny_dat
 def test_throughput_benchmark_reports_samples_per_s_and_the_share_spent_synchronising(tiny_data, tmp_path):
     """Each row: the median samples/s, the speedup over 1 worker, and where speed went: DDP's wait for
     the all-reduce at 2 workers (nothing to wait for at 1), in the JSON and the markdown table."""
-    script = str(ROOT / "benchmarks" / "throughput.py")
-    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--workers", "1", "2", "--strategies", "ddp"]
-    proc = subprocess.run([*cmd, "--repeats=1", f"--results={tmp_path}"], capture_output=True, text=True, timeout=300)
+    args = [f"--data-root={tiny_data}", "--workers", "1", "2", "--strategies", "ddp", "--repeats=1"]
+    proc = benchmark("throughput.py", *args, f"--results={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     one, two = json.loads((tmp_path / "throughput.json").read_text())["rows"]
     assert (one["workers"], one["sync_share"], one["speedup_vs_1_worker"]) == (1, None, 1.0)
@@ -576,11 +559,8 @@ def test_a_failed_throughput_run_is_reported_in_its_row_and_the_others_are_kept(
     """One run that fails (here model averaging refuses the period; before, a HogWild run at 5 workers that
     diverged) no longer ends the benchmark and loses every figure measured before it: its row says so,
     the others are measured and written, and the exit status is 1 with one line."""
-    script = str(ROOT / "benchmarks" / "throughput.py")
-    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--workers", "1", "--repeats=1", f"--results={tmp_path}"]
-    proc = subprocess.run(
-        [*cmd, "++strategy.period=-1", "--strategies", "model_averaging", "ddp"], capture_output=True, text=True
-    )
+    args = [f"--data-root={tiny_data}", "--workers", "1", "--repeats=1", f"--results={tmp_path}"]
+    proc = benchmark("throughput.py", *args, "++strategy.period=-1", "--strategies", "model_averaging", "ddp")
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith("throughput.py: 1 run(s) failed, the first: model_averaging workers=1: psgd: error: ")
     failed, ddp = json.loads((tmp_path / "throughput.json").read_text())["rows"]
@@ -606,8 +586,7 @@ def test_a_missing_dataset_is_one_line_before_any_measurement(tiny_data, tmp_pat
     assert capsys.readouterr().err == ""
     # a script, as a user runs it (every download through a proxy that is not there: offline)
     proxy = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "throughput.py"), "--data-root", str(tmp_path / "typo")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, **proxy})
+    proc = benchmark("throughput.py", "--data-root", str(tmp_path / "typo"), timeout=120, env={**os.environ, **proxy})
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("throughput.py: error: dataset mnist not found") and proc.stderr.count("\n") == 1
 
@@ -651,10 +630,8 @@ def test_a_failed_run_is_none_in_its_round_and_the_other_runs_and_figures_go_on(
 def test_a_failed_compare_run_is_said_in_its_row_and_the_results_are_written(tiny_data, tmp_path):
     """A failed train.py run (here a refused lr) stopped compare.py with its lines and wrote nothing; now
     its row says it, the results are written, and the exit status is 1 with one line."""
-    script = str(ROOT / "benchmarks" / "compare.py")
-    cmd = [sys.executable, script, f"--data-root={tiny_data}", "--only", "target", "--target-seeds", "0"]
-    cmd += ["--target-overrides", "optimizer.lr=-1", f"--results={tmp_path}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    args = [f"--data-root={tiny_data}", "--only", "target", "--target-seeds", "0"]
+    proc = benchmark("compare.py", *args, "--target-overrides", "optimizer.lr=-1", f"--results={tmp_path}")
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith("compare.py: 1 run(s) failed, the first: target seed=0: psgd: error: optimizer.lr")
     out = json.loads((tmp_path / "compare.json").read_text())
@@ -693,10 +670,9 @@ def test_instructions_per_step_reads_callgrinds_dumps_in_order_and_counts_the_ga
 
 
 def test_instructions_per_step_without_valgrind_is_one_line_before_anything_runs(tiny_data, tmp_path):
-    script = str(ROOT / "benchmarks" / "instructions_per_step.py")
     env = {**os.environ, "PATH": str(tmp_path)}  # no valgrind on it
-    cmd = [sys.executable, script, f"--data-root={tiny_data}", f"--results={tmp_path / 'results'}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    args = [f"--data-root={tiny_data}", f"--results={tmp_path / 'results'}"]
+    proc = benchmark("instructions_per_step.py", *args, timeout=120, env=env)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.strip() == "instructions_per_step: needs valgrind (callgrind and callgrind_control) on the PATH"
     assert not (tmp_path / "results").exists()
