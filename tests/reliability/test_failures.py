@@ -863,6 +863,11 @@ def memory_cgroup(limit: int, tmp_path: Path):
             group.rmdir()
 
 
+def in_cgroup(group: Path, *command: str) -> list[str]:
+    """`command`, run in the cgroup `group` (its process moved there before it starts)."""
+    return ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$0" "$@"', *command]
+
+
 def processes_gone(group: Path, within_s: float = 10) -> bool:
     """Whether the cgroup `group` holds no process, waiting up to `within_s` for it to empty."""
     deadline = time.monotonic() + within_s
@@ -908,12 +913,11 @@ def test_a_run_out_of_memory_loses_a_worker_not_the_launcher_and_says_so(tiny_da
     env = {**os.environ, **user_code(tmp_path, "hog_net", HOG_MODEL)}
     with memory_cgroup(limit, tmp_path) as group:
         run_dir = tmp_path / "run"
-        cmd = f'echo $$ > {group}/cgroup.procs && exec "$0" "$@"'
         args = [sys.executable, str(ROOT / "train.py"), "workers=4", f"data.root={tiny_data}", "quiet=true"]
         args += ["trainer.max_epochs=1", f"hydra.run.dir={run_dir}"]
         if model == "hog":
             args += ["model._target_=hog_net.Hog", "model.name=hog"]
-        proc = subprocess.run(["sh", "-c", cmd, *args], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+        proc = subprocess.run(in_cgroup(group, *args), capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2, proc.stderr[-3000:]
         if model == "lab_cnn":
@@ -940,10 +944,9 @@ def test_a_batch_that_cannot_fit_under_a_cgroup_limit_is_refused_before_the_work
 
     root = make_cifar_like(tmp_path / "data")
     with memory_cgroup(1_200_000_000, tmp_path) as group:
-        cmd = f'echo $$ > {group}/cgroup.procs && exec "$0" "$@"'
         args = [sys.executable, str(ROOT / "train.py"), "model=wide_resnet", "data=cifar10", f"data.root={root}"]
         args += ["data.verify_md5=false", "data.val_split=0", f"hydra.run.dir={tmp_path / 'run'}"]
-        proc = subprocess.run(["sh", "-c", cmd, *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
+        proc = subprocess.run(in_cgroup(group, *args), capture_output=True, text=True, timeout=300, cwd=ROOT)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
         available = float(re.search(r"more than the ([0-9.]+) GiB this machine has available", lines[0])[1])
