@@ -27,19 +27,29 @@ def scalars(acc: EventAccumulator, tag: str) -> list[float]:
     return [e.value for e in acc.Scalars(tag)]
 
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def documentation_files() -> list[Path]:
+    """The user documentation: README.md and docs/*.md (not the sweep reports kept under docs/results/)."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def documentation() -> str:
+    """The text of README.md and docs/*.md, one file after the other."""
+    return "\n\n".join(f.read_text() for f in documentation_files())
 
 
 def undocumented(run_dir: Path) -> list[str]:
-    """What a run wrote that the README does not name: each metrics.json key (top level and `history`'s)
-    missing from the Outputs table's metrics.json row, and each TensorBoard scalar tag named nowhere in
-    the README (a rank or a class in a tag is the README's `<rank>` or `<label>_<name>`)."""
-    readme = README.read_text()
-    row = next(line for line in readme.splitlines() if line.startswith("| `metrics.json` |"))
+    """What a run wrote that the documentation does not name: each metrics.json key (top level and `history`'s)
+    missing from the Outputs table's metrics.json row, and each TensorBoard scalar tag named nowhere in README.md and
+    docs/*.md (a rank or a class in a tag is the documentation's `<rank>` or `<label>_<name>`)."""
+    docs = documentation()
+    section = next(line for line in docs.splitlines() if line.startswith("| `metrics.json` |"))
     m = metrics(run_dir)
     keys = set(m).union(*(set(h) for h in m["history"]))
-    missing = sorted(f"metrics.json: {k}" for k in keys - set(re.findall(r"`(\w+)`", row)))
-    named = set(re.findall(r"`([^`\s]+)`", readme))
+    missing = sorted(f"metrics.json: {k}" for k in keys - set(re.findall(r"`(\w+)`", section)))
+    named = set(re.findall(r"`([^`\s]+)`", docs))
     for tag in tensorboard(run_dir).Tags()["scalars"]:
         shown = re.sub(r"^test/acc_class/.+", "test/acc_class/<label>_<name>", re.sub(r"/\d+/", "/<rank>/", tag))
         if shown not in named:
@@ -48,8 +58,8 @@ def undocumented(run_dir: Path) -> list[str]:
 
 
 def unnamed_columns(csv_file: Path) -> list[str]:
-    """The columns of a sweep's report.csv or summary.csv that the README names nowhere."""
+    """The columns of a sweep's report.csv or summary.csv that README.md and docs/*.md name nowhere."""
     with open(csv_file) as f:
         columns = next(csv.reader(f))
-    readme = README.read_text()
-    return [c for c in columns if f"`{c}`" not in readme]
+    docs = documentation()
+    return [c for c in columns if f"`{c}`" not in docs]

@@ -19,8 +19,6 @@ from conftest import CONF
 from psgd import command_line, signals
 from psgd.command_line import command_line_problem, shell_override, sweep_argv
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-
 BAD = [
     (["model=resnet50"], "model=resnet50 is unknown (did you mean model=wide_resnet?); model can be: lab_cnn, mlp"),
     (["strategy=hogwlid"], "strategy=hogwlid is unknown (did you mean strategy=hogwild?)"),
@@ -251,56 +249,6 @@ def test_a_sweep_under_torchrun_is_one_line(monkeypatch):
     assert command_line_problem("train", ["workers=2", "seed=1"], CONF) is None
 
 
-def documented_commands() -> list[list[str]]:
-    """Every `python train.py ...` / `python sweep.py ...` the README and the config files' comments
-    show, but those with placeholders."""
-    commands = []
-    for doc in [README, *sorted(CONF.rglob("*.yaml"))]:
-        for found in re.finditer(r"(?<!\$ )python (train|sweep)\.py\b([^#`|>&\n]*)", doc.read_text()):
-            if not re.search(r"<|\.\.\.|--cfg", found.group(2)):  # "$ python ...": an error example
-                commands.append([found.group(1), *shlex.split(found.group(2))])
-    return commands
-
-
-def test_every_documented_command_passes(capsys):
-    """Every train.py command composes and passes; every sweep.py command parses. (Each job of every
-    sweep is composed and checked by the slow test below: ~20 s.)"""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from psgd.config import values_problem
-
-    commands = documented_commands()
-    assert len(commands) >= 45  # the README's usage, sweep, preset and reproduce sections; the presets
-    for script, *argv in commands:
-        if script == "train":
-            assert command_line_problem(script, argv, CONF) is None, f"python {script}.py {' '.join(argv)}"
-            # and warns of nothing: a documented example whose setting changes nothing (scheduler=warmup on one
-            # worker, a constant lr) shows the reader what does not happen
-            assert command_line_problem(script, argv, CONF, job_check=lambda jobs: values_problem(jobs, True)) is None
-            assert capsys.readouterr().err == "", f"python {script}.py {' '.join(argv)}"
-        else:
-            OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])  # flags: Hydra's
-
-
-@pytest.mark.slow  # ~20 s: every documented sweep's jobs are composed and checked
-def test_every_documented_sweep_passes_psgds_value_checks(tmp_path, monkeypatch, capsys):
-    import torch
-
-    from psgd.config import sweep_values_problem, values_problem
-
-    (tmp_path / "srun").write_text("#!/bin/sh\n")  # the SLURM sweeps, as on a SLURM login node
-    (tmp_path / "srun").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
-    sweeps = [argv for script, *argv in documented_commands() if script == "sweep"]
-    assert len(sweeps) >= 15
-    for argv in sweeps:
-        if "trainer.accelerator=gpu" in argv and not torch.cuda.is_available():
-            continue
-        assert command_line_problem("sweep", argv, CONF, job_check=sweep_values_problem) is None, " ".join(argv)
-        assert command_line_problem("sweep", argv, CONF, job_check=lambda jobs: values_problem(jobs, True)) is None
-        assert capsys.readouterr().err == "", " ".join(argv)  # no setting of it changes nothing
-
-
 @pytest.mark.parametrize(
     "argv",
     [
@@ -334,17 +282,6 @@ def test_the_jobs_of_a_glob_sweep_are_each_checked():
 def test_hydra_full_error_leaves_the_report_to_hydra(monkeypatch):
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
     assert command_line_problem("train", ["model=resnet50"], CONF) is None
-
-
-def test_the_readmes_mistyped_examples_show_what_the_check_prints():
-    examples = re.findall(r"^\$ python (train|sweep)\.py (.*)\npsgd: error: (.*)$", README.read_text(), re.MULTILINE)
-    checked = 0
-    for script, args, shown in examples:
-        problem = command_line_problem(script, shlex.split(args), CONF)
-        if problem is not None:  # the others are psgd's config checks, later (tests/integration/test_cli_errors.py)
-            assert problem.startswith(shown.removesuffix("...")), (args, problem)
-            checked += 1
-    assert checked >= 2
 
 
 @pytest.fixture
