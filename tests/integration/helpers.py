@@ -40,12 +40,19 @@ def documentation() -> str:
     return "\n\n".join(f.read_text() for f in documentation_files())
 
 
+def metrics_json_section(docs: str) -> str:
+    """The documentation's `## metrics.json` section, up to the next heading of level 1 or 2."""
+    found = re.search(r"^## `?metrics\.json`?\n(.*?)(?=^#{1,2} |\Z)", docs, re.MULTILINE | re.DOTALL)
+    assert found, "the documentation has no '## metrics.json' section"
+    return found.group(1)
+
+
 def undocumented(run_dir: Path) -> list[str]:
     """What a run wrote that the documentation does not name: each metrics.json key (top level and `history`'s)
-    missing from the Outputs table's metrics.json row, and each TensorBoard scalar tag named nowhere in README.md and
+    missing from the `## metrics.json` section, and each TensorBoard scalar tag named nowhere in README.md and
     docs/*.md (a rank or a class in a tag is the documentation's `<rank>` or `<label>_<name>`)."""
     docs = documentation()
-    section = next(line for line in docs.splitlines() if line.startswith("| `metrics.json` |"))
+    section = metrics_json_section(docs)
     m = metrics(run_dir)
     keys = set(m).union(*(set(h) for h in m["history"]))
     missing = sorted(f"metrics.json: {k}" for k in keys - set(re.findall(r"`(\w+)`", section)))
