@@ -254,7 +254,7 @@ def train_cfg(overrides=()):
 
 # ---------------------------------------------------------------------------------------------- overhead
 def lab_cnn_setup(data_root: str, threads: int, overrides=()):
-    """What the vanilla and the bare-Lightning loops share with psgd's default run: the composed
+    """What the minimal loop and the smallest LightningModule share with psgd's default run: the composed
     default config (plus `overrides`), `threads` torch threads, denormals flushed, the lab CNN
     (channels_last) and psgd's datamodule."""
     import torch
@@ -294,19 +294,6 @@ def vanilla_step(net, opt):
     return step
 
 
-def warmed_up_vanilla(data_root: str, threads: int, overrides=()):
-    """psgd's training loader and the minimal loop's step on the lab CNN, after one epoch of warm-up
-    (allocator, oneDNN kernels)."""
-    cfg, net, data = lab_cnn_setup(data_root, threads, overrides)
-    data.prepare_data()
-    data.setup("fit")
-    loader = data.train_dataloader()
-    step = vanilla_step(net, sgd(cfg, net.parameters()))
-    for x, y in loader:
-        step(x, y)
-    return loader, step
-
-
 def paired_data_path(data_root: str, threads: int, chunk: int = 25, epochs: int = 3, overrides=()) -> dict:
     """The data path measured paired, in one process: the minimal loop takes `chunk` steps on psgd's
     batches (the loader, as in an epoch), then as many steps on one batch already in memory, and so
@@ -314,7 +301,13 @@ def paired_data_path(data_root: str, threads: int, chunk: int = 25, epochs: int 
     loader's iterator) is timed in its first chunk, so the summed loader time is the epochs' time.
     Returns the per-pair ratios loader / fixed batch, their median, and the ratio of the summed times
     (epoch time / the same steps on one fixed batch: the target's figure)."""
-    loader, step = warmed_up_vanilla(data_root, threads, overrides)
+    cfg, net, data = lab_cnn_setup(data_root, threads, overrides)
+    data.prepare_data()
+    data.setup("fit")
+    loader = data.train_dataloader()
+    step = vanilla_step(net, sgd(cfg, net.parameters()))
+    for x, y in loader:  # warm-up: the allocator, oneDNN's kernels
+        step(x, y)
     fixed = next(iter(loader))
     pairs: list[tuple[float, float]] = []
     for epoch in range(1, epochs + 1):
