@@ -1,25 +1,21 @@
 """psgd against the scripts users write by hand, and where psgd's own time goes, measured side by side.
 
     python benchmarks/compare.py --data-root ../shared/data            # everything, 3 repeats
-    python benchmarks/compare.py --data-root ../shared/data --only references --repeats 5
+    python benchmarks/compare.py --data-root ../shared/data --only references   # the 1.5x target, ~10 min
 
 Sections (each a table; all results also go to benchmarks/results/compare.json and compare.md):
   references  psgd vs faithful re-implementations of the reference scripts (benchmarks/references/:
               a torch DDP script with torchvision MNIST + PIL transforms + DistributedSampler, and
               pytorch/examples' mnist_hogwild), same model (lab CNN), batch 128, one thread per
               worker, 1 epoch; runs interleaved (A B A B ...) in fresh processes, medians reported.
-  overhead    psgd's LightningModule + Trainer vs a minimal vanilla loop over the same data path
-              (same loader, model, optimizer, threads), split into what Lightning's own loop costs
-              (the smallest LightningModule on the same data path) and what psgd adds on top; the
-              leanest LightningModule (manual optimization, the vanilla step verbatim) as
-              Lightning's floor; the same overhead measured paired (vanilla chunks interleaved in one
-              psgd run, so drift hits both alike); and the data path: a vanilla epoch vs the same
-              number of steps on one fixed in-memory batch. Epoch 2 of each run is timed. The data
-              path is also measured paired (chunks of loader steps and of fixed-batch steps
-              alternating in one process). The targets are judged on the paired figures: whole
-              runs in fresh processes spread by several per cent on a 2-core machine.
-  flops       the lab CNN's training FLOPs per sample (torch's FlopCounterMode), a matmul peak
-              measured on the same cores, and the fraction of it psgd achieves.
+  overhead    psgd's step time over a minimal torch loop's (zero_grad, forward, loss, backward, SGD step)
+              on the same data path, model, optimizer and threads, measured paired: chunks of 25
+              psgd steps alternate with 25 minimal-loop steps inside one psgd run, so the machine's
+              drift hits both alike; beside it, the smallest LightningModule measured the same way
+              (what Lightning's own loop costs); and the data path: chunks of minimal-loop steps on
+              psgd's loader alternating with as many on one fixed in-memory batch. Targets ≤ 1.05.
+  flops       the lab CNN's training FLOPs per sample (torch's FlopCounterMode) times psgd's samples/s
+              (default run, epoch 2), against a fp32 matmul peak measured on the same cores.
   workers     samples/s of ddp, model_averaging and hogwild for workers 1..5, one thread per
               worker (benchmarks/throughput.py's runs; --workers-repeats 1 for a quicker pass).
   target      time to 99.0 % MNIST test accuracy with the lab CNN on all cores (psgd train.py with
@@ -42,14 +38,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 REFS = ROOT / "benchmarks" / "references"
 RESULTS = ROOT / "benchmarks" / "results"
 # psgd's HogWild runs with mnist_hogwild's SGD (lr 0.01, momentum 0.5, the reference script's): its workers all
-# write into one model, and psgd's defaults (lr 0.02, momentum 0.9) diverged at 5 workers
+# write into one model, and psgd's default SGD is too aggressive for several writers at once
 HOGWILD_SGD = ["optimizer.lr=0.01", "optimizer.momentum=0.5"]
 
 
@@ -76,38 +71,9 @@ def results_arguments(parser: argparse.ArgumentParser, name: str | None = None) 
         parser.add_argument("--name", type=result_name, default=name, help="the result files' name (%(default)s)")
 
 
-def chunked_arguments(doc: str, epochs: int, repeats: int, chunk_help: str = "steps per timed chunk"):
-    """The arguments of the scripts that time psgd's run in chunks of steps, each beside as many
-    minimal-loop steps (step_phases.py, grad_lifetime.py, plumbing.py); a script adds its own, then
-    calls parse_chunked."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-root", default="data")
-    parser.add_argument("--threads", type=positive, default=os.cpu_count() or 1)
-    parser.add_argument("--chunk", type=positive, default=25, help=chunk_help)
-    parser.add_argument("--epochs", type=positive, default=epochs, help="psgd's epochs timed, after one of warm-up")
-    parser.add_argument("--repeats", type=positive, default=repeats)
-    parser.add_argument("--batch-size", type=positive, default=128)
-    results_arguments(parser)
-    return parser
-
-
-def parse_chunked(parser: argparse.ArgumentParser) -> argparse.Namespace:
-    """The arguments parsed; without the data or a writable results folder, one line and exit code 2
-    before anything is measured; Lightning's info lines and its no-validation warning quieted."""
-    import logging
-    import warnings
-
-    args = parser.parse_args()
-    exit_without_data(args.data_root)
-    exit_unless_writable(args.results)
-    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", ".*val_dataloader.*")
-    return args
-
-
 def exit_unless_writable(folder: Path) -> None:
-    """Before any measurement: `folder` made and writable, or one line and exit code 2. A run of minutes
-    used to end in a traceback at its last line, writing its results, which were lost."""
+    """Before any measurement: `folder` made and writable, or one line and exit code 2, so that minutes
+    of measurements never end in a traceback when their results are written."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()
@@ -126,15 +92,6 @@ def write_results(folder: Path, name: str, data: str, md: str) -> None:
 
     write_atomic(folder / f"{name}.json", data)
     write_atomic(folder / f"{name}.md", md)
-
-
-def report(args: argparse.Namespace, name: str, date: str, md: list[str], **data) -> None:
-    """Print the markdown lines `md` and write them to <name>.md in args.results, beside <name>.json: the
-    date, the arguments the script ran with, and `data`."""
-    text = "\n".join(md) + "\n"
-    print(text)
-    summary = {"date": date, "args": {**vars(args), "results": str(args.results)}, **data}
-    write_results(args.results, name, json.dumps(summary, indent=1) + "\n", text)
 
 
 def non_negative(text: str) -> int:
@@ -165,7 +122,7 @@ def exit_without_data(data_root: str, names: tuple[str, ...] = ("mnist",)) -> No
 class RunFailed(Exception):
     """A benchmark's run (train.py, a reference script, an inner loop) that exited non-zero; its message is the
     run's last line (a diverged run's, a refused override's). The benchmark says it where the figure would
-    be and measures the rest: one failed run lost every figure of a long compare.py run before."""
+    be and measures the rest."""
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
@@ -297,7 +254,7 @@ def train_cfg(overrides=()):
 
 # ---------------------------------------------------------------------------------------------- overhead
 def lab_cnn_setup(data_root: str, threads: int, overrides=()):
-    """What the vanilla and the bare-Lightning loops share with psgd's default run: the composed
+    """What the minimal loop and the smallest LightningModule share with psgd's default run: the composed
     default config (plus `overrides`), `threads` torch threads, denormals flushed, the lab CNN
     (channels_last) and psgd's datamodule."""
     import torch
@@ -337,44 +294,6 @@ def vanilla_step(net, opt):
     return step
 
 
-def warmed_up_vanilla(data_root: str, threads: int, overrides=()):
-    """psgd's training loader and the minimal loop's step on the lab CNN, after one epoch of warm-up
-    (allocator, oneDNN kernels)."""
-    cfg, net, data = lab_cnn_setup(data_root, threads, overrides)
-    data.prepare_data()
-    data.setup("fit")
-    loader = data.train_dataloader()
-    step = vanilla_step(net, sgd(cfg, net.parameters()))
-    for x, y in loader:
-        step(x, y)
-    return loader, step
-
-
-def vanilla(data_root: str, threads: int, fixed_batch: bool, bodies: list | None = None) -> float:
-    """A minimal training loop on psgd's data path and model; samples/s of its second epoch.
-
-    With fixed_batch, the second epoch is replaced by the same number of steps on one batch already in
-    memory: the difference is what producing batches costs. A `bodies` list gets the seconds each step
-    of epoch 2 spent from zero_grad to the end of the optimizer step (the rest is the loop's own).
-    """
-    loader, step = warmed_up_vanilla(data_root, threads)
-    loader.sampler.set_epoch(1)
-    if bodies is not None:
-        step = timed(step, bodies)
-    if fixed_batch:
-        x, y = next(iter(loader))
-        n = len(loader)
-        start = time.perf_counter()
-        for _ in range(n):
-            step(x, y)
-        return n * len(y) / (time.perf_counter() - start)
-    samples, start = 0, time.perf_counter()
-    for x, y in loader:
-        step(x, y)
-        samples += len(y)
-    return samples / (time.perf_counter() - start)
-
-
 def paired_data_path(data_root: str, threads: int, chunk: int = 25, epochs: int = 3, overrides=()) -> dict:
     """The data path measured paired, in one process: the minimal loop takes `chunk` steps on psgd's
     batches (the loader, as in an epoch), then as many steps on one batch already in memory, and so
@@ -382,7 +301,13 @@ def paired_data_path(data_root: str, threads: int, chunk: int = 25, epochs: int 
     loader's iterator) is timed in its first chunk, so the summed loader time is the epochs' time.
     Returns the per-pair ratios loader / fixed batch, their median, and the ratio of the summed times
     (epoch time / the same steps on one fixed batch: the target's figure)."""
-    loader, step = warmed_up_vanilla(data_root, threads, overrides)
+    cfg, net, data = lab_cnn_setup(data_root, threads, overrides)
+    data.prepare_data()
+    data.setup("fit")
+    loader = data.train_dataloader()
+    step = vanilla_step(net, sgd(cfg, net.parameters()))
+    for x, y in loader:  # warm-up: the allocator, oneDNN's kernels
+        step(x, y)
     fixed = next(iter(loader))
     pairs: list[tuple[float, float]] = []
     for epoch in range(1, epochs + 1):
@@ -407,7 +332,7 @@ def paired_data_path(data_root: str, threads: int, chunk: int = 25, epochs: int 
 
 def paired_figures(pairs: list[tuple[float, float]], chunk: int) -> dict:
     """Per-pair ratios of the (measured, reference) chunk times, their median and the ratio of the sums."""
-    if not pairs:  # a small dataset (a test's): the paired figure said "no median for empty data"
+    if not pairs:  # a small dataset: one line rather than statistics' "no median for empty data"
         raise SystemExit(f"compare.py: no pair of {chunk}-step chunks was timed: an epoch has fewer than {chunk} steps")
     ratios = [a / b for a, b in pairs]
     return {
@@ -417,15 +342,6 @@ def paired_figures(pairs: list[tuple[float, float]], chunk: int) -> dict:
         "median": statistics.median(ratios),
         "sum_ratio": sum(a for a, _ in pairs) / sum(b for _, b in pairs),
     }
-
-
-def bare_lightning(data_root: str, threads: int) -> float:
-    """The floor Lightning itself sets: the smallest LightningModule (forward, loss, SGD; automatic
-    optimization, no metrics, no logging, no callbacks, no checkpoints) on psgd's data path and model;
-    samples/s of its second epoch."""
-    cfg, net, data = lab_cnn_setup(data_root, threads)
-    seconds, batches = time_second_epoch(bare_module(cfg, net), datamodule=data)
-    return batches * cfg.data.batch_size / seconds
 
 
 def bare_module(cfg, net):
@@ -446,76 +362,6 @@ def bare_module(cfg, net):
             return sgd(cfg, self.parameters())
 
     return Bare()
-
-
-def timed(fn, seconds: list):
-    """`fn` that also appends each call's duration to `seconds`."""
-
-    def wrapper(*args):
-        start = time.perf_counter()
-        fn(*args)
-        seconds.append(time.perf_counter() - start)
-
-    return wrapper
-
-
-def lean_lightning(data_root: str, threads: int, bodies: list | None = None) -> float:
-    """Lightning's floor: the leanest LightningModule there is (lean_module) on psgd's data path and
-    model, in the leanest Trainer with psgd's NoProfiler. samples/s of its second epoch; `bodies` as
-    in vanilla()."""
-    from psgd.profiler import NoProfiler
-
-    cfg, net, data = lab_cnn_setup(data_root, threads)
-    seconds, batches = time_second_epoch(lean_module(cfg, net, bodies), NoProfiler(), datamodule=data)
-    return batches * cfg.data.batch_size / seconds
-
-
-def lean_module(cfg, net, bodies: list | None = None):
-    """The leanest LightningModule there is. Its training_step is the vanilla loop's step verbatim
-    (zero_grad, forward, backward, SGD step on the raw optimizer: manual optimization, so no closure
-    and no optimizer/backward hooks), with psgd's two per-hook fixes (NoProfiler, given to its Trainer,
-    and a plain `_current_fx_name` write). What remains is Lightning's per-batch loop itself: fetcher,
-    batch hooks, progress tracking, logger connector. A `bodies` list gets, from epoch 2 on, the
-    seconds each step body took."""
-    import pytorch_lightning as L
-
-    from psgd.hooks import PlainHookName
-
-    opt = sgd(cfg, net.parameters())
-    plain_step = step = vanilla_step(net, opt)  # the vanilla loop's step verbatim
-
-    class Lean(PlainHookName, L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = net
-            self.automatic_optimization = False
-
-        def training_step(self, batch, batch_idx):
-            step(*batch)
-
-        def on_train_epoch_start(self):
-            nonlocal step
-            if self.current_epoch == 1 and bodies is not None:
-                step = timed(plain_step, bodies)
-
-        def configure_optimizers(self):
-            return opt
-
-    return Lean()
-
-
-@contextmanager
-def every_hook_dispatched():
-    """psgd's runs started inside keep every hook in Lightning's dispatch (no psgd.hooks.skip_unused_hooks):
-    what that skipping saves."""
-    import psgd.run
-
-    real = psgd.run.skip_unused_hooks
-    psgd.run.skip_unused_hooks = lambda trainer, module: None
-    try:
-        yield
-    finally:
-        psgd.run.skip_unused_hooks = real
 
 
 class VanillaSide:
@@ -539,31 +385,20 @@ class VanillaSide:
 class PairedChunks:
     """A Lightning run from epoch 1 on (epoch 0 is warm-up) in chunks of `chunk` steps, each followed by as
     many minimal-loop steps (VanillaSide) in the same process and thread; mixed into an `L.Callback`
-    where Lightning is imported (compare.py imports it only where it runs it). `set_up(trainer, module)`
-    runs once, at epoch 1's start; before each chunk, `switch(trainer, module, batch_idx)` may set up what
-    the chunk runs (Lightning reads the module's and the strategy's attributes at every step: grad_lifetime.py
-    and plumbing.py switch psgd's step there) and returns the chunk's label, by default (epoch, first
-    batch). `rows` keeps (label, Lightning seconds, minimal-loop seconds) per timed chunk, in order, each
-    pair recorded together; an epoch's last chunk is timed only when the next epoch's first starts, so a
-    chunk the epoch's end cut short, or the epoch's last whole one, is not."""
+    where Lightning is imported. `rows` keeps ((epoch, first batch), Lightning seconds, minimal-loop
+    seconds) per timed chunk, in order. An epoch's last chunk is timed only when the next epoch's first
+    starts, so a chunk the epoch's end cut short, or the epoch's last whole one, is not."""
 
     def __init__(self, cfg, chunk: int):
         self.cfg, self.chunk = cfg, chunk
         self.rows: list[tuple] = []
         self.label = None
 
-    def set_up(self, trainer, module) -> None:
-        pass
-
-    def switch(self, trainer, module, batch_idx: int):
-        return trainer.current_epoch, batch_idx
-
     def on_train_epoch_start(self, trainer, module):
         self.on = trainer.current_epoch >= 1
         self.start, self.vanilla_s = None, 0.0
         if trainer.current_epoch == 1:
             self.side = VanillaSide(self.cfg, module, trainer.datamodule)
-            self.set_up(trainer, module)
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if self.on and batch_idx % self.chunk == 0:
@@ -571,7 +406,7 @@ class PairedChunks:
             if self.start is not None:  # the chunk up to here, less the minimal loop's chunk in it
                 self.rows.append((self.label, now - self.start - self.vanilla_s, self.vanilla_s))
             self.start = now
-            self.label = self.switch(trainer, module, batch_idx)
+            self.label = (trainer.current_epoch, batch_idx)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if self.on and self.start is not None and (batch_idx + 1) % self.chunk == 0:
@@ -583,31 +418,36 @@ class PairedChunks:
 
 def lightning_loop(loop: str, data_root: str, threads: int, epochs: int, overrides=()):
     """One of the Lightning loops the overhead is measured in, not yet run: its composed config and a
-    function that fits it with the given callbacks (and, for the bare and lean Trainers, a limit on the
-    training batches per epoch; psgd's run takes trainer.limit_train_batches among `overrides`). `loop`
-    "psgd": psgd's real run (train.py's default config, no validation); "bare": the smallest
-    LightningModule in the leanest Trainer; "lean": the leanest LightningModule (lean_module, with
-    NoProfiler), Lightning's own floor."""
-    if loop in ("bare", "lean"):
-        from psgd.profiler import NoProfiler
+    function that fits it with the given callbacks. `loop` "psgd": psgd's real run (train.py's default
+    config, no validation); "bare": the smallest LightningModule (bare_module) in a Trainer with nothing
+    of its own (no logger, checkpoints, progress bar, summary or validation)."""
+    if loop == "bare":
+        import pytorch_lightning as L
 
         cfg, net, data = lab_cnn_setup(data_root, threads, overrides)
-        module = bare_module(cfg, net) if loop == "bare" else lean_module(cfg, net)
+        module = bare_module(cfg, net)
 
-        def fit(callbacks: list, limit_train_batches: int | None = None) -> None:
-            trainer = lean_trainer(epochs, callbacks, NoProfiler() if loop == "lean" else None)
-            if limit_train_batches is not None:
-                trainer.limit_train_batches = limit_train_batches
+        def fit(callbacks: list) -> None:
+            trainer = L.Trainer(
+                max_epochs=epochs,
+                accelerator="cpu",
+                devices=1,
+                logger=False,
+                callbacks=callbacks,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                limit_val_batches=0,
+            )
             trainer.fit(module, datamodule=data)
 
         return cfg, fit
-    import tempfile
 
     from psgd.run import train
 
-    cfg = psgd_overhead_cfg(data_root, threads, epochs, overrides)
+    cfg = train_cfg([f"data.root={data_root}", "quiet=true", *psgd_overhead_overrides(threads, epochs), *overrides])
 
-    def fit(callbacks: list, limit_train_batches: int | None = None) -> None:
+    def fit(callbacks: list) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             train(cfg, Path(tmp) / "run", callbacks=callbacks)
 
@@ -617,16 +457,14 @@ def lightning_loop(loop: str, data_root: str, threads: int, epochs: int, overrid
 def paired_overhead(
     data_root: str, threads: int, chunk: int = 25, epochs: int = 3, overrides=(), loop: str = "psgd"
 ) -> dict:
-    """A Lightning run with the vanilla loop interleaved in it: after every `chunk` Lightning steps,
-    `chunk` vanilla steps (a copy of the model and its own SGD, its own pass over the same datamodule's
-    batches) run in the same process and thread. Each pair of chunks is timed back to back, so the
-    machine's drift, which moves whole runs by several per cent here, hits both sides of a pair alike.
-    `loop` "psgd": psgd's real run (train.py's default config, no validation); "bare": the smallest
-    LightningModule in the leanest Trainer, what Lightning costs a user measured the same way; "lean":
-    the leanest LightningModule (lean_module, with NoProfiler), Lightning's own floor. Epoch 1 is
-    warm-up; `epochs` more are measured (`overrides`: more train.py overrides, for short test runs).
-    Returns the per-pair step-time ratios Lightning / vanilla, their median, the ratio of the summed
-    times, and which chunk each pair timed ("chunks": [epoch, first batch])."""
+    """A Lightning run with the minimal loop interleaved in it: after every `chunk` Lightning steps,
+    `chunk` minimal-loop steps (a copy of the model and its own SGD, its own pass over the same
+    datamodule's batches) run in the same process and thread. Each pair of chunks is timed back to back,
+    so the machine's drift, which moves whole runs by several per cent, hits both sides of a pair alike.
+    `loop`: "psgd" or "bare", as in lightning_loop. Epoch 0 is warm-up; `epochs` more are measured
+    (`overrides`: more train.py overrides, for short test runs). Returns the per-pair step-time ratios
+    Lightning / minimal loop, their median, the ratio of the summed times, and which chunk each pair
+    timed ("chunks": [epoch, first batch])."""
     import pytorch_lightning as L
 
     class Paired(PairedChunks, L.Callback):
@@ -639,90 +477,16 @@ def paired_overhead(
     return {**figures, "chunks": [list(label) for label, _, _ in paired.rows]}
 
 
-def time_second_epoch(module, profiler=None, **fit_kwargs) -> tuple[float, int]:
-    """Fit `module` for two epochs with the leanest Trainer (no logger, checkpoints, progress bar or
-    summary); returns the second epoch's seconds and batches."""
-    import pytorch_lightning as L
-
-    class EpochTimer(L.Callback):
-        seconds = 0.0
-
-        def on_train_epoch_start(self, trainer, module):
-            self.start = time.perf_counter()
-
-        def on_train_epoch_end(self, trainer, module):
-            self.seconds = time.perf_counter() - self.start
-
-    timer = EpochTimer()
-    trainer = lean_trainer(2, [timer], profiler)
-    trainer.fit(module, **fit_kwargs)
-    return timer.seconds, trainer.num_training_batches
-
-
-def lean_trainer(max_epochs: int, callbacks: list, profiler=None):
-    """A CPU Trainer with nothing of its own: no logger, checkpoints, progress bar, summary or validation."""
-    import pytorch_lightning as L
-
-    return L.Trainer(
-        max_epochs=max_epochs,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        callbacks=callbacks,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        profiler=profiler,
-    )
-
-
 def psgd_overhead_overrides(threads: int, epochs: int = 2) -> list[str]:
-    """psgd's side of the overhead comparison: the default run, 2 epochs (the second timed, as the loops
-    above), no validation, `threads` torch threads."""
+    """psgd's run in the overhead and FLOP/s figures: the default run, `epochs` epochs, no validation,
+    `threads` torch threads."""
     return [f"trainer.max_epochs={epochs}", "trainer.limit_val_batches=0", f"threads_per_worker={threads}"]
 
 
-def psgd_overhead_cfg(data_root: str, threads: int, epochs: int = 2, overrides=()):
-    """The composed config of that run, quiet, for psgd.run.train in this process."""
-    return train_cfg([f"data.root={data_root}", "quiet=true", *psgd_overhead_overrides(threads, epochs), *overrides])
-
-
-def overhead_configs(args, tmp: Path, threads: int) -> dict[str, callable]:
-    def inner(mode: str):
-        def go(i: int) -> float:
-            cmd = [sys.executable, __file__, "--data-root", args.data_root, "--inner", mode, "--threads", str(threads)]
-            return float(run(cmd).stdout.strip().splitlines()[-1])
-
-        return go
-
-    def ours(i: int) -> float:
-        over = psgd_overhead_overrides(threads)
-        return psgd_run(tmp / f"psgd-overhead-{i}", over, args)["history"][-1]["samples_per_s"]
-
-    return {
-        "vanilla loop": inner("vanilla"),
-        "psgd (Lightning)": ours,
-        "bare LightningModule": inner("bare"),
-        "leanest LightningModule": inner("lean"),
-        "vanilla, one fixed batch": inner("fixed"),
-    }
-
-
-def overhead_section(args, tmp: Path, failed: list[str]) -> tuple[dict, list[str]]:
-    """The overhead section's runs and its tables: whole runs in fresh processes (interleaved), then the
-    paired runs. A ratio whose runs all failed is `failed` in its row; the rest are measured."""
-    samples = interleaved(overhead_configs(args, tmp, args.threads), args.repeats, failed)
-    med = medians(samples)
-
-    def ratio(a: str, b: str) -> float | None:
-        return med[a] / med[b] if a in med and b in med else None
-
-    overhead = ratio("vanilla loop", "psgd (Lightning)")  # step-time ratio psgd / vanilla
-    floor = ratio("vanilla loop", "bare LightningModule")  # what Lightning's loop alone costs
-    own = ratio("bare LightningModule", "psgd (Lightning)")  # what psgd adds on top of it
-    lean = ratio("vanilla loop", "leanest LightningModule")  # Lightning's per-batch loop alone
-    data_path = ratio("vanilla, one fixed batch", "vanilla loop")  # epoch time / fixed-batch time
+def overhead_section(args, failed: list[str]) -> tuple[dict, list[str]]:
+    """The overhead section: psgd's loop, the smallest LightningModule's and the data path, each paired
+    with the minimal loop in a fresh process of its own (compare.py --inner paired-<loop>). A measurement
+    that fails is `failed` in its row, its line goes to `failed`, and the others are measured."""
     paired: dict[str, dict | None] = {}
     for loop in ("psgd", "bare", "data"):
         cmd = [sys.executable, __file__, "--data-root", args.data_root, "--threads", str(args.threads)]
@@ -747,44 +511,27 @@ def overhead_section(args, tmp: Path, failed: list[str]) -> tuple[dict, list[str
     def judged(loop: str, key: str) -> str:
         return "" if paired[loop] is None else verdict(paired[loop][key], 1.05, False)
 
-    # the verdicts are on the paired figures: whole runs here spread by ±5 % (README, Performance)
     ratios = [
-        ["framework overhead: psgd step time / vanilla (whole epochs, fresh processes)", shown(overhead, ".3f"), ""],
-        ["  of which Lightning's loop: bare LightningModule / vanilla", shown(floor, ".3f"), ""],
-        ["  of which psgd: psgd / bare LightningModule", shown(own, ".3f"), ""],
-        ["Lightning's floor: leanest LightningModule / vanilla", shown(lean, ".3f"), ""],
         [
-            f"framework overhead, paired: {chunks('psgd')} psgd steps, each followed by as many vanilla steps in "
+            f"framework overhead: {chunks('psgd')} psgd steps, each followed by as many minimal-loop steps in "
             "the same process (median; ratio of sums)",
             pair("psgd", "median", "sum_ratio"),
             judged("psgd", "median"),
         ],
         [
-            "  Lightning's loop, paired the same way: bare LightningModule / vanilla",
+            "  Lightning's loop, paired the same way: smallest LightningModule / minimal loop",
             pair("bare", "median", "sum_ratio"),
             "",
         ],
-        ["data path: epoch time / one fixed batch (whole epochs, fresh processes)", shown(data_path, ".3f"), ""],
         [
-            f"data path, paired: {chunks('data')} vanilla steps on psgd's loader, each followed by as many on one "
-            "fixed batch, 3 epochs in one process (ratio of sums: the epochs' time / the fixed batch's; median of "
-            "the pairs)",
+            f"data path: {chunks('data')} minimal-loop steps on psgd's loader, each followed by as many on one "
+            "fixed batch, 3 epochs in one process (ratio of sums: the epochs' time / the fixed batch's; median "
+            "of the pairs)",
             pair("data", "sum_ratio", "median"),
             judged("data", "sum_ratio"),
         ],
     ]
-    result = {
-        "samples": samples,
-        "median": med,
-        "overhead": overhead,
-        "lightning_floor": floor,
-        "psgd_over_bare_lightning": own,
-        "leanest_lightning": lean,
-        "paired": paired,
-        "data_path": data_path,
-    }
-    lines = [table(sample_rows(samples), ["run", "samples/s (median)", "runs"]), ""]
-    return result, [*lines, table(ratios, ["ratio", "value", "target"]), ""]
+    return {"paired": paired}, [table(ratios, ["ratio", "value", "target"]), ""]
 
 
 # ---------------------------------------------------------------------------------------------- flops
@@ -802,6 +549,7 @@ def flop_per_sample(net, x, y) -> float:
 
 
 def flops(threads: int) -> dict:
+    """The lab CNN's training FLOP per sample and a fp32 matmul's FLOP/s on `threads` threads (the peak)."""
     import torch
 
     from psgd.models import LabCNN
@@ -822,6 +570,30 @@ def flops(threads: int) -> dict:
         times.append(time.perf_counter() - start)
     peak = 2 * n**3 / min(times)
     return {"train_flops_per_sample": per_sample, "matmul_peak_flops": peak, "threads": threads}
+
+
+def flops_section(args, tmp: Path, failed: list[str]) -> tuple[dict, list[str]]:
+    """psgd's default run on `args.threads` threads (samples/s of its second epoch, median of
+    `args.repeats`) times the lab CNN's FLOP per sample, against the matmul peak."""
+
+    def ours(i: int) -> float:
+        return psgd_run(tmp / f"flops-{i}", psgd_overhead_overrides(args.threads), args)["history"][-1]["samples_per_s"]
+
+    samples = interleaved({"psgd": ours}, args.repeats, failed)
+    rate = medians(samples).get("psgd")
+    if rate is None:
+        return {"samples": samples}, ["not measured: every psgd run failed", ""]
+    f = flops(args.threads)
+    achieved = f["train_flops_per_sample"] * rate
+    fraction = achieved / f["matmul_peak_flops"]
+    f.update(samples=samples, samples_per_s=rate, achieved_flops=achieved, fraction_of_peak=fraction)
+    rows = [
+        ["lab CNN training FLOPs per sample", f"{f['train_flops_per_sample'] / 1e6:.2f} MFLOP", ""],
+        [f"matmul peak, {args.threads} threads", f"{f['matmul_peak_flops'] / 1e9:.0f} GFLOP/s", ""],
+        [f"psgd lab CNN training ({rate:.0f} samples/s)", f"{achieved / 1e9:.1f} GFLOP/s", ""],
+        ["fraction of peak", f"{fraction:.1%}", verdict(fraction, 0.25)],
+    ]  # fmt: skip
+    return f, [table(rows, ["what", "value", "target"]), ""]
 
 
 # ---------------------------------------------------------------------------------------------- target
@@ -908,20 +680,13 @@ def main() -> None:
         "--target-seeds", nargs="+", type=non_negative, default=[0, 1, 2], help="one time-to-99 %% run each"
     )
     parser.add_argument("--target-acc", type=float, default=0.99, help=argparse.SUPPRESS)  # short test runs
-    inner = ["vanilla", "fixed", "bare", "lean", "paired-psgd", "paired-bare", "paired-data"]
-    parser.add_argument("--inner", choices=inner, help=argparse.SUPPRESS)
+    parser.add_argument("--inner", choices=["paired-psgd", "paired-bare", "paired-data"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inner == "paired-data":
         print(json.dumps(paired_data_path(args.data_root, args.threads)))
         return
-    if args.inner and args.inner.startswith("paired-"):
-        print(json.dumps(paired_overhead(args.data_root, args.threads, loop=args.inner.split("-")[1])))
-        return
-    if args.inner in ("bare", "lean"):
-        print((bare_lightning if args.inner == "bare" else lean_lightning)(args.data_root, args.threads))
-        return
     if args.inner:
-        print(vanilla(args.data_root, args.threads, fixed_batch=args.inner == "fixed"))
+        print(json.dumps(paired_overhead(args.data_root, args.threads, loop=args.inner.removeprefix("paired-"))))
         return
     exit_without_data(args.data_root)
     exit_unless_writable(args.results)
@@ -946,26 +711,14 @@ def main() -> None:
             md += ["### psgd vs the reference scripts", "", table(rows, ["run", "samples/s (median)", "runs"]), ""]
             header = ["ratio", "ratio of medians", "median of per-round ratios", "target (on the ratio of medians)"]
             md += [table(ratios, header), ""]
-        if "overhead" in args.only or "flops" in args.only:
-            print(f"== framework overhead and data path ({args.threads} threads, epoch 2)", flush=True)
-            out["overhead"], lines = overhead_section(args, tmp, failed)
+        if "overhead" in args.only:
+            print(f"== framework overhead and data path ({args.threads} threads, paired in one process)", flush=True)
+            out["overhead"], lines = overhead_section(args, failed)
             md += ["### Framework overhead and data path", "", *lines]
-            psgd_rate = out["overhead"]["median"].get("psgd (Lightning)")
-            if "flops" in args.only and psgd_rate is not None:
-                f = flops(args.threads)
-                achieved = f["train_flops_per_sample"] * psgd_rate
-                fraction = achieved / f["matmul_peak_flops"]
-                f.update(achieved_flops=achieved, fraction_of_peak=fraction)
-                out["flops"] = f
-                rows = [
-                    ["lab CNN training FLOPs per sample", f"{f['train_flops_per_sample'] / 1e6:.2f} MFLOP", ""],
-                    [f"matmul peak, {args.threads} threads", f"{f['matmul_peak_flops'] / 1e9:.0f} GFLOP/s", ""],
-                    ["psgd lab CNN training", f"{achieved / 1e9:.1f} GFLOP/s", ""],
-                    ["fraction of peak", f"{fraction:.1%}", verdict(fraction, 0.25)],
-                ]  # fmt: skip
-                md += ["### Achieved FLOP/s", "", table(rows, ["what", "value", "target"]), ""]
-            elif "flops" in args.only:
-                md += ["### Achieved FLOP/s", "", "not measured: every psgd run of the overhead section failed", ""]
+        if "flops" in args.only:
+            print(f"== achieved FLOP/s ({args.threads} threads, epoch 2)", flush=True)
+            out["flops"], lines = flops_section(args, tmp, failed)
+            md += ["### Achieved FLOP/s", "", *lines]
         if "workers" in args.only:
             import throughput
 

@@ -5,7 +5,7 @@ a one-process group) against the same run without DDP, psgd's fused SGD update (
 the default) against torch's per-tensor loop, and cuDNN's autotuner (`trainer.benchmark=true`)
 against bf16 without it, and, on request (--variants), the network through torch.compile
 (`compile=true`; `compile=reduce-overhead`: its forward and backward replayed as CUDA graphs) against
-eager. benchmarks/gpu_step.py gives the bare step's ceiling to read these against.
+eager.
 
     python benchmarks/gpu.py --data-root ../shared/data                   # needs CUDA; ~17 min on one H200 (estimated)
     python benchmarks/gpu.py --data-root DIR --accelerator cpu --epochs 1 --limit-batches 5 --repeats 1

@@ -10,9 +10,9 @@ where the lost speed went: `sync %`, the share of the training time the workers 
 wait for the gradient all-reduce, periodic averaging's averaging, locked HogWild's wait for the lock;
 the sweep report's column). Results also go to benchmarks/results/<name>.json and .md.
 
-HogWild runs with mnist_hogwild's SGD (lr 0.01, momentum 0.5): with psgd's defaults its 5 workers'
-updates diverged (train.py overrides given here come after and win). A run that fails is said in its
-row and the others go on; the results are written, and the exit status is 1.
+HogWild runs with mnist_hogwild's SGD (lr 0.01, momentum 0.5), as compare.py's: psgd's default SGD is too
+aggressive for several workers writing into one model (train.py overrides given here come after and win).
+A run that fails is said in its row and the others go on; the results are written, and the exit status is 1.
 """
 
 import argparse
@@ -71,7 +71,7 @@ def run_once(strategy: str, workers: int, args: argparse.Namespace, out: Path) -
 def measure(strategies: list[str], workers_list: list[int], repeats: int, args: argparse.Namespace):
     """Interleaved runs of every (strategy, workers); returns the rows and their markdown table lines.
     `args` needs data_root, epochs, batch_size and overrides (train.py extras). A run that fails is
-    reported in its row (`failed`) and the others go on: one diverged run no longer lost the rest."""
+    reported in its row (`failed`) and the others go on."""
     configs = [(s, w) for s in strategies for w in workers_list]
     samples: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
     shares: dict[tuple[str, int], list[float]] = {c: [] for c in configs}
