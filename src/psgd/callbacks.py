@@ -200,18 +200,6 @@ class LatestCheckpoint(ResumedInPlace, ModelCheckpoint):
         super().__init__(
             dirpath=dirpath, filename="last", save_top_k=1, enable_version_counter=False, save_on_train_epoch_end=True
         )
-        self._key = super().state_key
-
-    @property
-    @override
-    def state_key(self) -> str:
-        # Lightning names every callback hook call by its state_key, which ModelCheckpoint rebuilds
-        # (a repr of its settings) each time: six times per training step. The settings are fixed here.
-        return self._key
-
-    @override
-    def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing to do per step: this checkpoint is written per epoch only (no step or time trigger)."""
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

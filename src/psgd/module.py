@@ -9,14 +9,12 @@ import pytorch_lightning as L
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from pytorch_lightning.core.optimizer import LightningOptimizer
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from psgd.config import ConfigError
-from psgd.hooks import PlainHookName, SelectedBatchHooks, clips_only_with_a_value, fixed_signature
 from psgd.optim import build_scheduler, schedule_read
 from psgd.results import hogwild_workers, step_advice
 
@@ -76,7 +74,7 @@ def _loss_mean(**kwargs) -> MeanMetric:
     return MeanMetric(nan_strategy=float("nan"), **kwargs)
 
 
-class Classifier(PlainHookName, SelectedBatchHooks, L.LightningModule):
+class Classifier(L.LightningModule):
     """Wraps a plain nn.Module. Metrics are accumulated per step and reduced once per epoch (over
     all workers), so no step pays for a collective other than the strategy's own."""
 
@@ -157,55 +155,12 @@ class Classifier(PlainHookName, SelectedBatchHooks, L.LightningModule):
         return loss, out
 
     @override
-    @fixed_signature
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
         out = self(x)
         loss = F.cross_entropy(out, y)
         self.count_train(out, y, loss, batch_idx)
         return loss
-
-    @override
-    @clips_only_with_a_value
-    def configure_gradient_clipping(
-        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
-    ) -> None:
-        """Lightning calls this before every optimizer step with trainer.gradient_clip_val. Without one (None or
-        0, psgd's default) its clip_gradients finds nothing to clip, after ~20 Python calls a step (the
-        algorithm's name checked against its enum, the trainer read three times); that is skipped here (and
-        psgd.hooks.PlainPrecision, psgd's plugin for 32-true, does not call this at all then)."""
-        if gradient_clip_val:
-            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
-
-    # Where the gradients are zeroed. Lightning zeroes them (sets them to None) inside its closure, after
-    # the next batch's forward pass and before its backward: the last update's gradients stay allocated
-    # through that forward, and zero_grad's Python and C++ (the optimizer's profiler context, its loop)
-    # run right after ~5 ms of convolutions, their code out of the caches: ~155 us there against ~45 us
-    # right after the optimizer step, where a plain torch loop zeroes them (benchmarks/README.md, "Where
-    # zero_grad frees the gradients"). So psgd zeroes them at the end of each batch that stepped the
-    # optimizer, after the callbacks' on_train_batch_end (which still see them, as under Lightning), and
-    # Lightning's zeroing at the start of the next accumulation window finds nothing to do, unless
-    # something put gradients there since (a callback's own backward): those it zeroes, as Lightning
-    # does. The updates are Lightning's. One difference a callback could see: in on_before_zero_grad
-    # (which Lightning still calls, after the next training_step) the gradients are already None.
-    _stepped: torch.optim.Optimizer | None = None  # the optimizer this batch stepped, its gradients not yet zeroed
-    plain_attributes = PlainHookName.plain_attributes | {"_stepped"}  # written twice a step
-
-    @override
-    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
-        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        # torch's own optimizer: zero_grad through Lightning's wrapper reads five attributes via its __getattr__
-        self._stepped = optimizer.optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
-
-    @override
-    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
-        """Lightning calls this at the start of each accumulation window, before its backward: the gradients
-        are zeroed where there are any (on_train_batch_end zeroed them after the last update)."""
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    optimizer.zero_grad()
-                    return
 
     # training batches kept before they are counted together (and logged as train/loss_step and
     # train/acc_step); None: the trainer's log_every_n_steps (50 by default)
@@ -282,10 +237,7 @@ class Classifier(PlainHookName, SelectedBatchHooks, L.LightningModule):
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self._stepped is not None:  # (see optimizer_step)
-            self._stepped.zero_grad()
-            self._stepped = None
-        trainer = self._trainer  # (the `trainer` property checks more, on every step)
+        trainer = self.trainer
         if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or batch_idx + 1 >= trainer.num_training_batches:
             self._log_train_epoch()
 
