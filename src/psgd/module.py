@@ -36,11 +36,11 @@ def fit_loop_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
 def keep_a_cut_epoch_unfinished(checkpoint: dict[str, Any]) -> bool:
     """Mark a checkpoint written after an epoch that ended before its last batch (trainer.max_steps,
     max_time, an early stop after a validation inside the epoch) as written inside that epoch.
-    Lightning counts such an epoch as trained: resumed with max_epochs, the run went on with the next
-    epoch and the cut one's remaining batches were never trained; resumed with a larger max_steps (where
-    Lightning does resume inside the epoch), it trained them as the epoch's first batches again. Marked
-    unfinished, Lightning resumes inside the epoch, and the training loader goes on from its place
-    there (TensorLoader.state_dict), so the resumed run trains what the uninterrupted one would have.
+
+    Lightning counts such an epoch as trained: a resume would skip the epoch's remaining batches (with
+    max_epochs) or train its first batches again (with a larger max_steps). Marked unfinished, Lightning
+    resumes inside the epoch, and the training loader goes on from its place there
+    (TensorLoader.state_dict), so the resumed run trains what the uninterrupted one would have.
     Returns whether it was such a checkpoint."""
     fit = fit_loop_state(checkpoint)
     batches, epochs = fit.get("epoch_loop.batch_progress"), fit.get("epoch_progress")
@@ -67,10 +67,10 @@ class TrainingDiverged(RuntimeError):
 
 
 def _loss_mean(**kwargs) -> MeanMetric:
-    """A mean validation or test loss that keeps a NaN batch's NaN: torchmetrics' default dropped NaN
-    values with a warning, so a diverging model's val_loss was the mean of its finite batches alone. A
-    float nan_strategy puts that float (NaN) in their place, in every torchmetrics pyproject allows;
-    "disable" would skip the check but is refused by torchmetrics 1.4, and 1.9 then ignores `weight`."""
+    """A mean validation or test loss that keeps a NaN batch's NaN (torchmetrics' default drops NaN values
+    with a warning, which would make a diverging model's val_loss the mean of its finite batches). A float
+    nan_strategy puts that float (NaN) in their place, in every torchmetrics pyproject allows; "disable"
+    is refused by torchmetrics 1.4, and 1.9 then ignores `weight`."""
     return MeanMetric(nan_strategy=float("nan"), **kwargs)
 
 
@@ -116,9 +116,8 @@ class Classifier(L.LightningModule):
         # label-skewed shards (data.partition=by_label); test_acc_per_class once a test has run
         self.test_class_acc = MulticlassAccuracy(num_classes, average=None, validate_args=False)
         self.test_acc_per_class: list[float | None] | None = None
-        # Training accuracy and loss are counted by psgd (count_train): correct, loss sum, samples.
-        # Updating two torchmetrics objects per step cost 0.21 ms of a 9.9 ms lab-CNN step (2 %;
-        # measured with benchmarks/compare.py's setup); the counts are reduced once per epoch.
+        # Training accuracy and loss are counted by psgd (count_train): correct, loss sum, samples,
+        # reduced once per epoch.
         self._train_counts: list | None = None
         # the last epoch's counts, all workers' (epoch, correct, loss sum, samples): a checkpoint written
         # where that epoch was cut short keeps them, and the resumed run's rest of the epoch adds to them
@@ -148,8 +147,7 @@ class Classifier(L.LightningModule):
         mean_loss.update(loss.detach(), weight=len(y))
         if batch_idx == 0:
             # Lightning computes (over all workers) and resets a logged Metric object at epoch end from
-            # everything it accumulated, so registering it once per epoch is enough; self.log on every
-            # step cost ~15 % of a lab-CNN training step (benchmarks/compare.py, framework overhead)
+            # everything it accumulated, so registering it once per epoch is enough
             self.log(f"{stage}/acc", acc, on_step=False, on_epoch=True)
             self.log(f"{stage}/loss", mean_loss, on_step=False, on_epoch=True)
         return loss, out
@@ -170,8 +168,7 @@ class Classifier(L.LightningModule):
         """Add a training batch to this epoch's accuracy and mean loss. The step only keeps its
         detached output, labels and loss; every `count_every` batches, and at the epoch's end, the
         kept ones are counted together (_count_pending) into [correct, loss sum] tensors and a
-        sample count, which are reduced once per epoch (_log_train_epoch). Counting each batch on
-        its own took six small ops per step (~11 us hot, a lab-CNN batch; ~4 us kept like this)."""
+        sample count, which are reduced once per epoch (_log_train_epoch)."""
         if self._train_counts is None or batch_idx == 0:
             zero = torch.zeros((), dtype=torch.float64, device=out.device)
             self._train_counts = [zero, zero.clone(), 0]
@@ -228,8 +225,8 @@ class Classifier(L.LightningModule):
         counts[1] += loss_sum
         counts[2] += len(ys)
         pending.clear()
-        trainer = self._trainer
-        if trainer is not None and trainer.is_global_zero and trainer.loggers:
+        trainer = self.trainer
+        if trainer.is_global_zero and trainer.loggers:
             correct, loss_sum = torch.stack([correct.double(), loss_sum]).tolist()
             values = {"train/loss_step": loss_sum / len(ys), "train/acc_step": correct / len(ys)}
             for logger in trainer.loggers:
@@ -385,7 +382,7 @@ class Classifier(L.LightningModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self._trainer is not None and self.trainer.optimizers:
+        if self.trainer.optimizers:
             checkpoint[OPTIMIZER_KEY] = type(self.trainer.optimizers[0]).__name__
         if self._steps_per_epoch is not None:
             checkpoint[STEPS_PER_EPOCH_KEY] = self._steps_per_epoch
@@ -405,27 +402,33 @@ class Classifier(L.LightningModule):
         self._resumed_counts = checkpoint.get(CUT_EPOCH_COUNTS_KEY)
         self._check_resumed_steps()
         self._update_as_configured(checkpoint)
-        # Callbacks psgd adds by a setting keep their state in its checkpoints: the epoch ModelCheckpoint
-        # (checkpoint_every_epoch=true) and TargetAccuracyStop (early_stop.target_acc). Resumed without
-        # the setting, Lightning (which restores callbacks after this hook) told the user to add the
-        # callback back. Only the state of such a callback this run lacks is dropped.
+        self._drop_states_of_callbacks_not_set(checkpoint)
+
+    def _drop_states_of_callbacks_not_set(self, checkpoint: dict[str, Any]) -> None:
+        """Drop the state of a callback psgd adds by a setting that this run lacks: the epoch checkpoints
+        (checkpoint_every_epoch=true) and TargetAccuracyStop (early_stop.target_acc). Lightning, which
+        restores callbacks after this hook, would tell the user to add the callback back."""
         states = checkpoint.get("callbacks")
-        if states and self._trainer is not None:
-            present = {cb.state_key for cb in self.trainer.callbacks}
-            # (the epoch checkpoints were a ModelCheckpoint until 2026-11-24, so older checkpoints name it so)
-            by_setting = ("EpochCheckpoints{", "ModelCheckpoint{")
-            settings = [k for k in states if k.startswith(by_setting) or k == "TargetAccuracyStop"]
-            for key in [k for k in settings if k not in present]:
-                del states[key]
+        try:
+            callbacks = self.trainer.callbacks
+        except RuntimeError:  # not attached to a Trainer (load_from_checkpoint): no callbacks are restored
+            return
+        if not states:
+            return
+        present = {cb.state_key for cb in callbacks}
+        by_setting = ("EpochCheckpoints{", "ModelCheckpoint{")  # (older psgd checkpoints name the epoch ones so)
+        settings = [k for k in states if k.startswith(by_setting) or k == "TargetAccuracyStop"]
+        for key in [k for k in settings if k not in present]:
+            del states[key]
 
     def _update_as_configured(self, checkpoint: dict[str, Any]) -> None:
-        """Lightning restores the optimizer's param groups from the checkpoint wholesale, how torch runs the
-        update included: a run resumed with optimizer.fused=false went on with the checkpoint's fused update,
-        and one from a checkpoint written before the fused update was psgd's default (fused None) with
-        torch's per-tensor loop. The checkpoint's groups take this run's settings (STEP_IMPLEMENTATION)
-        before the optimizer loads them, so that torch also places the state as this update needs it (Adam's
-        step counts on the parameters' device for the fused one). What the update computes is compared
-        before the run starts (run.optimizer_change) and stays the checkpoint's."""
+        """Give the checkpoint's param groups this run's settings of how torch runs the update
+        (STEP_IMPLEMENTATION, e.g. optimizer.fused) before the optimizer loads them.
+
+        Lightning restores the param groups wholesale, these settings included; set before the load, torch
+        also places the state as this run's update needs it (Adam's step counts on the parameters' device
+        for the fused one). What the update computes is compared before the run starts
+        (run.optimizer_change) and stays the checkpoint's."""
         states = checkpoint.get("optimizer_states")
         if not states:
             return

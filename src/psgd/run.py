@@ -80,14 +80,14 @@ from psgd.results import (
     write_json,
 )
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
-from psgd.strategies._lightning import (
-    ReportsFirstFailure,
+from psgd.strategies.ddp import ReportsFirstFailure
+from psgd.strategies.model_averaging import common_steps, optimizer_state_tensors
+from psgd.strategies.workers import (
     defined_in_session,
     lost_a_peer,
     refuse_a_run_while_a_worker_imports_the_script,
     session_refusal,
 )
-from psgd.strategies.model_averaging import common_steps, optimizer_state_tensors
 
 # the HParams tab's columns: each run's last value of these tags (a run without one, e.g. DDP's all-reduce
 # wait in a HogWild run, shows it blank)

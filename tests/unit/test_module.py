@@ -271,7 +271,7 @@ def test_worker_setup_flushes_denormals_in_training_and_restores_the_mode(restor
     torch.set_flush_denormal(False)
     assert 0 < momentum_after_zero_grads(200) < 1.2e-38  # without: the buffer sits in the slow range
     setup = WorkerSetup(threads=1)
-    setup.setup(None, None, "fit")
+    setup.setup(L.Trainer(**QUIET), None, "fit")
     assert denormals_flushed() and torch.get_num_threads() == 1
     assert momentum_after_zero_grads(200) == 0.0  # flushed: exactly zero, every multiply fast again
     setup.teardown(None, None, "fit")
@@ -281,7 +281,7 @@ def test_worker_setup_flushes_denormals_in_training_and_restores_the_mode(restor
 def test_flush_denormal_false_keeps_ieee_denormals_for_the_run(restore_numerics):
     torch.set_flush_denormal(True)
     setup = WorkerSetup(threads=1, flush_denormal=False)
-    setup.setup(None, None, "fit")
+    setup.setup(L.Trainer(**QUIET), None, "fit")
     assert not denormals_flushed() and momentum_after_zero_grads(200) > 0
     setup.teardown(None, None, "fit")
     assert denormals_flushed()
