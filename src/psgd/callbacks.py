@@ -617,7 +617,7 @@ class RunRecorder(Callback):
         self.cumulative_s = state_dict["cumulative_s"]
         self.time_to_target_s = state_dict["time_to_target_s"]
         self.epoch_to_target = state_dict["epoch_to_target"]
-        self.step_to_target = state_dict.get("step_to_target")  # (a checkpoint of an earlier psgd has none)
+        self.step_to_target = state_dict.get("step_to_target")  # (older checkpoints have none)
         if state_dict.get("target_acc", self.target_acc) != self.target_acc:
             # resumed with another target: the first recorded epoch at this one (or none yet), not the time
             # to the checkpoint's target. (A validation inside an epoch is not in the history.)

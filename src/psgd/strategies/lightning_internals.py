@@ -71,7 +71,7 @@ def handle_sigterm_with(trainer: L.Trainer, handler: Callable[[int, Any], None])
 
     Lightning's `_SignalConnector.register_signal_handlers` (trainer/connectors/signal_connector.py),
     run when fit starts, registers `_sigterm_notifier_fn`, which broadcasts a flag from rank 0 from
-    inside the signal handler: a collective the other workers, which no longer broadcast it every step
+    inside the signal handler: a collective the other workers, which do not broadcast it every step
     (without_per_step_collectives), never join. It reads the notifier from the connector instance, and
     keeps composing it with a handler set before, as it does its own."""
     trainer._signal_connector._sigterm_notifier_fn = handler
