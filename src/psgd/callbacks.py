@@ -18,7 +18,7 @@ from psgd.data.partition import generator
 from psgd.module import cut_short, fit_loop_state
 from psgd.results import save_atomic, sync_summary, write_csv, write_json
 from psgd.signals import handler_for_this_process, launched_worker, this_process
-from psgd.strategies._lightning import handle_sigterm_with
+from psgd.strategies.lightning_internals import handle_sigterm_with
 
 
 def denormals_flushed() -> bool:
@@ -60,7 +60,7 @@ class WorkerSetup(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._trainer = trainer
         torch.set_num_threads(self.threads)
-        handle_sigterm_with(trainer, handler_for_this_process())  # (the launcher watch: FirstFailureLauncher)
+        handle_sigterm_with(trainer, handler_for_this_process())  # psgd.signals' handler, not Lightning's
         self._flushed_before = denormals_flushed()
         torch.set_flush_denormal(self.flush_denormal)
         if not self.step_logs:
@@ -70,7 +70,7 @@ class WorkerSetup(Callback):
         # Lightning's overfit_batches: "You requested to overfit but enabled train dataloader shuffling. We
         # are turning off the train dataloader shuffling for you." (and the same for val). It turns off a
         # DataLoader's; psgd's loaders are none: the training one keeps epoch 0's batches itself
-        # (ClassificationData.train_dataloader) and evaluation never shuffles, so the lines were wrong
+        # (ClassificationData.train_dataloader) and evaluation never shuffles, so the lines are wrong
         warnings.filterwarnings("ignore", message=r"You requested to overfit but enabled \w+ dataloader shuffling")
 
     @override
@@ -79,7 +79,7 @@ class WorkerSetup(Callback):
             torch.set_flush_denormal(self._flushed_before)
             self._flushed_before = None
         if launched_worker() is not None:
-            gc.freeze()  # this process ends next: spare it the full-heap collections of interpreter exit (~1.3 s)
+            gc.freeze()  # this process ends next: spare it the full-heap collections of interpreter exit
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -151,13 +151,11 @@ class WorkerSetup(Callback):
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Checkpoints written through a temp file in their own folder and renamed (psgd.results.save_atomic).
+    """Checkpoints written through a temp file in their own folder and renamed (psgd.results.save_atomic),
+    so that a run killed while writing, or a full disk, leaves the previous checkpoint whole.
 
     Lightning's own writes each one into the system's temp dir and moves it over the checkpoint: where
-    that is another file system (a tmpfs /tmp, the usual case on many machines) the move is a copy
-    straight into checkpoints/last.ckpt, so a run killed during it, or a disk filling up, left a
-    truncated last.ckpt in place of the previous epoch's (seen on a full disk: the run could no longer
-    be resumed)."""
+    that is another file system (a tmpfs /tmp) the move is a copy straight over checkpoints/last.ckpt."""
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
@@ -166,17 +164,21 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         save_atomic(checkpoint, path)
 
 
-class ResumedInPlace:
-    """ModelCheckpoint mixin: no "Checkpoint directory ... exists and is not empty" warning. psgd refuses a
-    run dir that holds an earlier run's results, so checkpoints/ holds files at the start only where a run
-    goes on in its own dir (a continued sweep's job, a torchrun restart): there Lightning warned, also in
-    quiet runs, about the checkpoint the run resumes from."""
+class ResumedInPlace(ModelCheckpoint):
+    """A ModelCheckpoint without the "Checkpoint directory ... exists and is not empty" warning.
 
-    def _ModelCheckpoint__warn_if_dir_not_empty(self, dirpath: Any) -> None:  # ModelCheckpoint's private hook
-        pass
+    psgd refuses a run dir that holds an earlier run's results, so checkpoints/ holds files at the start
+    only where a run goes on in its own dir (a continued sweep's job, a torchrun restart), from the
+    checkpoint there."""
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+            super().setup(trainer, pl_module, stage)
 
 
-class EpochCheckpoints(ResumedInPlace, ModelCheckpoint):
+class EpochCheckpoints(ResumedInPlace):
     """checkpoints/epoch<N>.ckpt after every epoch, all kept (checkpoint_every_epoch=true)."""
 
     def __init__(self, dirpath: str | Path) -> None:
@@ -189,7 +191,7 @@ class EpochCheckpoints(ResumedInPlace, ModelCheckpoint):
         )
 
 
-class LatestCheckpoint(ResumedInPlace, ModelCheckpoint):
+class LatestCheckpoint(ResumedInPlace):
     """`checkpoints/last.ckpt`, rewritten (atomically) after every epoch, so that a run that dies can be
     resumed from its last finished epoch. Lightning's own `save_last=True` with `save_top_k=0` only
     writes it when training ends (Lightning 2.6), which is too late for a killed run or a torchrun
@@ -200,18 +202,6 @@ class LatestCheckpoint(ResumedInPlace, ModelCheckpoint):
         super().__init__(
             dirpath=dirpath, filename="last", save_top_k=1, enable_version_counter=False, save_on_train_epoch_end=True
         )
-        self._key = super().state_key
-
-    @property
-    @override
-    def state_key(self) -> str:
-        # Lightning names every callback hook call by its state_key, which ModelCheckpoint rebuilds
-        # (a repr of its settings) each time: six times per training step. The settings are fixed here.
-        return self._key
-
-    @override
-    def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing to do per step: this checkpoint is written per epoch only (no step or time trigger)."""
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -285,7 +275,7 @@ class TargetAccuracyStop(Callback):
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Resumed from the checkpoint of a run this rule had stopped: that run is over, as a resume of
-        a run that trained all its epochs is (it used to train one more epoch and stop again)."""
+        a run that trained all its epochs is."""
         if self.stopped_epoch is None:
             return
         trainer.should_stop = True
@@ -308,8 +298,8 @@ class TargetAccuracyStop(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Another target or patience is a new rule: its count starts afresh. (A checkpoint of an earlier
-        psgd keeps no rule: its count goes on, and its run trains on, as resumes did then.)"""
+        """Another target or patience is a new rule: its count starts afresh. A checkpoint that keeps no
+        rule (written by psgd 0.1) keeps its count, and its run trains on."""
         rule = (state_dict.get("target_acc"), state_dict.get("patience"))
         if rule == (self.target_acc, self.patience):
             self.streak, self.stopped_epoch = state_dict["streak"], state_dict["stopped_epoch"]
@@ -627,7 +617,7 @@ class RunRecorder(Callback):
         self.cumulative_s = state_dict["cumulative_s"]
         self.time_to_target_s = state_dict["time_to_target_s"]
         self.epoch_to_target = state_dict["epoch_to_target"]
-        self.step_to_target = state_dict.get("step_to_target")  # (a checkpoint of an earlier psgd has none)
+        self.step_to_target = state_dict.get("step_to_target")  # (older checkpoints have none)
         if state_dict.get("target_acc", self.target_acc) != self.target_acc:
             # resumed with another target: the first recorded epoch at this one (or none yet), not the time
             # to the checkpoint's target. (A validation inside an epoch is not in the history.)
@@ -637,8 +627,7 @@ class RunRecorder(Callback):
             )
 
 
-# With the output into a log file, an epoch longer than this prints a line this often on the way:
-# the WideResNet trains ~15 samples/s on 2 cores, an hour per MNIST epoch, and a log showed nothing till its end.
+# With the output into a log file, an epoch longer than this prints a progress line this often on the way
 PROGRESS_EVERY_S = 60.0
 
 

@@ -9,14 +9,12 @@ import pytorch_lightning as L
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from pytorch_lightning.core.optimizer import LightningOptimizer
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from psgd.config import ConfigError
-from psgd.hooks import PlainHookName, SelectedBatchHooks, clips_only_with_a_value, fixed_signature
 from psgd.optim import build_scheduler, schedule_read
 from psgd.results import hogwild_workers, step_advice
 
@@ -38,11 +36,11 @@ def fit_loop_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
 def keep_a_cut_epoch_unfinished(checkpoint: dict[str, Any]) -> bool:
     """Mark a checkpoint written after an epoch that ended before its last batch (trainer.max_steps,
     max_time, an early stop after a validation inside the epoch) as written inside that epoch.
-    Lightning counts such an epoch as trained: resumed with max_epochs, the run went on with the next
-    epoch and the cut one's remaining batches were never trained; resumed with a larger max_steps (where
-    Lightning does resume inside the epoch), it trained them as the epoch's first batches again. Marked
-    unfinished, Lightning resumes inside the epoch, and the training loader goes on from its place
-    there (TensorLoader.state_dict), so the resumed run trains what the uninterrupted one would have.
+
+    Lightning counts such an epoch as trained: a resume would skip the epoch's remaining batches (with
+    max_epochs) or train its first batches again (with a larger max_steps). Marked unfinished, Lightning
+    resumes inside the epoch, and the training loader goes on from its place there
+    (TensorLoader.state_dict), so the resumed run trains what the uninterrupted one would have.
     Returns whether it was such a checkpoint."""
     fit = fit_loop_state(checkpoint)
     batches, epochs = fit.get("epoch_loop.batch_progress"), fit.get("epoch_progress")
@@ -69,14 +67,14 @@ class TrainingDiverged(RuntimeError):
 
 
 def _loss_mean(**kwargs) -> MeanMetric:
-    """A mean validation or test loss that keeps a NaN batch's NaN: torchmetrics' default dropped NaN
-    values with a warning, so a diverging model's val_loss was the mean of its finite batches alone. A
-    float nan_strategy puts that float (NaN) in their place, in every torchmetrics pyproject allows;
-    "disable" would skip the check but is refused by torchmetrics 1.4, and 1.9 then ignores `weight`."""
+    """A mean validation or test loss that keeps a NaN batch's NaN (torchmetrics' default drops NaN values
+    with a warning, which would make a diverging model's val_loss the mean of its finite batches). A float
+    nan_strategy puts that float (NaN) in their place, in every torchmetrics pyproject allows; "disable"
+    is refused by torchmetrics 1.4, and 1.9 then ignores `weight`."""
     return MeanMetric(nan_strategy=float("nan"), **kwargs)
 
 
-class Classifier(PlainHookName, SelectedBatchHooks, L.LightningModule):
+class Classifier(L.LightningModule):
     """Wraps a plain nn.Module. Metrics are accumulated per step and reduced once per epoch (over
     all workers), so no step pays for a collective other than the strategy's own."""
 
@@ -118,9 +116,8 @@ class Classifier(PlainHookName, SelectedBatchHooks, L.LightningModule):
         # label-skewed shards (data.partition=by_label); test_acc_per_class once a test has run
         self.test_class_acc = MulticlassAccuracy(num_classes, average=None, validate_args=False)
         self.test_acc_per_class: list[float | None] | None = None
-        # Training accuracy and loss are counted by psgd (count_train): correct, loss sum, samples.
-        # Updating two torchmetrics objects per step cost 0.21 ms of a 9.9 ms lab-CNN step (2 %;
-        # measured with benchmarks/compare.py's setup); the counts are reduced once per epoch.
+        # Training accuracy and loss are counted by psgd (count_train): correct, loss sum, samples,
+        # reduced once per epoch.
         self._train_counts: list | None = None
         # the last epoch's counts, all workers' (epoch, correct, loss sum, samples): a checkpoint written
         # where that epoch was cut short keeps them, and the resumed run's rest of the epoch adds to them
@@ -150,62 +147,18 @@ class Classifier(PlainHookName, SelectedBatchHooks, L.LightningModule):
         mean_loss.update(loss.detach(), weight=len(y))
         if batch_idx == 0:
             # Lightning computes (over all workers) and resets a logged Metric object at epoch end from
-            # everything it accumulated, so registering it once per epoch is enough; self.log on every
-            # step cost ~15 % of a lab-CNN training step (benchmarks/compare.py, framework overhead)
+            # everything it accumulated, so registering it once per epoch is enough
             self.log(f"{stage}/acc", acc, on_step=False, on_epoch=True)
             self.log(f"{stage}/loss", mean_loss, on_step=False, on_epoch=True)
         return loss, out
 
     @override
-    @fixed_signature
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
         out = self(x)
         loss = F.cross_entropy(out, y)
         self.count_train(out, y, loss, batch_idx)
         return loss
-
-    @override
-    @clips_only_with_a_value
-    def configure_gradient_clipping(
-        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
-    ) -> None:
-        """Lightning calls this before every optimizer step with trainer.gradient_clip_val. Without one (None or
-        0, psgd's default) its clip_gradients finds nothing to clip, after ~20 Python calls a step (the
-        algorithm's name checked against its enum, the trainer read three times); that is skipped here (and
-        psgd.hooks.PlainPrecision, psgd's plugin for 32-true, does not call this at all then)."""
-        if gradient_clip_val:
-            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
-
-    # Where the gradients are zeroed. Lightning zeroes them (sets them to None) inside its closure, after
-    # the next batch's forward pass and before its backward: the last update's gradients stay allocated
-    # through that forward, and zero_grad's Python and C++ (the optimizer's profiler context, its loop)
-    # run right after ~5 ms of convolutions, their code out of the caches: ~155 us there against ~45 us
-    # right after the optimizer step, where a plain torch loop zeroes them (benchmarks/README.md, "Where
-    # zero_grad frees the gradients"). So psgd zeroes them at the end of each batch that stepped the
-    # optimizer, after the callbacks' on_train_batch_end (which still see them, as under Lightning), and
-    # Lightning's zeroing at the start of the next accumulation window finds nothing to do, unless
-    # something put gradients there since (a callback's own backward): those it zeroes, as Lightning
-    # does. The updates are Lightning's. One difference a callback could see: in on_before_zero_grad
-    # (which Lightning still calls, after the next training_step) the gradients are already None.
-    _stepped: torch.optim.Optimizer | None = None  # the optimizer this batch stepped, its gradients not yet zeroed
-    plain_attributes = PlainHookName.plain_attributes | {"_stepped"}  # written twice a step
-
-    @override
-    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
-        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        # torch's own optimizer: zero_grad through Lightning's wrapper reads five attributes via its __getattr__
-        self._stepped = optimizer.optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
-
-    @override
-    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
-        """Lightning calls this at the start of each accumulation window, before its backward: the gradients
-        are zeroed where there are any (on_train_batch_end zeroed them after the last update)."""
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    optimizer.zero_grad()
-                    return
 
     # training batches kept before they are counted together (and logged as train/loss_step and
     # train/acc_step); None: the trainer's log_every_n_steps (50 by default)
@@ -215,8 +168,7 @@ class Classifier(PlainHookName, SelectedBatchHooks, L.LightningModule):
         """Add a training batch to this epoch's accuracy and mean loss. The step only keeps its
         detached output, labels and loss; every `count_every` batches, and at the epoch's end, the
         kept ones are counted together (_count_pending) into [correct, loss sum] tensors and a
-        sample count, which are reduced once per epoch (_log_train_epoch). Counting each batch on
-        its own took six small ops per step (~11 us hot, a lab-CNN batch; ~4 us kept like this)."""
+        sample count, which are reduced once per epoch (_log_train_epoch)."""
         if self._train_counts is None or batch_idx == 0:
             zero = torch.zeros((), dtype=torch.float64, device=out.device)
             self._train_counts = [zero, zero.clone(), 0]
@@ -273,8 +225,8 @@ class Classifier(PlainHookName, SelectedBatchHooks, L.LightningModule):
         counts[1] += loss_sum
         counts[2] += len(ys)
         pending.clear()
-        trainer = self._trainer
-        if trainer is not None and trainer.is_global_zero and trainer.loggers:
+        trainer = self.trainer
+        if trainer.is_global_zero and trainer.loggers:
             correct, loss_sum = torch.stack([correct.double(), loss_sum]).tolist()
             values = {"train/loss_step": loss_sum / len(ys), "train/acc_step": correct / len(ys)}
             for logger in trainer.loggers:
@@ -282,10 +234,7 @@ class Classifier(PlainHookName, SelectedBatchHooks, L.LightningModule):
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self._stepped is not None:  # (see optimizer_step)
-            self._stepped.zero_grad()
-            self._stepped = None
-        trainer = self._trainer  # (the `trainer` property checks more, on every step)
+        trainer = self.trainer
         if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or batch_idx + 1 >= trainer.num_training_batches:
             self._log_train_epoch()
 
@@ -433,7 +382,7 @@ class Classifier(PlainHookName, SelectedBatchHooks, L.LightningModule):
 
     @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self._trainer is not None and self.trainer.optimizers:
+        if self.trainer.optimizers:
             checkpoint[OPTIMIZER_KEY] = type(self.trainer.optimizers[0]).__name__
         if self._steps_per_epoch is not None:
             checkpoint[STEPS_PER_EPOCH_KEY] = self._steps_per_epoch
@@ -453,27 +402,33 @@ class Classifier(PlainHookName, SelectedBatchHooks, L.LightningModule):
         self._resumed_counts = checkpoint.get(CUT_EPOCH_COUNTS_KEY)
         self._check_resumed_steps()
         self._update_as_configured(checkpoint)
-        # Callbacks psgd adds by a setting keep their state in its checkpoints: the epoch ModelCheckpoint
-        # (checkpoint_every_epoch=true) and TargetAccuracyStop (early_stop.target_acc). Resumed without
-        # the setting, Lightning (which restores callbacks after this hook) told the user to add the
-        # callback back. Only the state of such a callback this run lacks is dropped.
+        self._drop_states_of_callbacks_not_set(checkpoint)
+
+    def _drop_states_of_callbacks_not_set(self, checkpoint: dict[str, Any]) -> None:
+        """Drop the state of a callback psgd adds by a setting that this run lacks: the epoch checkpoints
+        (checkpoint_every_epoch=true) and TargetAccuracyStop (early_stop.target_acc). Lightning, which
+        restores callbacks after this hook, would tell the user to add the callback back."""
         states = checkpoint.get("callbacks")
-        if states and self._trainer is not None:
-            present = {cb.state_key for cb in self.trainer.callbacks}
-            # (the epoch checkpoints were a ModelCheckpoint until 2026-11-24, so older checkpoints name it so)
-            by_setting = ("EpochCheckpoints{", "ModelCheckpoint{")
-            settings = [k for k in states if k.startswith(by_setting) or k == "TargetAccuracyStop"]
-            for key in [k for k in settings if k not in present]:
-                del states[key]
+        try:
+            callbacks = self.trainer.callbacks
+        except RuntimeError:  # not attached to a Trainer (load_from_checkpoint): no callbacks are restored
+            return
+        if not states:
+            return
+        present = {cb.state_key for cb in callbacks}
+        by_setting = ("EpochCheckpoints{", "ModelCheckpoint{")  # (older psgd checkpoints name the epoch ones so)
+        settings = [k for k in states if k.startswith(by_setting) or k == "TargetAccuracyStop"]
+        for key in [k for k in settings if k not in present]:
+            del states[key]
 
     def _update_as_configured(self, checkpoint: dict[str, Any]) -> None:
-        """Lightning restores the optimizer's param groups from the checkpoint wholesale, how torch runs the
-        update included: a run resumed with optimizer.fused=false went on with the checkpoint's fused update,
-        and one from a checkpoint written before the fused update was psgd's default (fused None) with
-        torch's per-tensor loop. The checkpoint's groups take this run's settings (STEP_IMPLEMENTATION)
-        before the optimizer loads them, so that torch also places the state as this update needs it (Adam's
-        step counts on the parameters' device for the fused one). What the update computes is compared
-        before the run starts (run.optimizer_change) and stays the checkpoint's."""
+        """Give the checkpoint's param groups this run's settings of how torch runs the update
+        (STEP_IMPLEMENTATION, e.g. optimizer.fused) before the optimizer loads them.
+
+        Lightning restores the param groups wholesale, these settings included; set before the load, torch
+        also places the state as this run's update needs it (Adam's step counts on the parameters' device
+        for the fused one). What the update computes is compared before the run starts
+        (run.optimizer_change) and stays the checkpoint's."""
         states = checkpoint.get("optimizer_states")
         if not states:
             return

@@ -65,11 +65,10 @@ from psgd.config import (
 )
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
-from psgd.hooks import Trainer, skip_unused_hooks
 from psgd.memory import memory_problem
 from psgd.module import OPTIMIZER_KEY, STEP_IMPLEMENTATION, Classifier, fit_loop_state
 from psgd.optim import scaled_lr, schedule_read
-from psgd.profiler import NoProfiler, PyTorchProfilerForWorkers
+from psgd.profiler import PyTorchProfilerForWorkers
 from psgd.results import (
     cpu_count,
     device_description,
@@ -81,14 +80,14 @@ from psgd.results import (
     write_json,
 )
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
-from psgd.strategies._lightning import (
-    ReportsFirstFailure,
+from psgd.strategies.ddp import ReportsFirstFailure
+from psgd.strategies.model_averaging import common_steps, optimizer_state_tensors
+from psgd.strategies.workers import (
     defined_in_session,
     lost_a_peer,
     refuse_a_run_while_a_worker_imports_the_script,
     session_refusal,
 )
-from psgd.strategies.model_averaging import common_steps, optimizer_state_tensors
 
 # the HParams tab's columns: each run's last value of these tags (a run without one, e.g. DDP's all-reduce
 # wait in a HogWild run, shows it blank)
@@ -1099,14 +1098,13 @@ def _train(
     trainer_kwargs.update(
         accelerator=plan.accelerator, devices=plan.workers, accumulate_grad_batches=plan.accumulate_grad_batches
     )
-    trainer_kwargs.setdefault("profiler", NoProfiler())
     # checkpoints written atomically in their own folder; a +trainer.plugins of the user's stays
     plugins = trainer_kwargs.pop("plugins", [])
     trainer_kwargs["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]), AtomicCheckpointIO()]
-    if trainer_kwargs["profiler"] == "pytorch":  # Lightning's own cannot be pickled into worker processes
+    if trainer_kwargs.get("profiler") == "pytorch":  # Lightning's own cannot be pickled into worker processes
         trainer_kwargs["profiler"] = PyTorchProfilerForWorkers()
     try:
-        trainer = Trainer(
+        trainer = L.Trainer(
             **trainer_kwargs,
             strategy=strategy,
             callbacks=callbacks,
@@ -1118,7 +1116,6 @@ def _train(
     except (TypeError, ValueError, MisconfigurationException) as e:  # a trainer.* value Lightning refuses
         raise ConfigError(f"Lightning refuses a trainer setting: {' '.join(text_lines(e))}") from e
     run_info["precision"] = str(trainer.precision)
-    skip_unused_hooks(trainer, module)  # ~250 Python calls less per training step (benchmarks/calls_per_step.py)
     try:
         if plan.launcher == "torchrun":  # where Lightning would make it, inside fit: same failure handling
             init_elastic_process_group(plan, cfg.strategy.backend, timedelta(seconds=cfg.strategy.timeout_s))
@@ -1157,7 +1154,7 @@ def _train(
         # Test the final weights here, on one device: the workers have exited (spawn) or are this process.
         limits = {"limit_test_batches": t.limit_test_batches} if t.get("limit_test_batches") is not None else {}
         with _quiet_lightning_banner():
-            test_trainer = Trainer(
+            test_trainer = L.Trainer(
                 accelerator=plan.accelerator,
                 devices=1,
                 logger=False,

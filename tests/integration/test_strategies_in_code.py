@@ -170,7 +170,7 @@ print("trained by psgd:", train(cfg, {run_dir!r})["status"], flush=True)
 @pytest.mark.parametrize("strategy", ["hogwild", pytest.param("model_averaging", marks=pytest.mark.slow)])
 def test_a_notebook_runs_workers_and_refuses_its_own_classes_by_name(tmp_path, tiny_data, strategy):
     """In a notebook (or at Python's prompt) Lightning refused every run with workers: psgd.run.train
-    with "Trainer(strategy=<psgd.strategies._lightning.ReportsFirstFailure object at 0x...>) is not
+    with "Trainer(strategy=<psgd.strategies.ddp.ReportsFirstFailure object at 0x...>) is not
     compatible with an interactive environment". psgd's workers start from a fresh interpreter or its
     fork server, not from a fork of the session, so they run; what they cannot get, a class of the
     session's own (the workers start without its code: "Can't get attribute 'Here' on <module

@@ -22,7 +22,7 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd.run import train
 from psgd.signals import proc_stat
-from psgd.strategies._lightning import lost_a_peer
+from psgd.strategies.workers import lost_a_peer
 
 TINY = ["quiet=true", "data.batch_size=16", "data.eval_batch_size=64"]
 

@@ -1,4 +1,4 @@
-"""Which worker a failed multi-process run names (psgd.strategies._lightning.FirstFailureLauncher),
+"""Which worker a failed multi-process run names (psgd.strategies.lightning_internals.FirstFailureLauncher),
 decided over real processes that ended the ways workers end. The whole runs are in
 tests/reliability/test_failures.py (a killed, SIGTERMed, failing-alone and stopped worker)."""
 
@@ -25,7 +25,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from psgd import signals
 from psgd.cli import collective_failure, error_line, keeps_traceback, traceback_path
-from psgd.strategies._lightning import FirstFailureLauncher, ReportsFirstFailure, WorkerOutOfMemory, WorkerUnresponsive
+from psgd.strategies.ddp import ReportsFirstFailure
+from psgd.strategies.lightning_internals import FirstFailureLauncher
+from psgd.strategies.workers import WorkerOutOfMemory, WorkerUnresponsive
 
 TIMED_OUT = (
     "RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 7000ms for recv operation to complete"
@@ -126,7 +128,7 @@ def test_a_taken_master_port_says_so_and_how_to_free_it(tmp_path):
 
 def test_a_peer_that_timed_out_waiting_names_the_worker_that_stopped_responding(tmp_path):
     fl = launcher(tmp_path, "failed", "killed", recorded={0: TIMED_OUT})
-    verdict = fl._first_failure(raised(0, TIMED_OUT))
+    verdict = fl._explain(raised(0, TIMED_OUT))
     assert isinstance(verdict, WorkerUnresponsive) and verdict.error_index == 1
     assert verdict.error_pid == fl.procs[1].pid
     assert str(pickle.loads(pickle.dumps(verdict))) == str(verdict)  # as a sweep launcher returns it
@@ -148,7 +150,7 @@ def test_a_peer_that_timed_out_waiting_names_the_worker_that_stopped_responding(
 def test_a_timeout_with_no_unresponsive_worker_stays_the_peers_error_and_says_what_timed_out(tmp_path, other, recorded):
     fl = launcher(tmp_path, "failed", other, recorded={0: TIMED_OUT, **recorded})
     e = raised(0, TIMED_OUT)
-    assert fl._first_failure(e) is e
+    assert fl._explain(e) is e
     assert error_line(e, tmp_path) == (
         f"worker rank 0 failed: {TIMED_OUT} (it waited longer than strategy.timeout_s for another worker)"
     )
@@ -157,7 +159,7 @@ def test_a_timeout_with_no_unresponsive_worker_stays_the_peers_error_and_says_wh
 def test_a_lost_peer_still_names_the_worker_that_was_killed(tmp_path):
     """The OOM killer's case: the survivor's gloo connection closes at once (no timeout)."""
     fl = launcher(tmp_path, "failed", "killed", recorded={0: LOST_PEER})
-    verdict = fl._first_failure(raised(0, LOST_PEER))
+    verdict = fl._explain(raised(0, LOST_PEER))
     assert type(verdict) is ProcessExitedException and verdict.error_index == 1
     assert error_line(verdict, tmp_path).startswith("worker rank 1 died (signal SIGKILL)")
 
@@ -359,7 +361,10 @@ def test_a_script_that_trains_at_its_top_level_is_told_to_guard_it_by_each_worke
     unguarded, its training call runs again there. The worker says so and exits before anything
     starts; imported under any other name (the script itself, a module) the call goes ahead."""
     script = tmp_path / "my_experiment.py"
-    imports = "import psgd.run\nfrom psgd.strategies._lightning import FirstFailureLauncher, ReportsFirstFailure\n"
+    imports = (
+        "import psgd.run\nfrom psgd.strategies.ddp import ReportsFirstFailure\n"
+        "from psgd.strategies.lightning_internals import FirstFailureLauncher\n"
+    )
     script.write_text(f"{imports}{call}\n")
     with pytest.raises(SystemExit) as e:
         runpy.run_path(str(script), run_name="__mp_main__")  # as a worker imports it
@@ -426,15 +431,15 @@ import atexit, torch, torch.distributed as dist
 from lightning_fabric.plugins.environments import LightningEnvironment
 from pytorch_lightning.accelerators import CPUAccelerator
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
-from psgd.strategies import _lightning
+from psgd.strategies import ddp, workers
 atexit.register(lambda: print("group alive at the end:", dist.is_initialized(), flush=True))  # runs last
-for cls in (_lightning.ReportsFirstFailure, ModelAveragingStrategy, HogwildStrategy):  # psgd's DDP, and the others
-    atexit.unregister(_lightning._destroy_process_group)  # as in a process of its own
-    _lightning._exit_hook_registered = False
+for cls in (ddp.ReportsFirstFailure, ModelAveragingStrategy, HogwildStrategy):  # psgd's DDP, and the others
+    atexit.unregister(workers._destroy_process_group)  # as in a process of its own
+    workers._exit_hook_registered = False
     strategy = cls(accelerator=CPUAccelerator(), parallel_devices=[torch.device("cpu")],
         cluster_environment=LightningEnvironment(), process_group_backend="gloo")
     strategy.setup_distributed()  # (the group is made once; the hook is registered by each)
-    print(cls.__name__, "group alive:", dist.is_initialized(), "exit hook:", _lightning._exit_hook_registered)
+    print(cls.__name__, "group alive:", dist.is_initialized(), "exit hook:", workers._exit_hook_registered)
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

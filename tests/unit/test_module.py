@@ -1,5 +1,8 @@
-"""The training accuracy and loss a run reports are those of every sample it trained on."""
+"""The LightningModule and per-worker settings: the training accuracy and loss a run reports are those of
+every sample it trained on; gradient clipping as the Trainer says; denormal flushing; the PyTorch profiler
+in worker processes."""
 
+import pickle
 from functools import partial
 
 import pytest
@@ -10,7 +13,9 @@ from pytorch_lightning.loggers import Logger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from psgd.callbacks import WorkerSetup, denormals_flushed
 from psgd.module import Classifier
+from psgd.profiler import PyTorchProfilerForWorkers
 
 
 def fit_one_epoch(limit_train_batches=None, count_every=None):
@@ -197,3 +202,99 @@ def test_under_cuda_graphs_a_kept_training_output_is_a_copy():
         module.count_train(out, y, loss, batch_idx=0)
         kept = module._train_pending[0][0]
         assert torch.equal(kept, out) and (kept.data_ptr() != out.data_ptr()) == graphs
+
+
+# a CPU Trainer with nothing of its own (no logger, checkpoints, progress bar or model summary)
+QUIET = {
+    "accelerator": "cpu",
+    "logger": False,
+    "enable_checkpointing": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+}
+
+
+def one_clipped_step(clip: float | None, algorithm: str | None = None, cls=Classifier) -> torch.Tensor:
+    """A Classifier's first SGD step (lr 1, no momentum) under Trainer(gradient_clip_val=clip): the
+    weights' change, which is minus the gradient as it was clipped."""
+    torch.manual_seed(0)
+    net = nn.Linear(4, 3)
+    before = torch.cat([p.detach().clone().flatten() for p in net.parameters()])
+    module = cls(net, torch.optim.SGD, lr=1.0, num_classes=3)
+    x, y = torch.randn(8, 4) * 10, torch.randint(0, 3, (8,))
+    trainer = L.Trainer(max_steps=1, gradient_clip_val=clip, gradient_clip_algorithm=algorithm, **QUIET)
+    trainer.fit(module, train_dataloaders=DataLoader(TensorDataset(x, y), batch_size=8))
+    return torch.cat([p.detach().flatten() for p in net.parameters()]) - before
+
+
+class OwnClipping(Classifier):
+    """Clips by value in its own configure_gradient_clipping, with no clip value on the Trainer."""
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        self.clip_gradients(optimizer, 0.01, "value")
+
+
+def test_gradients_are_clipped_as_the_trainer_says_and_left_alone_without_a_clip_value():
+    free = one_clipped_step(None)
+    assert free.norm() > 1.0  # the step's whole gradient
+    assert torch.equal(one_clipped_step(0), free)  # 0: no clipping, as Lightning reads it
+    by_norm = one_clipped_step(0.5)
+    assert by_norm.norm() == pytest.approx(0.5, rel=1e-4)
+    assert torch.allclose(by_norm, free * 0.5 / free.norm(), atol=1e-6)  # the same direction, shortened
+    by_value = one_clipped_step(0.01, "value")
+    assert by_value.abs().max() == pytest.approx(0.01, rel=1e-4)
+    assert torch.allclose(by_value, free.clamp(-0.01, 0.01), atol=1e-6)
+    assert torch.equal(one_clipped_step(None, cls=OwnClipping), by_value)  # a subclass's own clipping
+
+
+@pytest.fixture
+def restore_numerics():
+    threads, flushed = torch.get_num_threads(), denormals_flushed()
+    yield
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(flushed)
+
+
+def momentum_after_zero_grads(steps: int) -> float:
+    """A weight whose unit gets no gradient (a dead ReLU): SGD keeps multiplying its momentum by 0.9."""
+    w = nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+    w.grad = torch.full((1,), 1e-30)
+    opt.step()
+    for _ in range(steps):
+        w.grad = torch.zeros(1)
+        opt.step()
+    return opt.state[w]["momentum_buffer"].item()
+
+
+def test_worker_setup_flushes_denormals_in_training_and_restores_the_mode(restore_numerics):
+    torch.set_flush_denormal(False)
+    assert 0 < momentum_after_zero_grads(200) < 1.2e-38  # without: the buffer sits in the slow range
+    setup = WorkerSetup(threads=1)
+    setup.setup(L.Trainer(**QUIET), None, "fit")
+    assert denormals_flushed() and torch.get_num_threads() == 1
+    assert momentum_after_zero_grads(200) == 0.0  # flushed: exactly zero, every multiply fast again
+    setup.teardown(None, None, "fit")
+    assert not denormals_flushed()  # an in-process run leaves the caller's numerics as they were
+
+
+def test_flush_denormal_false_keeps_ieee_denormals_for_the_run(restore_numerics):
+    torch.set_flush_denormal(True)
+    setup = WorkerSetup(threads=1, flush_denormal=False)
+    setup.setup(L.Trainer(**QUIET), None, "fit")
+    assert not denormals_flushed() and momentum_after_zero_grads(200) > 0
+    setup.teardown(None, None, "fit")
+    assert denormals_flushed()
+
+
+def test_the_pytorch_profiler_psgd_uses_goes_to_worker_processes_with_its_settings():
+    """Lightning's own holds torch's default schedule, a local function: pickling it into a worker (every
+    run psgd starts workers for) fails. psgd's is pickled as its settings and made anew."""
+    from pytorch_lightning.profilers import PyTorchProfiler
+
+    with pytest.raises((AttributeError, pickle.PicklingError), match="local object"):
+        pickle.dumps(PyTorchProfiler())
+    sent = pickle.loads(pickle.dumps(PyTorchProfilerForWorkers(row_limit=7, sort_by_key="cpu_time_total")))
+    assert type(sent) is PyTorchProfilerForWorkers and isinstance(sent, PyTorchProfiler)
+    assert (sent._row_limit, sent._sort_by_key) == (7, "cpu_time_total")
+    assert sent._schedule is not None  # its own default schedule, made in the worker

@@ -1,15 +1,15 @@
-"""HogWild! (Niu, Recht, Re and Wright, 2011): lock-free asynchronous SGD on shared-memory parameters.
+"""HogWild! (Niu, Recht, Re and Wright, 2011, "HOGWILD!: A Lock-Free Approach to Parallelizing
+Stochastic Gradient Descent"): asynchronous SGD on parameters in shared memory, without locks.
 
 One model lives in shared memory. Each worker process runs its own optimizer (its own gradients and
-state, as in pytorch/examples' mnist_hogwild) over its own shard and writes its updates straight
-into the shared parameters, with no lock and no communication. ``lock=True`` is the paper's
-consistent baseline: one update at a time (gradients are still computed in parallel; the write of
-each update holds a lock).
+state, as in pytorch/examples' mnist_hogwild) over its own shard and writes its updates straight into
+the shared parameters, with no lock and no communication. ``lock=True`` is the paper's consistent
+baseline: gradients are computed in parallel, and each update is written under one lock.
 
 Staleness: a shared counter is bumped after every update; a worker reads it before its forward pass
 and after its own write, and the difference minus one is how many other workers' updates landed in
-between (reported as ``hogwild/staleness``, the epoch mean). With ``lock=True`` the time each worker
-waits for the lock is reported too (``hogwild/lock_wait_s``, per epoch).
+between (``hogwild/staleness``, the epoch's mean). With ``lock=True`` each worker's wait for the lock
+is reported too (``hogwild/lock_wait_s``, per epoch).
 """
 
 import multiprocessing
@@ -21,16 +21,11 @@ import torch
 from pytorch_lightning.strategies import DDPStrategy
 from typing_extensions import override
 
-from psgd.strategies._lightning import (
-    GroupEndsAtExit,
-    PerWorkerCheckpoints,
-    SharedMemoryLauncher,
-    gather_floats,
-    without_per_step_collectives,
-)
+from psgd.strategies.lightning_internals import SharedMemoryLaunch, without_per_step_collectives
+from psgd.strategies.workers import GroupEndsAtExit, PerWorkerCheckpoints, gather_floats
 
 
-class HogwildStrategy(PerWorkerCheckpoints, GroupEndsAtExit, DDPStrategy):
+class HogwildStrategy(SharedMemoryLaunch, PerWorkerCheckpoints, GroupEndsAtExit, DDPStrategy):
     """Workers share one CPU model and update it without locks; each keeps its own optimizer (and lr
     schedule: PerWorkerCheckpoints' per-worker keys; the shared weights are one copy for all)."""
 
@@ -49,10 +44,7 @@ class HogwildStrategy(PerWorkerCheckpoints, GroupEndsAtExit, DDPStrategy):
         self._lock_wait_s = 0.0  # lock=True: this epoch's time waiting for the update lock
 
     @override
-    def _configure_launcher(self) -> None:
-        self._launcher = SharedMemoryLauncher(self, prepare=self._share)
-
-    def _share(self) -> None:
+    def share(self) -> None:
         """In the launching process: put the model and the counters in shared memory."""
         self.model.share_memory()
         self._version = torch.zeros(1, dtype=torch.int64).share_memory_()
@@ -129,16 +121,14 @@ class HogwildStrategy(PerWorkerCheckpoints, GroupEndsAtExit, DDPStrategy):
             "weight_checksum_per_worker": [s[0] for s in seen],
             "saw_other_workers_write": [bool(s[2]) for s in seen],
         }
-        # the last checkpoint again, with these figures: it was written before they were measured, so a
-        # resume with nothing left to train left them out (the weights are the same; ~4 ms for the lab CNN)
+        # the last checkpoint again, with these figures (it was written before they were measured)
         self.save_final_checkpoint()
         super().on_train_end()
 
     @torch.no_grad()
     def _probe_sharing(self, weights: torch.Tensor) -> bool:
         """The last worker writes a sentinel into one weight; is it seen here? (Works on NaN weights too.)
-        The weight is indexed in place: a conv weight in channels_last with more than one input channel
-        has no flat view (`.view(-1)` raised at the end of every such HogWild run, e.g. on CIFAR10)."""
+        The weight is indexed in place: a conv weight in channels_last has no flat view."""
         writer, sentinel = self.world_size - 1, 12345.0
         first = (0,) * weights.dim()
         original = weights[first].clone()

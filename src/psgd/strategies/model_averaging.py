@@ -1,22 +1,19 @@
-"""One-shot parameter averaging (Zinkevich et al., 2010, "Parallelized Stochastic Gradient Descent")
-and periodic averaging, a.k.a. local SGD (Stich, 2019; Lin et al., 2018).
+"""Model averaging: one-shot parameter averaging (Zinkevich, Weimer, Smola and Li, 2010, "Parallelized
+Stochastic Gradient Descent") and periodic averaging, a.k.a. local SGD (Stich, 2019, "Local SGD
+Converges Fast and Communicates Little"; Lin et al., 2018, "Don't Use Large Mini-Batches, Use Local SGD").
 
-Every worker runs SGD on its own shard with no gradient communication. With ``period=None`` the
-replicas are averaged once, when training ends; with ``period=K`` also after every K optimizer steps.
-Averaged: all parameters; floating buffers such as BatchNorm statistics (``average_buffers``);
-optionally the optimizer's floating state, e.g. momentum or NovoGrad moments
+Each of k workers runs SGD on its own shard of the data, with no gradient communication; the
+replicas' parameters are then averaged. With ``period=None`` they are averaged once, when training
+ends (Zinkevich et al.'s SimuParallelSGD); with ``period=K`` also after every K optimizer steps
+(local SGD). Averaged: all parameters; floating buffers such as BatchNorm statistics
+(``average_buffers``); optionally the optimizer's floating state, e.g. momentum
 (``average_optimizer_state``). Integer buffers (``num_batches_tracked``) and step counters are kept.
 
-The period runs on across epochs: with K larger than an epoch's steps the replicas are still averaged
-every K steps (at step K of the run, 2K, ...), not never; with K not dividing an epoch's steps, the
-points do not restart at each epoch.
-
-Uneven shards: workers take different numbers of steps per epoch. Only the steps every worker takes
-count towards the period: each epoch's first F steps, F the fewest steps any worker takes in an
-epoch (every worker computes F locally from the pure partition function; shard sizes are the same
-every epoch). The averaging points are the multiples of K of that count, so no worker ever waits at
-an averaging point that another worker will not reach; a larger shard's further steps are local.
-All other communication is once per epoch.
+The period runs on across epochs: the replicas are averaged at step K of the run, 2K, ..., whatever
+an epoch's length. With uneven shards, workers take different numbers of steps per epoch; only each
+epoch's first F steps count towards the period, F the fewest steps any worker takes in an epoch
+(every worker computes F locally from the partition), so every worker reaches every averaging point
+and a larger shard's further steps are local. All other communication is once per epoch.
 """
 
 import math
@@ -32,19 +29,15 @@ from typing_extensions import override
 
 from psgd.data.partition import limited_batches
 from psgd.results import save_atomic
-from psgd.strategies._lightning import (
-    PerWorkerCheckpoints,
-    ReportsFirstFailure,
-    gather_floats,
-    without_per_step_collectives,
-)
+from psgd.strategies.ddp import ReportsFirstFailure
+from psgd.strategies.workers import PerWorkerCheckpoints, gather_floats
 
 
 def average_tensors(tensors: list[Tensor]) -> None:
-    """All-reduce-average tensors in place, in one flat buffer.
+    """All-reduce-average `tensors` in place across the process group, in one flat buffer.
 
-    torch.distributed.algorithms.model_averaging.utils.average_parameters does the same but rebinds
-    ``p.data`` to a contiguous view, which silently drops a channels_last layout; ``copy_`` keeps it.
+    Keeps each tensor's memory format (torch's `average_parameters` rebinds `.data` and drops
+    channels_last). Integer tensors must not be passed.
     """
     if not tensors:
         return
@@ -82,12 +75,13 @@ def common_steps(batches: list[int], limit_train_batches: int | float | None, ac
     if limit_train_batches is not None:
         batches = [limited_batches(b, limit_train_batches) for b in batches]
     # Lightning steps after the last batch of an epoch whatever the accumulation holds: 5 batches
-    # accumulated by 2 are 3 steps (it was 5 // 2, so each epoch's last step never counted towards the period)
+    # accumulated by 2 are 3 steps
     return math.ceil(min(batches) / accumulate)
 
 
 class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
-    """Independent SGD per worker; parameters averaged every `period` steps and at the end."""
+    """Train one replica per worker without gradient sync; average the parameters every `period` steps
+    and after fit."""
 
     strategy_name = "model_averaging"
     per_worker_keys = ("state_dict", *PerWorkerCheckpoints.per_worker_keys)  # replicas differ between averaging points
@@ -103,7 +97,6 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         **ddp_kwargs: Any,
     ):
         if period is not None and (isinstance(period, bool) or not isinstance(period, int) or period < 1):
-            # as strategy.period's check on the command line (in code, 0 had meant "never" without a word)
             raise ValueError(f"period={period!r} is invalid: must be an integer >= 1, or None for only at the end")
         super().__init__(**ddp_kwargs)
         self.period, self.same_init, self.seed = period, same_init, seed
@@ -127,8 +120,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
 
     @override
     def setup(self, trainer: L.Trainer) -> None:
-        super().setup(trainer)
-        without_per_step_collectives(trainer)
+        super().setup(trainer)  # (ReportsFirstFailure's: SIGTERM checked locally, uneven shards cannot deadlock)
         net = self.lightning_module
         if self.same_init:
             for t in [*net.parameters(), *net.buffers()]:
@@ -206,13 +198,12 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
             )
         # psgd's Classifier and datamodule: each replica's accuracy, then the average's. A LightningModule
         # of the user's own (`Trainer(strategy="model_averaging")` in code) is averaged all the same,
-        # without these figures (it failed at its end: "no attribute 'evaluate'").
+        # without these figures.
         evaluates = callable(getattr(module, "evaluate", None)) and hasattr(dm, "full_eval_loader")
         gathered = []
         if evaluates:
             loader = dm.full_eval_loader("test")
-            # each evaluation takes the batches the test and validation take (it went over the whole splits,
-            # e.g. a WideResNet's 10k CIFAR10 test images per replica on CPU)
+            # each evaluation takes the batches the test and validation take
             test_acc, test_loss = module.evaluate(loader, limited_batches(len(loader), trainer.limit_test_batches))
             gathered = gather_floats([test_acc, test_loss], self.root_device)
         before = [p.detach().clone() for p in module.parameters()]

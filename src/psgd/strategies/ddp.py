@@ -1,13 +1,13 @@
-"""How long DDP's gradient all-reduce took, and how long a step waited for it (on CPU), read from the
-clock readings torch's DDP reducer records itself (`DistributedDataParallel._get_ddp_logging_data`:
-when the step's forward started, when its backward's compute ended, when its all-reduce was launched
-and when it completed).
+"""Data-parallel SGD: Lightning's DDPStrategy (the gradients all-reduced every step), with psgd's
+failure reports (FirstFailureLaunch) and the gradient all-reduce timed.
 
-The reducer times its first 10 iterations and then every `allreduce_sample_rate`-th (torch's default:
-100; psgd sets 20), and only those: the sampled steps cost a few clock reads, the others nothing. A
-sample is read after the step that follows it (the reducer files a step's figures when the next
-forward starts): after each of the first 11 steps, then after every 20th. Figures per epoch are
-medians of its samples, so the first iterations (bucket rebuilding, cold caches) do not skew them.
+The timings are the clock readings torch's DDP reducer records itself
+(`DistributedDataParallel._get_ddp_logging_data`: when the step's forward started, when its
+backward's compute ended, when its all-reduce was launched and when it completed). The reducer times
+its first 10 iterations and then every `allreduce_sample_rate`-th, and files a step's figures when
+the next forward starts: a sample is read after each of the first 11 steps, then after every 20th.
+Figures per epoch are medians of its samples, so the first iterations (bucket rebuilding, cold
+caches) do not skew them.
 
 - all-reduce: from the first gradient bucket's all-reduce launch to the last one's completion;
 - wait: the part of it after the backward's compute had ended (or from its launch, if later), the
@@ -18,7 +18,13 @@ medians of its samples, so the first iterations (bucket rebuilding, cold caches)
 import statistics
 from typing import Any
 
+import pytorch_lightning as L
+from pytorch_lightning.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import override
+
+from psgd.strategies.lightning_internals import FirstFailureLaunch, without_per_step_collectives
+from psgd.strategies.workers import GroupEndsAtExit, unused_parameters
 
 NS_PER_MS = 1e6
 
@@ -90,3 +96,30 @@ class TimesAllReduce:
         if not samples:
             return None
         return statistics.median(c for c, _ in samples), statistics.median(w for _, w in samples)
+
+
+class ReportsFirstFailure(TimesAllReduce, FirstFailureLaunch, GroupEndsAtExit, DDPStrategy):
+    """A DDPStrategy whose spawn/fork/forkserver workers are started by FirstFailureLauncher, which
+    samples the DDP reducer's all-reduce timings (TimesAllReduce), and whose steps hold no collective
+    but the gradient all-reduce (without_per_step_collectives)."""
+
+    @override
+    def setup(self, trainer: L.Trainer) -> None:
+        super().setup(trainer)
+        without_per_step_collectives(trainer)
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        """DDP's error for parameters no loss used, in psgd's terms: the parameters by name and psgd's switch."""
+        unused = unused_parameters(exception, self.lightning_module)
+        if unused is None:
+            super().on_exception(exception)
+            return
+        # the last line, which psgd's error line shows, below torch's message (kept for the error log)
+        exception.args = (
+            f"{exception.args[0] if exception.args else ''}\nthe model has parameters that no loss used "
+            f"({', '.join(unused) or 'see the traceback'}), and DDP needs a gradient for each: set "
+            "strategy.find_unused_parameters=true (DDP then looks for them in every step), or leave them out of "
+            "the model",
+            *exception.args[1:],
+        )

@@ -1,0 +1,223 @@
+"""Every use psgd makes of Lightning's private API, each needed for a run's correctness: the training
+loop's per-step SIGTERM broadcast and Lightning's SIGTERM handler (both collectives that uneven shards
+deadlock in), and Lightning's multiprocessing launcher (naming the worker whose failure ended a run,
+starting workers from psgd's fork server, HogWild's model in shared memory).
+
+Each use names the Lightning source it depends on; tests/unit/test_lightning_internals.py checks each
+is still there as used, and pyproject.toml pins Lightning's minor release for them.
+"""
+
+import contextlib
+import os
+import shutil
+import signal
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as L
+from pytorch_lightning.strategies.launchers.multiprocessing import (
+    _disable_module_memory_sharing,
+    _GlobalStateSnapshot,
+    _MultiProcessingLauncher,
+)
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+from typing_extensions import override
+
+from psgd import forkserver
+from psgd.signals import (
+    ctrl_c_out_of_threading,
+    die_with_parent,
+    hang_up_as_sigterm,
+    oom_kills,
+    oom_kills_since,
+    temp_folder_of_this_process,
+)
+from psgd.strategies.workers import (
+    ForkServerDied,
+    defined_in_session,
+    first_failure,
+    let_go_of_the_process_group,
+    out_of_memory,
+    refuse_a_run_while_a_worker_imports_the_script,
+    session_refusal,
+)
+
+REPORT_KEY = "psgd_strategy_report"  # the strategy's `report`, among rank 0's extra results
+
+
+def without_per_step_collectives(trainer: L.Trainer) -> None:
+    """Check for SIGTERM locally before each training step, for this trainer's loop only.
+
+    Lightning's `_TrainingEpochLoop.advance` (loops/training_epoch_loop.py) calls
+    `_broadcast_sigterm_tensor` before every step when a process group exists: a broadcast from rank 0
+    that workers taking different numbers of steps (model averaging's and HogWild's uneven shards)
+    deadlock in, and that swallows a failed collective's error (a lost or stopped peer), so that the
+    error a worker reports comes from its next collective instead. psgd's SIGTERM handlers end the
+    worker or raise KeyboardInterrupt themselves (psgd.signals); the local check keeps Lightning's flag."""
+    loop = trainer.fit_loop.epoch_loop
+
+    def local_sigterm_check() -> None:
+        if getattr(trainer, "received_sigterm", False):
+            raise SIGTERMException()
+
+    loop._broadcast_sigterm_tensor = local_sigterm_check
+
+
+def handle_sigterm_with(trainer: L.Trainer, handler: Callable[[int, Any], None]) -> None:
+    """Have Lightning register `handler` for SIGTERM in place of its own notifier. Call from a `setup` hook.
+
+    Lightning's `_SignalConnector.register_signal_handlers` (trainer/connectors/signal_connector.py),
+    run when fit starts, registers `_sigterm_notifier_fn`, which broadcasts a flag from rank 0 from
+    inside the signal handler: a collective the other workers, which do not broadcast it every step
+    (without_per_step_collectives), never join. It reads the notifier from the connector instance, and
+    keeps composing it with a handler set before, as it does its own."""
+    trainer._signal_connector._sigterm_notifier_fn = handler
+
+
+class FirstFailureLauncher(_MultiProcessingLauncher):
+    """Lightning's spawn/fork/forkserver launcher (strategies/launchers/multiprocessing.py), reporting the
+    worker whose failure ended the run (psgd.strategies.workers.first_failure: each worker records its
+    error in `_wrapping_function`), a worker the OOM killer ended, and the death of psgd's fork server.
+
+    With `forkserver` (psgd's default on CPU) each worker is forked from psgd's fork server
+    (psgd.forkserver), already loaded, and gets what Lightning gives a spawned worker: the launcher's
+    environment and SIGINT handling, Lightning's global state (`_GlobalStateSnapshot`: RNG states,
+    deterministic flags) and a private copy of the model (`_disable_module_memory_sharing`: torch hands
+    tensors to a worker in shared memory, and DDP workers would otherwise all step one set of weights).
+    """
+
+    _private_models = True  # forkserver: each worker gets its own copy of the model, as with spawn
+    _oom_kills_at_launch: int | None = None
+    _launcher_state: dict[str, Any] | None = None
+    _global_states: _GlobalStateSnapshot | None = None
+
+    @property
+    @override
+    def is_interactive_compatible(self) -> bool:
+        """A notebook or Python's prompt may launch: workers start from a fresh interpreter or psgd's fork
+        server, and whatever of the session's own code they would need is refused first (defined_in_session)."""
+        return True
+
+    @override
+    def launch(self, function: Callable, *args: Any, trainer: L.Trainer | None = None, **kwargs: Any) -> Any:
+        refuse_a_run_while_a_worker_imports_the_script()
+        for obj in (*args, *kwargs.values(), *getattr(trainer, "callbacks", [])):  # model, data, callbacks
+            name = defined_in_session(obj)
+            if name:
+                raise TypeError(session_refusal(obj, name))
+        # attributes set here are pickled into every worker
+        self._errors_dir = str(temp_folder_of_this_process("psgd-worker-errors-"))
+        self._oom_kills_at_launch = oom_kills()
+        if self._start_method == "forkserver":
+            forkserver.start()  # unless the script started it already
+            self._launcher_state = forkserver.launcher_state()
+            self._global_states = _GlobalStateSnapshot.capture() if self._private_models else None
+        try:
+            return super().launch(function, *args, trainer=trainer, **kwargs)
+        except (ProcessRaisedException, ProcessExitedException) as e:
+            cause = self._explain(e)
+            if cause is e:
+                raise
+            raise cause from e
+        finally:
+            shutil.rmtree(self._errors_dir, ignore_errors=True)
+
+    @override
+    def _wrapping_function(self, process_idx: int, *args: Any, **kwargs: Any) -> None:
+        """In each worker: Lightning's entry point, with what a fork-server child lacks, and its error recorded."""
+        if self._launcher_state is not None:
+            forkserver.adopt_launcher_state(self._launcher_state)
+            if self._private_models and args:
+                # Lightning passes (trainer, function, args, kwargs, return_queue[, global_states])
+                trainer, function, fargs, fkwargs, return_queue = args[:5]
+                fargs, fkwargs = _disable_module_memory_sharing((fargs, fkwargs))
+                args = (trainer, function, fargs, fkwargs, return_queue, self._global_states)
+        # before the rendezvous: a worker whose launcher died while a peer it waits for died too would
+        # otherwise wait out strategy.timeout_s, orphaned
+        die_with_parent()
+        hang_up_as_sigterm()  # the terminal closed: stop as on SIGTERM, not as on a death
+        ctrl_c_out_of_threading()
+        try:
+            super()._wrapping_function(process_idx, *args, **kwargs)
+        except BaseException as e:
+            if isinstance(e, Exception):  # its own error (Ctrl-C's KeyboardInterrupt is the user's)
+                (Path(self._errors_dir) / str(process_idx)).write_text(traceback.format_exc())
+            let_go_of_the_process_group(args[0] if args else None)
+            raise
+
+    @override
+    def get_extra_results(self, trainer: L.Trainer) -> dict[str, Any]:
+        """Rank 0's results for the launching process, with the strategy's `report` (Lightning sends back
+        the weights, state and logged metrics only)."""
+        extra = super().get_extra_results(trainer)
+        report = getattr(trainer.strategy, "report", None)
+        if report:
+            extra[REPORT_KEY] = report
+        return extra
+
+    @override
+    def update_main_process_results(self, trainer: L.Trainer, extra: dict[str, Any]) -> None:
+        report = extra.pop(REPORT_KEY, None)
+        super().update_main_process_results(trainer, extra)
+        if report is not None:
+            trainer.strategy.report = report
+
+    def _explain(self, e: ProcessRaisedException | ProcessExitedException) -> BaseException:
+        """What the run raises for the failure torch reported: `e`, or the worker and cause behind it."""
+        if self._launcher_state is not None and isinstance(e, ProcessExitedException) and e.exit_code == 255:
+            server = forkserver.server_died()  # exit code 255: multiprocessing cannot ask the dead server
+            if server is not None:
+                for proc in self.procs:  # orphaned, they would train on (and write) after the run failed
+                    with contextlib.suppress(OSError):
+                        os.kill(proc.pid, signal.SIGKILL)
+                return ForkServerDied(server, oom_kills_since(self._oom_kills_at_launch))
+        if isinstance(e, ProcessRaisedException):
+            timeout = getattr(self._strategy, "_timeout", None)  # DDPStrategy's process-group timeout
+            e = first_failure(e, self.procs, self._errors_dir, timeout and timeout.total_seconds())
+        return out_of_memory(e, self._oom_kills_at_launch)
+
+
+class SharedMemoryLauncher(FirstFailureLauncher):
+    """Starts workers with `forkserver` so that module tensors stay shared (HogWild).
+
+    Lightning's launcher clones every module tensor in `spawn`ed CPU workers and its subprocess launcher
+    re-executes the script: either would silently give each worker a private model. With `forkserver`
+    the trainer is pickled by torch's reducers, which hand CPU storage over as shared memory, and
+    nothing is cloned. `prepare` runs in the launching process before any worker exists."""
+
+    _private_models = False
+
+    def __init__(self, strategy: Any, prepare: Callable[[], None]):
+        super().__init__(strategy, start_method="forkserver")
+        self._prepare = prepare
+
+    @override
+    def launch(self, function: Callable, *args: Any, trainer: L.Trainer | None = None, **kwargs: Any) -> Any:
+        self._prepare()
+        return super().launch(function, *args, trainer=trainer, **kwargs)
+
+
+class FirstFailureLaunch:
+    """DDPStrategy mixin: spawn/fork/forkserver workers are started by FirstFailureLauncher.
+
+    DDPStrategy._configure_launcher (strategies/ddp.py) sets `_launcher` to Lightning's own launcher."""
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        if type(self._launcher) is _MultiProcessingLauncher:
+            self._launcher = FirstFailureLauncher(self, start_method=self._start_method)
+
+
+class SharedMemoryLaunch:
+    """DDPStrategy mixin: workers are started by SharedMemoryLauncher, after the strategy's `share()`
+    (in place of DDPStrategy._configure_launcher's choice)."""
+
+    def share(self) -> None:
+        """In the launching process, before any worker exists: put what the workers share in shared memory."""
+        raise NotImplementedError
+
+    def _configure_launcher(self) -> None:
+        self._launcher = SharedMemoryLauncher(self, prepare=self.share)
