@@ -35,19 +35,10 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from psgd.advice import hogwild_workers, scales_by_workers, step_advice
 from psgd.command_line import NOT_IN_DIR_NAMES, as_typed, override_key, shell_override
-from psgd.results import (
-    NO_ROOM,
-    atomic_file,
-    cores_of,
-    failed_write,
-    hogwild_workers,
-    read_json,
-    scales_by_workers,
-    step_advice,
-    write_atomic,
-    write_csv,
-)
+from psgd.environment import cores_of
+from psgd.io import NO_ROOM, atomic_file, failed_write, read_json, write_atomic, write_csv
 from psgd.signals import still_running
 
 WORKER_KEYS = ("workers", "trainer.devices")  # the key that sets P

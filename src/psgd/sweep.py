@@ -14,6 +14,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from psgd.command_line import as_typed, override_key, warn_once_per_sweep
+from psgd.io import read_json
 from psgd.report import (
     continue_command,
     describe,
@@ -24,7 +25,6 @@ from psgd.report import (
     unwritten,
     write_report,
 )
-from psgd.results import read_json
 
 # What the last multirun in this process found: sweep.py turns failed jobs into a non-zero exit code,
 # and reports the finished jobs of a multirun that stopped early (no "ended").

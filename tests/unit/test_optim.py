@@ -4,10 +4,10 @@ import re
 import pytest
 import torch
 
+from psgd.advice import step_advice
 from psgd.choices import DECAYS
 from psgd.config import READ_ONLY_WHEN, schedule
 from psgd.optim import build_scheduler, scaled_lr, schedule_read
-from psgd.results import step_advice
 
 
 def lrs_per_epoch(scheduler, optimizer, epochs):

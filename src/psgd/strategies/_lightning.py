@@ -31,8 +31,8 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 from typing_extensions import override
 
 from psgd import forkserver
+from psgd.io import say
 from psgd.module import STEPS_PER_EPOCH_KEY
-from psgd.results import say
 from psgd.signals import (
     ctrl_c_out_of_threading,
     die_with_parent,
