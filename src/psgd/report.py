@@ -35,7 +35,14 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
-from psgd.advice import hogwild_workers, scales_by_workers, step_advice
+from psgd.advice import (
+    few_steps,
+    hogwild_workers,
+    learned_nothing,
+    learned_nothing_line,
+    scales_by_workers,
+    worst_class,
+)
 from psgd.environment import cores_of
 from psgd.io import NO_ROOM, atomic_file, failed_write, read_json, write_atomic, write_csv
 from psgd.overrides import NOT_IN_DIR_NAMES, as_typed, override_key, shell_override
@@ -46,10 +53,6 @@ SEED_KEYS = ("seed",)
 BATCH_KEY = "data.batch_size"
 PLOTS = ("speedup.png", "efficiency.png", "sync.png", "accuracy.png", "accuracy_vs_batch.png", "curves.png")
 MAX_LEGEND = 16  # curves.png: more settings than this get no legend (it would hide the lines)
-# under this many optimizer steps, a model at chance may not have trained long enough to learn
-FEW_STEPS = 100
-# what a record's stopped_by names: the setting that ended training
-STOPPERS = {"early_stop": "early_stop.target_acc", "max_steps": "trainer.max_steps", "max_time": "trainer.max_time"}
 # Lightning's older spellings of a precision
 PRECISION_ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
 TARGET_COLUMNS = ("reached target", "time to target s", "S to target", "E to target")
@@ -215,38 +218,7 @@ def extra_columns(swept: list[str]) -> list[str]:
     return [k for k in swept if k not in ("workers", "strategy")]
 
 
-# ---- what one record says (also the progress lines of sweep.py and train.py's last line) ----
-
-
-def worst_class(accs: list[float | None] | None, names: list[str] | None) -> tuple[str, float] | None:
-    """The class the final model knows least (its name, else its label) and its test accuracy; None
-    without a class that had test samples."""
-    known = [(a, c) for c, a in enumerate(accs or []) if a is not None]
-    if not known:
-        return None
-    acc, label = min(known)
-    return (names[label] if names and label < len(names) else str(label)), round(acc, 4)
-
-
-def skew_note(record: dict) -> str:
-    """' (worst class 3 - three at 0.0396)' for a finished run on label-skewed shards (partition not
-    iid): the class its test_acc hides; '' otherwise."""
-    worst = worst_class(record.get("test_acc_per_class"), record.get("test_classes"))
-    if worst is None or record.get("partition", "iid") == "iid":
-        return ""
-    return f" (worst class {worst[0]} at {worst[1]:.4f})"
-
-
-def stop_note(record: dict) -> str:
-    """' (trainer.max_time ended training in epoch 30 of 500)' for a run that something other than
-    trainer.max_epochs stopped; '' otherwise."""
-    if record.get("stopped_by") == "fast_dev_run":
-        return " (trainer.fast_dev_run: a few batches only)"
-    stopper = STOPPERS.get(record.get("stopped_by"))
-    if stopper is None:
-        return ""
-    of = f" of {record['max_epochs']}" if record.get("max_epochs") else ""
-    return f" ({stopper} ended training in epoch {record.get('epochs')}{of})"
+# ---- the tables ----
 
 
 def sync_share(job: "Job | dict") -> float | None:
@@ -254,63 +226,6 @@ def sync_share(job: "Job | dict") -> float | None:
     periodic model averaging's time averaging, or locked HogWild's wait for the lock; None for none."""
     shares = (job.get("allreduce_wait_share"), job.get("averaging_share"), job.get("lock_wait_share"))
     return next((v for v in shares if v is not None), None)
-
-
-def _last_epoch(job: "Job | dict") -> tuple[dict, int]:
-    """A job's last epoch record ({} without one) and its number of classes (0 where unknown)."""
-    history = job.get("history") or []
-    last = history[-1] if history and isinstance(history[-1], dict) else {}
-    return last, len(job.get("test_acc_per_class") or job.get("test_classes") or [])
-
-
-def learned_nothing(job: "Job | dict") -> bool:
-    """A completed job whose model learned nothing: its last epoch's mean training loss is no lower than a
-    uniform guess's, ln(classes), and its test accuracy under twice chance. A fast_dev_run is not judged."""
-    last, classes = _last_epoch(job)
-    loss, acc = last.get("train_loss"), job.get("test_acc")
-    if job.get("status") != "completed" or classes < 2 or not all(isinstance(v, int | float) for v in (loss, acc)):
-        return False
-    if job.get("stopped_by") == "fast_dev_run":
-        return False
-    return loss >= math.log(classes) and acc < 2 / classes
-
-
-def few_steps(job: "Job | dict") -> int | None:
-    """The optimizer steps a job trained, where they are under FEW_STEPS and its last epoch's mean training
-    loss stayed under twice a uniform guess's (too few steps may explain learning nothing); else None: a
-    loss far above a guess's means steps too large, however few."""
-    last, classes = _last_epoch(job)
-    step, loss = last.get("step"), last.get("train_loss")
-    if not (isinstance(step, int) and isinstance(loss, int | float) and classes >= 2):
-        return None
-    return step if step < FEW_STEPS and loss < 2 * math.log(classes) else None
-
-
-def learned_nothing_line(
-    accs: str,
-    hogwild_workers: str | int | None,
-    lr: float | None = None,
-    optimizer_lr: float | None = None,
-    by_workers: bool = False,
-    steps: int | str | None = None,
-) -> str:
-    """What learning nothing says, and what to change (psgd.advice.step_advice). `steps`: the optimizer
-    steps trained, where under FEW_STEPS: the line says to train longer first."""
-    said = (
-        f"learned nothing (test accuracy {accs}, about chance; the last epoch's training loss no lower than a "
-        "uniform guess's)"
-    )
-    advice = step_advice(lr, hogwild_workers, optimizer_lr, by_workers)
-    if steps is not None:
-        return (
-            f"{said} after only {steps} optimizer steps: too few to learn from, so train longer "
-            "(trainer.max_epochs, trainer.limit_train_batches, trainer.max_steps); or the steps were too large: "
-            f"{advice}"
-        )
-    return f"{said}: most often the steps were too large; {advice}"
-
-
-# ---- the tables ----
 
 
 def _mean(values: list[float]) -> float | None:

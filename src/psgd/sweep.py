@@ -13,18 +13,10 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from psgd.advice import learned_nothing, skew_note, stop_note
 from psgd.command_line import as_typed, override_key, warn_once_per_sweep
 from psgd.io import read_json
-from psgd.report import (
-    continue_command,
-    describe,
-    learned_nothing,
-    skew_note,
-    stop_note,
-    sweep_lengths,
-    unwritten,
-    write_report,
-)
+from psgd.report import continue_command, describe, sweep_lengths, unwritten, write_report
 
 # What the last multirun in this process found: sweep.py turns failed jobs into a non-zero exit code,
 # and reports the finished jobs of a multirun that stopped early (no "ended").
