@@ -1,48 +1,6 @@
-"""What synchronising the workers cost a run, summed from its per-epoch history for metrics.json.
-
-The file-writing helpers live in psgd.io, the environment in psgd.environment and the lr advice in
-psgd.advice; their names stay importable from here until every importer has moved.
-"""
+"""What synchronising the workers cost a run, summed from its per-epoch history for metrics.json."""
 
 from typing import Any
-
-from psgd.advice import hogwild_workers, scales_by_workers, step_advice
-from psgd.environment import cores_of, cpu_count, device_description, versions
-from psgd.io import (
-    NO_ROOM,
-    atomic_file,
-    failed_write,
-    read_json,
-    remove_temp_files,
-    save_atomic,
-    say,
-    write_atomic,
-    write_csv,
-    write_json,
-)
-
-__all__ = [
-    "NO_ROOM",
-    "allreduce_summary",
-    "atomic_file",
-    "cores_of",
-    "cpu_count",
-    "device_description",
-    "failed_write",
-    "hogwild_workers",
-    "read_json",
-    "remove_temp_files",
-    "save_atomic",
-    "say",
-    "scales_by_workers",
-    "step_advice",
-    "sync_summary",
-    "time_share",
-    "versions",
-    "write_atomic",
-    "write_csv",
-    "write_json",
-]
 
 
 def allreduce_summary(history: list[dict[str, Any]]) -> dict[str, float]:

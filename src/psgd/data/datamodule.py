@@ -102,14 +102,13 @@ class BatchTransform:
     ):
         self.mean = torch.tensor(mean).view(1, -1, 1, 1)
         self.std = torch.tensor(std).view(1, -1, 1, 1)
-        # (u / 255 - mean) / std as one multiply-add, computed straight from the uint8 batch: one pass
-        # over the batch instead of four (float, /255, -mean, /std)
+        # (u / 255 - mean) / std as one multiply-add straight from the uint8 batch
         self.scale = 1 / (255 * self.std)
         self.shift = -self.mean / self.std
         self.augment, self.channels_last = augment, channels_last
 
     def __call__(self, images: Tensor) -> Tensor:
-        if images.device != self.scale.device:  # batches made on the GPU (on_device): constants follow, once
+        if images.device != self.scale.device:  # batches made on the GPU (on_device): the constants follow
             for name in ("mean", "std", "scale", "shift"):
                 setattr(self, name, getattr(self, name).to(images.device))
         if self.augment is None:
@@ -125,10 +124,16 @@ MADE_TOGETHER_BYTES = 4 << 20  # the CPU loader makes consecutive batches up to 
 class TensorLoader:
     """Yields (images, labels) batches by indexing in-memory tensors; Lightning drives `sampler.set_epoch`.
 
-    It keeps its place inside an epoch (Lightning's state_dict / load_state_dict protocol for loaders,
-    saved in checkpoints): a run resumed from a checkpoint written inside an epoch (one that
-    trainer.max_steps, max_time or an early stop inside the epoch ended) goes on with that epoch's
-    next batch. Before, the resumed epoch started again from its first batch."""
+    It keeps its place inside an epoch through Lightning's state_dict / load_state_dict protocol for
+    loaders (saved in checkpoints): a run resumed from a checkpoint written inside an epoch goes on with
+    that epoch's next batch.
+
+    On the CPU, consecutive batches up to MADE_TOGETHER_BYTES are gathered and transformed in one go
+    (each batch is then a slice of them, its samples and order unchanged), which saves per-step work.
+    With augmentation, `made_at` is (the first batch, the random stream before their draws) of the
+    batches made together last; a checkpoint keeps it, and `make_again` given back on resume makes them
+    again with the same draws, so that a resumed run's batches and random stream are those of a run
+    that was never stopped."""
 
     batch_sampler = None  # Lightning inspects DataLoader-like attributes; the sampler yields whole batches
 
@@ -140,10 +145,8 @@ class TensorLoader:
         # batches one at a time, none ahead)
         self.handed_out = 0
         self._resume_at: dict[str, int] | None = None  # a state_dict: where the next epoch's iteration starts
-        # with augmentation on the CPU: (the first batch, the random stream before their draws) of the
-        # batches made together last; a resume inside the epoch makes those again with the same draws
-        self.made_at: tuple[int, Tensor] | None = None
-        self.make_again: tuple[int, int, Tensor] | None = None  # (epoch, first batch, stream), WorkerSetup's
+        self.made_at: tuple[int, Tensor] | None = None  # (first batch, random stream) of the last made together
+        self.make_again: tuple[int, int, Tensor] | None = None  # (epoch, first batch, stream) to make again
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -152,15 +155,14 @@ class TensorLoader:
         return {"epoch": self.sampler.epoch, "batches": self.handed_out}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Lightning calls it when a run resumes inside an epoch: that epoch's first `batches` are skipped.
-        (Lightning counts them done: with an epoch of another length, another worker count or batch
-        size, it trains the epoch's batches after them, none where they were as many or more.)"""
+        """Lightning calls it when a run resumes inside an epoch: that epoch's first `batches` are skipped
+        (Lightning counts them done, whatever the epoch's length now)."""
         self._resume_at = dict(state)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         self.seen, self.handed_out, self.made_at = [], 0, None
         skip, again = 0, None
-        if self._resume_at is not None:  # (read here, at the first batch: Lightning sets the epoch after iter())
+        if self._resume_at is not None:  # read here: Lightning sets the sampler's epoch after load_state_dict
             epoch, batches = int(self._resume_at["epoch"]), int(self._resume_at["batches"])
             skip = batches if epoch == self.sampler.epoch else 0
             if skip and self.make_again is not None and self.make_again[0] == epoch:
@@ -179,15 +181,9 @@ class TensorLoader:
             yield self.transform(self.images.index_select(0, idx)), self.labels.index_select(0, idx)
 
     def _made_together(self, skip: int = 0, again: tuple[int, Tensor] | None = None) -> Iterator[tuple[Tensor, Tensor]]:
-        """On the CPU: consecutive batches up to MADE_TOGETHER_BYTES are gathered and transformed in
-        one go (each batch is then a slice of them, its samples and their order unchanged). Making
-        each batch between two training steps cost a lab-CNN step ~3-5 % (the loader's few small ops,
-        ~60 us on their own, ~220 us there, and a slower step after them); made 8 at a time, ~1-2 %
-        (benchmarks/README.md, data path).
-
-        A resume at batch `skip` goes on from there; with augmentation, `again` (the first batch and
-        the random stream of the batches made together that `skip` falls among) makes them again as
-        they were made, for their random draws, and the resumed run's stream goes on unchanged."""
+        """The CPU's batches from batch `skip` on, made several at a time (see the class). With
+        augmentation, `again` (the first batch and the random stream of the batches made together that
+        `skip` falls among) makes those again as they were made."""
         per_sample = self.images[0].numel() * 4  # the float32 batch the transform makes
         augments = self.transform.augment is not None
         position = again[0] if again is not None and augments and again[0] <= skip else skip
@@ -199,8 +195,6 @@ class TensorLoader:
                 position += len(group)
                 continue
             idx = torch.cat(group) if len(group) > 1 else first
-            # index_select, not images[idx]: advanced indexing took 57 us for a 128-image MNIST batch,
-            # index_select 8 us (2 threads)
             picked = self.images.index_select(0, idx)
             if augments and again is not None and position == again[0]:
                 self.made_at = (position, again[1])
@@ -334,11 +328,16 @@ class ClassificationData(L.LightningDataModule):
         return perm[:n_val], perm[n_val:].sort().values
 
     def check_batches(self, workers: int) -> str | None:
-        """Refuse, before any worker starts, a run in which a worker would get no training batch
-        (a silent run of zero steps under DDP; Lightning's error inside a worker otherwise). Returns a
-        warning line when a worker's shard is smaller than one batch: it never trains on the batch size
-        asked for (data.batch_size=100000 on MNIST trained one batch of the whole shard per epoch, and
-        the run's records say 100000). Needs prepare_data; reads only the labels."""
+        """Refuse, before any worker starts, a run in which a worker would get no training batch.
+        Needs prepare_data; reads only the labels.
+
+        Returns:
+            A warning line where a worker's shard is smaller than one batch (it never trains on the
+            batch size asked for), else None.
+
+        Raises:
+            DataError: a worker would get no training batch.
+        """
         samples, sizes, counts = self._train_shards(workers)
         empty = [r for r, c in enumerate(counts) if c == 0]
         if not empty:
@@ -362,9 +361,8 @@ class ClassificationData(L.LightningDataModule):
         return self._train_shards(workers)[1:]
 
     def _train_shards(self, workers: int) -> tuple[int, list[int], list[int]]:
-        """The training samples, each worker's shard size and its batches per epoch. Kept per worker
-        count: check_batches and then train_shards read them before the workers start (dealing the
-        shards twice cost up to 9 ms, dirichlet on MNIST)."""
+        """The training samples, each worker's shard size and its batches per epoch (kept per worker count:
+        check_batches and train_shards both read them)."""
         if workers not in self._shards:
             labels = self._decoded[True][1]
             if self.val_split > 0:
@@ -397,7 +395,11 @@ class ClassificationData(L.LightningDataModule):
 
     def check_test_limit(self, limit: float | int | None) -> None:
         """Refuse, before training, a trainer.limit_test_batches fraction that leaves the final test no
-        batch: Lightning says so only after the run has trained. Needs prepare_data."""
+        batch (Lightning would say so only after training). Needs prepare_data.
+
+        Raises:
+            DataError: the fraction leaves no test batch.
+        """
         if not isinstance(limit, float) or not 0 < limit < 1:
             return
         batches = num_batches(len(self._decoded[False][1]), self.eval_batch_size)
@@ -476,8 +478,7 @@ class ClassificationData(L.LightningDataModule):
         return self._eval_loader(self.test_set)
 
     def transfer_batch_to_device(self, batch: tuple[Tensor, Tensor], device: torch.device, dataloader_idx: int):
-        # every loader yields an (images, labels) pair of tensors: skip Lightning's generic walk over any
-        # collection, which costs measurably per step on CPU, where there is nothing to move
+        # every loader yields an (images, labels) pair: no need for Lightning's walk over any collection
         if isinstance(batch, Tensor):  # the module's example_input_array, for Lightning's model summary
             return batch.to(device)
         x, y = batch
