@@ -2,6 +2,7 @@
 
 import itertools
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pytorch_lightning as L
 import torch
@@ -21,6 +22,9 @@ class ShardSampler:
     allows), which synchronous DDP needs: a worker with an extra step would wait forever in an
     all-reduce the others never join. The surplus of larger shards is skipped that epoch; shards are
     reshuffled every epoch, so it is different samples each time.
+
+    Args:
+        deal: how `partition` deals the shards: its scheme, seed, sizes, alpha and num_classes.
     """
 
     def __init__(
@@ -29,17 +33,12 @@ class ShardSampler:
         workers: int,
         rank: int,
         batch_size: int,
-        scheme: str = "iid",
-        seed: int = 0,
-        sizes: Sequence[float] | None = None,
-        alpha: float | None = None,
-        num_classes: int | None = None,
         lockstep: bool = True,
         drop_last: bool = False,
+        **deal: Any,
     ):
         self.labels, self.workers, self.rank, self.batch_size = labels, workers, rank, batch_size
-        self.scheme, self.seed, self.sizes, self.alpha, self.num_classes = scheme, seed, sizes, alpha, num_classes
-        self.lockstep, self.drop_last = lockstep, drop_last
+        self.lockstep, self.drop_last, self.deal = lockstep, drop_last, deal
         self.epoch = 0
         self.same_every_epoch = False  # True: epoch 0's shards and order in every epoch (Lightning's overfit_batches)
         self._cache: tuple[int, list[Tensor]] | None = None
@@ -51,10 +50,7 @@ class ShardSampler:
     def shards(self) -> list[Tensor]:
         """Every worker's shard this epoch (computed locally: a pure function, no communication)."""
         if self._cache is None or self._cache[0] != self.epoch:
-            shards = partition(
-                self.labels, self.workers, self.scheme, self.seed, self.epoch, self.sizes, self.alpha, self.num_classes
-            )
-            self._cache = (self.epoch, shards)
+            self._cache = (self.epoch, partition(self.labels, self.workers, epoch=self.epoch, **self.deal))
         return self._cache[1]
 
     def counts(self) -> list[int]:
@@ -445,13 +441,13 @@ class ClassificationData(L.LightningDataModule):
             workers,
             rank,
             self.batch_size,
-            self.scheme,
-            self.seed,
-            self.sizes,
-            self.alpha,
-            self.info.num_classes,
-            self.lockstep,
-            self.drop_last,
+            lockstep=self.lockstep,
+            drop_last=self.drop_last,
+            scheme=self.scheme,
+            seed=self.seed,
+            sizes=self.sizes,
+            alpha=self.alpha,
+            num_classes=self.info.num_classes,
         )
 
     def train_dataloader(self) -> TensorLoader:
