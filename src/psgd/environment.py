@@ -1,12 +1,14 @@
 """The environment stored next to every result: the machine's device and cores, the library versions.
 
 torch and the other libraries load inside the functions that need them: the configuration checks
-import `cpu_count` before torch is loaded.
+import `cpu_count` before torch is loaded, so this module must not load it.
 """
 
 import os
 import platform
 import re
+
+from psgd import __version__
 
 
 def cpu_count() -> int:
@@ -50,13 +52,11 @@ def versions() -> dict[str, str]:
     import torch
     import torchvision
 
-    import psgd
-
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torchvision": torchvision.__version__,
         "pytorch_lightning": pytorch_lightning.__version__,
         "hydra": hydra.__version__,
-        "psgd": psgd.__version__,
+        "psgd": __version__,
     }

@@ -491,26 +491,25 @@ def _pm(mean: float | None, std: float | None, scale: float = 1.0) -> str:
 
 def job_columns(report: Report) -> list[str]:
     """The columns of report.md's jobs table: those of report.csv that tell this sweep's jobs apart."""
-    jobs, rows = report.jobs, report.rows
-    shown = {
-        "lr": len({j.get("lr") for j in jobs if j.get("lr") is not None}) > 1,  # lr_scaling made them differ
-        "stopped_by": any(j.get("stopped_by") not in (None, "max_epochs") for j in jobs),
-        "worker_test_acc": any(j.get("worker_test_acc") for j in jobs),
-        "worst_class_acc": any(j.partition != "iid" for j in jobs),  # label-skewed shards
-        "time_to_target_s": any(j.get("target_acc") is not None for j in jobs),
-    }
+    jobs = report.jobs
+    columns = ["job", *extra_columns(report.swept), "status", "strategy", "workers"]
+    if len({j.get("lr") for j in jobs if j.get("lr") is not None}) > 1:  # lr_scaling made them differ
+        columns.append("lr")
+    columns.append("epochs")
+    if any(j.get("stopped_by") not in (None, "max_epochs") for j in jobs):
+        columns.append("stopped_by")
+    columns += ["samples", "train_time_s", "samples_per_s", "test_acc"]
+    if any(j.get("worker_test_acc") for j in jobs):
+        columns.append("worker_test_acc")
     for key in ("replica_distance", "periodic_averagings", "staleness", "allreduce_wait_ms", "sync_share"):
-        shown[key] = any(r[key] is not None for r in rows)
-    shown["worst_class"], shown["speedup_to_target"] = shown["worst_class_acc"], shown["time_to_target_s"]
-    columns = [
-        "job",
-        *extra_columns(report.swept),
-        *("status", "strategy", "workers", "lr", "epochs", "stopped_by", "samples", "train_time_s"),
-        *("samples_per_s", "test_acc", "worker_test_acc", "replica_distance", "periodic_averagings", "staleness"),
-        *("allreduce_wait_ms", "sync_share", "worst_class_acc", "worst_class", "speedup", "efficiency"),
-        *("time_to_target_s", "speedup_to_target"),
-    ]
-    return [c for c in columns if shown.get(c, True)]
+        if any(r[key] is not None for r in report.rows):
+            columns.append(key)
+    if any(j.partition != "iid" for j in jobs):  # label-skewed shards: a test_acc can hide a class
+        columns += ["worst_class_acc", "worst_class"]
+    columns += ["speedup", "efficiency"]
+    if any(j.get("target_acc") is not None for j in jobs):
+        columns += ["time_to_target_s", "speedup_to_target"]
+    return columns
 
 
 def summary_table(report: Report) -> str:
