@@ -8,7 +8,7 @@ import errno
 import json
 import os
 import sys
-import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from io import BytesIO, StringIO
@@ -31,46 +31,28 @@ def failed_write(e: OSError) -> str:
     return f"{e.strerror}: '{e.filename}'" if e.filename else (e.strerror or str(e))
 
 
-def _umask() -> int:
-    """This process's umask: read from /proc (Linux), else set and set back (which a thread creating a
-    file at that moment would see, hence once, at import)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _umask()
-
-
 @contextmanager
 def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     """A file to write `path` through: a temp file in the same folder, renamed over `path` once written
     and synced. Readers, and a resume after a crash or a full disk, find the old file or the new one,
     never part of one; a failed write leaves the old one as it was and no temp file. The file gets the
-    permissions a plain open() would give (mkstemp's are owner-only).
+    permissions a plain open() would give.
 
     Raises:
         OSError: the write failed; it names `path` where the failing call named no file.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # 0o666 less the umask, as open() gives
     try:
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         if isinstance(e, OSError) and e.filename is None:
             raise OSError(e.errno, e.strerror, str(path)) from e
         raise
