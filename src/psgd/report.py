@@ -1,23 +1,16 @@
 """A sweep's report: one row per job, speedup and efficiency per group, tables and plots.
 
 `sweep.py -m ...` writes it when the multirun ends; `python -m psgd.report <sweep dir>` rebuilds it from
-the job dirs alone. Files written into the sweep dir:
-
-    report.csv      one row per job: swept values, status (and error line), workers, strategy, samples
-                    trained, train time, samples/s, test accuracy, per-worker accuracies, replica distance
-                    (model averaging), staleness (HogWild), synchronisation, time to target, speedup
-    summary.csv     one row per (group, workers): mean ± std over seeds, speedup S(P) = T(1)/T(P) and
-                    efficiency S(P)/P, for the fixed epochs and for the time to target accuracy
-    report.md       both tables in markdown, the failed jobs and notes on what the figures mean
-    speedup.png, efficiency.png, sync.png, accuracy.png (when workers are swept), accuracy_vs_batch.png
-                    (when the batch size is swept), curves.png (validation accuracy per epoch and against
-                    training time, one line per setting)
+the job dirs alone. It writes into the sweep dir report.csv (one row per job), summary.csv (one row per
+group and worker count: mean ± std over seeds, speedup and efficiency, for the fixed epochs and to the
+target accuracy), report.md (both tables, the failed jobs, notes on reading the figures) and the plots
+speedup.png, efficiency.png, sync.png, accuracy.png, accuracy_vs_batch.png and curves.png where they apply.
 
 A group is every job with the same strategy and the same values of the swept keys other than workers
-and seed; T(1) is the mean of its 1-worker jobs. T is a job's training time per sample it trained (all
-workers together), so that jobs that trained different numbers of samples (trainer.limit_train_batches
-counts each worker's batches; an early stop) still compare the same work; where they trained the same,
-S(P) is exactly T(1)/T(P).
+and seed. S(P) = T(1)/T(P), efficiency S(P)/P, where T(1) is the mean of the group's 1-worker jobs and T
+a job's training time per sample it trained (all workers together): jobs that trained different numbers
+of samples (trainer.limit_train_batches counts each worker's batches; an early stop) still compare the
+same work, and where they trained the same, S(P) is exactly the ratio of their times.
 """
 
 import argparse
