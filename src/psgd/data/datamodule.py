@@ -165,16 +165,22 @@ class TensorLoader:
                 again = self.make_again[1:]
             self.handed_out = skip
         self._resume_at = self.make_again = None
-        made = self._made_together(skip, again) if self.images.device.type == "cpu" else self._one_by_one(skip)
+        made = self._made_together(skip, again) if self.images.device.type == "cpu" else self._made_on_device(skip)
         for batch in made:
             self.handed_out += 1
             yield batch
 
-    def _one_by_one(self, skip: int) -> Iterator[tuple[Tensor, Tensor]]:
-        for host, idx in itertools.islice(self._index_batches(), skip, None):
+    def _made_on_device(self, skip: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """The batches from batch `skip` on, made where the data is kept (on_device): the epoch's index
+        batches are copied there in one transfer at its start, not one small copy per step."""
+        host = list(self.sampler)[skip:]  # a shard's slices: the epoch's order is fixed when it starts
+        if not host:
+            return
+        placed = torch.cat(host).to(self.images.device, non_blocking=True).split([len(i) for i in host])
+        for idx, on_device in zip(host, placed):
             if self.record:
-                self.seen.append(host)
-            yield self.transform(self.images.index_select(0, idx)), self.labels.index_select(0, idx)
+                self.seen.append(idx)
+            yield self.transform(self.images.index_select(0, on_device)), self.labels.index_select(0, on_device)
 
     def _made_together(self, skip: int = 0, again: tuple[int, Tensor] | None = None) -> Iterator[tuple[Tensor, Tensor]]:
         """The CPU's batches from batch `skip` on, made several at a time (see the class). With
@@ -211,21 +217,6 @@ class TensorLoader:
                     yield images[start:end], labels[start:end]
                 start = end
             position += len(group)
-
-    def _index_batches(self) -> Iterator[tuple[Tensor, Tensor]]:
-        """(the sampler's index batch, the same on the data's device). A dataset kept on the GPU
-        (on_device) gathers there: the epoch's index batches are copied to it in one transfer at the
-        epoch's start, not one small host-to-device copy per step."""
-        device = self.images.device
-        if device.type == "cpu":
-            for idx in self.sampler:
-                yield idx, idx
-            return
-        host = list(self.sampler)  # a shard's slices: the epoch's order is fixed when it starts
-        if not host:
-            return
-        placed = torch.cat(host).to(device, non_blocking=True).split([len(i) for i in host])
-        yield from zip(host, placed)
 
 
 def resize(images: Tensor, size: int) -> Tensor:
