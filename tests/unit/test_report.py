@@ -19,9 +19,9 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from psgd.report import describe, learning_curves, main, write_report
-from psgd.results import sync_summary
 from psgd.signals import this_process
 from psgd.sweep import LAST, SweepReport, progress_line, shown_overrides, sweep_lengths
+from psgd.sync_costs import sync_summary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
