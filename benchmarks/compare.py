@@ -88,7 +88,7 @@ def exit_unless_writable(folder: Path) -> None:
 
 def write_results(folder: Path, name: str, data: str, md: str) -> None:
     """<name>.json (`data`) and <name>.md into `folder`, each whole or not at all."""
-    from psgd.results import write_atomic
+    from psgd.io import write_atomic
 
     write_atomic(folder / f"{name}.json", data)
     write_atomic(folder / f"{name}.md", md)

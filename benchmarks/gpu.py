@@ -79,7 +79,7 @@ RATIOS = [  # (what, numerator variant, denominator variant)
 def device_name(accelerator: str) -> str:
     import torch
 
-    from psgd.results import device_description  # as every run's metrics.json names its device
+    from psgd.environment import device_description  # as every run's metrics.json names its device
 
     cuda = f", CUDA {torch.version.cuda}" if accelerator == "gpu" else ""
     return f"{device_description(accelerator)}{cuda}, torch {torch.__version__}"

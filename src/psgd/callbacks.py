@@ -15,10 +15,11 @@ from pytorch_lightning.plugins import TorchCheckpointIO
 from typing_extensions import override
 
 from psgd.data.partition import generator
+from psgd.io import save_atomic, write_csv, write_json
 from psgd.module import cut_short, fit_loop_state
-from psgd.results import save_atomic, sync_summary, write_csv, write_json
 from psgd.signals import handler_for_this_process, launched_worker, this_process
 from psgd.strategies.lightning_internals import handle_sigterm_with
+from psgd.sync_costs import sync_summary
 
 
 def denormals_flushed() -> bool:
@@ -151,7 +152,7 @@ class WorkerSetup(Callback):
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Checkpoints written through a temp file in their own folder and renamed (psgd.results.save_atomic),
+    """Checkpoints written through a temp file in their own folder and renamed (psgd.io.save_atomic),
     so that a run killed while writing, or a full disk, leaves the previous checkpoint whole.
 
     Lightning's own writes each one into the system's temp dir and moves it over the checkpoint: where

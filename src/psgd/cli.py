@@ -17,12 +17,20 @@ from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd import command_line, signals
+from psgd.advice import (
+    few_steps,
+    hogwild_workers,
+    learned_nothing,
+    learned_nothing_line,
+    scales_by_workers,
+    skew_note,
+    stop_note,
+)
 from psgd.command_line import fail, first_worker, global_rank, other_torchrun_worker, text_lines, warn
 from psgd.config import SPARSE_GRADIENTS_WAY_OUT, ConfigError, DirInUse
 from psgd.data import DataError
+from psgd.io import NO_ROOM, failed_write, read_json, write_atomic
 from psgd.module import TrainingDiverged
-from psgd.report import few_steps, learned_nothing, learned_nothing_line, skew_note, stop_note
-from psgd.results import NO_ROOM, failed_write, hogwild_workers, read_json, scales_by_workers, write_atomic
 from psgd.run import WorkerGone, mark_status, raised_in_worker, run_dir_key, train
 from psgd.strategies.workers import KilledWorker, lost_a_peer, timed_out
 from psgd.sweep import KEPT

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from psgd import forkserver
+from psgd.advice import hogwild_workers, scales_by_workers
 from psgd.choices import AUGMENTATIONS, BUILTIN, DECAYS, INFO, INTERVALS, LR_SCALING, SCHEMES
 from psgd.command_line import gpus_by_id, in_the_job, override_key, text_lines, warn
-from psgd.results import cpu_count, hogwild_workers, scales_by_workers
+from psgd.environment import cpu_count
 
 if TYPE_CHECKING:
     from torch import nn

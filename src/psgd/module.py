@@ -14,9 +14,9 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
+from psgd.advice import hogwild_workers, step_advice
 from psgd.config import ConfigError
 from psgd.optim import build_scheduler, schedule_read
-from psgd.results import hogwild_workers, step_advice
 
 # a per-step schedule's optimizer steps per epoch (this worker's), kept in its checkpoints
 STEPS_PER_EPOCH_KEY = "psgd_steps_per_epoch"

@@ -28,9 +28,8 @@ def scaled_lr(
 def schedule_read(settings: Mapping[str, Any] | None) -> dict[str, Any]:
     """The scheduler settings (after config.schedule) that `build_scheduler` and the module read: start_factor
     only with a warm-up, step_size and gamma only with the step decay, interval only where the lr moves.
-    A setting left out here makes no difference to the lr (the tests check this on build_scheduler), so
-    two runs whose schedule_read agree follow the same lr schedule. A checkpoint from before
-    scheduler.interval existed stepped once per epoch."""
+    A setting left out here makes no difference to the lr, so two runs whose schedule_read agree follow
+    the same lr schedule. Settings without an interval (an older checkpoint's) step once per epoch."""
     s = {"interval": "epoch", **{k: v for k, v in (settings or {}).items() if k != "name"}}
     warm, decay = (s.get("warmup_epochs") or 0) > 0, s.get("decay", "none")
     unread = ["start_factor"] * (not warm) + ["step_size", "gamma"] * (decay != "step")

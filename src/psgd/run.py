@@ -39,6 +39,7 @@ from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
 from psgd import quietness, signals
+from psgd.advice import scales_by_workers
 from psgd.callbacks import (
     AtomicCheckpointIO,
     EpochCheckpoints,
@@ -65,20 +66,13 @@ from psgd.config import (
 )
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
+from psgd.advice import scales_by_workers
+from psgd.environment import cpu_count, device_description, versions
+from psgd.io import read_json, remove_temp_files, say, write_json
 from psgd.memory import memory_problem
 from psgd.module import OPTIMIZER_KEY, STEP_IMPLEMENTATION, Classifier, fit_loop_state
 from psgd.optim import scaled_lr, schedule_read
 from psgd.profiler import PyTorchProfilerForWorkers
-from psgd.results import (
-    cpu_count,
-    device_description,
-    read_json,
-    remove_temp_files,
-    say,
-    scales_by_workers,
-    versions,
-    write_json,
-)
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
 from psgd.strategies.ddp import ReportsFirstFailure
 from psgd.strategies.model_averaging import common_steps, optimizer_state_tensors

@@ -1,6 +1,6 @@
 """The Hydra callback behind `sweep.py -m`: a progress line per finished job, the report at the end.
 
-It only reads what the jobs wrote to disk (metrics.json in each job dir), so it works the same with
+It reads only what the jobs wrote to disk (each job dir's metrics.json), so it works the same with
 Hydra's in-process launcher and with launchers that run jobs elsewhere (submitit on SLURM).
 """
 
@@ -13,36 +13,26 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from psgd.command_line import as_typed, override_key, warn_once_per_sweep
-from psgd.report import (
-    continue_command,
-    describe,
-    learned_nothing,
-    skew_note,
-    stop_note,
-    sweep_lengths,
-    unwritten,
-    write_report,
-)
-from psgd.results import read_json
+from psgd.advice import learned_nothing, skew_note, stop_note
+from psgd.command_line import warn_once_per_sweep
+from psgd.io import read_json
+from psgd.overrides import as_typed, override_key
+from psgd.report import continue_command, describe, sweep_lengths, unwritten, write_report
 
-# What the last multirun in this process found: sweep.py turns failed jobs into a non-zero exit code,
-# and reports the finished jobs of a multirun that stopped early (no "ended").
+# the last multirun of this process: sweep.py's exit code counts its failed jobs, and a multirun that did
+# not end (Ctrl-C, SIGTERM) gets the report of the jobs that ran
 LAST: dict[str, Any] = {"failed": 0, "sweep_dir": None, "ended": False}
-# job dirs of a continued sweep whose earlier attempt completed and was kept (psgd.cli.continue_job), in this
-# process (Hydra's basic launcher): their progress lines say so
+# the job dirs of a continued sweep whose completed job was kept (psgd.cli): their progress lines say so
 KEPT: set[str] = set()
 
 
 def shown_overrides(task: list[str], swept: set[str]) -> list[str]:
-    """A job's overrides its progress line shows: the swept ones, which tell the jobs apart; all of
-    them when nothing is swept (`workers=1,2 workers=3` is one job, the last value winning as in Hydra),
-    rather than "(defaults)"."""
+    """The overrides a job's progress line shows, as typed: the swept ones, or all of them when nothing is swept."""
     return [as_typed(o) for o in task if not swept or override_key(o) in swept]
 
 
 def progress_line(num: int, total: int | None, overrides: list[str], job_dir: Path) -> str:
-    """`[i/N] key=value ...: completed in 12.3 s, test_acc 0.9812` (or `failed: <error line>`)."""
+    """`psgd: [i/N] key=value ...: completed, 12.3 s training, ..., test_acc 0.9812` (or `failed: <error line>`)."""
     record = read_json(job_dir / "metrics.json") if (job_dir / "metrics.json").exists() else {}
     status = record.get("status", "not finished")
     where = f"[{num + 1}/{total}]" if total else f"[{num + 1}]"
@@ -61,7 +51,7 @@ def progress_line(num: int, total: int | None, overrides: list[str], job_dir: Pa
 
 
 class SweepReport(Callback):
-    """Registered in conf/sweep.yaml under hydra.callbacks."""
+    """The progress lines and the report of a multirun (registered in conf/sweep.yaml under hydra.callbacks)."""
 
     def __init__(self) -> None:
         self.total: int | None = None
@@ -73,7 +63,7 @@ class SweepReport(Callback):
         params = config.hydra.sweeper.get("params")
         try:
             lengths = sweep_lengths(dict(params) if params else None, list(config.hydra.overrides.task))
-        except Exception:  # a sweep syntax this count does not know: progress lines go without "/N"
+        except Exception:  # a sweep this count cannot read: progress lines go without "/N"
             self.total, self.swept = None, set()
         else:
             self.total, self.swept = math.prod(lengths.values()), {k for k, n in lengths.items() if n > 1}
@@ -96,7 +86,7 @@ class SweepReport(Callback):
             print(f"psgd: error: no report: {e}", flush=True)
             LAST.update(failed=1)
             return
-        except OSError as e:  # a full disk: Hydra would only warn, and the sweep exit 0
+        except OSError as e:  # a full disk, a read-only dir
             print(f"psgd: error: {unwritten(e, sweep_dir)}", file=sys.stderr, flush=True)
             LAST.update(failed=1)
             return
@@ -105,9 +95,9 @@ class SweepReport(Callback):
 
 
 def report_stopped_sweep() -> bool:
-    """After a multirun that stopped before its end (Ctrl-C, SIGTERM: Hydra runs no end callback then):
-    write the report of the jobs that ran and say so in one line. Nothing if none was started.
-    Returns whether it said something."""
+    """After a multirun that stopped before its end (Ctrl-C, SIGTERM: Hydra runs no end callback then),
+    write the report of the jobs that ran and say so in one line. Returns whether it said something
+    (nothing where no multirun started, or it ended)."""
     warn_once_per_sweep(False)
     if LAST["sweep_dir"] is None or LAST["ended"]:
         return False

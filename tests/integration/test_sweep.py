@@ -120,7 +120,7 @@ def test_every_job_has_its_own_tensorboard_run_with_hparams(mixed_sweep):
     "script",
     [
         "sweep.py",
-        # `train.py -m` is sweep.py's sweep (before: no line per job, no report, exit 0 with a job failed)
+        # `train.py -m` is sweep.py's sweep: a line per job, the report, exit 1 with a job failed
         pytest.param("train.py", marks=pytest.mark.slow),  # ~9 s; the default run checks it by its help
     ],
 )
@@ -158,9 +158,9 @@ def test_train_py_with_hydras_multirun_flag_is_a_sweep():
         proc = run_cli("train.py", flag, "--help", timeout=60)
         assert proc.returncode == 0 and proc.stdout.startswith("psgd sweep.py: one training job per combination")
     assert run_cli("train.py", "--help", timeout=60).stdout.startswith("psgd train.py: train one network")
-    # the interpreter's own options go on to sweep.py (before: `python -W error train.py -m` lost -W there);
-    # -X importtime shows it: each of the two processes writes its import-time table. The help leaves the
-    # sweep's values out (Hydra composes one job for it), and the options are still told from the script
+    # the interpreter's own options go on to sweep.py; -X importtime shows it: each of the two processes
+    # writes its import-time table. The help leaves the sweep's values out (Hydra composes one job for it),
+    # and the options are still told from the script
     cmd = [sys.executable, "-X", "importtime", str(ROOT / "train.py"), "-m", "seed=0,1", "--help"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stderr.count("import time: self [us]") == 2, proc.stderr[-2000:]
@@ -243,8 +243,8 @@ def test_a_sweep_stopped_early_reports_the_jobs_that_ran_and_goes_on_where_it_st
 @pytest.mark.slow  # ~15 s: two sweeps; the command line it hands Hydra is unit-tested (test_command_line.py)
 def test_a_sweep_with_job_folders_named_by_their_values_is_continued_in_them(tiny_data, tmp_path):
     """hydra.sweep.subdir=${hydra.job.override_dirname} (job folders, and so TensorBoard runs, named by
-    their values): continue_sweep used to be among those names, so the continued sweep trained every job
-    again in new folders and its report counted 4 jobs for 2."""
+    their values): continue_sweep is not among those names, so the continued sweep goes on in the same
+    folders, keeps the completed jobs and counts each job once."""
     sweep_dir = tmp_path / "sweep"
     named = [
         "hydra.sweep.subdir=${hydra.job.override_dirname}",

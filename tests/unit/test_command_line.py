@@ -555,7 +555,7 @@ def test_a_problem_every_torchrun_worker_finds_is_said_by_the_machines_first(
 
 SPEAKERS = """
 import multiprocessing, sys
-from psgd.results import say
+from psgd.io import say
 
 def speak(i, barrier):
     barrier.wait()  # all at once, as workers refusing the same thing

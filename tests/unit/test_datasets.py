@@ -166,7 +166,7 @@ def test_datamodule_normalises_and_holds_out_validation(tmp_path):
 
 
 def test_a_run_where_a_worker_gets_no_training_batch_is_refused_before_it_starts(tmp_path):
-    # under DDP such a run used to train zero steps and report success; otherwise Lightning failed in a worker
+    # a worker without a batch would train zero steps under DDP, or fail inside the worker
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
 
     def data(**kw):
@@ -370,8 +370,8 @@ def test_training_batches_made_several_at_once_are_each_sampler_batch_in_order(t
 def test_the_training_loader_goes_on_from_its_place_inside_an_epoch(tmp_path, monkeypatch, device):
     """Lightning saves a loader's state_dict in checkpoints and gives it back on a resume inside an
     epoch: the resumed loader hands out that epoch's remaining batches, in order (also where the CPU
-    loader made the cut batch together with the next ones), and every later epoch whole. Before, the
-    resumed epoch started again at its first batch. (meta stands in for a GPU: batches made one by one.)"""
+    loader made the cut batch together with the next ones), and every later epoch whole. (meta stands in
+    for a GPU: batches made one by one.)"""
     from psgd.data import datamodule
 
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)

@@ -4,10 +4,10 @@ import re
 import pytest
 import torch
 
+from psgd.advice import step_advice
 from psgd.choices import DECAYS
 from psgd.config import READ_ONLY_WHEN, schedule
 from psgd.optim import build_scheduler, scaled_lr, schedule_read
-from psgd.results import step_advice
 
 
 def lrs_per_epoch(scheduler, optimizer, epochs):
@@ -228,9 +228,7 @@ def test_a_resume_that_changes_the_lr_schedule_is_named():
 @pytest.mark.parametrize("reference_batch", [None, 32])
 def test_hogwilds_advice_after_a_divergence_runs_one_workers_lr_over_p(rule, reference_batch):
     """Under HogWild the divergence line names the settings that run one worker's lr / P (P workers take
-    about P times one worker's step). Under lr_scaling it named the diverged lr's P-th as optimizer.lr,
-    which lr_scaling scaled straight back to the lr that diverged; scaled by the workers, even lowering
-    optimizer.lr P-fold ran the lr that had diverged without scaling (lr 0.02 at 5 workers)."""
+    about P times one worker's step), lr_scaling included: scaled by the workers, it says lr_scaling=none."""
     workers, base, batch = 4, 0.08, 128
 
     def ran(lr: float, rule: str, workers: int) -> float:

@@ -19,9 +19,9 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from psgd.report import describe, learning_curves, main, write_report
-from psgd.results import sync_summary
 from psgd.signals import this_process
 from psgd.sweep import LAST, SweepReport, progress_line, shown_overrides, sweep_lengths
+from psgd.sync_costs import sync_summary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -127,9 +127,8 @@ def test_the_markdown_shows_test_accuracy_to_4_decimals_and_the_csv_keeps_it_who
 
 
 def test_the_jobs_table_says_how_far_replicas_drifted_and_how_stale_hogwild_updates_were(tmp_path):
-    """A sweep over worker counts or HogWild's lock showed speed and accuracy only: what parallelism did to
-    the model (the replicas' distance from their average, the other workers' updates landing during each
-    update) was in each job's metrics.json alone."""
+    """The jobs table shows what parallelism did to the model: the replicas' distance from their average
+    (model averaging) and the other workers' updates landing during each update (HogWild), where a job has it."""
     drifted = done("model_averaging", 2, 10.0, 0.9, worker_test_acc=[0.91, 0.89], replica_distance=0.123456)
     make_job(tmp_path, 0, {"strategy": "model_averaging", "workers": 2}, drifted, workers=2)
     history = [{"epoch": 1, "staleness": 0.5}, {"epoch": 2, "staleness": 1.0}, {"epoch": 3}]
@@ -274,7 +273,7 @@ def test_curves_show_each_settings_validation_accuracy_per_epoch_and_time_over_s
 
 @pytest.mark.parametrize("epochs,ticks", [(1, [1.0]), (3, [1.0, 2.0, 3.0])])
 def test_the_curves_epoch_axis_ticks_whole_epochs(tmp_path, monkeypatch, epochs, ticks):
-    """A one-epoch sweep's per-epoch axis showed ticks 0.96, 0.98, ... 1.04: now each epoch run."""
+    """The per-epoch axis ticks each epoch run, a one-epoch sweep's included."""
     from psgd import report as report_module
 
     shown, save = {}, report_module.save_png
@@ -385,8 +384,8 @@ def test_a_job_left_running_is_reported_failed(tmp_path):
 
 
 def test_a_job_still_training_is_running_not_failed(tmp_path, capsys):
-    """A report rebuilt while the sweep runs (python -m psgd.report <its dir>): the job at work used to be
-    listed as failed ("ended with status 'running' (killed?)") and the rebuild exited 1."""
+    """A report rebuilt while the sweep runs (python -m psgd.report <its dir>): the job at work is running,
+    not failed, and the rebuild exits 0."""
     make_job(tmp_path, 0, {"seed": 0}, done("ddp", 1, 5.0, 0.9))
     live = {**done("ddp", 1, 2.0, 0.5), "status": "running", "process": this_process()}  # this test's process
     make_job(tmp_path, 1, {"seed": 1}, live)
@@ -438,8 +437,7 @@ def test_a_job_record_damaged_by_hand_is_a_failed_job_not_a_traceback(tmp_path):
 
 def test_jobs_in_folders_a_changed_sweep_subdir_names_are_found_in_job_order(seeded_sweep):
     """hydra.sweep.subdir=${hydra.job.override_dirname}: job folders named by their overrides, nested where a
-    value holds a / (data.root=/data/x). The report used to find none ("is it a sweep dir?") after every job
-    had trained."""
+    value holds a / (data.root=/data/x): the report finds them in a dir Hydra made, in job order."""
     for job in sorted(p for p in seeded_sweep.iterdir() if p.name.isdigit()):
         hydra_yaml = {"hydra": {"job": {"num": int(job.name)}}}
         (job / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(hydra_yaml))
@@ -480,9 +478,9 @@ def test_a_sweep_with_failed_jobs_says_how_to_run_them_again(tmp_path):
 
 
 def test_a_sweep_stopped_before_some_jobs_started_counts_them_and_says_how_to_run_them(tmp_path, capsys):
-    """A sweep stopped between jobs (Ctrl-C, SIGTERM, a closed terminal) left dirs for the jobs that ran
-    only: its report said "2 jobs: 2 completed", as of a finished sweep, and the command to go on with
-    the others was in the terminal's last line alone. The sweep's jobs are counted from multirun.yaml."""
+    """A sweep stopped between jobs (Ctrl-C, SIGTERM, a closed terminal) has dirs for the jobs that ran
+    only: the report counts the sweep's jobs from multirun.yaml, says how many did not start and gives the
+    command that runs them."""
     recorded = {"hydra": ["hydra.mode=MULTIRUN"], "task": ["workers=1,2", "seed=0,1", "trainer.max_epochs=3"]}
     (tmp_path / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"overrides": recorded}}))
     make_job(tmp_path, 0, {"workers": 1, "seed": 0}, done("ddp", 1, 10.0, 0.9))
@@ -536,8 +534,7 @@ def test_a_sweep_dir_that_cannot_be_written_says_so_not_free_space(seeded_sweep,
 
 def test_a_report_the_disk_has_no_room_for_is_one_line_and_leaves_no_truncated_file(seeded_sweep, capsys, monkeypatch):
     """The disk fills up while the report is written (here: half of the second plot fits). The sweep and
-    the rebuild say so in one line with how to rebuild it, and fail; no file is left half-written. The
-    sweep used to exit 0 with Hydra's warning, and a truncated PNG."""
+    the rebuild say so in one line with how to rebuild it, and fail; no file is left half-written."""
     real_savefig, calls = Figure.savefig, []
 
     def half_fits(fig, f, **kwargs):
@@ -612,7 +609,7 @@ def test_the_report_says_which_precision_ran_where_it_is_not_the_one_asked_for(t
 def test_progress_lines_show_the_swept_values_or_else_every_override():
     task = ["workers=2", "+data.seed=1", "trainer.max_epochs=1"]
     assert shown_overrides(task, {"workers", "data.seed"}) == ["workers=2", "+data.seed=1"]
-    # a key swept with + (or ++) is swept under its own name: such a sweep's every line said "(defaults)"
+    # a key swept with + (or ++) is swept under its own name
     swept = sweep_lengths(None, ["+data.seed=1,2", "++trainer.max_time=00:00:00:01,00:00:00:02", "workers=2"])
     assert swept == {"data.seed": 2, "trainer.max_time": 2, "workers": 1}
     # the values as typed, without the escapes of Hydra's sweeper
@@ -622,7 +619,7 @@ def test_progress_lines_show_the_swept_values_or_else_every_override():
         "++trainer.max_time=00:00:00:01",
     ]
     assert shown_overrides([r"data.root=/a\ b\,c"], set()) == ["data.root=/a b,c"]
-    # `workers=1,2 workers=3`: one job, workers=3; its line said "(defaults)"
+    # `workers=1,2 workers=3`: one job, workers=3; nothing swept, so every override is shown
     assert shown_overrides(["workers=3", "trainer.max_epochs=1"], set()) == ["workers=3", "trainer.max_epochs=1"]
 
 
@@ -654,9 +651,9 @@ def stuck(strategy: str, workers: int, acc: float, loss: float, **extra) -> dict
 
 
 def test_jobs_that_learned_nothing_are_named_with_what_to_change(tmp_path):
-    """HogWild at 3-5 workers with the lr that trains one worker "completed" at 10-11 % test accuracy,
-    its loss finite (no divergence found): the report listed it like any result. A job is named when its
-    last training loss is no lower than a uniform guess's (ln 10 = 2.303) and its accuracy under 2 / 10."""
+    """A completed job that learned nothing (HogWild at several workers with the lr that trains one) is
+    named with what to change: its last training loss is no lower than a uniform guess's (ln 10 = 2.303)
+    and its accuracy under 2 / 10."""
     jobs = [
         stuck("hogwild", 1, 0.98, 0.33),
         stuck("hogwild", 3, 0.1135, 2.335),

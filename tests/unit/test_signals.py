@@ -101,7 +101,7 @@ def test_an_interrupted_run_leaves_no_temp_file_of_a_write_its_workers_did_not_f
     """A worker that psgd's launcher started dies at once by the signal passed on to it: one that was
     writing metrics.json or a checkpoint (a temp file, renamed when written) left that temp file behind
     (seen once in a HogWild run stopped by SIGTERM)."""
-    from psgd.results import atomic_file, write_json
+    from psgd.io import atomic_file, write_json
     from psgd.run import mark_stopped
 
     monkeypatch.setattr(signals, "received", None)  # Ctrl-C's (an earlier test's SIGTERM stays recorded)

@@ -2,6 +2,7 @@
 
 import itertools
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pytorch_lightning as L
 import torch
@@ -21,6 +22,9 @@ class ShardSampler:
     allows), which synchronous DDP needs: a worker with an extra step would wait forever in an
     all-reduce the others never join. The surplus of larger shards is skipped that epoch; shards are
     reshuffled every epoch, so it is different samples each time.
+
+    Args:
+        deal: how `partition` deals the shards: its scheme, seed, sizes, alpha and num_classes.
     """
 
     def __init__(
@@ -29,17 +33,12 @@ class ShardSampler:
         workers: int,
         rank: int,
         batch_size: int,
-        scheme: str = "iid",
-        seed: int = 0,
-        sizes: Sequence[float] | None = None,
-        alpha: float | None = None,
-        num_classes: int | None = None,
         lockstep: bool = True,
         drop_last: bool = False,
+        **deal: Any,
     ):
         self.labels, self.workers, self.rank, self.batch_size = labels, workers, rank, batch_size
-        self.scheme, self.seed, self.sizes, self.alpha, self.num_classes = scheme, seed, sizes, alpha, num_classes
-        self.lockstep, self.drop_last = lockstep, drop_last
+        self.lockstep, self.drop_last, self.deal = lockstep, drop_last, deal
         self.epoch = 0
         self.same_every_epoch = False  # True: epoch 0's shards and order in every epoch (Lightning's overfit_batches)
         self._cache: tuple[int, list[Tensor]] | None = None
@@ -51,10 +50,7 @@ class ShardSampler:
     def shards(self) -> list[Tensor]:
         """Every worker's shard this epoch (computed locally: a pure function, no communication)."""
         if self._cache is None or self._cache[0] != self.epoch:
-            shards = partition(
-                self.labels, self.workers, self.scheme, self.seed, self.epoch, self.sizes, self.alpha, self.num_classes
-            )
-            self._cache = (self.epoch, shards)
+            self._cache = (self.epoch, partition(self.labels, self.workers, epoch=self.epoch, **self.deal))
         return self._cache[1]
 
     def counts(self) -> list[int]:
@@ -102,14 +98,13 @@ class BatchTransform:
     ):
         self.mean = torch.tensor(mean).view(1, -1, 1, 1)
         self.std = torch.tensor(std).view(1, -1, 1, 1)
-        # (u / 255 - mean) / std as one multiply-add, computed straight from the uint8 batch: one pass
-        # over the batch instead of four (float, /255, -mean, /std)
+        # (u / 255 - mean) / std as one multiply-add straight from the uint8 batch
         self.scale = 1 / (255 * self.std)
         self.shift = -self.mean / self.std
         self.augment, self.channels_last = augment, channels_last
 
     def __call__(self, images: Tensor) -> Tensor:
-        if images.device != self.scale.device:  # batches made on the GPU (on_device): constants follow, once
+        if images.device != self.scale.device:  # batches made on the GPU (on_device): the constants follow
             for name in ("mean", "std", "scale", "shift"):
                 setattr(self, name, getattr(self, name).to(images.device))
         if self.augment is None:
@@ -125,10 +120,16 @@ MADE_TOGETHER_BYTES = 4 << 20  # the CPU loader makes consecutive batches up to 
 class TensorLoader:
     """Yields (images, labels) batches by indexing in-memory tensors; Lightning drives `sampler.set_epoch`.
 
-    It keeps its place inside an epoch (Lightning's state_dict / load_state_dict protocol for loaders,
-    saved in checkpoints): a run resumed from a checkpoint written inside an epoch (one that
-    trainer.max_steps, max_time or an early stop inside the epoch ended) goes on with that epoch's
-    next batch. Before, the resumed epoch started again from its first batch."""
+    It keeps its place inside an epoch through Lightning's state_dict / load_state_dict protocol for
+    loaders (saved in checkpoints): a run resumed from a checkpoint written inside an epoch goes on with
+    that epoch's next batch.
+
+    On the CPU, consecutive batches up to MADE_TOGETHER_BYTES are gathered and transformed in one go
+    (each batch is then a slice of them, its samples and order unchanged), which saves per-step work.
+    With augmentation, `made_at` is (the first batch, the random stream before their draws) of the
+    batches made together last; a checkpoint keeps it, and `make_again` given back on resume makes them
+    again with the same draws, so that a resumed run's batches and random stream are those of a run
+    that was never stopped."""
 
     batch_sampler = None  # Lightning inspects DataLoader-like attributes; the sampler yields whole batches
 
@@ -140,10 +141,8 @@ class TensorLoader:
         # batches one at a time, none ahead)
         self.handed_out = 0
         self._resume_at: dict[str, int] | None = None  # a state_dict: where the next epoch's iteration starts
-        # with augmentation on the CPU: (the first batch, the random stream before their draws) of the
-        # batches made together last; a resume inside the epoch makes those again with the same draws
-        self.made_at: tuple[int, Tensor] | None = None
-        self.make_again: tuple[int, int, Tensor] | None = None  # (epoch, first batch, stream), WorkerSetup's
+        self.made_at: tuple[int, Tensor] | None = None  # (first batch, random stream) of the last made together
+        self.make_again: tuple[int, int, Tensor] | None = None  # (epoch, first batch, stream) to make again
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -152,42 +151,41 @@ class TensorLoader:
         return {"epoch": self.sampler.epoch, "batches": self.handed_out}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Lightning calls it when a run resumes inside an epoch: that epoch's first `batches` are skipped.
-        (Lightning counts them done: with an epoch of another length, another worker count or batch
-        size, it trains the epoch's batches after them, none where they were as many or more.)"""
+        """Lightning calls it when a run resumes inside an epoch: that epoch's first `batches` are skipped
+        (Lightning counts them done, whatever the epoch's length now)."""
         self._resume_at = dict(state)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         self.seen, self.handed_out, self.made_at = [], 0, None
         skip, again = 0, None
-        if self._resume_at is not None:  # (read here, at the first batch: Lightning sets the epoch after iter())
+        if self._resume_at is not None:  # read here: Lightning sets the sampler's epoch after load_state_dict
             epoch, batches = int(self._resume_at["epoch"]), int(self._resume_at["batches"])
             skip = batches if epoch == self.sampler.epoch else 0
             if skip and self.make_again is not None and self.make_again[0] == epoch:
                 again = self.make_again[1:]
             self.handed_out = skip
         self._resume_at = self.make_again = None
-        made = self._made_together(skip, again) if self.images.device.type == "cpu" else self._one_by_one(skip)
+        made = self._made_together(skip, again) if self.images.device.type == "cpu" else self._made_on_device(skip)
         for batch in made:
             self.handed_out += 1
             yield batch
 
-    def _one_by_one(self, skip: int) -> Iterator[tuple[Tensor, Tensor]]:
-        for host, idx in itertools.islice(self._index_batches(), skip, None):
+    def _made_on_device(self, skip: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """The batches from batch `skip` on, made where the data is kept (on_device): the epoch's index
+        batches are copied there in one transfer at its start, not one small copy per step."""
+        host = list(self.sampler)[skip:]  # a shard's slices: the epoch's order is fixed when it starts
+        if not host:
+            return
+        placed = torch.cat(host).to(self.images.device, non_blocking=True).split([len(i) for i in host])
+        for idx, on_device in zip(host, placed):
             if self.record:
-                self.seen.append(host)
-            yield self.transform(self.images.index_select(0, idx)), self.labels.index_select(0, idx)
+                self.seen.append(idx)
+            yield self.transform(self.images.index_select(0, on_device)), self.labels.index_select(0, on_device)
 
     def _made_together(self, skip: int = 0, again: tuple[int, Tensor] | None = None) -> Iterator[tuple[Tensor, Tensor]]:
-        """On the CPU: consecutive batches up to MADE_TOGETHER_BYTES are gathered and transformed in
-        one go (each batch is then a slice of them, its samples and their order unchanged). Making
-        each batch between two training steps cost a lab-CNN step ~3-5 % (the loader's few small ops,
-        ~60 us on their own, ~220 us there, and a slower step after them); made 8 at a time, ~1-2 %
-        (benchmarks/README.md, data path).
-
-        A resume at batch `skip` goes on from there; with augmentation, `again` (the first batch and
-        the random stream of the batches made together that `skip` falls among) makes them again as
-        they were made, for their random draws, and the resumed run's stream goes on unchanged."""
+        """The CPU's batches from batch `skip` on, made several at a time (see the class). With
+        augmentation, `again` (the first batch and the random stream of the batches made together that
+        `skip` falls among) makes those again as they were made."""
         per_sample = self.images[0].numel() * 4  # the float32 batch the transform makes
         augments = self.transform.augment is not None
         position = again[0] if again is not None and augments and again[0] <= skip else skip
@@ -199,8 +197,6 @@ class TensorLoader:
                 position += len(group)
                 continue
             idx = torch.cat(group) if len(group) > 1 else first
-            # index_select, not images[idx]: advanced indexing took 57 us for a 128-image MNIST batch,
-            # index_select 8 us (2 threads)
             picked = self.images.index_select(0, idx)
             if augments and again is not None and position == again[0]:
                 self.made_at = (position, again[1])
@@ -221,21 +217,6 @@ class TensorLoader:
                     yield images[start:end], labels[start:end]
                 start = end
             position += len(group)
-
-    def _index_batches(self) -> Iterator[tuple[Tensor, Tensor]]:
-        """(the sampler's index batch, the same on the data's device). A dataset kept on the GPU
-        (on_device) gathers there: the epoch's index batches are copied to it in one transfer at the
-        epoch's start, not one small host-to-device copy per step."""
-        device = self.images.device
-        if device.type == "cpu":
-            for idx in self.sampler:
-                yield idx, idx
-            return
-        host = list(self.sampler)  # a shard's slices: the epoch's order is fixed when it starts
-        if not host:
-            return
-        placed = torch.cat(host).to(device, non_blocking=True).split([len(i) for i in host])
-        yield from zip(host, placed)
 
 
 def resize(images: Tensor, size: int) -> Tensor:
@@ -334,11 +315,16 @@ class ClassificationData(L.LightningDataModule):
         return perm[:n_val], perm[n_val:].sort().values
 
     def check_batches(self, workers: int) -> str | None:
-        """Refuse, before any worker starts, a run in which a worker would get no training batch
-        (a silent run of zero steps under DDP; Lightning's error inside a worker otherwise). Returns a
-        warning line when a worker's shard is smaller than one batch: it never trains on the batch size
-        asked for (data.batch_size=100000 on MNIST trained one batch of the whole shard per epoch, and
-        the run's records say 100000). Needs prepare_data; reads only the labels."""
+        """Refuse, before any worker starts, a run in which a worker would get no training batch.
+        Needs prepare_data; reads only the labels.
+
+        Returns:
+            A warning line where a worker's shard is smaller than one batch (it never trains on the
+            batch size asked for), else None.
+
+        Raises:
+            DataError: a worker would get no training batch.
+        """
         samples, sizes, counts = self._train_shards(workers)
         empty = [r for r, c in enumerate(counts) if c == 0]
         if not empty:
@@ -362,9 +348,8 @@ class ClassificationData(L.LightningDataModule):
         return self._train_shards(workers)[1:]
 
     def _train_shards(self, workers: int) -> tuple[int, list[int], list[int]]:
-        """The training samples, each worker's shard size and its batches per epoch. Kept per worker
-        count: check_batches and then train_shards read them before the workers start (dealing the
-        shards twice cost up to 9 ms, dirichlet on MNIST)."""
+        """The training samples, each worker's shard size and its batches per epoch (kept per worker count:
+        check_batches and train_shards both read them)."""
         if workers not in self._shards:
             labels = self._decoded[True][1]
             if self.val_split > 0:
@@ -397,7 +382,11 @@ class ClassificationData(L.LightningDataModule):
 
     def check_test_limit(self, limit: float | int | None) -> None:
         """Refuse, before training, a trainer.limit_test_batches fraction that leaves the final test no
-        batch: Lightning says so only after the run has trained. Needs prepare_data."""
+        batch (Lightning would say so only after training). Needs prepare_data.
+
+        Raises:
+            DataError: the fraction leaves no test batch.
+        """
         if not isinstance(limit, float) or not 0 < limit < 1:
             return
         batches = num_batches(len(self._decoded[False][1]), self.eval_batch_size)
@@ -443,13 +432,13 @@ class ClassificationData(L.LightningDataModule):
             workers,
             rank,
             self.batch_size,
-            self.scheme,
-            self.seed,
-            self.sizes,
-            self.alpha,
-            self.info.num_classes,
-            self.lockstep,
-            self.drop_last,
+            lockstep=self.lockstep,
+            drop_last=self.drop_last,
+            scheme=self.scheme,
+            seed=self.seed,
+            sizes=self.sizes,
+            alpha=self.alpha,
+            num_classes=self.info.num_classes,
         )
 
     def train_dataloader(self) -> TensorLoader:
@@ -476,8 +465,7 @@ class ClassificationData(L.LightningDataModule):
         return self._eval_loader(self.test_set)
 
     def transfer_batch_to_device(self, batch: tuple[Tensor, Tensor], device: torch.device, dataloader_idx: int):
-        # every loader yields an (images, labels) pair of tensors: skip Lightning's generic walk over any
-        # collection, which costs measurably per step on CPU, where there is nothing to move
+        # every loader yields an (images, labels) pair: no need for Lightning's walk over any collection
         if isinstance(batch, Tensor):  # the module's example_input_array, for Lightning's model summary
             return batch.to(device)
         x, y = batch

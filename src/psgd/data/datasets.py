@@ -9,6 +9,7 @@ made copies in CIFAR's format (``data.verify_md5=false``).
 import contextlib
 import gzip
 import os
+import pickle
 import re
 from pathlib import Path
 from urllib.error import URLError
@@ -94,8 +95,6 @@ class CIFAR10(tvd.CIFAR10):
     def _load_meta(self) -> None:
         if self.verify_md5:
             return super()._load_meta()
-        import pickle
-
         with open(os.path.join(self.root, self.base_folder, self.meta["filename"]), "rb") as f:
             self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from psgd.data.partition import limited_batches
-from psgd.results import save_atomic
+from psgd.io import save_atomic
 from psgd.strategies.ddp import ReportsFirstFailure
 from psgd.strategies.workers import PerWorkerCheckpoints, gather_floats
 
