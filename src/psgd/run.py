@@ -66,7 +66,6 @@ from psgd.config import (
 )
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
-from psgd.advice import scales_by_workers
 from psgd.environment import cpu_count, device_description, versions
 from psgd.io import read_json, remove_temp_files, say, write_json
 from psgd.memory import memory_problem

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-from psgd.module import STEPS_PER_EPOCH_KEY
 from psgd.io import say
+from psgd.module import STEPS_PER_EPOCH_KEY
 from psgd.signals import oom_kills_since
 
 # how a collective ends in the workers still running when a peer is gone (gloo's messages, lowercased;
