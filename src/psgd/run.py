@@ -38,7 +38,7 @@ from torch.multiprocessing import ProcessRaisedException
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
-from psgd import quietness, signals
+from psgd import signals
 from psgd.callbacks import (
     AtomicCheckpointIO,
     EpochCheckpoints,
@@ -69,6 +69,7 @@ from psgd.hooks import Trainer, skip_unused_hooks
 from psgd.memory import memory_problem
 from psgd.module import OPTIMIZER_KEY, STEP_IMPLEMENTATION, Classifier, fit_loop_state
 from psgd.optim import scaled_lr, schedule_read
+from psgd.process import run_settings
 from psgd.profiler import NoProfiler, PyTorchProfilerForWorkers
 from psgd.results import (
     cpu_count,
@@ -928,7 +929,7 @@ def train(
     in_use = None if continued else earlier_results(Path(run_dir), run_dir_key())
     if in_use:
         raise DirInUse(in_use)
-    with quietness(bool(cfg.get("quiet"))):
+    with run_settings(bool(cfg.get("quiet"))):
         return _train(cfg, Path(run_dir), plan, list(callbacks), continued)
 
 
