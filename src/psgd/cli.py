@@ -23,7 +23,8 @@ from psgd.data import DataError
 from psgd.module import TrainingDiverged
 from psgd.report import few_steps, learned_nothing, learned_nothing_line, skew_note, stop_note
 from psgd.results import NO_ROOM, failed_write, hogwild_workers, read_json, scales_by_workers, write_atomic
-from psgd.run import WorkerGone, mark_status, raised_in_worker, run_dir_key, train
+from psgd.run import run_dir_key, train
+from psgd.stopped import WorkerGone, mark_status, raised_in_worker
 from psgd.strategies._lightning import KilledWorker, lost_a_peer, timed_out
 from psgd.sweep import KEPT
 

@@ -86,7 +86,7 @@ def runs_jobs_here(first_job: Any) -> bool:
 
 def start_early(jobs: Iterable[tuple[list[str], Any]]) -> None:
     """Start the server now if any of these composed jobs will need it: its imports then run while this
-    process imports torch for the job (two cores: in about the time of one import). A server that no job
+    process imports torch for the job. A server that no job
     uses in the end (a GPU took the job: spawn) only sleeps until this process exits."""
     jobs = list(jobs)
     try:

