@@ -1,11 +1,10 @@
 """Imported by psgd's fork server only, last of its preloads (psgd.forkserver.PRELOAD).
 
-The server exits once its launcher has (it reads the end of a pipe the launcher held), and until it
-has exited it holds the launcher's stdout and stderr, which it passes on to the workers: whoever reads
-them (`| tee`, a test's capture) waited for the server's interpreter shutdown too, ~2 s of full-heap
-garbage collection and module teardown with torch and Lightning loaded. The server has nothing to
-flush or close by then: it ends at once. Its workers never run this (a fork server's child leaves by
-os._exit without running exit handlers)."""
+The server exits once its launcher has, and until it has exited it holds the launcher's stdout and stderr
+(which it passes on to the workers): whoever reads them (`| tee`, a test's capture) would wait for the
+server's interpreter shutdown too, a full garbage collection and module teardown with torch and Lightning
+loaded. The server has nothing to flush or close by then: it ends at once. Its workers never run this (a
+fork server's child leaves by os._exit without running exit handlers)."""
 
 import atexit
 import os

@@ -46,7 +46,7 @@ class WorkerSetup(Callback):
     warning that an epoch has fewer batches than trainer.log_every_n_steps ("Set a lower value ... if you
     want to see logs for the training epoch") is wrong: psgd logs every epoch whatever the interval (and
     train/loss_step at each epoch's end when the epoch is shorter than the interval). It is filtered in
-    this process (a run in the caller's process: until the run ends, psgd.quietness), as is Lightning's
+    this process (a run in the caller's process: until the run ends, psgd.process.run_settings), as is Lightning's
     wrong line that it turns shuffling off for overfit_batches (see setup).
     """
 

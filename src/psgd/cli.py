@@ -31,7 +31,8 @@ from psgd.config import SPARSE_GRADIENTS_WAY_OUT, ConfigError, DirInUse
 from psgd.data import DataError
 from psgd.io import NO_ROOM, failed_write, read_json, write_atomic
 from psgd.module import TrainingDiverged
-from psgd.run import WorkerGone, mark_status, raised_in_worker, run_dir_key, train
+from psgd.run import run_dir_key, train
+from psgd.stopped import WorkerGone, mark_status, raised_in_worker
 from psgd.strategies.workers import KilledWorker, lost_a_peer, timed_out
 from psgd.sweep import KEPT
 

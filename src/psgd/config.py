@@ -954,7 +954,8 @@ def _batches_problem(jobs: Jobs) -> str | None:
     (~ms). The datamodule is the job's own (run.build_datamodule) but for the image size, which no
     batch count depends on; so is the check (run.check_data). Every job has passed `check` already."""
     from psgd.data.datasets import DataError
-    from psgd.run import build_datamodule, check_data, check_memory
+    from psgd.run import build_datamodule
+    from psgd.run_checks import check_data, check_memory
 
     decoded: dict[tuple[str, str], Any] = {}  # the first datamodule of each dataset and folder
     every_job = [j for j, _ in jobs]

@@ -1,18 +1,15 @@
 """The fork server that starts psgd's worker processes on CPU (strategy.start_method=forkserver, what
 null resolves to there).
 
-A spawned worker is a fresh interpreter that imports torch, Lightning and psgd again before it can
-train: ~4.5 s on 2 cores, and spawned workers import at once, so that a short run with 4 workers on 2
-cores reached its result ~15 s later than with one (benchmarks/startup.py). psgd's fork server
-imports all of that once (PRELOAD) and then forks each worker from itself: a worker starts in a
-fraction of a second, already loaded. The server is a fresh process that never runs a torch
-operation, so its children can use OpenMP, which a worker forked from the launcher cannot once the
-launcher has run one (GNU OpenMP's thread pool does not survive a fork: the child hangs in its first
-parallel operation). It lives as long as the process that started it; the jobs of a sweep share it.
+A spawned worker is a fresh interpreter that imports torch, Lightning and psgd before it can train, and
+workers starting at once import at once. The fork server imports all of that once (PRELOAD) and forks each
+worker from itself, already loaded. The server never runs a torch operation, so its children can use
+OpenMP, which a worker forked from the launcher cannot once the launcher has run one (GNU OpenMP's thread
+pool does not survive a fork). It lives as long as the process that started it; a sweep's jobs share it.
 
-The scripts start it as soon as the command line is checked (`start_early`), so that it imports while
-the launcher itself imports; otherwise the first launch starts it. This module stays light (the
-standard library, psgd's package and psgd.signals; OmegaConf): the scripts import it before torch.
+The scripts start it as soon as the command line is checked (`start_early`), so that it imports while the
+launcher itself imports; otherwise the first launch starts it. This module stays light (the standard
+library, psgd.signals, OmegaConf): the scripts import it before torch.
 """
 
 import multiprocessing
@@ -24,12 +21,9 @@ from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
-from psgd import QUIET_ENV
-from psgd.command_line import torchrun_worker
-from psgd.signals import LAUNCHER_ENV, prefer_as_oom_victim, proc_stat
+from psgd.signals import proc_stat
 
-# what every worker needs: imported once, in the server, before it forks any worker (then the server's
-# quick exit: psgd._in_forkserver)
+# what every worker needs, imported once in the server before it forks any worker; last, the server's quick exit
 PRELOAD = ("torch", "pytorch_lightning", "psgd.run", "psgd._in_forkserver")
 
 
@@ -40,29 +34,19 @@ def available() -> bool:
 
 def start() -> None:
     """Start the server unless it runs (multiprocessing keeps one per process; a dead one is replaced).
-    It ignores Ctrl-C (SIGINT) from the start, also while it imports: Ctrl-C is the launcher's to
-    handle, and a server stopped in an import would print its traceback; each worker takes the
-    launcher's SIGINT handling when it starts (launcher_state). It is not quiet whatever the job (a
-    worker is quiet when its job is), and it keeps the launcher's standing with the out-of-memory
-    killer: its workers offer themselves first (adopt_launcher_state), since the server's death ends
-    every worker's run (the launcher can no longer learn how its workers ended)."""
+    It ignores Ctrl-C (SIGINT) from the start, also while it imports: Ctrl-C is the launcher's to handle,
+    and a server stopped in an import would print its traceback; each worker takes the launcher's SIGINT
+    handling when it starts (launcher_state). The server keeps the launcher's standing with the
+    out-of-memory killer (only its workers offer themselves first: psgd.process.prepare_worker), since its
+    death ends every worker's run."""
     if not available():
         return
     multiprocessing.set_forkserver_preload(list(PRELOAD))
-    environ = os.environ
-    saved = {k: environ.get(k) for k in (LAUNCHER_ENV, QUIET_ENV)}
-    environ.pop(LAUNCHER_ENV, None)  # (psgd, imported by a process its launcher started, prefers it as OOM victim)
-    environ.pop(QUIET_ENV, None)
     sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the server (ignored stays ignored)
     try:
         forkserver.ensure_running()
     finally:
         signal.signal(signal.SIGINT, sigint)
-        for key, value in saved.items():
-            if value is None:
-                environ.pop(key, None)
-            else:
-                environ[key] = value
 
 
 def nvidia_gpu_present() -> bool:
@@ -71,17 +55,17 @@ def nvidia_gpu_present() -> bool:
 
 
 def will_use_server(cfg: Any) -> bool:
-    """Whether psgd will start this composed job's workers from the fork server, as far as can be told
-    before torch loads (config.resolve_start_method decides with torch): workers started by psgd (not
+    """Whether psgd will start this checked job's workers from the fork server, as far as can be told
+    before torch loads (psgd.config.resolve_start_method decides with torch): workers started by psgd (not
     torchrun / srun), with strategy=hogwild or, on CPU, start_method forkserver or null. Model averaging
     and HogWild start a worker process even for workers=1; DDP trains one worker in this process."""
-    from psgd.config import resolve_workers  # (psgd.config imports this module)
-
     s, trainer = cfg.strategy, cfg.trainer
     in_process = s.name == "ddp" and not s.get("ddp_for_one_worker", False)
-    if resolve_workers(cfg) < (2 if in_process else 1) or trainer.get("num_nodes", 1) != 1:
+    workers = trainer.get("devices") or cfg.workers  # (as psgd.config.resolve_workers, on a checked config)
+    if workers < (2 if in_process else 1) or trainer.get("num_nodes", 1) != 1:
         return False
-    if torchrun_worker() or int(os.environ.get("SLURM_NTASKS") or 1) > 1:  # (config.external_launcher, light)
+    torchrun = {"TORCHELASTIC_RUN_ID", "RANK"} <= os.environ.keys()
+    if torchrun or int(os.environ.get("SLURM_NTASKS") or 1) > 1:  # torchrun or srun starts the workers
         return False
     if s.name == "hogwild":
         return True
@@ -102,7 +86,7 @@ def runs_jobs_here(first_job: Any) -> bool:
 
 def start_early(jobs: Iterable[tuple[list[str], Any]]) -> None:
     """Start the server now if any of these composed jobs will need it: its imports then run while this
-    process imports torch for the job (two cores: in about the time of one import). A server that no job
+    process imports torch for the job. A server that no job
     uses in the end (a GPU took the job: spawn) only sleeps until this process exits."""
     jobs = list(jobs)
     try:
@@ -131,21 +115,14 @@ def server_died(wait_s: float = 2.0) -> int | None:
 
 
 def launcher_state() -> dict[str, Any]:
-    """What a worker takes over from its launcher at launch, which a spawned worker would inherit and
-    a fork-server child would not (it inherits the server's): the environment (MASTER_PORT, PSGD_QUIET,
-    the launcher's pid) and whether SIGINT is ignored (a background job)."""
+    """What a worker takes over from its launcher at launch, which a spawned worker would inherit and a
+    fork-server child would not (it inherits the server's): the environment (MASTER_PORT, PSGD_QUIET, the
+    launcher's pid) and whether SIGINT is ignored (a background job)."""
     return {"environ": dict(os.environ), "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN}
 
 
 def adopt_launcher_state(state: dict[str, Any]) -> None:
-    """In a worker the fork server started: take the launcher's state (launcher_state), and offer this
-    process to the out-of-memory killer before the launcher and the server, as a spawned worker does
-    when it imports psgd (psgd.signals.prefer_as_oom_victim)."""
-    prefer_as_oom_victim()
+    """In a worker the fork server started: take the launcher's state (launcher_state)."""
     os.environ.clear()
     os.environ.update(state["environ"])
     signal.signal(signal.SIGINT, signal.SIG_IGN if state["sigint_ignored"] else signal.default_int_handler)
-    if os.environ.get(QUIET_ENV) == "1":
-        from psgd import quiet_lightning
-
-        quiet_lightning()

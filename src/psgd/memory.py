@@ -1,12 +1,10 @@
 """A run's training memory, judged before any worker starts: one that cannot fit is refused in one line.
 
-A run whose activations do not fit was killed by the kernel's out-of-memory killer: after the dataset
-was decoded and the workers started, and with nothing but "Killed" from the shell where it trained in
-the launcher's own process (one worker). What a training step must hold at the least is known before
-that: the tensors the forward keeps for backward grow with the batch, and the weights, gradients and
-the optimizer's state do not. They are counted on the meta device (no memory, ~90 ms for the
-WideResNet), so the estimate is a lower bound: the data, the framework and torch's own buffers come on
-top. Linux only (its MemAvailable and cgroup limit); CPU runs only (a GPU's memory is the GPU's).
+What a training step must hold at the least is known before the data is read and the workers start: the
+tensors the forward keeps for backward grow with the batch; the weights, gradients and the optimizer's
+state do not. They are counted on the meta device (no memory), so the estimate is a lower bound: the data,
+the framework and torch's own buffers come on top. Linux only (its MemAvailable and cgroup limits); CPU
+runs only (a GPU's memory is the GPU's).
 """
 
 import copy
@@ -17,10 +15,9 @@ from torch import nn
 
 GiB = 1024**3
 # What each worker process a run starts (workers > 1) holds of its own besides its batch's activations and
-# its weights: the interpreter's, torch's and Lightning's state, allocator caches, its part of the data.
-# Measured 134-352 MB private (USS) per lab-CNN worker on MNIST (2 workers, batch 1 and 128, 2026-11-27);
-# counted at 100 MiB, below every reading, so that the estimate stays a lower bound. One worker trains in
-# the run's own process, which is already running and so already counted out of what is available.
+# its weights (the interpreter, torch and Lightning, allocator caches, its part of the data), counted below
+# what such a process measures, so that the estimate stays a lower bound. One worker
+# trains in the run's own process, already counted out of what is available.
 WORKER_PROCESS_BYTES = 100 * 2**20
 
 
@@ -51,6 +48,7 @@ def activation_bytes_per_sample(net: nn.Module, image_shape: tuple[int, int, int
 
 
 def weight_bytes(net: nn.Module) -> int:
+    """The bytes of `net`'s parameters."""
     return sum(p.numel() * p.element_size() for p in net.parameters())
 
 

@@ -1,34 +1,17 @@
-"""SIGTERM stops a run as Ctrl-C does, and never leaves a worker behind or hanging.
+"""Signals and process supervision: SIGTERM stops a run as Ctrl-C does, and no worker is left behind or hanging.
 
-SIGTERM is what `kill <pid>`, `timeout`, a job scheduler (Slurm's scancel, Kubernetes) and torchrun's
-agent send. Python's default ended psgd's launching process on the spot: no line, metrics.json left
-"running", and workers started in the background (which ignore SIGINT, so torch's parent-death
-signal SIGINT never reached them) trained on, orphaned, to the end. In a worker, Lightning's own
-SIGTERM handler broadcasts a flag to the other workers from inside the handler, a collective they
-never join (psgd checks that flag locally instead of broadcasting it every step:
-psgd.strategies._lightning), so a run whose worker got SIGTERM hung until the process group's
-timeout (30 min).
-
-Now:
-- the process that calls psgd.run.train (psgd's launching process, a one-worker run, a torchrun or
-  srun worker) handles SIGTERM with `interrupt`: it passes the signal on to its multiprocessing
-  children (the workers it launched) and raises KeyboardInterrupt, which Lightning and psgd wind
-  down as they do Ctrl-C (finished epochs kept, metrics.json marked "interrupted", one line);
-- a worker that psgd's launcher started ends at once by the signal (`die`), as a killed worker
-  does: its launcher then stops the others and names its rank (or, when the launcher passed the
-  signal on, marks the run interrupted once its workers are gone);
-- such a worker sends itself SIGTERM when its launching process dies, even by SIGKILL
-  (`die_with_parent`), from its first line on: a worker still in the process group's rendezvous,
-  blocked in C++ where Python runs no handler, ends by SIGTERM's default action then;
-- a KeyboardInterrupt of Ctrl-C or `interrupt` that Python could not raise, because the handler ran
-  inside a finalizer, is raised again (`raise_lost_interrupts_again`);
-- a worker that torchrun started stops as on SIGTERM when its agent dies (`stop_with_agent`), and
-  leaves a mark while it runs (`mark_running_under_torchrun`), so that when torchrun's agent SIGTERMs
-  the workers after one died without a word (SIGKILL, the OOM killer), the others name it;
-- SIGHUP (the terminal closed) is taken as SIGTERM by every process of the run, unless it is
-  ignored (`nohup`): `hang_up_as_sigterm`;
-- the KeyboardInterrupt of Ctrl-C or SIGTERM is not raised inside the standard library's thread
-  synchronisation (`_deferred`), which an exception between two of its lines can leave broken.
+- The process that calls psgd.run.train (psgd's launching process, a one-worker run, a torchrun or srun
+  worker) handles SIGTERM with `interrupt`: it passes the signal on to the workers it launched and raises
+  KeyboardInterrupt, which Lightning and psgd wind down as Ctrl-C (finished epochs kept, metrics.json
+  marked "interrupted", one line).
+- A worker that psgd's launcher started ends at once by the signal (`die`), as a killed worker does: its
+  launcher then stops the others and names its rank, or marks the run interrupted.
+- Such a worker sends itself SIGTERM when its launcher dies, even by SIGKILL (`die_with_parent`); a
+  torchrun worker does when its agent dies (`stop_with_agent`), and leaves a mark while it runs
+  (`mark_running_under_torchrun`) so that the others can name a worker that died without a word.
+- SIGHUP (the terminal closed) is taken as SIGTERM unless it is ignored (`nohup`): `hang_up_as_sigterm`.
+- The KeyboardInterrupt of Ctrl-C or SIGTERM is not raised inside the standard library's thread
+  synchronisation (`_deferred`), and one lost in a finalizer is raised again (`raise_lost_interrupts_again`).
 """
 
 import _thread
@@ -61,14 +44,11 @@ _coming_again: set[int] = set()  # the signals that _deferred sent again and tha
 
 def _deferred(signum: int, frame: types.FrameType | None) -> bool:
     """For the handlers that raise KeyboardInterrupt: whether the signal `signum` came while the main
-    thread ran threading's or queue's own code (`frame`, where it stopped), and was sent again for
-    DEFER_S later, to be raised outside. Raised in there, it can break the lock and queue that a
-    library's thread waits on. It did: a Condition.notify stopped between waking TensorBoard's writer
-    thread and taking it off its list of waiters sent the next notify, that of the logger's close,
-    to that stale entry; the writer thread slept on (up to its flush_secs, 120 s) and the close, and
-    the interrupted run or sweep, waited for it. Deferred DEFER_AT_MOST_S at most, so that the main
-    thread blocked in a wait in there (a join) is still interrupted. Sent again once: Lightning's
-    SIGTERM handler calls psgd's twice (for itself and as the handler it found), and a second
+    thread ran threading's or queue's own code (`frame`, where it stopped), and was sent again DEFER_S
+    later, to be raised outside. Raised in there, it can break a lock or queue that a library's thread
+    waits on (TensorBoard's writer thread, which the logger's close then waits for). Deferred
+    DEFER_AT_MOST_S at most, so that a main thread blocked in a wait in there (a join) is still
+    interrupted. Sent again once: Lightning's SIGTERM handler calls psgd's twice, and a second
     KeyboardInterrupt would break into the run's wind-down."""
     global _deferred_since
     if frame is None or frame.f_globals.get("__name__") not in NOT_INTERRUPT_SAFE:
@@ -143,13 +123,11 @@ def _interrupt_again(signum: int, frame: object = None) -> None:
 
 def _lost_interrupts_raised_again(unraisable) -> None:
     """sys.unraisablehook while interrupts stop runs. Python runs a signal handler between any two
-    bytecodes of the main thread, inside a finalizer too (a __del__, a weakref callback: Lightning's
-    Profiler.__del__ was one), and an exception raised there cannot propagate: Python prints
-    "Exception ignored in ..." with a traceback and goes on. Ctrl-C's KeyboardInterrupt or
-    `interrupt`'s lost that way (a sweep given SIGTERM ran its next job to the end and exited 0) is
-    raised again, with no traceback printed: the signal is sent to the main thread once more, shortly
-    after, from another thread (sent from here, its handler would run inside this hook, itself a
-    place an exception cannot leave)."""
+    bytecodes of the main thread, inside a finalizer too (a __del__, a weakref callback), where an
+    exception cannot propagate: Python prints "Exception ignored in ..." and goes on. A KeyboardInterrupt
+    of Ctrl-C or `interrupt` lost that way is raised again, with no traceback printed: the signal is sent
+    to the main thread once more, shortly after, from another thread (sent from here, its handler would
+    run inside this hook, itself a place an exception cannot leave)."""
     lost = isinstance(unraisable.exc_value, KeyboardInterrupt)
     if not lost or threading.current_thread() is not threading.main_thread():
         _unraisablehook_before(unraisable)
@@ -241,21 +219,19 @@ def sigterm_interrupts() -> Iterator[None]:
             signal.signal(signal.SIGINT, sigint)
         if received is None or previous is not interrupt:
             signal.signal(signal.SIGTERM, previous)
-        # else: the block was interrupted under the scripts' own handler (interrupt_on_sigterm), and the
-        # process is on its way out: SIGTERM stays ignored. Restored, a second SIGTERM (`timeout` sends one
-        # to the launcher, then one to its process group) raised again inside the run's wind-down, which
-        # then neither marked metrics.json interrupted nor said so (it kept "running").
+        # else: interrupted under the scripts' own handler (interrupt_on_sigterm), the process is on its way out
+        # and SIGTERM stays ignored: a second one (`timeout` signals the launcher, then its process group)
+        # would break into the run's wind-down
         sys.unraisablehook = hook
 
 
 @contextmanager
 def held(*signums: int) -> Iterator[None]:
     """Signals `signums` sent while the block runs wait, blocked, and are handled as usual as soon as it
-    ends (in the main thread; elsewhere this holds nothing). For torch's import: a handler that
-    raises (Ctrl-C, `interrupt`) run inside one of its C++ initialisers that call back into Python
-    (torch.distributed's _c10d_init) makes pybind11 end the process with "terminate called after
-    throwing ... KeyboardInterrupt" and SIGABRT, not the one line and exit code 130 / 143. Threads
-    started in the block inherit the mask, so none of them takes the signal instead."""
+    ends (in the main thread; elsewhere this holds nothing). For torch's import: a handler that raises, run
+    inside one of its C++ initialisers that call back into Python, makes pybind11 abort the process
+    ("terminate called after throwing ... KeyboardInterrupt") instead of the one line and exit code 130 /
+    143. Threads started in the block inherit the mask, so none of them takes the signal instead."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -272,9 +248,9 @@ _releases: list = []  # what ends the innermost `held_until_released`, while one
 @contextmanager
 def held_until_released(*signums: int) -> Iterator[None]:
     """As `held`, but also ended earlier by `release_held`: for Hydra's setup of a job, which makes the
-    run dir, saves the config into it and opens its log before it calls the job. A signal there left
-    that dir behind with no results (the job's handler, which removes it, had not begun); held, it is
-    handled where the job releases it, inside that handler."""
+    run dir, saves the config into it and opens its log before it calls the job. A signal there would
+    leave that dir behind with no results; held, it is handled where the job releases it, inside the
+    job's handler, which removes the dir."""
     with ExitStack() as hold:
         hold.enter_context(held(*signums))
         _releases.append(hold.close)  # closed once: by release_held or here, at the block's end
@@ -292,10 +268,9 @@ def release_held() -> None:
 
 
 def interrupt_on_sigterm() -> None:
-    """For train.py and sweep.py, from their first line: SIGTERM stops them as Ctrl-C does also outside
-    a run's fit and test (while torch loads, the data is read, between a sweep's jobs), where its default
-    action ended the script without a word and could leave a run dir without results. Python lets only
-    the main thread set handlers: elsewhere this does nothing."""
+    """For train.py and sweep.py, from their first line: SIGTERM stops them as Ctrl-C does also outside a
+    run's fit and test (while torch loads, the data is read, between a sweep's jobs), and so do Ctrl-C
+    (`ctrl_c_out_of_threading`) and a hang-up. Main thread only: elsewhere this does nothing."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, interrupt)
         ctrl_c_out_of_threading()  # Ctrl-C's KeyboardInterrupt is not raised inside threading or queue either
@@ -307,11 +282,9 @@ _terminal_fds: list[int] = []  # this process's stdout / stderr where they were 
 
 
 def hang_up_as_sigterm() -> None:
-    """From now on SIGHUP (the terminal closed, an ssh session dropped: the kernel sends it to every
-    process of the terminal's foreground group) stops this process as SIGTERM does, so a run is marked
-    interrupted with its finished epochs and a sweep writes its report; before, the default action
-    ended every process at once and left metrics.json "running". Left as it is where SIGHUP is ignored
-    (`nohup`: the run goes on). Main thread only: elsewhere this does nothing."""
+    """From now on SIGHUP (the terminal closed, an ssh session dropped) stops this process as SIGTERM
+    does, so a run is marked interrupted with its finished epochs and a sweep writes its report. Left as
+    it is where SIGHUP is ignored (`nohup`: the run goes on). Main thread only."""
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGHUP) in (signal.SIG_IGN, _hang_up):
@@ -357,11 +330,10 @@ def wind_down_children(timeout: float = 60.0) -> list[int]:
 
 
 def die_with_parent() -> None:
-    """In a worker that psgd's launcher started: SIGTERM to itself when the process that
-    launched it dies (even by SIGKILL). A daemon thread waits on the launcher's sentinel, a pipe that
-    closes when it exits. torch's spawn asks the kernel for SIGINT on the parent's death instead, which
-    a worker of a background job ignores, and which never comes for a fork-server child (HogWild):
-    the fork server is its parent and outlives the launcher while the worker holds its alive-pipe."""
+    """In a worker that psgd's launcher started: SIGTERM to itself when its launcher dies (even by
+    SIGKILL). A daemon thread waits on the launcher's sentinel, a pipe that closes when it exits. torch's
+    spawn asks the kernel for SIGINT on the parent's death instead, which a worker of a background job
+    ignores, and which never comes for a fork-server child, whose parent is the server."""
     parent = launched_worker()
     if parent is None:
         return
@@ -381,10 +353,9 @@ oom_kills_at_mark: int | None = None  # the kernel's OOM-kill count when this to
 
 
 def stop_with_agent() -> None:
-    """In a worker that torchrun started: SIGTERM to itself when torchrun's agent, its parent, dies
-    (the OOM killer, `kill -9`). torchrun starts each worker in a session of its own and asks for no
-    parent-death signal, so its workers trained on to the end, orphaned. SIGTERM then stops this worker
-    as a SIGTERM from the agent would (`interrupt`; before the process group is made, at once)."""
+    """In a worker that torchrun started: SIGTERM to itself when torchrun's agent, its parent, dies (the
+    OOM killer, `kill -9`): torchrun starts each worker in a session of its own with no parent-death
+    signal. SIGTERM then stops this worker as a SIGTERM from the agent would (`interrupt`)."""
     global _agent_watched
     if _agent_watched:
         return
@@ -432,10 +403,9 @@ PROC = "/proc/self/stat"  # Linux's process table; macOS and Windows have none
 
 def alive(process: object) -> bool:
     """Whether the process a record names (`this_process`) still runs: on this machine, the same pid and
-    start time (a pid is reused). False for one on another machine, or a record without it. Without
-    /proc (macOS) the pid alone is asked (`os.kill(pid, 0)`): a reused pid reads as alive, the safe side
-    for a guard against continuing a sweep twice at once (every process read as gone there: a running
-    job as killed)."""
+    start time (a pid is reused). False for one on another machine, or a record without it. Without /proc
+    (macOS) the pid alone is asked: a reused pid reads as alive, the safe side for a guard against
+    continuing a sweep twice at once."""
     if not isinstance(process, dict) or process.get("host") != socket.gethostname():
         return False
     try:
@@ -538,9 +508,8 @@ def wait_for_this_machines_workers(within_s: float) -> None:
     """In a worker that torchrun started, before it takes away a run dir that every worker of this machine
     shares: wait (at most `within_s`, or until a signal comes, such as the agent's SIGTERM once another
     worker exited) until each of them has marked itself running (`mark_running_under_torchrun`, which
-    `psgd.cli.run_job` calls as Hydra hands it the job). A worker not yet marked may be inside Hydra's
-    set-up of that dir, between making it and opening its log file there: taken away then, Hydra failed
-    with a traceback ("Unable to configure handler 'file'") instead of the worker's own line."""
+    psgd.cli calls as Hydra hands it the job). A worker not yet marked may be inside Hydra's set-up of that
+    dir, between making it and opening its log file there."""
     where = _torchrun_marks()
     try:
         workers = int(os.environ["LOCAL_WORLD_SIZE"])
@@ -625,9 +594,8 @@ def oom_kills_since(before: int | None) -> int:
     return max(now - before, 0) if now is not None and before is not None else 0
 
 
-# A worker's oom_score_adj (-1000..1000; 0 by default): when memory runs out, the kernel's OOM killer
-# then picks a worker before the launcher, which is as large (it holds the same dataset and model)
-# but is the process that can say what happened, mark the run failed and end the other workers.
+# A worker's oom_score_adj (-1000..1000; 0 by default): when memory runs out, the kernel's OOM killer then
+# picks a worker before the launcher, which can say what happened, mark the run failed and end the others.
 WORKER_OOM_SCORE_ADJ = 500
 
 

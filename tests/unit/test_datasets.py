@@ -194,7 +194,7 @@ def test_an_update_accumulating_more_batches_than_an_epoch_holds_is_warned_about
     parallel_batches and lr_scaling's lr count it."""
     from conftest import compose_cfg
 
-    from psgd.run import warn_if_an_epoch_holds_less_than_an_update
+    from psgd.run_checks import warn_if_an_epoch_holds_less_than_an_update
 
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
 
@@ -229,7 +229,7 @@ def test_the_samples_ddps_lockstep_leaves_out_of_uneven_shards_are_warned_about(
     of every epoch (only the history's sample counts showed it)."""
     from conftest import compose_cfg
 
-    from psgd.run import warn_if_lockstep_leaves_samples_out
+    from psgd.run_checks import warn_if_lockstep_leaves_samples_out
 
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
 
@@ -540,7 +540,7 @@ def test_each_dataset_names_its_classes_as_torchvision_does_and_tensorboard_tags
     test/acc_class/<tag> carries the name too, in characters a tag keeps."""
     from torchvision import datasets as tvd
 
-    from psgd.run import class_tag
+    from psgd.summary import class_tag
 
     assert list(INFO["mnist"].classes) == tvd.MNIST.classes
     assert list(INFO["fashion_mnist"].classes) == tvd.FashionMNIST.classes

@@ -1,5 +1,6 @@
 """psgd's fork server (psgd.forkserver): which jobs get it, how it starts, what a worker takes over."""
 
+import logging
 import os
 import signal
 import subprocess
@@ -72,22 +73,18 @@ SERVER = textwrap.dedent(
     import multiprocessing, os, signal, sys, time
     from multiprocessing import forkserver as mp_forkserver
     from psgd import forkserver
-    os.environ["PSGD_QUIET"] = "1"
     forkserver.start()
     pid = mp_forkserver._forkserver._forkserver_pid
-    # this process: Ctrl-C handled as before, its environment as before
+    # this process: Ctrl-C handled as before
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert os.environ["PSGD_QUIET"] == "1" and "PSGD_LAUNCHER_PID" not in os.environ
-    env = dict(s.split("=", 1) for s in open(f"/proc/{pid}/environ").read().split("\\0") if "=" in s)
     ignored = int(next(ln for ln in open(f"/proc/{pid}/status") if ln.startswith("SigIgn:")).split()[1], 16)
-    # a process through it: it forks once its imports are done (psgd's among them, which would raise the
-    # oom_score_adj of a process psgd's launcher started)
+    # a process through it: it forks once its imports are done
     child = multiprocessing.get_context("forkserver").Process(target=time.sleep, args=(0,))
     child.start()
     child.join()
     same_adj = open(f"/proc/{pid}/oom_score_adj").read() == open("/proc/self/oom_score_adj").read()
     sigint = bool(ignored & (1 << (signal.SIGINT - 1)))
-    print(pid, env.get("PSGD_LAUNCHER_PID"), env.get("PSGD_QUIET"), sigint, same_adj, child.exitcode)
+    print(pid, sigint, same_adj, child.exitcode)
     sys.stdout.flush()
     forkserver.start()  # running: the same server
     assert mp_forkserver._forkserver._forkserver_pid == pid
@@ -95,13 +92,13 @@ SERVER = textwrap.dedent(
 )
 
 
-def test_the_server_ignores_ctrl_c_is_never_quiet_keeps_the_launchers_oom_standing_and_ends_with_it():
+def test_the_server_ignores_ctrl_c_keeps_the_launchers_oom_standing_and_ends_with_it():
     proc = subprocess.run([sys.executable, "-c", SERVER], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
-    pid, launcher, quiet, sigint_ignored, same_oom_score_adj, child_exit = proc.stdout.split()
-    # its workers offer themselves to the OOM killer first (adopt_launcher_state), not the server: its
+    pid, sigint_ignored, same_oom_score_adj, child_exit = proc.stdout.split()
+    # its workers offer themselves to the OOM killer first (psgd.process.prepare_worker), not the server: its
     # death ends every worker's run (test_a_killed_fork_server_ends_the_run_saying_so_and_takes_its_workers)
-    assert (launcher, quiet, sigint_ignored, same_oom_score_adj, child_exit) == ("None", "None", "True", "True", "0")
+    assert (sigint_ignored, same_oom_score_adj, child_exit) == ("True", "True", "0")
     for _ in range(100):  # it ends once its launcher has
         try:
             os.kill(int(pid), 0)
@@ -112,9 +109,7 @@ def test_the_server_ignores_ctrl_c_is_never_quiet_keeps_the_launchers_oom_standi
         pytest.fail("the fork server outlived its launcher")
 
 
-def test_a_worker_takes_its_launchers_environment_and_ctrl_c_handling_and_is_the_oom_victim(monkeypatch):
-    offered = []
-    monkeypatch.setattr(forkserver, "prefer_as_oom_victim", lambda: offered.append(True))
+def test_a_worker_takes_its_launchers_environment_and_ctrl_c_handling(monkeypatch):
     monkeypatch.setenv("MASTER_PORT", "12345")
     state = forkserver.launcher_state()
     assert state["environ"]["MASTER_PORT"] == "12345" and state["sigint_ignored"] is False
@@ -125,7 +120,6 @@ def test_a_worker_takes_its_launchers_environment_and_ctrl_c_handling_and_is_the
         forkserver.adopt_launcher_state(state)
         assert os.environ["MASTER_PORT"] == "12345" and "LEFT_FROM_THE_SERVER" not in os.environ
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        assert offered == [True]  # as a spawned worker is when it imports psgd
         forkserver.adopt_launcher_state({**state, "sigint_ignored": True})  # a background job's worker
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
@@ -153,3 +147,21 @@ def test_a_dead_server_is_told_from_a_live_one_also_while_it_is_still_dying(monk
         proc.wait()
     monkeypatch.setattr(mp_forkserver._forkserver, "_forkserver_pid", None)
     assert forkserver.server_died() is None  # none started
+
+
+PREPARED = textwrap.dedent(
+    """
+    import logging, os
+    from psgd.process import prepare_worker
+    os.environ["PSGD_QUIET"] = "1"
+    prepare_worker()
+    print(open("/proc/self/oom_score_adj").read().strip(), logging.getLogger("pytorch_lightning").level)
+    """
+)
+
+
+def test_a_worker_is_the_oom_victim_and_quiet_where_its_run_is():
+    proc = subprocess.run([sys.executable, "-c", PREPARED], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    adj, level = proc.stdout.split()
+    assert int(adj) >= 500 and int(level) == logging.WARNING

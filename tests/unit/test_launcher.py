@@ -237,28 +237,6 @@ def test_a_torchrun_workers_collective_failure_is_its_one_line_naming_its_rank(t
     assert collective_failure(RuntimeError("CUDA error: an illegal memory access")) is None  # not a peer's doing
 
 
-def oom_score_adj_of_a_process_importing_psgd(env: dict) -> int:
-    code = "import psgd; print(open('/proc/self/oom_score_adj').read())"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env})
-    assert proc.returncode == 0, proc.stderr
-    return int(proc.stdout)
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/oom_score_adj"), reason="no oom_score_adj (not Linux)")
-def test_a_worker_is_the_oom_killers_first_choice_from_its_first_import_and_the_launcher_is_not(monkeypatch):
-    """Out of memory while workers start (each imports torch at once), the kernel killed the launcher:
-    the user saw only "Killed" and the run was not marked failed. Started by psgd's launcher, a process
-    raises its oom_score_adj as it imports psgd, so the kernel kills a worker and the launcher names it."""
-    monkeypatch.delenv(signals.LAUNCHER_ENV, raising=False)
-    with open("/proc/self/oom_score_adj") as f:
-        mine = int(f.read())
-    started_by_this_launcher = {signals.LAUNCHER_ENV: str(os.getpid())}
-    assert oom_score_adj_of_a_process_importing_psgd(started_by_this_launcher) == max(
-        mine, signals.WORKER_OOM_SCORE_ADJ
-    )
-    assert oom_score_adj_of_a_process_importing_psgd({}) == mine  # a launcher or a plain run keeps its own
-
-
 def test_prefer_as_oom_victim_raises_but_never_lowers(tmp_path):
     adj = tmp_path / "oom_score_adj"
     adj.write_text("100\n")
@@ -387,7 +365,7 @@ def test_a_validation_interval_longer_than_an_epoch_is_lightnings_refusal_here_a
     ...)'; it is a setting Lightning refuses, as its MisconfigurationExceptions are."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from psgd.run import lightning_refusal
+    from psgd.stopped import lightning_refusal
 
     class Tiny(L.LightningModule):
         def __init__(self):

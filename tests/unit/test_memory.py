@@ -90,7 +90,7 @@ def test_a_16_bit_run_counts_half_and_a_compiled_one_is_not_judged():
 
     from psgd.data.datasets import DataError
     from psgd.models import WideResNet
-    from psgd.run import check_memory
+    from psgd.run_checks import check_memory
 
     available = available_bytes()
     if available is None:

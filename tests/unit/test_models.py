@@ -131,7 +131,8 @@ def test_averaging_what_a_run_does_not_have_is_warned_about(capsys):
     runs: it has no floating buffer to average; so did average_optimizer_state with SGD without momentum."""
     from conftest import compose_cfg
 
-    from psgd.run import build_model, warn_if_nothing_to_average
+    from psgd.run import build_model
+    from psgd.run_checks import warn_if_nothing_to_average
 
     def said(*overrides: str, world_size: int = 2) -> str:
         cfg = compose_cfg("strategy=model_averaging", *overrides)
@@ -173,7 +174,7 @@ def test_a_period_the_run_never_reaches_is_warned_about(capsys):
     before the end, so the run is strategy.period=null's (a sweep over periods compared identical runs)."""
     from conftest import compose_cfg
 
-    from psgd.run import warn_if_period_never_comes
+    from psgd.run_checks import warn_if_period_never_comes
 
     def said(*overrides: str, batches=(2, 2), accumulate: int = 1) -> str:
         cfg = compose_cfg("strategy=model_averaging", "trainer.max_epochs=2", *overrides)

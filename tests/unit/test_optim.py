@@ -172,7 +172,7 @@ def test_the_settings_a_schedule_reads_are_those_that_change_its_lr_and_the_warn
 
 
 def test_a_resume_that_changes_the_lr_schedule_is_named():
-    from psgd.run import schedule_change
+    from psgd.resume import schedule_change
 
     cosine = {"name": "cosine", "warmup_epochs": 0, "start_factor": None, "decay": "cosine", "step_size": 30}
     constant = {**cosine, "name": "none", "decay": "none"}

@@ -10,7 +10,7 @@ from torch_optimizer import NovoGrad
 from psgd.config import ConfigError
 from psgd.models import MLP, LabCNN
 from psgd.module import OPTIMIZER_KEY, Classifier
-from psgd.run import init_weights, resolve_ckpt_path
+from psgd.resume import init_weights, resolve_ckpt_path
 
 
 def save(path, module, **extra):
@@ -113,7 +113,7 @@ def test_a_resume_dealing_the_samples_otherwise_is_refused(tmp_path):
     fixes their membership) went on with other shards, and its record named the new partition only."""
     from omegaconf import OmegaConf
 
-    from psgd.run import shard_settings
+    from psgd.resume import shard_settings
 
     def run(**data):
         cfg = OmegaConf.create({"seed": data.pop("seed", 0), "data": {"partition_sizes": None, **data}})

@@ -102,7 +102,7 @@ def test_an_interrupted_run_leaves_no_temp_file_of_a_write_its_workers_did_not_f
     writing metrics.json or a checkpoint (a temp file, renamed when written) left that temp file behind
     (seen once in a HogWild run stopped by SIGTERM)."""
     from psgd.io import atomic_file, write_json
-    from psgd.run import mark_stopped
+    from psgd.stopped import mark_stopped
 
     monkeypatch.setattr(signals, "received", None)  # Ctrl-C's (an earlier test's SIGTERM stays recorded)
     write_json(tmp_path / "metrics.json", {"status": "running", "epochs": 2, "history": []})
@@ -364,7 +364,7 @@ def test_outside_torchrun_no_worker_is_marked_or_seen_gone(monkeypatch, tmp_path
 def test_one_torchrun_worker_says_which_died_and_one_records_it(
     monkeypatch, tmp_path, rank, gone, survivors, says_so, records
 ):
-    from psgd.run import WorkerGone
+    from psgd.stopped import WorkerGone
 
     monkeypatch.setenv("RANK", rank)
     e = WorkerGone(gone, survivors, tmp_path, oom_kills=0)
@@ -374,7 +374,7 @@ def test_one_torchrun_worker_says_which_died_and_one_records_it(
 
 
 def test_a_torchrun_worker_gone_while_the_oom_count_rose_is_called_out_of_memory(monkeypatch, tmp_path):
-    from psgd.run import WorkerGone
+    from psgd.stopped import WorkerGone
 
     monkeypatch.setenv("RANK", "0")
     line = str(WorkerGone([1, 3], [0, 2], tmp_path, oom_kills=2))
@@ -383,7 +383,7 @@ def test_a_torchrun_worker_gone_while_the_oom_count_rose_is_called_out_of_memory
 
 
 def test_a_users_stop_or_a_workers_own_error_is_not_a_worker_gone(monkeypatch, tmp_path):
-    from psgd.run import torchrun_worker_gone
+    from psgd.stopped import torchrun_worker_gone
 
     seen = []
     monkeypatch.setattr(signals, "torchrun_workers_gone", lambda: seen.append(1) or ([1], [0]))

@@ -27,6 +27,7 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 from typing_extensions import override
 
 from psgd import forkserver
+from psgd.process import prepare_worker
 from psgd.signals import (
     ctrl_c_out_of_threading,
     die_with_parent,
@@ -135,6 +136,7 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
                 trainer, function, fargs, fkwargs, return_queue = args[:5]
                 fargs, fkwargs = _disable_module_memory_sharing((fargs, fkwargs))
                 args = (trainer, function, fargs, fkwargs, return_queue, self._global_states)
+        prepare_worker()  # the OOM killer's first pick, library noise filtered, quiet where the run is
         # before the rendezvous: a worker whose launcher died while a peer it waits for died too would
         # otherwise wait out strategy.timeout_s, orphaned
         die_with_parent()

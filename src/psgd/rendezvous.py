@@ -1,0 +1,72 @@
+"""Where a run's workers meet: a free port for psgd's launcher, a process group per attempt under torchrun."""
+
+import os
+import random
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@contextmanager
+def rendezvous_port() -> Iterator[None]:
+    """A random free port for the workers' rendezvous while fit runs, unless the user set MASTER_PORT.
+    Lightning asks the kernel for one (bind to port 0), and two runs started at the same moment can be
+    handed the same port; a random pick over 40k ports makes that practically impossible. The variable
+    is removed afterwards, so that nothing started later (the next job of a sweep) inherits it."""
+    if "MASTER_PORT" in os.environ:
+        yield
+        return
+    rng = random.SystemRandom()
+    for _ in range(100):
+        port = rng.randint(20000, 60999)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        break
+    else:  # nothing free in 100 tries: leave the choice to Lightning
+        yield
+        return
+    os.environ["MASTER_PORT"] = str(port)
+    try:
+        yield
+    finally:
+        os.environ.pop("MASTER_PORT", None)
+
+
+def init_elastic_process_group(accelerator: str, backend: str | None, timeout: timedelta) -> None:
+    """Under torchrun, make the process group here, on a store prefix of its own per restart attempt.
+
+    torchrun's agent keeps one TCPStore for the whole job (TORCHELASTIC_USE_AGENT_STORE), and process-group
+    keys have the same names in every attempt: without a prefix, a restarted worker could read the address
+    a dead worker of the previous attempt published (gloo: "connection refused"). The restart count names
+    the prefix. Lightning then finds the process group made and uses it."""
+    env = os.environ
+    world_size = int(env.get("WORLD_SIZE", "1"))
+    if world_size == 1 or dist.is_initialized():
+        return
+    rank = int(env["RANK"])
+    agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        env["MASTER_ADDR"],
+        int(env["MASTER_PORT"]),
+        world_size,
+        is_master=not agent_store and rank == 0,  # otherwise the agent serves it
+        timeout=timeout,
+        multi_tenant=True,
+    )
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if accelerator == "gpu":
+        torch.cuda.set_device(int(env.get("LOCAL_RANK", "0")))
+    dist.init_process_group(
+        backend or ("nccl" if accelerator == "gpu" else "gloo"),
+        store=dist.PrefixStore(f"psgd/attempt{attempt}", store),
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+    )

@@ -1,0 +1,344 @@
+"""What a run starts from: a checkpoint to resume (ckpt_path), an earlier run's weights (init_weights).
+
+A checkpoint is resumed only where it continues the run this one's settings ask for: the same model, workers,
+strategy, dataset, validation samples, partition, lr schedule and optimizer; each mismatch is a ConfigError
+that names the setting and the value that resumes it.
+"""
+
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from psgd.command_line import first_worker
+from psgd.config import GIVE, ConfigError, Plan, checkpoint_file, duration_s
+from psgd.io import say
+from psgd.module import OPTIMIZER_KEY, STEP_IMPLEMENTATION, Classifier, fit_loop_state
+from psgd.optim import schedule_read
+
+
+def resolve_ckpt_path(
+    value: str | None,
+    module: Classifier,
+    world_size: int = 1,
+    strategy: str | None = None,
+    max_time: Any = None,
+    max_steps: Any = None,
+) -> str | None:
+    """The checkpoint to resume from, checked against the model, the lr schedule and (for a checkpoint
+    that holds each worker's own state) the number of workers this run has and its `strategy` name
+    (None: not checked). A run with nothing left to train (trainer.max_epochs, `max_time`, `max_steps`) says so."""
+    if value is None:
+        return None
+    path = checkpoint_file("ckpt_path", value)
+    checkpoint = load_weights_only("ckpt_path", value, path)
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise ConfigError(f"ckpt_path={value!r} is not a psgd checkpoint (it holds no state_dict)")
+    with naming_its_overrides(path):
+        _check_resumable(value, checkpoint, module, world_size, strategy)
+    line = nothing_left(checkpoint, module, max_time, max_steps)
+    if line and first_worker():  # torchrun / srun: every worker finds it; the first says it
+        print(f"psgd: ckpt_path={value} {line}", flush=True)
+    return str(path)
+
+
+def its_overrides(checkpoint: Path) -> str | None:
+    """The command line's overrides of the run whose checkpoint this is (<run>/checkpoints/<name>.ckpt,
+    Hydra's <run>/.hydra/overrides.yaml), as `key=value ...` for train.py; "" for
+    none (its defaults), None where the file is not a run's."""
+    saved = checkpoint.parent.parent / ".hydra" / "overrides.yaml"
+    if checkpoint.parent.name != "checkpoints" or not saved.is_file():
+        return None
+    try:
+        overrides = OmegaConf.to_container(OmegaConf.load(saved))
+    except Exception:  # not Hydra's list: nothing to say
+        return None
+    if not isinstance(overrides, list):
+        return None
+    # not Hydra's own, nor the ckpt_path that run resumed from, nor a sweep's continue_sweep (not train.py's)
+    left_out = ("hydra.", "hydra/", "ckpt_path=", "continue_sweep=")
+    return " ".join(str(o) for o in overrides if not str(o).startswith(left_out))
+
+
+@contextmanager
+def naming_its_overrides(checkpoint: Path) -> Iterator[None]:
+    """A checkpoint this run cannot resume: its line ends with the overrides that run was given (the
+    same ones resume it), where its run dir says them."""
+    try:
+        yield
+    except ConfigError as e:
+        given = its_overrides(checkpoint)
+        if given is None:
+            raise
+        said = f"that run's overrides: {given}" if given else "that run had no overrides"
+        raise ConfigError(f"{e} ({said})") from None
+
+
+def _check_resumable(
+    value: str, checkpoint: dict[str, Any], module: Classifier, world_size: int, strategy: str | None
+) -> None:
+    """A ConfigError where resuming `checkpoint` would not be the run this one's settings ask for: another
+    model, worker count, strategy, dataset, validation samples, partition, lr schedule or optimizer."""
+    check_fits("ckpt_path", value, checkpoint["state_dict"], module.state_dict())
+    replicas = checkpoint.get("replicas")  # model averaging / HogWild mid-run: one state per worker
+    if replicas and not checkpoint.get("averaged") and len(replicas) != world_size:
+        raise ConfigError(
+            f"ckpt_path={value!r} holds {len(replicas)} workers' own state but this run has {world_size} "
+            f"worker{'' if world_size == 1 else 's'}; resume with workers={len(replicas)}"
+        )
+    own_weights = replicas and not checkpoint.get("averaged") and "state_dict" in (replicas[0] or {})
+    if own_weights and strategy is not None and strategy != "model_averaging":
+        raise ConfigError(
+            f"ckpt_path={value!r} holds {len(replicas)} replicas that model averaging had not averaged yet, and "
+            f"strategy={strategy} would go on from worker 0's alone: resume with strategy=model_averaging (or "
+            "from the run's final checkpoint, which holds their average)"
+        )
+    hparams = checkpoint.get("hyper_parameters") or {}  # the Classifier's, as the checkpoint's run had them
+    trained_on, now_on = hparams.get("dataset"), module.hparams.get("dataset")
+    if trained_on and now_on and trained_on != now_on:  # same image size and classes: the shapes fit
+        raise ConfigError(
+            f"ckpt_path={value!r} was trained on data={trained_on} and this run's data is {now_on}: resuming "
+            f"would go on with its epochs, optimizer and schedule on other data; resume with data={trained_on}"
+        )
+    if "holdout" in hparams and hparams["holdout"] != module.hparams.get("holdout"):  # older ones: not kept
+        held, now = hparams["holdout"], module.hparams.get("holdout")
+        raise ConfigError(
+            f"ckpt_path={value!r} held out {_holdout_text(held)} for validation and this run holds out "
+            f"{_holdout_text(now)}: it would validate on samples the checkpoint trained on, or train on its "
+            f"validation samples; resume with {_holdout_setting(held)}"
+        )
+    dealt, dealing = hparams.get("shards"), module.hparams.get("shards")  # None: not kept (older, or in code)
+    if dealt is not None and dealing is not None and dealt != dealing:
+        before, now = " ".join(dealt), " ".join(dealing)
+        raise ConfigError(
+            f"ckpt_path={value!r} dealt the samples to its workers with {before} and this run with {now}: "
+            f"each worker would go on with other samples than its run gave it; resume with {before}"
+        )
+    problem = schedule_change(hparams, dict(module.hparams))
+    problem = problem or optimizer_change(checkpoint, module)
+    if problem:
+        raise ConfigError(
+            f"ckpt_path={value!r} cannot be resumed with {problem}: resuming restores its optimizer and lr "
+            "schedule as they were, which would not follow this change; resume with the checkpoint's settings "
+            f"(or start a new run from its weights with init_weights={value}, leaving ckpt_path out)"
+        )
+
+
+def nothing_left(checkpoint: dict[str, Any], module: Classifier, max_time: Any, max_steps: Any) -> str | None:
+    """What the checkpoint already trained up to a limit of this run (trainer.max_epochs, max_time,
+    max_steps), as `already trained 3 epoch(s), trainer.max_epochs=3: nothing is left to train; ...`; None
+    while something is left."""
+    done = "nothing is left to train; its final weights are tested"
+    trained = fit_loop_state(checkpoint).get("epoch_progress", {})
+    trained = trained.get("current", {}).get("processed")  # epochs whose training ended (Lightning's count)
+    max_epochs = dict(getattr(module, "hparams", {})).get("max_epochs")
+    if isinstance(trained, int) and isinstance(max_epochs, int) and trained >= max_epochs:
+        return f"already trained {trained} epoch(s), trainer.max_epochs={max_epochs}: {done}"
+    if max_time is not None:  # Lightning's Timer counts the whole run, resumes included: it stopped at once
+        timer = (checkpoint.get("callbacks") or {}).get("Timer") or {}
+        elapsed, limit = (timer.get("time_elapsed") or {}).get("train"), duration_s(max_time)
+        if isinstance(elapsed, int | float) and limit is not None and elapsed >= limit:
+            return (
+                f"already trained for {elapsed:.0f} s, trainer.max_time={max_time}: nothing is left to train (max_time "
+                "counts the whole run, resumes included: a longer one trains on); its final weights are tested"
+            )
+    steps = checkpoint.get("global_step")  # optimizer steps taken (each worker's; max_steps is DDP's or one worker's)
+    if isinstance(max_steps, int) and max_steps > 0 and isinstance(steps, int) and steps >= max_steps:
+        return f"already took {steps} steps, trainer.max_steps={max_steps}: {done}"
+    return None
+
+
+def load_weights_only(setting: str, value: str, path: Path) -> Any:
+    """torch.load with weights only: a checkpoint is data, never code."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ConfigError(
+            f"{setting}={value!r} is not a psgd checkpoint loadable as weights only "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+        ) from e
+
+
+def check_fits(setting: str, value: str, saved: dict[str, Any], expected: dict[str, torch.Tensor]) -> None:
+    """Every weight of this run's model, in its shape, and no other: else a ConfigError naming one."""
+    for key, tensor in expected.items():
+        found = saved.get(key)
+        if not isinstance(found, torch.Tensor) or found.shape != tensor.shape:
+            what = "missing" if key not in saved else f"shape {tuple(getattr(found, 'shape', ()))}"
+            raise ConfigError(
+                f"{setting}={value!r} does not fit this run's model: {key} is {what} in the checkpoint, "
+                f"the model needs {tuple(tensor.shape)} (was it saved with another model= or data=?)"
+            )
+    unexpected = sorted(set(saved) - set(expected))
+    if unexpected:
+        raise ConfigError(
+            f"{setting}={value!r} does not fit this run's model: the checkpoint has extra "
+            f"weights such as {unexpected[0]} (was it saved with another model= or data=?)"
+        )
+
+
+def init_weights(value: str | None, module: Classifier) -> str | None:
+    """init_weights: the run starts from an earlier run's weights (its run dir or a .ckpt: the weights it
+    ended with, or had at that checkpoint; a worker's weights/rank<r>.pt of record_weights; or the
+    state_dict of the same network saved with torch.save) and trains them with its own epochs,
+    optimizer and lr schedule. Loaded into `module`; returns the file, or None without one."""
+    if value is None:
+        return None
+    give = GIVE["init_weights"]
+    path = checkpoint_file("init_weights", value)
+    loaded = load_weights_only("init_weights", value, path)
+    if isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):  # a (psgd) Lightning checkpoint
+        replicas = loaded.get("replicas")
+        if replicas and not loaded.get("averaged") and "state_dict" in (replicas[0] or {}):
+            raise ConfigError(
+                f"init_weights={value!r} holds {len(replicas)} replicas that model averaging had not averaged "
+                "yet: give the finished run (its final checkpoint holds their average) or one worker's "
+                "weights/rank<r>.pt (record_weights=true)"
+            )
+        loaded = loaded["state_dict"]
+    if not isinstance(loaded, dict) or not loaded or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+        raise ConfigError(f"init_weights={value!r} holds no weights (a checkpoint or a state_dict of tensors); {give}")
+    if not any(k.startswith("net.") for k in loaded):  # a plain network's state_dict: psgd's module holds it as net
+        loaded = {f"net.{k}": v for k, v in loaded.items()}
+    with naming_its_overrides(path):  # model=mlp among them, say
+        check_fits("init_weights", value, loaded, module.state_dict())
+    module.load_state_dict(loaded)
+    return str(path)
+
+
+def shard_settings(cfg: DictConfig) -> list[str]:
+    """The settings that decide which samples each worker trains on, as `key=value` texts: the
+    partition, its sizes or Dirichlet alpha, and the seed where it fixes the membership (sizes,
+    dirichlet; iid shards are dealt anew every epoch, by_label by label)."""
+    d = cfg.data
+    settings = [f"data.partition={d.partition}"]
+    if d.partition == "sizes":
+        settings += [f"data.partition_sizes=[{','.join(f'{x:g}' for x in d.partition_sizes)}]", f"seed={cfg.seed}"]
+    elif d.partition == "dirichlet":
+        settings += [f"data.dirichlet_alpha={d.dirichlet_alpha:g}", f"seed={cfg.seed}"]
+    return settings
+
+
+def _holdout_text(holdout: list | None) -> str:
+    if not holdout:
+        return "nothing (data.val_split=0)"
+    return f"data.val_split={holdout[0]:g} drawn with seed={holdout[1]}"
+
+
+def _holdout_setting(holdout: list | None) -> str:
+    return "data.val_split=0" if not holdout else f"data.val_split={holdout[0]:g} seed={holdout[1]}"
+
+
+def _all_workers(hparams: dict[str, Any]) -> int:
+    """The workers of all nodes (a checkpoint from before num_nodes was kept: one node)."""
+    return hparams["workers"] * (hparams.get("num_nodes") or 1)
+
+
+def _workers_said(hparams: dict[str, Any]) -> str:
+    nodes = hparams.get("num_nodes") or 1
+    return f"workers={hparams['workers']}" + (f" x trainer.num_nodes={nodes}" if nodes > 1 else "")
+
+
+def schedule_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """What of the lr and its schedule this run changes from the checkpoint's run (hyper-parameters
+    of the Classifier), as `key=new (the checkpoint's run had old)`, or None. The lr and every
+    scheduler setting count; trainer.max_epochs counts under a cosine decay, whose horizon it is; workers
+    counts under a warm-up whose start factor is the default 1/workers."""
+    if not saved:  # not written by psgd's Classifier: nothing to compare
+        return None
+    old_s, new_s = schedule_read(saved.get("scheduler")), schedule_read(now.get("scheduler"))
+    if "lr" in saved and not math.isclose(saved["lr"], now["lr"], rel_tol=1e-9):
+        return f"lr {now['lr']:g} (optimizer.lr x lr_scaling; the checkpoint's run had {saved['lr']:g})"
+    for key in sorted(set(old_s) | set(new_s)):
+        if old_s.get(key) != new_s.get(key):
+            return f"scheduler.{key}={new_s.get(key)} (the checkpoint's run had {old_s.get(key)})"
+    warming_up = (new_s.get("warmup_epochs") or 0) > 0 and new_s.get("start_factor") is None
+    if warming_up and saved.get("workers") is not None and _all_workers(saved) != _all_workers(now):
+        return (
+            f"{_workers_said(now)} under a warm-up from 1/workers of the lr "
+            f"(the checkpoint's run had {_workers_said(saved)}: its warm-up starts at lr/{_all_workers(saved)})"
+        )
+    if new_s.get("decay") == "cosine" and saved.get("max_epochs") not in (None, now["max_epochs"]):
+        return (
+            f"trainer.max_epochs={now['max_epochs']} under a cosine decay "
+            f"(the checkpoint's run had {saved['max_epochs']}: its cosine reaches lr 0 there)"
+        )
+    return None
+
+
+# param-group entries that are not the optimizer's settings: the parameters, the lr (the schedule's, checked
+# by schedule_change) and how torch runs the step (the resumed run's own: Classifier._update_as_configured)
+_NOT_SETTINGS = {"params", "lr", "initial_lr", *STEP_IMPLEMENTATION}
+
+
+def optimizer_change(checkpoint: dict[str, Any], module: Classifier) -> str | None:
+    """What of the optimizer this run changes from the checkpoint's run, or None. Lightning restores the
+    checkpoint's optimizer state with its param groups, settings included, so a changed setting would be
+    silently dropped and another optimizer would fail in its first step. Compared: the optimizer's class
+    (kept in psgd's checkpoints; for older ones, settings each side lacks) and every setting of every
+    param group."""
+    states = checkpoint.get("optimizer_states")
+    if not states:
+        return None
+    fresh = module.build_optimizer()  # no state yet: only its settings are read
+    name, old_name = type(fresh).__name__, checkpoint.get(OPTIMIZER_KEY)
+    if old_name is not None and old_name != name:
+        return f"optimizer {name} (the checkpoint's run used {old_name})"
+    old_groups, new_groups = states[0].get("param_groups") or [], fresh.param_groups
+    if len(old_groups) != len(new_groups):
+        return f"{len(new_groups)} optimizer parameter groups (the checkpoint's run had {len(old_groups)})"
+
+    def plain(v: Any) -> Any:
+        return [plain(x) for x in v] if isinstance(v, list | tuple) else v
+
+    def shown(v: Any) -> str:  # as written on the command line: true, [0.9, 0.99]
+        v = plain(v)
+        return str(v).lower() if isinstance(v, bool) or v is None else str(v)
+
+    def same(a: Any, b: Any) -> bool:
+        a, b = plain(a), plain(b)
+        if isinstance(a, list) and isinstance(b, list):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b))
+        if not numbers:
+            return a == b
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
+
+    for i, (old, new) in enumerate(zip(old_groups, new_groups)):
+        old_keys, new_keys = set(old) - _NOT_SETTINGS, set(new) - _NOT_SETTINGS
+        # a newer torch may add a setting to the same optimizer; another optimizer lacks some of each other's
+        if old_name is None and new_keys - old_keys and old_keys - new_keys:
+            return (
+                f"optimizer {name} (the checkpoint's optimizer has no {sorted(new_keys - old_keys)[0]} "
+                f"but a {sorted(old_keys - new_keys)[0]}: another optimizer)"
+            )
+        for key in sorted(old_keys & new_keys):
+            if not same(old[key], new[key]):
+                # a model that sets this value per group names the setting it comes from (the MLP's decay)
+                names = getattr(module.net, "group_settings", {}).get(key)
+                if names and names[i]:
+                    return f"{names[i]}={shown(new[key])} (the checkpoint's run had {shown(old[key])})"
+                where = f" in its parameter group {i}" if len(new_groups) > 1 else ""
+                return f"optimizer.{key}={shown(new[key])}{where} (the checkpoint's run had {shown(old[key])})"
+    return None
+
+
+def elastic_resume(ckpt_path: str | None, plan: Plan, run_dir: Path, continued: bool = False) -> str | None:
+    """torchrun --max-restarts restarts every worker after one died: continue from the run's last
+    checkpoint instead of starting over (the run dir is the same: see psgd.run_name). So does a job of a
+    continued sweep (`continued`), whose own checkpoint supersedes the ckpt_path it started from."""
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    last = run_dir / "checkpoints" / "last.ckpt"
+    if continued and last.exists():
+        say(f"psgd: job {run_dir.name} goes on from its {last}")
+        return str(last)
+    if ckpt_path is None and plan.launcher == "torchrun" and restarts > 0 and last.exists():
+        if os.environ.get("RANK") == "0":
+            say(f"psgd: restart {restarts}: resuming from {last}")
+        return str(last)
+    return ckpt_path

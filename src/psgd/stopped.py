@@ -1,0 +1,137 @@
+"""How a run that stopped early is marked and reported: interrupted (Ctrl-C, SIGTERM), failed, or a
+worker gone under torchrun. Finished epochs stay in metrics.json whatever stopped the run."""
+
+import os
+import time
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from torch.multiprocessing import ProcessRaisedException
+
+from psgd import signals
+from psgd.command_line import text_lines
+from psgd.io import read_json, remove_temp_files, say, write_json
+from psgd.strategies.workers import lost_a_peer
+
+
+def mark_status(record_path: Path, status: str, create: bool = False, **fields: Any) -> dict[str, Any] | None:
+    """Mark the on-disk record of a run that stopped early, keeping its finished epochs; with `create`
+    a run that never wrote one gets a record of its own (a failed sweep job, for the report). Returns
+    the record as written, or None where there was none to mark."""
+    if not (record_path.exists() or create):
+        return None
+    record = read_json(record_path) if record_path.exists() else {}
+    record.update(status=status, **fields)
+    write_json(record_path, record)
+    return record
+
+
+def raised_in_worker(e: BaseException, classes: tuple[type, ...]) -> str | None:
+    """The message of an error of one of `classes` that a worker raised (`e` a ProcessRaisedException,
+    whose last traceback line is `<module>.<class>: <message>`), or None."""
+    if not isinstance(e, ProcessRaisedException):
+        return None
+    last = text_lines(e)[-1]
+    for c in classes:
+        prefix = f"{c.__module__}.{c.__qualname__}: "
+        if last.startswith(prefix):
+            return last[len(prefix) :]
+    return None
+
+
+def lightning_refusal(e: BaseException) -> str | None:
+    """The message of a MisconfigurationException Lightning raised inside fit, here or in a worker
+    (a value it checks only once it has the data, e.g. trainer.limit_val_batches=0.01 of 4 batches),
+    or of the ValueError it raises there for a trainer.val_check_interval of more batches than an epoch has."""
+    if isinstance(e, MisconfigurationException):
+        return " ".join(text_lines(e))
+    if isinstance(e, ProcessRaisedException):
+        last = text_lines(e)[-1]
+        message = last.removeprefix("ValueError:").strip()
+        if message != last and message.startswith(_VAL_CHECK_REFUSAL):
+            return message
+        return raised_in_worker(e, (MisconfigurationException,))
+    if isinstance(e, ValueError) and str(e).strip().startswith(_VAL_CHECK_REFUSAL):
+        return " ".join(text_lines(e))
+    return None
+
+
+_VAL_CHECK_REFUSAL = "`val_check_interval` ("  # Lightning's fit loop, once it knows the epoch's batches
+
+
+class WorkerGone(RuntimeError):
+    """Under torchrun: workers on this machine ended without an error of their own (a signal such as the
+    OOM killer's SIGKILL, a crash) while this one trained; torchrun's agent then stopped the others with
+    SIGTERM, or this one's collective lost them first. str() is the line a user sees. `says_so`: this
+    worker prints it (the lowest rank on this machine that did not die, so the line comes once);
+    `records`: it also marks metrics.json failed (rank 0, or the one saying so where rank 0 died)."""
+
+    def __init__(self, ranks: list[int], survivors: list[int], run_dir: Path, oom_kills: int):
+        rank, self.ranks = int(os.environ.get("RANK", "0")), ranks
+        self.says_so = rank == survivors[0]
+        self.records = rank == 0 or (0 in ranks and self.says_so)
+        which = f"worker rank {ranks[0]}" if len(ranks) == 1 else f"worker ranks {', '.join(map(str, ranks))}"
+        if oom_kills > 0:
+            why = (
+                f"killed by the kernel's out-of-memory killer (its OOM-kill count rose by {oom_kills} during the "
+                "run): use fewer workers per machine or a smaller data.batch_size"
+            )
+        else:
+            why = "the process ended without an error of its own: a signal or a crash; torchrun's summary says which"
+        super().__init__(f"{which} died ({why}); results of finished epochs are in {run_dir}")
+
+
+def torchrun_worker_gone(e: BaseException, run_dir: Path) -> WorkerGone | None:
+    """Why a torchrun worker's fit stopped with `e`, when a worker on this machine died without a word:
+    `e` is the interrupt of the agent's SIGTERM that followed, or this worker's collective losing its
+    peer. A peer's sockets close as it dies, a moment before its process is seen gone: that case looks
+    again for up to a second. None when no worker here died that way (a user's SIGTERM or Ctrl-C, a
+    worker's own error, which it reports itself, or a worker on another machine)."""
+    signalled = isinstance(e, KeyboardInterrupt | SystemExit) and signals.received == "SIGTERM"
+    lost = isinstance(e, RuntimeError) and lost_a_peer(text_lines(e)[-1])
+    if not (signalled or lost):
+        return None
+    deadline = time.monotonic() + (1.0 if lost else 0.0)
+    gone, survivors = signals.torchrun_workers_gone()
+    while not gone and time.monotonic() < deadline:
+        time.sleep(0.05)
+        gone, survivors = signals.torchrun_workers_gone()
+    if not gone:
+        return None
+    return WorkerGone(gone, survivors, run_dir, signals.oom_kills_since(signals.oom_kills_at_mark))
+
+
+def mark_stopped(run_dir: Path, e: BaseException, launched: bool = False) -> None:
+    """Mark a run that `e` stopped: interrupted (Ctrl-C, SIGTERM: one line says so) or failed. Its
+    finished epochs stay in metrics.json. `launched`: psgd's launcher started the run's workers here,
+    as this process's children."""
+    interrupted = isinstance(e, KeyboardInterrupt | SystemExit)  # Lightning turns Ctrl-C into exit(1)
+    if interrupted:
+        # the workers got the signal too (psgd.signals): let them end before this write, none left behind
+        signals.wind_down_children()
+        if launched:  # such a worker dies at once by the signal: one ended in the middle of a write left that
+            # write's temp file. (torchrun's or srun's workers clean up their own and may still be writing.)
+            remove_temp_files(run_dir)
+    # every worker has stopped by now, so nothing races this write
+    record = None
+    with suppress(OSError):  # best effort: on a full disk the mark cannot be written, and `e` is what to report
+        record = mark_status(run_dir / "metrics.json", "interrupted" if interrupted else "failed")
+    if interrupted:
+        how = f" ({signals.received})" if signals.received else ""
+        finished = (record or {}).get("epochs", 0)
+        kept = f"finished epochs are kept in {run_dir}" if finished else f"no epoch had finished ({run_dir})"
+        say(f"psgd: interrupted{how}; {kept}")
+
+
+def exit_if_interrupted(e: BaseException) -> None:
+    """After mark_stopped: a run that Ctrl-C or SIGTERM stopped exits as a shell reports the signal, 130
+    or 143 (Lightning turns either into exit code 1 inside fit, which a script could not tell from a failed
+    run). Called from Python rather than by the scripts (a notebook: Hydra has not set the job up), it raises
+    KeyboardInterrupt, which a caller's `except KeyboardInterrupt` catches."""
+    if isinstance(e, KeyboardInterrupt | SystemExit):
+        if not HydraConfig.initialized():
+            raise KeyboardInterrupt(*([signals.received] if signals.received else [])) from None
+        raise SystemExit(signals.interrupted_exit_code()) from None

@@ -1,0 +1,74 @@
+"""A finished run's TensorBoard summary: its settings for the HParams tab and its final test metrics."""
+
+import re
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+from psgd.config import schedule
+
+# the HParams tab's columns: each run's last value of these tags (a run without one, e.g. DDP's all-reduce
+# wait in a HogWild run, shows it blank)
+HPARAM_METRICS = (
+    "test/acc",
+    "test/loss",
+    "val/acc",
+    "val/loss",
+    "time/samples_per_s",
+    "time/cumulative_s",
+    "ddp/allreduce_wait_ms",
+    "averaging/time_s",
+    "hogwild/staleness",
+    "hogwild/lock_wait_s",
+)
+
+
+def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
+    """The config as TensorBoard hparams: dotted keys, scalars only; the lr schedule as the run trained with it."""
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if not str(k).startswith("_"):
+                    walk(v, f"{prefix}{k}.")
+            return
+        key = prefix[:-1]
+        out[key] = node if isinstance(node, int | float | str | bool) else str(node)
+
+    settings = OmegaConf.to_container(cfg, resolve=True)
+    if isinstance(settings.get("scheduler"), dict):  # scheduler=none: a constant lr, whatever its keys say
+        settings["scheduler"] = schedule(settings["scheduler"])
+    walk(settings, "")
+    return out
+
+
+def class_tag(label: int, name: str) -> str:
+    """A class's TensorBoard tag name: its label, then its name in letters, digits and underscores
+    ('6_Shirt', '0_T_shirt_top'; MNIST's '0 - zero' is '0_zero')."""
+    word = re.sub(r"\W+", "_", name).strip("_")
+    if word.startswith(f"{label}_") or word == str(label):
+        return word
+    return f"{label}_{word}" if word else str(label)
+
+
+def write_tensorboard_summary(log_dir: Path, cfg: DictConfig, metrics: dict[str, Any], step: int) -> None:
+    """hparams for the HParams tab (one run per job) plus the final test metrics, each class's
+    accuracy as test/acc_class/<label>_<name> (test/acc_class/6_Shirt)."""
+    final = {"test/acc": metrics.get("test_acc"), "test/loss": metrics.get("test_loss")}
+    names = metrics.get("test_classes") or []
+    for c, acc in enumerate(metrics.get("test_acc_per_class") or []):
+        final[f"test/acc_class/{class_tag(c, names[c] if c < len(names) else '')}"] = acc
+    writer = SummaryWriter(log_dir=str(log_dir))
+    try:
+        for key, value in final.items():
+            if value is not None:
+                writer.add_scalar(key, value, step)
+        exp, ssi, sei = hparams_summary(flat_hparams(cfg), {k: 0.0 for k in HPARAM_METRICS})
+        for summary in (exp, ssi, sei):
+            writer.file_writer.add_summary(summary)
+    finally:
+        writer.close()
