@@ -362,7 +362,10 @@ BAD = [
         "scheduler.warmup_epochs=5 is invalid with trainer.max_epochs=3: the warm-up would not end before "
         "training does; use warmup_epochs<=3",
     ),
-    (["workers=2", "data.partition=sizes", "data.partition_sizes=[0.5,0.4]"], "summing to 1 (they sum to 0.9)"),
+    (
+        ["workers=2", "data.partition=sizes", "data.partition_sizes=[0.5,0.4]"],
+        "fractions must sum to 1 (they sum to 0.9)",
+    ),
     (["workers=3", "data.partition=sizes", "data.partition_sizes=[0.5,0.5]"], "one fraction per worker (3)"),
     (["workers=2", "data.partition=sizes", "data.partition_sizes=[1.0,0]"], "fractions > 0"),
     (["workers=11", "data.partition=by_label"], "only 10 classes"),
@@ -1085,3 +1088,20 @@ def test_every_model_choice_is_a_builtin_with_its_class():
     choices = {p.stem: OmegaConf.load(p) for p in (CONF / "model").glob("*.yaml")}
     assert {name: str(c._target_) for name, c in choices.items()} == BUILTIN
     assert all(c.name == name for name, c in choices.items())
+
+
+def test_every_key_of_the_config_files_is_in_the_schema_with_a_description():
+    """The yaml files hold the defaults, the schema the rest: a key of theirs without a field would be
+    neither checked nor listed by --help. (A model's or optimizer's other keys are its constructor's.)"""
+    from psgd.config import describe
+
+    described = {key: (allowed, meaning) for key, allowed, meaning in describe()}
+    assert all(allowed and meaning for allowed, meaning in described.values())
+    keys = {k for k, v in OmegaConf.load(CONF / "train.yaml").items() if k not in ("defaults", "hydra")}
+    keys |= {f"early_stop.{k}" for k in OmegaConf.load(CONF / "train.yaml").early_stop}
+    keys |= {k for k in OmegaConf.load(CONF / "sweep.yaml") if k not in ("defaults", "hydra")}
+    for group in ("data", "scheduler", "strategy", "trainer"):
+        for path in (CONF / group).glob("*.yaml"):
+            keys |= {f"{group}.{k}" for k in OmegaConf.load(path)}
+    keys -= {"early_stop"}
+    assert sorted(keys - set(described)) == []

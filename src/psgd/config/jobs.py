@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from psgd import forkserver
 from psgd.command_line import in_the_job, override_key, warn
 from psgd.config.rules import CONSTANT_LR, check, check_values, resolve_accelerator, resolve_workers, schedule
-from psgd.config.schema import ConfigError
+from psgd.config.schema import ConfigError, said
 from psgd.config.targets import meta_network
 from psgd.results import hogwild_workers, scales_by_workers
 
@@ -113,20 +113,10 @@ def _given(jobs: Jobs, key: str, chooser: Callable[[DictConfig], Any]) -> list[t
     return [(value, chosen) for value, chosen in given if value is not None]
 
 
-def _said(value: Any) -> str:
-    """A setting's value as the command line writes it ([0.7, 0.3], true, null)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
-
-
 def _one_workers_factors(jobs: Jobs) -> list[str]:
     """The lr factors that default to the worker count, chosen for runs of one worker: a warm-up from
-    lr x start_factor, null = 1/workers, is a constant lr there (`sweep.py -m scheduler=none,warmup`
-    compared one schedule under two names), and lr_scaling without lr_reference_batch multiplies the lr by
-    the workers, 1. Said when no job of the command line gets a factor other than 1."""
+    lr x start_factor, null = 1/workers, is a constant lr there, and lr_scaling without lr_reference_batch
+    multiplies the lr by the workers, 1. Said when no job of the command line gets a factor other than 1."""
 
     def named(job: list[str], *keys: str) -> bool:
         return any(override_key(text) in keys for text in job)
@@ -162,9 +152,8 @@ def _one_workers_factors(jobs: Jobs) -> list[str]:
 
 def _hogwild_scaled_by_workers(jobs: Jobs) -> list[str]:
     """lr_scaling by the worker count (lr_reference_batch=null) under HogWild: its P workers' updates all
-    land on the one model, about P times one worker's step already, and the lr P times larger on top
-    (`sweep.py -m workers=1,2,3,4,5 strategy=hogwild lr_scaling=linear` ran the 5 workers at lr 0.1). Said
-    once, for the job with the most workers; lr_reference_batch scales by an update's samples instead."""
+    land on the one model, about P times one worker's step already, and the lr P times larger on top.
+    Said once, for the job with the most workers; lr_reference_batch scales by an update's samples instead."""
     hogwild = [
         (n, cfg)
         for _, cfg in jobs
@@ -183,21 +172,19 @@ def _hogwild_scaled_by_workers(jobs: Jobs) -> list[str]:
 
 
 def unread_settings(jobs: Jobs) -> list[str]:
-    """A warning line for each setting the command line gives a value that no job of it reads:
-    `workers=2 data.partition_sizes=[0.7,0.3]` without data.partition=sizes trained iid shards, and
-    nothing said so. A setting that some job of a sweep reads is not warned about for the others, nor
-    one a preset sets (experiment=dist_tuto sets partition_sizes for its data.partition=sizes jobs, and
-    `python train.py experiment=dist_tuto` alone runs iid)."""
+    """A warning line for each setting the command line gives a value that no job of it reads (e.g.
+    data.partition_sizes without data.partition=sizes). A setting that some job of a sweep reads is not
+    warned about for the others, nor one a preset sets (a preset's sweep may read it in other jobs)."""
     lines, warned = [], set()
     for key, other, reads, wording in READ_ONLY_WHEN:
         others = (other,) if isinstance(other, str) else other
         given = _given(jobs, key, lambda cfg, others=others: [OmegaConf.select(cfg, o) for o in others])
         if key not in warned and given and not any(reads(*chosen) for _, chosen in given):
             choosers = " ".join(  # as typed; scheduler.name: the preset chosen, as the command line says it
-                f"{o.removesuffix('.name')}={','.join(dict.fromkeys(_said(c[i]) for _, c in given))}"
+                f"{o.removesuffix('.name')}={','.join(dict.fromkeys(said(c[i]) for _, c in given))}"
                 for i, o in enumerate(others)
             )
-            lines.append(f"{key}={_said(given[0][0])} has no effect with {choosers}: it is read with {wording}")
+            lines.append(f"{key}={said(given[0][0])} has no effect with {choosers}: it is read with {wording}")
             warned.add(key)
     for key, owner, why, as_one in BETWEEN_WORKERS:
         given = [(value, run) for value, run in _given(jobs, key, _processes) if value != as_one]
@@ -211,7 +198,7 @@ def unread_settings(jobs: Jobs) -> list[str]:
             by = f" by strategy={owner}" if owner else ""
             wrapped = " or strategy.ddp_for_one_worker=true" if owner == "ddp" else ""
             lines.append(
-                f"{key}={_said(given[0][0])} has no effect with {choosers}: it is read{by} with more than one "
+                f"{key}={said(given[0][0])} has no effect with {choosers}: it is read{by} with more than one "
                 f"worker{wrapped}{f' ({why})' if all(ours) else ''}"
             )
     lines += _one_workers_factors(jobs)
@@ -249,9 +236,8 @@ def sweep_values_problem(jobs: Jobs) -> str | None:
 def sweep_data_problem(jobs: Jobs) -> str | None:
     """Why a dataset of this sweep cannot be read here, or None: the files a job would read are looked
     for once per dataset and folder (CIFAR10's also md5-checked, as each job would), and missing or
-    damaged ones are downloaded now (as a single run does before its workers start), not tried, and
-    failed, by every job of a mistyped data.root in turn. Only for Hydra's basic launcher, whose jobs
-    run on this machine."""
+    damaged ones are downloaded now (as a single run does before its workers start), not by every job in
+    turn. Only for Hydra's basic launcher, whose jobs run on this machine."""
     from psgd.data.datasets import DataError, load_split, what_is_missing
 
     if not forkserver.runs_jobs_here(jobs[0][1]):
@@ -281,9 +267,8 @@ def _batches_problem(jobs: Jobs) -> str | None:
     without a training batch (a shard smaller than data.batch_size with data.drop_last=true, a
     dirichlet partition that leaves a worker no sample at the job's seed), a final test of no batch, or
     (on CPU) a batch whose training cannot fit in this machine's memory (run.check_memory).
-    Each dataset and folder is decoded once (MNIST: ~0.25 s); each job then deals its shards as it will
-    (~ms). The datamodule is the job's own (run.build_datamodule) but for the image size, which no
-    batch count depends on; so is the check (run.check_data). Every job has passed `check` already."""
+    Each dataset and folder is decoded once; each job then deals its shards as it will, with the job's
+    own datamodule and check (run.build_datamodule, run.check_data). Every job has passed `check`."""
     from psgd.data.datasets import DataError
     from psgd.run import build_datamodule, check_data, check_memory
 

@@ -19,7 +19,7 @@ from psgd import forkserver
 from psgd.choices import BUILTIN, INFO
 from psgd.command_line import warn
 from psgd.config import targets
-from psgd.config.schema import STRATEGIES, ConfigError, problem
+from psgd.config.schema import STRATEGIES, ConfigError, problem, said
 from psgd.results import cpu_count
 
 # a setting only that strategy's group (conf/strategy/<name>.yaml) has: tells which group was chosen
@@ -100,12 +100,15 @@ def _strategy_group(s: DictConfig) -> None:
 
 def _partition(d: DictConfig, workers: int) -> None:
     if d.partition == "sizes":
-        sizes = d.partition_sizes
-        if sizes is None or len(sizes) != workers or not math.isclose(sum(sizes), 1.0, abs_tol=1e-6):
-            said = "null" if sizes is None else list(sizes)
+        sizes = None if d.partition_sizes is None else list(d.partition_sizes)
+        if sizes is None or len(sizes) != workers:
             raise ConfigError(
-                f"data.partition_sizes={said} is invalid: data.partition=sizes needs one fraction per worker "
-                f"({workers}), summing to 1" + (f" (they sum to {sum(sizes):g})" if sizes is not None else "")
+                f"data.partition_sizes={said(sizes)} is invalid: data.partition=sizes needs one fraction per worker "
+                f"({workers}), summing to 1"
+            )
+        if not math.isclose(sum(sizes), 1.0, abs_tol=1e-6):
+            raise ConfigError(
+                f"data.partition_sizes={sizes} is invalid: fractions must sum to 1 (they sum to {sum(sizes):g})"
             )
     if d.partition == "by_label" and workers > INFO[d.name].num_classes:
         classes = INFO[d.name].num_classes

@@ -340,8 +340,13 @@ def _choices(annotation: Any) -> tuple[list[Any], bool]:
     return [a for a in args if a is not type(None)], type(None) in args
 
 
-def _said(value: Any) -> str:
-    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+def said(value: Any) -> str:
+    """A value as the command line writes it ([0.7, 0.3], true, null)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
 
 
 def _bounds(metadata: list[Any]) -> str:
@@ -373,7 +378,7 @@ def allowed(field: FieldInfo) -> str:
         else:
             noun = {int: "an integer", float: "a number", str: "text"}.get(kind, "a value")
             return f"must be {noun}{_bounds(field.metadata)}{null}"
-    return f"allowed: {', '.join(map(_said, choices))}{null}"
+    return f"allowed: {', '.join(map(said, choices))}{null}"
 
 
 def _models(field: FieldInfo) -> list[type[BaseModel]]:
@@ -405,10 +410,8 @@ def line(error: dict[str, Any], values: dict[str, Any]) -> str:
     value = values
     for part in key.split("."):
         value = value.get(part) if isinstance(value, dict) else None
-    if error["type"] == "union_tag_invalid":
-        return f"strategy={_said(error['input'].get('name'))} is invalid: allowed: {', '.join(STRATEGIES)}"
     if field is None:
-        return f"{key}={_said(value)} is not a setting psgd has: leave +{key} out"
+        return f"{key}={said(value)} is not a setting psgd has: leave +{key} out"
     if error["type"] == "missing":
         return f"{key} is missing: {allowed(field)}"
     hint = (field.json_schema_extra or {}).get("hint")
