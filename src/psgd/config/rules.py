@@ -99,6 +99,7 @@ def _strategy_group(s: DictConfig) -> None:
 
 
 def _partition(d: DictConfig, workers: int) -> None:
+    """What data.partition needs of the workers and of its own keys."""
     if d.partition == "sizes":
         sizes = None if d.partition_sizes is None else list(d.partition_sizes)
         if sizes is None or len(sizes) != workers:
@@ -129,33 +130,35 @@ def _own_pace(cfg: DictConfig, world: int) -> None:
     name, t = cfg.strategy.name, cfg.trainer
     if world == 1 or name == "ddp":
         return
+
+    def refuse(setting: str, why: str) -> None:
+        raise ConfigError(f"{setting} is invalid with strategy={name} and {world} workers: {why}")
+
     vci, max_time, max_steps = t.get("val_check_interval"), t.get("max_time"), t.get("max_steps")
-    why = None
     if vci is not None and not (isinstance(vci, float) and vci == 1.0):
-        why = (
+        refuse(
             f"trainer.val_check_interval={vci}",
-            "each worker runs a shard of its own length, so validations "
-            "inside an epoch would not line up; use it with strategy=ddp or one worker",
+            "each worker runs a shard of its own length, so validations inside an epoch would not line up; use it "
+            "with strategy=ddp or one worker",
         )
-    elif max_time is not None:
-        why = (
+    if max_time is not None:
+        refuse(
             f"trainer.max_time={max_time}",
-            "Lightning decides it in a collective of every worker after each "
-            "batch, and these workers take steps of their own number (one waited for the others until "
-            "strategy.timeout_s); use trainer.max_epochs, or strategy=ddp",
+            "Lightning decides it in a collective of every worker after each batch, and these workers take steps "
+            "of their own number (one waited for the others until strategy.timeout_s); use trainer.max_epochs, "
+            "or strategy=ddp",
         )
-    elif max_steps not in (None, -1):
-        why = (
+    if max_steps not in (None, -1):
+        refuse(
             f"trainer.max_steps={max_steps}",
-            "each worker counts its own steps and stops inside an epoch of "
-            "its own, and the others waited for it at their epoch's end until strategy.timeout_s; use "
-            "trainer.max_epochs (and trainer.limit_train_batches for shorter epochs), or strategy=ddp",
+            "each worker counts its own steps and stops inside an epoch of its own, and the others waited for it "
+            "at their epoch's end until strategy.timeout_s; use trainer.max_epochs (and "
+            "trainer.limit_train_batches for shorter epochs), or strategy=ddp",
         )
-    if why:
-        raise ConfigError(f"{why[0]} is invalid with strategy={name} and {world} workers: {why[1]}")
 
 
 def _schedule(cfg: DictConfig) -> None:
+    """A warm-up of whole epochs unless the lr steps per step, ending before training does."""
     sch, t = cfg.scheduler, cfg.trainer
     if sch.interval == "epoch" and sch.warmup_epochs != int(sch.warmup_epochs):
         raise ConfigError(
@@ -190,6 +193,7 @@ def _validation(cfg: DictConfig) -> None:
 
 
 def _model(cfg: DictConfig) -> None:
+    """The model's label, its own weight decay, and init_weights with independent initialisations."""
     name, target, decay = cfg.model.name, cfg.model.get("_target_"), cfg.optimizer.get("weight_decay")
     if name in BUILTIN and target != BUILTIN[name]:  # the label would name another model
         raise ConfigError(

@@ -1,10 +1,10 @@
 """The schema of psgd's configuration: every key a run reads, with its type, bounds or choices and meaning.
 
 pydantic v2 models validate the config Hydra composed (presets and command line applied), so one check
-covers every group choice and preset. The defaults stay in conf/**.yaml; `extra="forbid"` makes a yaml
-key without a field here an error. Hydra's structured configs were not chosen: OmegaConf types have no
-bounds, no choices and no unions (`compile: bool | mode`). Torch is not imported: the scripts validate
-a command line before torch loads.
+covers every group choice and preset. The defaults stay in conf/**.yaml (a test checks that each of their
+keys has a field here). Hydra's structured configs were not chosen: OmegaConf types have no bounds, no
+choices and no unions (`compile: bool | mode`). Torch is not imported: the scripts validate a command
+line before torch loads.
 
 `problem(cfg)` turns the first validation error into psgd's one line: `key=value is invalid: <allowed>`;
 `describe()` lists every key for --help.
