@@ -18,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from psgd import forkserver
 from psgd.choices import BUILTIN, INFO
 from psgd.command_line import warn
-from psgd.config import targets
 from psgd.config.schema import STRATEGIES, ConfigError, problem, said
+from psgd.config.targets import check_targets
 from psgd.results import cpu_count
 
 # a setting only that strategy's group (conf/strategy/<name>.yaml) has: tells which group was chosen
@@ -431,7 +431,7 @@ def check(cfg: DictConfig) -> Plan:
     accelerator = resolve_accelerator(cfg)
     _on_this_machine(cfg, accelerator)
     warn_of_what_never_comes(cfg)
-    targets.check(cfg)
+    check_targets(cfg)
     for setting in GIVE:  # here, not in check_values: a file is there on one machine and not on another
         if cfg.get(setting) is not None:
             checkpoint_file(setting, cfg[setting])

@@ -212,7 +212,7 @@ def check_optimizer(opt: DictConfig) -> None:
         ) from e
 
 
-def check(cfg: DictConfig) -> None:
+def check_targets(cfg: DictConfig) -> None:
     """The model and the optimizer a config names, and the pair (sparse gradients)."""
     net = check_model(cfg.model, cfg.data.name)
     check_optimizer(cfg.optimizer)
