@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from psgd import forkserver
 from psgd.choices import AUGMENTATIONS, BUILTIN, DECAYS, INFO, INTERVALS, LR_SCALING, SCHEMES
-from psgd.command_line import gpus_by_id, in_the_job, override_key, text_lines, warn
+from psgd.console import gpus_by_id, in_the_job, override_key, text_lines, warn
 from psgd.results import cpu_count, hogwild_workers, scales_by_workers
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from psgd import QUIET_ENV
-from psgd.command_line import torchrun_worker
+from psgd.console import torchrun_worker
 from psgd.signals import LAUNCHER_ENV, prefer_as_oom_victim, proc_stat
 
 # what every worker needs: imported once, in the server, before it forks any worker (then the server's

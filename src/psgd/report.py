@@ -35,7 +35,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from psgd.command_line import NOT_IN_DIR_NAMES, as_typed, override_key, shell_override
+from psgd.console import NOT_IN_DIR_NAMES, as_typed, override_key, shell_override
 from psgd.results import (
     NO_ROOM,
     atomic_file,

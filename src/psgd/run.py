@@ -50,7 +50,6 @@ from psgd.callbacks import (
     WorkerSetup,
 )
 from psgd.choices import INFO
-from psgd.command_line import earlier_results, first_worker, text_lines, warn
 from psgd.config import (
     GIVE,
     ConfigError,
@@ -63,12 +62,14 @@ from psgd.config import (
     model_arguments,
     schedule,
 )
+from psgd.console import first_worker, text_lines, warn
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
 from psgd.hooks import Trainer, skip_unused_hooks
 from psgd.memory import memory_problem
 from psgd.module import OPTIMIZER_KEY, STEP_IMPLEMENTATION, Classifier, fit_loop_state
 from psgd.optim import scaled_lr, schedule_read
+from psgd.outputs import earlier_results
 from psgd.profiler import NoProfiler, PyTorchProfilerForWorkers
 from psgd.results import (
     cpu_count,

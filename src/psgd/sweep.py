@@ -13,7 +13,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from psgd.command_line import as_typed, override_key, warn_once_per_sweep
+from psgd.console import as_typed, override_key, warn_once_per_sweep
 from psgd.report import (
     continue_command,
     describe,
