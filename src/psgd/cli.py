@@ -1,4 +1,8 @@
-"""What `train.py` runs under Hydra: one job, with user errors turned into one line and exit code 2."""
+"""What train.py and sweep.py run as Hydra's job: one training run, and its failure as one line.
+
+A single run that fails says one line `psgd: error: ...` (a worker that died is named by its rank) and
+exits with code 2; bad input leaves no run dir, any other failure marks the run's record failed and keeps
+a bug's traceback in error.log. A sweep's failed job is marked failed and the sweep goes on."""
 
 import contextlib
 import logging

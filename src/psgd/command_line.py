@@ -56,40 +56,48 @@ JobCheck = Callable[[list[tuple[list[str], DictConfig]]], str | None]
 def main(app: Callable[[], object], config_name: str, conf: Path) -> None:
     """Run a script's `@hydra.main` function `app` for this process's command line, checked first.
 
-    `config_name` "sweep", or `-m` with "train", runs a sweep: with the sweep config, each job's values
-    checked also against this machine and its datasets, the report written when it stops early, and
-    exit code 1 when a job failed.
+    `config_name` "sweep", or a multirun of "train" (`train.py -m`), runs a sweep: with the sweep config,
+    each job's values checked also against this machine and its datasets, the report written when it
+    stops early, and exit code 1 when a job failed.
     """
     atexit.register(gc.freeze)  # the last exit handler: spares the exit its full-heap collections
     signals.interrupt_on_sigterm()  # as Ctrl-C, also while torch loads
-    argv = sys.argv[1:]
-    sweeping = config_name == "sweep" or is_multirun(argv)
-    if sweeping:  # the sweep config's hydra.mode makes it a multirun, wherever -m was on the line
-        argv = sweep_argv([a for a in argv if a not in MULTIRUN_FLAGS])
-    if any(a in HELP_FLAGS for a in argv):
-        argv = without_sweeps(argv)
+    sweeping = config_name == "sweep" or is_multirun(sys.argv[1:])
+    argv = hydra_argv(sys.argv[1:], sweeping)
     sys.argv[1:] = ["--config-name=sweep", *argv] if sweeping and config_name != "sweep" else argv
     try:
-        problem = command_line_problem(
-            "sweep" if sweeping else "train", argv, conf, sweep_jobs_problem if sweeping else run_jobs_problem
-        )
-        if problem:
+        check = sweep_jobs_problem if sweeping else run_jobs_problem
+        if problem := command_line_problem("sweep" if sweeping else "train", argv, conf, check):
             fail(problem, every_worker_finds_it=True)
         load_training(argv)
-        if sweeping:
-            app()
-        else:
-            with signals.held_until_released(signal.SIGINT, signal.SIGTERM):  # the job releases them
-                app()
+        with contextlib.nullcontext() if sweeping else signals.held_until_released(signal.SIGINT, signal.SIGTERM):
+            app()  # a single run's job releases the signals once Hydra has made its run dir
     except BaseException as e:
-        said = sweeping and sweep.report_stopped_sweep()  # the jobs that ran get their report
-        if isinstance(e, KeyboardInterrupt):
-            exit_interrupted(said)
-        if isinstance(e, BrokenPipeError):
-            exit_pipe_closed()
+        exit_stopped(e, sweeping)
         raise
     if sweeping:
         sys.exit(1 if sweep.LAST["failed"] else 0)
+
+
+def hydra_argv(argv: list[str], sweeping: bool) -> list[str]:
+    """A script's arguments as Hydra gets them. A sweep's without -m (the sweep config's hydra.mode makes
+    it a multirun, and argparse refused a -m between overrides) and with sweep_argv's additions; the
+    help's without sweeping overrides (Hydra's help composes one job, and refuses them there)."""
+    if sweeping:
+        argv = sweep_argv([a for a in argv if a not in MULTIRUN_FLAGS])
+    if any(a in HELP_FLAGS for a in argv):
+        argv = without_sweeps(argv)
+    return argv
+
+
+def exit_stopped(e: BaseException, sweeping: bool) -> None:
+    """For `e` that ended the script: a sweep's report of the jobs that ran, then Ctrl-C or SIGTERM as
+    one line and exit code (exit_interrupted), and a closed stdout quietly; anything else goes on."""
+    said = sweeping and sweep.report_stopped_sweep()
+    if isinstance(e, KeyboardInterrupt):
+        exit_interrupted(said)
+    if isinstance(e, BrokenPipeError):
+        exit_pipe_closed()
 
 
 def is_multirun(argv: list[str]) -> bool:
@@ -202,22 +210,32 @@ def command_line_problem(
     if extra_dir is not None:  # the user's configs, searched besides psgd's as Hydra does
         overrides = [*overrides, f"hydra.searchpath=['file://{Path(extra_dir).absolute()}']"]
     with initialize_config_dir(config_dir=str(Path(config_dir).absolute()), version_base="1.3"):
-        try:
-            jobs = jobs_of(config_name, overrides, multirun)
-        except Exception as e:
-            return hydra_problem(e, config_name, overrides)
-        if isinstance(jobs, str):
-            return jobs
-        composed = []
-        for job in jobs:
-            try:  # the first job with Hydra's node: it holds the output dir
-                composed.append((job, compose(config_name, job, return_hydra_config=not composed)))
-            except Exception as e:
-                problem = hydra_problem(e, config_name, job)
-                return in_the_job(problem, job, jobs) if composed else problem
-    if not composed:
+        composed = compose_jobs(config_name, overrides, multirun)
+    if isinstance(composed, str):
+        return composed
+    if not composed:  # another sweeper's, which composes its own jobs
         return None
     return output_dir_problem(composed[0][1], overrides, multirun) or checked(job_check, composed)
+
+
+def compose_jobs(config_name: str, overrides: list[str], multirun: bool) -> list[tuple[list[str], DictConfig]] | str:
+    """(overrides, config) of each job, the first with Hydra's node (it holds the output dir), or the one
+    line why Hydra would refuse a job, naming the job of a sweep after the first. Inside Hydra's
+    initialize_config_dir."""
+    try:
+        jobs = jobs_of(config_name, overrides, multirun)
+    except Exception as e:
+        return hydra_problem(e, config_name, overrides)
+    if isinstance(jobs, str):
+        return jobs
+    composed = []
+    for job in jobs:
+        try:
+            composed.append((job, compose(config_name, job, return_hydra_config=not composed)))
+        except Exception as e:
+            problem = hydra_problem(e, config_name, job)
+            return in_the_job(problem, job, jobs) if composed else problem
+    return composed
 
 
 def jobs_of(config_name: str, overrides: list[str], multirun: bool) -> list[list[str]] | str:
@@ -229,12 +247,15 @@ def jobs_of(config_name: str, overrides: list[str], multirun: bool) -> list[list
     parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
     given = parser.parse_overrides(overrides)
     plain = [o.input_line for o in given if not o.is_sweep_override()]
-    hydra_node = compose(config_name, plain, return_hydra_config=True).hydra
-    params = hydra_node.sweeper.get("params") or {}
+    try:
+        sweeper = compose(config_name, plain, return_hydra_config=True).hydra.sweeper
+    except Exception:  # composing each job says why; meanwhile Hydra's default sweeper
+        sweeper = OmegaConf.create({"_target_": "BasicSweeper"})
+    params = sweeper.get("params") or {}
     on_line = {o.get_key_element() for o in given}
     given = parser.parse_overrides([f"{k}={v}" for k, v in params.items() if k not in on_line]) + given
     if any(o.is_sweep_override() and not o.is_discrete_sweep() for o in given):
-        if hydra_node.sweeper._target_.endswith(".BasicSweeper"):
+        if sweeper._target_.endswith("BasicSweeper"):
             drawn = next(o.input_line for o in given if o.is_sweep_override() and not o.is_discrete_sweep())
             return f"{drawn}: Hydra's basic sweeper runs listed values only; list them, or use a sampling sweeper"
         return []  # other sweepers (hydra/sweeper=optuna) compose their own jobs

@@ -309,6 +309,7 @@ def test_help_says_what_the_script_does_and_a_closed_pipe_ends_it_quietly(script
     proc = run_cli(script, "--help", timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith(f"psgd {script}: "), proc.stderr
     assert f"python {script} -m " in proc.stdout or f"python {script} [group=choice" in proc.stdout
+    assert "\nworkers: 1\n" in proc.stdout and "\n  max_epochs: " in proc.stdout  # the keys, with their defaults
     # `python sweep.py --help | head -1`: the reader leaves before the help is written
     reader_gone = subprocess.Popen(
         [sys.executable, str(ROOT / script), "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
