@@ -963,7 +963,7 @@ def test_under_srun_the_tasks_must_match_the_workers(monkeypatch):
 
 
 def test_every_process_of_a_torchrun_or_srun_job_names_the_same_run_dir(monkeypatch):
-    from psgd.command_line import run_name
+    from psgd.outputs import run_name
 
     assert run_name() != run_name()  # a plain run: date/time with microseconds
     for k, v in {**TORCHRUN_2X2, "TORCHELASTIC_RUN_ID": "none", "MASTER_PORT": "29500"}.items():
@@ -974,7 +974,7 @@ def test_every_process_of_a_torchrun_or_srun_job_names_the_same_run_dir(monkeypa
     # one machine with a fixed --master-port: the port would name every such job of the day alike;
     # the workers' parent (torchrun, which also restarts them) names the job instead
     one_machine = {**os.environ, "LOCAL_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "none", "RANK": "0"}
-    name = [sys.executable, "-c", "from psgd.command_line import run_name; print(run_name())"]
+    name = [sys.executable, "-c", "from psgd.outputs import run_name; print(run_name())"]
     restarts = [subprocess.run(name, env=one_machine, capture_output=True, text=True, check=True).stdout for _ in "ab"]
     another = subprocess.run(["sh", "-c", f"{shlex.join(name)}; true"], env=one_machine, capture_output=True, text=True)
     assert restarts[0] == restarts[1]
@@ -993,7 +993,7 @@ def test_a_torchrun_or_srun_job_keeps_the_date_it_started_on_after_midnight(monk
     """A job started before midnight whose workers start, or are restarted by torchrun, after it: every
     worker files the run under the job's start date. With today's date a worker restarted after midnight
     looked for the run's checkpoint under the next day's dir, found none and began again from epoch 0."""
-    import psgd.command_line as command_line
+    import psgd.outputs as command_line
 
     evening = datetime(2026, 11, 26, 23, 59, 58)
     monkeypatch.setattr(command_line, "process_start", lambda pid: evening if pid == os.getppid() else None)
@@ -1020,7 +1020,7 @@ def test_a_torchrun_or_srun_job_keeps_the_date_it_started_on_after_midnight(monk
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 def test_a_process_start_time_is_read_to_the_second():
-    from psgd.command_line import process_start
+    from psgd.outputs import process_start
 
     before = datetime.now()
     with subprocess.Popen(["sleep", "30"]) as p:

@@ -14,10 +14,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from psgd import forkserver
 from psgd.advice import hogwild_workers, scales_by_workers
-from psgd.command_line import in_the_job, override_key, warn
 from psgd.config.rules import CONSTANT_LR, check, check_values, resolve_accelerator, resolve_workers, schedule
 from psgd.config.schema import ConfigError, said
 from psgd.config.targets import meta_network
+from psgd.console import in_the_job, warn
+from psgd.overrides import override_key
 
 
 def _is_number(v: Any) -> bool:

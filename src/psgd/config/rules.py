@@ -17,9 +17,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from psgd import forkserver
 from psgd.choices import BUILTIN, INFO
-from psgd.command_line import warn
 from psgd.config.schema import STRATEGIES, ConfigError, problem, said
 from psgd.config.targets import check_targets
+from psgd.console import warn
 from psgd.environment import cpu_count
 
 # a setting only that strategy's group (conf/strategy/<name>.yaml) has: tells which group was chosen

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from psgd.choices import INFO
-from psgd.command_line import text_lines
 from psgd.config.schema import ConfigError
+from psgd.console import text_lines
 
 if TYPE_CHECKING:
     from torch import nn
