@@ -17,7 +17,7 @@ from psgd.advice import learned_nothing, skew_note, stop_note
 from psgd.command_line import warn_once_per_sweep
 from psgd.io import read_json
 from psgd.overrides import as_typed, override_key
-from psgd.report import continue_command, describe, sweep_lengths, unwritten, write_report
+from psgd.report import describe, sweep_lengths, unwritten, write_report
 
 # the last multirun of this process: sweep.py's exit code counts its failed jobs, and a multirun that did
 # not end (Ctrl-C, SIGTERM) gets the report of the jobs that ran
@@ -107,16 +107,5 @@ def report_stopped_sweep() -> bool:
     except FileNotFoundError:
         print(f"psgd: sweep stopped before any job ran ({sweep_dir})", file=sys.stderr, flush=True)
         return True
-    ok = len(report.completed)
-    stopped = ", ".join(f"{j.num} {j.status}" for j in report.failed + report.running)
-    again = continue_command(sweep_dir)
-    print(
-        f"psgd: sweep stopped early: {ok} job(s) completed"
-        + (f", job {stopped}" if stopped else "")
-        + (f", {report.not_started} not started" if report.not_started else "")
-        + f"; report of these in {sweep_dir / 'report.md'}"
-        + (f"; to go on with the others: {again}" if again else ""),
-        file=sys.stderr,
-        flush=True,
-    )
+    print(describe(report, sweep_dir, stopped=True), file=sys.stderr, flush=True)
     return True

@@ -78,10 +78,9 @@ def test_report_speedup_is_t1_over_tp_per_strategy(mixed_sweep):
 
 def test_report_plots_are_valid_pngs(mixed_sweep):
     _, sweep_dir = mixed_sweep
-    for name in ("speedup.png", "efficiency.png", "accuracy.png", "curves.png"):
+    for name in ("speedup.png", "efficiency.png", "accuracy.png"):
         image = imread(sweep_dir / name)  # raises on anything but a readable PNG
         assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
-    assert not (sweep_dir / "accuracy_vs_batch.png").exists()  # batch size was not swept
 
 
 def test_a_progress_line_per_job_and_a_final_line(mixed_sweep):
@@ -143,7 +142,6 @@ def test_a_failed_job_is_marked_and_the_rest_reported(tiny_data, tmp_path, scrip
     assert "psgd: [2/2] optimizer.lr=1000000.0: failed: training diverged" in proc.stdout
     assert "1 failed (jobs 1)" in proc.stdout
     assert "## Failed jobs" in (sweep_dir / "report.md").read_text()
-    assert imread(sweep_dir / "curves.png").ndim == 3
     assert "Traceback" not in proc.stderr
     # the report can be rebuilt from the sweep dir alone, with the same rows and exit code
     (sweep_dir / "report.csv").unlink()
