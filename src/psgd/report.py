@@ -1,16 +1,10 @@
-"""A sweep's report: one row per job, speedup and efficiency per group, tables and plots.
+"""A sweep's report, built from its job dirs alone: report.csv (one row per job), summary.csv (one row per
+group and worker count), report.md and the plots.
 
-`sweep.py -m ...` writes it when the multirun ends; `python -m psgd.report <sweep dir>` rebuilds it from
-the job dirs alone. It writes into the sweep dir report.csv (one row per job), summary.csv (one row per
-group and worker count: mean ± std over seeds, speedup and efficiency, for the fixed epochs and to the
-target accuracy), report.md (both tables, the failed jobs, notes on reading the figures) and the plots
-speedup.png, efficiency.png and accuracy.png where they apply.
-
-A group is every job with the same strategy and the same values of the swept keys other than workers
-and seed. S(P) = T(1)/T(P), efficiency S(P)/P, where T(1) is the mean of the group's 1-worker jobs and T
-a job's training time per sample it trained (all workers together): jobs that trained different numbers
-of samples (trainer.limit_train_batches counts each worker's batches; an early stop) still compare the
-same work, and where they trained the same, S(P) is exactly the ratio of their times.
+A group is every job with the same strategy and the same values of the swept keys other than workers and
+seed. S(P) = T(1)/T(P) and E(P) = S(P)/P, where T(1) is the mean of the group's 1-worker jobs and T a job's
+training time per sample it trained (all workers together), so that jobs that trained different numbers of
+samples still compare the same work.
 """
 
 import argparse
@@ -43,7 +37,13 @@ from psgd.signals import still_running
 
 WORKER_KEYS = ("workers", "trainer.devices")  # the keys that set P
 SEED_KEYS = ("seed",)
-PLOTS = ("speedup.png", "efficiency.png", "accuracy.png")
+# plot name -> (the summary columns it draws against the workers, with what each adds to a line's label;
+# its y label; the ideal at P, if any)
+PLOTS = {
+    "speedup": ({"speedup": "", "speedup_to_target": "to target"}, "S(P) = T(1) / T(P)", float),
+    "efficiency": ({"efficiency": "", "efficiency_to_target": "to target"}, "E(P) = S(P) / P", lambda p: 1.0),
+    "accuracy": ({"test_acc_mean": "", "worker_acc_mean": "each worker"}, "test accuracy", None),
+}
 # report.csv columns that report.md's jobs table leaves out (it also leaves out any column no job has a value in)
 NOT_IN_MARKDOWN = ("error", "dir")
 # ... and columns it shows only where the jobs' values differ
@@ -83,6 +83,8 @@ class Job:
 
 @dataclass
 class Report:
+    """What write_report read and wrote."""
+
     jobs: list[Job]
     swept: list[str]
     rows: list[dict[str, Any]]
@@ -117,12 +119,10 @@ class Report:
 # ---- reading the sweep dir ----
 
 
-def load_job(path: Path) -> Job | None:
-    """The job in `path` (its .hydra/ and, once it trained or failed, its metrics.json); None if it has no
-    .hydra/config.yaml. A record or config damaged by hand makes a failed job that says so."""
+def load_job(path: Path) -> Job:
+    """The job in `path` (its .hydra/ and, once it trained or failed, its metrics.json). A record or config
+    damaged by hand makes a failed job that says so."""
     hydra_dir = path / ".hydra"
-    if not (hydra_dir / "config.yaml").exists():
-        return None
     unreadable = None
     try:
         overrides = {}
@@ -153,20 +153,10 @@ def load_job(path: Path) -> Job | None:
         status=status,
         error=error,
         strategy=metrics.get("strategy") or str(OmegaConf.select(cfg, "strategy.name", default="?")),
-        workers=int(metrics.get("world_size") or _config_workers(cfg)),
+        workers=int(metrics.get("world_size") or OmegaConf.select(cfg, "workers", default=0) or 0),
         metrics=metrics,
         partition=str(OmegaConf.select(cfg, "data.partition", default="iid")),
     )
-
-
-def _config_workers(cfg) -> int:
-    devices = OmegaConf.select(cfg, "trainer.devices", default=None)
-    nodes = OmegaConf.select(cfg, "trainer.num_nodes", default=1) or 1
-    workers = devices if isinstance(devices, int) else OmegaConf.select(cfg, "workers", default=1)
-    try:
-        return int(workers) * int(nodes)
-    except (TypeError, ValueError):
-        return 0
 
 
 def _job_num(path: Path) -> int:
@@ -184,8 +174,7 @@ def load_jobs(sweep_dir: Path) -> list[Job]:
     folders at any depth that a changed hydra.sweep.subdir named (`workers=2,seed=0/`)."""
     pattern = "**/.hydra/config.yaml" if (sweep_dir / "multirun.yaml").is_file() else "*/.hydra/config.yaml"
     found = sorted(f.parent.parent for f in sweep_dir.glob(pattern) if f.parent.parent != sweep_dir)
-    jobs = [j for j in map(load_job, found) if j is not None]
-    return sorted(jobs, key=lambda j: (j.num < 0, j.num, str(j.path)))
+    return sorted(map(load_job, found), key=lambda j: (j.num < 0, j.num, str(j.path)))
 
 
 def swept_keys(jobs: list[Job]) -> list[str]:
@@ -198,11 +187,6 @@ def group_key(job: Job, swept: list[str]) -> tuple[str, ...]:
     """Jobs that differ only in workers and seed form one speedup curve."""
     rest = tuple(f"{k}={job.overrides.get(k)}" for k in swept if k not in (*WORKER_KEYS, *SEED_KEYS, "strategy"))
     return (job.strategy, *rest)
-
-
-def extra_columns(swept: list[str]) -> list[str]:
-    """Swept keys that are not already a column of their own."""
-    return [k for k in swept if k not in ("workers", "strategy")]
 
 
 # ---- the tables ----
@@ -514,10 +498,8 @@ def save_png(fig: Figure, path: Path) -> None:
 def plot(
     sweep_dir: Path, summary: list[dict], name: str, lines: dict[str, str], ylabel: str, ideal=None
 ) -> Path | None:
-    """`name`.png: per group, the summary's columns `lines` (column -> what the line's label adds) against the
-    workers, the test accuracy with its std over seeds, beside `ideal` (a function of P) where given. None
-    where no line has two worker counts.
-    """
+    """`name`.png: per group, the summary's `lines` against the workers (the test accuracy with its std over
+    seeds), beside the `ideal`. None where no line has two worker counts."""
     points: dict[str, tuple[list, list, list]] = {}
     for column, says in lines.items():
         for s in summary:
@@ -546,30 +528,12 @@ def plot(
 
 
 def write_plots(sweep_dir: Path, summary: list[dict]) -> list[Path]:
-    """speedup.png and efficiency.png (fixed epochs and, where a group has it, to the target accuracy) and
-    accuracy.png (the averaged model's and, for model averaging, the replicas' own), those that apply."""
-    for name in PLOTS:  # an earlier build's plots that no longer apply
-        (sweep_dir / name).unlink(missing_ok=True)
-    plots = [
-        plot(
-            sweep_dir,
-            summary,
-            "speedup",
-            {"speedup": "", "speedup_to_target": "to target"},
-            "S(P) = T(1) / T(P)",
-            float,
-        ),
-        plot(
-            sweep_dir,
-            summary,
-            "efficiency",
-            {"efficiency": "", "efficiency_to_target": "to target"},
-            "E(P) = S(P) / P",
-            lambda p: 1.0,
-        ),
-        plot(sweep_dir, summary, "accuracy", {"test_acc_mean": "", "worker_acc_mean": "each worker"}, "test accuracy"),
-    ]
-    return [p for p in plots if p]
+    """The PLOTS that apply (and none left from an earlier build)."""
+    written = []
+    for name, (lines, ylabel, ideal) in PLOTS.items():
+        (sweep_dir / f"{name}.png").unlink(missing_ok=True)
+        written.append(plot(sweep_dir, summary, name, lines, ylabel, ideal))
+    return [p for p in written if p]
 
 
 # ---- the sweep as a whole ----
