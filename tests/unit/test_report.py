@@ -561,7 +561,7 @@ def test_progress_line_says_values_time_and_accuracy_or_the_error(tmp_path):
     assert line.endswith("test_acc 0.9500 (trainer.max_time ended training in epoch 7 of 50)")
     quick = done("ddp", 1, 0.1, 0.1, epochs=1, max_epochs=1, stopped_by="fast_dev_run")
     line = progress_line(4, 5, ["workers=1"], make_job(tmp_path, 4, {"workers": 1}, quick))
-    assert line.endswith("test_acc 0.1000 (trainer.fast_dev_run: a few batches only)")
+    assert line.endswith("test_acc 0.1000 (trainer.fast_dev_run ended training in epoch 1 of 1)")
     whole = done("ddp", 1, 9.0, 0.9, epochs=2, max_epochs=2, stopped_by="max_epochs")
     assert progress_line(5, 6, ["workers=1"], make_job(tmp_path, 5, {"workers": 1}, whole)).endswith("test_acc 0.9000")
     bad = make_job(tmp_path, 1, {"workers": 3}, {"status": "failed", "error": "data.batch_size=0 is invalid"})
