@@ -390,14 +390,6 @@ def markdown_table(rows: list[dict], columns: list[str], always: tuple[str, ...]
     return "\n".join(lines)
 
 
-def _pm(mean: float | None, std: float | None, scale: float = 1.0) -> str:
-    """'91.00 ± 1.41': a mean (times `scale`) and its std, to 2 decimals."""
-    if mean is None:
-        return ""
-    text = f"{mean * scale:.2f}"
-    return f"{text} ± {std * scale:.2f}" if std is not None else text
-
-
 def jobs_table(rows: list[dict]) -> str:
     """report.md's jobs table: report.csv's columns that tell this sweep's jobs apart, test_acc to 4 decimals
     as the progress lines show it (the CSV keeps it whole)."""
@@ -405,30 +397,6 @@ def jobs_table(rows: list[dict]) -> str:
     columns = [c for c in columns if c not in WHERE_THEY_DIFFER or len({r[c] for r in rows}) > 1]
     shown = [r | {"test_acc": f"{r['test_acc']:.4f}"} if isinstance(r["test_acc"], float) else r for r in rows]
     return markdown_table(shown, columns, always=("speedup", "efficiency"))
-
-
-def summary_table(summary: list[dict]) -> str:
-    """report.md's table of summary.csv, in percent and mean ± std."""
-    table = [
-        {
-            "group": s["group"],
-            "P": s["workers"],
-            "runs": s["runs"],
-            "test acc %": _pm(s["test_acc_mean"], s["test_acc_std"], 100),
-            "workers' acc %": _pm(s["worker_acc_mean"], None, 100),
-            "train time s": _pm(s["train_time_s_mean"], s["train_time_s_std"]),
-            "samples/s": s["samples_per_s_mean"],
-            "sync %": _pm(s["sync_share_mean"], None, 100),
-            "S(P)": s["speedup"],
-            "E(P)": s["efficiency"],
-            "reached target": s["reached_target"],
-            "time to target s": s["time_to_target_s_mean"],
-            "S to target": s["speedup_to_target"],
-            "E to target": s["efficiency_to_target"],
-        }
-        for s in summary
-    ]
-    return markdown_table(table, list(table[0]))
 
 
 def render_markdown(sweep_dir: Path, report: Report) -> str:
@@ -478,7 +446,8 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
     if again:
         out += ["", f"To run the jobs that did not complete (the completed ones are kept): `{again}`"]
     if report.summary:
-        out += ["", "## Speedup and accuracy per group (mean ± std over seeds)", "", summary_table(report.summary)]
+        table = markdown_table(report.summary, list(report.summary[0]))
+        out += ["", "## Speedup and accuracy per group (mean and std over seeds)", "", table]
     if report.plots:
         out += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in report.plots]
     if report.notes:
