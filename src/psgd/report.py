@@ -401,15 +401,7 @@ def jobs_table(rows: list[dict]) -> str:
 
 def render_markdown(sweep_dir: Path, report: Report) -> str:
     devices = sorted({j.get("device") for j in report.jobs if j.get("device")})
-    interrupted, running = len(report.interrupted), len(report.running)
-    counts = f"{len(report.jobs)} jobs: {len(report.completed)} completed, {len(report.failed) - interrupted} failed"
-    if interrupted:
-        counts += f", {interrupted} interrupted"
-    if running:
-        counts += f", {running} still running (their figures are of the epochs so far)"
-    if report.not_started:
-        counts += f", {report.not_started} of the sweep's {report.planned} not started"
-    counts += f". Swept: {', '.join(report.swept) or 'nothing'}."
+    counts = f"{job_counts(report)}. Swept: {', '.join(report.swept) or 'nothing'}."
     if devices:
         counts += f" Ran on {'; '.join(devices)}."
     times = (
@@ -440,7 +432,7 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
         jobs_table(report.rows),
     ]
     if report.failed:
-        out += ["", "## Failed or interrupted jobs" if interrupted else "## Failed jobs", ""]
+        out += ["", "## Failed or interrupted jobs" if report.interrupted else "## Failed jobs", ""]
         out += [f"- job {j.num} ({j.path.name}): {j.error or j.status}" for j in report.failed]
     again = rerun_command(report, sweep_dir)
     if again:
@@ -597,6 +589,16 @@ def unwritten(e: OSError, sweep_dir: Path) -> str:
     )
 
 
+def job_counts(report: Report) -> str:
+    """'6/8 jobs completed, 1 failed (jobs 6), 1 not started': the jobs that did not complete, by state."""
+    line = f"{len(report.completed)}/{len(report.jobs) + report.not_started} jobs completed"
+    failed = [j for j in report.failed if j.status != "interrupted"]
+    for word, jobs in (("failed", failed), ("interrupted", report.interrupted), ("running", report.running)):
+        if jobs:
+            line += f", {len(jobs)} {word} (jobs {', '.join(str(j.num) for j in jobs)})"
+    return line + (f", {report.not_started} not started" if report.not_started else "")
+
+
 def describe(report: Report, sweep_dir: Path, stopped: bool = False) -> str:
     """The sweep's last line: its state (`stopped`: a multirun that Ctrl-C or SIGTERM ended), the jobs that
     did not complete, where the report is, and the command that runs those jobs again."""
@@ -608,14 +610,7 @@ def describe(report: Report, sweep_dir: Path, stopped: bool = False) -> str:
         state = "stopped early"
     else:
         state = "finished"
-    line = f"psgd: sweep {state}: {len(report.completed)}/{len(report.jobs) + report.not_started} jobs completed"
-    failed = [j for j in report.failed if j.status != "interrupted"]
-    for word, jobs in (("failed", failed), ("interrupted", report.interrupted), ("running", report.running)):
-        if jobs:
-            line += f", {len(jobs)} {word} (jobs {', '.join(str(j.num) for j in jobs)})"
-    if report.not_started:
-        line += f", {report.not_started} not started"
-    line += f"; report in {sweep_dir / 'report.md'}"
+    line = f"psgd: sweep {state}: {job_counts(report)}; report in {sweep_dir / 'report.md'}"
     again = continue_command(sweep_dir) if stopped else rerun_command(report, sweep_dir)
     return line + (f"; to run them again: {again}" if again else "")
 

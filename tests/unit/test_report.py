@@ -332,7 +332,7 @@ def test_a_job_still_training_is_running_not_failed(tmp_path, capsys):
     report = write_report(tmp_path)
     assert [j.status for j in report.jobs] == ["completed", "running"] and not report.failed
     assert [r["status"] for r in report.rows] == ["completed", "running"]
-    assert "2 jobs: 1 completed, 0 failed, 1 still running" in (tmp_path / "report.md").read_text()
+    assert "1/2 jobs completed, 1 running (jobs 1). Swept: seed." in (tmp_path / "report.md").read_text()
     elsewhere = {**this_process(), "host": "another-machine"}  # a SLURM node: cannot be told, as before
     make_job(tmp_path, 2, {"seed": 2}, {**live, "process": elsewhere})
     assert [j.status for j in write_report(tmp_path).jobs] == ["completed", "running", "failed"]
@@ -428,7 +428,7 @@ def test_a_sweep_stopped_before_some_jobs_started_counts_them_and_says_how_to_ru
     command = f"python sweep.py -m workers=1,2 seed=0,1 trainer.max_epochs=3 continue_sweep={tmp_path}"
     assert line.endswith(f"; to run them again: {command}\n")
     md = (tmp_path / "report.md").read_text()
-    assert "2 jobs: 2 completed, 0 failed, 2 of the sweep's 4 not started." in md
+    assert "2/4 jobs completed, 2 not started. Swept: seed." in md
     assert f"To run the jobs that did not complete (the completed ones are kept): `{command}`" in md
     # every job ran: nothing more said
     make_job(tmp_path, 2, {"workers": 2, "seed": 0}, done("ddp", 2, 6.0, 0.9))
