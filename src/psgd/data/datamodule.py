@@ -252,7 +252,6 @@ class ClassificationData(L.LightningDataModule):
         self.val_set: tuple[Tensor, Tensor] | None = None
         self.test_set: tuple[Tensor, Tensor] | None = None
         self._decoded: dict[bool, tuple[Tensor, Tensor]] = {}  # raw splits from prepare_data, by `train`
-        self._shards: dict[int, tuple[int, list[int], list[int]]] = {}  # _train_shards' figures, by workers
 
     def prepare_data(self) -> None:
         """Download if needed and decode; the workers receive the decoded splits with the pickled datamodule."""
@@ -298,47 +297,39 @@ class ClassificationData(L.LightningDataModule):
         Raises:
             DataError: a worker would get no training batch.
         """
-        samples, sizes, counts = self._train_shards(workers)
+        sizes, counts = self.train_shards(workers)
         empty = [r for r, c in enumerate(counts) if c == 0]
-        if not empty:
-            return self._short_shards_warning(sizes)
-        shards = ", ".join(f"worker {r} ({sizes[r]} samples)" for r in empty)
-        fix = (
-            "use a smaller data.batch_size or data.drop_last=false"
-            if self.drop_last
-            else "each worker needs at least one sample: give it a larger share or use fewer workers"
-        )
-        raise DataError(
-            f"no training batch for {shards} of {workers} with {samples} training samples, "
-            f"data.partition={self.scheme}, data.batch_size={self.batch_size} and "
-            f"data.drop_last={str(self.drop_last).lower()}: {fix}"
-        )
-
-    def train_shards(self, workers: int) -> tuple[list[int], list[int]]:
-        """Each of `workers` workers' training samples and whole shard's batches per epoch, in rank order."""
-        return self._train_shards(workers)[1:]
-
-    def _train_shards(self, workers: int) -> tuple[int, list[int], list[int]]:
-        """The training samples, each worker's shard size and its batches per epoch (kept per worker count)."""
-        if workers not in self._shards:
-            labels = self._decoded[True][1]
-            if self.val_split > 0:
-                labels = labels[self._holdout(len(labels))[1]]
-            try:
-                sampler = self.train_sampler(workers, 0, labels)
-                self._shards[workers] = (len(labels), [len(s) for s in sampler.shards()], sampler.counts())
-            except ValueError as e:  # a partition that leaves a worker nothing (dirichlet)
-                raise DataError(f"data.partition={self.scheme}: {e}") from e
-        return self._shards[workers]
-
-    def _short_shards_warning(self, sizes: list[int]) -> str | None:
+        if empty:
+            shards = ", ".join(f"worker {r} ({sizes[r]} samples)" for r in empty)
+            fix = (
+                "use a smaller data.batch_size or data.drop_last=false"
+                if self.drop_last
+                else "each worker needs at least one sample: give it a larger share or use fewer workers"
+            )
+            raise DataError(
+                f"no training batch for {shards} of {workers} with {sum(sizes)} training samples, "
+                f"data.partition={self.scheme}, data.batch_size={self.batch_size} and "
+                f"data.drop_last={str(self.drop_last).lower()}: {fix}"
+            )
         short = [r for r, n in enumerate(sizes) if n < self.batch_size]
         if not short:
             return None
         named = ", ".join(f"{r} ({sizes[r]} samples)" for r in short[:4]) + (", ..." if len(short) > 4 else "")
         whose, they = ("workers", "they never train") if len(short) > 1 else ("worker", "it never trains")
-        said = f"data.batch_size={self.batch_size} is larger than the training shard of {whose} {named}: "
-        return said + f"{they} on a full batch"
+        said = f"data.batch_size={self.batch_size} is larger than the training shard of {whose} {named}"
+        return f"{said}: {they} on a full batch"
+
+    def train_shards(self, workers: int) -> tuple[list[int], list[int]]:
+        """Each of `workers` workers' training samples and whole shard's batches per epoch, in rank order
+        (needs prepare_data; reads only the labels)."""
+        labels = self._decoded[True][1]
+        if self.val_split > 0:
+            labels = labels[self._holdout(len(labels))[1]]
+        try:
+            sampler = self.train_sampler(workers, 0, labels)
+            return [len(s) for s in sampler.shards()], sampler.counts()
+        except ValueError as e:  # a partition that leaves a worker nothing (dirichlet)
+            raise DataError(f"data.partition={self.scheme}: {e}") from e
 
     def check_test_limit(self, limit: float | int | None) -> None:
         """Refuse, before training, a trainer.limit_test_batches fraction that leaves the test no batch.
