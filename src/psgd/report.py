@@ -35,8 +35,8 @@ from psgd.io import NO_ROOM, atomic_file, failed_write, read_json, write_atomic,
 from psgd.overrides import NOT_IN_DIR_NAMES, as_typed, override_key, shell_override
 from psgd.signals import still_running
 
-WORKER_KEYS = ("workers", "trainer.devices")  # the keys that set P
-SEED_KEYS = ("seed",)
+# the keys a group's jobs may differ in: the worker count P, the seed (and the strategy, the group's name)
+NOT_GROUPED_BY = ("workers", "trainer.devices", "seed", "strategy")
 # plot name -> (the summary columns it draws against the workers, with what each adds to a line's label;
 # its y label; the ideal at P, if any)
 PLOTS = {
@@ -185,8 +185,7 @@ def swept_keys(jobs: list[Job]) -> list[str]:
 
 def group_key(job: Job, swept: list[str]) -> tuple[str, ...]:
     """Jobs that differ only in workers and seed form one speedup curve."""
-    rest = tuple(f"{k}={job.overrides.get(k)}" for k in swept if k not in (*WORKER_KEYS, *SEED_KEYS, "strategy"))
-    return (job.strategy, *rest)
+    return (job.strategy, *(f"{k}={job.overrides.get(k)}" for k in swept if k not in NOT_GROUPED_BY))
 
 
 # ---- the tables ----
@@ -414,18 +413,14 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
             " T(1) is the mean of the group's 1-worker jobs (its seeds): in the jobs table a 1-worker job's "
             "speedup is that mean over its own time, around 1 by its timing noise."
         )
-    if all(job.path.name == str(job.num) for job in report.jobs):
-        runs = "job N is the run `N/tensorboard`"
-    else:
-        runs = "each job's run is `<its folder>/tensorboard`"
     out = [
         f"# Sweep report: {sweep_dir}",
         "",
         counts,
         times,
         "",
-        f"Every job's curves: `tensorboard --logdir {sweep_dir}` ({runs}; the HParams tab lists "
-        "each run's settings beside its final figures).",
+        f"Every job's curves: `tensorboard --logdir {sweep_dir}` (each job's run is `<its folder>/tensorboard`; "
+        "the HParams tab lists each run's settings beside its final figures).",
         "",
         "## Jobs",
         "",

@@ -110,7 +110,7 @@ def test_every_job_has_its_own_tensorboard_run_with_hparams(mixed_sweep):
         assert acc.Scalars("test/acc")[-1].value == pytest.approx(float(row["test_acc"]), abs=1e-6)
         assert row["dir"] == row["job"]  # TensorBoard's run for this job is <job>/tensorboard, as the report says
     assert (
-        f"`tensorboard --logdir {sweep_dir}` (job N is the run `N/tensorboard`;"
+        f"`tensorboard --logdir {sweep_dir}` (each job's run is `<its folder>/tensorboard`;"
         in (sweep_dir / "report.md").read_text()
     )
 
