@@ -42,7 +42,7 @@ NOT_GROUPED_BY = ("workers", "trainer.devices", "seed", "strategy")
 PLOTS = {
     "speedup": ({"speedup": "", "speedup_to_target": "to target"}, "S(P) = T(1) / T(P)", float),
     "efficiency": ({"efficiency": "", "efficiency_to_target": "to target"}, "E(P) = S(P) / P", lambda p: 1.0),
-    "accuracy": ({"test_acc_mean": "", "worker_acc_mean": "each worker"}, "test accuracy", None),
+    "accuracy": ({"test_acc_mean": "", "worker_acc_mean": "replicas' mean"}, "test accuracy", None),
 }
 # report.csv columns that report.md's jobs table leaves out (it also leaves out any column no job has a value in)
 NOT_IN_MARKDOWN = ("error", "dir")
@@ -393,7 +393,7 @@ def jobs_table(rows: list[dict]) -> str:
     """report.md's jobs table: report.csv's columns that tell this sweep's jobs apart, test_acc to 4 decimals
     as the progress lines show it (the CSV keeps it whole)."""
     columns = [c for c in rows[0] if c not in NOT_IN_MARKDOWN]
-    columns = [c for c in columns if c not in WHERE_THEY_DIFFER or len({r[c] for r in rows}) > 1]
+    columns = [c for c in columns if c not in WHERE_THEY_DIFFER or len({r[c] for r in rows} - {None}) > 1]
     shown = [r | {"test_acc": f"{r['test_acc']:.4f}"} if isinstance(r["test_acc"], float) else r for r in rows]
     return markdown_table(shown, columns, always=("speedup", "efficiency"))
 
