@@ -68,9 +68,6 @@ class EvalSampler:
         largest = len(range(0, n, workers))
         self.steps = max(1, -(-largest // batch_size))
 
-    def set_epoch(self, epoch: int) -> None:  # evaluation order never changes
-        pass
-
     def __len__(self) -> int:
         return self.steps
 
@@ -90,19 +87,15 @@ class BatchTransform:
     ):
         self.mean = torch.tensor(mean).view(1, -1, 1, 1)
         self.std = torch.tensor(std).view(1, -1, 1, 1)
-        # (u / 255 - mean) / std as one multiply-add straight from the uint8 batch
-        self.scale = 1 / (255 * self.std)
-        self.shift = -self.mean / self.std
         self.augment, self.channels_last = augment, channels_last
 
     def __call__(self, images: Tensor) -> Tensor:
-        if images.device != self.scale.device:  # batches made on the GPU (on_device): the constants follow
-            for name in ("mean", "std", "scale", "shift"):
-                setattr(self, name, getattr(self, name).to(images.device))
-        if self.augment is None:
-            x = torch.addcmul(self.shift, images, self.scale)
-        else:
-            x = self.augment(images.float().div_(255)).sub_(self.mean).div_(self.std)
+        if images.device != self.mean.device:  # batches made on the GPU (on_device): the constants follow, once
+            self.mean, self.std = self.mean.to(images.device), self.std.to(images.device)
+        x = images.float().div_(255)
+        if self.augment is not None:
+            x = self.augment(x)
+        x = x.sub_(self.mean).div_(self.std)
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
 
