@@ -62,7 +62,6 @@ class Job:
     strategy: str
     workers: int
     metrics: dict[str, Any] = field(default_factory=dict)
-    partition: str = "iid"  # data.partition as configured
 
     @property
     def ok(self) -> bool:
@@ -155,7 +154,6 @@ def load_job(path: Path) -> Job:
         strategy=metrics.get("strategy") or str(OmegaConf.select(cfg, "strategy.name", default="?")),
         workers=int(metrics.get("world_size") or OmegaConf.select(cfg, "workers", default=0) or 0),
         metrics=metrics,
-        partition=str(OmegaConf.select(cfg, "data.partition", default="iid")),
     )
 
 
@@ -247,7 +245,8 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
         worker_acc = job.get("worker_test_acc")
         staleness = [h["staleness"] for h in job.get("history") or [] if h.get("staleness") is not None]
         # label-skewed shards: the class a test_acc can hide
-        worst = worst_class(job.get("test_acc_per_class"), job.get("test_classes")) if job.partition != "iid" else None
+        skewed = job.get("partition") not in (None, "iid")
+        worst = worst_class(job.get("test_acc_per_class"), job.get("test_classes")) if skewed else None
         rows.append(
             {
                 "job": job.num,

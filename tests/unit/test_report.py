@@ -33,12 +33,11 @@ def make_job(
     metrics: dict | None,
     workers: int = 1,
     partition: str = "iid",
-    precision: str = "32-true",
 ) -> Path:
     job = sweep / str(num)
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"{k}={v}" for k, v in overrides.items()]))
-    cfg = {"workers": workers, "trainer": {"devices": None, "num_nodes": 1, "precision": precision}}
+    cfg = {"workers": workers, "trainer": {"devices": None, "num_nodes": 1}}
     cfg["strategy"] = {"name": "ddp"}
     cfg["data"] = {"partition": partition}
     (job / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
@@ -670,7 +669,7 @@ def test_label_skewed_shards_show_the_label_each_job_knows_least(tmp_path, parti
     # the ddp job's metrics.json has no class names (written before psgd recorded them): its label is shown
     names = {"hogwild": {"test_classes": [f"class {c}" for c in range(10)]}, "ddp": {}}
     for num, (strategy, accs) in enumerate(per_class.items()):
-        m = done(strategy, 2, 10.0, 0.9, test_acc_per_class=accs, **names[strategy])
+        m = done(strategy, 2, 10.0, 0.9, test_acc_per_class=accs, partition=partition, **names[strategy])
         overrides = {"strategy": strategy, **({"data.partition": partition} if on_the_command_line else {})}
         make_job(tmp_path, num, overrides, m, workers=2, partition=partition)
     report = write_report(tmp_path)
