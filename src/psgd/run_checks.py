@@ -7,8 +7,8 @@ from omegaconf import DictConfig
 from torch import nn
 
 from psgd.choices import INFO
-from psgd.command_line import warn
 from psgd.config import compile_mode
+from psgd.console import warn
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
 from psgd.memory import memory_problem
