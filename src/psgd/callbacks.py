@@ -2,7 +2,6 @@
 
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -294,14 +293,7 @@ def _all_reduce(values: list[float], op: dist.ReduceOp, device: torch.device) ->
     return t.tolist()
 
 
-# a strategy's per-epoch figures, as the mean over the workers: the strategy's method that gives this
-# worker's (and starts its count anew), and whether this run has the figure
-WORKER_MEANS: tuple[tuple[str, str, Callable[[Any], bool]], ...] = (
-    ("staleness", "epoch_staleness", lambda s: True),  # HogWild: other workers' updates during each update
-    ("averaging_s", "epoch_averaging_s", lambda s: bool(s.period)),  # local SGD: the time in periodic averaging
-    ("lock_wait_s", "epoch_lock_wait_s", lambda s: bool(s.lock)),  # locked HogWild: the wait for the lock
-)
-# each strategy figure's TensorBoard tag and its digits in the history
+# each strategy figure (epoch_figures) by its TensorBoard tag and its digits in the history
 FIGURES = {
     "staleness": ("hogwild/staleness", 4),
     "averaging_s": ("averaging/time_s", 6),
@@ -312,21 +304,6 @@ FIGURES = {
 # the figures that are an epoch's total time: an epoch trained in two parts adds these up, and weighs the
 # others by each part's samples
 EPOCH_TOTALS = {"averaging_s", "lock_wait_s"}
-
-
-def strategy_figures(trainer: L.Trainer, device: torch.device) -> dict[str, float]:
-    """This epoch's FIGURES of the strategy, reduced over the workers: WORKER_MEANS, and DDP's gradient
-    all-reduce (the mean over the workers that have samples of it)."""
-    strategy, figures = trainer.strategy, {}
-    for key, method, applies in WORKER_MEANS:
-        if hasattr(strategy, method) and applies(strategy):
-            (figures[key],) = _all_reduce([getattr(strategy, method)() / trainer.world_size], dist.ReduceOp.SUM, device)
-    if getattr(strategy, "allreduce_timed", False):
-        own = strategy.epoch_allreduce()
-        total, wait, counted = _all_reduce([*(own or (0.0, 0.0)), 1.0 if own else 0.0], dist.ReduceOp.SUM, device)
-        if counted:
-            figures |= {"allreduce_ms": round(total / counted, 3), "allreduce_wait_ms": round(wait / counted, 3)}
-    return figures
 
 
 class RunRecorder(Callback):
@@ -447,7 +424,8 @@ class RunRecorder(Callback):
         ):
             # equal on every worker; sync_dist keeps Lightning's bookkeeping the same across ranks
             pl_module.log(name, value, on_step=False, on_epoch=True, sync_dist=True)
-        figures = strategy_figures(trainer, pl_module.device)
+        # a psgd strategy's figures of this epoch, reduced over the workers (each worker calls it here)
+        figures = trainer.strategy.epoch_figures() if hasattr(trainer.strategy, "epoch_figures") else {}
         for name, value in figures.items():
             pl_module.log(FIGURES[name][0], value, on_step=False, on_epoch=True, sync_dist=True)
 
@@ -565,8 +543,8 @@ class RunRecorder(Callback):
         self.cumulative_s = state_dict["cumulative_s"]
         self.time_to_target_s = state_dict["time_to_target_s"]
         self.epoch_to_target = state_dict["epoch_to_target"]
-        self.step_to_target = state_dict["step_to_target"]
-        if state_dict["target_acc"] != self.target_acc:
+        self.step_to_target = state_dict.get("step_to_target")  # (a psgd 0.1 checkpoint has none)
+        if state_dict.get("target_acc", self.target_acc) != self.target_acc:
             # resumed with another target: the first recorded epoch at this one
             hit = next((h for h in self.history if reached(h["val_acc"], self.target_acc)), None)
             self.time_to_target_s, self.epoch_to_target, self.step_to_target = (

@@ -19,13 +19,13 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from psgd.strategies.lightning_internals import FirstFailureLaunch, without_per_step_collectives
-from psgd.strategies.workers import GroupEndsAtExit, unused_parameters
+from psgd.strategies.workers import GroupEndsAtExit, sum_over_workers, unused_parameters
 
 NS_PER_MS = 1e6
 
 
 class TimesAllReduce:
-    """Mixin for a DDPStrategy: samples the reducer's timings during training (`epoch_allreduce`)."""
+    """Mixin for a DDPStrategy: samples the reducer's timings during training (`epoch_figures`)."""
 
     allreduce_sample_rate = 20  # the reducer's sampling interval, in steps (torch's own default is 100)
 
@@ -82,12 +82,19 @@ class TimesAllReduce:
         self._allreduce_seen = iteration
         self._allreduce_samples.append(((end - start) / NS_PER_MS, (end - max(start, computed)) / NS_PER_MS))
 
-    def epoch_allreduce(self) -> tuple[float, float] | None:
-        """This worker's median all-reduce and wait per step (ms) this epoch, or None; the samples start anew."""
+    def epoch_figures(self) -> dict[str, float]:
+        """This epoch's median all-reduce and wait per step (ms), the mean over the workers that have
+        samples of it; the samples start anew."""
+        if not self.allreduce_timed:
+            return {}
         samples, self._allreduce_samples = self._allreduce_samples, []
-        if not samples:
-            return None
-        return statistics.median(c for c, _ in samples), statistics.median(w for _, w in samples)
+        own = [0.0, 0.0, 0.0]
+        if samples:
+            own = [statistics.median(c for c, _ in samples), statistics.median(w for _, w in samples), 1.0]
+        total, wait, counted = sum_over_workers(own, self.root_device)
+        if not counted:
+            return {}
+        return {"allreduce_ms": round(total / counted, 3), "allreduce_wait_ms": round(wait / counted, 3)}
 
 
 class ReportsFirstFailure(TimesAllReduce, FirstFailureLaunch, GroupEndsAtExit, DDPStrategy):

@@ -20,7 +20,7 @@ from pytorch_lightning.strategies import DDPStrategy
 from typing_extensions import override
 
 from psgd.strategies.lightning_internals import SharedMemoryLaunch, without_per_step_collectives
-from psgd.strategies.workers import GroupEndsAtExit, PerWorkerCheckpoints, gather_floats
+from psgd.strategies.workers import GroupEndsAtExit, PerWorkerCheckpoints, gather_floats, sum_over_workers
 
 
 class HogwildStrategy(SharedMemoryLaunch, PerWorkerCheckpoints, GroupEndsAtExit, DDPStrategy):
@@ -92,13 +92,13 @@ class HogwildStrategy(SharedMemoryLaunch, PerWorkerCheckpoints, GroupEndsAtExit,
             self._staleness_sum = self._staleness_count = 0
         super().on_train_batch_start(batch, batch_idx)
 
-    def epoch_staleness(self) -> float:
-        return self._staleness_sum / max(1, self._staleness_count)
-
-    def epoch_lock_wait_s(self) -> float:
-        """This worker's time waiting for the update lock this epoch (s); the count starts anew."""
-        spent, self._lock_wait_s = self._lock_wait_s, 0.0
-        return spent
+    def epoch_figures(self) -> dict[str, float]:
+        """This epoch's mean staleness (and, with lock=True, wait for the lock in s) over the workers; the
+        lock's wait starts anew."""
+        own = [self._staleness_sum / max(1, self._staleness_count), self._lock_wait_s]
+        self._lock_wait_s = 0.0
+        staleness, lock_wait_s = (v / self.world_size for v in sum_over_workers(own, self.root_device))
+        return {"staleness": staleness, **({"lock_wait_s": lock_wait_s} if self.lock else {})}
 
     @override
     def on_train_end(self) -> None:

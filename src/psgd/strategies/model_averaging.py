@@ -27,7 +27,7 @@ from typing_extensions import override
 from psgd.data.partition import limited_batches
 from psgd.io import save_atomic
 from psgd.strategies.ddp import ReportsFirstFailure
-from psgd.strategies.workers import PerWorkerCheckpoints, gather_floats
+from psgd.strategies.workers import PerWorkerCheckpoints, gather_floats, sum_over_workers
 
 
 def average_tensors(tensors: list[Tensor]) -> None:
@@ -170,10 +170,14 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         """The periodic averagings so far, a resumed run's earlier ones included."""
         return self._common_done() // self.period if self.period else 0
 
-    def epoch_averaging_s(self) -> float:
-        """This worker's time in periodic averaging this epoch (s); the count starts anew."""
+    @override
+    def epoch_figures(self) -> dict[str, float]:
+        """With a period: this epoch's mean time in periodic averaging over the workers (s); it starts anew."""
         spent, self._averaging_s = self._averaging_s, 0.0
-        return spent
+        if not self.period:
+            return {}
+        (total,) = sum_over_workers([spent], self.root_device)
+        return {"averaging_s": total / self.world_size}
 
     @override
     def on_train_end(self) -> None:

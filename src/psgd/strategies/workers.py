@@ -249,6 +249,14 @@ def let_go_of_the_process_group(trainer: L.Trainer | None) -> None:
             trainer.strategy.teardown()
 
 
+def sum_over_workers(values: list[float], device: torch.device) -> list[float]:
+    """The sum of every worker's `values`, on every worker."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
 def gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
     """Every worker's `values`, in rank order, on every worker."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
