@@ -414,7 +414,7 @@ def test_a_job_whose_worker_would_get_no_batch_is_one_line_before_any_job_runs(t
     data.batch_size=16384 data.drop_last=true` on MNIST trained job 1, then failed job 2); now the sweep
     reads each dataset once and deals every job's shards before the first job starts."""
     import psgd.data.datamodule
-    from psgd.config import sweep_data_problem
+    from psgd.run_checks import sweep_data_problem
 
     reads = []
     real = psgd.data.datamodule.load_split
