@@ -308,7 +308,7 @@ BAD = [
     # Lightning's Timer: a collective after every batch, which uneven shards left waiting until the timeout
     (
         ["strategy=model_averaging", "workers=2", "trainer.max_time=00:00:01:00"],
-        "trainer.max_time=00:00:01:00 is invalid with strategy=model_averaging and 2 workers: Lightning decides it",
+        "trainer.max_time=00:00:01:00 is invalid with strategy=model_averaging and 2 workers: each worker takes",
     ),
     (["strategy=hogwild", "workers=2", "trainer.max_time={minutes: 1}"], "trainer.max_time={'minutes': 1} is invalid"),
     # a zero or unreadable duration: nothing trained and the run said completed at chance accuracy, or
@@ -328,7 +328,7 @@ BAD = [
     # each worker stopped at its own step: the others waited for it at their epoch's end until the timeout
     (
         ["strategy=model_averaging", "workers=2", "trainer.max_steps=30"],
-        "trainer.max_steps=30 is invalid with strategy=model_averaging and 2 workers: each worker counts its own",
+        "trainer.max_steps=30 is invalid with strategy=model_averaging and 2 workers: each worker takes",
     ),
     (
         ["strategy=hogwild", "workers=2", "trainer.max_steps=30"],

@@ -121,34 +121,23 @@ def _partition(d: DictConfig, workers: int) -> None:
 
 def _own_pace(cfg: DictConfig, world: int) -> None:
     """Several workers of model averaging or HogWild each take steps of their own number (their own shard):
-    nothing every worker must join inside an epoch may be asked of them."""
+    what every worker must join inside an epoch (a validation, Lightning's stop for max_time or max_steps)
+    would leave the others waiting at a collective until strategy.timeout_s."""
     name, t = cfg.strategy.name, cfg.trainer
     if world == 1 or name == "ddp":
         return
-
-    def refuse(setting: str, why: str) -> None:
-        raise ConfigError(f"{setting} is invalid with strategy={name} and {world} workers: {why}")
-
-    vci, max_time, max_steps = t.get("val_check_interval"), t.get("max_time"), t.get("max_steps")
-    if vci is not None and not (isinstance(vci, float) and vci == 1.0):
-        refuse(
-            f"trainer.val_check_interval={vci}",
-            "each worker runs a shard of its own length, so validations inside an epoch would not line up; use it "
-            "with strategy=ddp or one worker",
-        )
-    if max_time is not None:
-        refuse(
-            f"trainer.max_time={max_time}",
-            "Lightning decides it in a collective of every worker after each batch, and these workers take steps "
-            "of their own number (one waited for the others until strategy.timeout_s); use trainer.max_epochs, "
-            "or strategy=ddp",
-        )
-    if max_steps not in (None, -1):
-        refuse(
-            f"trainer.max_steps={max_steps}",
-            "each worker counts its own steps and stops inside an epoch of its own, and the others waited for it "
-            "at their epoch's end until strategy.timeout_s; use trainer.max_epochs (and "
-            "trainer.limit_train_batches for shorter epochs), or strategy=ddp",
+    vci = t.get("val_check_interval")
+    asked = {  # 1.0 (a float) is once per epoch, at its end; an int is a number of batches
+        "val_check_interval": vci is not None and not (isinstance(vci, float) and vci == 1.0),
+        "max_time": t.get("max_time") is not None,
+        "max_steps": t.get("max_steps") not in (None, -1),
+    }
+    key = next((key for key, given in asked.items() if given), None)
+    if key:
+        raise ConfigError(
+            f"trainer.{key}={t[key]} is invalid with strategy={name} and {world} workers: each worker takes "
+            "steps of its own number, and the others would wait for it until strategy.timeout_s; use "
+            "trainer.max_epochs (and trainer.limit_train_batches for shorter epochs), or strategy=ddp"
         )
 
 
