@@ -86,7 +86,7 @@ class Data(Group):
 
 
 class Model(Group, extra="allow"):
-    """The network; keys other than these are its constructor's arguments, checked against its signature."""
+    """The network; keys other than these are its constructor's arguments, checked by building it (check)."""
 
     name: str
     """The run's label (model=<name> chooses a built-in model and its settings)."""
