@@ -259,8 +259,8 @@ def lab_cnn_setup(data_root: str, threads: int, overrides=()):
     (channels_last) and psgd's datamodule."""
     import torch
 
+    from psgd.config import build_model
     from psgd.data import ClassificationData
-    from psgd.run import build_model
 
     cfg = train_cfg([f"data.root={data_root}", *overrides])
     torch.set_num_threads(threads)

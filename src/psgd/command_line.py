@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from psgd import forkserver, outputs, signals, sweep
-from psgd.config import sweep_data_problem, sweep_values_problem, values_problem
+from psgd.config import sweep_values_problem, values_problem
 from psgd.console import (
     fail,
     in_the_job,
@@ -134,6 +134,8 @@ def sweep_jobs_problem(jobs) -> str | None:
         return problem
     forkserver.start_early(jobs)
     load_training([])
+    from psgd.run_checks import sweep_data_problem  # imports torch: only once the values passed
+
     return sweep_values_problem(jobs) or sweep_data_problem(jobs)
 
 

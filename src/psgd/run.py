@@ -46,9 +46,9 @@ from psgd.config import (
     ConfigError,
     DirInUse,
     Plan,
+    build_model,
     check,
     compile_mode,
-    model_arguments,
     schedule,
 )
 from psgd.console import text_lines, warn
@@ -64,6 +64,7 @@ from psgd.profiler import PyTorchProfilerForWorkers
 from psgd.rendezvous import init_elastic_process_group, rendezvous_port
 from psgd.resume import elastic_resume, init_weights, resolve_ckpt_path, shard_settings
 from psgd.run_checks import (
+    build_datamodule,
     check_data,
     check_memory,
     warn_if_an_epoch_holds_less_than_an_update,
@@ -76,46 +77,6 @@ from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
 from psgd.strategies.ddp import ReportsFirstFailure
 from psgd.strategies.workers import defined_in_session, refuse_a_run_while_a_worker_imports_the_script, session_refusal
 from psgd.summary import write_tensorboard_summary
-
-
-def build_model(model_cfg: DictConfig, data_name: str) -> tuple[nn.Module, int]:
-    """Instantiate the network for this dataset; returns it and the image size it needs.
-
-    A pairing that cannot work (e.g. a 28x28-only model on 32x32 CIFAR10) is a ConfigError (model_arguments).
-    """
-    cls, arguments, size = model_arguments(model_cfg, data_name)
-    name, info = model_cfg.name, INFO[data_name]
-    try:
-        net = cls(**arguments)
-    except TypeError as e:  # a setting the model has no argument for
-        raise ConfigError(f"model={name}: {e}") from e
-    except ValueError as e:  # a value the model refuses, named in its message
-        raise ConfigError(str(e)) from e
-    try:  # a dry forward pass catches any other shape mismatch now, not in a worker mid-run
-        net.eval()
-        with torch.no_grad():
-            net(torch.zeros(2, info.channels, size, size))
-        net.train()
-    except RuntimeError as e:
-        raise ConfigError(
-            f"model={name} does not fit data={data_name} ({info.channels}x{size}x{size}): {str(e).splitlines()[0]}"
-        ) from e
-    return net, size
-
-
-def build_datamodule(cfg: DictConfig, image_size: int | None = None) -> ClassificationData:
-    """The run's datamodule, from its data settings and strategy, its images resized to `image_size`
-    (the model's; None: the dataset's own); nothing is read yet (prepare_data)."""
-    return ClassificationData(
-        **OmegaConf.to_container(cfg.data, resolve=True),
-        image_size=image_size,
-        seed=cfg.seed,
-        channels_last=cfg.channels_last,
-        record_shards=cfg.record_shards,
-        lockstep=cfg.strategy.name == "ddp",  # DDP needs equal steps on every worker; averaging lets each run its own
-        # replicas that differ (model averaging) are each evaluated on the whole split
-        shard_eval=cfg.strategy.name in ("ddp", "hogwild"),
-    )
 
 
 def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path) -> Any:

@@ -1,16 +1,21 @@
 """Checks of a run that need its model built or its data read, made before any worker starts: a setting that
 cannot work is one line (DataError), and one that would do nothing is warned about."""
 
+import os
+from typing import Any
+
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from psgd import forkserver
 from psgd.choices import INFO
-from psgd.config import compile_mode
-from psgd.console import warn
+from psgd.config import ConfigError, Jobs, compile_mode, resolve_accelerator, resolve_workers
+from psgd.config.targets import meta_network
+from psgd.console import in_the_job, warn
 from psgd.data import ClassificationData
-from psgd.data.datasets import DataError
+from psgd.data.datasets import DataError, load_split, what_is_missing
 from psgd.memory import memory_problem
 from psgd.strategies.model_averaging import common_steps, optimizer_state_tensors
 
@@ -147,3 +152,74 @@ def warn_if_lockstep_leaves_samples_out(cfg: DictConfig, sizes: list[int], batch
             f"({100 * left_out / total:.0f} %) are left out of each epoch, other ones each epoch; "
             "strategy=model_averaging or strategy=hogwild train every shard whole"
         )
+
+
+def build_datamodule(cfg: DictConfig, image_size: int | None = None) -> ClassificationData:
+    """The run's datamodule, from its data settings and strategy, its images resized to `image_size`
+    (the model's; None: the dataset's own); nothing is read yet (prepare_data)."""
+    return ClassificationData(
+        **OmegaConf.to_container(cfg.data, resolve=True),
+        image_size=image_size,
+        seed=cfg.seed,
+        channels_last=cfg.channels_last,
+        record_shards=cfg.record_shards,
+        lockstep=cfg.strategy.name == "ddp",  # DDP needs equal steps on every worker; averaging lets each run its own
+        # replicas that differ (model averaging) are each evaluated on the whole split
+        shard_eval=cfg.strategy.name in ("ddp", "hogwild"),
+    )
+
+
+def sweep_data_problem(jobs: Jobs) -> str | None:
+    """Why a dataset of this sweep cannot be read here, or None: the files a job would read are looked
+    for once per dataset and folder (CIFAR10's also md5-checked, as each job would), and missing or
+    damaged ones are downloaded now (as a single run does before its workers start), not by every job in
+    turn. Only for Hydra's basic launcher, whose jobs run on this machine."""
+    if not forkserver.runs_jobs_here(jobs[0][1]):
+        return None
+
+    def source(cfg: DictConfig) -> tuple[str, str, bool, bool]:
+        d = cfg.data
+        return d.name, os.path.abspath(os.path.expanduser(str(d.root))), bool(d.download), bool(d.verify_md5)
+
+    sources = [source(cfg) for _, cfg in jobs]
+    for first in dict.fromkeys(sources):  # each dataset and folder once
+        name, root, download, verify_md5 = first
+        if what_is_missing(name, root, verify_md5=verify_md5) is None:  # there: each job reads it
+            continue
+        try:
+            for train in (True, False):
+                load_split(name, root, train, download=download, verify_md5=verify_md5)
+        except DataError as e:
+            if all(other == first for other in sources):
+                return f"{e} (no job was started)"
+            return in_the_job(e, jobs[sources.index(first)][0], [j for j, _ in jobs])
+    return _batches_problem(jobs)
+
+
+def _batches_problem(jobs: Jobs) -> str | None:
+    """What a job finds only with its dataset read, for every job before the first one starts: a worker
+    without a training batch (a shard smaller than data.batch_size with data.drop_last=true, a
+    dirichlet partition that leaves a worker no sample at the job's seed), a final test of no batch, or
+    (on CPU) a batch whose training cannot fit in this machine's memory (check_memory).
+    Each dataset and folder is decoded once; each job then deals its shards as it will, with the job's
+    own datamodule and check (build_datamodule, check_data). Every job has passed `check`."""
+    decoded: dict[tuple[str, str], Any] = {}  # the first datamodule of each dataset and folder
+    every_job = [j for j, _ in jobs]
+    for job, cfg in jobs:
+        try:
+            workers = resolve_workers(cfg) * cfg.trainer.num_nodes
+            datamodule = build_datamodule(cfg)
+            first = decoded.setdefault((datamodule.name, datamodule.root), datamodule)
+            if first is datamodule:
+                datamodule.prepare_data()
+            else:
+                datamodule.decoded_from(first)
+            check_data(cfg, datamodule, workers)
+            if resolve_accelerator(cfg) == "cpu":  # a batch that cannot fit in memory, as the job judges it
+                net, size = meta_network(cfg.model, cfg.data.name)
+                check_memory(cfg, net, size, datamodule.train_shards(workers)[0], workers)
+        except (DataError, ConfigError) as e:
+            return in_the_job(e, job, every_job)
+        except Exception:  # anything else: left to the job, which reports it as its failure
+            continue
+    return None

@@ -93,7 +93,7 @@ def test_a_setting_removed_is_one_line():
     from psgd.config import values_problem
 
     problem = command_line_problem("train", ["~workers"], CONF, job_check=lambda jobs: values_problem(jobs, False))
-    assert problem == "Key 'workers' is not in struct"
+    assert problem == "workers is missing"
 
 
 def test_a_sweep_of_a_stopped_sweeps_dir_goes_on_there():
@@ -211,7 +211,7 @@ def test_the_jobs_of_a_glob_sweep_are_each_checked():
 
     argv = ["-m", "optimizer=glob(*)", "optimizer.lr=-1"]  # adam, novograd, sgd: each refuses it
     problem = command_line_problem("sweep", argv, CONF, job_check=sweep_values_problem)
-    assert problem is not None and problem.startswith("optimizer.lr=-1 is invalid: must be a number > 0")
+    assert problem is not None and problem.startswith("optimizer.lr=-1 is invalid: Input should be greater than 0")
     assert command_line_problem("sweep", ["-m", "optimizer=glob(*)"], CONF, job_check=sweep_values_problem) is None
 
 
@@ -358,7 +358,8 @@ def test_a_value_psgd_refuses_in_any_job_of_a_sweep_is_one_line_before_any_job_r
 
     line = ["-m", "optimizer.lr=0.1,-1", "workers=1,2", "seed=3"]
     assert command_line_problem("sweep", line, CONF, job_check=sweep_values_problem) == (
-        "optimizer.lr=-1 is invalid: must be a number > 0 (in the job optimizer.lr=-1 workers=1; no job was started)"
+        "optimizer.lr=-1 is invalid: Input should be greater than 0 (in the job optimizer.lr=-1 workers=1; no job was "
+        "started)"
     )
     # a warm-up longer than training is refused only in combination: each job is checked whole
     line = ["-m", "scheduler=warmup", "scheduler.warmup_epochs=2,4", "trainer.max_epochs=3"]
@@ -405,7 +406,7 @@ def test_a_value_psgd_refuses_in_any_job_of_a_sweep_is_one_line_before_any_job_r
     assert command_line_problem("sweep", slurm, CONF, job_check=sweep_values_problem) is None
     # ... but a value that means the same on any machine is found here, before any job is submitted
     assert command_line_problem("sweep", slurm, CONF, job_check=lambda jobs: values_problem(jobs, True)) == (
-        "optimizer.lr=-1 is invalid: must be a number > 0 (in the job optimizer.lr=-1; no job was started)"
+        "optimizer.lr=-1 is invalid: Input should be greater than 0 (in the job optimizer.lr=-1; no job was started)"
     )
 
 
@@ -414,7 +415,7 @@ def test_a_job_whose_worker_would_get_no_batch_is_one_line_before_any_job_runs(t
     data.batch_size=16384 data.drop_last=true` on MNIST trained job 1, then failed job 2); now the sweep
     reads each dataset once and deals every job's shards before the first job starts."""
     import psgd.data.datamodule
-    from psgd.config import sweep_data_problem
+    from psgd.run_checks import sweep_data_problem
 
     reads = []
     real = psgd.data.datamodule.load_split

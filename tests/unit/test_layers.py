@@ -61,9 +61,6 @@ LAYERS = {
 # once its import is gone; add none.
 KNOWN = {
     ("psgd.command_line", "psgd.cli"): "cli",  # circle command_line <-> cli
-    # circles config <-> run, config <-> run_checks: the checks that build the model and read the data
-    ("psgd.config", "psgd.run"): "schema",
-    ("psgd.config", "psgd.run_checks"): "schema",
     ("psgd.module", "psgd.config"): "schema",  # ConfigError, from a leaf module of errors
 }
 

@@ -131,7 +131,7 @@ def test_averaging_what_a_run_does_not_have_is_warned_about(capsys):
     runs: it has no floating buffer to average; so did average_optimizer_state with SGD without momentum."""
     from conftest import compose_cfg
 
-    from psgd.run import build_model
+    from psgd.config import build_model
     from psgd.run_checks import warn_if_nothing_to_average
 
     def said(*overrides: str, world_size: int = 2) -> str:

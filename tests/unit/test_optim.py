@@ -6,7 +6,7 @@ import torch
 
 from psgd.advice import step_advice
 from psgd.choices import DECAYS
-from psgd.config import READ_ONLY_WHEN, schedule
+from psgd.config import schedule
 from psgd.optim import build_scheduler, scaled_lr, schedule_read
 
 
@@ -139,20 +139,10 @@ def lr_of_each_step(settings, workers=2, epochs=6, steps=3):
     return lrs
 
 
-def test_the_settings_a_schedule_reads_are_those_that_change_its_lr_and_the_warnings_say_which():
-    """The rules of which scheduler setting is read with which others live in schedule_read (resume's
-    check, the module) and config.READ_ONLY_WHEN (the warning that a setting has no effect): both are
-    checked here against the lrs build_scheduler gives. A setting schedule_read leaves out never changes
-    the lr (or a resume would go on with another schedule unnoticed), one it keeps changes it (or a
-    resume would be refused for nothing); one the warning says has no effect has none, and every one
-    that has none is warned about."""
-
-    def warned(key, settings):  # whether a row of READ_ONLY_WHEN says that settings[key] has no effect
-        for setting, other, reads, _ in READ_ONLY_WHEN:
-            others = (other,) if isinstance(other, str) else other
-            if setting == f"scheduler.{key}" and not reads(*(settings[o.removeprefix("scheduler.")] for o in others)):
-                return True
-        return False
+def test_the_settings_a_schedule_reads_are_those_that_change_its_lr():
+    """schedule_read (resume's check, the module) is checked against the lrs build_scheduler gives: a
+    setting it leaves out never changes the lr (or a resume would go on with another schedule unnoticed),
+    one it keeps changes it (or a resume would be refused for nothing)."""
 
     for settings in SCHEDULE_GRID:
         lrs, read = lr_of_each_step(settings), schedule_read(schedule(settings))
@@ -165,10 +155,6 @@ def test_the_settings_a_schedule_reads_are_those_that_change_its_lr_and_the_warn
             assert moves == reads_it or (key == "interval" and reads_it and len(set(lrs)) > 1), (
                 f"{key} {'is read for nothing' if reads_it else 'changes the lr unread'}: {settings}"
             )
-            if reads_it:
-                assert not warned(key, settings), f"{key} is said to have no effect but is read: {settings}"
-            else:
-                assert warned(key, settings), f"{key} has no effect and no warning says so: {settings}"
 
 
 def test_a_resume_that_changes_the_lr_schedule_is_named():

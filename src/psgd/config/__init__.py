@@ -3,7 +3,7 @@ checks (rules.py), the classes a config names (targets.py) and a command line's 
 starts (jobs.py). Needs no torch to import: the scripts check a command line before torch loads.
 """
 
-from psgd.config.jobs import READ_ONLY_WHEN, sweep_data_problem, sweep_values_problem, values_problem
+from psgd.config.jobs import Jobs, sweep_values_problem, values_problem
 from psgd.config.rules import (
     GIVE,
     Plan,
@@ -11,20 +11,22 @@ from psgd.config.rules import (
     check_values,
     checkpoint_file,
     compile_mode,
+    resolve_accelerator,
     resolve_start_method,
     resolve_workers,
     schedule,
 )
 from psgd.config.schema import ConfigError, DirInUse, describe, duration_s
-from psgd.config.targets import SPARSE_GRADIENTS_WAY_OUT, model_arguments
+from psgd.config.targets import SPARSE_GRADIENTS_WAY_OUT, build_model, model_arguments
 
 __all__ = [
     "GIVE",
-    "READ_ONLY_WHEN",
     "SPARSE_GRADIENTS_WAY_OUT",
     "ConfigError",
     "DirInUse",
+    "Jobs",
     "Plan",
+    "build_model",
     "check",
     "check_values",
     "checkpoint_file",
@@ -32,10 +34,10 @@ __all__ = [
     "describe",
     "duration_s",
     "model_arguments",
+    "resolve_accelerator",
     "resolve_start_method",
     "resolve_workers",
     "schedule",
-    "sweep_data_problem",
     "sweep_values_problem",
     "values_problem",
 ]

@@ -1,5 +1,6 @@
-"""The checks a key's own schema cannot make: rules that join several keys, and what depends on the
-machine (accelerator, backend, GPUs, torchrun / srun, cores). Each problem is one ConfigError line.
+"""The checks a key's own schema cannot make: rules that join several keys where a run would crash, hang
+or silently do other than asked, and what depends on the machine (accelerator, torchrun / srun). Each
+problem is one ConfigError line.
 
 `check_values` needs neither torch nor Lightning (the scripts run it before they load); `check`, at the
 start of every job, runs it again and then the machine's checks.
@@ -13,32 +14,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from psgd import forkserver
 from psgd.choices import BUILTIN, INFO
 from psgd.config.schema import STRATEGIES, ConfigError, problem, said
 from psgd.config.targets import check_targets
-from psgd.console import warn
 from psgd.environment import cpu_count
 
 # a setting only that strategy's group (conf/strategy/<name>.yaml) has: tells which group was chosen
 OWN_KEY = {"ddp": "find_unused_parameters", "model_averaging": "period", "hogwild": "lock"}
 # Trainer arguments psgd passes itself (Lightning: "got multiple values for keyword argument")
-SET_BY_PSGD = {
-    "strategy": "choose it with strategy=ddp, model_averaging or hogwild",
-    "logger": "every run logs to TensorBoard in its run dir",
-    "callbacks": "add your own from Python: psgd.run.train(cfg, run_dir, callbacks=[...])",
-    "use_distributed_sampler": "psgd's datamodule deals the samples to the workers itself (data.partition)",
-    "enable_progress_bar": "a terminal gets a bar and a log file a line per epoch; quiet=true gives neither",
-    "enable_model_summary": "quiet=true leaves it out",
-    "enable_checkpointing": "every run keeps checkpoints/last.ckpt, which resuming and the final test use",
-    "barebones": "every run logs, checkpoints and times its epochs, which barebones turns off",
-}
-# switches that act on a GPU only, with what they do there (a run on CPU is warned that they change nothing)
-GPU_ONLY = (
-    ("data.on_device", "it keeps the dataset on the GPU and makes batches there (on CPU it is in memory already)"),
-    ("trainer.benchmark", "it runs cuDNN's autotuner for the GPU's convolutions"),
+SET_BY_PSGD = (
+    "strategy",
+    "logger",
+    "callbacks",
+    "use_distributed_sampler",
+    "enable_progress_bar",
+    "enable_model_summary",
+    "enable_checkpointing",
+    "barebones",
 )
 # scheduler=none keeps optimizer.lr constant whatever its other keys say (a sweep gives them to other schedules)
 CONSTANT_LR = {"warmup_epochs": 0, "decay": "none", "interval": "epoch"}
@@ -126,34 +121,23 @@ def _partition(d: DictConfig, workers: int) -> None:
 
 def _own_pace(cfg: DictConfig, world: int) -> None:
     """Several workers of model averaging or HogWild each take steps of their own number (their own shard):
-    nothing every worker must join inside an epoch may be asked of them."""
+    what every worker must join inside an epoch (a validation, Lightning's stop for max_time or max_steps)
+    would leave the others waiting at a collective until strategy.timeout_s."""
     name, t = cfg.strategy.name, cfg.trainer
     if world == 1 or name == "ddp":
         return
-
-    def refuse(setting: str, why: str) -> None:
-        raise ConfigError(f"{setting} is invalid with strategy={name} and {world} workers: {why}")
-
-    vci, max_time, max_steps = t.get("val_check_interval"), t.get("max_time"), t.get("max_steps")
-    if vci is not None and not (isinstance(vci, float) and vci == 1.0):
-        refuse(
-            f"trainer.val_check_interval={vci}",
-            "each worker runs a shard of its own length, so validations inside an epoch would not line up; use it "
-            "with strategy=ddp or one worker",
-        )
-    if max_time is not None:
-        refuse(
-            f"trainer.max_time={max_time}",
-            "Lightning decides it in a collective of every worker after each batch, and these workers take steps "
-            "of their own number (one waited for the others until strategy.timeout_s); use trainer.max_epochs, "
-            "or strategy=ddp",
-        )
-    if max_steps not in (None, -1):
-        refuse(
-            f"trainer.max_steps={max_steps}",
-            "each worker counts its own steps and stops inside an epoch of its own, and the others waited for it "
-            "at their epoch's end until strategy.timeout_s; use trainer.max_epochs (and "
-            "trainer.limit_train_batches for shorter epochs), or strategy=ddp",
+    vci = t.get("val_check_interval")
+    asked = {  # 1.0 (a float) is once per epoch, at its end; an int is a number of batches
+        "val_check_interval": vci is not None and not (isinstance(vci, float) and vci == 1.0),
+        "max_time": t.get("max_time") is not None,
+        "max_steps": t.get("max_steps") not in (None, -1),
+    }
+    key = next((key for key, given in asked.items() if given), None)
+    if key:
+        raise ConfigError(
+            f"trainer.{key}={t[key]} is invalid with strategy={name} and {world} workers: each worker takes "
+            "steps of its own number, and the others would wait for it until strategy.timeout_s; use "
+            "trainer.max_epochs (and trainer.limit_train_batches for shorter epochs), or strategy=ddp"
         )
 
 
@@ -173,38 +157,13 @@ def _schedule(cfg: DictConfig) -> None:
         )
 
 
-def _validation(cfg: DictConfig) -> None:
-    """early_stop.target_acc is judged on validation: a run without any never stops early."""
-    t, target = cfg.trainer, cfg.early_stop.target_acc
-    if target is None:
-        return
-    if t.get("limit_val_batches") == 0:
-        raise ConfigError(
-            f"early_stop.target_acc={target} needs validation, and trainer.limit_val_batches=0 runs none: "
-            "set trainer.limit_val_batches > 0 (or null for all), or early_stop.target_acc=null"
-        )
-    every = t.get("check_val_every_n_epoch")
-    if every is not None and every > t.max_epochs and not t.get("fast_dev_run"):
-        raise ConfigError(
-            f"early_stop.target_acc={target} needs validation, and trainer.check_val_every_n_epoch={every} runs "
-            f"none in trainer.max_epochs={t.max_epochs}: use check_val_every_n_epoch<={t.max_epochs}, or "
-            "early_stop.target_acc=null"
-        )
-
-
 def _model(cfg: DictConfig) -> None:
-    """The model's label, its own weight decay, and init_weights with independent initialisations."""
-    name, target, decay = cfg.model.name, cfg.model.get("_target_"), cfg.optimizer.get("weight_decay")
+    """The model's label, and init_weights with independent initialisations."""
+    name, target = cfg.model.name, cfg.model.get("_target_")
     if name in BUILTIN and target != BUILTIN[name]:  # the label would name another model
         raise ConfigError(
             f"model.name={name} is only the run's label and the model is still {target}: use model={name} "
             "to train that model"
-        )
-    own_decay = sorted(k for k in cfg.model if str(k).startswith("weight_decay_"))  # the MLP's param groups
-    if own_decay and decay:
-        raise ConfigError(
-            f"optimizer.weight_decay={decay} would have no effect with model={name}, which sets each layer's "
-            f"decay itself: use model.{' and model.'.join(own_decay)}"
         )
     init = cfg.get("init_weights")
     if init is not None and cfg.strategy.get("same_init") is False:
@@ -235,9 +194,9 @@ def check_values(cfg: DictConfig) -> int:
     """Every value the config alone decides (no torch, no machine): the schema, then the rules that join
     keys. Raises ConfigError, or returns the workers per node."""
     _strategy_group(cfg.strategy)
-    for key, why in SET_BY_PSGD.items():
+    for key in SET_BY_PSGD:
         if key in cfg.trainer:
-            raise ConfigError(f"trainer.{key} cannot be set: psgd decides it ({why}); leave +trainer.{key} out")
+            raise ConfigError(f"trainer.{key} cannot be set: psgd sets it; leave +trainer.{key} out")
     if line := problem(cfg):
         raise ConfigError(line)
     workers = resolve_workers(cfg)
@@ -250,7 +209,6 @@ def check_values(cfg: DictConfig) -> int:
     _own_pace(cfg, workers * t.num_nodes)
     _partition(cfg.data, workers)
     _schedule(cfg)
-    _validation(cfg)
     _model(cfg)
     resolve_accumulation(cfg, workers * t.num_nodes)
     return workers
@@ -328,7 +286,7 @@ def external_launcher(world_size: int) -> str | None:
     return None
 
 
-def _launcher(cfg: DictConfig, workers: int, accelerator: str) -> str | None:
+def _launcher(cfg: DictConfig, workers: int) -> str | None:
     """Who starts the workers; under torchrun / srun the counts must match that tool's."""
     name, nodes = cfg.strategy.name, cfg.trainer.num_nodes
     launcher = external_launcher(workers * nodes)
@@ -350,99 +308,25 @@ def _launcher(cfg: DictConfig, workers: int, accelerator: str) -> str | None:
             f"--nnodes {nodes} ... train.py, or srun --nodes {nodes} ...; see the README's Scaling out): "
             "psgd starts workers on this machine only; use trainer.num_nodes=1 here"
         )
-    if not launcher and accelerator == "gpu":
-        import torch
-
-        gpus, key = torch.cuda.device_count(), "workers" if cfg.trainer.get("devices") is None else "trainer.devices"
-        if workers > gpus:  # each worker psgd starts gets one visible device
-            raise ConfigError(
-                f"{key}={workers} is invalid on GPU: {gpus} CUDA device{'' if gpus == 1 else 's'} visible and each "
-                f"worker needs its own; use {key}<={gpus}, or trainer.accelerator=cpu"
-            )
     return launcher
 
 
-def _on_this_machine(cfg: DictConfig, accelerator: str) -> None:
-    """What the accelerator and this torch allow; a GPU-only switch on CPU is warned about."""
-    import torch
-
-    backend, cpu = cfg.strategy.get("backend"), accelerator == "cpu"
-    if cfg.strategy.name == "hogwild" and not cpu:
+def check(cfg: DictConfig) -> Plan:
+    """Validate every value here on this machine (check_values, then the accelerator, the classes the
+    config names, the checkpoints it reads and the launcher); returns the resolved plan or raises ConfigError."""
+    workers = check_values(cfg)
+    accelerator = resolve_accelerator(cfg)
+    if cfg.strategy.name == "hogwild" and accelerator != "cpu":
         raise ConfigError(
             "strategy=hogwild is invalid on GPU: its workers share one model in CPU shared memory; "
             "use trainer.accelerator=cpu (or strategy=ddp / model_averaging on GPU)"
         )
-    if backend == "nccl" and cpu:
-        raise ConfigError(
-            "strategy.backend=nccl is invalid on CPU: NCCL runs between GPUs; use gloo, or null for the default"
-        )
-    if backend == "mpi" and not torch.distributed.is_mpi_available():
-        raise ConfigError("strategy.backend=mpi is invalid: this torch was built without MPI; use gloo or nccl")
-    if compile_mode(cfg.compile) == "reduce-overhead" and cpu:
-        raise ConfigError(
-            "compile=reduce-overhead is invalid on CPU: it replays CUDA graphs, which need a GPU; use compile=true "
-            "on CPU (or trainer.accelerator=gpu)"
-        )
-    if cfg.trainer.get("sync_batchnorm") and cpu:
-        raise ConfigError(
-            "trainer.sync_batchnorm=true is invalid on CPU: torch's SyncBatchNorm needs CUDA; "
-            "use it with trainer.accelerator=gpu or leave it false"
-        )
-    for key, what in GPU_ONLY if cpu else ():
-        if OmegaConf.select(cfg, key) is True:
-            warn(f"{key}=true has no effect on CPU: {what}")
-
-
-def warn_of_what_never_comes(cfg: DictConfig) -> None:
-    """A setting read whose moment never comes in trainer.max_epochs: a step decay whose first step is at
-    or after the last epoch, and an early_stop.patience longer than the run's validations."""
-    t = cfg.trainer
-    epochs = t.max_epochs
-    if t.get("fast_dev_run"):
-        return
-    s = schedule(cfg.scheduler)
-    if s["decay"] == "step":
-        warm, size = s["warmup_epochs"] or 0, s["step_size"]
-        if warm + size >= epochs:
-            after = f"epoch {warm + size:g} (warm-up {warm:g} + step_size {size})" if warm else f"epoch {size}"
-            most = math.ceil(epochs - warm) - 1
-            use = f"use scheduler.step_size<={most}" if most >= 1 else "use a longer trainer.max_epochs"
-            warn(
-                f"scheduler.step_size={size} never comes: the step decay's first step is after {after}, and "
-                f"trainer.max_epochs={epochs} ends training first, so the lr is never decayed (as with "
-                f"scheduler.decay=none); {use}"
-            )
-    target, patience = cfg.early_stop.target_acc, cfg.early_stop.patience
-    vci, every = t.get("val_check_interval"), t.get("check_val_every_n_epoch") or 1
-    if target is not None and (vci is None or vci == 1.0) and patience > epochs // every:  # once per epoch at most
-        how = f" (trainer.check_val_every_n_epoch={every})" if every > 1 else ""
-        warn(
-            f"early_stop.patience={patience} never comes: trainer.max_epochs={epochs} validates "
-            f"{epochs // every} time(s){how}, fewer than the {patience} in a row at early_stop.target_acc={target} "
-            f"it waits for, so the run never stops early (time_to_target_s is still recorded); use "
-            f"early_stop.patience<={epochs // every}"
-        )
-
-
-def check(cfg: DictConfig) -> Plan:
-    """Validate every value here on this machine (check_values, then what depends on the accelerator,
-    torch and the environment); returns the resolved plan or raises ConfigError."""
-    workers = check_values(cfg)
-    accelerator = resolve_accelerator(cfg)
-    _on_this_machine(cfg, accelerator)
-    warn_of_what_never_comes(cfg)
     check_targets(cfg)
     for setting in GIVE:  # here, not in check_values: a file is there on one machine and not on another
         if cfg.get(setting) is not None:
             checkpoint_file(setting, cfg[setting])
-    launcher = _launcher(cfg, workers, accelerator)
+    launcher = _launcher(cfg, workers)
     threads = cfg.threads_per_worker
-    if threads and threads > 1 and accelerator == "cpu" and threads * workers > cpu_count():
-        warn(
-            f"threads_per_worker={threads} x {workers} worker(s) is {threads * workers} threads "
-            f"on {cpu_count()} cores: oversubscribed, every step waits on threads sharing a core (much slower); "
-            "threads_per_worker=null uses cores // workers"
-        )
     return Plan(
         start_method=resolve_start_method(cfg.strategy, accelerator),
         workers=workers,

@@ -2,23 +2,19 @@
 
 pydantic v2 models validate the config Hydra composed (presets and command line applied), so one check
 covers every group choice and preset. The defaults stay in conf/**.yaml (a test checks that each of their
-keys has a field here). Hydra's structured configs were not chosen: OmegaConf types have no bounds, no
-choices and no unions (`compile: bool | mode`). Torch is not imported: the scripts validate a command
-line before torch loads.
+keys has a field here). pydantic rather than Hydra's structured configs: OmegaConf types have no bounds
+and no choices of mixed types (`compile: false | true | mode`). Torch is not imported: the scripts validate
+a command line before torch loads.
 
-`problem(cfg)` turns the first validation error into psgd's one line: `key=value is invalid: <allowed>`;
-`describe()` lists every key for --help.
+`problem(cfg)` turns pydantic's first error into psgd's one line, `key=value is invalid: <what is allowed>`;
+`describe()` lists every key with its type and meaning.
 """
 
-import types
-from collections.abc import Callable
 from datetime import timedelta
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args
 
-import annotated_types as at
 from omegaconf import DictConfig, OmegaConf
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
-from pydantic.fields import FieldInfo
 
 from psgd.choices import AUGMENTATIONS, DECAYS, INFO, LR_SCALING, SCHEMES
 
@@ -33,13 +29,6 @@ class DirInUse(ConfigError):
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 DURATION_UNITS = ("days", "hours", "minutes", "seconds")
-
-
-def setting(default: Any = ..., *, allowed: str | None = None, hint: Callable[[Any], str] | None = None, **bounds):
-    """A field whose error line says `allowed` instead of the text made from its type and bounds, and
-    adds `hint(value)` (a way out for that value, or "")."""
-    extra = {key: value for key, value in (("allowed", allowed), ("hint", hint)) if value is not None}
-    return Field(default, json_schema_extra=extra, **bounds)
 
 
 def duration_s(value: Any) -> float | None:
@@ -59,38 +48,8 @@ def duration_s(value: Any) -> float | None:
 
 def _a_duration(value: Any) -> Any:
     if value is not None and not (duration_s(value) or 0) > 0:
-        raise ValueError("not a duration longer than 0")
+        raise ValueError("must be a duration longer than 0, as DD:HH:MM:SS (00:01:30:00) or {hours: 1, minutes: 30}")
     return value
-
-
-def _devices_hint(devices: Any) -> str:
-    """The way to what a Lightning user means by a list of device ids, or by "auto" / -1 (every device)."""
-    ids = devices.split(",") if isinstance(devices, str) else devices if isinstance(devices, list) else []
-    ids = [str(i).strip() for i in ids if str(i).strip()]
-    if ids and all(i.isdigit() for i in ids):
-        return (
-            "to train on particular GPUs, make only those visible: "
-            f"CUDA_VISIBLE_DEVICES={','.join(ids)} python train.py trainer.accelerator=gpu workers={len(ids)}"
-        )
-    if devices in ("auto", -1, "-1"):
-        return "Lightning's 'every device' is not taken: say how many workers with workers=N"
-    return ""
-
-
-def _max_epochs_hint(value: Any) -> str:
-    if value in (-1, None):
-        return (
-            "Lightning's -1 or null, no limit, is not taken: psgd's lr schedules and records count epochs; to let "
-            "trainer.max_steps or max_time end training, set max_epochs above the epochs they reach"
-        )
-    return ""
-
-
-def _start_method_hint(value: Any) -> str:
-    return {
-        "fork": "a forked worker hangs once the launcher has used OpenMP's threads",
-        "popen": "Lightning's popen runs the whole command again for each worker (in a sweep: the sweep)",
-    }.get(value, "")
 
 
 class Group(BaseModel):
@@ -100,7 +59,7 @@ class Group(BaseModel):
 class Data(Group):
     name: Literal[tuple(INFO)]
     """The dataset."""
-    root: str = setting(allowed="must be a folder (a path)")
+    root: str
     """Its folder; the PSGD_DATA environment variable sets the default."""
     batch_size: int = Field(ge=1)
     """Samples per training batch, per worker."""
@@ -108,9 +67,7 @@ class Data(Group):
     """Samples per validation and test batch."""
     partition: Literal[SCHEMES]
     """How the training set is dealt to the workers."""
-    partition_sizes: list[Annotated[float, Field(gt=0)]] | None = setting(
-        allowed="must be a list of fractions > 0 (one per worker, summing to 1), or null"
-    )
+    partition_sizes: list[Annotated[float, Field(gt=0)]] | None
     """partition=sizes: each worker's fraction, e.g. [0.7, 0.3]."""
     dirichlet_alpha: float | None = Field(gt=0)
     """partition=dirichlet: the label skew (smaller = more skewed), e.g. 0.5."""
@@ -129,11 +86,11 @@ class Data(Group):
 
 
 class Model(Group, extra="allow"):
-    """The network; keys other than these are its constructor's arguments, checked against its signature."""
+    """The network; keys other than these are its constructor's arguments, checked by building it (check)."""
 
-    name: str = setting(allowed="must be a name (text)")
+    name: str
     """The run's label (model=<name> chooses a built-in model and its settings)."""
-    target: str = setting(alias="_target_", allowed="must name a class as module.Class", pattern=r"\w\.\w")
+    target: str = Field(alias="_target_", pattern=r"\w\.\w")
     """The network's class, as module.Class."""
     dropout: float = Field(None, ge=0, lt=1)
     """Dropout probability (the models that have one)."""
@@ -144,7 +101,7 @@ class Model(Group, extra="allow"):
 class Optimizer(Group, extra="allow"):
     """torch optimizer, built by Hydra (`_partial_`); keys other than these are checked against its constructor."""
 
-    target: str = setting(alias="_target_", allowed="must name a class as module.Class", pattern=r"\w\.\w")
+    target: str = Field(alias="_target_", pattern=r"\w\.\w")
     """The optimizer's class, as module.Class."""
     lr: float = Field(gt=0)
     """Learning rate of one worker (see lr_scaling)."""
@@ -152,6 +109,20 @@ class Optimizer(Group, extra="allow"):
     """Momentum factor (SGD)."""
     weight_decay: float = Field(None, ge=0)
     """L2 penalty."""
+    eps: float = Field(None, gt=0)
+    """Added to the denominator (Adam, NovoGrad)."""
+    nesterov: bool = None
+    """Nesterov momentum (SGD)."""
+    maximize: bool = None
+    """Maximise the objective instead of minimising it."""
+    amsgrad: bool = None
+    """The AMSGrad variant (Adam, NovoGrad)."""
+    grad_averaging: bool = None
+    """NovoGrad: average the gradient into its first moment."""
+    fused: bool | None = None
+    """torch's fused update; null: torch's choice."""
+    foreach: bool | None = None
+    """torch's per-tensor-list update; null: torch's choice."""
 
 
 class Scheduler(Group):
@@ -176,7 +147,7 @@ class Strategy(Group, extra="allow"):
 
     backend: Literal["gloo", "nccl", "mpi"] | None
     """Process-group backend; null: gloo on CPU, nccl on GPU."""
-    start_method: Literal["forkserver", "spawn"] | None = setting(hint=_start_method_hint)
+    start_method: Literal["forkserver", "spawn"] | None
     """How the workers start; null: forkserver on CPU (workers start loaded), spawn on GPU."""
     timeout_s: int = Field(gt=0)
     """Collective timeout in seconds: a stuck peer fails the run instead of hanging it."""
@@ -213,7 +184,7 @@ class HogWild(Strategy):
     """One model in CPU shared memory, updated by every worker without locks."""
     lock: bool
     """The locked baseline: one update at a time."""
-    start_method: Literal["forkserver"] | None = setting(allowed="strategy=hogwild always uses forkserver (or null)")
+    start_method: Literal["forkserver"] | None
     """Fixed: forkserver keeps the model shared."""
 
 
@@ -222,39 +193,27 @@ class Trainer(Group, extra="allow"):
 
     accelerator: Literal["auto", "cpu", "gpu", "cuda"] = "auto"
     """Where the workers run."""
-    devices: int | None = setting(None, hint=_devices_hint, ge=1)
+    devices: int | None = Field(None, ge=1)
     """Workers per node; null: follow `workers`."""
     num_nodes: int = Field(ge=1)
     """Machines (torchrun or srun starts the workers on each)."""
-    max_epochs: int = setting(hint=_max_epochs_hint, ge=1)
+    max_epochs: int = Field(ge=1)
     """Epochs of training."""
-    max_steps: Literal[-1] | Annotated[int, Field(ge=1)] | None = setting(
-        None, allowed="must be an integer >= 1, or -1 for no limit (trainer.max_epochs ends training)"
-    )
+    max_steps: Literal[-1] | Annotated[int, Field(ge=1)] | None = None
     """Stop after this many optimizer steps (DDP or one worker)."""
-    max_time: Annotated[Any, AfterValidator(_a_duration)] = setting(
-        None, allowed="must be a duration longer than 0, as DD:HH:MM:SS (00:01:30:00) or {hours: 1, minutes: 30}"
-    )
+    max_time: Annotated[Any, AfterValidator(_a_duration)] = None
     """Stop training after that long (DDP or one worker)."""
-    precision: Any = setting(None, allowed="one of Lightning's precisions (Lightning checks it)")
+    precision: Any = None
     """Floating-point precision, e.g. 32-true, bf16-mixed."""
     log_every_n_steps: int | None = Field(None, ge=1)
     """Optimizer steps between logged training figures."""
-    num_sanity_val_steps: int | None = setting(
-        None, allowed="must be an integer >= 0, or -1 for all validation batches", ge=-1
-    )
+    num_sanity_val_steps: int | None = Field(None, ge=-1)
     """Validation batches run before training."""
     check_val_every_n_epoch: int | None = Field(None, ge=1)
     """Epochs between validations."""
-    val_check_interval: Annotated[float, Field(gt=0, le=1)] | Annotated[int, Field(ge=1)] | None = setting(
-        None,
-        allowed="must be a fraction of an epoch in (0, 1] (e.g. 0.25), a whole number of batches, or null "
-        "(once per epoch)",
-    )
+    val_check_interval: float | None = Field(None, gt=0)
     """Validations inside an epoch (0.25: four per epoch)."""
-    fast_dev_run: bool | Annotated[int, Field(ge=0)] | None = setting(
-        None, allowed="allowed: true, false, or a number of batches >= 0"
-    )
+    fast_dev_run: bool | int | None = None
     """One batch (or N) of train/val/test, no logs or checkpoints: a smoke test."""
     limit_train_batches: float | None = Field(None, gt=0)
     """Training batches per epoch: a fraction up to 1.0 or a number; null: all."""
@@ -305,21 +264,15 @@ class Run(Group):
     """... or, set, by samples per update / lr_reference_batch."""
     channels_last: bool
     """NHWC memory format for conv nets."""
-    compile: bool | Literal[COMPILE_MODES] | None = setting(
-        allowed=f"allowed: false, true (torch.compile's default mode), {', '.join(COMPILE_MODES[1:])}"
-    )
+    compile: Literal[(False, True, *COMPILE_MODES)] | None
     """torch.compile the network, in one of its modes."""
     flush_denormal: bool
     """CPU: flush denormal floats to zero."""
     checkpoint_every_epoch: bool
     """Keep checkpoints/epoch<N>.ckpt for every epoch besides last.ckpt."""
-    ckpt_path: Annotated[str, Field(min_length=1)] | None = setting(
-        allowed="must be a checkpoint file or run dir (a path; null, the default, starts a new run)"
-    )
+    ckpt_path: str | None = Field(min_length=1)
     """Resume: a .ckpt file or an earlier run dir."""
-    init_weights: Annotated[str, Field(min_length=1)] | None = setting(
-        allowed="must be an earlier run's dir, a .ckpt file or a weights file (a path)"
-    )
+    init_weights: str | None = Field(min_length=1)
     """Start from an earlier run's weights only."""
     record_shards: bool
     """Save the sample indices each worker trained on, per epoch."""
@@ -334,12 +287,6 @@ class Run(Group):
 STRATEGIES = {get_args(m.model_fields["name"].annotation)[0]: m for m in (DDP, ModelAveraging, HogWild)}
 
 
-def _choices(annotation: Any) -> tuple[list[Any], bool]:
-    """The members of a union annotation (Annotated unwrapped), and whether None is one."""
-    args = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
-    return [a for a in args if a is not type(None)], type(None) in args
-
-
 def said(value: Any) -> str:
     """A value as the command line writes it ([0.7, 0.3], true, null)."""
     if value is None:
@@ -349,75 +296,22 @@ def said(value: Any) -> str:
     return str(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
 
 
-def _bounds(metadata: list[Any]) -> str:
-    low = next((m for m in metadata if isinstance(m, at.Ge | at.Gt)), None)
-    high = next((m for m in metadata if isinstance(m, at.Le | at.Lt)), None)
-    if low is not None and high is not None:
-        left, right = ("[", low.ge) if isinstance(low, at.Ge) else ("(", low.gt)
-        top, close = (high.le, "]") if isinstance(high, at.Le) else (high.lt, ")")
-        return f" in {left}{right:g}, {top:g}{close}"
-    if low is not None:
-        return f" >= {low.ge:g}" if isinstance(low, at.Ge) else f" > {low.gt:g}"
-    return ""
-
-
-def allowed(field: FieldInfo) -> str:
-    """What a field takes, in words: its `allowed`, or words made from its type and bounds."""
-    if text := (field.json_schema_extra or {}).get("allowed"):
-        return text
-    kinds, nullable = _choices(field.annotation)
-    null = ", or null" if nullable else ""
-    if kinds == [bool] and not nullable:
-        return "must be true or false"
-    choices: list[Any] = []
-    for kind in kinds:
-        if kind is bool:
-            choices += [True, False]
-        elif get_origin(kind) is Literal:
-            choices += get_args(kind)
-        else:
-            noun = {int: "an integer", float: "a number", str: "text"}.get(kind, "a value")
-            return f"must be {noun}{_bounds(field.metadata)}{null}"
-    return f"allowed: {', '.join(map(said, choices))}{null}"
-
-
-def _models(field: FieldInfo) -> list[type[BaseModel]]:
-    kinds, _ = _choices(field.annotation)
-    return [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
-
-
-def _field(loc: tuple) -> tuple[str, FieldInfo | None]:
-    """The dotted key of an error's location and its field (None: a key the schema does not have)."""
-    models, keys, field = [Run], [], None
-    for part in loc:
-        if not models:  # inside a setting: the rest names a union's branch or a list's item
-            break
-        if len(models) > 1:  # strategy: the part is the tag that chose its model
-            models = [STRATEGIES[part]] if part in STRATEGIES else []
-            continue
-        fields = {f.alias or name: f for name, f in models[0].model_fields.items()}
-        keys.append(str(part))
-        field = fields.get(part)
-        if field is None:
-            break
-        models = _models(field)
-    return ".".join(keys), field
-
-
-def line(error: dict[str, Any], values: dict[str, Any]) -> str:
-    """psgd's one line for one of pydantic's errors: the dotted key, the value as typed, what is allowed."""
-    key, field = _field(error["loc"])
-    value = values
-    for part in key.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
-    if field is None:
+def line(errors: list[dict[str, Any]], values: dict[str, Any]) -> str:
+    """psgd's one line for pydantic's first error: the dotted key, the value given and pydantic's words for
+    what is allowed (for a key that takes one of several types, each type's words)."""
+    first, keys, value = errors[0], [], values
+    for part in first["loc"]:  # a part that names no key of the input names a union's member
+        if isinstance(value, dict) and part in value:
+            keys.append(str(part))
+            value = value[part]
+    key = ".".join(keys)
+    if first["type"] == "missing":
+        return f"{key}.{first['loc'][-1]} is missing".lstrip(".")
+    if first["type"] == "extra_forbidden":
         return f"{key}={said(value)} is not a setting psgd has: leave +{key} out"
-    if error["type"] == "missing":
-        return f"{key} is missing: {allowed(field)}"
-    hint = (field.json_schema_extra or {}).get("hint")
-    way = hint(value) if hint else ""
-    shown = "null" if value is None else repr(value)
-    return f"{key}={shown} is invalid: {allowed(field)}{f'; {way}' if way else ''}"
+    same_key = [e for e in errors if e["loc"][: len(keys)] == first["loc"][: len(keys)] and e["input"] is value]
+    allowed = ", or ".join(dict.fromkeys(e["msg"].removeprefix("Value error, ") for e in same_key))
+    return f"{key}={'null' if value is None else repr(value)} is invalid: {allowed}"
 
 
 def given(cfg: DictConfig) -> dict[str, Any]:
@@ -435,28 +329,26 @@ def problem(cfg: DictConfig) -> str | None:
     try:
         Run.model_validate(values)
     except ValidationError as e:
-        return line(e.errors()[0], values)
+        return line(e.errors(), values)
     return None
 
 
 def describe() -> list[tuple[str, str, str]]:
-    """(dotted key, what it takes, its meaning) of every key of the schema, for --help; a strategy's own
-    keys are marked with its name."""
+    """(dotted key, its type and bounds, its meaning) of every key of the schema; a strategy's own keys
+    are marked with its name."""
     rows: list[tuple[str, str, str]] = []
 
     def walk(model: type[BaseModel], prefix: str, mark: str = "", skip: tuple[str, ...] = ()) -> None:
         for name, field in model.model_fields.items():
-            key = f"{prefix}{field.alias or name}"
-            if name in skip:
-                continue
-            if name == "strategy":
-                walk(Strategy, "strategy.")
-                for tag, member in STRATEGIES.items():
-                    walk(member, "strategy.", f"[strategy={tag}] ", tuple(Strategy.model_fields))
-            elif models := _models(field):
-                walk(models[0], f"{key}.")
-            else:
-                rows.append((key, allowed(field), f"{mark}{field.description or ''}"))
+            kind = field.annotation
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                walk(kind, f"{prefix}{name}.")
+            elif name not in skip:
+                text = " ".join([getattr(kind, "__name__", str(kind)), *map(repr, field.metadata)])
+                rows.append((f"{prefix}{field.alias or name}", text, f"{mark}{field.description}"))
 
-    walk(Run, "")
+    walk(Run, "", skip=("strategy",))
+    walk(Strategy, "strategy.")
+    for tag, member in STRATEGIES.items():
+        walk(member, "strategy.", f"[strategy={tag}] ", skip=tuple(Strategy.model_fields))
     return rows
