@@ -50,9 +50,11 @@ def main(app: Callable[[], object], config_name: str, conf: Path) -> None:
     """
     signals.interrupt_on_sigterm()  # as Ctrl-C, also while torch loads
     argv = sys.argv[1:]
-    sweeping = config_name == "sweep" or any(a in MULTIRUN_FLAGS for a in argv)
+    sweeping = config_name == "sweep" or is_multirun(argv)
     if sweeping:
         argv = sweep_argv([a for a in argv if a not in MULTIRUN_FLAGS])  # the sweep config's hydra.mode says it
+    if any(a in HELP_FLAGS for a in argv):
+        argv = without_sweeps(argv)
     sys.argv[1:] = ["--config-name=sweep", *argv] if sweeping and config_name != "sweep" else argv
     hydras_flags = any(a.startswith("-") for a in argv)  # but -m, taken out above
     try:
@@ -70,6 +72,24 @@ def main(app: Callable[[], object], config_name: str, conf: Path) -> None:
         raise
     if sweeping:
         sys.exit(1 if sweep.LAST["failed"] else 0)
+
+
+def is_multirun(argv: list[str]) -> bool:
+    """Whether Hydra runs `argv` (a script's arguments) as a multirun: -m, --multirun or hydra.mode=MULTIRUN."""
+    return any(a in MULTIRUN_FLAGS or a.replace(" ", "").upper() == "HYDRA.MODE=MULTIRUN" for a in argv)
+
+
+def without_sweeps(argv: list[str]) -> list[str]:
+    """`argv` without the overrides that sweep (Hydra's help composes one job, and refuses them there)."""
+    parser = OverridesParser.create()
+
+    def sweeps(word: str) -> bool:
+        try:
+            return parser.parse_overrides([word])[0].is_sweep_override()
+        except Exception:  # not an override, or not one Hydra reads: Hydra's to judge
+            return False
+
+    return [a for a in argv if a.startswith("-") or not sweeps(a)]
 
 
 def run_hydras_flags(app: Callable[[], object], argv: list[str]) -> None:
@@ -142,7 +162,7 @@ def command_line_problem(
     """The one line why Hydra would refuse the `argv` of `config_dir`/`config_name`.yaml (a multirun with
     -m or for "sweep"), or why its output dir cannot take the run, or why `job_check` refuses its composed
     jobs; else None, also for a command line with Hydra's other flags (Hydra judges those alone)."""
-    multirun = config_name == "sweep" or any(a in MULTIRUN_FLAGS for a in argv)
+    multirun = config_name == "sweep" or is_multirun(argv)
     overrides = [a for a in argv if a not in MULTIRUN_FLAGS]
     if any(a.startswith("-") for a in overrides):
         return None
