@@ -30,14 +30,14 @@ from psgd.advice import (
     skew_note,
     stop_note,
 )
-from psgd.config import SPARSE_GRADIENTS_WAY_OUT, ConfigError, DirInUse
+from psgd.config import ConfigError, DirInUse
 from psgd.console import fail, first_worker, global_rank, other_torchrun_worker, text_lines, warn
 from psgd.data import DataError
 from psgd.io import NO_ROOM, failed_write, read_json, say, write_atomic
 from psgd.module import TrainingDiverged
 from psgd.run import run_dir_key, train
 from psgd.stopped import WorkerGone, mark_status, raised_in_worker
-from psgd.strategies.workers import KilledWorker, lost_a_peer, timed_out
+from psgd.strategies.workers import KilledWorker
 from psgd.sweep import KEPT
 
 
@@ -91,30 +91,6 @@ def bad_input(e: BaseException) -> bool:
     return isinstance(e, BAD_INPUT) or raised_in_worker(e, BAD_INPUT) is not None
 
 
-def collective_failure(e: BaseException) -> str | None:
-    """The line for a worker that torchrun / srun started (one process per worker) whose collective lost
-    its peer or waited past strategy.timeout_s, or None. (Workers that psgd starts come back as a
-    ProcessRaisedException, and psgd's launcher names the worker that ended the run; here the tool's
-    own summary does, e.g. torchrun's table of every worker's exit.)"""
-    if not isinstance(e, RuntimeError):
-        return None
-    last = text_lines(e)[-1]
-    if timed_out(last):
-        why = "it waited longer than strategy.timeout_s for another worker"
-    elif lost_a_peer(last):
-        why = "another worker went away"
-    else:
-        return None
-    return f"worker rank {global_rank() or '?'} failed: {type(e).__name__}: {last} ({why})"
-
-
-def port_taken(e: BaseException) -> str | None:
-    """The port that rank 0's rendezvous store could not listen on (EADDRINUSE: MASTER_PORT taken), here
-    or in a worker; else None."""
-    found = re.search(r"port: (\d+)[^\n]*EADDRINUSE", str(e))
-    return found.group(1) if found else None
-
-
 def unwritable(e: BaseException) -> str | None:
     """Why a result could not be written (`No space left on device: '<file>'`), for an OSError of
     NO_ROOM raised here or in a worker; else None."""
@@ -128,59 +104,29 @@ def unwritable(e: BaseException) -> str | None:
 
 
 def error_line(e: BaseException, run_dir: Path) -> str:
-    """The one line a user sees for a job that did not finish."""
+    """The one line a user sees for a job that did not finish: psgd's own error's message; a full disk
+    and what to do; a dead worker named by its rank; else the error's line (a worker's last, naming
+    its rank) and where its traceback is."""
     if isinstance(e, KNOWN_ERRORS):
         return str(e)
+    if isinstance(e, KilledWorker):  # unresponsive or out of memory: the message says why
+        return f"{e}; results of finished epochs are in {run_dir}"
     if why := unwritable(e):
         return (
             f"cannot write the run's results ({why}): free space there, or write them elsewhere "
             f"(PSGD_OUTPUTS=<dir> or {run_dir_key()}=<dir>); what was written before stays in {run_dir}"
         )
-    if line := collective_failure(e):
-        return line
-    if port := port_taken(e):
-        return (
-            f"the workers' rendezvous port {port} is taken by another process (another run given the same "
-            "MASTER_PORT?): unset MASTER_PORT to let psgd pick a free port, or set a free one"
-        )
-    if isinstance(e, KilledWorker):  # WorkerUnresponsive, WorkerOutOfMemory: the message says why
-        return f"{e}; results of finished epochs are in {run_dir}"
-    if isinstance(e, ProcessRaisedException):
-        known = raised_in_worker(e, KNOWN_ERRORS)
-        if known is not None:
-            return known
-        if timed_out(str(e)):
-            why = " (it waited longer than strategy.timeout_s for another worker)"
-        else:  # an error of its own, a bug maybe (its traceback is the worker's, in the exception's text)
-            why = f" (traceback in {traceback_path(run_dir)})" if keeps_traceback(e) else ""
-        return f"worker rank {e.error_index} failed: {with_remedy(message_line(e))}{why}"
     if isinstance(e, ProcessExitedException):
         how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
         return f"worker rank {e.error_index} died ({how}); results of finished epochs are in {run_dir}"
-    rank = global_rank()  # under torchrun / srun each worker is a train.py process and says its rank
-    who = f"worker rank {rank} failed: " if rank is not None else ""
-    return f"{who}{type(e).__name__}: {with_remedy(message_line(e))} (traceback in {traceback_path(run_dir)})"
-
-
-# torch's errors whose remedy is a psgd setting: (a pattern of the message, what to add to it)
-REMEDIES = (
-    # the fused update met sparse gradients that `check` could not foresee (it finds nn.Embedding and
-    # nn.EmbeddingBag with sparse=True; F.embedding(..., sparse=True) in a forward shows only here)
-    (re.compile(r"`_fused_\w+` does not support sparse gradients"),
-     "; set optimizer.fused=false, whose per-tensor update takes them"),
-    # Adam, AdamW and NovoGrad refuse them whatever their settings (and suggest SparseAdam, which takes
-    # nothing but sparse gradients: a model's other layers have dense ones)
-    (re.compile(r"\b(Adam|AdamW|NovoGrad) does not support sparse gradients"),
-     f"; {SPARSE_GRADIENTS_WAY_OUT}"),
-)  # fmt: skip
-
-
-def with_remedy(line: str) -> str:
-    """An error's line with psgd's remedy added where one of REMEDIES matches it."""
-    for cause, remedy in REMEDIES:
-        if cause.search(line):
-            return line + remedy
-    return line
+    if isinstance(e, ProcessRaisedException):
+        known = raised_in_worker(e, KNOWN_ERRORS)
+        line = f"worker rank {e.error_index} failed: {message_line(e)}"
+    else:
+        known = None
+        rank = global_rank()  # under torchrun / srun each worker is a train.py process and says its rank
+        line = f"{f'worker rank {rank} failed: ' if rank is not None else ''}{type(e).__name__}: {message_line(e)}"
+    return known or f"{line} (traceback in {traceback_path(run_dir)})"
 
 
 def message_line(e: BaseException) -> str:
@@ -200,14 +146,10 @@ def traceback_path(run_dir: Path) -> Path:
 
 
 def keeps_traceback(e: BaseException) -> bool:
-    """An error whose line does not tell the whole story (a bug, here or in a worker: its traceback
-    goes to the run's error.log), unlike psgd's own errors, a lost peer or a worker's death."""
-    if isinstance(e, KNOWN_ERRORS + (KilledWorker, ProcessExitedException)) or collective_failure(e) or unwritable(e):
-        return False
-    if isinstance(e, ProcessRaisedException):
-        last = text_lines(e)[-1]
-        return raised_in_worker(e, KNOWN_ERRORS) is None and not (timed_out(str(e)) or lost_a_peer(last))
-    return True
+    """An error whose line names a traceback file (error_line): not psgd's own, a full disk's or a
+    worker's death."""
+    known = isinstance(e, KNOWN_ERRORS + (ProcessExitedException,)) or raised_in_worker(e, KNOWN_ERRORS)
+    return not (known or unwritable(e))
 
 
 def write_traceback(run_dir: Path, e: BaseException) -> None:
@@ -225,13 +167,6 @@ def mark_failed(run_dir: Path, line: str) -> None:
     written, and the error that ended the run is the one to report."""
     with contextlib.suppress(OSError):
         mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
-
-
-def show_traceback_if_asked(e: BaseException) -> None:
-    """HYDRA_FULL_ERROR=1, Hydra's switch for whole tracebacks, also prints a bug's traceback (a
-    worker's included) above its line, not only into the run's error log."""
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":
-        print("".join(traceback.format_exception(e)).rstrip(), file=sys.stderr, flush=True)
 
 
 # the settings that name a file or folder to read: a relative one is relative to where the command ran
@@ -335,7 +270,6 @@ def run_failed(e: Exception, run_dir: Path) -> None:
         mark_failed(run_dir, line)
     if keeps_traceback(e):  # the line names the file
         write_traceback(run_dir, e)
-        show_traceback_if_asked(e)
     if isinstance(e, WorkerGone) and not e.says_so:  # another worker on this machine says it
         raise SystemExit(2) from None
     try:
@@ -351,10 +285,8 @@ def sweep_job_failed(e: Exception, run_dir: Path) -> None:
     line = error_line(e, run_dir)
     if not isinstance(e, DirInUse):  # the earlier job's record stays as it was
         mark_failed(run_dir, line)
-        if not unwritable(e):  # a disk without room: the line says it all, and nothing more fits
+        if keeps_traceback(e):
             write_traceback(run_dir, e)
-    if keeps_traceback(e):
-        show_traceback_if_asked(e)
     say(f"psgd: error: {line}")
 
 

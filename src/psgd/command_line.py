@@ -5,19 +5,15 @@ or a job whose values psgd refuses, is one line `psgd: error: ...` and exit code
 before any job starts and before anything is written: every job the line asks for is composed first
 with Hydra's compose API, and Hydra's own message is said in one line (with a did-you-mean).
 `train.py -m ...` runs the sweep config, as sweep.py does. Ctrl-C and SIGTERM before training are one
-line and exit code 130 / 143.
+line and exit code 130 / 143. `--help` adds every key of the schema to Hydra's help.
 """
 
-import atexit
 import contextlib
 import difflib
-import gc
 import importlib
 import itertools
-import json
 import math
 import os
-import shlex
 import signal
 import sys
 from collections.abc import Callable
@@ -26,30 +22,22 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import MissingConfigException, OverrideParseException
+from hydra.errors import MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from psgd import forkserver, outputs, signals, sweep
-from psgd.config import sweep_values_problem, values_problem
-from psgd.console import (
-    fail,
-    in_the_job,
-    other_torchrun_worker,
-    text_lines,
-    torchrun_worker,
-)
+from psgd.config import describe, sweep_values_problem, values_problem
+from psgd.console import fail, in_the_job, other_torchrun_worker, text_lines
 from psgd.io import say
 from psgd.overrides import override_key, shell_override
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
-CONFIG_DIR_FLAGS = ("-cd", "--config-dir")
-HELP_FLAGS = ("-h", "--help", "--hydra-help")
-INFO_FLAGS = ("-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-sc", "--shell-completion")
+HELP_FLAGS = ("-h", "--help")
 MAX_JOBS_COMPOSED = 64  # beyond this many jobs, every value of every key is composed once, not every product
 
-# (overrides, config) of each job, the first with Hydra's node -> a one-line problem, or None
-JobCheck = Callable[[list[tuple[list[str], DictConfig]]], str | None]
+Jobs = list[tuple[list[str], DictConfig]]  # (overrides, config) of each job, the first with Hydra's node
+JobCheck = Callable[[Jobs], str | None]  # the composed jobs -> a one-line problem, or None
 
 
 def main(app: Callable[[], object], config_name: str, conf: Path) -> None:
@@ -57,46 +45,33 @@ def main(app: Callable[[], object], config_name: str, conf: Path) -> None:
 
     `config_name` "sweep", or a multirun of "train" (`train.py -m`), runs a sweep: with the sweep config,
     each job's values checked also against this machine and its datasets, the report written when it
-    stops early, and exit code 1 when a job failed.
+    stops early, and exit code 1 when a job failed. A command line with one of Hydra's other flags
+    (--help, --cfg, -cd ...) goes to Hydra unchecked.
     """
-    atexit.register(gc.freeze)  # the last exit handler: spares the exit its full-heap collections
     signals.interrupt_on_sigterm()  # as Ctrl-C, also while torch loads
-    sweeping = config_name == "sweep" or is_multirun(sys.argv[1:])
-    argv = hydra_argv(sys.argv[1:], sweeping)
+    argv = sys.argv[1:]
+    sweeping = config_name == "sweep" or is_multirun(argv)
+    if sweeping:
+        argv = sweep_argv([a for a in argv if a not in MULTIRUN_FLAGS])  # the sweep config's hydra.mode says it
+    if any(a in HELP_FLAGS for a in argv):
+        argv = without_sweeps(argv)
     sys.argv[1:] = ["--config-name=sweep", *argv] if sweeping and config_name != "sweep" else argv
+    hydras_flags = any(a.startswith("-") for a in argv)  # but -m, taken out above
     try:
+        if hydras_flags:
+            run_hydras_flags(app, argv)
+            return
         check = sweep_jobs_problem if sweeping else run_jobs_problem
         if problem := command_line_problem("sweep" if sweeping else "train", argv, conf, check):
             fail(problem, every_worker_finds_it=True)
-        load_training(argv)
+        load_training()
         with contextlib.nullcontext() if sweeping else signals.held_until_released(signal.SIGINT, signal.SIGTERM):
             app()  # a single run's job releases the signals once Hydra has made its run dir
     except BaseException as e:
-        exit_stopped(e, sweeping)
+        exit_stopped(e, sweeping and not hydras_flags)
         raise
     if sweeping:
         sys.exit(1 if sweep.LAST["failed"] else 0)
-
-
-def hydra_argv(argv: list[str], sweeping: bool) -> list[str]:
-    """A script's arguments as Hydra gets them. A sweep's without -m (the sweep config's hydra.mode makes
-    it a multirun, and argparse refused a -m between overrides) and with sweep_argv's additions; the
-    help's without sweeping overrides (Hydra's help composes one job, and refuses them there)."""
-    if sweeping:
-        argv = sweep_argv([a for a in argv if a not in MULTIRUN_FLAGS])
-    if any(a in HELP_FLAGS for a in argv):
-        argv = without_sweeps(argv)
-    return argv
-
-
-def exit_stopped(e: BaseException, sweeping: bool) -> None:
-    """For `e` that ended the script: a sweep's report of the jobs that ran, then Ctrl-C or SIGTERM as
-    one line and exit code (exit_interrupted), and a closed stdout quietly; anything else goes on."""
-    said = sweeping and sweep.report_stopped_sweep()
-    if isinstance(e, KeyboardInterrupt):
-        exit_interrupted(said)
-    if isinstance(e, BrokenPipeError):
-        exit_pipe_closed()
 
 
 def is_multirun(argv: list[str]) -> bool:
@@ -117,7 +92,33 @@ def without_sweeps(argv: list[str]) -> list[str]:
     return [a for a in argv if a.startswith("-") or not sweeps(a)]
 
 
-def run_jobs_problem(jobs) -> str | None:
+def run_hydras_flags(app: Callable[[], object], argv: list[str]) -> None:
+    """Hydra's run of a command line with its flags; after its --help, the schema's keys (describe)."""
+    if not any(a in HELP_FLAGS for a in argv):
+        app()
+        return
+    with contextlib.suppress(SystemExit):
+        app()
+    print("Keys (key: meaning; what it takes):")
+    for key, allowed, meaning in describe():
+        print(f"  {key}: {meaning}; {allowed}")
+
+
+def exit_stopped(e: BaseException, sweeping: bool) -> None:
+    """For `e` that ended the script: a sweep's report of the jobs that ran, then Ctrl-C or SIGTERM as
+    one line and exit code 130 or 143, and a closed stdout quietly; anything else goes on."""
+    said = sweeping and sweep.report_stopped_sweep()
+    if isinstance(e, KeyboardInterrupt):
+        if not (said or other_torchrun_worker()):  # torchrun: the first worker of a machine says it
+            how = f" ({signals.received})" if signals.received else ""
+            say(f"psgd: interrupted{how} before training started; nothing was written")
+        raise SystemExit(signals.interrupted_exit_code())
+    if isinstance(e, BrokenPipeError):  # `python train.py --help | head`: quiet, as a shell command is
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        raise SystemExit(141)  # 128 + SIGPIPE, what a shell reports
+
+
+def run_jobs_problem(jobs: Jobs) -> str | None:
     """psgd's value checks that need no torch; with none found, the fork server that will start the
     job's workers (where they need one) is started, to import while this process does."""
     problem = values_problem(jobs, name_the_job=len(jobs) > 1)
@@ -126,42 +127,25 @@ def run_jobs_problem(jobs) -> str | None:
     return problem
 
 
-def sweep_jobs_problem(jobs) -> str | None:
+def sweep_jobs_problem(jobs: Jobs) -> str | None:
     """A sweep's jobs: the checks that need no torch first (said in about a second), then, with torch
     loaded, those that depend on this machine and its datasets."""
     problem = values_problem(jobs, name_the_job=True)
     if problem:
         return problem
     forkserver.start_early(jobs)
-    load_training([])
+    load_training()
     from psgd.run_checks import sweep_data_problem  # imports torch: only once the values passed
 
     return sweep_values_problem(jobs) or sweep_data_problem(jobs)
 
 
-def load_training(argv: list[str]) -> None:
+def load_training() -> None:
     """Import what a job runs (torch, Lightning) before Hydra makes the run dir, so that Ctrl-C meanwhile
-    leaves none; not for Hydra's flags that only print. Ctrl-C or SIGTERM while it loads is handled once
-    it has loaded: inside torch's C++ initialisers it aborted the process."""
-    if not any(a.split("=", 1)[0] in INFO_FLAGS for a in argv):
-        with signals.held(signal.SIGINT, signal.SIGTERM):
-            importlib.import_module("psgd.cli")  # not at the top: the command line is checked before torch loads
-
-
-def exit_pipe_closed() -> None:
-    """stdout was a pipe whose reader left (`python train.py --help | head`): exit quietly, as a shell
-    command does, not with Python's BrokenPipeError traceback (Python's documented recipe)."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
-    raise SystemExit(141)  # 128 + SIGPIPE, what a shell reports
-
-
-def exit_interrupted(said: bool = False) -> None:
-    """Ctrl-C or SIGTERM that reached the script outside training (while torch loads, the checks run or
-    the data is read): one line (unless `said`) and exit code 130 or 143, as a shell reports them."""
-    if not (said or other_torchrun_worker()):  # torchrun: the first worker of a machine says it
-        how = f" ({signals.received})" if signals.received else ""
-        say(f"psgd: interrupted{how} before training started; nothing was written")
-    raise SystemExit(signals.interrupted_exit_code())
+    leaves none. Ctrl-C or SIGTERM while it loads is handled once it has loaded: inside torch's C++
+    initialisers it aborted the process."""
+    with signals.held(signal.SIGINT, signal.SIGTERM):
+        importlib.import_module("psgd.cli")  # not at the top: the command line is checked before torch loads
 
 
 def sweep_argv(argv: list[str]) -> list[str]:
@@ -174,52 +158,27 @@ def sweep_argv(argv: list[str]) -> list[str]:
     return [*argv, f"hydra.sweep.dir={given[-1]}"]
 
 
-def overrides_and_config_dir(argv: list[str]) -> tuple[list[str], str | None] | None:
-    """A script's arguments as (its overrides, the folder of --config-dir or None); None for a command
-    line with another of Hydra's flags (--help, --cfg, -cn ...), which Hydra judges alone."""
-    overrides, config_dir, words = [], None, iter(argv)
-    for word in words:
-        flag, eq, value = word.partition("=")
-        if flag in CONFIG_DIR_FLAGS:
-            config_dir = value if eq else next(words, None)
-        elif word.startswith("-") and word not in MULTIRUN_FLAGS:
-            return None
-        elif word not in MULTIRUN_FLAGS:
-            overrides.append(word)
-    return overrides, config_dir
-
-
 def command_line_problem(
     config_name: str, argv: list[str], config_dir: Path, job_check: JobCheck | None = None
 ) -> str | None:
-    """The one line why Hydra would refuse the command line `argv` of `config_dir`/`config_name`.yaml, or
-    why its output dir cannot take the run, or why `job_check` refuses its composed jobs; else None.
-    None also where Hydra judges alone: its flags other than -m and --config-dir, and HYDRA_FULL_ERROR=1."""
-    split = overrides_and_config_dir(argv)
-    if split is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
-        return None
-    overrides, extra_dir = split
+    """The one line why Hydra would refuse the `argv` of `config_dir`/`config_name`.yaml (a multirun with
+    -m or for "sweep"), or why its output dir cannot take the run, or why `job_check` refuses its composed
+    jobs; else None, also for a command line with Hydra's other flags (Hydra judges those alone)."""
     multirun = config_name == "sweep" or is_multirun(argv)
-    if multirun and torchrun_worker():
-        return (
-            "a sweep under torchrun: each of its workers would run the whole sweep, in a sweep dir of its own; "
-            "run the sweep without torchrun (python sweep.py -m workers=N ... starts each job's workers), or "
-            "one job per torchrun (torchrun ... train.py ...)"
-        )
-    if extra_dir is not None and any("glob(" in o for o in overrides):
-        return None  # a glob over the user's choices: only Hydra's loader of their dir lists them
-    if extra_dir is not None:  # the user's configs, searched besides psgd's as Hydra does
-        overrides = [*overrides, f"hydra.searchpath=['file://{Path(extra_dir).absolute()}']"]
+    overrides = [a for a in argv if a not in MULTIRUN_FLAGS]
+    if any(a.startswith("-") for a in overrides):
+        return None
     with initialize_config_dir(config_dir=str(Path(config_dir).absolute()), version_base="1.3"):
         composed = compose_jobs(config_name, overrides, multirun)
-    if isinstance(composed, str):
-        return composed
-    if not composed:  # another sweeper's, which composes its own jobs
-        return None
-    return output_dir_problem(composed[0][1], overrides, multirun) or checked(job_check, composed)
+    if not composed or isinstance(composed, str):  # [] for another sweeper's jobs: it composes them itself
+        return composed or None
+    try:
+        return output_dir_problem(composed[0][1], overrides, multirun) or (job_check and job_check(composed))
+    except OmegaConfBaseException as e:  # a key a job lacks (removed by `~key`)
+        return text_lines(e)[0]
 
 
-def compose_jobs(config_name: str, overrides: list[str], multirun: bool) -> list[tuple[list[str], DictConfig]] | str:
+def compose_jobs(config_name: str, overrides: list[str], multirun: bool) -> Jobs | str:
     """(overrides, config) of each job, the first with Hydra's node (it holds the output dir), or the one
     line why Hydra would refuse a job, naming the job of a sweep after the first. Inside Hydra's
     initialize_config_dir."""
@@ -242,24 +201,20 @@ def compose_jobs(config_name: str, overrides: list[str], multirun: bool) -> list
 def jobs_of(config_name: str, overrides: list[str], multirun: bool) -> list[list[str]] | str:
     """The overrides of each job, as Hydra's basic sweeper makes them (with a preset's own sweep,
     hydra.sweeper.params, where the command line does not give the key), or a one-line reason why the
-    sweep cannot run. Without -m, the command line itself: Hydra's compose judges any sweep in it."""
+    sweep has no job; [] for a sweep of ranges to sample (its sweeper's to judge). Without -m, the
+    command line itself: Hydra's compose judges any sweep in it."""
     if not multirun:
         return [overrides]
     parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
     given = parser.parse_overrides(overrides)
-    plain = [o.input_line for o in given if not o.is_sweep_override()]
-    try:
-        sweeper = compose(config_name, plain, return_hydra_config=True).hydra.sweeper
-    except Exception:  # composing each job says why; meanwhile Hydra's default sweeper
-        sweeper = OmegaConf.create({"_target_": "BasicSweeper"})
-    params = sweeper.get("params") or {}
+    params = {}
+    with contextlib.suppress(Exception):  # composing each job says why it fails
+        plain = [o.input_line for o in given if not o.is_sweep_override()]
+        params = compose(config_name, plain, return_hydra_config=True).hydra.sweeper.get("params") or {}
     on_line = {o.get_key_element() for o in given}
     given = parser.parse_overrides([f"{k}={v}" for k, v in params.items() if k not in on_line]) + given
     if any(o.is_sweep_override() and not o.is_discrete_sweep() for o in given):
-        if sweeper._target_.endswith("BasicSweeper"):
-            drawn = next(o.input_line for o in given if o.is_sweep_override() and not o.is_discrete_sweep())
-            return f"{drawn}: Hydra's basic sweeper runs listed values only; list them, or use a sampling sweeper"
-        return []  # other sweepers (hydra/sweeper=optuna) compose their own jobs
+        return []
     per_key = [
         [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.input_line]
         for o in given
@@ -273,46 +228,38 @@ def jobs_of(config_name: str, overrides: list[str], multirun: bool) -> list[list
 
 
 def hydra_problem(e: Exception, config_name: str, job: list[str]) -> str:
-    """Hydra's reason for refusing `job` (`e`, raised by its compose or parser) in one line."""
+    """Hydra's reason for refusing `job` (`e`, raised by its compose or parser) in one line, with a
+    did-you-mean for a mistyped group choice or key."""
     if isinstance(e, MissingConfigException) and e.options is not None and "/" in (e.missing_cfg_file or ""):
         group, choice = e.missing_cfg_file.rsplit("/", 1)
-        options = list(e.options)
-        return f"{group}={choice} is unknown{did_you_mean(choice, options, group + '=')}; {group} can be: " + (
-            ", ".join(options)
-        )
+        hint = did_you_mean(choice, list(e.options), f"{group}=")
+        return f"{group}={choice} is unknown{hint}; {group} can be: {', '.join(e.options)}"
     lines = [ln for ln in text_lines(e) if not ln.startswith(("See https://", "^", "full_key:", "object_type="))]
     if e.__cause__ is not None:
         lines.append(text_lines(e.__cause__)[0])
-    if isinstance(e, OverrideParseException):
-        key, eq, value = e.override.partition("=")
-        quoted = shell_override(key, value)
-        if eq and quoted != e.override and not any(c in value for c in ",[]{}()'\""):
-            lines.append(f"quoted for Hydra: {quoted}")
-    elif lines[0].startswith("Could not override '"):
+    if lines[0].startswith("Could not override '"):
         key = lines[0].split("'")[1]
-        lines[0] = lines[0].rstrip(".") + did_you_mean_key(key, config_name, [o for o in job if override_key(o) != key])
+        with contextlib.suppress(Exception):  # without the key, the job may not compose either
+            keys = dotted_keys(compose(config_name, [o for o in job if override_key(o) != key]))
+            lines[0] = lines[0].rstrip(".") + key_hint(key, keys)
     return "; ".join(ln.rstrip(".") for ln in lines)
 
 
-def did_you_mean(name: str, candidates: list[str], prefix: str = "") -> str:
-    """` (did you mean <prefix><candidate>?)` for the candidate closest to a mistyped `name`, or ""."""
-    close = difflib.get_close_matches(name, candidates, n=1)
+def did_you_mean(word: str, options: list[str], prefix: str = "") -> str:
+    """` (did you mean <prefix><option>?)` for the option closest to a mistyped `word`, or ""."""
+    close = difflib.get_close_matches(word, options, n=1)
     return f" (did you mean {prefix}{close[0]}?)" if close else ""
 
 
-def did_you_mean_key(key: str, config_name: str, job: list[str]) -> str:
-    """For a `key` the config lacks: the closest key of its section, or one of the same name elsewhere
-    (`lr` -> optimizer.lr), and the section's keys; "" where `job` without it does not compose."""
-    try:
-        cfg = compose(config_name, job)
-    except Exception:
-        return ""
-    parent, _, name = key.rpartition(".")
-    section = OmegaConf.select(cfg, parent) if parent else cfg
-    keys = [str(k) for k in section] if isinstance(section, DictConfig) else []
-    elsewhere = [k for k in dotted_keys(cfg) if k.rpartition(".")[2] == name]
-    hint = f" (did you mean {elsewhere[0]}?)" if elsewhere else did_you_mean(name, keys, parent + "." if parent else "")
-    return f"{hint}; {parent or 'the top level'} has: {', '.join(keys)}" if keys else hint
+def key_hint(key: str, keys: list[str]) -> str:
+    """did_you_mean for a dotted `key` the config's `keys` lack: a key of the same name in another section
+    (`lr` -> optimizer.lr), else the closest key of its own section."""
+    section, _, name = key.rpartition(".")
+    same_name = [k for k in keys if k.rpartition(".")[2] == name]
+    if same_name:
+        return f" (did you mean {same_name[0]}?)"
+    siblings = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == section]
+    return did_you_mean(name, siblings, f"{section}." if section else "")
 
 
 def dotted_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
@@ -327,59 +274,28 @@ def dotted_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
 
 def output_dir_problem(cfg: DictConfig, overrides: list[str], multirun: bool) -> str | None:
     """Why the output dir of the composed `cfg` (with Hydra's node) cannot take this run or sweep: it
-    cannot be written, holds earlier results, or the sweep's report could not read its jobs; or why a
-    stopped sweep cannot be continued (continue_sweep). None if it can."""
+    cannot be written or holds earlier results; or why a stopped sweep cannot be continued
+    (continue_sweep). None if it can."""
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     out = Path(str(OmegaConf.select(cfg, key)))
-    subdir = OmegaConf.select(cfg, "hydra.output_subdir")
-    if multirun and subdir != ".hydra":  # the report finds no job then, after every job has trained
-        return (
-            f"hydra.output_subdir={'null' if subdir is None else subdir} would leave the sweep without its "
-            "report, which reads each job's Hydra config from <job>/.hydra/: leave hydra.output_subdir as it is"
-        )
     continued = OmegaConf.select(cfg, "continue_sweep", default=None) if multirun else None
     if continued is not None:
-        return continue_problem(Path(str(continued)), out, overrides) or outputs.output_problem(out, key)
+        return continue_problem(Path(str(continued)), overrides) or outputs.output_problem(out, key)
     return outputs.output_problem(out, key) or outputs.earlier_results(out, key)
 
 
-def continue_problem(sweep_dir: Path, into: Path, overrides: list[str]) -> str | None:
-    """Why the stopped sweep in `sweep_dir` cannot be continued into `into` (hydra.sweep.dir) by these
-    overrides, or None: it must be a sweep dir, swept with the same values in the same order (each job
-    number must name the same job), and none of its jobs may still be running."""
+def continue_problem(sweep_dir: Path, overrides: list[str]) -> str | None:
+    """Why the stopped sweep in `sweep_dir` cannot be continued by these overrides, or None: it must be
+    a sweep dir, swept with the same values in the same order (each job number must name the same job)."""
     given = shell_override("continue_sweep", sweep_dir)
-    if into.absolute() != sweep_dir.absolute():
-        return f"{given} goes on in that dir, and hydra.sweep.dir={into} names another: leave hydra.sweep.dir out"
     if not (sweep_dir / "multirun.yaml").is_file():
         return f"{given} is not a sweep dir (it has no multirun.yaml): give the dir a sweep printed its report in"
-    try:
-        recorded = [str(t) for t in OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides.task]
-    except Exception as e:  # damaged by hand, or not Hydra's
-        return f"{given}: its multirun.yaml does not say which values it swept ({type(e).__name__}); start a new sweep"
+    recorded = [str(t) for t in OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides.task]
     before = [t for t in recorded if override_key(t) != "continue_sweep"]
     now = [t for t in overrides if override_key(t) != "continue_sweep" and not override_key(t).startswith("hydra")]
     if now != before:
-        same = " ".join(shlex.quote(t) for t in [*before, given])
         return (
             f"{given} swept `{' '.join(before)}` and this command line gives `{' '.join(now)}`: a sweep is "
-            f"continued with its own values, in their order (each job number names one job): python sweep.py -m {same}"
+            "continued with its own values, in their order (each job number names one job)"
         )
-    for record in sorted(sweep_dir.glob("**/metrics.json")):
-        with contextlib.suppress(OSError, ValueError):
-            held = json.loads(record.read_text())
-            if isinstance(held, dict) and signals.still_running(held):
-                return (
-                    f"{given}: its job in {record.parent.name}/ is still running (pid {held['process']['pid']}): "
-                    "let that sweep end or stop it (Ctrl-C) first"
-                )
     return None
-
-
-def checked(job_check: JobCheck | None, jobs: list[tuple[list[str], DictConfig]]) -> str | None:
-    """`job_check`'s problem with the composed jobs; a key a job lacks (removed by `~key`) is one too."""
-    if job_check is None or not jobs:
-        return None
-    try:
-        return job_check(jobs)
-    except OmegaConfBaseException as e:
-        return text_lines(e)[0]

@@ -4,7 +4,6 @@ A leaf: the standard library, OmegaConf and psgd's leaves only."""
 
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Mapping
 from datetime import datetime
@@ -13,7 +12,6 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from psgd.console import torchrun_worker
-from psgd.io import NO_ROOM
 from psgd.overrides import shell_override
 from psgd.signals import proc_stat
 
@@ -77,28 +75,16 @@ existed: Path | None = None
 
 
 def output_problem(out: Path, key: str) -> str | None:
-    """Why results cannot be written to `out` (the dir Hydra will make, set by `key`), or None. Makes a
-    folder and a file in its nearest existing ancestor (a full disk still makes folders) and removes them."""
+    """Why results cannot be written to `out` (the dir Hydra will make, set by `key`), or None: a folder
+    cannot be made in its nearest existing ancestor."""
     global existed
     existed = out.absolute()
     while not existed.exists() and existed != existed.parent:
         existed = existed.parent
-    fix = f"set PSGD_OUTPUTS=<dir> or {key}=<dir> to a writable folder"
-    if not existed.is_dir():
-        return f"cannot write results to {out}: {existed} is not a folder; {fix}"
-    probe = None
     try:
-        probe = Path(tempfile.mkdtemp(prefix=".psgd-write-check-", dir=existed))
-        with open(probe / "probe", "wb") as f:
-            f.write(bytes(4096))
-            f.flush()
-            os.fsync(f.fileno())
+        os.rmdir(tempfile.mkdtemp(prefix=".psgd-write-check-", dir=existed))
     except OSError as e:
-        fix = f"free space there, or {fix}" if e.errno in NO_ROOM else fix
-        return f"cannot write results to {out}: {e.strerror or e} in {existed}; {fix}"
-    finally:
-        if probe is not None:
-            shutil.rmtree(probe, ignore_errors=True)
+        return f"cannot write results to {out}: {e.strerror or e} in {existed}; set PSGD_OUTPUTS=<dir> or {key}=<dir>"
     return None
 
 

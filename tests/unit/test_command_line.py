@@ -1,8 +1,6 @@
 """The command-line check train.py and sweep.py run before Hydra: what Hydra would refuse is one line
 naming the bad value and what is allowed; anything Hydra accepts passes untouched."""
 
-import errno
-import json
 import os
 import re
 import shlex
@@ -25,23 +23,19 @@ BAD = [
     (["model=resnet50"], "model=resnet50 is unknown (did you mean model=wide_resnet?); model can be: lab_cnn, mlp"),
     (["strategy=hogwlid"], "strategy=hogwlid is unknown (did you mean strategy=hogwild?)"),
     (["+experiment=nope"], "experiment=nope is unknown; experiment can be: dist_tuto, dli_cifar"),
-    # Hydra's own message, with psgd's did-you-mean and the keys of the section
-    (
-        ["trainer.max_epoch=3"],
-        "Could not override 'trainer.max_epoch' (did you mean trainer.max_epochs?); trainer has: ",
-    ),
-    (["lr=0.1"], "Could not override 'lr' (did you mean optimizer.lr?); the top level has: workers, "),
+    # Hydra's own message, with psgd's did-you-mean
+    (["trainer.max_epoch=3"], "Could not override 'trainer.max_epoch' (did you mean trainer.max_epochs?); "),
+    (["lr=0.1"], "Could not override 'lr' (did you mean optimizer.lr?); "),
     (["trainer.max_epoch=3"], "To append to your config use +trainer.max_epoch=3"),
     (["model=wide_resnet", "model.drop=0.1"], "Could not override 'model.drop' (did you mean model.dropout?)"),
-    (["model.hidden=64"], "Could not override 'model.hidden'; model has: name, _target_, dropout"),
+    (["model.hidden=64"], "Could not override 'model.hidden'"),
     (["workers=1,2"], "Ambiguous value for argument 'workers=1,2'; 1. To use it as a list, use key=[value1,value2]"),
     (["workers=1,2"], "To sweep over it, add --multirun to your command line"),
     (["foo"], "Error parsing override 'foo'; missing EQUAL"),
     # the shell does not expand ~ after data.root= (not a variable name), and Hydra's lexer refuses it
-    (["data.root=~/data"], "data.root=~/data; quoted for Hydra: \"data.root='~/data'\""),
+    (["data.root=~/data"], "LexerNoViableAltException: data.root=~/data"),
     # a user's folder with a non-ASCII letter or a #: Hydra's lexer refuses it unquoted
-    (["data.root=/home/jürgen/data"], "quoted for Hydra: \"data.root='/home/jürgen/data'\""),
-    (["data.root=/data/run#1"], "quoted for Hydra: \"data.root='/data/run#1'\""),
+    (["data.root=/data/run#1"], "LexerNoViableAltException: data.root=/data/run#1"),
     (["-m", "data.root=/d/ä,/d/b"], "LexerNoViableAltException: data.root=/d/ä,/d/b"),
     (["+trainer.max_epochs=2"], "An item is already at 'trainer.max_epochs'"),
     (["hydra.job.chdir=maybe"], "Error merging override hydra.job.chdir=maybe; Value 'maybe' is not a valid bool"),
@@ -56,11 +50,6 @@ BAD = [
     (["model=null"], "Config group override must be a string or a list. Got NoneType"),
     (["experiment=null"], "Config group override must be a string or a list. Got NoneType"),
     (["-m", "model=null,mlp"], "Config group override must be a string or a list"),
-    # the report reads <job>/.hydra/: every job trained, then "no report: ... holds no job dirs"
-    (["-m", "seed=0,1", "hydra.output_subdir=null"], "hydra.output_subdir=null would leave the sweep without its"),
-    (["-m", "hydra.output_subdir=cfg"], "reads each job's Hydra config from <job>/.hydra/: leave hydra.output_subdir"),
-    # interval() is for sampling sweepers: the basic one raised a HydraException traceback, leaving a sweep dir
-    (["-m", "optimizer.lr=interval(0.01,0.1)"], "optimizer.lr=interval(0.01,0.1): Hydra's basic sweeper runs listed"),
     (["workers=interval(1,4)"], "Sweep parameters 'workers=interval(1,4)' requires --multirun"),
     # a glob's jobs are composed as Hydra makes them: each choice it matches
     (["-m", "experiment=glob(dli_fashion_*)", "data=cifar1O"], "data=cifar1O is unknown (did you mean data=cifar10?)"),
@@ -141,14 +130,8 @@ def test_a_sweep_is_continued_only_with_its_own_values_in_their_order(tmp_path):
         problem = command_line_problem("sweep", sweep_argv([*other, f"continue_sweep={sweep}"]), CONF)
         assert problem == (
             f"continue_sweep={sweep} swept `workers=1,2 seed=0,1` and this command line gives `{' '.join(other)}`: a "
-            "sweep is continued with its own values, in their order (each job number names one job): python sweep.py "
-            f"-m workers=1,2 seed=0,1 continue_sweep={sweep}"
+            "sweep is continued with its own values, in their order (each job number names one job)"
         )
-    elsewhere = sweep_argv(["workers=1,2", "seed=0,1", f"continue_sweep={sweep}", f"hydra.sweep.dir={tmp_path}"])
-    assert command_line_problem("sweep", elsewhere, CONF) == (
-        f"continue_sweep={sweep} goes on in that dir, and hydra.sweep.dir={tmp_path} names another: leave "
-        "hydra.sweep.dir out"
-    )
     assert command_line_problem("sweep", sweep_argv(["seed=0,1", f"continue_sweep={tmp_path}"]), CONF) == (
         f"continue_sweep={tmp_path} is not a sweep dir (it has no multirun.yaml): give the dir a sweep printed its "
         "report in"
@@ -158,33 +141,6 @@ def test_a_sweep_is_continued_only_with_its_own_values_in_their_order(tmp_path):
 def test_continue_sweep_in_a_single_run_is_not_a_setting(tmp_path):
     problem = command_line_problem("train", ["workers=2", f"continue_sweep={tmp_path}"], CONF)
     assert problem.startswith("Could not override 'continue_sweep'")
-
-
-def test_a_sweep_still_running_is_not_continued(tmp_path):
-    sweep = stopped_sweep(tmp_path / "s", ["seed=0,1"])
-    (sweep / "1").mkdir()
-    record = {"status": "running", "process": signals.this_process()}
-    (sweep / "1" / "metrics.json").write_text(json.dumps(record))
-    problem = command_line_problem("sweep", sweep_argv(["seed=0,1", f"continue_sweep={sweep}"]), CONF)
-    assert problem == (
-        f"continue_sweep={sweep}: its job in 1/ is still running (pid {os.getpid()}): let that sweep end or stop "
-        "it (Ctrl-C) first"
-    )
-    record["process"]["pid"] = 2**22 + 1  # a process that is gone (killed): its job is continued
-    (sweep / "1" / "metrics.json").write_text(json.dumps(record))
-    assert command_line_problem("sweep", sweep_argv(["seed=0,1", f"continue_sweep={sweep}"]), CONF) is None
-
-
-def test_a_sweep_under_torchrun_is_one_line(monkeypatch):
-    """`torchrun --nproc-per-node 2 sweep.py -m seed=0,1`: each worker ran the whole sweep in a sweep dir of
-    its own, and every job after the first failed to connect its process group. One job is fine."""
-    assert command_line_problem("sweep", ["-m", "seed=0,1"], CONF) is None
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
-    monkeypatch.setenv("RANK", "1")
-    assert command_line_problem("sweep", ["-m", "seed=0,1"], CONF).startswith(
-        "a sweep under torchrun: each of its workers would run the whole sweep"
-    )
-    assert command_line_problem("train", ["workers=2", "seed=1"], CONF) is None
 
 
 @pytest.mark.parametrize(
@@ -213,11 +169,6 @@ def test_the_jobs_of_a_glob_sweep_are_each_checked():
     problem = command_line_problem("sweep", argv, CONF, job_check=sweep_values_problem)
     assert problem is not None and problem.startswith("optimizer.lr=-1 is invalid: Input should be greater than 0")
     assert command_line_problem("sweep", ["-m", "optimizer=glob(*)"], CONF, job_check=sweep_values_problem) is None
-
-
-def test_hydra_full_error_leaves_the_report_to_hydra(monkeypatch):
-    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
-    assert command_line_problem("train", ["model=resnet50"], CONF) is None
 
 
 @pytest.fixture
@@ -253,28 +204,14 @@ def test_an_output_dir_that_cannot_be_made_is_one_line_before_anything_runs(tmp_
     a_file.write_text("not a folder")
     problem = command_line_problem("train", [f"hydra.run.dir={a_file}/run"], CONF)
     assert problem == (
-        f"cannot write results to {a_file}/run: {a_file} is not a folder; "
-        "set PSGD_OUTPUTS=<dir> or hydra.run.dir=<dir> to a writable folder"
+        f"cannot write results to {a_file}/run: Not a directory in {a_file}; "
+        "set PSGD_OUTPUTS=<dir> or hydra.run.dir=<dir>"
     )
     monkeypatch.setenv("PSGD_OUTPUTS", f"{a_file}/out")
     assert "hydra.sweep.dir=<dir>" in command_line_problem("sweep", ["-m", "seed=0,1"], CONF)
     # a writable place passes, and the check leaves nothing behind
     monkeypatch.setenv("PSGD_OUTPUTS", str(tmp_path / "new" / "outputs"))
     assert command_line_problem("train", [], CONF) is None
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.txt"]
-    # a full disk still makes folders, and Hydra's first file (.hydra/config.yaml) failed with a traceback
-
-    def full(fd):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(os, "fsync", full)
-    problem = command_line_problem("train", [], CONF)
-    assert re.fullmatch(
-        f"cannot write results to {re.escape(str(tmp_path / 'new' / 'outputs'))}/[-0-9/]+: No space left on device "
-        f"in {re.escape(str(tmp_path))}; free space there, or set PSGD_OUTPUTS=<dir> or hydra.run.dir=<dir> to a "
-        "writable folder",
-        problem,
-    ), problem
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.txt"]  # the probe is gone too
 
 
@@ -282,24 +219,6 @@ def test_an_output_dir_that_cannot_be_made_is_one_line_before_anything_runs(tmp_
 def test_a_folder_where_nothing_can_be_made_is_one_line():
     problem = command_line_problem("train", ["hydra.run.dir=/proc/1/psgd-run"], CONF)
     assert problem.startswith("cannot write results to /proc/1/psgd-run: ") and "in /proc/1;" in problem
-
-
-def test_a_config_dir_of_ones_own_is_searched_besides_psgds(tmp_path):
-    """--config-dir adds the user's configs (a model of their own): the check composes with them, as Hydra
-    does. It used to leave such a command line unchecked, to Hydra's 15-line report or a job's failure."""
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "mini.yaml").write_text("name: mini\n_target_: psgd.models.MLP\n")
-    for flag in ([f"--config-dir={tmp_path}"], ["--config-dir", str(tmp_path)], ["-cd", str(tmp_path)]):
-        assert command_line_problem("train", [*flag, "model=mini"], CONF) is None
-        assert command_line_problem("sweep", ["-m", *flag, "model=mini,mlp", "workers=1,2"], CONF) is None
-        problem = command_line_problem("train", [*flag, "model=minj"], CONF)
-        assert problem == "model=minj is unknown (did you mean model=mini?); model can be: " + (
-            "lab_cnn, mini, mlp, singa_cnn, wide_resnet"
-        )
-    problem = command_line_problem("train", ["-cd", str(tmp_path), "model=mini", "trainer.max_epoch=3"], CONF)
-    assert problem.startswith("Could not override 'trainer.max_epoch' (did you mean trainer.max_epochs?)")
-    # a glob over the user's choices: only Hydra's loader of that dir lists them
-    assert command_line_problem("sweep", ["-m", "-cd", str(tmp_path), "model=glob(mi*)"], CONF) is None
 
 
 @pytest.mark.parametrize(
@@ -312,13 +231,6 @@ def test_a_suggested_override_reads_back_as_the_same_value_through_the_shell_and
     words = shlex.split(shell_override("data.root", value))
     assert len(words) == 1 and OverridesParser.create().parse_overrides(words)[0].value() == value
     assert command_line_problem("train", words, CONF) is None
-
-
-def test_following_the_quoting_hint_gives_a_command_hydra_reads():
-    problem = command_line_problem("train", ["data.root=/home/jürgen/my data"], CONF)
-    suggested = problem.split("quoted for Hydra: ")[1]
-    assert shlex.split(suggested) == ["data.root='/home/jürgen/my data'"]
-    assert command_line_problem("train", shlex.split(suggested), CONF) is None
 
 
 def test_a_dir_holding_an_earlier_runs_results_is_refused_before_hydra_writes_into_it(tmp_path, monkeypatch):
