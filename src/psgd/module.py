@@ -15,7 +15,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from psgd.advice import hogwild_workers, step_advice
-from psgd.config import ConfigError
+from psgd.errors import ConfigError
 from psgd.optim import build_scheduler, schedule_read
 
 # a per-step schedule's optimizer steps per epoch (this worker's), kept in its checkpoints

@@ -15,11 +15,10 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from psgd.advice import (
@@ -34,6 +33,9 @@ from psgd.environment import cores_of
 from psgd.io import NO_ROOM, atomic_file, failed_write, read_json, write_atomic, write_csv
 from psgd.overrides import NOT_IN_DIR_NAMES, as_typed, override_key, shell_override
 from psgd.signals import still_running
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # the keys a group's jobs may differ in: the worker count P, the seed (and the strategy, the group's name)
 NOT_GROUPED_BY = ("workers", "trainer.devices", "seed", "strategy")
@@ -444,7 +446,7 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
 # ---- plots ----
 
 
-def save_png(fig: Figure, path: Path) -> None:
+def save_png(fig: "Figure", path: Path) -> None:
     """The figure as a PNG, written atomically: a full disk leaves no truncated plot."""
     with atomic_file(path, "wb") as f:
         fig.savefig(f, format="png", dpi=100)
@@ -466,6 +468,8 @@ def plot(
                 errs.append((s["test_acc_std"] or 0.0) if column == "test_acc_mean" else 0.0)
     if not any(len(xs) > 1 for xs, _, _ in points.values()):
         return None
+    from matplotlib.figure import Figure  # a heavy import, for the sweep's end only
+
     fig = Figure(figsize=(6.5, 4.5), layout="tight")
     ax = fig.subplots()
     for label, (xs, ys, errs) in points.items():

@@ -16,8 +16,9 @@ from psgd.config.rules import (
     resolve_workers,
     schedule,
 )
-from psgd.config.schema import ConfigError, DirInUse, describe, duration_s
+from psgd.config.schema import describe, duration_s
 from psgd.config.targets import SPARSE_GRADIENTS_WAY_OUT, build_model, model_arguments
+from psgd.errors import ConfigError, DirInUse
 
 __all__ = [
     "GIVE",

@@ -11,8 +11,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from psgd import forkserver
 from psgd.config.rules import check, check_values
-from psgd.config.schema import ConfigError
 from psgd.console import in_the_job
+from psgd.errors import ConfigError
 
 Jobs = list[tuple[list[str], DictConfig]]  # (overrides, config) of each job, as psgd.command_line composes them
 

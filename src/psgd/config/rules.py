@@ -18,9 +18,10 @@ from omegaconf import DictConfig
 
 from psgd import forkserver
 from psgd.choices import BUILTIN, INFO
-from psgd.config.schema import STRATEGIES, ConfigError, problem, said
+from psgd.config.schema import STRATEGIES, problem, said
 from psgd.config.targets import check_targets
 from psgd.environment import cpu_count
+from psgd.errors import ConfigError
 
 # a setting only that strategy's group (conf/strategy/<name>.yaml) has: tells which group was chosen
 OWN_KEY = {"ddp": "find_unused_parameters", "model_averaging": "period", "hogwild": "lock"}

@@ -18,15 +18,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from psgd.choices import AUGMENTATIONS, DECAYS, INFO, LR_SCALING, SCHEMES
 
-
-class ConfigError(ValueError):
-    """A bad configuration value; str() is the one-line message shown to the user."""
-
-
-class DirInUse(ConfigError):
-    """The run dir holds an earlier run's results: nothing may be written there, not even a failure."""
-
-
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 DURATION_UNITS = ("days", "hours", "minutes", "seconds")
 

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from psgd.choices import INFO
-from psgd.config.schema import ConfigError
 from psgd.console import text_lines
+from psgd.errors import ConfigError
 
 if TYPE_CHECKING:
     from torch import nn
