@@ -33,6 +33,7 @@ from psgd.io import say
 from psgd.overrides import override_key, shell_override
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
+DIR_NAMES_EXCLUDE = "hydra.job.config.override_dirname.exclude_keys"
 HELP_FLAGS = ("-h", "--help")
 MAX_JOBS_COMPOSED = 64  # beyond this many jobs, every value of every key is composed once, not every product
 
@@ -152,10 +153,21 @@ def sweep_argv(argv: list[str]) -> list[str]:
     """A sweep's arguments, with `continue_sweep=<dir>` also as hydra.sweep.dir (unless given): the
     stopped sweep goes on in its dir. Not an interpolation in conf/sweep.yaml: a null continue_sweep
     leaves the date-named default."""
+    argv = [continue_sweep_not_in_dir_names(a) if override_key(a) == DIR_NAMES_EXCLUDE else a for a in argv]
     given = [a.split("=", 1)[1] for a in argv if override_key(a) == "continue_sweep" and "=" in a]
     if not given or given[-1] == "null" or any(override_key(a) == "hydra.sweep.dir" for a in argv):
         return argv
     return [*argv, f"hydra.sweep.dir={given[-1]}"]
+
+
+def continue_sweep_not_in_dir_names(override: str) -> str:
+    """A user's list of keys left out of job folder names, with continue_sweep in it too (as in
+    conf/sweep.yaml): a continued sweep's jobs then find the folders they had."""
+    key, _, value = override.partition("=")
+    if "continue_sweep" in value or not (value.startswith("[") and value.endswith("]")):
+        return override
+    keys = value[1:-1].strip()
+    return f"{key}=[{keys + ',' if keys else ''}continue_sweep]"
 
 
 def command_line_problem(
