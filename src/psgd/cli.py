@@ -16,7 +16,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-from psgd import command_line, signals
+from psgd import command_line, signals, torchrun
 from psgd.advice import (
     few_steps,
     hogwild_workers,
@@ -285,7 +285,7 @@ def run_job(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
-    signals.mark_running_under_torchrun()  # Hydra's set-up of the run dir is done (wait_for_this_machines_workers)
+    torchrun.mark_running_under_torchrun()  # Hydra's set-up of the run dir is done (wait_for_this_machines_workers)
     absolute_inputs(cfg)
     continued = sweeping and cfg.get("continue_sweep") is not None
     if continued:
@@ -308,7 +308,7 @@ def run_job(cfg: DictConfig) -> float | None:
         # The first one waits until every worker here is past Hydra's set-up of the dir (each marks that above).
         after_the_first = discard and getattr(e, "every_worker_finds_it", False) and other_torchrun_worker()
         if discard and not after_the_first:  # first, and whole: the agent's SIGTERM comes once a worker said it
-            signals.wait_for_this_machines_workers(WORKERS_SET_UP_WITHIN_S)
+            torchrun.wait_for_this_machines_workers(WORKERS_SET_UP_WITHIN_S)
             with signals.held(signal.SIGINT, signal.SIGTERM):
                 _discard_empty_run_dir(run_dir)
         line = error_line(e, run_dir)

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from psgd import signals
 from psgd.io import NO_ROOM, say
-from psgd.signals import proc_stat, still_running
+from psgd.process import proc_stat, still_running
 
 MAX_JOBS_COMPOSED = 64  # beyond this many jobs, every value of every key is composed once, not every product
 

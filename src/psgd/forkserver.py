@@ -21,7 +21,7 @@ from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
-from psgd.signals import proc_stat
+from psgd.process import proc_stat
 
 # what every worker needs, imported once in the server before it forks any worker; last, the server's quick exit
 PRELOAD = ("torch", "pytorch_lightning", "psgd.run", "psgd._in_forkserver")

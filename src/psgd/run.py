@@ -29,7 +29,7 @@ from pytorch_lightning.loggers import TensorBoardLogger
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import nn
 
-from psgd import signals
+from psgd import signals, torchrun
 from psgd.advice import scales_by_workers
 from psgd.callbacks import (
     AtomicCheckpointIO,
@@ -62,14 +62,7 @@ from psgd.process import run_settings
 from psgd.profiler import PyTorchProfilerForWorkers
 from psgd.rendezvous import init_elastic_process_group, rendezvous_port
 from psgd.resume import elastic_resume, init_weights, resolve_ckpt_path, shard_settings
-from psgd.run_checks import (
-    check_data,
-    check_memory,
-    warn_if_an_epoch_holds_less_than_an_update,
-    warn_if_lockstep_leaves_samples_out,
-    warn_if_nothing_to_average,
-    warn_if_period_never_comes,
-)
+from psgd.run_checks import check_data, check_memory
 from psgd.stopped import exit_if_interrupted, lightning_refusal, mark_stopped, torchrun_worker_gone
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
 from psgd.strategies.ddp import ReportsFirstFailure
@@ -244,12 +237,11 @@ def _train(
 ) -> dict[str, Any] | None:
     """Build the run from the checked config, fit it, test its final weights and write its results."""
     if plan.launcher == "torchrun":
-        signals.stop_with_agent()  # an agent killed outright (OOM, kill -9) must not leave its workers training
-        signals.mark_running_under_torchrun()  # so that a worker that dies without a word can be named
+        torchrun.stop_with_agent()  # an agent killed outright (OOM, kill -9) must not leave its workers training
+        torchrun.mark_running_under_torchrun()  # so that a worker that dies without a word can be named
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # before the model: same seed, same init
     world_size = plan.workers * cfg.trainer.num_nodes  # the workers of all nodes
     net, image_size = build_model(cfg.model, cfg.data.name)
-    warn_if_nothing_to_average(cfg, net, world_size)
     datamodule = build_datamodule(cfg, image_size)
     read_data(cfg, plan, datamodule, net, image_size)
     module = build_module(cfg, plan, net, image_size)
@@ -277,18 +269,15 @@ def _train(
 
 def read_data(cfg: DictConfig, plan: Plan, datamodule: ClassificationData, net: nn.Module, image_size: int) -> None:
     """Read the dataset and judge what needs it, before any worker starts: a missing dataset, a worker
-    without a batch and a run that cannot fit in memory fail here; settings that would do nothing are warned of."""
+    without a batch, a final test of no batch and a run that cannot fit in memory fail here."""
     world_size = plan.workers * cfg.trainer.num_nodes
     with found_by_every_worker():
         datamodule.prepare_data()
         if short := check_data(cfg, datamodule, world_size):
             warn(short)  # a shard smaller than one batch
-        sizes, batches = datamodule.train_shards(world_size)
         if plan.accelerator == "cpu" and plan.launcher == "psgd":  # every worker on this machine
+            sizes, _ = datamodule.train_shards(world_size)
             check_memory(cfg, net, image_size, sizes, plan.workers)
-        warn_if_lockstep_leaves_samples_out(cfg, sizes, batches)
-        warn_if_an_epoch_holds_less_than_an_update(cfg, batches, plan.accumulate_grad_batches)
-        warn_if_period_never_comes(cfg, batches, plan.accumulate_grad_batches)
 
 
 def build_module(cfg: DictConfig, plan: Plan, net: nn.Module, image_size: int) -> Classifier:

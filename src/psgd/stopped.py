@@ -11,9 +11,10 @@ from hydra.core.hydra_config import HydraConfig
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch.multiprocessing import ProcessRaisedException
 
-from psgd import signals
+from psgd import signals, torchrun
 from psgd.command_line import text_lines
 from psgd.io import read_json, remove_temp_files, say, write_json
+from psgd.process import oom_kills_since
 from psgd.strategies.workers import lost_a_peer
 
 
@@ -95,13 +96,13 @@ def torchrun_worker_gone(e: BaseException, run_dir: Path) -> WorkerGone | None:
     if not (signalled or lost):
         return None
     deadline = time.monotonic() + (1.0 if lost else 0.0)
-    gone, survivors = signals.torchrun_workers_gone()
+    gone, survivors = torchrun.torchrun_workers_gone()
     while not gone and time.monotonic() < deadline:
         time.sleep(0.05)
-        gone, survivors = signals.torchrun_workers_gone()
+        gone, survivors = torchrun.torchrun_workers_gone()
     if not gone:
         return None
-    return WorkerGone(gone, survivors, run_dir, signals.oom_kills_since(signals.oom_kills_at_mark))
+    return WorkerGone(gone, survivors, run_dir, oom_kills_since(torchrun.oom_kills_at_mark))
 
 
 def mark_stopped(run_dir: Path, e: BaseException, launched: bool = False) -> None:

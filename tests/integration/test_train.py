@@ -22,8 +22,8 @@ import psgd.callbacks
 from psgd.callbacks import denormals_flushed
 from psgd.config import ConfigError
 from psgd.data.datasets import MNIST
+from psgd.process import alive
 from psgd.run import train
-from psgd.signals import alive
 
 TINY = ["quiet=true", "data.batch_size=32", "data.eval_batch_size=64"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import CONF
 
-from psgd import command_line, signals
+from psgd import command_line, process, signals
 from psgd.command_line import command_line_problem, shell_override, sweep_argv
 
 BAD = [
@@ -225,7 +225,7 @@ def test_continue_sweep_in_a_single_run_says_it_is_for_sweeps(tmp_path):
 def test_a_sweep_still_running_is_not_continued(tmp_path):
     sweep = stopped_sweep(tmp_path / "s", ["seed=0,1"])
     (sweep / "1").mkdir()
-    record = {"status": "running", "process": signals.this_process()}
+    record = {"status": "running", "process": process.this_process()}
     (sweep / "1" / "metrics.json").write_text(json.dumps(record))
     problem = command_line_problem("sweep", sweep_argv(["seed=0,1", f"continue_sweep={sweep}"]), CONF)
     assert problem == (

@@ -40,6 +40,7 @@ LAYERS = {
     "psgd.sync_costs": 1,
     "psgd.advice": 1,
     "psgd.signals": 1,
+    "psgd.torchrun": 1,
     "psgd.callbacks": 2,
     "psgd.data": 2,
     "psgd.models": 2,
@@ -160,7 +161,16 @@ def test_the_circle_check_finds_a_circle():
 
 
 # psgd modules that import neither torch nor Lightning: the scripts import them first
-LIGHT = ["psgd", "psgd.signals", "psgd.forkserver", "psgd.process", "psgd.choices", "psgd.io", "psgd.config"]
+LIGHT = [
+    "psgd",
+    "psgd.signals",
+    "psgd.torchrun",
+    "psgd.forkserver",
+    "psgd.process",
+    "psgd.choices",
+    "psgd.io",
+    "psgd.config",
+]
 # what psgd's modules import that changes global state itself when imported
 LIBRARIES = ["torch", "torchvision", "pytorch_lightning", "hydra", "omegaconf", "torch.utils.tensorboard"]
 
