@@ -1,8 +1,7 @@
 """What a run starts from: a checkpoint to resume (ckpt_path), an earlier run's weights (init_weights).
 
-A checkpoint is resumed only where it continues the run this one's settings ask for: the same model, workers,
-strategy, dataset, validation samples, partition, lr schedule and optimizer; each mismatch is a ConfigError
-that names the setting and the value that resumes it.
+A checkpoint is resumed only where it continues the run this one's settings ask for; each mismatch is a
+ConfigError that names the setting and the value that resumes it.
 """
 
 import math
@@ -37,24 +36,15 @@ def resolve_ckpt_path(
     checkpoint = load_weights_only("ckpt_path", value, path)
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise ConfigError(f"ckpt_path={value!r} is not a psgd checkpoint (it holds no state_dict)")
-    _check_resumable(value, checkpoint, module, world_size, strategy)
-    line = nothing_left(checkpoint, module, max_time, max_steps)
-    if line and first_worker():  # torchrun / srun: every worker finds it; the first says it
-        print(f"psgd: ckpt_path={value} {line}", flush=True)
-    return str(path)
-
-
-def _check_resumable(
-    value: str, checkpoint: dict[str, Any], module: Classifier, world_size: int, strategy: str | None
-) -> None:
     check_fits("ckpt_path", value, checkpoint["state_dict"], module.state_dict())
-    replicas = checkpoint.get("replicas")  # model averaging / HogWild mid-run: one state per worker
-    if replicas and not checkpoint.get("averaged") and len(replicas) != world_size:
+    # model averaging / HogWild mid-run: one state per worker
+    replicas = [] if checkpoint.get("averaged") else checkpoint.get("replicas") or []
+    if replicas and len(replicas) != world_size:
         raise ConfigError(
             f"ckpt_path={value!r} holds {len(replicas)} workers' own state but this run has {world_size} "
             f"worker{'' if world_size == 1 else 's'}; resume with workers={len(replicas)}"
         )
-    own_weights = replicas and not checkpoint.get("averaged") and "state_dict" in (replicas[0] or {})
+    own_weights = replicas and "state_dict" in (replicas[0] or {})
     if own_weights and strategy is not None and strategy != "model_averaging":
         raise ConfigError(
             f"ckpt_path={value!r} holds {len(replicas)} replicas that model averaging had not averaged yet, and "
@@ -76,6 +66,10 @@ def _check_resumable(
             "schedule as they were, which would not follow this change; resume with the checkpoint's settings "
             f"(or start a new run from its weights with init_weights={value}, leaving ckpt_path out)"
         )
+    line = nothing_left(checkpoint, module, max_time, max_steps)
+    if line and first_worker():  # torchrun / srun: every worker finds it; the first says it
+        print(f"psgd: ckpt_path={value} {line}", flush=True)
+    return str(path)
 
 
 def _data_settings(hparams: dict[str, Any]) -> dict[str, str | None]:
@@ -93,9 +87,8 @@ def _data_settings(hparams: dict[str, Any]) -> dict[str, str | None]:
 
 
 def nothing_left(checkpoint: dict[str, Any], module: Classifier, max_time: Any, max_steps: Any) -> str | None:
-    """What the checkpoint already trained up to a limit of this run (trainer.max_epochs, max_time,
-    max_steps), as `already trained 3 epoch(s), trainer.max_epochs=3: nothing is left to train; ...`; None
-    while something is left."""
+    """The line saying that the checkpoint already trained up to a limit of this run (trainer.max_epochs,
+    max_time, max_steps); None while something is left."""
     done = "nothing is left to train; its final weights are tested"
     trained = fit_loop_state(checkpoint).get("epoch_progress", {})
     trained = trained.get("current", {}).get("processed")  # epochs whose training ended (Lightning's count)
@@ -106,10 +99,7 @@ def nothing_left(checkpoint: dict[str, Any], module: Classifier, max_time: Any, 
         timer = (checkpoint.get("callbacks") or {}).get("Timer") or {}
         elapsed, limit = (timer.get("time_elapsed") or {}).get("train"), duration_s(max_time)
         if isinstance(elapsed, int | float) and limit is not None and elapsed >= limit:
-            return (
-                f"already trained for {elapsed:.0f} s, trainer.max_time={max_time}: nothing is left to train (max_time "
-                "counts the whole run, resumes included: a longer one trains on); its final weights are tested"
-            )
+            return f"already trained for {elapsed:.0f} s, trainer.max_time={max_time}: {done}"
     steps = checkpoint.get("global_step")  # optimizer steps taken (each worker's; max_steps is DDP's or one worker's)
     if isinstance(max_steps, int) and max_steps > 0 and isinstance(steps, int) and steps >= max_steps:
         return f"already took {steps} steps, trainer.max_steps={max_steps}: {done}"
@@ -129,27 +119,24 @@ def load_weights_only(setting: str, value: str, path: Path) -> Any:
 
 def check_fits(setting: str, value: str, saved: dict[str, Any], expected: dict[str, torch.Tensor]) -> None:
     """Every weight of this run's model, in its shape, and no other: else a ConfigError naming one."""
+    problems = []
     for key, tensor in expected.items():
         found = saved.get(key)
         if not isinstance(found, torch.Tensor) or found.shape != tensor.shape:
             what = "missing" if key not in saved else f"shape {tuple(getattr(found, 'shape', ()))}"
-            raise ConfigError(
-                f"{setting}={value!r} does not fit this run's model: {key} is {what} in the checkpoint, "
-                f"the model needs {tuple(tensor.shape)} (was it saved with another model= or data=?)"
-            )
-    unexpected = sorted(set(saved) - set(expected))
-    if unexpected:
+            problems.append(f"{key} is {what} in the checkpoint, the model needs {tuple(tensor.shape)}")
+    problems += [f"the checkpoint has extra weights such as {key}" for key in sorted(set(saved) - set(expected))]
+    if problems:
         raise ConfigError(
-            f"{setting}={value!r} does not fit this run's model: the checkpoint has extra "
-            f"weights such as {unexpected[0]} (was it saved with another model= or data=?)"
+            f"{setting}={value!r} does not fit this run's model: {problems[0]} (was it saved with another model= "
+            "or data=?)"
         )
 
 
 def init_weights(value: str | None, module: Classifier) -> str | None:
-    """init_weights: the run starts from an earlier run's weights (its run dir or a .ckpt: the weights it
-    ended with, or had at that checkpoint; a worker's weights/rank<r>.pt of record_weights; or the
-    state_dict of the same network saved with torch.save) and trains them with its own epochs,
-    optimizer and lr schedule. Loaded into `module`; returns the file, or None without one."""
+    """Load an earlier run's weights into `module` (a run dir, a .ckpt, a worker's weights/rank<r>.pt, or a
+    network's state_dict saved with torch.save); the run trains them with its own epochs, optimizer and lr
+    schedule. Returns the file, or None without one."""
     if value is None:
         return None
     give = GIVE["init_weights"]
@@ -174,9 +161,8 @@ def init_weights(value: str | None, module: Classifier) -> str | None:
 
 
 def shard_settings(cfg: DictConfig) -> list[str]:
-    """The settings that decide which samples each worker trains on, as `key=value` texts: the
-    partition, its sizes or Dirichlet alpha, and the seed where it fixes the membership (sizes,
-    dirichlet; iid shards are dealt anew every epoch, by_label by label)."""
+    """The settings that decide which samples each worker trains on, as `key=value` texts (the seed where
+    it fixes the shards: iid shards are dealt anew every epoch, by_label by label)."""
     d = cfg.data
     settings = [f"data.partition={d.partition}"]
     if d.partition == "sizes":
@@ -187,7 +173,6 @@ def shard_settings(cfg: DictConfig) -> list[str]:
 
 
 def _all_workers(hparams: dict[str, Any]) -> int:
-    """The workers of all nodes (a checkpoint from before num_nodes was kept: one node)."""
     return hparams["workers"] * (hparams.get("num_nodes") or 1)
 
 
@@ -197,10 +182,9 @@ def _workers_said(hparams: dict[str, Any]) -> str:
 
 
 def schedule_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
-    """What of the lr and its schedule this run changes from the checkpoint's run (hyper-parameters
-    of the Classifier), as `key=new (the checkpoint's run had old)`, or None. The lr and every
-    scheduler setting count; trainer.max_epochs counts under a cosine decay, whose horizon it is; workers
-    counts under a warm-up whose start factor is the default 1/workers."""
+    """What of the lr and its schedule this run changes from the checkpoint's run (the Classifier's
+    hyper-parameters), or None: the lr, a scheduler setting, trainer.max_epochs under a cosine decay (its
+    horizon), workers under a warm-up from the default 1/workers."""
     if not saved:  # not written by psgd's Classifier: nothing to compare
         return None
     old_s, new_s = schedule_read(saved.get("scheduler")), schedule_read(now.get("scheduler"))
@@ -223,8 +207,8 @@ def schedule_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
     return None
 
 
-# param-group entries that are not the optimizer's settings: the parameters, the lr (the schedule's, checked
-# by schedule_change) and how torch runs the step (the resumed run's own: Classifier._update_as_configured)
+# param-group entries that are not the optimizer's settings: the parameters, the lr (schedule_change's) and
+# how torch runs the step (the resumed run's own)
 _NOT_SETTINGS = {"params", "lr", "initial_lr", *STEP_IMPLEMENTATION}
 
 
@@ -239,9 +223,7 @@ def optimizer_change(checkpoint: dict[str, Any], module: Classifier) -> str | No
     name, old_name = type(fresh).__name__, checkpoint.get(OPTIMIZER_KEY)
     if old_name is not None and old_name != name:
         return f"optimizer {name} (the checkpoint's run used {old_name})"
-    old_groups, new_groups = states[0].get("param_groups") or [], fresh.param_groups
-    if len(old_groups) != len(new_groups):
-        return f"{len(new_groups)} optimizer parameter groups (the checkpoint's run had {len(old_groups)})"
+    old_groups, new_groups = states[0].get("param_groups") or [], fresh.param_groups  # as many: check_fits
     for i, (old, new) in enumerate(zip(old_groups, new_groups)):
         for key in sorted((set(old) & set(new)) - _NOT_SETTINGS):
             if _plain(old[key]) != _plain(new[key]):
@@ -266,9 +248,8 @@ def _shown(value: Any) -> str:
 
 
 def elastic_resume(ckpt_path: str | None, plan: Plan, run_dir: Path, continued: bool = False) -> str | None:
-    """torchrun --max-restarts restarts every worker after one died: continue from the run's last
-    checkpoint instead of starting over (the run dir is the same: see psgd.run_name). So does a job of a
-    continued sweep (`continued`), whose own checkpoint supersedes the ckpt_path it started from."""
+    """The run dir's last checkpoint where torchrun restarted the workers (--max-restarts), or where a job
+    of a continued sweep (`continued`) goes on from its own; else `ckpt_path`."""
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     last = run_dir / "checkpoints" / "last.ckpt"
     if continued and last.exists():
