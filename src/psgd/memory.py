@@ -1,8 +1,7 @@
-"""A run's training memory, judged before any worker starts: one that cannot fit is refused in one line.
+"""A CPU run's training memory, judged before any worker starts: one that cannot fit is refused in one line.
 
-A training step holds at least the tensors the forward keeps for backward (they grow with the batch), the
-weights, their gradients and the optimizer's state. They are counted on the meta device (no memory), so the
-estimate is a lower bound. Linux only (MemAvailable and cgroup limits); CPU runs only.
+Counted on the meta device: the tensors the forward keeps for backward, the weights, their gradients and
+the optimizer's state, a lower bound of what a step holds. Linux's MemAvailable and cgroup limits bound it.
 """
 
 import copy
@@ -13,8 +12,7 @@ import torch
 from torch import nn
 
 GiB = 1024**3
-# What each worker process holds of its own besides activations and weights (torch, Lightning, its data),
-# below what one measures, to keep the estimate a lower bound. One worker trains in the run's own process.
+# What each worker process holds of its own (torch, Lightning, its data), below what one measures
 WORKER_PROCESS_BYTES = 100 * 2**20
 
 
@@ -33,8 +31,8 @@ def saved_bytes(net: nn.Module, images: torch.Tensor) -> int:
 
 
 def activation_bytes_per_sample(net: nn.Module, image_shape: tuple[int, int, int]) -> int | None:
-    """What one more sample adds to what the forward keeps for backward (batches of 3 and 2 on a meta copy
-    of `net`); None where the network cannot run on the meta device (.item(), no meta kernel)."""
+    """What one more sample adds to what the forward keeps for backward; None where the network cannot
+    run on the meta device (.item(), no meta kernel)."""
     try:
         meta = copy.deepcopy(net).to("meta").train()
         two, three = (saved_bytes(meta, torch.zeros(n, *image_shape, device="meta")) for n in (2, 3))
@@ -49,49 +47,36 @@ def state_bytes(net: nn.Module, optimizer: str) -> int:
     return weights * (2 + {"Adam": 2, "AdamW": 2}.get(optimizer, 1))
 
 
-def available_bytes() -> int | None:
-    """The kernel's MemAvailable, or less under a memory cgroup limit; None where neither can be read."""
-    found = [room] if (room := cgroup_room()) is not None else []
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                found.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError, IndexError):
-        pass
-    return min(found) if found else None
-
-
-# cgroup v2 (a "0::<path>" line) and v1 (a line naming the memory controller): where the files are
-_CGROUPS = {
+_CGROUPS = {  # cgroup v2 (a "0::<path>" line) and v1 (a line naming the memory controller)
     "v2": ("/sys/fs/cgroup", "memory.max", "memory.current", "inactive_file"),
     "v1": ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
 }
 
 
-def cgroup_room(proc_cgroup: str = "/proc/self/cgroup") -> int | None:
-    """The least room left under a memory limit of this process's cgroup or an ancestor's: the limit less
-    the usage, of which the inactive file cache counts as free. None where no limit is set or read."""
-    try:
-        lines = Path(proc_cgroup).read_text().splitlines()
-    except OSError:
-        return None
+def available_bytes() -> int | None:
+    """The kernel's MemAvailable, or less under a memory limit of this process's cgroup or an ancestor's
+    (the limit less the usage, the inactive file cache counted as free); None where nothing can be read."""
     rooms = []
-    for line in lines:
-        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        version = "v2" if controllers == "" else "v1" if "memory" in controllers.split(",") else None
-        if version is None:
-            continue
-        root, limit, usage, inactive = _CGROUPS[version]
-        group = Path(root) / path.strip().lstrip("/")
-        for folder in [group, *group.parents]:
-            with suppress(OSError, ValueError):
-                cap = (folder / limit).read_text().strip()
-                used = int((folder / usage).read_text())
-                stat = dict(row.split() for row in (folder / "memory.stat").read_text().splitlines())
-                if cap.isdigit() and int(cap) < 1 << 60:  # "max" (v2) or a huge number (v1): no limit
-                    rooms.append(max(0, int(cap) - used + int(stat.get(inactive, 0))))
-            if folder == Path(root):
-                break
+    with suppress(OSError, ValueError, IndexError):
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        rooms += [int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:")]
+    with suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+            version = "v2" if controllers == "" else "v1" if "memory" in controllers.split(",") else None
+            if version is None:
+                continue
+            root, limit, usage, inactive = _CGROUPS[version]
+            group = Path(root) / path.strip().lstrip("/")
+            for folder in [group, *group.parents]:
+                with suppress(OSError, ValueError):
+                    cap = (folder / limit).read_text().strip()
+                    used = int((folder / usage).read_text())
+                    stat = dict(row.split() for row in (folder / "memory.stat").read_text().splitlines())
+                    if cap.isdigit() and int(cap) < 1 << 60:  # "max" (v2) or a huge number (v1): no limit
+                        rooms.append(max(0, int(cap) - used + int(stat.get(inactive, 0))))
+                if folder == Path(root):
+                    break
     return min(rooms) if rooms else None
 
 
@@ -106,19 +91,18 @@ def memory_problem(
     shared_weights: bool = False,
     half: bool = False,
 ) -> str | None:
-    """The one-line reason `workers` CPU workers, each training `batch` samples at a time, cannot fit in
-    the memory available; None where they may, or it cannot be judged. `shared_weights`: HogWild's one
-    copy of the weights. `half`: a 16-bit precision, counted at half the fp32 size (still a lower bound)."""
+    """The one-line reason `workers` CPU workers training `batch` samples at a time cannot fit in the memory
+    available; None where they may, or it cannot be judged. `shared_weights`: HogWild's one copy of the
+    weights. `half`: a 16-bit precision, counted at half the fp32 size."""
     available = available_bytes() if available is None else available
     per_sample = activation_bytes_per_sample(net, image_shape)
     if available is None or per_sample is None:
         return None
-    state = state_bytes(net, optimizer)
-    weights = sum(p.numel() * p.element_size() for p in net.parameters())
+    state, weights = state_bytes(net, optimizer), sum(p.numel() * p.element_size() for p in net.parameters())
     if half:
         per_sample, state, weights = per_sample // 2, state // 2, weights // 2
     shared = weights if shared_weights and workers > 1 else 0  # the shared weights once
-    process = WORKER_PROCESS_BYTES if workers > 1 else 0
+    process = WORKER_PROCESS_BYTES if workers > 1 else 0  # one worker trains in this process
     fixed = state - shared + process  # each worker's own part
     need = workers * (per_sample * batch + fixed) + shared
     if need <= available:
