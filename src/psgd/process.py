@@ -7,7 +7,6 @@ out; each worker process that psgd's launcher starts calls `prepare_worker` firs
 
 import logging
 import os
-import shutil
 import socket
 import tempfile
 import warnings
@@ -129,19 +128,8 @@ def still_running(record: dict) -> bool:
 
 
 def temp_folder_of_this_process(prefix: str) -> Path:
-    """A new folder `<temp dir>/<prefix><pid>-<start time>-<random>` for this process; those that
-    processes killed outright left are taken away first."""
-    remove_left_folders(prefix)
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}{process_tag(os.getpid())}-"))
-
-
-def remove_left_folders(prefix: str) -> None:
-    """Take away this user's folders `<temp dir>/<prefix><pid>-<start time>-...` whose process is gone."""
-    for folder in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
-        with suppress(OSError, ValueError):
-            pid, started = folder.name[len(prefix) :].split("-")[:2]
-            if folder.stat().st_uid == os.getuid() and process_tag(int(pid)) != f"{pid}-{started}":
-                shutil.rmtree(folder, ignore_errors=True)
+    """A new folder `<temp dir>/<prefix><random>` for this process to take away when done."""
+    return Path(tempfile.mkdtemp(prefix=prefix))
 
 
 VMSTAT = "/proc/vmstat"

@@ -11,7 +11,7 @@ import time
 from contextlib import suppress
 from pathlib import Path
 
-from psgd.process import oom_kills, proc_stat, process_tag, remove_left_folders
+from psgd.process import oom_kills, proc_stat, process_tag
 
 _agent_watched = False
 agent_gone = False  # stop_with_agent found torchrun's agent gone
@@ -63,7 +63,6 @@ def mark_running_under_torchrun() -> None:
         return
     _marked = True
     oom_kills_at_mark = oom_kills()
-    remove_left_folders(TORCHRUN_MARKS)
     folder, local_rank = where
     agent, me = os.getppid(), os.getpid()
     with suppress(OSError):

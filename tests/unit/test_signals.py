@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from psgd import process, signals, torchrun
+from psgd import signals, torchrun
 
 
 def _sleep(seconds: float) -> None:
@@ -395,26 +395,6 @@ def test_a_users_stop_or_a_workers_own_error_is_not_a_worker_gone(monkeypatch, t
     assert torchrun_worker_gone(KeyboardInterrupt("SIGTERM"), tmp_path).ranks == [1]
     lost = RuntimeError("[gloo/transport/tcp/pair.cc:545] Read error: Connection reset by peer.")
     assert torchrun_worker_gone(lost, tmp_path).ranks == [1]
-
-
-def test_temp_folders_left_by_processes_killed_outright_are_taken_away(monkeypatch, tmp_path):
-    """A launcher or torchrun job killed outright (kill -9) cannot take its temp folder away: the next
-    one does, once the process that the folder is named by is gone, never one that still runs."""
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead_tag = process.process_tag(dead.pid)
-    dead.wait()
-    left = tmp_path / f"psgd-worker-errors-{dead_tag}-abc"
-    (left / "sub").mkdir(parents=True)
-    pid_reused = tmp_path / f"psgd-worker-errors-{os.getpid()}-1-abc"  # this pid, another start time
-    pid_reused.mkdir()
-    alive = tmp_path / f"psgd-worker-errors-{process.process_tag(os.getppid())}-abc"
-    alive.mkdir()
-    unnamed = tmp_path / "psgd-worker-errors-old"  # named otherwise (an earlier psgd): not judged
-    unnamed.mkdir()
-    mine = process.temp_folder_of_this_process("psgd-worker-errors-")
-    assert mine.is_dir() and mine.name.startswith(f"psgd-worker-errors-{process.process_tag(os.getpid())}-")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, unnamed.name, mine.name])
 
 
 HELD = """
