@@ -42,4 +42,3 @@ BUILTIN = {
 }
 LR_SCALING = ("none", "linear", "sqrt")  # lr_scaling (psgd.optim)
 DECAYS = ("none", "cosine", "step")  # scheduler.decay
-INTERVALS = ("epoch", "step")  # scheduler.interval

@@ -1,4 +1,8 @@
-"""What `train.py` runs under Hydra: one job, with user errors turned into one line and exit code 2."""
+"""What train.py and sweep.py run as Hydra's job: one training run, and its failure as one line.
+
+A single run that fails says one line `psgd: error: ...` (a worker that died is named by its rank) and
+exits with code 2; bad input leaves no run dir, any other failure marks the run's record failed and keeps
+a bug's traceback in error.log. A sweep's failed job is marked failed and the sweep goes on."""
 
 import contextlib
 import logging
@@ -16,7 +20,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-from psgd import command_line, signals, torchrun
+from psgd import outputs, signals, torchrun
 from psgd.advice import (
     few_steps,
     hogwild_workers,
@@ -26,10 +30,10 @@ from psgd.advice import (
     skew_note,
     stop_note,
 )
-from psgd.command_line import fail, first_worker, global_rank, other_torchrun_worker, text_lines, warn
 from psgd.config import SPARSE_GRADIENTS_WAY_OUT, ConfigError, DirInUse
+from psgd.console import fail, first_worker, global_rank, other_torchrun_worker, text_lines, warn
 from psgd.data import DataError
-from psgd.io import NO_ROOM, failed_write, read_json, write_atomic
+from psgd.io import NO_ROOM, failed_write, read_json, say, write_atomic
 from psgd.module import TrainingDiverged
 from psgd.run import run_dir_key, train
 from psgd.stopped import WorkerGone, mark_status, raised_in_worker
@@ -37,11 +41,11 @@ from psgd.strategies.workers import KilledWorker, lost_a_peer, timed_out
 from psgd.sweep import KEPT
 
 
-def _discard_empty_run_dir(run_dir: Path) -> None:
-    """A run that failed before training leaves no results: drop the dir Hydra made for it. It may
-    hold Hydra's config, the log and what TensorBoard's logger wrote before the error (a check inside
-    the workers, e.g. a resume whose per-step schedule does not fit): an event file and hparams.yaml.
-    With no metrics.json no epoch finished, and no validation ran: they hold no training numbers."""
+def discard_empty_run_dir(run_dir: Path) -> None:
+    """A run that failed before training leaves no results: drop the dir Hydra made for it, and the
+    folders above it that it made and left empty (outputs/, today's folder). The dir may hold Hydra's
+    config, the log and what TensorBoard's logger wrote before the error (an event file, hparams.yaml):
+    with no metrics.json no epoch finished, and no validation ran."""
     if not run_dir.is_dir() or (run_dir / "metrics.json").exists():
         return
 
@@ -52,18 +56,28 @@ def _discard_empty_run_dir(run_dir: Path) -> None:
 
     if all(empty(p) for p in run_dir.iterdir()):
         shutil.rmtree(run_dir, ignore_errors=True)
-        # the folders Hydra made above it go too if they are left empty (outputs/ and today's folder of
-        # a first run); without the command line's check (train() from Python) today's folder only
-        folder, existed = run_dir.absolute().parent, command_line.outputs_existed
-        if existed is None:
-            made = [folder] if re.fullmatch(r"\d{4}-\d{2}-\d{2}", folder.name) else []
-        else:
-            made = [f for f in (folder, *folder.parents) if existed in f.parents]  # the deepest first
-        for f in made:
-            try:
-                f.rmdir()
-            except OSError:  # not empty: another run's
-                break
+        remove_empty_folders_above(run_dir.absolute().parent)
+
+
+def remove_empty_folders_above(folder: Path) -> None:
+    """`folder` and its parents, the deepest first, up to the nearest one that existed when the command
+    line was checked (outputs.existed), while they are empty. Without that check (train() from Python):
+    `folder` alone, if it is a date folder."""
+    if outputs.existed is None:
+        made = [folder] if re.fullmatch(r"\d{4}-\d{2}-\d{2}", folder.name) else []
+    else:
+        made = [f for f in (folder, *folder.parents) if outputs.existed in f.parents]
+    for f in made:
+        try:
+            f.rmdir()
+        except OSError:  # not empty: another run's
+            break
+
+
+def discard_held(run_dir: Path) -> None:
+    """discard_empty_run_dir with Ctrl-C and SIGTERM held until it is done."""
+    with signals.held(signal.SIGINT, signal.SIGTERM):
+        discard_empty_run_dir(run_dir)
 
 
 # errors whose message is the whole story: one line, no traceback, also when a worker raised them
@@ -220,13 +234,6 @@ def show_traceback_if_asked(e: BaseException) -> None:
         print("".join(traceback.format_exception(e)).rstrip(), file=sys.stderr, flush=True)
 
 
-def record_failure(run_dir: Path, line: str, e: BaseException) -> None:
-    """A sweep job that failed keeps its dir, marked failed with its error line, for the report."""
-    mark_failed(run_dir, line)
-    if not unwritable(e):  # a disk without room: the line says it all, and nothing more fits
-        write_traceback(run_dir, e)
-
-
 # the settings that name a file or folder to read: a relative one is relative to where the command ran
 INPUT_PATHS = ("data.root", "ckpt_path", "init_weights")
 
@@ -269,16 +276,16 @@ def continue_job(run_dir: Path, hydra_log: str) -> dict | None:
     return None
 
 
-# how long a torchrun worker that takes a refused run's dir away waits for the others on its machine to be past
-# Hydra's set-up of it (they are started together; on a loaded machine their imports can differ by seconds)
+# how long the torchrun worker that takes a refused run's dir away waits for the others on its machine to be past
+# Hydra's set-up of it (they start together; on a loaded machine their imports can differ by seconds)
 WORKERS_SET_UP_WITHIN_S = 20.0
 
 
 def run_job(cfg: DictConfig) -> float | None:
     """Train one job in Hydra's output dir; returns the test accuracy (Hydra sweepers can optimise it).
 
-    A single run turns a failure into one line and exit code 2. In a multirun a failed job is marked
-    failed in its dir (the report and the sweep's exit code say so) and the sweep goes on.
+    A single run turns a failure into one line and exit code 2 (run_failed). In a multirun a failed job
+    is marked failed in its dir (the report and the sweep's exit code say so) and the sweep goes on.
     """
     # torch logs a line per surviving worker it terminates after another one died; the error says it all
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
@@ -288,61 +295,79 @@ def run_job(cfg: DictConfig) -> float | None:
     torchrun.mark_running_under_torchrun()  # Hydra's set-up of the run dir is done (wait_for_this_machines_workers)
     absolute_inputs(cfg)
     continued = sweeping and cfg.get("continue_sweep") is not None
-    if continued:
-        earlier = continue_job(run_dir, f"{hydra_cfg.job.name}.log")
-        if earlier is not None:  # completed in the stopped sweep: its progress line and report use its record
-            KEPT.add(str(run_dir))
-            return earlier["test_acc"]
+    if continued and (earlier := continue_job(run_dir, f"{hydra_cfg.job.name}.log")) is not None:
+        KEPT.add(str(run_dir))  # completed in the stopped sweep: its progress line and report use its record
+        return earlier["test_acc"]
     try:
-        signals.release_held()  # Ctrl-C or SIGTERM while Hydra made the run dir (train.py): handled here
+        signals.release_held()  # Ctrl-C or SIGTERM while Hydra made the run dir: handled here
         metrics = train(cfg, run_dir, continued=continued)
     except KeyboardInterrupt:  # before training (from fit on, psgd.run winds the run down): nothing to keep
-        _discard_empty_run_dir(run_dir)
+        discard_empty_run_dir(run_dir)
         raise
     except Exception as e:
-        discard = not sweeping and bad_input(e)
-        # under torchrun every worker of a machine finds the same problem in the same dir: the first one takes
-        # the dir away, the others only once it has said the line and exited (their agent stops them then).
-        # Before, another worker could take it away while the first one's Hydra was still setting it up, and
-        # Hydra's log handler failed there with a traceback ("Unable to configure handler 'file'").
-        # The first one waits until every worker here is past Hydra's set-up of the dir (each marks that above).
-        after_the_first = discard and getattr(e, "every_worker_finds_it", False) and other_torchrun_worker()
-        if discard and not after_the_first:  # first, and whole: the agent's SIGTERM comes once a worker said it
-            torchrun.wait_for_this_machines_workers(WORKERS_SET_UP_WITHIN_S)
-            with signals.held(signal.SIGINT, signal.SIGTERM):
-                _discard_empty_run_dir(run_dir)
-        line = error_line(e, run_dir)
-        if sweeping:
-            if not isinstance(e, DirInUse):  # the earlier job's record stays as it was
-                record_failure(run_dir, line, e)
-            if keeps_traceback(e):
-                show_traceback_if_asked(e)
-            print(f"psgd: error: {line}", file=sys.stderr, flush=True)
-            return None
-        if not discard and (first_worker() or (isinstance(e, WorkerGone) and e.records)):  # one writer
-            mark_failed(run_dir, line)
-        if keeps_traceback(e):  # the line names the file
-            write_traceback(run_dir, e)
-            show_traceback_if_asked(e)
-        if isinstance(e, WorkerGone) and not e.says_so:  # another worker on this machine says it
-            raise SystemExit(2) from None
-        try:
-            fail(line, every_worker_finds_it=getattr(e, "every_worker_finds_it", False))
-        finally:
-            if after_the_first:  # the first has said it and exited (or did not in time, and this one has)
-                with signals.held(signal.SIGINT, signal.SIGTERM):
-                    _discard_empty_run_dir(run_dir)
+        if not sweeping:
+            run_failed(e, run_dir)
+        sweep_job_failed(e, run_dir)
+        return None
     if metrics is None:  # a torchrun / srun worker other than rank 0: rank 0 reports
         return None
     if not sweeping:  # a sweep prints one progress line per job instead (psgd.sweep)
-        if learned_nothing(metrics):  # a 10 % model "completed" as if it were a result
-            hogwild = hogwild_workers(metrics.get("strategy"), metrics.get("world_size"))
-            acc = f"{metrics['test_acc']:.4f}"
-            lr = (metrics.get("lr"), cfg.optimizer.lr, scales_by_workers(cfg))  # ran, set, scaled by the workers
-            warn(f"the model {learned_nothing_line(acc, hogwild, *lr, steps=few_steps(metrics))}")
-        print(
-            f"psgd: test_acc={metrics['test_acc']:.4f}{skew_note(metrics)} train_time_s={metrics['train_time_s']:.1f} "
-            f"samples_per_s={metrics['samples_per_s']}{stop_note(metrics)} results in {run_dir}",
-            flush=True,
-        )
+        say_result(cfg, metrics, run_dir)
     return metrics["test_acc"]
+
+
+def run_failed(e: Exception, run_dir: Path) -> None:
+    """End a single run that raised `e`: one line and exit code 2. Bad input leaves no run dir; any
+    other failure marks the run's record failed, and a bug's traceback goes to the file its line names.
+
+    Under torchrun every worker of a machine finds the same bad input in the same dir: the first one
+    takes the dir away once every worker there is past Hydra's set-up of it (Hydra's log handler fails in
+    a dir taken away), and the others only once it has said the line and exited.
+    """
+    discard = bad_input(e)
+    every_worker_finds_it = getattr(e, "every_worker_finds_it", False)
+    after_the_first = discard and every_worker_finds_it and other_torchrun_worker()
+    if discard and not after_the_first:
+        torchrun.wait_for_this_machines_workers(WORKERS_SET_UP_WITHIN_S)
+        discard_held(run_dir)
+    line = error_line(e, run_dir)
+    if not discard and (first_worker() or (isinstance(e, WorkerGone) and e.records)):  # one writer
+        mark_failed(run_dir, line)
+    if keeps_traceback(e):  # the line names the file
+        write_traceback(run_dir, e)
+        show_traceback_if_asked(e)
+    if isinstance(e, WorkerGone) and not e.says_so:  # another worker on this machine says it
+        raise SystemExit(2) from None
+    try:
+        fail(line, every_worker_finds_it=every_worker_finds_it)
+    finally:
+        if after_the_first:  # the first has said it and exited (or did not in time, and this one has)
+            discard_held(run_dir)
+
+
+def sweep_job_failed(e: Exception, run_dir: Path) -> None:
+    """A sweep's job that raised `e`: its dir is kept, marked failed with its line (for the report), and
+    the line is said; the sweep goes on."""
+    line = error_line(e, run_dir)
+    if not isinstance(e, DirInUse):  # the earlier job's record stays as it was
+        mark_failed(run_dir, line)
+        if not unwritable(e):  # a disk without room: the line says it all, and nothing more fits
+            write_traceback(run_dir, e)
+    if keeps_traceback(e):
+        show_traceback_if_asked(e)
+    say(f"psgd: error: {line}")
+
+
+def say_result(cfg: DictConfig, metrics: dict, run_dir: Path) -> None:
+    """A finished run's line (test accuracy, time, throughput, where its results are), after a warning
+    if its model learned nothing (a 10 % model "completed" as if it were a result)."""
+    if learned_nothing(metrics):
+        hogwild = hogwild_workers(metrics.get("strategy"), metrics.get("world_size"))
+        acc = f"{metrics['test_acc']:.4f}"
+        lr = (metrics.get("lr"), cfg.optimizer.lr, scales_by_workers(cfg))  # ran, set, scaled by the workers
+        warn(f"the model {learned_nothing_line(acc, hogwild, *lr, steps=few_steps(metrics))}")
+    print(
+        f"psgd: test_acc={metrics['test_acc']:.4f}{skew_note(metrics)} train_time_s={metrics['train_time_s']:.1f} "
+        f"samples_per_s={metrics['samples_per_s']}{stop_note(metrics)} results in {run_dir}",
+        flush=True,
+    )

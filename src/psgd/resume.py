@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from psgd.command_line import first_worker
 from psgd.config import GIVE, ConfigError, Plan, checkpoint_file, duration_s
+from psgd.console import first_worker
 from psgd.io import say
 from psgd.module import OPTIMIZER_KEY, STEP_IMPLEMENTATION, Classifier, fit_loop_state
 from psgd.optim import schedule_read

@@ -42,7 +42,6 @@ from psgd.callbacks import (
     WorkerSetup,
 )
 from psgd.choices import INFO
-from psgd.command_line import earlier_results, text_lines, warn
 from psgd.config import (
     ConfigError,
     DirInUse,
@@ -52,12 +51,14 @@ from psgd.config import (
     model_arguments,
     schedule,
 )
+from psgd.console import text_lines, warn
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
 from psgd.environment import cpu_count, device_description, versions
 from psgd.io import read_json, write_json
 from psgd.module import Classifier
 from psgd.optim import scaled_lr, schedule_read
+from psgd.outputs import earlier_results
 from psgd.process import run_settings
 from psgd.profiler import PyTorchProfilerForWorkers
 from psgd.rendezvous import init_elastic_process_group, rendezvous_port

@@ -12,7 +12,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch.multiprocessing import ProcessRaisedException
 
 from psgd import signals, torchrun
-from psgd.command_line import text_lines
+from psgd.console import text_lines
 from psgd.io import read_json, remove_temp_files, say, write_json
 from psgd.process import oom_kills_since
 from psgd.strategies.workers import lost_a_peer

@@ -14,7 +14,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from psgd.advice import learned_nothing, skew_note, stop_note
-from psgd.command_line import warn_once_per_sweep
+from psgd.console import warn_once_per_sweep
 from psgd.io import read_json
 from psgd.overrides import as_typed, override_key
 from psgd.report import continue_command, describe, sweep_lengths, unwritten, write_report

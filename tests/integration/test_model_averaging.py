@@ -121,14 +121,13 @@ def test_checkpoints_hold_every_replica_and_resume_gives_the_uninterrupted_weigh
 @pytest.mark.slow  # ~13 s; resuming every replica from a mid-run checkpoint is tested by default above
 def test_the_final_checkpoint_resumes_each_worker_on_the_average_and_its_own_schedule(averaged, tiny_data, tmp_path):
     # the same run resumed from its end: nothing left to train, but every worker loads the checkpoint.
-    # Worker 1's per-step schedule counts its own (shorter) epochs; it used to get rank 0's count and
-    # the resume was refused
+    # Worker 1's per-step schedule counts its own (shorter) epochs, not rank 0's, so the resume is not refused
     again = tmp_path / "again"
     resume_averaged(averaged, again, tiny_data)
     before, now = metrics(averaged), metrics(again)
     assert now["test_acc"] == pytest.approx(before["test_acc"])
-    # and reports the figures of the training that made those weights: they were missing, and val_acc
-    # was the replicas' mean from the last epoch instead of the averaged model's
+    # and reports the figures of the training that made those weights: val_acc is the averaged model's,
+    # not the replicas' mean from the last epoch
     for key in ("val_acc", "val_acc_before_averaging", "worker_test_acc", "replica_distance", "same_init"):
         assert now[key] == before[key], key
 

@@ -92,8 +92,8 @@ def test_a_users_own_module_trains_and_ends_with_one_model(tmp_path, strategy):
     # rank 0's TensorBoard logger wait up to 2 minutes at its close
     assert [(tmp_path / f"sigint{r}").read_text() for r in (0, 1)] == ["ctrl_c", "ctrl_c"]
     report = json.loads((tmp_path / "report.json").read_text())
-    # the strategy's report reaches the caller's process too (it was {} there: Lightning sends back weights,
-    # state and logged metrics only)
+    # the strategy's report reaches the caller's process too (Lightning itself sends back weights, state and
+    # logged metrics only)
     assert json.loads((tmp_path / "main_report.json").read_text()) == report and report
     if strategy == "model_averaging":
         assert report["replica_distance"] > 0  # the two shards had moved the replicas apart before
@@ -169,9 +169,8 @@ print("trained by psgd:", train(cfg, {run_dir!r})["status"], flush=True)
 # hogwild's workers come from psgd's fork server; model averaging's are spawned (~6 s more: slow)
 @pytest.mark.parametrize("strategy", ["hogwild", pytest.param("model_averaging", marks=pytest.mark.slow)])
 def test_a_notebook_runs_workers_and_refuses_its_own_classes_by_name(tmp_path, tiny_data, strategy):
-    """In a notebook (or at Python's prompt) Lightning refused every run with workers: psgd.run.train
-    with "Trainer(strategy=<psgd.strategies.ddp.ReportsFirstFailure object at 0x...>) is not
-    compatible with an interactive environment". psgd's workers start from a fresh interpreter or its
+    """In a notebook (or at Python's prompt) Lightning refuses every spawned run ("Trainer(strategy=...) is
+    not compatible with an interactive environment"). psgd's workers start from a fresh interpreter or its
     fork server, not from a fork of the session, so they run; what they cannot get, a class of the
     session's own (the workers start without its code: "Can't get attribute 'Here' on <module
     '__main__'>"), is refused by name before any worker starts or any file is written."""

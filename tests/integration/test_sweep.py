@@ -155,12 +155,9 @@ def test_train_py_with_hydras_multirun_flag_is_a_sweep():
         proc = run_cli("train.py", flag, "--help", timeout=60)
         assert proc.returncode == 0 and proc.stdout.startswith("psgd sweep.py: one training job per combination")
     assert run_cli("train.py", "--help", timeout=60).stdout.startswith("psgd train.py: train one network")
-    # the interpreter's own options go on to sweep.py; -X importtime shows it: each of the two processes
-    # writes its import-time table. The help leaves the sweep's values out (Hydra composes one job for it),
-    # and the options are still told from the script
-    cmd = [sys.executable, "-X", "importtime", str(ROOT / "train.py"), "-m", "seed=0,1", "--help"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and proc.stderr.count("import time: self [us]") == 2, proc.stderr[-2000:]
+    # the help leaves the sweep's values out (Hydra composes one job for it)
+    proc = run_cli("train.py", "-m", "seed=0,1", "--help", timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("psgd sweep.py: one training job per combination")
 
 

@@ -1,4 +1,4 @@
-"""The command-line check train.py and sweep.py run before Hydra: a mistyped choice or key is one line
+"""The command-line check train.py and sweep.py run before Hydra: what Hydra would refuse is one line
 naming the bad value and what is allowed; anything Hydra accepts passes untouched."""
 
 import errno
@@ -15,85 +15,53 @@ from pathlib import Path
 
 import pytest
 from conftest import CONF
+from hydra import compose, initialize_config_dir
 
-from psgd import command_line, process, signals
-from psgd.command_line import command_line_problem, shell_override, sweep_argv
+from psgd import console, process, signals
+from psgd.command_line import command_line_problem, sweep_argv
+from psgd.overrides import shell_override
 
 BAD = [
     (["model=resnet50"], "model=resnet50 is unknown (did you mean model=wide_resnet?); model can be: lab_cnn, mlp"),
     (["strategy=hogwlid"], "strategy=hogwlid is unknown (did you mean strategy=hogwild?)"),
     (["+experiment=nope"], "experiment=nope is unknown; experiment can be: dist_tuto, dli_cifar"),
-    (["trainer.max_epoch=3"], "trainer.max_epoch is not a setting (did you mean trainer.max_epochs?); trainer has: "),
-    (["lr=0.1"], "lr is not a setting (did you mean optimizer.lr?); the top level has: workers, "),
-    (["trainer.max_epoch=3"], "to add a new key write +trainer.max_epoch=3"),
-    (["model=wide_resnet", "model.drop=0.1"], "model.drop is not a setting (did you mean model.dropout?)"),
-    # a setting of another choice of its group: before, only "to add a new key write +strategy.period=4"
-    (["strategy.period=4"], "strategy.period is not a setting of strategy=ddp but of strategy=model_averaging; "),
+    # Hydra's own message, with psgd's did-you-mean and the keys of the section
     (
-        ["-m", "strategy=ddp,model_averaging", "strategy.period=4"],
-        "; in a sweep over strategy, ++strategy.period=4 gives it to every job (only strategy=model_averaging "
-        "reads it)",
+        ["trainer.max_epoch=3"],
+        "Could not override 'trainer.max_epoch' (did you mean trainer.max_epochs?); trainer has: ",
     ),
-    (["-m", "strategy=ddp,hogwild", "strategy.lock=true"], "not a setting of strategy=ddp but of strategy=hogwild"),
-    (["model.hidden=64"], "model.hidden is not a setting of model=lab_cnn but of model=mlp; model has: name,"),
-    (["model=mlp", "model.dropout=0.2"], "model.dropout is not a setting of model=mlp but of model=lab_cnn and model="),
-    (
-        ["-m", "optimizer=sgd,novograd", "optimizer.betas=[0.9,0.99]"],
-        "optimizer.betas is not a setting of optimizer=sgd but of optimizer=novograd; optimizer has: _target_, "
-        "_partial_, lr, momentum, weight_decay, nesterov, fused; a sweep can give it only to jobs of "
-        "optimizer=novograd (another optimizer's class refuses it)",
-    ),
-    (["workers=1,2"], "workers=1,2 gives workers several values: to run one job per value add -m"),
-    (["workers=1,2"], "for a list write workers=[1,2]"),
-    # Lightning's GPU ids: psgd's trainer.devices is a count, so not a list either but the GPUs made visible
-    (["trainer.devices=0,1"], "; to train on particular GPUs, make only those visible: CUDA_VISIBLE_DEVICES=0,1 "),
-    (["foo"], "cannot read the override 'foo': missing EQUAL"),
+    (["lr=0.1"], "Could not override 'lr' (did you mean optimizer.lr?); the top level has: workers, "),
+    (["trainer.max_epoch=3"], "To append to your config use +trainer.max_epoch=3"),
+    (["model=wide_resnet", "model.drop=0.1"], "Could not override 'model.drop' (did you mean model.dropout?)"),
+    (["model.hidden=64"], "Could not override 'model.hidden'; model has: name, _target_, dropout"),
+    (["workers=1,2"], "Ambiguous value for argument 'workers=1,2'; 1. To use it as a list, use key=[value1,value2]"),
+    (["workers=1,2"], "To sweep over it, add --multirun to your command line"),
+    (["foo"], "Error parsing override 'foo'; missing EQUAL"),
     # the shell does not expand ~ after data.root= (not a variable name), and Hydra's lexer refuses it
-    (["data.root=~/data"], "a value starting with ~ must be quoted for Hydra: \"data.root='~/data'\" (or write $HOME)"),
-    # a user's folder with a non-ASCII letter or a #: Hydra's lexer refuses it unquoted, with a caret lost in one line
-    (["data.root=/home/jürgen/data"], "a value with 'ü' must be quoted for Hydra: \"data.root='/home/jürgen/data'\""),
-    (["data.root=/data/run#1"], "a value with '#' must be quoted for Hydra: \"data.root='/data/run#1'\""),
-    (["-m", "data.root=/d/ä,/d/b"], "quoted for Hydra, each value of a sweep or list on its own: data.root='a','b'"),
+    (["data.root=~/data"], "data.root=~/data; quoted for Hydra: \"data.root='~/data'\""),
+    # a user's folder with a non-ASCII letter or a #: Hydra's lexer refuses it unquoted
+    (["data.root=/home/jürgen/data"], "quoted for Hydra: \"data.root='/home/jürgen/data'\""),
+    (["data.root=/data/run#1"], "quoted for Hydra: \"data.root='/data/run#1'\""),
+    (["-m", "data.root=/d/ä,/d/b"], "LexerNoViableAltException: data.root=/d/ä,/d/b"),
     (["+trainer.max_epochs=2"], "An item is already at 'trainer.max_epochs'"),
-    # a typed key of Hydra's own: its "Error merging override ..." named neither the type nor the value's fault
-    (["hydra.job.chdir=maybe"], "hydra.job.chdir=maybe is invalid: Value 'maybe' is not a valid bool (type str)"),
-    (["-m", "workers=1,2", "hydra.sweeper.max_batch_size=abc"], "hydra.sweeper.max_batch_size=abc is invalid: Value"),
+    (["hydra.job.chdir=maybe"], "Error merging override hydra.job.chdir=maybe; Value 'maybe' is not a valid bool"),
+    (["-m", "workers=1,2", "hydra.sweeper.max_batch_size=abc"], "hydra.sweeper.max_batch_size=abc; Value"),
     (["-m", "workers=1,2", "strategy=ddp,hogwlid"], "strategy=hogwlid is unknown"),
     # more jobs than are composed one by one: every value is still composed once
     (["-m", "seed=range(0,100)", "strategy=ddp,hogwild,model_averaging,hogwlid"], "strategy=hogwlid is unknown"),
     # a sweep of no job: Hydra launched none and left a sweep dir whose report said "is it a sweep dir?"
     (["-m", "workers=range(2,2)", "seed=0,1"], "workers=range(2,2) gives no value, so the sweep has no job"),
-    (["-m", "experiment=glob(dli_x*)"], "experiment=glob(dli_x*) matches none of experiment's choices, so the sweep"),
-    (["-m", "experiment=glob(dli_x*)"], "has no job; experiment can be: dist_tuto, dli_cifar, dli_fashion,"),
-    (["-m", "seed=glob(*)"], "glob() picks among a config group's choices and seed is not a group"),
-    # removing a setting or group psgd reads: OmegaConf's "ConfigAttributeError: object_type=dict" from
-    # the run (its last line), or Hydra's traceback for a group
-    (["~workers"], "~workers removes a setting psgd reads; set it instead: workers=<value> (here: 1)"),
-    (["~trainer.deterministic"], "set it instead: trainer.deterministic=<value> (here: false)"),
-    (["~data"], "~data removes the data settings psgd reads; choose one instead: data can be: cifar10, fashion_mnist"),
-    (["model=null"], "model=null removes the model settings psgd reads; choose one instead: model can be: lab_cnn,"),
-    (["-m", "model=null,mlp"], "model=null,mlp: null removes the model settings psgd reads"),
-    # what psgd reads of the model and optimizer groups (their other settings are the class's arguments)
-    (["~model.name"], "~model.name removes a setting psgd reads; set it instead: model.name=<value> (here: lab_cnn)"),
-    (["~model._target_"], "set it instead: model._target_=<value> (here: psgd.models.LabCNN)"),
-    (["~optimizer.lr"], "~optimizer.lr removes a setting psgd reads; set it instead: optimizer.lr=<value> (here: 0.02"),
+    (["-m", "experiment=glob(dli_x*)"], "experiment=glob(dli_x*) gives no value, so the sweep has no job"),
+    (["-m", "seed=glob(*)"], "seed=glob(*) gives no value"),
+    (["model=null"], "Config group override must be a string or a list. Got NoneType"),
+    (["experiment=null"], "Config group override must be a string or a list. Got NoneType"),
+    (["-m", "model=null,mlp"], "Config group override must be a string or a list"),
     # the report reads <job>/.hydra/: every job trained, then "no report: ... holds no job dirs"
     (["-m", "seed=0,1", "hydra.output_subdir=null"], "hydra.output_subdir=null would leave the sweep without its"),
     (["-m", "hydra.output_subdir=cfg"], "reads each job's Hydra config from <job>/.hydra/: leave hydra.output_subdir"),
-    # two of Hydra's modes: its ValueError traceback "Only one of --run, --multirun, --cfg, --info ..."
-    (["-m", "--cfg", "job", "workers=1,2"], "-m and --cfg cannot go together: Hydra runs the job (or -m, a sweep)"),
-    (["--cfg", "job", "--info"], "--cfg and --info cannot go together"),
-    (["--cfg", "job", "workers=1,2"], "--cfg prints one job's config and workers=1,2 gives workers several values"),
     # interval() is for sampling sweepers: the basic one raised a HydraException traceback, leaving a sweep dir
-    (["-m", "optimizer.lr=interval(0.01,0.1)"], "optimizer.lr=interval(0.01,0.1) asks for values drawn from a range"),
-    (["workers=interval(1,4)"], "psgd's sweeper runs the values listed: workers=1,2,3,4 or workers=range(1,5)"),
-    (["-m", "optimizer.lr=interval(0.01,0.1)"], "psgd's sweeper runs the values listed: optimizer.lr=0.01,0.03,0.1"),
-    (["-m", "model.dropout=interval(0.2,0.5)"], "psgd's sweeper runs the values listed: model.dropout=0.2,0.35,0.5"),
-    (["-m", "data.batch_size=interval(32,256)"], "the values listed: data.batch_size=32,64,128,256"),
-    (["-m", "trainer.max_epochs=interval(5,30)"], "the values listed: trainer.max_epochs=5,18,30"),
-    # a later value of the same key replaced the sweep: one job ran, silently
-    (["-m", "workers=1,2,4", "seed=0", "workers=8"], "workers=1,2,4 is replaced by workers=8 later on the command"),
-    (["-m", "model=mlp,lab_cnn", "model=lab_cnn"], "so its sweep would not run; give model once"),
+    (["-m", "optimizer.lr=interval(0.01,0.1)"], "optimizer.lr=interval(0.01,0.1): Hydra's basic sweeper runs listed"),
+    (["workers=interval(1,4)"], "Sweep parameters 'workers=interval(1,4)' requires --multirun"),
     # a glob's jobs are composed as Hydra makes them: each choice it matches
     (["-m", "experiment=glob(dli_fashion_*)", "data=cifar1O"], "data=cifar1O is unknown (did you mean data=cifar10?)"),
 ]
@@ -106,54 +74,40 @@ def test_a_mistyped_choice_or_key_is_one_line_naming_it_and_what_is_allowed(argv
     assert "\n" not in problem
 
 
-def test_the_advice_for_a_setting_of_another_choice_composes_every_job_of_the_sweep():
-    """`++` as the refusal of `strategy=ddp,hogwild strategy.lock=true` advises: `+` alone failed in the hogwild
-    job, whose preset sets lock (to false), and a null default such as model averaging's period took either."""
-    assert command_line_problem("sweep", ["-m", "strategy=ddp,hogwild", "++strategy.lock=true"], CONF) is None
-    assert command_line_problem("sweep", ["-m", "strategy=ddp,model_averaging", "++strategy.period=4"], CONF) is None
-    assert "++strategy.lock=true gives it to every job (only strategy=hogwild reads it)" in command_line_problem(
-        "sweep", ["-m", "strategy=ddp,hogwild", "strategy.lock=true"], CONF
-    )
-
-
 @pytest.mark.parametrize(
     "argv",
     [
-        # a model class of the user's that takes no dropout: the refusal said psgd read the setting, and
-        # the class could not be used from the command line
+        # a model class of the user's that takes no dropout
         ["model._target_=mymodels.Net", "model.name=mine", "~model.dropout", "~model.batch_norm"],
         ["~optimizer.momentum", "~optimizer.nesterov"],  # SGD's defaults then
         ["-m", "seed=0,1", "~model.dropout"],
+        # a setting of one choice of a group given to every job of a sweep over the group
+        ["-m", "strategy=ddp,hogwild", "++strategy.lock=true"],
     ],
 )
-def test_a_model_or_optimizer_argument_may_be_removed(argv):
+def test_a_model_or_optimizer_argument_may_be_removed_or_added(argv):
     assert command_line_problem("train", argv, CONF) is None
 
 
-@pytest.mark.parametrize(
-    "argv,expected",
-    [
-        ([], ["-m"]),  # the defaults: a sweep of one job, with its report (before: a plain run, then a warning)
-        (["workers=1,2"], ["-m", "workers=1,2"]),
-        # Hydra takes -m only before the overrides (after them: argparse's usage text, exit 2)
-        (["workers=1,2", "seed=0", "-m"], ["-m", "workers=1,2", "seed=0"]),
-        (["--multirun", "workers=1,2"], ["-m", "workers=1,2"]),
-        (["-m", "workers=1,2"], ["-m", "workers=1,2"]),
-        # other Hydra flags: no multirun made of them; after the overrides, with their values
-        (["--cfg", "job", "workers=1"], ["workers=1", "--cfg", "job"]),
-        (["workers=1,2", "-m", "--info"], ["workers=1,2", "-m", "--info"]),
-        # argparse took the overrides as one run only: "unrecognized arguments: seed=1"
-        (["workers=1", "--cfg", "job", "seed=1"], ["workers=1", "seed=1", "--cfg", "job"]),
-        # the help composes one job: without the sweep's values (they were Hydra's traceback)
-        (["-m", "model=mlp", "workers=1,2", "--help"], ["model=mlp", "-m", "--help"]),
-    ],
-)
-def test_sweep_py_always_runs_a_multirun_with_the_flag_where_hydra_reads_it(argv, expected):
-    assert sweep_argv(argv) == expected
+def test_a_setting_removed_is_one_line():
+    from psgd.config import values_problem
+
+    problem = command_line_problem("train", ["~workers"], CONF, job_check=lambda jobs: values_problem(jobs, False))
+    assert problem == "Key 'workers' is not in struct"
+
+
+def test_a_sweep_of_a_stopped_sweeps_dir_goes_on_there():
+    assert sweep_argv(["workers=1,2"]) == ["workers=1,2"]
+    assert sweep_argv(["workers=1,2", "continue_sweep=/s"]) == [
+        "workers=1,2",
+        "continue_sweep=/s",
+        "hydra.sweep.dir=/s",
+    ]
+    assert sweep_argv(["continue_sweep=/s", "hydra.sweep.dir=/t"]) == ["continue_sweep=/s", "hydra.sweep.dir=/t"]
 
 
 def test_the_sweep_config_is_checked_the_same_way():
-    assert "data=imagenet is unknown" in command_line_problem("sweep", ["-m", "data=mnist,imagenet"], CONF)
+    assert "data=imagenet is unknown" in command_line_problem("sweep", ["data=mnist,imagenet"], CONF)
 
 
 def stopped_sweep(folder: Path, task: list[str]) -> Path:
@@ -164,29 +118,15 @@ def stopped_sweep(folder: Path, task: list[str]) -> Path:
     return folder
 
 
-EXCLUDE = "hydra.job.config.override_dirname.exclude_keys"
-
-
-@pytest.mark.parametrize(
-    "given,expected",
-    [
-        ([], f"{EXCLUDE}=[continue_sweep]"),
-        ([f"{EXCLUDE}=[data.root,seed]"], f"{EXCLUDE}=[data.root,seed,continue_sweep]"),  # the user's, kept
-        ([f"{EXCLUDE}=[]"], f"{EXCLUDE}=[continue_sweep]"),
-        ([f"{EXCLUDE}=[continue_sweep]"], f"{EXCLUDE}=[continue_sweep]"),  # as a printed rerun command has it
-    ],
-)
-def test_continue_sweep_is_left_out_of_job_dir_names(tmp_path, given, expected):
-    """hydra.sweep.subdir=${hydra.job.override_dirname} names job folders by their overrides: continue_sweep
-    was among them, so a continued sweep ran every job again in new folders (continue_sweep=<dir>,...), and
-    its report counted each job twice. Hydra leaves the keys in exclude_keys out of those names."""
+def test_continue_sweep_is_left_out_of_job_dir_names(tmp_path):
+    """hydra.sweep.subdir=${hydra.job.override_dirname} names job folders by their overrides: with
+    continue_sweep among them, a continued sweep ran every job again in new folders."""
     sweep = stopped_sweep(tmp_path / "s", ["workers=1,2"])
-    subdir = "hydra.sweep.subdir=${hydra.job.override_dirname}"
-    argv = sweep_argv(["workers=1,2", subdir, *given, f"continue_sweep={sweep}"])
-    assert [a for a in argv if a.startswith(EXCLUDE)] == [expected]
-    assert argv[-1] == f"hydra.sweep.dir={sweep}"
-    assert command_line_problem("sweep", argv, CONF) is None  # Hydra composes it
-    assert not any(a.startswith(EXCLUDE) for a in sweep_argv(["workers=1,2", subdir]))  # only when continuing
+    argv = sweep_argv(["workers=1,2", "hydra.sweep.subdir=${hydra.job.override_dirname}", f"continue_sweep={sweep}"])
+    assert command_line_problem("sweep", argv, CONF) is None
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("sweep", return_hydra_config=True)
+    assert list(cfg.hydra.job.config.override_dirname.exclude_keys) == ["continue_sweep"]
 
 
 def test_a_sweep_is_continued_only_with_its_own_values_in_their_order(tmp_path):
@@ -215,11 +155,9 @@ def test_a_sweep_is_continued_only_with_its_own_values_in_their_order(tmp_path):
     )
 
 
-def test_continue_sweep_in_a_single_run_says_it_is_for_sweeps(tmp_path):
+def test_continue_sweep_in_a_single_run_is_not_a_setting(tmp_path):
     problem = command_line_problem("train", ["workers=2", f"continue_sweep={tmp_path}"], CONF)
-    assert problem == (
-        "continue_sweep continues a stopped sweep: python sweep.py -m <the sweep's values> continue_sweep=<its dir>"
-    )
+    assert problem.startswith("Could not override 'continue_sweep'")
 
 
 def test_a_sweep_still_running_is_not_continued(tmp_path):
@@ -255,15 +193,13 @@ def test_a_sweep_under_torchrun_is_one_line(monkeypatch):
         ["hydra.job.chdir=true", "trainer.max_epochs=${workers}"],  # hydra keys, interpolations
         ["-m", "workers=range(1,3)", "optimizer.lr=0.1,0.2"],
         ["++trainer.max_epochs=2", "+trainer.new_key=1", "~trainer.new_key"],  # a key the command line added
-        ["experiment=null"],  # a group chosen by no default
+        ["~experiment"],  # a group chosen by no default
         ["hydra.output_subdir=null"],  # one run: no .hydra/ in its dir (no report reads it)
         ["data.partition_sizes=[0.5,0.4]"],  # composes; psgd's own config check reports the sum later
         ["--cfg", "job", "model=resnet50"],  # Hydra's own flags: left to Hydra
-        ["--config-dir=elsewhere", "model=resnet50"],
         ["-m", "--multirun", "seed=0,1"],  # the same mode twice
         ["optimizer.lr=0.1", "optimizer.lr=0.3"],  # one run: the last value, as Hydra takes it (no sweep lost)
         ["-m", "optimizer.lr=0.3", "optimizer.lr=0.1,0.2"],  # the sweep is the value kept
-        ["-m", "hydra/sweeper=optuna", "optimizer.lr=interval(0.01,0.1)"],  # a sampling sweeper's (if installed)
     ],
 )
 def test_what_hydra_accepts_or_judges_itself_passes(argv):
@@ -361,7 +297,7 @@ def test_a_config_dir_of_ones_own_is_searched_besides_psgds(tmp_path):
             "lab_cnn, mini, mlp, singa_cnn, wide_resnet"
         )
     problem = command_line_problem("train", ["-cd", str(tmp_path), "model=mini", "trainer.max_epoch=3"], CONF)
-    assert problem.startswith("trainer.max_epoch is not a setting (did you mean trainer.max_epochs?)")
+    assert problem.startswith("Could not override 'trainer.max_epoch' (did you mean trainer.max_epochs?)")
     # a glob over the user's choices: only Hydra's loader of that dir lists them
     assert command_line_problem("sweep", ["-m", "-cd", str(tmp_path), "model=glob(mi*)"], CONF) is None
 
@@ -380,7 +316,7 @@ def test_a_suggested_override_reads_back_as_the_same_value_through_the_shell_and
 
 def test_following_the_quoting_hint_gives_a_command_hydra_reads():
     problem = command_line_problem("train", ["data.root=/home/jürgen/my data"], CONF)
-    suggested = problem.split("must be quoted for Hydra: ")[1].removesuffix(" (Hydra's override syntax)")
+    suggested = problem.split("quoted for Hydra: ")[1]
     assert shlex.split(suggested) == ["data.root='/home/jürgen/my data'"]
     assert command_line_problem("train", shlex.split(suggested), CONF) is None
 
@@ -439,8 +375,7 @@ def test_a_value_psgd_refuses_in_any_job_of_a_sweep_is_one_line_before_any_job_r
     # way out: NovoGrad's class refuses momentum
     line = ["-m", "optimizer=sgd,novograd", "optimizer.momentum=0,0.9"]
     assert command_line_problem("sweep", line, CONF).endswith(
-        "a sweep can give it only to jobs of optimizer=sgd (another optimizer's class refuses it) (in the job "
-        "optimizer=novograd optimizer.momentum=0; no job was started)"
+        "Key 'momentum' is not in struct (in the job optimizer=novograd optimizer.momentum=0; no job was started)"
     )
     # a model that cannot take a job's dataset: it used to fail only when that job's turn came
     line = ["-m", "model=lab_cnn,singa_cnn", "data=mnist,cifar10"]
@@ -454,7 +389,7 @@ def test_a_value_psgd_refuses_in_any_job_of_a_sweep_is_one_line_before_any_job_r
         "started)"
     )
     # one that no job has is said without a job
-    assert command_line_problem("sweep", ["-m", "optimizer.momentm=0,0.9"], CONF).endswith("+optimizer.momentm=0")
+    assert "+optimizer.momentm=0; " in command_line_problem("sweep", ["-m", "optimizer.momentm=0,0.9"], CONF)
     # where there is no SLURM, submitit's launcher failed with a traceback and left the sweep's dir
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     slurm = ["-m", "hydra/launcher=psgd_slurm", "optimizer.lr=0.1,-1"]
@@ -533,7 +468,7 @@ def test_a_problem_every_torchrun_worker_finds_is_said_by_the_machines_first(
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(command_line, "AGENT_STOPS_WITHIN_S", 0.5)
+    monkeypatch.setattr(console, "AGENT_STOPS_WITHIN_S", 0.5)
     monkeypatch.setattr(signals, "received", None)  # interrupt() records the signal there
     previous = signal.signal(signal.SIGTERM, signals.interrupt)  # as train.py's interrupt_on_sigterm() does
     agent = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)) if agent_stops else None
@@ -542,7 +477,7 @@ def test_a_problem_every_torchrun_worker_finds_is_said_by_the_machines_first(
             agent.start()
         start = time.monotonic()
         with pytest.raises(SystemExit) as exited:
-            command_line.fail("workers=0 is invalid", every_worker_finds_it=True)
+            console.fail("workers=0 is invalid", every_worker_finds_it=True)
         took = time.monotonic() - start
     finally:
         if agent:
@@ -589,7 +524,7 @@ def test_lines_said_by_several_processes_at_once_stay_whole(tmp_path):
 def test_in_a_sweep_each_warning_is_said_once_and_every_other_one_still_is(capsys):
     """While a sweep runs its jobs here, a warning a job repeats is said at its first job only; another
     warning (one job's own) is still said; after the sweep every run says its own again."""
-    from psgd.command_line import warn, warn_once_per_sweep
+    from psgd.console import warn, warn_once_per_sweep
 
     warn_once_per_sweep(True)
     try:

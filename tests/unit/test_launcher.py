@@ -68,8 +68,8 @@ def raised(rank: int, last_line: str, pid: int = 0) -> ProcessRaisedException:
 
 
 def test_an_errors_line_is_the_first_of_its_message_here_and_the_named_one_from_a_worker(tmp_path):
-    """OmegaConf's messages end in "full_key: ..." and "object_type=dict": the line used to be that last one
-    ("ConfigAttributeError: object_type=dict"), which names nothing."""
+    """OmegaConf's messages end in "full_key: ..." and "object_type=dict": the line is the first one, which
+    names the key, not that last one ("ConfigAttributeError: object_type=dict")."""
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.create({"trainer": {}})
@@ -230,7 +230,7 @@ def test_oom_kills_reads_this_kernels_count():
     ids=["timed-out", "lost-peer"],
 )
 def test_a_torchrun_workers_collective_failure_is_its_one_line_naming_its_rank(tmp_path, monkeypatch, message, why):
-    """Under torchrun each worker is a train.py process: its gloo error used to go to Hydra's report
+    """Under torchrun each worker is a train.py process: its gloo error is psgd's one line, not Hydra's report
     ("Error executing job with overrides: [...]", the error, "Set the environment variable HYDRA_FULL_ERROR=1")."""
     monkeypatch.setenv("RANK", "3")
     assert error_line(RuntimeError(message), tmp_path) == f"worker rank 3 failed: RuntimeError: {message} ({why})"
@@ -361,8 +361,8 @@ def test_a_script_that_trains_at_its_top_level_is_told_to_guard_it_by_each_worke
 
 def test_a_validation_interval_longer_than_an_epoch_is_lightnings_refusal_here_and_from_a_worker(tmp_path):
     """Lightning finds an integer trainer.val_check_interval above an epoch's batches only inside fit and
-    raises a ValueError: it was reported as a bug, 'worker rank 0 failed: ValueError: ... (traceback in
-    ...)'; it is a setting Lightning refuses, as its MisconfigurationExceptions are."""
+    raises a ValueError: it is reported as a setting Lightning refuses, as its MisconfigurationExceptions
+    are, not as a bug ('worker rank 0 failed: ValueError: ... (traceback in ...)')."""
     from torch.utils.data import DataLoader, TensorDataset
 
     from psgd.stopped import lightning_refusal

@@ -124,8 +124,8 @@ def test_the_test_reports_each_classs_accuracy_and_none_for_a_class_it_never_saw
 
 def test_the_validation_loss_is_the_mean_over_samples_and_keeps_a_nan_batch(recwarn):
     """val/loss weighs each batch by its samples (64 + 6 here), and a batch whose loss is NaN makes it
-    NaN: torchmetrics' default dropped that batch with a UserWarning, so a diverging model's val_loss
-    was the mean of its finite batches alone."""
+    NaN (torchmetrics' default would drop that batch with a UserWarning, and a diverging model's val_loss
+    would be the mean of its finite batches alone)."""
     torch.manual_seed(0)
     x, y = torch.randn(70, 6), torch.randint(0, 4, (70,))
     net = nn.Linear(6, 4)
@@ -193,8 +193,8 @@ def test_a_compiled_network_is_compiled_in_place_at_fit_and_trains_as_the_eager_
 
 def test_under_cuda_graphs_a_kept_training_output_is_a_copy():
     """compile=reduce-overhead on GPU: the next replay of the network's CUDA graph overwrites its output,
-    and the training counts keep outputs for several steps (reading one raised 'accessing tensor output of
-    CUDAGraphs that has been overwritten by a subsequent run' on an H100). The copy, checked on CPU."""
+    and the training counts keep outputs for several steps (reading one would raise 'accessing tensor output
+    of CUDAGraphs that has been overwritten by a subsequent run'). The copy, checked on CPU."""
     module = Classifier(nn.Linear(6, 4), partial(torch.optim.SGD), lr=0.0, num_classes=4)
     out, y, loss = torch.randn(8, 4), torch.randint(0, 4, (8,)), torch.tensor(1.0)
     for graphs in (False, True):

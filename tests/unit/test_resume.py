@@ -22,7 +22,7 @@ def test_a_checkpoint_of_each_workers_state_needs_as_many_workers(tmp_path):
     module = Classifier(MLP(), partial(torch.optim.SGD), lr=0.02, workers=2, max_epochs=2)
     mid_run = save(tmp_path / "mid.ckpt", module, replicas=[{}, {}], averaged=False)
     assert resolve_ckpt_path(mid_run, module, world_size=2) == mid_run
-    for world_size in (1, 3):  # before, each worker failed with a RuntimeError once started
+    for world_size in (1, 3):  # refused before any worker starts
         with pytest.raises(ConfigError, match=rf"holds 2 workers' own state but this run has {world_size} workers?;"):
             resolve_ckpt_path(mid_run, module, world_size=world_size)
     # the final checkpoint of model averaging holds the averaged model: any number of workers starts from it

@@ -1,0 +1,94 @@
+"""What psgd says on stderr (`psgd: error: ...`, `psgd: warning: ...`), which process of a run says it, and
+overrides written as a user types them. A leaf: the standard library and psgd's leaves only."""
+
+import os
+import time
+
+from psgd.io import say
+from psgd.overrides import as_typed
+
+
+def global_rank() -> str | None:
+    """This process's global rank when torchrun or srun started it as one of the workers, else None."""
+    return os.environ.get("RANK", os.environ.get("SLURM_PROCID"))
+
+
+def first_worker() -> bool:
+    """This process speaks for the run: it is not one of several workers that torchrun or srun started
+    as train.py processes, or it is rank 0 of them (each finds the same settings, files and results)."""
+    return global_rank() in (None, "0")
+
+
+def torchrun_worker() -> bool:
+    """This process is one of the workers that torchrun (torch elastic) started."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ
+
+
+def other_torchrun_worker() -> bool:
+    """A worker that torchrun started other than the first on its machine (local rank 0)."""
+    return torchrun_worker() and os.environ.get("LOCAL_RANK", "0") != "0"
+
+
+# how long a torchrun worker waits for its agent's SIGTERM once the first worker has said the problem
+AGENT_STOPS_WITHIN_S = 10.0
+
+
+def leave_it_to_the_first() -> bool:
+    """In a torchrun worker other than its machine's first, which found the same problem as that one:
+    wait for the agent to stop this worker (it sends SIGTERM to the others once one has exited), so that
+    the first worker says it, once. True when stopped so; False elsewhere, or when no SIGTERM came in
+    time (then this worker says it too). Needs SIGTERM raised as KeyboardInterrupt
+    (signals.interrupt_on_sigterm)."""
+    if not other_torchrun_worker():
+        return False
+    try:
+        time.sleep(AGENT_STOPS_WITHIN_S)
+    except KeyboardInterrupt:
+        return True
+    return False
+
+
+def fail(message: str, every_worker_finds_it: bool = False) -> None:
+    """A user error: one line on stderr, exit code 2.
+
+    Args:
+        every_worker_finds_it: the line follows from the config and the machine alone, so under torchrun
+            each worker of a machine finds it: the first one says it (leave_it_to_the_first).
+    """
+    if not (every_worker_finds_it and leave_it_to_the_first()):
+        say(f"psgd: error: {message}")
+    raise SystemExit(2)
+
+
+# while a sweep runs its jobs in this process: the warnings said so far, each said for its first job only
+_SAID_IN_SWEEP: set[str] | None = None
+
+
+def warn_once_per_sweep(on: bool) -> None:
+    """From now on (on=True) until off, a warning said by one job of the sweep is not said again."""
+    global _SAID_IN_SWEEP
+    _SAID_IN_SWEEP = set() if on else None
+
+
+def warn(message: str) -> None:
+    """A `psgd: warning: ...` line on stderr, said once per run (first_worker), and once per sweep."""
+    if not first_worker():
+        return
+    if _SAID_IN_SWEEP is not None:
+        if message in _SAID_IN_SWEEP:
+            return
+        _SAID_IN_SWEEP.add(message)
+    say(f"psgd: warning: {message}")
+
+
+def text_lines(text: object) -> list[str]:
+    """The non-blank lines of a (multi-line) message, stripped; never empty."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    return lines or ["unknown error"]
+
+
+def in_the_job(problem: object, job: list[str], jobs: list[list[str]]) -> str:
+    """`problem`, naming the job of a sweep it is in by the job's swept values (its overrides that not
+    every job has)."""
+    values = " ".join(as_typed(o) for o in job if not all(o in other for other in jobs))
+    return f"{problem} (in the job {values or 'of the defaults'}; no job was started)"
