@@ -1,17 +1,17 @@
-"""What psgd tells a user about a run's outcome: steps too large (it diverged, or learned nothing) and the
-lr to set, the class label-skewed shards left behind, what ended training.
-
-Under HogWild every worker's update lands on the one shared model, so P workers take about P times
-one worker's step: the lr to name there is one worker's lr / P. This module imports no other psgd module.
-"""
+"""What psgd tells a user about a run's outcome: steps too large (it diverged, or learned nothing) and the lr
+to set, the class label-skewed shards left behind, what ended training. Imports no other psgd module."""
 
 import math
 from typing import Any
 
-# under this many optimizer steps, a model at chance may not have trained long enough to learn
-FEW_STEPS = 100
-# what a record's stopped_by names: the setting that ended training
-STOPPERS = {"early_stop": "early_stop.target_acc", "max_steps": "trainer.max_steps", "max_time": "trainer.max_time"}
+FEW_STEPS = 100  # under this many optimizer steps, a model at chance may not have trained long enough
+# a record's stopped_by -> the setting that ended training
+STOPPERS = {
+    "early_stop": "early_stop.target_acc",
+    "max_steps": "trainer.max_steps",
+    "max_time": "trainer.max_time",
+    "fast_dev_run": "trainer.fast_dev_run",
+}
 
 
 def hogwild_workers(strategy: str | None, workers: int | None) -> int | None:
@@ -20,39 +20,23 @@ def hogwild_workers(strategy: str | None, workers: int | None) -> int | None:
 
 
 def scales_by_workers(settings: Any) -> bool:
-    """Whether lr_scaling multiplied optimizer.lr by the worker count (lr_reference_batch=null; psgd.optim).
-
-    Args:
-        settings: a run's config or its metrics.json record (both keep the two keys).
-    """
+    """Whether lr_scaling multiplied optimizer.lr by the worker count (a run's config or its record)."""
     return settings.get("lr_scaling") not in (None, "none") and settings.get("lr_reference_batch") is None
 
 
-def step_advice(
-    lr: float | None = None,
-    hogwild_workers: int | str | None = None,
-    optimizer_lr: float | None = None,
-    by_workers: bool = False,
-) -> str:
-    """What to change when a run's steps were too large: the lr (the run's, where known), or a warm-up.
-
-    Args:
-        lr: the lr the run ran at (after lr_scaling), where known.
-        hogwild_workers: HogWild's worker count, or "P" for several runs; None for any other strategy.
-        optimizer_lr: the optimizer.lr that lr_scaling turned into `lr`.
-        by_workers: lr_scaling scaled by the workers (lr_reference_batch=null). One worker then runs
-            optimizer.lr itself, so the lr to set is optimizer.lr / P with lr_scaling=none (optimizer.lr / P
-            alone would be scaled back up P-fold). Scaled by the batch, one worker runs `lr` too and
-            optimizer.lr / P is scaled to its P-th.
-    """
+def step_advice(lr=None, hogwild_workers: int | str | None = None, optimizer_lr=None, by_workers: bool = False) -> str:
+    """What to change when a run's steps were too large: a lower lr (`lr`: the run's, after lr_scaling of
+    `optimizer_lr`, where known), or a warm-up. HogWild's P workers (`hogwild_workers`: P, or "P" for several
+    runs) take about P times one worker's step: one worker's lr / P, with lr_scaling=none where it scaled by
+    the workers (`by_workers`: optimizer.lr / P alone would be scaled back up P-fold)."""
     scaled = bool(lr and optimizer_lr and not math.isclose(lr, optimizer_lr, rel_tol=1e-6))
     base = optimizer_lr if scaled else lr
     said = f"the run's lr is {lr:g}" if lr else ""
     if scaled:
         said += f": lr_scaling's {lr / base:.3g} x optimizer.lr {base:g}"
-    if hogwild_workers is None:
-        return f"lower optimizer.lr{f' ({said})' if said else ''} or warm up (scheduler=warmup)"
     p = hogwild_workers
+    if p is None:
+        return f"lower optimizer.lr{f' ({said})' if said else ''} or warm up (scheduler=warmup)"
     if lr and isinstance(p, int):
         to = f"optimizer.lr={float(f'{base / p:.3g}'):g}"
         if scaled and by_workers:
@@ -69,8 +53,7 @@ def step_advice(
 
 
 def worst_class(accs: list[float | None] | None, names: list[str] | None) -> tuple[str, float] | None:
-    """The class the final model knows least (its name, else its label) and its test accuracy; None
-    without a class that had test samples."""
+    """The class the final model knows least (its name, else its label) and its test accuracy, if any."""
     known = [(a, c) for c, a in enumerate(accs or []) if a is not None]
     if not known:
         return None
@@ -79,8 +62,7 @@ def worst_class(accs: list[float | None] | None, names: list[str] | None) -> tup
 
 
 def skew_note(record: dict) -> str:
-    """' (worst class 3 - three at 0.0396)' for a finished run on label-skewed shards (partition not
-    iid): the class its test_acc hides; '' otherwise."""
+    """' (worst class 3 - three at 0.0396)' for a run on label-skewed shards (partition not iid), else ''."""
     worst = worst_class(record.get("test_acc_per_class"), record.get("test_classes"))
     if worst is None or record.get("partition", "iid") == "iid":
         return ""
@@ -88,10 +70,7 @@ def skew_note(record: dict) -> str:
 
 
 def stop_note(record: dict) -> str:
-    """' (trainer.max_time ended training in epoch 30 of 500)' for a run that something other than
-    trainer.max_epochs stopped; '' otherwise."""
-    if record.get("stopped_by") == "fast_dev_run":
-        return " (trainer.fast_dev_run: a few batches only)"
+    """' (trainer.max_time ended training in epoch 30 of 500)' where not max_epochs ended training, else ''."""
     stopper = STOPPERS.get(record.get("stopped_by"))
     if stopper is None:
         return ""
@@ -100,29 +79,26 @@ def stop_note(record: dict) -> str:
 
 
 def _last_epoch(job: Any) -> tuple[dict, int]:
-    """The last epoch record ({} without one) and the number of classes (0 where unknown) of `job`: a
-    metrics.json record, or anything with its `get`."""
+    """The last epoch's record ({} without one) and the number of classes (0 where unknown) of a record."""
     history = job.get("history") or []
     last = history[-1] if history and isinstance(history[-1], dict) else {}
     return last, len(job.get("test_acc_per_class") or job.get("test_classes") or [])
 
 
 def learned_nothing(job: Any) -> bool:
-    """A completed job whose model learned nothing: its last epoch's mean training loss is no lower than a
-    uniform guess's, ln(classes), and its test accuracy under twice chance. A fast_dev_run is not judged."""
+    """A completed run (not a fast_dev_run) whose last epoch's mean training loss is no lower than a uniform
+    guess's, ln(classes), and whose test accuracy is under twice chance."""
     last, classes = _last_epoch(job)
     loss, acc = last.get("train_loss"), job.get("test_acc")
-    if job.get("status") != "completed" or classes < 2 or not all(isinstance(v, int | float) for v in (loss, acc)):
+    if job.get("status") != "completed" or job.get("stopped_by") == "fast_dev_run" or classes < 2:
         return False
-    if job.get("stopped_by") == "fast_dev_run":
-        return False
-    return loss >= math.log(classes) and acc < 2 / classes
+    numbers = all(isinstance(v, int | float) for v in (loss, acc))
+    return numbers and loss >= math.log(classes) and acc < 2 / classes
 
 
 def few_steps(job: Any) -> int | None:
-    """The optimizer steps a job trained, where they are under FEW_STEPS and its last epoch's mean training
-    loss stayed under twice a uniform guess's (too few steps may explain learning nothing); else None: a
-    loss far above a guess's means steps too large, however few."""
+    """The optimizer steps a run trained where under FEW_STEPS with its loss under twice a uniform guess's
+    (too few to learn from); else None (a loss far above a guess's means steps too large, however few)."""
     last, classes = _last_epoch(job)
     step, loss = last.get("step"), last.get("train_loss")
     if not (isinstance(step, int) and isinstance(loss, int | float) and classes >= 2):
@@ -130,25 +106,16 @@ def few_steps(job: Any) -> int | None:
     return step if step < FEW_STEPS and loss < 2 * math.log(classes) else None
 
 
-def learned_nothing_line(
-    accs: str,
-    hogwild_workers: str | int | None,
-    lr: float | None = None,
-    optimizer_lr: float | None = None,
-    by_workers: bool = False,
-    steps: int | str | None = None,
-) -> str:
-    """What learning nothing says, and what to change (step_advice). `steps`: the optimizer
-    steps trained, where under FEW_STEPS: the line says to train longer first."""
+def learned_nothing_line(accs: str, hogwild_workers, lr=None, optimizer_lr=None, by_workers=False, steps=None) -> str:
+    """What learning nothing says and what to change (step_advice); with `steps` (few_steps), train longer first."""
     said = (
         f"learned nothing (test accuracy {accs}, about chance; the last epoch's training loss no lower than a "
         "uniform guess's)"
     )
     advice = step_advice(lr, hogwild_workers, optimizer_lr, by_workers)
-    if steps is not None:
-        return (
-            f"{said} after only {steps} optimizer steps: too few to learn from, so train longer "
-            "(trainer.max_epochs, trainer.limit_train_batches, trainer.max_steps); or the steps were too large: "
-            f"{advice}"
-        )
-    return f"{said}: most often the steps were too large; {advice}"
+    if steps is None:
+        return f"{said}: most often the steps were too large; {advice}"
+    return (
+        f"{said} after only {steps} optimizer steps: too few to learn from, so train longer (trainer.max_epochs, "
+        f"trainer.limit_train_batches, trainer.max_steps); or the steps were too large: {advice}"
+    )

@@ -1,8 +1,5 @@
-"""The Hydra callback behind `sweep.py -m`: a progress line per finished job, the report at the end.
-
-It reads only what the jobs wrote to disk (each job dir's metrics.json), so it works the same with
-Hydra's in-process launcher and with launchers that run jobs elsewhere (submitit on SLURM).
-"""
+"""The Hydra callback behind `sweep.py -m`: a progress line per finished job, the report at the end. It reads
+only what the jobs wrote to disk, so it works the same with launchers that run jobs elsewhere (SLURM)."""
 
 import math
 import sys
@@ -17,7 +14,7 @@ from psgd.advice import learned_nothing, skew_note, stop_note
 from psgd.console import warn_once_per_sweep
 from psgd.io import read_json
 from psgd.overrides import as_typed, override_key
-from psgd.report import continue_command, describe, sweep_lengths, unwritten, write_report
+from psgd.report import describe, sweep_lengths, unwritten, write_report
 
 # the last multirun of this process: sweep.py's exit code counts its failed jobs, and a multirun that did
 # not end (Ctrl-C, SIGTERM) gets the report of the jobs that ran
@@ -26,7 +23,7 @@ LAST: dict[str, Any] = {"failed": 0, "sweep_dir": None, "ended": False}
 KEPT: set[str] = set()
 
 
-def shown_overrides(task: list[str], swept: set[str]) -> list[str]:
+def shown_overrides(task: list[str], swept: set[str] | frozenset[str]) -> list[str]:
     """The overrides a job's progress line shows, as typed: the swept ones, or all of them when nothing is swept."""
     return [as_typed(o) for o in task if not swept or override_key(o) in swept]
 
@@ -38,14 +35,12 @@ def progress_line(num: int, total: int | None, overrides: list[str], job_dir: Pa
     where = f"[{num + 1}/{total}]" if total else f"[{num + 1}]"
     values = " ".join(overrides) or "(defaults)"
     if status == "completed":
-        ttt = record.get("time_to_target_s")
-        target = f", target reached at {ttt:.1f} s" if ttt is not None else ""
         kept = " (kept from the stopped sweep)" if str(job_dir) in KEPT else ""
         nothing = " (learned nothing: see the report's notes)" if learned_nothing(record) else ""
         return (
             f"psgd: {where} {values}: completed{kept}, {record.get('train_time_s', 0):.1f} s training, "
             f"{record.get('samples_per_s')} samples/s, test_acc {record.get('test_acc'):.4f}{nothing}"
-            f"{skew_note(record)}{target}{stop_note(record)}"
+            f"{skew_note(record)}{stop_note(record)}"
         )
     return f"psgd: {where} {values}: {status}: {record.get('error') or 'no result written'}"
 
@@ -53,9 +48,8 @@ def progress_line(num: int, total: int | None, overrides: list[str], job_dir: Pa
 class SweepReport(Callback):
     """The progress lines and the report of a multirun (registered in conf/sweep.yaml under hydra.callbacks)."""
 
-    def __init__(self) -> None:
-        self.total: int | None = None
-        self.swept: set[str] = set()  # keys with several values: the ones a progress line shows
+    total: int | None = None  # the sweep's jobs, where they can be counted
+    swept: frozenset[str] = frozenset()  # keys with several values: the ones a progress line shows
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         LAST.update(failed=0, sweep_dir=str(config.hydra.sweep.dir), ended=False)
@@ -64,59 +58,43 @@ class SweepReport(Callback):
         try:
             lengths = sweep_lengths(dict(params) if params else None, list(config.hydra.overrides.task))
         except Exception:  # a sweep this count cannot read: progress lines go without "/N"
-            self.total, self.swept = None, set()
-        else:
-            self.total, self.swept = math.prod(lengths.values()), {k for k, n in lengths.items() if n > 1}
+            lengths = {}
+        self.total = math.prod(lengths.values()) if lengths else None
+        self.swept = frozenset(k for k, n in lengths.items() if n > 1)
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
-        if config.hydra.mode != RunMode.MULTIRUN:  # sweep.py with Hydra flags of its own and no -m: no sweep
-            return
-        job_dir = Path(config.hydra.runtime.output_dir)
-        overrides = shown_overrides(list(config.hydra.overrides.task), self.swept)
-        line = progress_line(config.hydra.job.num, self.total, overrides, job_dir)
-        print(line, flush=True)
+        if config.hydra.mode == RunMode.MULTIRUN:  # (sweep.py with Hydra flags of its own and no -m: no sweep)
+            overrides = shown_overrides(list(config.hydra.overrides.task), self.swept)
+            job_dir = Path(config.hydra.runtime.output_dir)
+            print(progress_line(config.hydra.job.num, self.total, overrides, job_dir), flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        LAST.update(ended=True)
+        LAST["ended"] = True
         warn_once_per_sweep(False)
-        sweep_dir = Path(config.hydra.sweep.dir)
-        try:
-            report = write_report(sweep_dir)
-        except FileNotFoundError as e:  # every job failed before Hydra made its dir
-            print(f"psgd: error: no report: {e}", flush=True)
-            LAST.update(failed=1)
-            return
-        except OSError as e:  # a full disk, a read-only dir
-            print(f"psgd: error: {unwritten(e, sweep_dir)}", file=sys.stderr, flush=True)
-            LAST.update(failed=1)
-            return
-        LAST.update(failed=len(report.failed))
-        print(describe(report, sweep_dir), flush=True)
+        LAST["failed"] = report_sweep(Path(config.hydra.sweep.dir))
+
+
+def report_sweep(sweep_dir: Path, stopped: bool = False) -> int:
+    """Write the report of the sweep in `sweep_dir` and print its last line (on stderr where the sweep was
+    `stopped` before its end). Returns its failed jobs' count, 1 where no report could be written."""
+    said = sys.stderr if stopped else sys.stdout
+    try:
+        report = write_report(sweep_dir)
+    except FileNotFoundError as e:  # every job failed (or the sweep stopped) before Hydra made its dir
+        print(f"psgd: error: no report: {e}", file=said, flush=True)
+        return 1
+    except OSError as e:  # a full disk, a read-only dir
+        print(f"psgd: error: {unwritten(e, sweep_dir)}", file=sys.stderr, flush=True)
+        return 1
+    print(describe(report, sweep_dir, stopped), file=said, flush=True)
+    return len(report.failed)
 
 
 def report_stopped_sweep() -> bool:
-    """After a multirun that stopped before its end (Ctrl-C, SIGTERM: Hydra runs no end callback then),
-    write the report of the jobs that ran and say so in one line. Returns whether it said something
-    (nothing where no multirun started, or it ended)."""
+    """After a multirun that stopped before its end (Ctrl-C, SIGTERM: Hydra runs no end callback then), report
+    the jobs that ran. Returns whether it said something (nothing where no multirun started, or it ended)."""
     warn_once_per_sweep(False)
     if LAST["sweep_dir"] is None or LAST["ended"]:
         return False
-    sweep_dir = Path(LAST["sweep_dir"])
-    try:
-        report = write_report(sweep_dir)
-    except FileNotFoundError:
-        print(f"psgd: sweep stopped before any job ran ({sweep_dir})", file=sys.stderr, flush=True)
-        return True
-    ok = len(report.completed)
-    stopped = ", ".join(f"{j.num} {j.status}" for j in report.failed + report.running)
-    again = continue_command(sweep_dir)
-    print(
-        f"psgd: sweep stopped early: {ok} job(s) completed"
-        + (f", job {stopped}" if stopped else "")
-        + (f", {report.not_started} not started" if report.not_started else "")
-        + f"; report of these in {sweep_dir / 'report.md'}"
-        + (f"; to go on with the others: {again}" if again else ""),
-        file=sys.stderr,
-        flush=True,
-    )
+    report_sweep(Path(LAST["sweep_dir"]), stopped=True)
     return True

@@ -73,15 +73,14 @@ def test_report_speedup_is_t1_over_tp_per_strategy(mixed_sweep):
         assert float(two["speedup"]) == pytest.approx(t1 / t2, rel=0.02)
         assert float(two["efficiency"]) == pytest.approx(t1 / t2 / 2, rel=0.02)
     md = (sweep_dir / "report.md").read_text()
-    assert "6 jobs: 6 completed, 0 failed" in md and "| model_averaging | 2 |" in md
+    assert "6/6 jobs completed." in md and "| model_averaging | 2 |" in md
 
 
 def test_report_plots_are_valid_pngs(mixed_sweep):
     _, sweep_dir = mixed_sweep
-    for name in ("speedup.png", "efficiency.png", "accuracy.png", "curves.png"):
+    for name in ("speedup.png", "efficiency.png", "accuracy.png"):
         image = imread(sweep_dir / name)  # raises on anything but a readable PNG
         assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
-    assert not (sweep_dir / "accuracy_vs_batch.png").exists()  # batch size was not swept
 
 
 def test_a_progress_line_per_job_and_a_final_line(mixed_sweep):
@@ -108,7 +107,7 @@ def test_every_job_has_its_own_tensorboard_run_with_hparams(mixed_sweep):
         assert acc.Scalars("test/acc")[-1].value == pytest.approx(float(row["test_acc"]), abs=1e-6)
         assert row["dir"] == row["job"]  # TensorBoard's run for this job is <job>/tensorboard, as the report says
     assert (
-        f"`tensorboard --logdir {sweep_dir}` (job N is the run `N/tensorboard`;"
+        f"`tensorboard --logdir {sweep_dir}` (each job's run is `<its folder>/tensorboard`;"
         in (sweep_dir / "report.md").read_text()
     )
 
@@ -140,7 +139,6 @@ def test_a_failed_job_is_marked_and_the_rest_reported(tiny_data, tmp_path, scrip
     assert "psgd: [2/2] optimizer.lr=1000000.0: failed: training diverged" in proc.stdout
     assert "1 failed (jobs 1)" in proc.stdout
     assert "## Failed jobs" in (sweep_dir / "report.md").read_text()
-    assert imread(sweep_dir / "curves.png").ndim == 3
     assert "Traceback" not in proc.stderr
     # the report can be rebuilt from the sweep dir alone, with the same rows and exit code
     (sweep_dir / "report.csv").unlink()
@@ -209,12 +207,12 @@ def test_a_sweep_stopped_early_reports_the_jobs_that_ran_and_goes_on_where_it_st
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
     lines = stderr.strip().splitlines()
     report = sweep_dir / "report.md"
-    said, again = lines[-1].split("; to go on with the others: python sweep.py -m ")
-    assert said == f"psgd: sweep stopped early: 1 job(s) completed, job 1 interrupted; report of these in {report}"
+    said, again = lines[-1].split("; to run them again: python sweep.py -m ")
+    assert said == f"psgd: sweep stopped early: 1/2 jobs completed, 1 interrupted (jobs 1); report in {report}"
     ok, stopped = read_csv(sweep_dir / "report.csv")
     assert ok["status"] == "completed" and float(ok["test_acc"]) > 0
     assert stopped["status"] == "interrupted" and int(stopped["epochs"]) >= 1
-    assert "2 jobs: 1 completed, 0 failed, 1 interrupted" in (sweep_dir / "report.md").read_text()
+    assert "1/2 jobs completed, 1 interrupted (jobs 1)." in (sweep_dir / "report.md").read_text()
 
     first = (sweep_dir / "0" / "metrics.json").read_bytes()
     done = int(stopped["epochs"])
@@ -231,7 +229,7 @@ def test_a_sweep_stopped_early_reports_the_jobs_that_ran_and_goes_on_where_it_st
     assert record["status"] == "completed"
     assert [h["epoch"] for h in record["history"]] == list(range(1, 61))  # every epoch once, the first `done` kept
     assert done < 60
-    assert "2 jobs: 2 completed, 0 failed" in (sweep_dir / "report.md").read_text()
+    assert "2/2 jobs completed." in (sweep_dir / "report.md").read_text()
 
 
 @pytest.mark.slow  # ~15 s: two sweeps; the command line it hands Hydra is unit-tested (test_command_line.py)
@@ -255,4 +253,4 @@ def test_a_sweep_with_job_folders_named_by_their_values_is_continued_in_them(tin
     assert proc.stdout.count("completed (kept from the stopped sweep)") == 2
     assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == jobs  # no new folders
     assert {job: (sweep_dir / job / "metrics.json").read_bytes() for job in jobs} == first  # not trained again
-    assert "2 jobs: 2 completed, 0 failed. Swept: workers." in (sweep_dir / "report.md").read_text()
+    assert "2/2 jobs completed. Swept: workers." in (sweep_dir / "report.md").read_text()

@@ -16,16 +16,8 @@ from psgd.data.partition import HOLDOUT, generator, limited_batches, num_batches
 
 
 class ShardSampler:
-    """Index batches of one worker's shard for the current epoch.
-
-    ``lockstep`` makes every worker take the same number of steps (the fewest any worker's shard
-    allows), which synchronous DDP needs: a worker with an extra step would wait forever in an
-    all-reduce the others never join. The surplus of larger shards is skipped that epoch; shards are
-    reshuffled every epoch, so it is different samples each time.
-
-    Args:
-        deal: how `partition` deals the shards: its scheme, seed, sizes, alpha and num_classes.
-    """
+    """Index batches of one worker's shard for the current epoch. `lockstep`: every worker takes the fewest
+    batches any shard allows, so that uneven shards never hang DDP's all-reduce. `deal`: partition's keywords."""
 
     def __init__(
         self,
@@ -76,9 +68,6 @@ class EvalSampler:
         largest = len(range(0, n, workers))
         self.steps = max(1, -(-largest // batch_size))
 
-    def set_epoch(self, epoch: int) -> None:  # evaluation order never changes
-        pass
-
     def __len__(self) -> int:
         return self.steps
 
@@ -98,19 +87,15 @@ class BatchTransform:
     ):
         self.mean = torch.tensor(mean).view(1, -1, 1, 1)
         self.std = torch.tensor(std).view(1, -1, 1, 1)
-        # (u / 255 - mean) / std as one multiply-add straight from the uint8 batch
-        self.scale = 1 / (255 * self.std)
-        self.shift = -self.mean / self.std
         self.augment, self.channels_last = augment, channels_last
 
     def __call__(self, images: Tensor) -> Tensor:
-        if images.device != self.scale.device:  # batches made on the GPU (on_device): the constants follow
-            for name in ("mean", "std", "scale", "shift"):
-                setattr(self, name, getattr(self, name).to(images.device))
-        if self.augment is None:
-            x = torch.addcmul(self.shift, images, self.scale)
-        else:
-            x = self.augment(images.float().div_(255)).sub_(self.mean).div_(self.std)
+        if images.device != self.mean.device:  # batches made on the GPU (on_device): the constants follow, once
+            self.mean, self.std = self.mean.to(images.device), self.std.to(images.device)
+        x = images.float().div_(255)
+        if self.augment is not None:
+            x = self.augment(x)
+        x = x.sub_(self.mean).div_(self.std)
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
 
@@ -118,18 +103,12 @@ MADE_TOGETHER_BYTES = 4 << 20  # the CPU loader makes consecutive batches up to 
 
 
 class TensorLoader:
-    """Yields (images, labels) batches by indexing in-memory tensors; Lightning drives `sampler.set_epoch`.
+    """Yields (images, labels) batches by indexing in-memory tensors, and keeps its place inside an epoch
+    through Lightning's state_dict / load_state_dict (a resumed run goes on with the epoch's next batch).
 
-    It keeps its place inside an epoch through Lightning's state_dict / load_state_dict protocol for
-    loaders (saved in checkpoints): a run resumed from a checkpoint written inside an epoch goes on with
-    that epoch's next batch.
-
-    On the CPU, consecutive batches up to MADE_TOGETHER_BYTES are gathered and transformed in one go
-    (each batch is then a slice of them, its samples and order unchanged), which saves per-step work.
-    With augmentation, `made_at` is (the first batch, the random stream before their draws) of the
-    batches made together last; a checkpoint keeps it, and `make_again` given back on resume makes them
-    again with the same draws, so that a resumed run's batches and random stream are those of a run
-    that was never stopped."""
+    On the CPU, consecutive batches up to MADE_TOGETHER_BYTES are transformed in one go. With augmentation,
+    `made_at` is (the first batch, the random stream before their draws) of the last batches made together;
+    a checkpoint keeps it, and `make_again` given back on resume makes them again with the same draws."""
 
     batch_sampler = None  # Lightning inspects DataLoader-like attributes; the sampler yields whole batches
 
@@ -171,8 +150,8 @@ class TensorLoader:
             yield batch
 
     def _made_on_device(self, skip: int) -> Iterator[tuple[Tensor, Tensor]]:
-        """The batches from batch `skip` on, made where the data is kept (on_device): the epoch's index
-        batches are copied there in one transfer at its start, not one small copy per step."""
+        """The batches from batch `skip` on, made where the data is kept (on_device); the epoch's index
+        batches go there in one transfer."""
         host = list(self.sampler)[skip:]  # a shard's slices: the epoch's order is fixed when it starts
         if not host:
             return
@@ -183,9 +162,7 @@ class TensorLoader:
             yield self.transform(self.images.index_select(0, on_device)), self.labels.index_select(0, on_device)
 
     def _made_together(self, skip: int = 0, again: tuple[int, Tensor] | None = None) -> Iterator[tuple[Tensor, Tensor]]:
-        """The CPU's batches from batch `skip` on, made several at a time (see the class). With
-        augmentation, `again` (the first batch and the random stream of the batches made together that
-        `skip` falls among) makes those again as they were made."""
+        """The CPU's batches from batch `skip` on, made several at a time; `again`: the class's `make_again`."""
         per_sample = self.images[0].numel() * 4  # the float32 batch the transform makes
         augments = self.transform.augment is not None
         position = again[0] if again is not None and augments and again[0] <= skip else skip
@@ -262,28 +239,21 @@ class ClassificationData(L.LightningDataModule):
         self.augment, self.val_split, self.seed = augment, val_split, seed
         self.lockstep, self.drop_last, self.channels_last = lockstep, drop_last, channels_last
         self.record_shards, self.shard_eval = record_shards, shard_eval
-        # on_device: every loader's images and labels are copied once to the trainer's device (a GPU), where
-        # batches are then gathered, normalised and augmented: no host work or copy per step. The
-        # samplers keep indexing the host copies' order, so shards and batches are the same.
-        self.on_device = on_device
+        self.on_device = on_device  # each split copied once to the trainer's device, batches made there
         self._placed: dict[tuple[int, torch.device], tuple[Tensor, Tensor]] = {}
         self.train_set: tuple[Tensor, Tensor] | None = None
         self.val_set: tuple[Tensor, Tensor] | None = None
         self.test_set: tuple[Tensor, Tensor] | None = None
         self._decoded: dict[bool, tuple[Tensor, Tensor]] = {}  # raw splits from prepare_data, by `train`
-        self._shards: dict[int, tuple[int, list[int], list[int]]] = {}  # _train_shards' figures, by workers
 
     def prepare_data(self) -> None:
-        """Download if needed and decode (rank 0 only, by Lightning's rules; also called before workers
-        start). The decoded splits are kept: workers started afterwards receive them with the pickled
-        datamodule, as shared memory, instead of decoding the files again."""
+        """Download if needed and decode; the workers receive the decoded splits with the pickled datamodule."""
         for train in (True, False):
             if train not in self._decoded:
                 self._decoded[train] = load_split(self.name, self.root, train, self.download, self.verify_md5)
 
     def decoded_from(self, other: "ClassificationData") -> None:
-        """Use the splits `other` decoded (prepare_data) from the same dataset and folder, instead of
-        decoding them again: a sweep's check of its jobs' batches reads each dataset once."""
+        """Use the splits `other` decoded (prepare_data) from the same dataset and folder."""
         if (other.name, other.root) != (self.name, self.root):
             raise ValueError(f"{other.name} under {other.root} is not {self.name} under {self.root}")
         self._decoded = other._decoded
@@ -315,74 +285,47 @@ class ClassificationData(L.LightningDataModule):
         return perm[:n_val], perm[n_val:].sort().values
 
     def check_batches(self, workers: int) -> str | None:
-        """Refuse, before any worker starts, a run in which a worker would get no training batch.
-        Needs prepare_data; reads only the labels.
-
-        Returns:
-            A warning line where a worker's shard is smaller than one batch (it never trains on the
-            batch size asked for), else None.
+        """A warning line where a worker's shard is smaller than one batch, else None (needs prepare_data).
 
         Raises:
             DataError: a worker would get no training batch.
         """
-        samples, sizes, counts = self._train_shards(workers)
+        sizes, counts = self.train_shards(workers)
         empty = [r for r, c in enumerate(counts) if c == 0]
-        if not empty:
-            return self._short_shards_warning(sizes)
-        shards = ", ".join(f"worker {r} ({sizes[r]} samples)" for r in empty)
-        fix = (
-            "use a smaller data.batch_size or data.drop_last=false"
-            if self.drop_last
-            else "each worker needs at least one sample: give it a larger share or use fewer workers"
-        )
-        raise DataError(
-            f"no training batch for {shards} of {workers} with {samples} training samples, "
-            f"data.partition={self.scheme}, data.batch_size={self.batch_size} and "
-            f"data.drop_last={str(self.drop_last).lower()}: {fix}"
-        )
-
-    def train_shards(self, workers: int) -> tuple[list[int], list[int]]:
-        """Each of `workers` workers' training samples and batches per epoch, in rank order (whole
-        shards, as model averaging's workers train them; DDP's take the fewest batches). Needs
-        prepare_data; reads only the labels."""
-        return self._train_shards(workers)[1:]
-
-    def _train_shards(self, workers: int) -> tuple[int, list[int], list[int]]:
-        """The training samples, each worker's shard size and its batches per epoch (kept per worker count:
-        check_batches and train_shards both read them)."""
-        if workers not in self._shards:
-            labels = self._decoded[True][1]
-            if self.val_split > 0:
-                labels = labels[self._holdout(len(labels))[1]]
-            try:
-                sampler = self.train_sampler(workers, 0, labels)
-                self._shards[workers] = (len(labels), [len(s) for s in sampler.shards()], sampler.counts())
-            except ValueError as e:  # a partition that leaves a worker nothing (dirichlet)
-                raise DataError(f"data.partition={self.scheme}: {e}") from e
-        return self._shards[workers]
-
-    def _short_shards_warning(self, sizes: list[int]) -> str | None:
+        if empty:
+            shards = ", ".join(f"worker {r} ({sizes[r]} samples)" for r in empty)
+            fix = (
+                "use a smaller data.batch_size or data.drop_last=false"
+                if self.drop_last
+                else "each worker needs at least one sample: give it a larger share or use fewer workers"
+            )
+            raise DataError(
+                f"no training batch for {shards} of {workers} with {sum(sizes)} training samples, "
+                f"data.partition={self.scheme}, data.batch_size={self.batch_size} and "
+                f"data.drop_last={str(self.drop_last).lower()}: {fix}"
+            )
         short = [r for r, n in enumerate(sizes) if n < self.batch_size]
         if not short:
             return None
+        named = ", ".join(f"{r} ({sizes[r]} samples)" for r in short[:4]) + (", ..." if len(short) > 4 else "")
+        whose, they = ("workers", "they never train") if len(short) > 1 else ("worker", "it never trains")
+        said = f"data.batch_size={self.batch_size} is larger than the training shard of {whose} {named}"
+        return f"{said}: {they} on a full batch"
 
-        def samples(n: int) -> str:
-            return f"{n} sample{'' if n == 1 else 's'}"
-
-        if len(sizes) == 1:
-            whose, what = f"the training set ({samples(sizes[0])})", "each epoch is one batch of all of it"
-        elif len(short) == len(sizes):
-            at_most = " at most" if len(set(sizes)) > 1 else " each"
-            whose, what = f"every worker's training shard ({samples(max(sizes))}{at_most})", "each epoch is one batch"
-        else:
-            named = ", ".join(f"{r} ({samples(sizes[r])})" for r in short[:4]) + (", ..." if len(short) > 4 else "")
-            whose = f"the training shard of worker{'s' if len(short) > 1 else ''} {named}"
-            what = f"{'they never train' if len(short) > 1 else 'it never trains'} on a full batch"
-        return f"data.batch_size={self.batch_size} is larger than {whose}: {what}"
+    def train_shards(self, workers: int) -> tuple[list[int], list[int]]:
+        """Each of `workers` workers' training samples and whole shard's batches per epoch, in rank order
+        (needs prepare_data; reads only the labels)."""
+        labels = self._decoded[True][1]
+        if self.val_split > 0:
+            labels = labels[self._holdout(len(labels))[1]]
+        try:
+            sampler = self.train_sampler(workers, 0, labels)
+            return [len(s) for s in sampler.shards()], sampler.counts()
+        except ValueError as e:  # a partition that leaves a worker nothing (dirichlet)
+            raise DataError(f"data.partition={self.scheme}: {e}") from e
 
     def check_test_limit(self, limit: float | int | None) -> None:
-        """Refuse, before training, a trainer.limit_test_batches fraction that leaves the final test no
-        batch (Lightning would say so only after training). Needs prepare_data.
+        """Refuse, before training, a trainer.limit_test_batches fraction that leaves the test no batch.
 
         Raises:
             DataError: the fraction leaves no test batch.
@@ -445,14 +388,12 @@ class ClassificationData(L.LightningDataModule):
         workers, rank = self._world()
         images, labels = self._on_device(self.train_set)
         sampler = self.train_sampler(workers, rank)
-        # Lightning's overfit_batches trains on the same few batches every epoch: it turns a DataLoader's
-        # shuffling off (and says so), but this loader is not a DataLoader, so its sampler does it here
+        # Lightning's overfit_batches turns a DataLoader's shuffling off; this loader's sampler does it here
         sampler.same_every_epoch = (getattr(self.trainer, "overfit_batches", 0) or 0) > 0
         return TensorLoader(images, labels, sampler, self._transform(train=True), record=self.record_shards)
 
     def _eval_loader(self, split: tuple[Tensor, Tensor], sharded: bool | None = None) -> TensorLoader:
-        """Each worker's share of `split`; or, unsharded (model averaging), all of it for every worker,
-        since each worker then evaluates a replica of its own."""
+        """Each worker's share of `split`; unsharded (model averaging's replicas), all of it for every worker."""
         workers, rank = self._world() if (self.shard_eval if sharded is None else sharded) else (1, 0)
         sampler = EvalSampler(len(split[1]), workers, rank, self.eval_batch_size)
         images, labels = self._on_device(split)
@@ -463,15 +404,6 @@ class ClassificationData(L.LightningDataModule):
 
     def test_dataloader(self) -> TensorLoader:
         return self._eval_loader(self.test_set)
-
-    def transfer_batch_to_device(self, batch: tuple[Tensor, Tensor], device: torch.device, dataloader_idx: int):
-        # every loader yields an (images, labels) pair: no need for Lightning's walk over any collection
-        if isinstance(batch, Tensor):  # the module's example_input_array, for Lightning's model summary
-            return batch.to(device)
-        x, y = batch
-        if x.device == device and y.device == device:
-            return batch
-        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
     def full_eval_loader(self, split: str) -> TensorLoader:
         """The whole val or test split, for evaluating this process's model on its own."""
