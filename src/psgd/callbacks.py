@@ -1,9 +1,7 @@
 """Lightning callbacks: threads per worker, epoch timing and result files, the target-accuracy stop."""
 
-import gc
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,7 @@ from psgd.data.partition import generator
 from psgd.io import save_atomic, write_csv, write_json
 from psgd.module import cut_short, fit_loop_state
 from psgd.process import this_process
-from psgd.signals import handler_for_this_process, launched_worker
+from psgd.signals import handler_for_this_process
 from psgd.strategies.lightning_internals import handle_sigterm_with
 from psgd.sync_costs import sync_summary
 
@@ -29,50 +27,38 @@ def denormals_flushed() -> bool:
 
 
 class WorkerSetup(Callback):
-    """Per worker process: torch's intra-op threads (speedup curves lie without a fixed count), denormal
-    floats, SIGTERM (psgd.signals: no hang, no orphan)
-    and the random stream (dropout, augmentation).
-    The stream is reseeded at every epoch from (seed, rank, epoch), so it is the same in-process or
-    spawned, and a run resumed at an epoch boundary draws exactly what the uninterrupted run drew. A
-    checkpoint written where an epoch was cut short (trainer.max_steps, max_time, an early stop inside
-    it) holds every worker's stream as it was there, and a run resumed inside that epoch goes on with it.
+    """Set up each worker process: torch's threads, denormal flushing, psgd's SIGTERM handler, and its
+    random stream, reseeded every epoch from (seed, rank, epoch).
 
-    flush_denormal: SGD momentum buffers of units that get no gradient (dead ReLUs) decay by the
-    momentum factor every step into the denormal range (below 1.2e-38), where every CPU multiply takes
-    a slow microcode path; flushing them to zero keeps the step time flat (the update changes by less
-    than 1e-38). CPU only: CUDA kernels are not affected. The process's previous mode is restored at
-    teardown, so an in-process run leaves the caller's numerics as they were.
+    A checkpoint written where an epoch was cut short holds every worker's stream as it was there, and a
+    run resumed inside that epoch goes on with it: exact resume.
 
-    step_logs: whether anything is logged per step (a per-step lr schedule's lr_step). Without, Lightning's
-    warning that an epoch has fewer batches than trainer.log_every_n_steps ("Set a lower value ... if you
-    want to see logs for the training epoch") is wrong: psgd logs every epoch whatever the interval (and
-    train/loss_step at each epoch's end when the epoch is shorter than the interval). It is filtered in
-    this process (a run in the caller's process: until the run ends, psgd.process.run_settings), as is Lightning's
-    wrong line that it turns shuffling off for overfit_batches (see setup).
+    flush_denormal: momentum buffers of units that get no gradient decay into denormal floats, on which
+    every CPU multiply is slow; flushed to zero, the step time stays flat. Restored at teardown.
+
+    step_logs: whether anything is logged per step; without, Lightning's warning that an epoch has
+    fewer batches than log_every_n_steps is filtered (psgd logs every epoch whatever the interval).
     """
 
     def __init__(self, threads: int, seed: int | None = None, flush_denormal: bool = True, step_logs: bool = True):
         self.threads, self.seed, self.flush_denormal, self.step_logs = threads, seed, flush_denormal, step_logs
         self._flushed_before: bool | None = None
         self._trainer: L.Trainer | None = None
-        self._resumed: dict[str, Any] = {}  # the state a checkpoint written inside an epoch held
+        self._resumed: dict[str, Any] = {}  # the streams a checkpoint written inside an epoch held
         self._place: dict[str, int] | None = None  # and its training loader's place
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._trainer = trainer
         torch.set_num_threads(self.threads)
-        handle_sigterm_with(trainer, handler_for_this_process())  # psgd.signals' handler, not Lightning's
+        handle_sigterm_with(trainer, handler_for_this_process())
         self._flushed_before = denormals_flushed()
         torch.set_flush_denormal(self.flush_denormal)
         if not self.step_logs:
             warnings.filterwarnings(
                 "ignore", message=r"The number of training batches \(\d+\) is smaller than the logging"
             )
-        # Lightning's overfit_batches: "You requested to overfit but enabled train dataloader shuffling. We
-        # are turning off the train dataloader shuffling for you." (and the same for val). It turns off a
-        # DataLoader's; psgd's loaders are none: the training one keeps epoch 0's batches itself
-        # (ClassificationData.train_dataloader) and evaluation never shuffles, so the lines are wrong
+        # overfit_batches: psgd's loaders are no DataLoaders, and keep epoch 0's batches themselves
         warnings.filterwarnings("ignore", message=r"You requested to overfit but enabled \w+ dataloader shuffling")
 
     @override
@@ -80,8 +66,6 @@ class WorkerSetup(Callback):
         if self._flushed_before is not None:
             torch.set_flush_denormal(self._flushed_before)
             self._flushed_before = None
-        if launched_worker() is not None:
-            gc.freeze()  # this process ends next: spare it the full-heap collections of interpreter exit
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -90,11 +74,9 @@ class WorkerSetup(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        """Where the epoch was cut short, every worker's random stream and (with augmentation on the
-        CPU) the stream its loader made its current batches with; nothing otherwise (each epoch reseeds).
-        The loader's place is Lightning's to keep (TensorLoader.state_dict, in the fit loop's state).
-        Gathered from the workers: a cut is where every worker stops together (DDP's lockstep; the other
-        strategies refuse the settings that cut an epoch with more than one worker)."""
+        """Where the epoch was cut short, every worker's random stream (and the one its CPU loader made its
+        current batches with); nothing otherwise, since each epoch reseeds. Every worker stops together at
+        a cut, so the streams are gathered."""
         trainer = self._trainer
         if trainer is None or trainer.state.fn != "fit":
             return {}
@@ -104,14 +86,13 @@ class WorkerSetup(Callback):
         device = trainer.strategy.root_device
         if device.type == "cuda":
             mine["cuda"] = torch.cuda.get_rng_state(device)
-        made_at = getattr(trainer.train_dataloader, "made_at", None)  # TensorLoader's, with augmentation on the CPU
+        made_at = getattr(trainer.train_dataloader, "made_at", None)
         if made_at is not None:
             mine["made_at"] = made_at
         streams = [mine]
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
             streams = [None] * trainer.world_size
             dist.all_gather_object(streams, mine)
-        # the cut epoch (current_epoch already counts it where the checkpoint is written at the train's end)
         epoch = trainer.fit_loop.epoch_progress.current.started - 1
         return {"epoch": epoch, "random_streams": streams}
 
@@ -121,15 +102,13 @@ class WorkerSetup(Callback):
 
     @override
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        # the training loader's place, as Lightning saved it (the first worker's; DDP's workers share it)
         loops = fit_loop_state(checkpoint).get("state_dict") or {}
         self._place = (loops.get("combined_loader") or [None])[0]
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Resumed inside the epoch a checkpoint was cut short in: each worker goes on with its stream
-        as it was there, and its CPU loader makes the batches it was making together again with their
-        draws (the same worker count; another count starts from (seed, rank, epoch) as usual)."""
+        """Resumed inside the epoch a checkpoint was cut short in: each worker goes on with its stream (with
+        another worker count, from (seed, rank, epoch))."""
         state, self._resumed = self._resumed, {}
         streams = state.get("random_streams")
         if not streams or state.get("epoch") != trainer.current_epoch:
@@ -137,8 +116,7 @@ class WorkerSetup(Callback):
         loader = trainer.train_dataloader
         if self._place is not None and hasattr(loader, "load_state_dict"):
             # Lightning gives the loader its place only where it sets up the training data after restoring
-            # the checkpoint: a per-step lr schedule (scheduler.interval=step) reads the epoch's steps
-            # before, which sets it up first, and the resumed epoch then started at its first batch
+            # the checkpoint; a per-step lr schedule sets it up before
             loader.load_state_dict(self._place)
         if len(streams) != trainer.world_size:
             self.on_train_epoch_start(trainer, pl_module)
@@ -153,25 +131,20 @@ class WorkerSetup(Callback):
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Checkpoints written through a temp file in their own folder and renamed (psgd.io.save_atomic),
-    so that a run killed while writing, or a full disk, leaves the previous checkpoint whole.
-
-    Lightning's own writes each one into the system's temp dir and moves it over the checkpoint: where
-    that is another file system (a tmpfs /tmp) the move is a copy straight over checkpoints/last.ckpt."""
+    """Checkpoints written through a temp file beside them and renamed, so that a run killed while
+    writing leaves the previous checkpoint whole (Lightning's temp file in /tmp may be on another file
+    system, where its move is a copy over the checkpoint)."""
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        if storage_options is not None:  # as Lightning's: it takes none
+        if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
         save_atomic(checkpoint, path)
 
 
 class ResumedInPlace(ModelCheckpoint):
-    """A ModelCheckpoint without the "Checkpoint directory ... exists and is not empty" warning.
-
-    psgd refuses a run dir that holds an earlier run's results, so checkpoints/ holds files at the start
-    only where a run goes on in its own dir (a continued sweep's job, a torchrun restart), from the
-    checkpoint there."""
+    """A ModelCheckpoint without the "directory exists and is not empty" warning: checkpoints/ holds
+    files at the start only where a run goes on in its own dir (a continued sweep, a torchrun restart)."""
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -194,11 +167,8 @@ class EpochCheckpoints(ResumedInPlace):
 
 
 class LatestCheckpoint(ResumedInPlace):
-    """`checkpoints/last.ckpt`, rewritten (atomically) after every epoch, so that a run that dies can be
-    resumed from its last finished epoch. Lightning's own `save_last=True` with `save_top_k=0` only
-    writes it when training ends (Lightning 2.6), which is too late for a killed run or a torchrun
-    restart; so this is a top-1 checkpoint whose file name is always `last`. It is written when the
-    training epoch ends (after validation), outside the time RunRecorder counts as training."""
+    """`checkpoints/last.ckpt`, rewritten after every epoch, so that a run that dies resumes from its last
+    finished epoch (Lightning's `save_last=True` with `save_top_k=0` writes it only when training ends)."""
 
     def __init__(self, dirpath: str | Path) -> None:
         super().__init__(
@@ -207,9 +177,8 @@ class LatestCheckpoint(ResumedInPlace):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """A resume into another run dir (the usual `ckpt_path=<old run dir>`) starts this dir's
-        checkpoint afresh. Lightning's own would warn that the old dir's top-k bookkeeping is not
-        restored (on every resume, also in quiet runs): there is none to restore, only last.ckpt."""
+        """A resume into another run dir starts this dir's checkpoint afresh (Lightning would warn that the
+        old dir's top-k bookkeeping is not restored: there is none)."""
         if state_dict.get("dirpath", self.dirpath) == self.dirpath:
             super().load_state_dict(state_dict)
 
@@ -229,15 +198,13 @@ class ShardRecorder(Callback):
 
 
 class WeightRecorder(Callback):
-    """Every worker saves the weights it ends with: weights/rank<r>.pt (record_weights=true), e.g. to
-    check that all ranks of a multi-node run agree."""
+    """Every worker saves the weights it ends with: weights/rank<r>.pt (record_weights=true)."""
 
     def __init__(self, out_dir: str):
         self.out_dir = Path(out_dir) / "weights"
 
     @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # after Strategy.on_train_end: for model averaging these are the averaged weights
         self.out_dir.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
         save_atomic(state, self.out_dir / f"rank{trainer.global_rank}.pt")
@@ -254,10 +221,8 @@ def update_streak(streak: int, accuracy: float | None, target: float) -> int:
 
 
 class TargetAccuracyStop(Callback):
-    """Stop once val accuracy >= `target_acc` for `patience` consecutive epochs (the workshop: 0.85, 2).
-
-    val/acc is already reduced over workers, so every worker takes the same decision.
-    """
+    """Stop once val/acc >= `target_acc` for `patience` consecutive epochs; val/acc is reduced over the
+    workers, so every worker takes the same decision."""
 
     def __init__(self, target_acc: float, patience: int = 1, monitor: str = "val/acc"):
         self.target_acc, self.patience, self.monitor = target_acc, patience, monitor
@@ -276,8 +241,7 @@ class TargetAccuracyStop(Callback):
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Resumed from the checkpoint of a run this rule had stopped: that run is over, as a resume of
-        a run that trained all its epochs is."""
+        """Resumed from the checkpoint of a run this rule had stopped: that run is over."""
         if self.stopped_epoch is None:
             return
         trainer.should_stop = True
@@ -300,30 +264,24 @@ class TargetAccuracyStop(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Another target or patience is a new rule: its count starts afresh. A checkpoint that keeps no
-        rule (written by psgd 0.1) keeps its count, and its run trains on."""
-        rule = (state_dict.get("target_acc"), state_dict.get("patience"))
-        if rule == (self.target_acc, self.patience):
+        """Another target or patience is a new rule: its count starts afresh."""
+        if (state_dict.get("target_acc"), state_dict.get("patience")) == (self.target_acc, self.patience):
             self.streak, self.stopped_epoch = state_dict["streak"], state_dict["stopped_epoch"]
-        elif rule == (None, None):
-            self.streak = state_dict["streak"]
 
 
 def stop_reason(trainer: L.Trainer) -> str:
-    """What ended a fit: `fast_dev_run`, `early_stop` (early_stop.target_acc), `max_epochs` (every
-    epoch trained to its last batch), `max_steps` or `max_time` (Lightning's Timer; rank 0 decides it).
-    Asked after training has ended."""
+    """What ended a fit: `fast_dev_run`, `early_stop`, `max_epochs`, `max_steps` or `max_time`."""
     if trainer.fast_dev_run:
         return "fast_dev_run"
     if any(isinstance(c, TargetAccuracyStop) and c.stopped_epoch is not None for c in trainer.callbacks):
         return "early_stop"
     epochs_done = trainer.max_epochs not in (None, -1) and trainer.current_epoch >= trainer.max_epochs
     if epochs_done and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
-        return "max_epochs"  # (also where max_steps or max_time ran out at that very batch)
+        return "max_epochs"
     if trainer.max_steps not in (None, -1) and trainer.global_step >= trainer.max_steps:
         return "max_steps"
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-    remaining = timer.time_remaining() if timer is not None else None  # None: no max_time
+    remaining = timer.time_remaining() if timer is not None else None
     if remaining is not None and remaining <= 0:
         return "max_time"
     return "max_epochs"
@@ -336,14 +294,7 @@ def _all_reduce(values: list[float], op: dist.ReduceOp, device: torch.device) ->
     return t.tolist()
 
 
-# the per-epoch figures a strategy keeps of its own workers (the mean over the workers): the strategy's method
-# that gives this worker's and starts its count anew, and whether this run has the figure
-WORKER_MEANS: tuple[tuple[str, str, Callable[[Any], bool]], ...] = (
-    ("staleness", "epoch_staleness", lambda s: True),  # HogWild: other workers' updates during each update
-    ("averaging_s", "epoch_averaging_s", lambda s: bool(s.period)),  # local SGD: the time in periodic averaging
-    ("lock_wait_s", "epoch_lock_wait_s", lambda s: bool(s.lock)),  # locked HogWild: the wait for the lock
-)
-# each strategy figure's TensorBoard tag and its digits in the history
+# each strategy figure (epoch_figures) by its TensorBoard tag and its digits in the history
 FIGURES = {
     "staleness": ("hogwild/staleness", 4),
     "averaging_s": ("averaging/time_s", 6),
@@ -351,33 +302,17 @@ FIGURES = {
     "allreduce_ms": ("ddp/allreduce_ms", 3),
     "allreduce_wait_ms": ("ddp/allreduce_wait_ms", 3),
 }
-# the figures that are an epoch's time in all (the others are per update or per step): an epoch trained in
-# two parts (resumed inside it) adds these up, and weighs the others by each part's samples
+# the figures that are an epoch's total time: an epoch trained in two parts adds these up, and weighs the
+# others by each part's samples
 EPOCH_TOTALS = {"averaging_s", "lock_wait_s"}
 
 
-def strategy_figures(trainer: L.Trainer, device: torch.device) -> dict[str, float]:
-    """This epoch's figures of what the workers' strategy did between them, reduced over the workers
-    (FIGURES): WORKER_MEANS, and DDP's gradient all-reduce (the mean over the workers that have samples of
-    it, to 3 digits). Every worker runs the same strategy, so every one joins the same all-reduces."""
-    strategy, figures = trainer.strategy, {}
-    for key, method, applies in WORKER_MEANS:
-        if hasattr(strategy, method) and applies(strategy):
-            (figures[key],) = _all_reduce([getattr(strategy, method)() / trainer.world_size], dist.ReduceOp.SUM, device)
-    if getattr(strategy, "allreduce_timed", False):
-        own = strategy.epoch_allreduce()
-        total, wait, counted = _all_reduce([*(own or (0.0, 0.0)), 1.0 if own else 0.0], dist.ReduceOp.SUM, device)
-        if counted:
-            figures |= {"allreduce_ms": round(total / counted, 3), "allreduce_wait_ms": round(wait / counted, 3)}
-    return figures
-
-
 class RunRecorder(Callback):
-    """Times each epoch's training (validation excluded), logs time/* metrics, and has rank 0 keep
-    metrics.json and training_data.csv up to date after every epoch (atomically).
+    """Times each epoch's training (validation excluded), logs time/* metrics, and has rank 0 rewrite
+    metrics.json and training_data.csv after every epoch.
 
     time/epoch_s is the slowest worker's training time; time/samples_per_s sums every worker's own
-    throughput; time/cumulative_s adds up epoch_s. Costs one small all-reduce per epoch.
+    throughput; time/cumulative_s adds up epoch_s.
     """
 
     def __init__(
@@ -385,7 +320,7 @@ class RunRecorder(Callback):
     ) -> None:
         self.out_dir = Path(out_dir)
         self.run_info, self.target_acc = run_info, target_acc
-        self.echo = echo  # rank 0 prints a line per epoch (for a log file, where a progress bar is noise)
+        self.echo = echo  # rank 0 prints a line per epoch (for a log file)
         self.history: list[dict[str, Any]] = []
         self.strategy_report: dict[str, Any] = {}
         self.stopped_by: str | None = None  # what ended training (stop_reason), once it has ended
@@ -394,36 +329,30 @@ class RunRecorder(Callback):
         self.cumulative_s = 0.0
         self.time_to_target_s: float | None = None
         self.epoch_to_target: int | None = None  # the epoch (from 1) whose validation first reached it
-        self.step_to_target: int | None = None  # each worker's optimizer steps by then (finer, mid-epoch checks)
+        self.step_to_target: int | None = None
         self._t0 = self._val_t0 = 0.0
         self._val_s = 0.0
         self._samples = 0
-        # into a log file, an epoch longer than PROGRESS_EVERY_S also prints where it is, once every
-        # PROGRESS_EVERY_S: when its next line is due (rank 0, echo only; None: no line), its batches so far
+        # with echo, rank 0 prints a progress line every PROGRESS_EVERY_S within an epoch: when the next is due
         self._progress_at: float | None = None
         self._batches = 0
-        self._lr: float | None = None  # the lr the epoch started with (rank 0's: every worker's schedule is one)
-        self._validated = False  # a validation ran in this epoch (not every epoch has one: check_val_every_n_epoch)
+        self._lr: float | None = None  # the lr the epoch started with
+        self._validated = False  # a validation ran in this epoch
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # (a resumed run with nothing left to train has no on_train_start)
         self.max_epochs = trainer.max_epochs if trainer.max_epochs not in (None, -1) else None
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._trained = True
-        # a resume from a checkpoint written inside an epoch (one trainer.max_steps stopped) goes on with
-        # that epoch without on_train_epoch_start: its clock starts here (it read the machine's uptime)
-        self._start_epoch(trainer)
+        self._start_epoch(trainer)  # a resume inside an epoch has no on_train_epoch_start
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start_epoch(trainer)
 
     def _start_epoch(self, trainer: L.Trainer) -> None:
-        """The epoch's training clock and counts start from zero; its lr is the one it starts with (a
-        schedule per epoch moves it after the epoch; per step, the epoch goes on from here)."""
         self._val_s, self._samples, self._validated, self._batches = 0.0, 0, False, 0
         self._lr = float(trainer.optimizers[0].param_groups[0]["lr"]) if trainer.optimizers else None
         self._t0 = time.perf_counter()
@@ -437,13 +366,12 @@ class RunRecorder(Callback):
             now = time.perf_counter()
             if now >= self._progress_at:
                 self._progress_at = now + PROGRESS_EVERY_S
-                trained_s = now - self._t0 - self._val_s  # validations inside the epoch left out
+                trained_s = now - self._t0 - self._val_s
                 print(self._progress_line(trainer, batch_idx + 1, trained_s), flush=True)
 
     def _progress_line(self, trainer: L.Trainer, batch: int, trained_s: float) -> str:
-        """`psgd: epoch 1/8: batch 120/469 after 8.2 min, 31.2 samples/s; about 23.8 min to the epoch's end`:
-        this worker's (rank 0's) pace since the epoch, or its resumed part, started, and the rest of the
-        epoch at that pace."""
+        """`psgd: epoch 1/8: batch 120/469 after 8.2 min, 31.2 samples/s; about 23.8 min to the epoch's end`
+        (rank 0's pace)."""
         of = f"/{self.max_epochs}" if self.max_epochs else ""
         total = trainer.num_training_batches
         known = isinstance(total, int) and total >= batch
@@ -467,9 +395,8 @@ class RunRecorder(Callback):
 
     @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """The first validation at the target (also one inside an epoch, trainer.val_check_interval < 1)
-        sets time_to_target_s: the training time up to it, the slowest worker's. val/acc is reduced
-        over the workers, so every worker takes this branch and joins the all-reduce."""
+        """The first validation at the target sets time_to_target_s: the slowest worker's training time up
+        to it. val/acc is reduced over the workers, so every worker joins the all-reduce."""
         if trainer.state.fn != "fit" or trainer.sanity_checking:
             return
         self._validated = True
@@ -486,7 +413,7 @@ class RunRecorder(Callback):
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         train_s = max(time.perf_counter() - self._t0 - self._val_s, 1e-9)
-        if hasattr(pl_module, "finish_train_epoch"):  # an epoch stopped early still reports its training numbers
+        if hasattr(pl_module, "finish_train_epoch"):
             pl_module.finish_train_epoch()
         (epoch_s,) = _all_reduce([train_s], dist.ReduceOp.MAX, pl_module.device)
         rate, samples = _all_reduce([self._samples / train_s, self._samples], dist.ReduceOp.SUM, pl_module.device)
@@ -496,15 +423,15 @@ class RunRecorder(Callback):
             ("time/samples_per_s", rate),
             ("time/cumulative_s", self.cumulative_s),
         ):
-            # identical on every worker already; sync_dist (a mean of equal values) keeps Lightning's
-            # bookkeeping consistent across ranks at the cost of one tiny all-reduce per epoch
+            # equal on every worker; sync_dist keeps Lightning's bookkeeping the same across ranks
             pl_module.log(name, value, on_step=False, on_epoch=True, sync_dist=True)
-        figures = strategy_figures(trainer, pl_module.device)
+        # a psgd strategy's figures of this epoch, reduced over the workers (each worker calls it here)
+        figures = trainer.strategy.epoch_figures() if hasattr(trainer.strategy, "epoch_figures") else {}
         for name, value in figures.items():
             pl_module.log(FIGURES[name][0], value, on_step=False, on_epoch=True, sync_dist=True)
 
         metrics = trainer.callback_metrics
-        # Lightning keeps the last validation's figures in callback_metrics through epochs without one
+        # (callback_metrics keeps the last validation's figures through epochs without one)
         val_loss, val_acc = (_get(metrics, "val/loss"), _get(metrics, "val/acc")) if self._validated else (None, None)
         record = {
             "epoch": trainer.current_epoch + 1,
@@ -521,12 +448,11 @@ class RunRecorder(Callback):
             **{name: round(value, FIGURES[name][1]) for name, value in figures.items()},
         }
         if self.history and self.history[-1]["epoch"] == record["epoch"]:
-            # the rest of an epoch the checkpoint was cut short in (max_steps, max_time, an early stop): one epoch
+            # the rest of an epoch the checkpoint was cut short in: one record for the whole epoch
             before = self.history.pop()
             if not record["samples"]:  # no batch was left to train: the first part's figures are the epoch's
                 record["train_loss"], record["train_acc"] = before["train_loss"], before["train_acc"]
-            # (otherwise the module counted the second part on from the first's counts: the whole epoch's)
-            for name, (_, digits) in FIGURES.items():  # the second part's alone kept only its own share
+            for name, (_, digits) in FIGURES.items():
                 if name in before and name in record:
                     parts = (before["samples"], record["samples"])
                     merged = (
@@ -549,14 +475,13 @@ class RunRecorder(Callback):
 
     @override
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        # Ctrl-C or a crash: keep the finished epochs, marked as such (the write is atomic). Only a
-        # process that trained writes: a spawn launcher's parent sees the exception too, with no history.
+        # Ctrl-C or a crash: keep the finished epochs, marked as such (a launcher's parent has no history)
         if trainer.is_global_zero and self._trained:
             self._write("interrupted" if isinstance(exception, KeyboardInterrupt) else "failed")
 
     @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # after Strategy.on_train_end, so a strategy's final report (model averaging) is included
+        # after Strategy.on_train_end: the strategy's final report is included
         self.strategy_report = dict(getattr(trainer.strategy, "report", None) or {})
         self.stopped_by = stop_reason(trainer)
         if trainer.is_global_zero:
@@ -567,7 +492,7 @@ class RunRecorder(Callback):
         return {
             **self.run_info,
             "status": status,
-            "process": this_process(),  # while "running": the report tells a live job from a killed one
+            "process": this_process(),  # tells a live job from a killed one
             "epochs": len(self.history),
             "max_epochs": self.max_epochs,
             "stopped_by": self.stopped_by,
@@ -579,19 +504,19 @@ class RunRecorder(Callback):
             "epoch_to_target": self.epoch_to_target,
             "step_to_target": self.step_to_target,
             **self._averaging_summary(),
-            **sync_summary(self.history),  # what synchronising cost: DDP's all-reduce, averaging, the lock
+            **sync_summary(self.history),
             "history": self.history,
         }
 
     def last_val_acc(self) -> float | None:
-        """The last validation's accuracy (the last epoch may have had none: check_val_every_n_epoch)."""
+        """The last validation's accuracy."""
         return next((h["val_acc"] for h in reversed(self.history) if h["val_acc"] is not None), None)
 
     def _averaging_summary(self) -> dict[str, Any]:
         report = dict(self.strategy_report)
         if "averaged_val_acc" not in report:
             return report
-        # the final val numbers are the averaged model's; the last epoch's are the replicas' mean
+        # the final val figures are the averaged model's; the last epoch's are the replicas' mean
         report["val_acc_before_averaging"] = self.last_val_acc()
         report["val_acc"] = report.pop("averaged_val_acc")
         report["val_loss"] = report.pop("averaged_val_loss")
@@ -619,17 +544,16 @@ class RunRecorder(Callback):
         self.cumulative_s = state_dict["cumulative_s"]
         self.time_to_target_s = state_dict["time_to_target_s"]
         self.epoch_to_target = state_dict["epoch_to_target"]
-        self.step_to_target = state_dict.get("step_to_target")  # (older checkpoints have none)
+        self.step_to_target = state_dict.get("step_to_target")  # (a psgd 0.1 checkpoint has none)
         if state_dict.get("target_acc", self.target_acc) != self.target_acc:
-            # resumed with another target: the first recorded epoch at this one (or none yet), not the time
-            # to the checkpoint's target. (A validation inside an epoch is not in the history.)
+            # resumed with another target: the first recorded epoch at this one
             hit = next((h for h in self.history if reached(h["val_acc"], self.target_acc)), None)
             self.time_to_target_s, self.epoch_to_target, self.step_to_target = (
                 (hit["time"], hit["epoch"], hit["step"]) if hit else (None, None, None)
             )
 
 
-# With the output into a log file, an epoch longer than this prints a progress line this often on the way
+# with echo, an epoch longer than this prints a progress line this often
 PROGRESS_EVERY_S = 60.0
 
 

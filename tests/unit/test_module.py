@@ -191,19 +191,6 @@ def test_a_compiled_network_is_compiled_in_place_at_fit_and_trains_as_the_eager_
     assert compiled_metrics["train/loss"] == pytest.approx(eager_metrics["train/loss"].item(), abs=1e-5)
 
 
-def test_under_cuda_graphs_a_kept_training_output_is_a_copy():
-    """compile=reduce-overhead on GPU: the next replay of the network's CUDA graph overwrites its output,
-    and the training counts keep outputs for several steps (reading one would raise 'accessing tensor output
-    of CUDAGraphs that has been overwritten by a subsequent run'). The copy, checked on CPU."""
-    module = Classifier(nn.Linear(6, 4), partial(torch.optim.SGD), lr=0.0, num_classes=4)
-    out, y, loss = torch.randn(8, 4), torch.randint(0, 4, (8,)), torch.tensor(1.0)
-    for graphs in (False, True):
-        module._graph_outputs = graphs
-        module.count_train(out, y, loss, batch_idx=0)
-        kept = module._train_pending[0][0]
-        assert torch.equal(kept, out) and (kept.data_ptr() != out.data_ptr()) == graphs
-
-
 # a CPU Trainer with nothing of its own (no logger, checkpoints, progress bar or model summary)
 QUIET = {
     "accelerator": "cpu",

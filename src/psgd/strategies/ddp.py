@@ -1,18 +1,13 @@
-"""Data-parallel SGD: Lightning's DDPStrategy (the gradients all-reduced every step), with psgd's
-failure reports (FirstFailureLaunch) and the gradient all-reduce timed.
+"""Data-parallel SGD: Lightning's DDPStrategy (gradients all-reduced every step), with psgd's failure
+reports (FirstFailureLaunch) and the gradient all-reduce timed.
 
-The timings are the clock readings torch's DDP reducer records itself
-(`DistributedDataParallel._get_ddp_logging_data`: when the step's forward started, when its
-backward's compute ended, when its all-reduce was launched and when it completed). The reducer times
-its first 10 iterations and then every `allreduce_sample_rate`-th, and files a step's figures when
-the next forward starts: a sample is read after each of the first 11 steps, then after every 20th.
-Figures per epoch are medians of its samples, so the first iterations (bucket rebuilding, cold
-caches) do not skew them.
+The timings are the clock readings torch's DDP reducer records itself (`_get_ddp_logging_data`), sampled
+after each of the first 11 steps and then every `allreduce_sample_rate`-th; an epoch's figures are the
+medians of its samples:
 
 - all-reduce: from the first gradient bucket's all-reduce launch to the last one's completion;
-- wait: the part of it after the backward's compute had ended (or from its launch, if later), the
-  time the step stood still for the gradients of the other workers: the transfer itself, and any
-  worker arriving later.
+- wait: the part of it after the backward's compute had ended, when the step stood still for the other
+  workers' gradients.
 """
 
 import statistics
@@ -24,13 +19,13 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from psgd.strategies.lightning_internals import FirstFailureLaunch, without_per_step_collectives
-from psgd.strategies.workers import GroupEndsAtExit, unused_parameters
+from psgd.strategies.workers import GroupEndsAtExit, sum_over_workers, unused_parameters
 
 NS_PER_MS = 1e6
 
 
 class TimesAllReduce:
-    """Mixin for a DDPStrategy: samples the reducer's timings during training (`epoch_allreduce`)."""
+    """Mixin for a DDPStrategy: samples the reducer's timings during training (`epoch_figures`)."""
 
     allreduce_sample_rate = 20  # the reducer's sampling interval, in steps (torch's own default is 100)
 
@@ -39,7 +34,7 @@ class TimesAllReduce:
         self._allreduce_steps = 0
         self._allreduce_seen = 0  # the reducer's iteration of the last sample taken
         self._allreduce_samples: list[tuple[float, float]] = []  # (all-reduce ms, wait ms) this epoch
-        self.allreduce_timed = False  # a DDP wrapper whose reducer times (model averaging and HogWild have none)
+        self.allreduce_timed = False  # a DDP wrapper whose reducer times
 
     def _timed_ddp(self) -> DistributedDataParallel | None:
         model = getattr(self, "model", None)
@@ -49,8 +44,7 @@ class TimesAllReduce:
     def configure_ddp(self) -> None:
         super().configure_ddp()
         model = self._timed_ddp()
-        # the same on every worker (the same strategy, torch and accelerator). CPU only: on a GPU the
-        # reducer's clock readings are when the host queued the work, not when the GPU did it
+        # CPU only: on a GPU the reducer's clock readings are when the host queued the work
         self.allreduce_timed = model is not None and self.root_device.type == "cpu"
         if self.allreduce_timed and hasattr(model, "_set_ddp_runtime_logging_sample_rate"):
             model._set_ddp_runtime_logging_sample_rate(self.allreduce_sample_rate)
@@ -73,8 +67,7 @@ class TimesAllReduce:
         except Exception:  # a torch without the reducer's timings: nothing to report
             return
         iteration = data.get("iteration", 0)
-        # the step's clock readings (ns; the reducer's own durations keep an older step's value where a
-        # span was not recorded, e.g. an all-reduce launched after the compute had ended: no overlap)
+        # the step's clock readings in ns (the reducer's own durations may hold an older step's value)
         forward, computed, start, end = (
             data.get(f"{key}_time_{edge}", -1)
             for key, edge in (
@@ -89,19 +82,24 @@ class TimesAllReduce:
         self._allreduce_seen = iteration
         self._allreduce_samples.append(((end - start) / NS_PER_MS, (end - max(start, computed)) / NS_PER_MS))
 
-    def epoch_allreduce(self) -> tuple[float, float] | None:
-        """This worker's median all-reduce and wait per step (ms) over the epoch's samples, or None
-        without a sample; the samples start anew."""
+    def epoch_figures(self) -> dict[str, float]:
+        """This epoch's median all-reduce and wait per step (ms), the mean over the workers that have
+        samples of it; the samples start anew."""
+        if not self.allreduce_timed:
+            return {}
         samples, self._allreduce_samples = self._allreduce_samples, []
-        if not samples:
-            return None
-        return statistics.median(c for c, _ in samples), statistics.median(w for _, w in samples)
+        own = [0.0, 0.0, 0.0]
+        if samples:
+            own = [statistics.median(c for c, _ in samples), statistics.median(w for _, w in samples), 1.0]
+        total, wait, counted = sum_over_workers(own, self.root_device)
+        if not counted:
+            return {}
+        return {"allreduce_ms": round(total / counted, 3), "allreduce_wait_ms": round(wait / counted, 3)}
 
 
 class ReportsFirstFailure(TimesAllReduce, FirstFailureLaunch, GroupEndsAtExit, DDPStrategy):
-    """A DDPStrategy whose spawn/fork/forkserver workers are started by FirstFailureLauncher, which
-    samples the DDP reducer's all-reduce timings (TimesAllReduce), and whose steps hold no collective
-    but the gradient all-reduce (without_per_step_collectives)."""
+    """psgd's DDPStrategy: workers started by FirstFailureLauncher, the all-reduce timed, and no
+    collective in a step but the gradient all-reduce."""
 
     @override
     def setup(self, trainer: L.Trainer) -> None:
@@ -110,12 +108,11 @@ class ReportsFirstFailure(TimesAllReduce, FirstFailureLaunch, GroupEndsAtExit, D
 
     @override
     def on_exception(self, exception: BaseException) -> None:
-        """DDP's error for parameters no loss used, in psgd's terms: the parameters by name and psgd's switch."""
+        """DDP's error for parameters no loss used, naming them and psgd's switch."""
         unused = unused_parameters(exception, self.lightning_module)
         if unused is None:
             super().on_exception(exception)
             return
-        # the last line, which psgd's error line shows, below torch's message (kept for the error log)
         exception.args = (
             f"{exception.args[0] if exception.args else ''}\nthe model has parameters that no loss used "
             f"({', '.join(unused) or 'see the traceback'}), and DDP needs a gradient for each: set "

@@ -3,13 +3,11 @@ Stochastic Gradient Descent"): asynchronous SGD on parameters in shared memory, 
 
 One model lives in shared memory. Each worker process runs its own optimizer (its own gradients and
 state, as in pytorch/examples' mnist_hogwild) over its own shard and writes its updates straight into
-the shared parameters, with no lock and no communication. ``lock=True`` is the paper's consistent
-baseline: gradients are computed in parallel, and each update is written under one lock.
+the shared parameters, with no lock and no communication. ``lock=True`` is the consistent baseline:
+gradients in parallel, each update written under one lock (its wait: ``hogwild/lock_wait_s``).
 
-Staleness: a shared counter is bumped after every update; a worker reads it before its forward pass
-and after its own write, and the difference minus one is how many other workers' updates landed in
-between (``hogwild/staleness``, the epoch's mean). With ``lock=True`` each worker's wait for the lock
-is reported too (``hogwild/lock_wait_s``, per epoch).
+Staleness (``hogwild/staleness``): how many other workers' updates landed between a worker's read of
+the weights and its own write, from a shared update counter.
 """
 
 import multiprocessing
@@ -22,12 +20,12 @@ from pytorch_lightning.strategies import DDPStrategy
 from typing_extensions import override
 
 from psgd.strategies.lightning_internals import SharedMemoryLaunch, without_per_step_collectives
-from psgd.strategies.workers import GroupEndsAtExit, PerWorkerCheckpoints, gather_floats
+from psgd.strategies.workers import GroupEndsAtExit, PerWorkerCheckpoints, gather_floats, sum_over_workers
 
 
 class HogwildStrategy(SharedMemoryLaunch, PerWorkerCheckpoints, GroupEndsAtExit, DDPStrategy):
-    """Workers share one CPU model and update it without locks; each keeps its own optimizer (and lr
-    schedule: PerWorkerCheckpoints' per-worker keys; the shared weights are one copy for all)."""
+    """Workers share one CPU model and update it without locks; each keeps its own optimizer and lr
+    schedule (PerWorkerCheckpoints)."""
 
     strategy_name = "hogwild"
 
@@ -82,7 +80,7 @@ class HogwildStrategy(SharedMemoryLaunch, PerWorkerCheckpoints, GroupEndsAtExit,
             finally:
                 if held:
                     self._update_lock.release()
-        written = int(self._version.add_(1).item())  # not atomic across processes: a measure, not a lock
+        written = int(self._version.add_(1).item())  # not atomic: a measure, not a lock
         self._updates[self.global_rank] += 1
         self._staleness_sum += max(0, written - read - 1)
         self._staleness_count += 1
@@ -94,18 +92,18 @@ class HogwildStrategy(SharedMemoryLaunch, PerWorkerCheckpoints, GroupEndsAtExit,
             self._staleness_sum = self._staleness_count = 0
         super().on_train_batch_start(batch, batch_idx)
 
-    def epoch_staleness(self) -> float:
-        return self._staleness_sum / max(1, self._staleness_count)
-
-    def epoch_lock_wait_s(self) -> float:
-        """lock=True: this worker's time waiting for the update lock this epoch (s); the count starts anew."""
-        spent, self._lock_wait_s = self._lock_wait_s, 0.0
-        return spent
+    def epoch_figures(self) -> dict[str, float]:
+        """This epoch's mean staleness (and, with lock=True, wait for the lock in s) over the workers; the
+        lock's wait starts anew."""
+        own = [self._staleness_sum / max(1, self._staleness_count), self._lock_wait_s]
+        self._lock_wait_s = 0.0
+        staleness, lock_wait_s = (v / self.world_size for v in sum_over_workers(own, self.root_device))
+        return {"staleness": staleness, **({"lock_wait_s": lock_wait_s} if self.lock else {})}
 
     @override
     def on_train_end(self) -> None:
-        """Every worker has stopped writing (after the barrier): record what they all see, and probe
-        the sharing itself: the last worker writes a sentinel into a weight, every worker must see it."""
+        """Once every worker has stopped writing: record what each sees of the weights, and probe the
+        sharing itself."""
         self.barrier("hogwild-end")
         module = self.lightning_module
         params = list(module.parameters())
@@ -121,14 +119,12 @@ class HogwildStrategy(SharedMemoryLaunch, PerWorkerCheckpoints, GroupEndsAtExit,
             "weight_checksum_per_worker": [s[0] for s in seen],
             "saw_other_workers_write": [bool(s[2]) for s in seen],
         }
-        # the last checkpoint again, with these figures (it was written before they were measured)
-        self.save_final_checkpoint()
+        self.save_final_checkpoint()  # with these figures
         super().on_train_end()
 
     @torch.no_grad()
     def _probe_sharing(self, weights: torch.Tensor) -> bool:
-        """The last worker writes a sentinel into one weight; is it seen here? (Works on NaN weights too.)
-        The weight is indexed in place: a conv weight in channels_last has no flat view."""
+        """The last worker writes a sentinel into one weight: whether this worker sees it."""
         writer, sentinel = self.world_size - 1, 12345.0
         first = (0,) * weights.dim()
         original = weights[first].clone()

@@ -46,11 +46,8 @@ def without_per_step_collectives(trainer: L.Trainer) -> None:
     """Check for SIGTERM locally before each training step, for this trainer's loop only.
 
     Lightning's `_TrainingEpochLoop.advance` (loops/training_epoch_loop.py) calls
-    `_broadcast_sigterm_tensor` before every step when a process group exists: a broadcast from rank 0
-    that workers taking different numbers of steps (model averaging's and HogWild's uneven shards)
-    deadlock in, and that swallows a failed collective's error (a lost or stopped peer), so that the
-    error a worker reports comes from its next collective instead. psgd's SIGTERM handlers end the
-    worker or raise KeyboardInterrupt themselves (psgd.signals); the local check keeps Lightning's flag."""
+    `_broadcast_sigterm_tensor` before every step: a broadcast from rank 0 that workers with uneven
+    shards deadlock in, and that swallows a lost peer's error."""
     loop = trainer.fit_loop.epoch_loop
 
     def local_sigterm_check() -> None:
@@ -61,26 +58,22 @@ def without_per_step_collectives(trainer: L.Trainer) -> None:
 
 
 def handle_sigterm_with(trainer: L.Trainer, handler: Callable[[int, Any], None]) -> None:
-    """Have Lightning register `handler` for SIGTERM in place of its own notifier. Call from a `setup` hook.
+    """Have Lightning register `handler` for SIGTERM in place of its own notifier (call from `setup`).
 
-    Lightning's `_SignalConnector.register_signal_handlers` (trainer/connectors/signal_connector.py),
-    run when fit starts, registers `_sigterm_notifier_fn`, which broadcasts a flag from rank 0 from
-    inside the signal handler: a collective the other workers, which do not broadcast it every step
-    (without_per_step_collectives), never join. It reads the notifier from the connector instance, and
-    keeps composing it with a handler set before, as it does its own."""
+    Lightning's `_SignalConnector.register_signal_handlers` (trainer/connectors/signal_connector.py)
+    registers `_sigterm_notifier_fn`, which broadcasts a flag from rank 0 inside the signal handler: a
+    collective the other workers never join (without_per_step_collectives)."""
     trainer._signal_connector._sigterm_notifier_fn = handler
 
 
 class FirstFailureLauncher(_MultiProcessingLauncher):
     """Lightning's spawn/fork/forkserver launcher (strategies/launchers/multiprocessing.py), reporting the
-    worker whose failure ended the run (psgd.strategies.workers.first_failure: each worker records its
-    error in `_wrapping_function`), a worker the OOM killer ended, and the death of psgd's fork server.
+    worker whose failure ended the run (first_failure), a worker the OOM killer ended, and the death of
+    psgd's fork server.
 
-    With `forkserver` (psgd's default on CPU) each worker is forked from psgd's fork server
-    (psgd.forkserver), already loaded, and gets what Lightning gives a spawned worker: the launcher's
-    environment and SIGINT handling, Lightning's global state (`_GlobalStateSnapshot`: RNG states,
-    deterministic flags) and a private copy of the model (`_disable_module_memory_sharing`: torch hands
-    tensors to a worker in shared memory, and DDP workers would otherwise all step one set of weights).
+    With `forkserver` each worker is forked from psgd's fork server and gets what Lightning gives a
+    spawned worker: Lightning's global state (`_GlobalStateSnapshot`) and a private copy of the model
+    (`_disable_module_memory_sharing`; DDP workers would otherwise all step one set of weights).
     """
 
     _private_models = True  # forkserver: each worker gets its own copy of the model, as with spawn
@@ -91,8 +84,7 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
     @property
     @override
     def is_interactive_compatible(self) -> bool:
-        """A notebook or Python's prompt may launch: workers start from a fresh interpreter or psgd's fork
-        server, and whatever of the session's own code they would need is refused first (defined_in_session)."""
+        """A notebook may launch: what of the session's own code the workers would need is refused first."""
         return True
 
     @override
@@ -121,7 +113,7 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
 
     @override
     def _wrapping_function(self, process_idx: int, *args: Any, **kwargs: Any) -> None:
-        """In each worker: Lightning's entry point, with what a fork-server child lacks, and its error recorded."""
+        """In each worker: Lightning's entry point, with what a fork-server child lacks; its error recorded."""
         if self._launcher_state is not None:
             forkserver.adopt_launcher_state(self._launcher_state)
             if self._private_models and args:
@@ -129,11 +121,9 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
                 trainer, function, fargs, fkwargs, return_queue = args[:5]
                 fargs, fkwargs = _disable_module_memory_sharing((fargs, fkwargs))
                 args = (trainer, function, fargs, fkwargs, return_queue, self._global_states)
-        prepare_worker()  # the OOM killer's first pick, library noise filtered, quiet where the run is
-        # before the rendezvous: a worker whose launcher died while a peer it waits for died too would
-        # otherwise wait out strategy.timeout_s, orphaned
-        die_with_parent()
-        hang_up_as_sigterm()  # the terminal closed: stop as on SIGTERM, not as on a death
+        prepare_worker()
+        die_with_parent()  # before the rendezvous: an orphan would wait out strategy.timeout_s
+        hang_up_as_sigterm()
         ctrl_c_out_of_threading()
         try:
             super()._wrapping_function(process_idx, *args, **kwargs)
@@ -145,8 +135,7 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
 
     @override
     def get_extra_results(self, trainer: L.Trainer) -> dict[str, Any]:
-        """Rank 0's results for the launching process, with the strategy's `report` (Lightning sends back
-        the weights, state and logged metrics only)."""
+        """Rank 0's results for the launching process, with the strategy's `report`."""
         extra = super().get_extra_results(trainer)
         report = getattr(trainer.strategy, "report", None)
         if report:
@@ -163,9 +152,9 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
     def _explain(self, e: ProcessRaisedException | ProcessExitedException) -> BaseException:
         """What the run raises for the failure torch reported: `e`, or the worker and cause behind it."""
         if self._launcher_state is not None and isinstance(e, ProcessExitedException) and e.exit_code == 255:
-            server = forkserver.server_died()  # exit code 255: multiprocessing cannot ask the dead server
+            server = forkserver.server_died()
             if server is not None:
-                for proc in self.procs:  # orphaned, they would train on (and write) after the run failed
+                for proc in self.procs:  # orphaned, they would train on
                     with contextlib.suppress(OSError):
                         os.kill(proc.pid, signal.SIGKILL)
                 return ForkServerDied(server, oom_kills_since(self._oom_kills_at_launch))
@@ -176,12 +165,8 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
 
 
 class SharedMemoryLauncher(FirstFailureLauncher):
-    """Starts workers with `forkserver` so that module tensors stay shared (HogWild).
-
-    Lightning's launcher clones every module tensor in `spawn`ed CPU workers and its subprocess launcher
-    re-executes the script: either would silently give each worker a private model. With `forkserver`
-    the trainer is pickled by torch's reducers, which hand CPU storage over as shared memory, and
-    nothing is cloned. `prepare` runs in the launching process before any worker exists."""
+    """Starts workers with `forkserver`, without Lightning's cloning of module tensors, so that torch's
+    reducers hand CPU storage over as shared memory (HogWild). `prepare` runs before any worker exists."""
 
     _private_models = False
 
@@ -196,9 +181,7 @@ class SharedMemoryLauncher(FirstFailureLauncher):
 
 
 class FirstFailureLaunch:
-    """DDPStrategy mixin: spawn/fork/forkserver workers are started by FirstFailureLauncher.
-
-    DDPStrategy._configure_launcher (strategies/ddp.py) sets `_launcher` to Lightning's own launcher."""
+    """DDPStrategy mixin: workers are started by FirstFailureLauncher (DDPStrategy._configure_launcher)."""
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()
@@ -207,8 +190,7 @@ class FirstFailureLaunch:
 
 
 class SharedMemoryLaunch:
-    """DDPStrategy mixin: workers are started by SharedMemoryLauncher, after the strategy's `share()`
-    (in place of DDPStrategy._configure_launcher's choice)."""
+    """DDPStrategy mixin: workers are started by SharedMemoryLauncher, after the strategy's `share()`."""
 
     def share(self) -> None:
         """In the launching process, before any worker exists: put what the workers share in shared memory."""

@@ -2,18 +2,15 @@
 Stochastic Gradient Descent") and periodic averaging, a.k.a. local SGD (Stich, 2019, "Local SGD
 Converges Fast and Communicates Little"; Lin et al., 2018, "Don't Use Large Mini-Batches, Use Local SGD").
 
-Each of k workers runs SGD on its own shard of the data, with no gradient communication; the
-replicas' parameters are then averaged. With ``period=None`` they are averaged once, when training
-ends (Zinkevich et al.'s SimuParallelSGD); with ``period=K`` also after every K optimizer steps
-(local SGD). Averaged: all parameters; floating buffers such as BatchNorm statistics
-(``average_buffers``); optionally the optimizer's floating state, e.g. momentum
-(``average_optimizer_state``). Integer buffers (``num_batches_tracked``) and step counters are kept.
+Each of k workers runs SGD on its own shard, with no gradient communication; the replicas' parameters
+are then averaged: once when training ends with ``period=None`` (SimuParallelSGD), also after every K
+optimizer steps with ``period=K`` (local SGD). Averaged: the parameters, floating buffers such as
+BatchNorm statistics (``average_buffers``), optionally the optimizer's floating state
+(``average_optimizer_state``).
 
-The period runs on across epochs: the replicas are averaged at step K of the run, 2K, ..., whatever
-an epoch's length. With uneven shards, workers take different numbers of steps per epoch; only each
-epoch's first F steps count towards the period, F the fewest steps any worker takes in an epoch
-(every worker computes F locally from the partition), so every worker reaches every averaging point
-and a larger shard's further steps are local. All other communication is once per epoch.
+The period runs across epochs. With uneven shards only each epoch's first F steps count towards it, F
+the fewest steps any worker takes in an epoch (computed locally from the partition), so every worker
+reaches every averaging point.
 """
 
 import math
@@ -30,7 +27,7 @@ from typing_extensions import override
 from psgd.data.partition import limited_batches
 from psgd.io import save_atomic
 from psgd.strategies.ddp import ReportsFirstFailure
-from psgd.strategies.workers import PerWorkerCheckpoints, gather_floats
+from psgd.strategies.workers import PerWorkerCheckpoints, gather_floats, sum_over_workers
 
 
 def average_tensors(tensors: list[Tensor]) -> None:
@@ -70,12 +67,10 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[Tensor]:
 
 
 def common_steps(batches: list[int], limit_train_batches: int | float | None, accumulate: int) -> int:
-    """F: the optimizer steps every worker takes in an epoch, from each worker's batches per epoch and
-    Lightning's `limit_train_batches` (a count or a fraction) and `accumulate_grad_batches`."""
+    """F: the optimizer steps every worker takes in an epoch, from each worker's batches per epoch."""
     if limit_train_batches is not None:
         batches = [limited_batches(b, limit_train_batches) for b in batches]
-    # Lightning steps after the last batch of an epoch whatever the accumulation holds: 5 batches
-    # accumulated by 2 are 3 steps
+    # Lightning steps after an epoch's last batch whatever the accumulation holds
     return math.ceil(min(batches) / accumulate)
 
 
@@ -84,7 +79,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
     and after fit."""
 
     strategy_name = "model_averaging"
-    per_worker_keys = ("state_dict", *PerWorkerCheckpoints.per_worker_keys)  # replicas differ between averaging points
+    per_worker_keys = ("state_dict", *PerWorkerCheckpoints.per_worker_keys)  # replicas differ
 
     def __init__(
         self,
@@ -107,12 +102,12 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         self._common_steps = 0  # F: the steps every worker takes in an epoch
         self._common_before = 0  # the steps every worker took in the epochs before this one
         self._averaged = False  # True once the final averaging has made every replica equal
-        self._averaging_s = 0.0  # this epoch's time in periodic averaging (the all-reduce, peers waited for)
+        self._averaging_s = 0.0  # this epoch's time in periodic averaging
 
     @property
     @override
     def restore_checkpoint_after_setup(self) -> bool:
-        return True  # restore each worker's own replica after `setup` broadcast rank 0's initial weights
+        return True  # each worker's own replica is restored after `setup` broadcast rank 0's weights
 
     @override
     def configure_ddp(self) -> None:
@@ -120,19 +115,18 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
 
     @override
     def setup(self, trainer: L.Trainer) -> None:
-        super().setup(trainer)  # (ReportsFirstFailure's: SIGTERM checked locally, uneven shards cannot deadlock)
+        super().setup(trainer)
         net = self.lightning_module
         if self.same_init:
             for t in [*net.parameters(), *net.buffers()]:
-                dist.broadcast(t.data, src=0)  # one start for all replicas, whatever each process drew
-        else:  # independent initialisations, as the lab's naive experiment did
+                dist.broadcast(t.data, src=0)
+        else:  # independent initialisations
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(self.seed + 1 + self.global_rank)
                 for m in net.modules():
                     if hasattr(m, "reset_parameters") and m is not net:
                         m.reset_parameters()
 
-    # ---- averaging ---------------------------------------------------------------------------
     def _average(self) -> None:
         module = self.lightning_module
         tensors = list(module.parameters())
@@ -148,12 +142,11 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         if batch_idx == 0:
             self._steps_in_epoch = 0
             self._common_steps = self._fewest_steps()
-            # the same F every epoch (shards keep their sizes), so this also holds in a resumed run
             self._common_before = self.lightning_module.trainer.current_epoch * self._common_steps
         super().on_train_batch_start(batch, batch_idx)
 
     def _fewest_steps(self) -> int:
-        """Optimizer steps the slowest-shard worker takes this epoch (computed locally, no communication)."""
+        """F, computed locally from the partition."""
         trainer = self.lightning_module.trainer
         sampler = getattr(trainer.train_dataloader, "sampler", None)
         counts = sampler.counts() if hasattr(sampler, "counts") else [trainer.num_training_batches]
@@ -174,19 +167,22 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         return self._common_before + min(self._steps_in_epoch, self._common_steps)
 
     def periodic_averagings(self) -> int:
-        """The averagings every `period` steps the run has made, a resumed run's earlier ones included
-        (the final averaging not counted)."""
+        """The periodic averagings so far, a resumed run's earlier ones included."""
         return self._common_done() // self.period if self.period else 0
 
-    def epoch_averaging_s(self) -> float:
-        """This worker's time in periodic averaging this epoch (s); the count starts anew."""
+    @override
+    def epoch_figures(self) -> dict[str, float]:
+        """With a period: this epoch's mean time in periodic averaging over the workers (s); it starts anew."""
         spent, self._averaging_s = self._averaging_s, 0.0
-        return spent
+        if not self.period:
+            return {}
+        (total,) = sum_over_workers([spent], self.root_device)
+        return {"averaging_s": total / self.world_size}
 
     @override
     def on_train_end(self) -> None:
-        """Lightning has run the last validation and checkpoint: evaluate each replica, average, then
-        evaluate and checkpoint the averaged model so the final numbers and files are the average's."""
+        """After the last validation and checkpoint: evaluate each replica, average, then evaluate and
+        checkpoint the average, so the final figures and files are the average's."""
         module = self.lightning_module
         trainer = module.trainer
         dm = trainer.datamodule
@@ -196,14 +192,11 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
                 {k: v.detach().clone() for k, v in module.state_dict().items()},
                 Path(self.replica_dir) / f"rank{self.global_rank}.pt",
             )
-        # psgd's Classifier and datamodule: each replica's accuracy, then the average's. A LightningModule
-        # of the user's own (`Trainer(strategy="model_averaging")` in code) is averaged all the same,
-        # without these figures.
+        # a LightningModule of the user's own is averaged all the same, without these figures
         evaluates = callable(getattr(module, "evaluate", None)) and hasattr(dm, "full_eval_loader")
         gathered = []
         if evaluates:
             loader = dm.full_eval_loader("test")
-            # each evaluation takes the batches the test and validation take
             test_acc, test_loss = module.evaluate(loader, limited_batches(len(loader), trainer.limit_test_batches))
             gathered = gather_floats([test_acc, test_loss], self.root_device)
         before = [p.detach().clone() for p in module.parameters()]
@@ -220,7 +213,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         values = {"averaging/replica_distance": self.report["replica_distance"]}
         if evaluates:
             loader = dm.full_eval_loader("val")
-            batches = limited_batches(len(loader), trainer.limit_val_batches)  # fast_dev_run sets it too
+            batches = limited_batches(len(loader), trainer.limit_val_batches)
             val_acc, val_loss = module.evaluate(loader, batches) if batches else (None, None)  # 0: no validation
             self.report = {
                 "averaged_val_acc": None if val_acc is None else round(val_acc, 6),

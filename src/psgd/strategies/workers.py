@@ -22,8 +22,7 @@ from psgd.io import say
 from psgd.module import STEPS_PER_EPOCH_KEY
 from psgd.process import oom_kills_since
 
-# how a collective ends in the workers still running when a peer is gone (gloo's messages, lowercased;
-# it adds "This is typically caused by a remote worker crashing" / "... hanging or bugs in the application")
+# how a collective ends in the workers still running when a peer is gone (gloo's messages, lowercased)
 PEER_LOST = ("connection closed by peer", "connection reset by peer", "caused by a remote worker")
 # how a collective ends in a worker that waited longer than the strategy's timeout for a peer (gloo)
 TIMED_OUT = ("timed out waiting",)
@@ -46,8 +45,8 @@ def timed_out(error: str) -> bool:
 
 
 class KilledWorker(ProcessExitedException):
-    """A worker that died of SIGKILL, with why: its message is the run's verdict. Picklable from its
-    constructor's arguments (a sweep launcher returns it from another process)."""
+    """A worker that died of SIGKILL, with why: its message is the run's verdict. Picklable (a sweep
+    launcher returns it from another process)."""
 
     def __init__(self, message: str, rank: int, pid: int, *args: Any):
         self._args = (rank, pid, *args)
@@ -59,7 +58,7 @@ class KilledWorker(ProcessExitedException):
 
 class WorkerUnresponsive(KilledWorker):
     """A worker that stopped responding: a peer's collective timed out waiting for it, and it did not
-    exit on torch's SIGTERM either (torch killed it 30 s later)."""
+    exit on torch's SIGTERM either."""
 
     def __init__(self, rank: int, pid: int, waiter: int, timeout_s: float | None):
         waited = f"{timeout_s:g} s, strategy.timeout_s" if timeout_s is not None else "strategy.timeout_s"
@@ -71,8 +70,7 @@ class WorkerUnresponsive(KilledWorker):
 
 
 class WorkerOutOfMemory(KilledWorker):
-    """A worker the kernel's out-of-memory killer ended: it died of SIGKILL, and the kernel's count of
-    OOM kills rose while the run's workers ran."""
+    """A worker that died of SIGKILL while the kernel's count of OOM kills rose."""
 
     def __init__(self, rank: int, pid: int, kills: int):
         message = (
@@ -84,8 +82,7 @@ class WorkerOutOfMemory(KilledWorker):
 
 
 class ForkServerDied(KilledWorker):
-    """psgd's fork server, which started the workers and tells the launcher how each ended, died while
-    they ran: their exit codes read 255 (multiprocessing's "cannot ask"). The launcher kills them."""
+    """psgd's fork server, which started the workers, died while they ran (their exit codes read 255)."""
 
     def __init__(self, server: int, kills: int | None):
         why = (
@@ -100,15 +97,12 @@ class ForkServerDied(KilledWorker):
 
 
 def first_failure(e: ProcessRaisedException, procs: list, errors_dir: str, timeout_s: float | None) -> BaseException:
-    """The failure that ended a run, where torch reported `e`, the first worker process to exit with an error.
+    """The failure that ended a run where torch reported `e`, the first worker to exit with an error.
 
-    When one worker fails alone (an error of its own, the OOM killer), its peers' next collective fails
-    with gloo's "Connection closed by peer", and one of them may exit first: `e` then names the wrong
-    worker and an error that says nothing. Each worker records its error in `errors_dir` (a file named
-    by its rank) before its connections close. Where `e` is a lost peer, a worker's recorded error of
-    its own, or the signal that killed one, is returned instead. Where `e` is a collective's timeout, a
-    worker that recorded no error and had to be killed (it did not exit on SIGTERM) is the one that
-    stopped responding: WorkerUnresponsive. Otherwise `e` itself."""
+    A worker that fails alone makes its peers' next collective fail with "connection closed by peer", and
+    one of them may exit first. So where `e` is a lost peer, the error another worker recorded in
+    `errors_dir` (a file per rank), or the signal that killed one, is returned instead; where `e` is a
+    collective's timeout, a worker that recorded nothing and had to be killed is WorkerUnresponsive."""
     recorded = {rank: Path(errors_dir) / str(rank) for rank in range(len(procs))}
     if timed_out(str(e)):
         for rank, proc in enumerate(procs):
@@ -138,8 +132,7 @@ def first_failure(e: ProcessRaisedException, procs: list, errors_dir: str, timeo
 
 
 def out_of_memory(cause: BaseException, oom_kills_at_launch: int | None) -> BaseException:
-    """`cause`, or WorkerOutOfMemory where it is a worker's SIGKILL and the kernel's OOM-kill count rose
-    since the launch."""
+    """`cause`, or WorkerOutOfMemory where it is a SIGKILL and the OOM-kill count rose since the launch."""
     if type(cause) is not ProcessExitedException or cause.exit_code != -signal.SIGKILL:
         return cause
     rose = oom_kills_since(oom_kills_at_launch)
@@ -147,9 +140,7 @@ def out_of_memory(cause: BaseException, oom_kills_at_launch: int | None) -> Base
 
 
 def unused_parameters(exception: BaseException, module: torch.nn.Module | None) -> list[str] | None:
-    """The names of the parameters that torch's DDP reducer says received no gradient (its error gives
-    indices into the module's trainable parameters), or None for another error. `exception` is a worker's
-    RuntimeError, or in the launcher a ProcessRaisedException holding the worker's traceback."""
+    """The names of the parameters that DDP's error says received no gradient, or None for another error."""
     text = str(exception)
     if "Expected to have finished reduction" not in text:
         return None
@@ -161,11 +152,8 @@ def unused_parameters(exception: BaseException, module: torch.nn.Module | None) 
 
 
 def refuse_a_run_while_a_worker_imports_the_script() -> None:
-    """Exit with one line (status 2) in a worker that is importing the caller's script.
-
-    Python's forkserver and spawn start a worker by importing the caller's script as `__mp_main__`: a
-    script that trains at its top level, outside `if __name__ == "__main__":`, would train again in
-    every worker."""
+    """Exit with one line (status 2) in a worker that is importing the caller's script as `__mp_main__`:
+    a script that trains at its top level would train again in every worker."""
     frame = sys._getframe(1)
     while frame is not None and not (
         frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__mp_main__"
@@ -192,24 +180,19 @@ class _Nowhere:
 
 
 class _SessionFinder(ForkingPickler):
-    """Pickles as the launcher does, raising _InSession at the first class or function of `__main__`;
-    tensors' data is skipped."""
+    """Pickles as the launcher does, raising _InSession at the first class or function of `__main__`."""
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor | np.ndarray):
-            return tuple, ()  # (torch's own reducer would move the tensor to shared memory)
+            return tuple, ()  # skipped: torch's reducer would move it to shared memory
         if isinstance(obj, type | types.FunctionType) and getattr(obj, "__module__", None) == "__main__":
             raise _InSession(obj.__qualname__)
         return NotImplemented
 
 
 def defined_in_session(*objects: Any) -> str | None:
-    """The name of a class or function that `objects` refer to and that is defined in an interactive
-    session's `__main__` (a notebook, Python's prompt, `python -c`), else None.
-
-    Worker processes start without that session's code, so they cannot unpickle it. A `__main__` that
-    is a file is imported again by each worker, so a script's own classes reach them. Found by pickling
-    the objects into nothing; what cannot be pickled for another reason is left to the launcher."""
+    """The name of a class or function that `objects` refer to and that an interactive session's
+    `__main__` defines (worker processes start without the session's code), else None."""
     main = sys.modules.get("__main__")
     if main is None or getattr(main, "__file__", None):
         return None
@@ -237,12 +220,8 @@ _exit_hook_registered = False
 
 
 def destroy_process_group_at_exit() -> None:
-    """Destroy this process's process group when Python exits, while the interpreter is still whole.
-
-    Lightning does this for NCCL only. A gloo group left for interpreter finalization can abort the
-    worker ("terminate called without an active exception", SIGABRT): a gloo thread that lets go of a
-    collective's tensors needs the GIL, which a finalizing interpreter no longer gives
-    (pytorch/pytorch#190489). Registered once per process; a no-op if the group is gone by then."""
+    """Destroy this process's process group when Python exits, while the interpreter is still whole: a
+    gloo group left for finalization can abort the worker (pytorch/pytorch#190489)."""
     global _exit_hook_registered
     if not _exit_hook_registered:
         atexit.register(_destroy_process_group)
@@ -255,8 +234,7 @@ def _destroy_process_group() -> None:
 
 
 class GroupEndsAtExit:
-    """DDPStrategy mixin: the process group is destroyed at this process's exit
-    (destroy_process_group_at_exit), in psgd's runs and in a user's own Lightning script alike."""
+    """DDPStrategy mixin: the process group is destroyed at this process's exit."""
 
     def setup_distributed(self) -> None:
         super().setup_distributed()
@@ -264,14 +242,19 @@ class GroupEndsAtExit:
 
 
 def let_go_of_the_process_group(trainer: L.Trainer | None) -> None:
-    """In a worker whose fit raised or was interrupted: tear the strategy down as a finished fit does.
-
-    Lightning tears down after an error only in the main process; in a worker the DDP wrapper would keep
-    the process group alive past the exit hook (destroy_process_group_at_exit) into interpreter
-    finalization. A teardown that fails changes nothing: the worker's own error is what is reported."""
+    """In a worker whose fit raised: tear the strategy down as a finished fit does (Lightning does so
+    only in the main process), so that the process group ends before interpreter finalization."""
     if trainer is not None:
         with contextlib.suppress(Exception):
             trainer.strategy.teardown()
+
+
+def sum_over_workers(values: list[float], device: torch.device) -> list[float]:
+    """The sum of every worker's `values`, on every worker."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
 
 
 def gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
@@ -286,17 +269,14 @@ REPORT_KEY = "psgd_strategy_report"  # the final checkpoint's copy of the strate
 
 
 class PerWorkerCheckpoints:
-    """Strategy mixin for workers that hold different state.
-
-    A checkpoint stores each worker's `per_worker_keys` under `replicas` (rank order), and a resume gives
-    each worker its own. Each worker's lr schedule is its own too: with scheduler.interval=step it counts
-    that worker's steps, and shards of different lengths give workers different steps per epoch."""
+    """Strategy mixin for workers that hold different state: a checkpoint stores each worker's
+    `per_worker_keys` under `replicas`, and a resume gives each worker its own."""
 
     per_worker_keys: tuple[str, ...] = ("optimizer_states", "lr_schedulers", STEPS_PER_EPOCH_KEY)
-    # what the final (averaged) checkpoint gives every worker alike: the average and rank 0's optimizer
+    # what the final (averaged) checkpoint gives every worker alike
     shared_when_averaged = ("state_dict", "optimizer_states")
     _averaged = False
-    _ended = False  # training has ended and `report` holds its end figures (save_final_checkpoint)
+    _ended = False  # `report` holds the end figures
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
         mine = {k: checkpoint[k] for k in self.per_worker_keys if k in checkpoint}
@@ -309,8 +289,7 @@ class PerWorkerCheckpoints:
             super().save_checkpoint(checkpoint, filepath, storage_options)
 
     def save_final_checkpoint(self) -> None:
-        """In on_train_end, once `report` is made (every worker calls it): write the run's last checkpoint
-        again, with the report, so that a resume with nothing left to train reports it again."""
+        """Write the last checkpoint again with `report` (every worker calls it in on_train_end)."""
         self._ended = True
         trainer = self.lightning_module.trainer
         checkpoint = trainer.checkpoint_callback
@@ -319,12 +298,10 @@ class PerWorkerCheckpoints:
             trainer.save_checkpoint(path, weights_only=False)  # full: can be continued
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
-        """The checkpoint as this worker resumes from it: its own replica's keys in place of rank 0's.
-        From the final (averaged) checkpoint every worker starts on the average, with its own schedule
-        where the worker count is the same (any other count starts on rank 0's)."""
+        """The checkpoint with this worker's own replica's keys; from the final (averaged) one every worker
+        starts on the average."""
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
         if REPORT_KEY in checkpoint:
-            # a resume with nothing left to train reports the figures of the training that made these weights
             self.report = dict(checkpoint[REPORT_KEY])
         replicas = checkpoint.get("replicas")
         if not replicas:
@@ -338,6 +315,5 @@ class PerWorkerCheckpoints:
                 "resume with the same number of workers"
             )
         own = replicas[self.global_rank]
-        # a key the replicas lack stays rank 0's
         keys = [k for k in self.per_worker_keys if k in own and not (averaged and k in self.shared_when_averaged)]
         return {**checkpoint, **{k: own[k] for k in keys}}
