@@ -15,7 +15,8 @@ from typing_extensions import override
 from psgd.data.partition import generator
 from psgd.io import save_atomic, write_csv, write_json
 from psgd.module import cut_short, fit_loop_state
-from psgd.signals import handler_for_this_process, this_process
+from psgd.process import this_process
+from psgd.signals import handler_for_this_process
 from psgd.strategies.lightning_internals import handle_sigterm_with
 from psgd.sync_costs import sync_summary
 

@@ -20,7 +20,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-from psgd import outputs, signals
+from psgd import outputs, signals, torchrun
 from psgd.advice import (
     few_steps,
     hogwild_workers,
@@ -227,7 +227,7 @@ def run_job(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
-    signals.mark_running_under_torchrun()  # Hydra's set-up of the run dir is done (wait_for_this_machines_workers)
+    torchrun.mark_running_under_torchrun()  # Hydra's set-up of the run dir is done (wait_for_this_machines_workers)
     absolute_inputs(cfg)
     continued = sweeping and cfg.get("continue_sweep") is not None
     if continued and (earlier := continue_job(run_dir, f"{hydra_cfg.job.name}.log")) is not None:
@@ -263,7 +263,7 @@ def run_failed(e: Exception, run_dir: Path) -> None:
     every_worker_finds_it = getattr(e, "every_worker_finds_it", False)
     after_the_first = discard and every_worker_finds_it and other_torchrun_worker()
     if discard and not after_the_first:
-        signals.wait_for_this_machines_workers(WORKERS_SET_UP_WITHIN_S)
+        torchrun.wait_for_this_machines_workers(WORKERS_SET_UP_WITHIN_S)
         discard_held(run_dir)
     line = error_line(e, run_dir)
     if not discard and (first_worker() or (isinstance(e, WorkerGone) and e.records)):  # one writer

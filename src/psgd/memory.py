@@ -1,23 +1,18 @@
-"""A run's training memory, judged before any worker starts: one that cannot fit is refused in one line.
+"""A CPU run's training memory, judged before any worker starts: one that cannot fit is refused in one line.
 
-What a training step must hold at the least is known before the data is read and the workers start: the
-tensors the forward keeps for backward grow with the batch; the weights, gradients and the optimizer's
-state do not. They are counted on the meta device (no memory), so the estimate is a lower bound: the data,
-the framework and torch's own buffers come on top. Linux only (its MemAvailable and cgroup limits); CPU
-runs only (a GPU's memory is the GPU's).
+Counted on the meta device: the tensors the forward keeps for backward, the weights, their gradients and
+the optimizer's state, a lower bound of what a step holds. Linux's MemAvailable and cgroup limits bound it.
 """
 
 import copy
+from contextlib import suppress
 from pathlib import Path
 
 import torch
 from torch import nn
 
 GiB = 1024**3
-# What each worker process a run starts (workers > 1) holds of its own besides its batch's activations and
-# its weights (the interpreter, torch and Lightning, allocator caches, its part of the data), counted below
-# what such a process measures, so that the estimate stays a lower bound. One worker
-# trains in the run's own process, already counted out of what is available.
+# What each worker process holds of its own (torch, Lightning, its data), below what one measures
 WORKER_PROCESS_BYTES = 100 * 2**20
 
 
@@ -26,7 +21,7 @@ def saved_bytes(net: nn.Module, images: torch.Tensor) -> int:
     kept: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()  # views share their base's storage (its _cdata), also on meta
+        storage = t.untyped_storage()  # views share their base's storage, also on meta
         kept[storage._cdata] = storage.nbytes()
         return t
 
@@ -36,9 +31,8 @@ def saved_bytes(net: nn.Module, images: torch.Tensor) -> int:
 
 
 def activation_bytes_per_sample(net: nn.Module, image_shape: tuple[int, int, int]) -> int | None:
-    """What one more sample in a batch adds to what the forward keeps for backward: the difference
-    between batches of 3 and 2 on a meta copy of `net` in training mode; None where the network cannot
-    run on the meta device (.item(), an operation without a meta kernel)."""
+    """What one more sample adds to what the forward keeps for backward; None where the network cannot
+    run on the meta device (.item(), no meta kernel)."""
     try:
         meta = copy.deepcopy(net).to("meta").train()
         two, three = (saved_bytes(meta, torch.zeros(n, *image_shape, device="meta")) for n in (2, 3))
@@ -47,76 +41,42 @@ def activation_bytes_per_sample(net: nn.Module, image_shape: tuple[int, int, int
     return max(0, three - two)
 
 
-def weight_bytes(net: nn.Module) -> int:
-    """The bytes of `net`'s parameters."""
-    return sum(p.numel() * p.element_size() for p in net.parameters())
-
-
-def state_copies(optimizer: str) -> int:
-    """Copies of the weights a step holds: the weights, their gradients and the optimizer's state per
-    weight (SGD's momentum, Adam's two moments; NovoGrad keeps one per weight and one per layer: counted
-    as one)."""
-    return 2 + {"SGD": 1, "Adam": 2, "AdamW": 2}.get(optimizer, 1)
-
-
 def state_bytes(net: nn.Module, optimizer: str) -> int:
-    """The weights, their gradients and the optimizer's state."""
-    return weight_bytes(net) * state_copies(optimizer)
+    """The weights, their gradients and the optimizer's state (SGD's momentum, Adam's two moments)."""
+    weights = sum(p.numel() * p.element_size() for p in net.parameters())
+    return weights * (2 + {"Adam": 2, "AdamW": 2}.get(optimizer, 1))
 
 
-def available_bytes() -> int | None:
-    """The memory this process can still take: the kernel's MemAvailable, or less under a memory
-    cgroup limit on its own cgroup or an ancestor's (a container, a SLURM job); None where neither can
-    be read (not Linux)."""
-    found = []
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                found.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError, IndexError):
-        pass
-    room = cgroup_room()
-    if room is not None:
-        found.append(room)
-    return min(found) if found else None
-
-
-# cgroup v2 (unified: a "0::<path>" line) and v1 (a line naming the memory controller): where the files are
-_CGROUPS = {
+_CGROUPS = {  # cgroup v2 (a "0::<path>" line) and v1 (a line naming the memory controller)
     "v2": ("/sys/fs/cgroup", "memory.max", "memory.current", "inactive_file"),
     "v1": ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
 }
 
 
-def cgroup_room(proc_cgroup: str = "/proc/self/cgroup") -> int | None:
-    """The least room left under a memory limit, over this process's memory cgroup and its ancestors:
-    the limit less the usage, of which the inactive file cache counts as free (the kernel reclaims it
-    first). None where no limit is set or none can be read (a cgroup path the container does not show
-    is read at its mount's root, the container's own cgroup)."""
-    try:
-        lines = Path(proc_cgroup).read_text().splitlines()
-    except OSError:
-        return None
+def available_bytes() -> int | None:
+    """The kernel's MemAvailable, or less under a memory limit of this process's cgroup or an ancestor's
+    (the limit less the usage, the inactive file cache counted as free); None where nothing can be read."""
     rooms = []
-    for line in lines:
-        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        version = "v2" if controllers == "" else "v1" if "memory" in controllers.split(",") else None
-        if version is None:
-            continue
-        root, limit, usage, inactive = _CGROUPS[version]
-        group = Path(root) / path.strip().lstrip("/")
-        while True:
-            try:
-                cap = (group / limit).read_text().strip()
-                used = int((group / usage).read_text())
-                stat = dict(row.split() for row in (group / "memory.stat").read_text().splitlines())
-                if cap.isdigit() and int(cap) < 1 << 60:  # "max" (v2) or a huge number (v1): no limit
-                    rooms.append(max(0, int(cap) - used + int(stat.get(inactive, 0))))
-            except (OSError, ValueError):
-                pass
-            if group == Path(root) or group.parent == group:
-                break
-            group = group.parent
+    with suppress(OSError, ValueError, IndexError):
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        rooms += [int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:")]
+    with suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+            version = "v2" if controllers == "" else "v1" if "memory" in controllers.split(",") else None
+            if version is None:
+                continue
+            root, limit, usage, inactive = _CGROUPS[version]
+            group = Path(root) / path.strip().lstrip("/")
+            for folder in [group, *group.parents]:
+                with suppress(OSError, ValueError):
+                    cap = (folder / limit).read_text().strip()
+                    used = int((folder / usage).read_text())
+                    stat = dict(row.split() for row in (folder / "memory.stat").read_text().splitlines())
+                    if cap.isdigit() and int(cap) < 1 << 60:  # "max" (v2) or a huge number (v1): no limit
+                        rooms.append(max(0, int(cap) - used + int(stat.get(inactive, 0))))
+                if folder == Path(root):
+                    break
     return min(rooms) if rooms else None
 
 
@@ -131,21 +91,19 @@ def memory_problem(
     shared_weights: bool = False,
     half: bool = False,
 ) -> str | None:
-    """The one-line reason a CPU run of `workers` workers on this machine, each training `batch`
-    samples at a time, cannot fit in the memory available; None where it may (or cannot be judged).
-    `shared_weights`: the workers share one copy of the weights (HogWild), each has its own gradients
-    and optimizer state. `half`: a 16-bit precision (bf16-mixed, ...): everything counted at half its
-    fp32 size, which stays a lower bound (autocast keeps some tensors, and the weights, in fp32)."""
+    """The one-line reason `workers` CPU workers training `batch` samples at a time cannot fit in the memory
+    available; None where they may, or it cannot be judged. `shared_weights`: HogWild's one copy of the
+    weights. `half`: a 16-bit precision, counted at half the fp32 size."""
     available = available_bytes() if available is None else available
     per_sample = activation_bytes_per_sample(net, image_shape)
     if available is None or per_sample is None:
         return None
-    weights = weight_bytes(net)
+    state, weights = state_bytes(net, optimizer), sum(p.numel() * p.element_size() for p in net.parameters())
     if half:
-        per_sample, weights = per_sample // 2, weights // 2
+        per_sample, state, weights = per_sample // 2, state // 2, weights // 2
     shared = weights if shared_weights and workers > 1 else 0  # the shared weights once
-    process = WORKER_PROCESS_BYTES if workers > 1 else 0
-    fixed = weights * state_copies(optimizer) - shared + process  # each worker's own part
+    process = WORKER_PROCESS_BYTES if workers > 1 else 0  # one worker trains in this process
+    fixed = state - shared + process  # each worker's own part
     need = workers * (per_sample * batch + fixed) + shared
     if need <= available:
         return None

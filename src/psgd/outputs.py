@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from psgd.console import torchrun_worker
 from psgd.overrides import shell_override
-from psgd.signals import proc_stat
+from psgd.process import proc_stat
 
 
 def process_start(pid: int) -> datetime | None:

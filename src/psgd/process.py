@@ -1,4 +1,5 @@
-"""What a run sets in its process: Lightning's quietness, filters of library noise, a worker's OOM score.
+"""This process: what a run sets in it (Lightning's quietness, library noise filtered, a worker's OOM score),
+how a run's record names it, and the kernel's OOM killer.
 
 Nothing here acts on import. A run wraps its work in `run_settings`, which restores everything on the way
 out; each worker process that psgd's launcher starts calls `prepare_worker` first.
@@ -6,33 +7,27 @@ out; each worker process that psgd's launcher starts calls `prepare_worker` firs
 
 import logging
 import os
+import socket
+import tempfile
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
-
-from psgd.signals import prefer_as_oom_victim
+from contextlib import contextmanager, suppress
+from pathlib import Path
 
 QUIET_ENV = "PSGD_QUIET"  # "1" while a quiet run runs: its worker processes inherit it
 LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning_fabric", "lightning")
 
 
-class _Noise(logging.Filter):
-    """Drops a library's log line that says nothing to a psgd user."""
-
-    def __init__(self, start: str):
-        super().__init__()
-        self.start = start
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.start)
+def _dropping(start: str):
+    """A log filter that drops a library's line starting with `start`: it says nothing to a psgd user."""
+    return lambda record: not str(record.msg).startswith(start)
 
 
 _NOISE = {
-    # Lightning's tip to install its cloud logger (litlogger), printed whenever a Trainer is made: psgd logs to
-    # TensorBoard
-    "pytorch_lightning.utilities.rank_zero": _Noise("💡 Tip: For seamless cloud logging"),
+    # Lightning's tip to install its cloud logger, printed whenever a Trainer is made
+    "pytorch_lightning.utilities.rank_zero": _dropping("💡 Tip: For seamless cloud logging"),
     # compile=true on a CPU machine with a CUDA build of torch: inductor's C++ builder says so in every worker
-    "torch.utils.cpp_extension": _Noise("No CUDA runtime is found"),
+    "torch.utils.cpp_extension": _dropping("No CUDA runtime is found"),
 }
 
 
@@ -93,3 +88,81 @@ def prepare_worker() -> None:
     filter_library_noise()
     if os.environ.get(QUIET_ENV) == "1":
         quiet_lightning()
+
+
+def proc_stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (state first, the start time at index 19),
+    or [] where there is no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def process_tag(pid: int) -> str:
+    """`<pid>-<start time>`: names one process for as long as the machine runs (a pid is reused)."""
+    fields = proc_stat(pid)
+    return f"{pid}-{fields[19] if len(fields) > 19 else 0}"
+
+
+def this_process() -> dict[str, str | int]:
+    """This process as a run's record names it (`alive` finds it)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "tag": process_tag(os.getpid())}
+
+
+def alive(process: object) -> bool:
+    """Whether the process a record names (`this_process`) still runs on this machine."""
+    if not isinstance(process, dict) or process.get("host") != socket.gethostname():
+        return False
+    try:
+        pid = int(process["pid"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    fields = proc_stat(pid)
+    return len(fields) > 19 and f"{pid}-{fields[19]}" == process.get("tag") and fields[0] != "Z"
+
+
+def still_running(record: dict) -> bool:
+    """Whether a run's record (metrics.json) is still being written: not finished, its process alive."""
+    return record.get("status") in ("running", "trained") and alive(record.get("process"))
+
+
+def temp_folder_of_this_process(prefix: str) -> Path:
+    """A new folder `<temp dir>/<prefix><random>` for this process to take away when done."""
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+VMSTAT = "/proc/vmstat"
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot; None where it does not say."""
+    try:
+        with open(VMSTAT) as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def oom_kills_since(before: int | None) -> int:
+    """By how many `oom_kills` rose since it was `before`; 0 where either is unknown."""
+    now = oom_kills()
+    return max(now - before, 0) if now is not None and before is not None else 0
+
+
+# A worker's oom_score_adj (-1000..1000): the kernel's OOM killer picks a worker before the launcher,
+# which can then say what happened, mark the run failed and end the others.
+WORKER_OOM_SCORE_ADJ = 500
+
+
+def prefer_as_oom_victim(adj: int = WORKER_OOM_SCORE_ADJ, path: str = "/proc/self/oom_score_adj") -> None:
+    """Raise this process's oom_score_adj to `adj` (never lower it; raising needs no privilege)."""
+    with suppress(OSError, ValueError):
+        with open(path) as f:
+            current = int(f.read())
+        if current < adj:
+            with open(path, "w") as f:
+                f.write(str(adj))

@@ -4,7 +4,7 @@ import os
 import random
 import socket
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import timedelta
 
 import torch
@@ -21,17 +21,11 @@ def rendezvous_port() -> Iterator[None]:
         yield
         return
     rng = random.SystemRandom()
-    for _ in range(100):
+    while True:
         port = rng.randint(20000, 60999)
-        with socket.socket() as s:
-            try:
-                s.bind(("", port))
-            except OSError:
-                continue
-        break
-    else:  # nothing free in 100 tries: leave the choice to Lightning
-        yield
-        return
+        with socket.socket() as s, suppress(OSError):
+            s.bind(("", port))
+            break
     os.environ["MASTER_PORT"] = str(port)
     try:
         yield

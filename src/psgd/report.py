@@ -32,7 +32,7 @@ from psgd.advice import (
 from psgd.environment import cores_of
 from psgd.io import NO_ROOM, atomic_file, failed_write, read_json, write_atomic, write_csv
 from psgd.overrides import NOT_IN_DIR_NAMES, as_typed, override_key, shell_override
-from psgd.signals import still_running
+from psgd.process import still_running
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

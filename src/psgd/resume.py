@@ -1,19 +1,16 @@
 """What a run starts from: a checkpoint to resume (ckpt_path), an earlier run's weights (init_weights).
 
-A checkpoint is resumed only where it continues the run this one's settings ask for: the same model, workers,
-strategy, dataset, validation samples, partition, lr schedule and optimizer; each mismatch is a ConfigError
-that names the setting and the value that resumes it.
+A checkpoint is resumed only where it continues the run this one's settings ask for; each mismatch is a
+ConfigError that names the setting and the value that resumes it.
 """
 
 import math
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from psgd.config import GIVE, ConfigError, Plan, checkpoint_file, duration_s
 from psgd.console import first_worker
@@ -30,109 +27,68 @@ def resolve_ckpt_path(
     max_time: Any = None,
     max_steps: Any = None,
 ) -> str | None:
-    """The checkpoint to resume from, checked against the model, the lr schedule and (for a checkpoint
-    that holds each worker's own state) the number of workers this run has and its `strategy` name
-    (None: not checked). A run with nothing left to train (trainer.max_epochs, `max_time`, `max_steps`) says so."""
+    """The checkpoint to resume from, checked against this run: its model, lr schedule, optimizer and data,
+    and (for a checkpoint of each worker's own state) its worker count and `strategy` (None: not checked).
+    A run with nothing left to train (trainer.max_epochs, `max_time`, `max_steps`) says so."""
     if value is None:
         return None
     path = checkpoint_file("ckpt_path", value)
     checkpoint = load_weights_only("ckpt_path", value, path)
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise ConfigError(f"ckpt_path={value!r} is not a psgd checkpoint (it holds no state_dict)")
-    with naming_its_overrides(path):
-        _check_resumable(value, checkpoint, module, world_size, strategy)
-    line = nothing_left(checkpoint, module, max_time, max_steps)
-    if line and first_worker():  # torchrun / srun: every worker finds it; the first says it
-        print(f"psgd: ckpt_path={value} {line}", flush=True)
-    return str(path)
-
-
-def its_overrides(checkpoint: Path) -> str | None:
-    """The command line's overrides of the run whose checkpoint this is (<run>/checkpoints/<name>.ckpt,
-    Hydra's <run>/.hydra/overrides.yaml), as `key=value ...` for train.py; "" for
-    none (its defaults), None where the file is not a run's."""
-    saved = checkpoint.parent.parent / ".hydra" / "overrides.yaml"
-    if checkpoint.parent.name != "checkpoints" or not saved.is_file():
-        return None
-    try:
-        overrides = OmegaConf.to_container(OmegaConf.load(saved))
-    except Exception:  # not Hydra's list: nothing to say
-        return None
-    if not isinstance(overrides, list):
-        return None
-    # not Hydra's own, nor the ckpt_path that run resumed from, nor a sweep's continue_sweep (not train.py's)
-    left_out = ("hydra.", "hydra/", "ckpt_path=", "continue_sweep=")
-    return " ".join(str(o) for o in overrides if not str(o).startswith(left_out))
-
-
-@contextmanager
-def naming_its_overrides(checkpoint: Path) -> Iterator[None]:
-    """A checkpoint this run cannot resume: its line ends with the overrides that run was given (the
-    same ones resume it), where its run dir says them."""
-    try:
-        yield
-    except ConfigError as e:
-        given = its_overrides(checkpoint)
-        if given is None:
-            raise
-        said = f"that run's overrides: {given}" if given else "that run had no overrides"
-        raise ConfigError(f"{e} ({said})") from None
-
-
-def _check_resumable(
-    value: str, checkpoint: dict[str, Any], module: Classifier, world_size: int, strategy: str | None
-) -> None:
-    """A ConfigError where resuming `checkpoint` would not be the run this one's settings ask for: another
-    model, worker count, strategy, dataset, validation samples, partition, lr schedule or optimizer."""
     check_fits("ckpt_path", value, checkpoint["state_dict"], module.state_dict())
-    replicas = checkpoint.get("replicas")  # model averaging / HogWild mid-run: one state per worker
-    if replicas and not checkpoint.get("averaged") and len(replicas) != world_size:
+    # model averaging / HogWild mid-run: one state per worker
+    replicas = [] if checkpoint.get("averaged") else checkpoint.get("replicas") or []
+    if replicas and len(replicas) != world_size:
         raise ConfigError(
             f"ckpt_path={value!r} holds {len(replicas)} workers' own state but this run has {world_size} "
             f"worker{'' if world_size == 1 else 's'}; resume with workers={len(replicas)}"
         )
-    own_weights = replicas and not checkpoint.get("averaged") and "state_dict" in (replicas[0] or {})
+    own_weights = replicas and "state_dict" in (replicas[0] or {})
     if own_weights and strategy is not None and strategy != "model_averaging":
         raise ConfigError(
             f"ckpt_path={value!r} holds {len(replicas)} replicas that model averaging had not averaged yet, and "
             f"strategy={strategy} would go on from worker 0's alone: resume with strategy=model_averaging (or "
             "from the run's final checkpoint, which holds their average)"
         )
-    hparams = checkpoint.get("hyper_parameters") or {}  # the Classifier's, as the checkpoint's run had them
-    trained_on, now_on = hparams.get("dataset"), module.hparams.get("dataset")
-    if trained_on and now_on and trained_on != now_on:  # same image size and classes: the shapes fit
-        raise ConfigError(
-            f"ckpt_path={value!r} was trained on data={trained_on} and this run's data is {now_on}: resuming "
-            f"would go on with its epochs, optimizer and schedule on other data; resume with data={trained_on}"
-        )
-    if "holdout" in hparams and hparams["holdout"] != module.hparams.get("holdout"):  # older ones: not kept
-        held, now = hparams["holdout"], module.hparams.get("holdout")
-        raise ConfigError(
-            f"ckpt_path={value!r} held out {_holdout_text(held)} for validation and this run holds out "
-            f"{_holdout_text(now)}: it would validate on samples the checkpoint trained on, or train on its "
-            f"validation samples; resume with {_holdout_setting(held)}"
-        )
-    dealt, dealing = hparams.get("shards"), module.hparams.get("shards")  # None: not kept (older, or in code)
-    if dealt is not None and dealing is not None and dealt != dealing:
-        before, now = " ".join(dealt), " ".join(dealing)
-        raise ConfigError(
-            f"ckpt_path={value!r} dealt the samples to its workers with {before} and this run with {now}: "
-            f"each worker would go on with other samples than its run gave it; resume with {before}"
-        )
-    problem = schedule_change(hparams, dict(module.hparams))
-    problem = problem or optimizer_change(checkpoint, module)
+    saved = checkpoint.get("hyper_parameters") or {}  # the Classifier's, as the checkpoint's run had them
+    then, now = _data_settings(saved), _data_settings(dict(module.hparams))
+    for key in then:
+        if then[key] is not None and now[key] is not None and then[key] != now[key]:
+            raise ConfigError(
+                f"ckpt_path={value!r} was trained with {then[key]} and this run has {now[key]}: it would go on "
+                f"with other samples than its run trained and validated on; resume with {then[key]}"
+            )
+    problem = schedule_change(saved, dict(module.hparams)) or optimizer_change(checkpoint, module)
     if problem:
         raise ConfigError(
             f"ckpt_path={value!r} cannot be resumed with {problem}: resuming restores its optimizer and lr "
             "schedule as they were, which would not follow this change; resume with the checkpoint's settings "
             f"(or start a new run from its weights with init_weights={value}, leaving ckpt_path out)"
         )
+    line = nothing_left(checkpoint, module, max_time, max_steps)
+    if line and first_worker():  # torchrun / srun: every worker finds it; the first says it
+        print(f"psgd: ckpt_path={value} {line}", flush=True)
+    return str(path)
+
+
+def _data_settings(hparams: dict[str, Any]) -> dict[str, str | None]:
+    """The settings that decide a run's training and validation samples, as `key=value` texts; None for
+    one the hyper-parameters do not keep (an older checkpoint, a Classifier made in code)."""
+    settings = {"dataset": None, "holdout": None, "shards": None}
+    if hparams.get("dataset"):
+        settings["dataset"] = f"data={hparams['dataset']}"
+    if "holdout" in hparams:  # [val_split, seed], or None for none
+        holdout = hparams["holdout"]
+        settings["holdout"] = f"data.val_split={holdout[0]:g} seed={holdout[1]}" if holdout else "data.val_split=0"
+    if hparams.get("shards") is not None:
+        settings["shards"] = " ".join(hparams["shards"])
+    return settings
 
 
 def nothing_left(checkpoint: dict[str, Any], module: Classifier, max_time: Any, max_steps: Any) -> str | None:
-    """What the checkpoint already trained up to a limit of this run (trainer.max_epochs, max_time,
-    max_steps), as `already trained 3 epoch(s), trainer.max_epochs=3: nothing is left to train; ...`; None
-    while something is left."""
+    """The line saying that the checkpoint already trained up to a limit of this run (trainer.max_epochs,
+    max_time, max_steps); None while something is left."""
     done = "nothing is left to train; its final weights are tested"
     trained = fit_loop_state(checkpoint).get("epoch_progress", {})
     trained = trained.get("current", {}).get("processed")  # epochs whose training ended (Lightning's count)
@@ -143,10 +99,7 @@ def nothing_left(checkpoint: dict[str, Any], module: Classifier, max_time: Any, 
         timer = (checkpoint.get("callbacks") or {}).get("Timer") or {}
         elapsed, limit = (timer.get("time_elapsed") or {}).get("train"), duration_s(max_time)
         if isinstance(elapsed, int | float) and limit is not None and elapsed >= limit:
-            return (
-                f"already trained for {elapsed:.0f} s, trainer.max_time={max_time}: nothing is left to train (max_time "
-                "counts the whole run, resumes included: a longer one trains on); its final weights are tested"
-            )
+            return f"already trained for {elapsed:.0f} s, trainer.max_time={max_time}: {done}"
     steps = checkpoint.get("global_step")  # optimizer steps taken (each worker's; max_steps is DDP's or one worker's)
     if isinstance(max_steps, int) and max_steps > 0 and isinstance(steps, int) and steps >= max_steps:
         return f"already took {steps} steps, trainer.max_steps={max_steps}: {done}"
@@ -166,27 +119,24 @@ def load_weights_only(setting: str, value: str, path: Path) -> Any:
 
 def check_fits(setting: str, value: str, saved: dict[str, Any], expected: dict[str, torch.Tensor]) -> None:
     """Every weight of this run's model, in its shape, and no other: else a ConfigError naming one."""
+    problems = []
     for key, tensor in expected.items():
         found = saved.get(key)
         if not isinstance(found, torch.Tensor) or found.shape != tensor.shape:
             what = "missing" if key not in saved else f"shape {tuple(getattr(found, 'shape', ()))}"
-            raise ConfigError(
-                f"{setting}={value!r} does not fit this run's model: {key} is {what} in the checkpoint, "
-                f"the model needs {tuple(tensor.shape)} (was it saved with another model= or data=?)"
-            )
-    unexpected = sorted(set(saved) - set(expected))
-    if unexpected:
+            problems.append(f"{key} is {what} in the checkpoint, the model needs {tuple(tensor.shape)}")
+    problems += [f"the checkpoint has extra weights such as {key}" for key in sorted(set(saved) - set(expected))]
+    if problems:
         raise ConfigError(
-            f"{setting}={value!r} does not fit this run's model: the checkpoint has extra "
-            f"weights such as {unexpected[0]} (was it saved with another model= or data=?)"
+            f"{setting}={value!r} does not fit this run's model: {problems[0]} (was it saved with another model= "
+            "or data=?)"
         )
 
 
 def init_weights(value: str | None, module: Classifier) -> str | None:
-    """init_weights: the run starts from an earlier run's weights (its run dir or a .ckpt: the weights it
-    ended with, or had at that checkpoint; a worker's weights/rank<r>.pt of record_weights; or the
-    state_dict of the same network saved with torch.save) and trains them with its own epochs,
-    optimizer and lr schedule. Loaded into `module`; returns the file, or None without one."""
+    """Load an earlier run's weights into `module` (a run dir, a .ckpt, a worker's weights/rank<r>.pt, or a
+    network's state_dict saved with torch.save); the run trains them with its own epochs, optimizer and lr
+    schedule. Returns the file, or None without one."""
     if value is None:
         return None
     give = GIVE["init_weights"]
@@ -205,16 +155,14 @@ def init_weights(value: str | None, module: Classifier) -> str | None:
         raise ConfigError(f"init_weights={value!r} holds no weights (a checkpoint or a state_dict of tensors); {give}")
     if not any(k.startswith("net.") for k in loaded):  # a plain network's state_dict: psgd's module holds it as net
         loaded = {f"net.{k}": v for k, v in loaded.items()}
-    with naming_its_overrides(path):  # model=mlp among them, say
-        check_fits("init_weights", value, loaded, module.state_dict())
+    check_fits("init_weights", value, loaded, module.state_dict())
     module.load_state_dict(loaded)
     return str(path)
 
 
 def shard_settings(cfg: DictConfig) -> list[str]:
-    """The settings that decide which samples each worker trains on, as `key=value` texts: the
-    partition, its sizes or Dirichlet alpha, and the seed where it fixes the membership (sizes,
-    dirichlet; iid shards are dealt anew every epoch, by_label by label)."""
+    """The settings that decide which samples each worker trains on, as `key=value` texts (the seed where
+    it fixes the shards: iid shards are dealt anew every epoch, by_label by label)."""
     d = cfg.data
     settings = [f"data.partition={d.partition}"]
     if d.partition == "sizes":
@@ -224,18 +172,7 @@ def shard_settings(cfg: DictConfig) -> list[str]:
     return settings
 
 
-def _holdout_text(holdout: list | None) -> str:
-    if not holdout:
-        return "nothing (data.val_split=0)"
-    return f"data.val_split={holdout[0]:g} drawn with seed={holdout[1]}"
-
-
-def _holdout_setting(holdout: list | None) -> str:
-    return "data.val_split=0" if not holdout else f"data.val_split={holdout[0]:g} seed={holdout[1]}"
-
-
 def _all_workers(hparams: dict[str, Any]) -> int:
-    """The workers of all nodes (a checkpoint from before num_nodes was kept: one node)."""
     return hparams["workers"] * (hparams.get("num_nodes") or 1)
 
 
@@ -245,10 +182,9 @@ def _workers_said(hparams: dict[str, Any]) -> str:
 
 
 def schedule_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
-    """What of the lr and its schedule this run changes from the checkpoint's run (hyper-parameters
-    of the Classifier), as `key=new (the checkpoint's run had old)`, or None. The lr and every
-    scheduler setting count; trainer.max_epochs counts under a cosine decay, whose horizon it is; workers
-    counts under a warm-up whose start factor is the default 1/workers."""
+    """What of the lr and its schedule this run changes from the checkpoint's run (the Classifier's
+    hyper-parameters), or None: the lr, a scheduler setting, trainer.max_epochs under a cosine decay (its
+    horizon), workers under a warm-up from the default 1/workers."""
     if not saved:  # not written by psgd's Classifier: nothing to compare
         return None
     old_s, new_s = schedule_read(saved.get("scheduler")), schedule_read(now.get("scheduler"))
@@ -271,17 +207,15 @@ def schedule_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
     return None
 
 
-# param-group entries that are not the optimizer's settings: the parameters, the lr (the schedule's, checked
-# by schedule_change) and how torch runs the step (the resumed run's own: Classifier._update_as_configured)
+# param-group entries that are not the optimizer's settings: the parameters, the lr (schedule_change's) and
+# how torch runs the step (the resumed run's own)
 _NOT_SETTINGS = {"params", "lr", "initial_lr", *STEP_IMPLEMENTATION}
 
 
 def optimizer_change(checkpoint: dict[str, Any], module: Classifier) -> str | None:
-    """What of the optimizer this run changes from the checkpoint's run, or None. Lightning restores the
-    checkpoint's optimizer state with its param groups, settings included, so a changed setting would be
-    silently dropped and another optimizer would fail in its first step. Compared: the optimizer's class
-    (kept in psgd's checkpoints; for older ones, settings each side lacks) and every setting of every
-    param group."""
+    """What of the optimizer this run changes from the checkpoint's run, or None: its class, or a setting
+    of a param group. Lightning restores the checkpoint's param groups, settings included, so a changed
+    setting would be silently dropped, and another optimizer would fail in its first step."""
     states = checkpoint.get("optimizer_states")
     if not states:
         return None
@@ -289,49 +223,33 @@ def optimizer_change(checkpoint: dict[str, Any], module: Classifier) -> str | No
     name, old_name = type(fresh).__name__, checkpoint.get(OPTIMIZER_KEY)
     if old_name is not None and old_name != name:
         return f"optimizer {name} (the checkpoint's run used {old_name})"
-    old_groups, new_groups = states[0].get("param_groups") or [], fresh.param_groups
-    if len(old_groups) != len(new_groups):
-        return f"{len(new_groups)} optimizer parameter groups (the checkpoint's run had {len(old_groups)})"
-
-    def plain(v: Any) -> Any:
-        return [plain(x) for x in v] if isinstance(v, list | tuple) else v
-
-    def shown(v: Any) -> str:  # as written on the command line: true, [0.9, 0.99]
-        v = plain(v)
-        return str(v).lower() if isinstance(v, bool) or v is None else str(v)
-
-    def same(a: Any, b: Any) -> bool:
-        a, b = plain(a), plain(b)
-        if isinstance(a, list) and isinstance(b, list):
-            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-        numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b))
-        if not numbers:
-            return a == b
-        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
-
+    old_groups, new_groups = states[0].get("param_groups") or [], fresh.param_groups  # as many: check_fits
     for i, (old, new) in enumerate(zip(old_groups, new_groups)):
-        old_keys, new_keys = set(old) - _NOT_SETTINGS, set(new) - _NOT_SETTINGS
-        # a newer torch may add a setting to the same optimizer; another optimizer lacks some of each other's
-        if old_name is None and new_keys - old_keys and old_keys - new_keys:
-            return (
-                f"optimizer {name} (the checkpoint's optimizer has no {sorted(new_keys - old_keys)[0]} "
-                f"but a {sorted(old_keys - new_keys)[0]}: another optimizer)"
-            )
-        for key in sorted(old_keys & new_keys):
-            if not same(old[key], new[key]):
+        for key in sorted((set(old) & set(new)) - _NOT_SETTINGS):
+            if _plain(old[key]) != _plain(new[key]):
+                was, now = _shown(old[key]), _shown(new[key])
                 # a model that sets this value per group names the setting it comes from (the MLP's decay)
                 names = getattr(module.net, "group_settings", {}).get(key)
                 if names and names[i]:
-                    return f"{names[i]}={shown(new[key])} (the checkpoint's run had {shown(old[key])})"
+                    return f"{names[i]}={now} (the checkpoint's run had {was})"
                 where = f" in its parameter group {i}" if len(new_groups) > 1 else ""
-                return f"optimizer.{key}={shown(new[key])}{where} (the checkpoint's run had {shown(old[key])})"
+                return f"optimizer.{key}={now}{where} (the checkpoint's run had {was})"
     return None
 
 
+def _plain(value: Any) -> Any:
+    return [_plain(x) for x in value] if isinstance(value, list | tuple) else value
+
+
+def _shown(value: Any) -> str:
+    """As written on the command line: true, [0.9, 0.99]."""
+    value = _plain(value)
+    return str(value).lower() if isinstance(value, bool) or value is None else str(value)
+
+
 def elastic_resume(ckpt_path: str | None, plan: Plan, run_dir: Path, continued: bool = False) -> str | None:
-    """torchrun --max-restarts restarts every worker after one died: continue from the run's last
-    checkpoint instead of starting over (the run dir is the same: see psgd.run_name). So does a job of a
-    continued sweep (`continued`), whose own checkpoint supersedes the ckpt_path it started from."""
+    """The run dir's last checkpoint where torchrun restarted the workers (--max-restarts), or where a job
+    of a continued sweep (`continued`) goes on from its own; else `ckpt_path`."""
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     last = run_dir / "checkpoints" / "last.ckpt"
     if continued and last.exists():

@@ -29,7 +29,7 @@ from pytorch_lightning.loggers import TensorBoardLogger
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import nn
 
-from psgd import signals
+from psgd import signals, torchrun
 from psgd.advice import scales_by_workers
 from psgd.callbacks import (
     AtomicCheckpointIO,
@@ -63,15 +63,7 @@ from psgd.process import run_settings
 from psgd.profiler import PyTorchProfilerForWorkers
 from psgd.rendezvous import init_elastic_process_group, rendezvous_port
 from psgd.resume import elastic_resume, init_weights, resolve_ckpt_path, shard_settings
-from psgd.run_checks import (
-    build_datamodule,
-    check_data,
-    check_memory,
-    warn_if_an_epoch_holds_less_than_an_update,
-    warn_if_lockstep_leaves_samples_out,
-    warn_if_nothing_to_average,
-    warn_if_period_never_comes,
-)
+from psgd.run_checks import build_datamodule, check_data, check_memory
 from psgd.stopped import exit_if_interrupted, lightning_refusal, mark_stopped, torchrun_worker_gone
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
 from psgd.strategies.ddp import ReportsFirstFailure
@@ -87,9 +79,7 @@ def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path) -> Any:
         "start_method": plan.start_method,
         "timeout": timedelta(seconds=s.timeout_s),
     }
-    if plan.launcher != "psgd":
-        # torchrun / srun started every worker: Lightning's subprocess launcher is the one that then
-        # starts nothing (its spawn launcher would start `workers` more processes in each of them)
+    if plan.launcher != "psgd":  # torchrun / srun started every worker: Lightning's popen launcher starts none
         common["start_method"] = "popen"
     if s.name == "model_averaging":
         return ModelAveragingStrategy(
@@ -124,17 +114,14 @@ def _quiet_lightning_banner():
         log.setLevel(level)
 
 
-# trainer.* keys whose null Lightning takes as a setting of its own, not as its default: every other null
-# is left out of Trainer(...), so that Lightning's default stands. check_val_every_n_epoch=None validates
-# every val_check_interval batches counted across epochs (its default, 1, refuses an interval longer
-# than an epoch, advising None)
+# trainer.* keys whose null Lightning takes as a setting of its own: every other null is left out of
+# Trainer(...), so that Lightning's default stands
 NULL_IS_A_SETTING = ("check_val_every_n_epoch",)
 
 
 @contextmanager
 def found_by_every_worker() -> Iterator[None]:
-    """A bad value or bad data found inside follows from the config, the machine and its files alone:
-    under torchrun every worker of a machine finds the same, and only its first says it (psgd.command_line.fail)."""
+    """A bad value or bad data found inside is found by every worker under torchrun: only the first says it."""
     try:
         yield
     except (ConfigError, DataError) as e:
@@ -152,18 +139,12 @@ def run_dir_key() -> str:
 def train(
     cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] = (), continued: bool = False
 ) -> dict[str, Any] | None:
-    """Run one configured training job in `run_dir`; returns the final metrics (also in metrics.json).
+    """Run one configured training job in `run_dir`; returns the final metrics (also in metrics.json), or
+    None in a torchrun / srun worker other than global rank 0.
 
-    `callbacks`: Lightning callbacks of the caller's, added to the training Trainer after psgd's own
-    (with workers > 1 they are pickled into every worker process).
-
-    Under torchrun / srun (one process per worker) only global rank 0 tests and returns metrics; the
-    other workers return None.
-
-    A `run_dir` that holds an earlier run's metrics.json is refused (DirInUse) before anything is
-    written into it, unless torchrun restarted this job's workers (they go on in their own dir) or the
-    job is one of a `continued` sweep (psgd.cli.continue_job has cleared its dir of a completed or
-    unresumable attempt): both resume from the run dir's checkpoints/last.ckpt where it has one.
+    `callbacks`: the caller's, added after psgd's own (pickled into every worker process). A `run_dir` that
+    holds an earlier run's metrics.json is refused (DirInUse) before anything is written into it, unless
+    the job is one of a `continued` sweep, which resumes from its own last checkpoint.
     """
     refuse_a_run_while_a_worker_imports_the_script()
     with found_by_every_worker():  # the config and the machine decide it
@@ -182,9 +163,8 @@ def micro_batches_per_update(plan: Plan, num_nodes: int, synchronous: bool) -> i
 
 
 def _check_picklable(callbacks: list[L.Callback], net: torch.nn.Module) -> None:
-    """The caller's callbacks go to every worker process pickled: one that cannot be failed as the
-    workers started, with pickle's message naming neither the callback nor why it was pickled. In a
-    notebook, a callback or model class of the session's own is refused too (defined_in_session)."""
+    """The caller's callbacks go to every worker process pickled: one that cannot is refused here, naming
+    it, as is a callback or model class defined in a notebook's session (defined_in_session)."""
     named = [(f"callbacks[{i}] ({type(c).__name__})", c) for i, c in enumerate(callbacks)]
     for what, callback in named:
         try:
@@ -206,12 +186,11 @@ def _train(
 ) -> dict[str, Any] | None:
     """Build the run from the checked config, fit it, test its final weights and write its results."""
     if plan.launcher == "torchrun":
-        signals.stop_with_agent()  # an agent killed outright (OOM, kill -9) must not leave its workers training
-        signals.mark_running_under_torchrun()  # so that a worker that dies without a word can be named
+        torchrun.stop_with_agent()  # an agent killed outright (OOM, kill -9) must not leave its workers training
+        torchrun.mark_running_under_torchrun()  # so that a worker that dies without a word can be named
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # before the model: same seed, same init
     world_size = plan.workers * cfg.trainer.num_nodes  # the workers of all nodes
     net, image_size = build_model(cfg.model, cfg.data.name)
-    warn_if_nothing_to_average(cfg, net, world_size)
     datamodule = build_datamodule(cfg, image_size)
     read_data(cfg, plan, datamodule, net, image_size)
     module = build_module(cfg, plan, net, image_size)
@@ -239,18 +218,15 @@ def _train(
 
 def read_data(cfg: DictConfig, plan: Plan, datamodule: ClassificationData, net: nn.Module, image_size: int) -> None:
     """Read the dataset and judge what needs it, before any worker starts: a missing dataset, a worker
-    without a batch and a run that cannot fit in memory fail here; settings that would do nothing are warned of."""
+    without a batch, a final test of no batch and a run that cannot fit in memory fail here."""
     world_size = plan.workers * cfg.trainer.num_nodes
     with found_by_every_worker():
         datamodule.prepare_data()
         if short := check_data(cfg, datamodule, world_size):
             warn(short)  # a shard smaller than one batch
-        sizes, batches = datamodule.train_shards(world_size)
         if plan.accelerator == "cpu" and plan.launcher == "psgd":  # every worker on this machine
+            sizes, _ = datamodule.train_shards(world_size)
             check_memory(cfg, net, image_size, sizes, plan.workers)
-        warn_if_lockstep_leaves_samples_out(cfg, sizes, batches)
-        warn_if_an_epoch_holds_less_than_an_update(cfg, batches, plan.accumulate_grad_batches)
-        warn_if_period_never_comes(cfg, batches, plan.accumulate_grad_batches)
 
 
 def build_module(cfg: DictConfig, plan: Plan, net: nn.Module, image_size: int) -> Classifier:
@@ -260,8 +236,7 @@ def build_module(cfg: DictConfig, plan: Plan, net: nn.Module, image_size: int) -
     info = INFO[cfg.data.name]
     return Classifier(
         net,
-        # plain lists, not OmegaConf's ListConfig (NovoGrad's betas): the optimizer's state_dict keeps
-        # them, and a checkpoint holding a ListConfig does not load with weights_only=True (no resume)
+        # plain lists, not ListConfig: a checkpoint holding one does not load with weights_only=True
         instantiate(cfg.optimizer, _convert_="all"),
         lr=scaled_lr(
             cfg.optimizer.lr,
@@ -277,11 +252,10 @@ def build_module(cfg: DictConfig, plan: Plan, net: nn.Module, image_size: int) -
         channels_last=cfg.channels_last,
         per_worker_metrics=cfg.strategy.name not in ("ddp", "hogwild"),  # replicas differ: each evaluated
         input_shape=(info.channels, image_size, image_size),
-        dataset=cfg.data.name,  # kept in its checkpoints: a resume on another dataset is refused
-        # the validation samples held out of the training set, kept too: a resume holding out others would
-        # validate on samples the checkpoint trained on
+        # kept in its checkpoints: a resume on other samples is refused (psgd.resume)
+        dataset=cfg.data.name,
         holdout=[cfg.data.val_split, cfg.seed] if cfg.data.val_split else None,
-        shards=shard_settings(cfg),  # how samples are dealt to the workers: a resume must deal them alike
+        shards=shard_settings(cfg),
         num_nodes=t.num_nodes,
         optimizer_lr=cfg.optimizer.lr,
         lr_by_workers=scales_by_workers(cfg),
@@ -317,15 +291,12 @@ def run_info(
         "batch_size": cfg.data.batch_size,
         "precision": None,  # as Lightning runs it (16-mixed on CPU runs as bf16-mixed): set once it is known
         "accumulate_grad_batches": plan.accumulate_grad_batches,
-        # micro-batches averaged per update: DDP's update averages every worker's; a model-averaging or
-        # HogWild worker updates with its own alone
         "parallel_batches": micro_batches_per_update(plan, t.num_nodes, cfg.strategy.name == "ddp"),
         "optimizer": cfg.optimizer._target_.rsplit(".", 1)[-1],
         "lr": module.hparams["lr"],
         "lr_scaling": cfg.lr_scaling,
         "lr_reference_batch": cfg.get("lr_reference_batch"),
         "init_weights": started_from,
-        # the checkpoint this run resumed from: its history's earlier epochs were trained there
         "resumed_from": ckpt_path,
         "seed": cfg.seed,
         "device": device_description(plan.accelerator),
@@ -366,9 +337,7 @@ def build_callbacks(
 
 
 def trainer_settings(cfg: DictConfig, plan: Plan) -> dict[str, Any]:
-    """The Trainer's arguments from trainer.*: a null leaves Lightning's default (except NULL_IS_A_SETTING),
-    the devices and accumulation as the plan resolved them, psgd's free profiler unless one is asked for,
-    and checkpoints written atomically (after a +trainer.plugins of the user's)."""
+    """The Trainer's arguments from trainer.* and the plan, with checkpoints written atomically."""
     settings = {
         k: v
         for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items()
@@ -410,7 +379,7 @@ def fit(
     run_dir: Path,
 ) -> None:
     """trainer.fit, with SIGTERM stopping it as Ctrl-C does. A run that stops is marked in metrics.json
-    (interrupted or failed, its finished epochs kept) and exits as psgd.stopped says."""
+    (its finished epochs kept) and exits as psgd.stopped says."""
     launcher = plan.launcher == "psgd"
     try:
         if plan.launcher == "torchrun":  # where Lightning would make it, inside fit: same failure handling
@@ -425,8 +394,7 @@ def fit(
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     except BaseException as e:
         if plan.launcher == "torchrun":
-            # torchrun's agent SIGTERMs the workers once one failed: this one is on its way out, and says why first
-            signals.ignore_sigterm()
+            signals.ignore_sigterm()  # the agent's SIGTERM after a failure: this one says why first
             gone = torchrun_worker_gone(e, run_dir)
             if gone is not None:  # not an interrupt, not this worker's own failure: psgd.cli reports it
                 raise gone from e
@@ -448,8 +416,8 @@ def finish_run(
     run_dir: Path,
     recorder: RunRecorder,
 ) -> dict[str, Any] | None:
-    """Test the final weights in this process, on one device, and write the results; under torchrun / srun
-    global rank 0 does, and the other workers return None. Ctrl-C or SIGTERM here marks the run interrupted."""
+    """Test the final weights in this process, on one device, and write the results (under torchrun / srun:
+    global rank 0; the others return None). Ctrl-C or SIGTERM here marks the run interrupted."""
     try:
         if plan.launcher != "psgd":  # torchrun / srun: every worker is a process like this one
             rank = trainer.global_rank

@@ -1,11 +1,9 @@
-"""Checks of a run that need its model built or its data read, made before any worker starts: a setting that
-cannot work is one line (DataError), and one that would do nothing is warned about."""
+"""Checks of a run that need its model built or its data read, made before any worker starts (and before
+the first job of a sweep): a setting that cannot work is one line (DataError)."""
 
 import os
 from typing import Any
 
-import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
@@ -13,16 +11,15 @@ from psgd import forkserver
 from psgd.choices import INFO
 from psgd.config import ConfigError, Jobs, compile_mode, resolve_accelerator, resolve_workers
 from psgd.config.targets import meta_network
-from psgd.console import in_the_job, warn
+from psgd.console import in_the_job
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError, load_split, what_is_missing
 from psgd.memory import memory_problem
-from psgd.strategies.model_averaging import common_steps, optimizer_state_tensors
 
 
 def check_data(cfg: DictConfig, datamodule: ClassificationData, world_size: int) -> str | None:
-    """What can only be judged with the dataset read (prepare_data): a DataError for a worker that would
-    get no training batch, or a final test of no batch; a warning line for a shard smaller than one batch."""
+    """A DataError for a worker that would get no training batch, or a final test of no batch; a warning
+    line for a shard smaller than one batch. Needs prepare_data."""
     short = datamodule.check_batches(world_size)
     datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))
     return short
@@ -45,113 +42,6 @@ def check_memory(cfg: DictConfig, net: nn.Module, image_size: int, sizes: list[i
     half = "16" in str(cfg.trainer.get("precision"))  # bf16-mixed, 16-mixed, bf16-true ...
     if problem := memory_problem(net, shape, batch, workers, optimizer, asked, shared_weights=hogwild, half=half):
         raise DataError(problem)
-
-
-def warn_if_nothing_to_average(cfg: DictConfig, net: nn.Module, world_size: int) -> None:
-    """Model averaging's switches that find nothing to act on, so that a sweep over them compares identical
-    runs: strategy.average_buffers=false on a model without floating buffers (the lab CNN without batch
-    norm), strategy.average_optimizer_state=true with an optimizer that keeps no state (SGD without
-    momentum). (With one worker the command line's check has said that nothing is averaged at all.)"""
-    s = cfg.strategy
-    if s.name != "model_averaging" or world_size == 1:
-        return
-    if s.average_buffers is False and not any(b.is_floating_point() for b in net.buffers()):
-        adds = "; model.batch_norm=true adds them" if "batch_norm" in cfg.model else ""
-        warn(
-            f"strategy.average_buffers=false has no effect with model={cfg.model.name}: the model has no floating "
-            f"buffers to average (BatchNorm's running statistics{adds})"
-        )
-    if s.average_optimizer_state is True:
-        weight = nn.Parameter(torch.zeros(1))
-        weight.grad = torch.ones(1)
-        try:  # an optimizer of the user's that takes no such parameter is not judged here
-            optimizer = instantiate(cfg.optimizer, _convert_="all")([weight], lr=1e-3)
-            optimizer.step()  # its state, as after a training step
-        except Exception:
-            return
-        if not optimizer_state_tensors(optimizer):
-            momentum = f" and optimizer.momentum={cfg.optimizer.momentum}" if "momentum" in cfg.optimizer else ""
-            warn(
-                f"strategy.average_optimizer_state=true has no effect with {type(optimizer).__name__}{momentum}: it "
-                "keeps no state to average (SGD keeps its momentum, with optimizer.momentum > 0)"
-            )
-
-
-def warn_if_period_never_comes(cfg: DictConfig, batches: list[int], accumulate: int) -> None:
-    """Model averaging with a strategy.period longer than the steps every worker takes in the whole
-    run (`batches`: each worker's per epoch; `accumulate` of them per optimizer step): no periodic
-    averaging happens, the run is one-shot averaging (strategy.period=null), and a sweep over periods
-    compared identical runs without a word."""
-    s, t = cfg.strategy, cfg.trainer
-    if s.name != "model_averaging" or not s.period or len(batches) == 1 or t.get("fast_dev_run"):
-        return
-    if t.max_epochs in (-1, None) or t.get("overfit_batches"):
-        return  # training's length is not known ahead (early stopping ends it), or Lightning's own
-    per_epoch = common_steps(batches, t.get("limit_train_batches"), accumulate)
-    steps = per_epoch * t.max_epochs
-    if s.period > steps:
-        warn(
-            f"strategy.period={s.period} never comes: it counts the optimizer steps every worker takes, "
-            f"{per_epoch} per epoch and {steps} in trainer.max_epochs={t.max_epochs}, so the replicas are "
-            f"averaged only at the end, as with strategy.period=null; use strategy.period<={steps} to also "
-            "average during training"
-        )
-
-
-def warn_if_an_epoch_holds_less_than_an_update(cfg: DictConfig, batches: list[int], accumulate: int) -> None:
-    """Each worker accumulates `accumulate` batches per update, but a worker's epoch holds fewer
-    (`batches`: each worker's per epoch): Lightning steps at every epoch's end, so that worker's updates
-    never hold what was asked, while metrics.json's parallel_batches and lr_scaling's lr count it."""
-    t = cfg.trainer
-    if accumulate == 1 or t.get("fast_dev_run") or t.get("overfit_batches"):
-        return
-    fewest = common_steps(batches, t.get("limit_train_batches"), 1)
-    if fewest >= accumulate:
-        return
-    world_size = len(batches)
-    k = cfg.get("parallel_batches")
-    given, most = (
-        (f"parallel_batches={k}", f"parallel_batches<={fewest * world_size}")
-        if k is not None
-        else (f"trainer.accumulate_grad_batches={accumulate}", f"trainer.accumulate_grad_batches<={fewest}")
-    )
-    # DDP's workers all take the fewest batches any shard holds (lockstep); the others their own shard's
-    every = cfg.strategy.name == "ddp" or len(set(batches)) == 1
-    whose, which = (
-        ("each worker's epoch", "every update holds") if every else ("the smallest shard's epoch", "its updates hold")
-    )
-    plural = "batch" if fewest == 1 else "batches"
-    warn(
-        f"{given} accumulates {accumulate} batches per worker and update, but {whose} holds {fewest} {plural} and "
-        f"Lightning steps at each epoch's end: {which} {fewest} at most; use {most}"
-    )
-
-
-def warn_if_lockstep_leaves_samples_out(cfg: DictConfig, sizes: list[int], batches: list[int]) -> None:
-    """DDP's workers all take the batches of the smallest shard (lockstep): with uneven shards
-    (`sizes` samples in `batches` batches per worker) the larger ones' further samples are left out
-    of every epoch, which only the history's sample counts showed. Said from 1 % of the samples on."""
-    t, d = cfg.trainer, cfg.data
-    if cfg.strategy.name != "ddp" or len(sizes) == 1 or t.get("fast_dev_run") or t.get("overfit_batches"):
-        return
-    limit = t.get("limit_train_batches")
-    if limit is not None and not (isinstance(limit, float) and limit == 1.0):  # an int 1 is one batch
-        return  # shorter epochs asked for: what is left out is the user's choice
-    steps = min(batches)
-
-    def trained(counts: list[int]) -> int:
-        return sum(min(n, c * d.batch_size) for n, c in zip(sizes, counts))
-
-    left_out = trained(batches) - trained([steps] * len(sizes))  # drop_last's partial batches are not counted
-    total = sum(sizes)
-    if left_out >= total / 100:  # not a few samples of a last partial batch (by_label's classes differ a little)
-        warn(
-            f"data.partition={d.partition} under strategy=ddp: every worker takes the {steps} "
-            f"step{'' if steps == 1 else 's'} per epoch the "
-            f"smallest shard gives (DDP's lockstep), so {left_out} of the {total} training samples "
-            f"({100 * left_out / total:.0f} %) are left out of each epoch, other ones each epoch; "
-            "strategy=model_averaging or strategy=hogwild train every shard whole"
-        )
 
 
 def build_datamodule(cfg: DictConfig, image_size: int | None = None) -> ClassificationData:

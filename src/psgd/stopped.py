@@ -11,16 +11,16 @@ from hydra.core.hydra_config import HydraConfig
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch.multiprocessing import ProcessRaisedException
 
-from psgd import signals
+from psgd import signals, torchrun
 from psgd.console import text_lines
 from psgd.io import read_json, remove_temp_files, say, write_json
+from psgd.process import oom_kills_since
 from psgd.strategies.workers import lost_a_peer
 
 
 def mark_status(record_path: Path, status: str, create: bool = False, **fields: Any) -> dict[str, Any] | None:
-    """Mark the on-disk record of a run that stopped early, keeping its finished epochs; with `create`
-    a run that never wrote one gets a record of its own (a failed sweep job, for the report). Returns
-    the record as written, or None where there was none to mark."""
+    """Mark a run's record (metrics.json) with `status`, keeping its finished epochs; `create`: also where
+    there is none yet (a failed sweep job). Returns the record as written, or None."""
     if not (record_path.exists() or create):
         return None
     record = read_json(record_path) if record_path.exists() else {}
@@ -43,9 +43,8 @@ def raised_in_worker(e: BaseException, classes: tuple[type, ...]) -> str | None:
 
 
 def lightning_refusal(e: BaseException) -> str | None:
-    """The message of a MisconfigurationException Lightning raised inside fit, here or in a worker
-    (a value it checks only once it has the data, e.g. trainer.limit_val_batches=0.01 of 4 batches),
-    or of the ValueError it raises there for a trainer.val_check_interval of more batches than an epoch has."""
+    """The message of a setting Lightning refuses only inside fit, here or in a worker, once it has the
+    data (a MisconfigurationException, or its ValueError for a val_check_interval longer than an epoch)."""
     if isinstance(e, MisconfigurationException):
         return " ".join(text_lines(e))
     if isinstance(e, ProcessRaisedException):
@@ -63,10 +62,8 @@ _VAL_CHECK_REFUSAL = "`val_check_interval` ("  # Lightning's fit loop, once it k
 
 
 class WorkerGone(RuntimeError):
-    """Under torchrun: workers on this machine ended without an error of their own (a signal such as the
-    OOM killer's SIGKILL, a crash) while this one trained; torchrun's agent then stopped the others with
-    SIGTERM, or this one's collective lost them first. str() is the line a user sees. `says_so`: this
-    worker prints it (the lowest rank on this machine that did not die, so the line comes once);
+    """Under torchrun: workers on this machine died without an error of their own (SIGKILL, a crash).
+    str() is the line a user sees. `says_so`: this worker prints it (the lowest rank left here);
     `records`: it also marks metrics.json failed (rank 0, or the one saying so where rank 0 died)."""
 
     def __init__(self, ranks: list[int], survivors: list[int], run_dir: Path, oom_kills: int):
@@ -85,35 +82,31 @@ class WorkerGone(RuntimeError):
 
 
 def torchrun_worker_gone(e: BaseException, run_dir: Path) -> WorkerGone | None:
-    """Why a torchrun worker's fit stopped with `e`, when a worker on this machine died without a word:
-    `e` is the interrupt of the agent's SIGTERM that followed, or this worker's collective losing its
-    peer. A peer's sockets close as it dies, a moment before its process is seen gone: that case looks
-    again for up to a second. None when no worker here died that way (a user's SIGTERM or Ctrl-C, a
-    worker's own error, which it reports itself, or a worker on another machine)."""
+    """The WorkerGone that stopped a torchrun worker's fit with `e` (the agent's SIGTERM, or a collective
+    that lost its peer: a peer's sockets close a moment before its process is seen gone, so that case
+    looks again for up to a second); None where no worker here died without a word."""
     signalled = isinstance(e, KeyboardInterrupt | SystemExit) and signals.received == "SIGTERM"
     lost = isinstance(e, RuntimeError) and lost_a_peer(text_lines(e)[-1])
     if not (signalled or lost):
         return None
     deadline = time.monotonic() + (1.0 if lost else 0.0)
-    gone, survivors = signals.torchrun_workers_gone()
+    gone, survivors = torchrun.torchrun_workers_gone()
     while not gone and time.monotonic() < deadline:
         time.sleep(0.05)
-        gone, survivors = signals.torchrun_workers_gone()
+        gone, survivors = torchrun.torchrun_workers_gone()
     if not gone:
         return None
-    return WorkerGone(gone, survivors, run_dir, signals.oom_kills_since(signals.oom_kills_at_mark))
+    return WorkerGone(gone, survivors, run_dir, oom_kills_since(torchrun.oom_kills_at_mark))
 
 
 def mark_stopped(run_dir: Path, e: BaseException, launched: bool = False) -> None:
-    """Mark a run that `e` stopped: interrupted (Ctrl-C, SIGTERM: one line says so) or failed. Its
-    finished epochs stay in metrics.json. `launched`: psgd's launcher started the run's workers here,
-    as this process's children."""
+    """Mark a run that `e` stopped: interrupted (Ctrl-C, SIGTERM: one line says so) or failed, its finished
+    epochs kept. `launched`: psgd's launcher started the run's workers, this process's children."""
     interrupted = isinstance(e, KeyboardInterrupt | SystemExit)  # Lightning turns Ctrl-C into exit(1)
     if interrupted:
         # the workers got the signal too (psgd.signals): let them end before this write, none left behind
         signals.wind_down_children()
-        if launched:  # such a worker dies at once by the signal: one ended in the middle of a write left that
-            # write's temp file. (torchrun's or srun's workers clean up their own and may still be writing.)
+        if launched:  # such a worker dies at once by the signal, maybe leaving a write's temp file
             remove_temp_files(run_dir)
     # every worker has stopped by now, so nothing races this write
     record = None
@@ -127,10 +120,8 @@ def mark_stopped(run_dir: Path, e: BaseException, launched: bool = False) -> Non
 
 
 def exit_if_interrupted(e: BaseException) -> None:
-    """After mark_stopped: a run that Ctrl-C or SIGTERM stopped exits as a shell reports the signal, 130
-    or 143 (Lightning turns either into exit code 1 inside fit, which a script could not tell from a failed
-    run). Called from Python rather than by the scripts (a notebook: Hydra has not set the job up), it raises
-    KeyboardInterrupt, which a caller's `except KeyboardInterrupt` catches."""
+    """After mark_stopped: a run that Ctrl-C or SIGTERM stopped exits 130 or 143, as a shell reports the
+    signal; called from Python (no Hydra job), it raises KeyboardInterrupt instead."""
     if isinstance(e, KeyboardInterrupt | SystemExit):
         if not HydraConfig.initialized():
             raise KeyboardInterrupt(*([signals.received] if signals.received else [])) from None

@@ -23,7 +23,7 @@ from torch import nn
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 from torch.nn.parallel import DistributedDataParallel
 
-from psgd import signals
+from psgd import process
 from psgd.cli import error_line, keeps_traceback, traceback_path
 from psgd.strategies.ddp import ReportsFirstFailure
 from psgd.strategies.lightning_internals import FirstFailureLauncher
@@ -128,7 +128,7 @@ def oom_kills_now(tmp_path, monkeypatch, count: int | None) -> None:
     """The kernel's OOM-kill count as /proc/vmstat gives it (None: a kernel that does not count them)."""
     vmstat = tmp_path / "vmstat"
     vmstat.write_text("nr_free_pages 1000\n" + (f"oom_kill {count}\n" if count is not None else "") + "numa_hit 5\n")
-    monkeypatch.setattr(signals, "VMSTAT", str(vmstat))
+    monkeypatch.setattr(process, "VMSTAT", str(vmstat))
 
 
 def killed(rank: int, pid: int) -> ProcessExitedException:
@@ -143,7 +143,7 @@ def killed(rank: int, pid: int) -> ProcessExitedException:
 def test_a_worker_killed_while_the_kernels_oom_count_rose_is_named_as_out_of_memory(tmp_path, monkeypatch, first):
     fl = launcher(tmp_path, "failed", "killed", recorded={0: LOST_PEER})
     oom_kills_now(tmp_path, monkeypatch, 41)
-    fl._oom_kills_at_launch = signals.oom_kills()
+    fl._oom_kills_at_launch = process.oom_kills()
     oom_kills_now(tmp_path, monkeypatch, 42)  # the OOM killer acted during the run
     e = killed(1, fl.procs[1].pid) if first == "killed-first" else raised(0, LOST_PEER)
     verdict = fl._explain(e)
@@ -164,7 +164,7 @@ def test_a_killed_worker_is_only_called_out_of_memory_when_the_kernel_counted_an
 ):
     fl = launcher(tmp_path, "failed", "killed", recorded={})
     oom_kills_now(tmp_path, monkeypatch, before)
-    fl._oom_kills_at_launch = signals.oom_kills()
+    fl._oom_kills_at_launch = process.oom_kills()
     oom_kills_now(tmp_path, monkeypatch, after)
     e = killed(1, fl.procs[1].pid)
     assert fl._explain(e) is e
@@ -176,9 +176,9 @@ def test_oom_kills_reads_this_kernels_count():
         pytest.skip("no /proc/vmstat")
     with open("/proc/vmstat") as f:
         counted = any(line.startswith("oom_kill ") for line in f)
-    assert (signals.oom_kills() is not None) == counted
+    assert (process.oom_kills() is not None) == counted
     if counted:
-        assert signals.oom_kills() >= 0
+        assert process.oom_kills() >= 0
 
 
 @pytest.mark.parametrize(
@@ -198,12 +198,12 @@ def test_a_torchrun_workers_collective_failure_is_its_one_line_naming_its_rank(t
 def test_prefer_as_oom_victim_raises_but_never_lowers(tmp_path):
     adj = tmp_path / "oom_score_adj"
     adj.write_text("100\n")
-    signals.prefer_as_oom_victim(500, str(adj))
+    process.prefer_as_oom_victim(500, str(adj))
     assert adj.read_text() == "500"
     adj.write_text("800\n")  # set higher already (by the user, or a container): kept
-    signals.prefer_as_oom_victim(500, str(adj))
+    process.prefer_as_oom_victim(500, str(adj))
     assert adj.read_text() == "800\n"
-    signals.prefer_as_oom_victim(500, str(tmp_path / "missing"))  # no such file: nothing to do, no error
+    process.prefer_as_oom_victim(500, str(tmp_path / "missing"))  # no such file: nothing to do, no error
 
 
 def test_a_workers_own_error_names_the_log_with_its_traceback_and_psgds_errors_or_a_lost_peer_do_not(tmp_path):

@@ -156,7 +156,16 @@ def test_the_circle_check_finds_a_circle():
 
 
 # psgd modules that import neither torch nor Lightning: the scripts import them first
-LIGHT = ["psgd", "psgd.signals", "psgd.forkserver", "psgd.process", "psgd.choices", "psgd.io", "psgd.config"]
+LIGHT = [
+    "psgd",
+    "psgd.signals",
+    "psgd.torchrun",
+    "psgd.forkserver",
+    "psgd.process",
+    "psgd.choices",
+    "psgd.io",
+    "psgd.config",
+]
 # what psgd's modules import that changes global state itself when imported
 LIBRARIES = ["torch", "torchvision", "pytorch_lightning", "hydra", "omegaconf", "torch.utils.tensorboard"]
 

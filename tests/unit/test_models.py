@@ -126,35 +126,6 @@ def test_mlp_shape_parameter_count_and_per_layer_weight_decay():
     assert torch.allclose(model.hidden.weight, before * (1 - 1e-2))
 
 
-def test_averaging_what_a_run_does_not_have_is_warned_about(capsys):
-    """`strategy.average_buffers=true,false` on the lab CNN (no batch norm by default) compared two identical
-    runs: it has no floating buffer to average; so did average_optimizer_state with SGD without momentum."""
-    from conftest import compose_cfg
-
-    from psgd.config import build_model
-    from psgd.run_checks import warn_if_nothing_to_average
-
-    def said(*overrides: str, world_size: int = 2) -> str:
-        cfg = compose_cfg("strategy=model_averaging", *overrides)
-        warn_if_nothing_to_average(cfg, build_model(cfg.model, "mnist")[0], world_size)
-        return capsys.readouterr().err.strip()
-
-    assert said("strategy.average_buffers=false") == (
-        "psgd: warning: strategy.average_buffers=false has no effect with model=lab_cnn: the model has no floating "
-        "buffers to average (BatchNorm's running statistics; model.batch_norm=true adds them)"
-    )
-    assert said("strategy.average_buffers=false", "model=mlp").endswith("(BatchNorm's running statistics)")
-    assert said("strategy.average_buffers=false", "model.batch_norm=true") == ""  # its running statistics
-    assert said("strategy.average_buffers=false", world_size=1) == ""  # the command line's check says it
-    assert said() == ""  # the defaults: buffers averaged (none here), optimizer state not
-    assert said("strategy.average_optimizer_state=true", "optimizer.momentum=0") == (
-        "psgd: warning: strategy.average_optimizer_state=true has no effect with SGD and optimizer.momentum=0: it "
-        "keeps no state to average (SGD keeps its momentum, with optimizer.momentum > 0)"
-    )
-    for stateful in (["optimizer.momentum=0.9"], ["optimizer=adam"], ["optimizer=novograd"]):
-        assert said("strategy.average_optimizer_state=true", *stateful) == "", stateful
-
-
 def test_the_steps_every_averaging_worker_takes_per_epoch_are_lightnings():
     """F, the steps model averaging's period counts in an epoch: the fewest any worker takes, as
     Lightning runs them. Lightning steps after an epoch's last batch whatever the accumulation holds:
@@ -167,30 +138,3 @@ def test_the_steps_every_averaging_worker_takes_per_epoch_are_lightnings():
     assert common_steps([8, 5], 3, 1) == 3  # trainer.limit_train_batches=3: 3 batches at most
     assert common_steps([8, 6], 0.5, 1) == 3  # a fraction of each worker's batches
     assert common_steps([8, 6], 1.0, 1) == 6  # all of them
-
-
-def test_a_period_the_run_never_reaches_is_warned_about(capsys):
-    """strategy.period longer than the steps every worker takes in the whole run: nothing is averaged
-    before the end, so the run is strategy.period=null's (a sweep over periods compared identical runs)."""
-    from conftest import compose_cfg
-
-    from psgd.run_checks import warn_if_period_never_comes
-
-    def said(*overrides: str, batches=(2, 2), accumulate: int = 1) -> str:
-        cfg = compose_cfg("strategy=model_averaging", "trainer.max_epochs=2", *overrides)
-        warn_if_period_never_comes(cfg, list(batches), accumulate)
-        return capsys.readouterr().err.strip()
-
-    assert said("strategy.period=5") == (
-        "psgd: warning: strategy.period=5 never comes: it counts the optimizer steps every worker takes, 2 per "
-        "epoch and 4 in trainer.max_epochs=2, so the replicas are averaged only at the end, as with "
-        "strategy.period=null; use strategy.period<=4 to also average during training"
-    )
-    assert said("strategy.period=4") == ""  # at the run's last step
-    assert "3 per epoch and 6 in" in said("strategy.period=7", batches=(8, 5), accumulate=2)
-    assert said("strategy.period=6", batches=(8, 5), accumulate=2) == ""
-    assert "1 per epoch and 2 in" in said("strategy.period=3", "trainer.limit_train_batches=1", batches=(8, 8))
-    assert said("strategy.period=3", batches=(2,)) == ""  # one worker: the command line says nothing is averaged
-    assert said() == ""  # no period: averaged at the end, as asked
-    assert said("strategy.period=5", "trainer.max_epochs=-1") == ""  # early stopping ends it: not known ahead
-    assert said("strategy.period=5", "trainer.fast_dev_run=true") == ""  # one batch, as asked

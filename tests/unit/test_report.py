@@ -18,8 +18,8 @@ from hydra import initialize_config_dir
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
+from psgd.process import this_process
 from psgd.report import describe, main, write_report
-from psgd.signals import this_process
 from psgd.sweep import LAST, SweepReport, progress_line, shown_overrides, sweep_lengths
 from psgd.sync_costs import sync_summary
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from psgd import signals
+from psgd import signals, torchrun
 
 
 def _sleep(seconds: float) -> None:
@@ -277,12 +277,12 @@ AGENT = r"""
 import json, os, signal, subprocess, sys, time
 WORKER = '''
 import sys
-from psgd import signals
-signals.mark_running_under_torchrun()
-print(signals._torchrun_marks()[0], flush=True)
+from psgd import torchrun
+torchrun.mark_running_under_torchrun()
+print(torchrun._torchrun_marks()[0], flush=True)
 for line in sys.stdin:
     if line.strip() == "scan":
-        print(list(signals.torchrun_workers_gone()), flush=True)
+        print(list(torchrun.torchrun_workers_gone()), flush=True)
     else:
         break
 '''
@@ -330,16 +330,16 @@ def test_a_torchrun_worker_waits_for_the_others_here_to_be_marked_and_no_longer(
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    folder, _ = signals._torchrun_marks()
+    folder, _ = torchrun._torchrun_marks()
     folder.mkdir()
-    signals._write_mark(folder, 0, str(os.getpid()))
+    torchrun._write_mark(folder, 0, str(os.getpid()))
     start = time.monotonic()
-    signals.wait_for_this_machines_workers(0.5)  # local rank 1 never marks itself
+    torchrun.wait_for_this_machines_workers(0.5)  # local rank 1 never marks itself
     assert 0.5 <= time.monotonic() - start < 5
-    late = threading.Timer(1.0, signals._write_mark, (folder, 1, "12345"))
+    late = threading.Timer(1.0, torchrun._write_mark, (folder, 1, "12345"))
     start = time.monotonic()
     late.start()
-    signals.wait_for_this_machines_workers(30)
+    torchrun.wait_for_this_machines_workers(30)
     assert 1.0 <= time.monotonic() - start < 10  # it waited for rank 1's mark, and went on once it was there
     late.join()
 
@@ -347,9 +347,9 @@ def test_a_torchrun_worker_waits_for_the_others_here_to_be_marked_and_no_longer(
 def test_outside_torchrun_no_worker_is_marked_or_seen_gone(monkeypatch, tmp_path):
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    signals.mark_running_under_torchrun()
+    torchrun.mark_running_under_torchrun()
     assert list(tmp_path.iterdir()) == []
-    assert signals.torchrun_workers_gone() == ([], [])
+    assert torchrun.torchrun_workers_gone() == ([], [])
 
 
 @pytest.mark.parametrize(
@@ -386,7 +386,7 @@ def test_a_users_stop_or_a_workers_own_error_is_not_a_worker_gone(monkeypatch, t
     from psgd.stopped import torchrun_worker_gone
 
     seen = []
-    monkeypatch.setattr(signals, "torchrun_workers_gone", lambda: seen.append(1) or ([1], [0]))
+    monkeypatch.setattr(torchrun, "torchrun_workers_gone", lambda: seen.append(1) or ([1], [0]))
     monkeypatch.setattr(signals, "received", None)
     assert torchrun_worker_gone(KeyboardInterrupt(), tmp_path) is None  # Ctrl-C: an interrupt
     assert torchrun_worker_gone(ValueError("bad"), tmp_path) is None  # this worker's own error
@@ -395,49 +395,6 @@ def test_a_users_stop_or_a_workers_own_error_is_not_a_worker_gone(monkeypatch, t
     assert torchrun_worker_gone(KeyboardInterrupt("SIGTERM"), tmp_path).ranks == [1]
     lost = RuntimeError("[gloo/transport/tcp/pair.cc:545] Read error: Connection reset by peer.")
     assert torchrun_worker_gone(lost, tmp_path).ranks == [1]
-
-
-def test_temp_folders_left_by_processes_killed_outright_are_taken_away(monkeypatch, tmp_path):
-    """A launcher or torchrun job killed outright (kill -9) cannot take its temp folder away: the next
-    one does, once the process that the folder is named by is gone, never one that still runs."""
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead_tag = signals.process_tag(dead.pid)
-    dead.wait()
-    left = tmp_path / f"psgd-worker-errors-{dead_tag}-abc"
-    (left / "sub").mkdir(parents=True)
-    pid_reused = tmp_path / f"psgd-worker-errors-{os.getpid()}-1-abc"  # this pid, another start time
-    pid_reused.mkdir()
-    alive = tmp_path / f"psgd-worker-errors-{signals.process_tag(os.getppid())}-abc"
-    alive.mkdir()
-    unnamed = tmp_path / "psgd-worker-errors-old"  # named otherwise (an earlier psgd): not judged
-    unnamed.mkdir()
-    mine = signals.temp_folder_of_this_process("psgd-worker-errors-")
-    assert mine.is_dir() and mine.name.startswith(f"psgd-worker-errors-{signals.process_tag(os.getpid())}-")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, unnamed.name, mine.name])
-
-
-def test_without_proc_a_process_is_alive_while_its_pid_is(monkeypatch, tmp_path):
-    """macOS has no /proc: every process read as gone, so a running sweep could be continued a second
-    time at once, and a killed process's temp folder was never taken away. The pid alone is asked there."""
-    monkeypatch.setattr(signals, "PROC", str(tmp_path / "no-proc"))
-    monkeypatch.setattr(signals, "proc_stat", lambda pid: [])  # as it reads without /proc
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    me = signals.this_process()
-    assert me["tag"] == f"{os.getpid()}-0"  # no start time to tell a reused pid by
-    assert signals.alive(me) and signals.still_running({"status": "running", "process": me})
-    assert not signals.alive({**me, "pid": dead.pid, "tag": f"{dead.pid}-0"})
-    assert not signals.alive({**me, "pid": 0}) and not signals.alive({**me, "pid": -1})
-    assert signals.alive({**me, "pid": 1})  # another user's (PermissionError unless root): it exists
-    # a torchrun worker's peers: a running one is not named as dead (its parent cannot be read there)
-    assert signals._running(os.getpid(), os.getppid()) and not signals._running(dead.pid, os.getpid())
-    left = tmp_path / f"psgd-worker-errors-{dead.pid}-0-abc"
-    live = tmp_path / f"psgd-worker-errors-{os.getppid()}-0-abc"
-    left.mkdir(), live.mkdir()
-    signals.remove_left_folders("psgd-worker-errors-")
-    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name]
 
 
 HELD = """

@@ -27,15 +27,8 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 from typing_extensions import override
 
 from psgd import forkserver
-from psgd.process import prepare_worker
-from psgd.signals import (
-    ctrl_c_out_of_threading,
-    die_with_parent,
-    hang_up_as_sigterm,
-    oom_kills,
-    oom_kills_since,
-    temp_folder_of_this_process,
-)
+from psgd.process import oom_kills, oom_kills_since, prepare_worker, temp_folder_of_this_process
+from psgd.signals import ctrl_c_out_of_threading, die_with_parent, hang_up_as_sigterm
 from psgd.strategies.workers import (
     ForkServerDied,
     defined_in_session,

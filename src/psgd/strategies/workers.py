@@ -20,7 +20,7 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd.io import say
 from psgd.module import STEPS_PER_EPOCH_KEY
-from psgd.signals import oom_kills_since
+from psgd.process import oom_kills_since
 
 # how a collective ends in the workers still running when a peer is gone (gloo's messages, lowercased)
 PEER_LOST = ("connection closed by peer", "connection reset by peer", "caused by a remote worker")
