@@ -21,7 +21,8 @@ def read_csv(path):
 
 @pytest.fixture(scope="module")
 def mixed_sweep(tiny_data, tmp_path_factory):
-    """`sweep.py -m workers=1,2 strategy=ddp,model_averaging,hogwild` on tiny data: 6 jobs."""
+    """`sweep.py -m workers=1,2 strategy=ddp,model_averaging,hogwild` on tiny data: 6 jobs
+    (`++strategy.period=100`: every job has the key, the model-averaging jobs read it)."""
     sweep_dir = tmp_path_factory.mktemp("sweep") / "mixed"
     proc = run_cli(
         "sweep.py",
@@ -31,6 +32,7 @@ def mixed_sweep(tiny_data, tmp_path_factory):
         f"data.root={tiny_data}",
         "trainer.max_epochs=1",
         "data.batch_size=64",
+        "++strategy.period=100",
         f"hydra.sweep.dir={sweep_dir}",
         timeout=400,
     )
