@@ -100,9 +100,9 @@ def run_hydras_flags(app: Callable[[], object], argv: list[str]) -> None:
         return
     with contextlib.suppress(SystemExit):
         app()
-    print("Keys (key: meaning; what it takes):")
+    print("Keys (key: meaning [what it takes]):")
     for key, allowed, meaning in describe():
-        print(f"  {key}: {meaning}; {allowed}")
+        print(f"  {key}: {meaning} [{allowed}]")
 
 
 def exit_stopped(e: BaseException, sweeping: bool) -> None:

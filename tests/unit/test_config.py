@@ -762,3 +762,7 @@ def test_every_key_of_the_config_files_is_in_the_schema_with_a_description():
             keys |= {f"{group}.{k}" for k in OmegaConf.load(path)}
     keys -= {"early_stop"}
     assert sorted(keys - set(described)) == []
+    # what each takes, in the words --help prints
+    assert described["optimizer.lr"][0] == "float > 0"
+    assert described["data.partition"][0] == "iid, sizes, by_label, dirichlet"
+    assert described["strategy.period"][0] == "int or null >= 1"

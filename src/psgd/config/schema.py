@@ -10,8 +10,9 @@ a command line before torch loads.
 `describe()` lists every key with its type and meaning.
 """
 
+import types
 from datetime import timedelta
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from omegaconf import DictConfig, OmegaConf
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -324,6 +325,24 @@ def problem(cfg: DictConfig) -> str | None:
     return None
 
 
+BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+
+
+def allowed(kind: Any, metadata: list[Any]) -> str:
+    """A key's type and bounds as --help says them: `int > 0`, `iid, sizes, by_label, dirichlet`, `int or null`."""
+    args = get_args(kind)
+    if get_origin(kind) is Annotated:
+        return allowed(args[0], list(args[1:]))
+    if get_origin(kind) is Literal:
+        text = ", ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in args)
+    elif get_origin(kind) in (Union, types.UnionType):
+        text = " or ".join("null" if a is type(None) else allowed(a, []) for a in args)
+    else:
+        text = getattr(kind, "__name__", str(kind))
+    bounds = [f"{BOUNDS[k]} {getattr(m, k)}" for m in metadata for k in BOUNDS if getattr(m, k, None) is not None]
+    return " ".join([text, *bounds])
+
+
 def describe() -> list[tuple[str, str, str]]:
     """(dotted key, its type and bounds, its meaning) of every key of the schema; a strategy's own keys
     are marked with its name."""
@@ -335,7 +354,7 @@ def describe() -> list[tuple[str, str, str]]:
             if isinstance(kind, type) and issubclass(kind, BaseModel):
                 walk(kind, f"{prefix}{name}.")
             elif name not in skip:
-                text = " ".join([getattr(kind, "__name__", str(kind)), *map(repr, field.metadata)])
+                text = allowed(kind, field.metadata)
                 rows.append((f"{prefix}{field.alias or name}", text, f"{mark}{field.description}"))
 
     walk(Run, "", skip=("strategy",))
