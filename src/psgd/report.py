@@ -31,7 +31,7 @@ from psgd.advice import (
 )
 from psgd.environment import cores_of
 from psgd.io import NO_ROOM, atomic_file, failed_write, read_json, write_atomic, write_csv
-from psgd.overrides import NOT_IN_DIR_NAMES, as_typed, override_key, shell_override
+from psgd.overrides import as_typed, override_key, shell_override
 from psgd.process import still_running
 
 if TYPE_CHECKING:
@@ -538,7 +538,7 @@ def continue_command(sweep_dir: Path) -> str | None:
     except Exception:
         return None
     task = [o for o in task if override_key(o) != "continue_sweep"]
-    own = [o for o in own if override_key(o) not in ("hydra.mode", "hydra.sweep.dir") and o != NOT_IN_DIR_NAMES]
+    own = [o for o in own if override_key(o) not in ("hydra.mode", "hydra.sweep.dir")]
     words = [*task, *own, shell_override("continue_sweep", sweep_dir)]
     return "python sweep.py -m " + " ".join(shlex.quote(w) for w in words)
 

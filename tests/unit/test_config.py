@@ -274,13 +274,6 @@ BAD = [
         "trainer.gradient_clip_val=-1 is invalid: Input should be greater than or equal to 0",
     ),
     (["trainer.gradient_clip_val=abc"], "trainer.gradient_clip_val='abc' is invalid"),
-    # arguments psgd passes the Trainer itself: Lightning's "got multiple values for keyword argument"
-    (["+trainer.logger=false"], "trainer.logger cannot be set: psgd sets it; leave +trainer.logger out"),
-    (["+trainer.strategy=ddp_spawn"], "trainer.strategy cannot be set: psgd sets it; leave +trainer.strategy out"),
-    (
-        ["+trainer.enable_checkpointing=false"],
-        "trainer.enable_checkpointing cannot be set: psgd sets it; leave +trainer.enable_checkpointing out",
-    ),
     (
         ["trainer.check_val_every_n_epoch=0"],
         "trainer.check_val_every_n_epoch=0 is invalid: Input should be greater than or equal to 1",

@@ -394,10 +394,7 @@ def test_a_sweep_with_failed_jobs_says_how_to_run_them_again(tmp_path):
     """The command continues the sweep (continue_sweep): the recorded overrides, Hydra's own but its mode
     and sweep dir, quoted for the shell."""
     recorded = {
-        "hydra": [
-            *("hydra.mode=MULTIRUN", "hydra.sweep.dir=/x", "hydra.launcher.partition=gpu"),
-            "hydra.job.config.override_dirname.exclude_keys=[continue_sweep]",  # what sweep.py adds: it adds it again
-        ],
+        "hydra": ["hydra.mode=MULTIRUN", "hydra.sweep.dir=/x", "hydra.launcher.partition=gpu"],
         "task": ["seed=0,1", "data.root='/data/my set'", "continue_sweep=/old"],
     }
     (tmp_path / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"overrides": recorded}}))

@@ -1,8 +1,6 @@
-"""The checks a key's own schema cannot make: rules that join keys where a run would crash or hang, and what
-depends on the machine (accelerator, torchrun / srun). Each problem is one ConfigError line.
-
-`check_values` needs neither torch nor Lightning (the scripts run it before they load); `check`, at the start
-of every job, runs it again and then the machine's checks.
+"""The checks a key's own schema cannot make, each problem one ConfigError line: rules that join keys where a
+run would crash or hang (`check_values`: no torch, the scripts run it before it loads), and at the start of
+every job what depends on the machine: accelerator, launcher, the classes and checkpoints named (`check`).
 """
 
 import math
@@ -22,18 +20,7 @@ from psgd.config.targets import check_targets
 from psgd.environment import cpu_count
 from psgd.errors import ConfigError
 
-# Trainer arguments psgd passes itself (Lightning: "got multiple values for keyword argument")
-SET_BY_PSGD = (
-    "strategy",
-    "logger",
-    "callbacks",
-    "use_distributed_sampler",
-    "enable_progress_bar",
-    "enable_model_summary",
-    "enable_checkpointing",
-    "barebones",
-)
-# what to give instead, said by a ckpt_path or init_weights line that names no checkpoint
+# what to give instead, said by a line for a ckpt_path or init_weights that names no checkpoint
 GIVE = {
     "ckpt_path": "give a .ckpt file or a run dir",
     "init_weights": "give a run dir, a .ckpt file or a weights file such as weights/rank0.pt",
@@ -77,14 +64,11 @@ def resolve_workers(cfg: DictConfig) -> int:
 
 
 def resolve_accumulation(cfg: DictConfig, world_size: int) -> int:
-    """The micro-batches each worker accumulates per update: `parallel_batches` K spreads K over the workers."""
-    k, acc = cfg.get("parallel_batches"), cfg.trainer.get("accumulate_grad_batches") or 1
+    """The micro-batches each worker accumulates per update: trainer.accumulate_grad_batches, or where set
+    `parallel_batches` K spread over the workers."""
+    k = cfg.get("parallel_batches")
     if k is None:
-        return acc
-    if acc != 1:
-        raise ConfigError(
-            f"parallel_batches={k} and trainer.accumulate_grad_batches={acc} both set the accumulation: set one"
-        )
+        return cfg.trainer.get("accumulate_grad_batches") or 1
     if k % world_size:
         raise ConfigError(
             f"parallel_batches={k} is invalid with {world_size} workers: it must be a multiple of the workers "
@@ -130,18 +114,15 @@ def _own_pace(cfg: DictConfig, world: int) -> None:
     }
     if key := next((key for key, given in asked.items() if given), None):
         raise ConfigError(
-            f"trainer.{key}={t[key]} is invalid with strategy={name} and {world} workers: each worker takes "
-            "steps of its own number, and the others would wait for it until strategy.timeout_s; use "
-            "trainer.max_epochs (and trainer.limit_train_batches for shorter epochs), or strategy=ddp"
+            f"trainer.{key}={t[key]} is invalid with strategy={name} and {world} workers: each worker takes its own "
+            "number of steps and the others would wait for it; use trainer.max_epochs (and limit_train_batches), or "
+            "strategy=ddp"
         )
 
 
 def check_values(cfg: DictConfig) -> int:
     """Every value the config alone decides (no torch, no machine): the schema, then the rules that join
     keys. Returns the workers per node; raises ConfigError."""
-    for key in SET_BY_PSGD:
-        if key in cfg.trainer:
-            raise ConfigError(f"trainer.{key} cannot be set: psgd sets it; leave +trainer.{key} out")
     if line := problem(cfg):
         raise ConfigError(line)
     workers, epochs = resolve_workers(cfg), cfg.trainer.max_epochs

@@ -14,8 +14,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from psgd.choices import AUGMENTATIONS, DECAYS, INFO, LR_SCALING, SCHEMES
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
 
 def duration_s(value: Any) -> float | None:
     """Seconds in a duration as Lightning's Timer (trainer.max_time) takes it: "DD:HH:MM:SS" or a mapping of
@@ -207,7 +205,7 @@ class Trainer(Group, extra="allow"):
     gradient_clip_val: float | None = Field(None, ge=0)
     """Clip gradients' norm to this; null or 0: no clipping."""
     accumulate_grad_batches: int | None = Field(None, ge=1)
-    """Micro-batches per update (or parallel_batches)."""
+    """Micro-batches each worker accumulates per update (parallel_batches, set, wins)."""
     sync_batchnorm: bool = False
     """GPU: synchronise BatchNorm statistics across workers."""
     deterministic: bool | Literal["warn"] | None = None
@@ -247,7 +245,7 @@ class Run(Group):
     """... or, set, by samples per update / lr_reference_batch."""
     channels_last: bool
     """NHWC memory format for conv nets."""
-    compile: Literal[(False, True, *COMPILE_MODES)] | None
+    compile: Literal[False, True, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None
     """torch.compile the network, in one of its modes."""
     flush_denormal: bool
     """CPU: flush denormal floats to zero."""
