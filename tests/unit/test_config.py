@@ -98,8 +98,8 @@ BAD = [
     ),
     (
         ["workers=2", "data.partition=sizes", "data.partition_sizes=[0.5,0.4]"],
-        "data.partition_sizes=[0.5, 0.4] is invalid: data.partition=sizes needs one fraction per worker (2), summing "
-        "to 1",
+        "data.partition_sizes=[0.5, 0.4] is invalid: data.partition=sizes needs one fraction per worker (2), which "
+        "must sum to 1",
     ),
     (["workers=3", "data.partition=sizes", "data.partition_sizes=[0.5,0.5]"], "one fraction per worker (3)"),
     (
@@ -115,7 +115,8 @@ BAD = [
     ),
     (
         ["workers=2", "data.partition=sizes"],
-        "data.partition_sizes=null is invalid: data.partition=sizes needs one fraction per worker (2), summing to 1",
+        "data.partition_sizes=null is invalid: data.partition=sizes needs one fraction per worker (2), which must sum "
+        "to 1",
     ),
     (
         ["data.partition=random"],

@@ -84,7 +84,7 @@ def _partition(d: DictConfig, workers: int) -> None:
     if d.partition == "sizes" and not fits:
         raise ConfigError(
             f"data.partition_sizes={'null' if sizes is None else sizes} is invalid: data.partition=sizes needs one "
-            f"fraction per worker ({workers}), summing to 1"
+            f"fraction per worker ({workers}), which must sum to 1"
         )
     classes = INFO[d.name].num_classes
     if d.partition == "by_label" and workers > classes:
