@@ -13,7 +13,7 @@ import shlex
 import statistics
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +21,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from psgd.advice import (
-    few_steps,
-    hogwild_workers,
-    learned_nothing,
-    learned_nothing_line,
-    scales_by_workers,
-    worst_class,
-)
-from psgd.environment import cores_of
+from psgd.advice import hogwild_workers, learned_nothing, learned_nothing_line, worst_class
 from psgd.io import atomic_file, failed_write, read_json, write_atomic, write_csv
 from psgd.overrides import NOT_IN_DIR_NAMES, as_typed, override_key, shell_override
 from psgd.process import still_running
@@ -60,7 +52,7 @@ class Job:
     error: str | None
     strategy: str
     workers: int
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any]
 
     @property
     def ok(self) -> bool:
@@ -86,12 +78,7 @@ class Report:
     summary: list[dict[str, Any]]
     plots: list[Path]
     notes: list[str]
-    planned: int | None = None  # the jobs the sweep was to run (multirun.yaml), where that can be told
-
-    @property
-    def not_started(self) -> int:
-        """The sweep's jobs without a dir: the sweep stopped before them (or is still going)."""
-        return max(0, (self.planned or 0) - len(self.jobs))
+    not_started: int  # the sweep's jobs without a dir: it stopped before them (or is still going)
 
     @property
     def failed(self) -> list[Job]:
@@ -297,46 +284,21 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
 
 
 def report_notes(jobs: list[Job], swept: list[str]) -> list[str]:
-    """report.md's notes: groups whose jobs trained unequal work, jobs that learned nothing, and jobs that ran
-    more threads than their CPU has cores."""
+    """report.md's notes: groups whose jobs trained unequal work, and jobs that learned nothing."""
     notes = []
     for g, by_p in completed_by_group(jobs, swept).items():
-        per_p = {p: ns for p, group in by_p.items() if (ns := {j.samples for j in group if j.samples})}
-        counts = [n for ns in per_p.values() for n in ns]
-        if counts and max(counts) > 1.01 * min(counts):  # a shard padded by a few samples is the same work
-            trained = "; ".join(
-                f"workers={p}: {' / '.join(f'{n:,}' for n in sorted(ns))}" for p, ns in sorted(per_p.items())
-            )
+        trained = sorted({(p, j.samples) for p, group in by_p.items() for j in group if j.samples})
+        if trained and max(n for _, n in trained) > 1.01 * min(n for _, n in trained):  # padding is the same work
+            said = ", ".join(f"{n:,} at workers={p}" for p, n in trained)
             notes.append(
-                f"{' '.join(g)}: the jobs trained different numbers of samples ({trained}), so S(P) and E(P) "
-                "compare training time per sample, not whole runs (trainer.limit_train_batches counts each "
-                "worker's batches)"
+                f"{' '.join(g)}: the jobs trained different numbers of samples ({said}), so S(P) and E(P) compare "
+                "training time per sample, not whole runs (trainer.limit_train_batches counts each worker's batches)"
             )
-
-    stuck = [j for j in jobs if learned_nothing(j)]
-    if stuck:
+    if stuck := [j for j in jobs if learned_nothing(j)]:
         accs = ", ".join(f"{j.get('test_acc'):.4f}" for j in stuck)
         hogwild = "P" if all(hogwild_workers(j.strategy, j.workers) for j in stuck) else None
-        steps = [few_steps(j) for j in stuck]
-        by_workers = all(scales_by_workers(j) for j in stuck)
-        line = learned_nothing_line(
-            accs, hogwild, by_workers=by_workers, steps=", ".join(map(str, steps)) if None not in steps else None
-        )
-        notes.append(f"job{'s' if len(stuck) > 1 else ''} {', '.join(str(j.num) for j in stuck)} {line}")
-
-    over: dict[tuple[str, int], set[tuple[int, int]]] = defaultdict(set)  # per CPU: (workers per node, threads)
-    for job in jobs:
-        cpu = cores_of(job.get("device"))
-        per_node = (job.get("world_size") or job.workers) // max(1, job.get("num_nodes") or 1)
-        threads = job.get("threads_per_worker") or 1
-        if cpu and per_node * threads > cpu[1]:
-            over[cpu].add((per_node, threads))
-    for (name, cores), counts in over.items():
-        runs = ", ".join(f"workers={p}" + (f" x {t} threads" if t > 1 else "") for p, t in sorted(counts))
-        notes.append(
-            f"{runs}: more threads than the {cores} cores of {name}, so the workers took turns on the cores; "
-            f"their speedup over one worker cannot pass {cores}, whatever the strategy"
-        )
+        nums = ", ".join(str(j.num) for j in stuck)
+        notes.append(f"job{'s' if len(stuck) > 1 else ''} {nums} {learned_nothing_line(accs, hogwild)}")
     return notes
 
 
@@ -500,7 +462,8 @@ def write_report(sweep_dir: str | Path) -> Report:
     swept = swept_keys(jobs)
     rows, summary = build_rows(jobs, swept)
     plots = write_plots(sweep_dir, summary)
-    report = Report(jobs, swept, rows, summary, plots, report_notes(jobs, swept), planned_jobs(sweep_dir))
+    not_started = max(0, (planned_jobs(sweep_dir) or 0) - len(jobs))
+    report = Report(jobs, swept, rows, summary, plots, report_notes(jobs, swept), not_started)
     write_csv(sweep_dir / "report.csv", list(rows[0]), [list(r.values()) for r in rows])
     if summary:
         write_csv(sweep_dir / "summary.csv", list(summary[0]), [list(s.values()) for s in summary])

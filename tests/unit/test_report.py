@@ -281,7 +281,7 @@ def test_speedup_compares_the_same_work_when_the_jobs_trained_different_numbers_
     assert [r["samples"] for r in rows] == ["12800", "25600"]
     assert float(rows[1]["speedup"]) == pytest.approx(2.0)
     md = (tmp_path / "report.md").read_text()
-    assert "ddp: the jobs trained different numbers of samples (workers=1: 12,800; workers=2: 25,600)" in md
+    assert "ddp: the jobs trained different numbers of samples (12,800 at workers=1, 25,600 at workers=2)" in md
     assert "limit_train_batches" in md
 
 
@@ -602,55 +602,6 @@ def test_jobs_that_learned_nothing_are_named_with_what_to_change(tmp_path):
     assert note.endswith("lower optimizer.lr or warm up (scheduler=warmup)")
 
 
-def test_jobs_that_learned_nothing_in_a_few_steps_are_told_to_train_longer_first(tmp_path):
-    """`trainer.limit_train_batches=3`: the lab CNN at the defaults is still at chance on MNIST after 3
-    steps, and the note said only that the steps were most often too large. Under 100 steps, with the loss
-    under twice a uniform guess's, it names the steps and says to train longer before the lr; a loss far
-    above it (lr 3: 1e17 in 4 steps) is the lr's, however few the steps."""
-
-    def note(*jobs: dict) -> str:
-        folder = tmp_path / str(len(list(tmp_path.iterdir())))
-        for num, record in enumerate(jobs):
-            make_job(folder, num, {"workers": 1}, record)
-        (said,) = [n for n in write_report(folder).notes if "learned nothing" in n]
-        return said
-
-    def at(step: int, loss: float) -> dict:
-        job = stuck("ddp", 1, 0.1, loss)
-        job["history"][-1]["step"] = step
-        return job
-
-    longer = (
-        "after only 3, 10 optimizer steps: too few to learn from, so train longer (trainer.max_epochs, "
-        "trainer.limit_train_batches, trainer.max_steps); or the steps were too large: lower optimizer.lr or "
-        "warm up (scheduler=warmup)"
-    )
-    assert note(at(3, 2.31), at(10, 2.95)).startswith("jobs 0, 1 learned nothing (test accuracy 0.1000, 0.1000,")
-    assert note(at(3, 2.31), at(10, 2.95)).endswith(f"uniform guess's) {longer}")
-    assert "after only 99 optimizer steps" in note(at(99, 2.4))
-    for trained_on in (at(100, 2.4), at(4, 1e17), at(3, 2.31) | {"history": [{"train_loss": 2.31}]}):
-        assert note(trained_on).endswith(
-            "uniform guess's): most often the steps were too large; lower optimizer.lr or warm up (scheduler=warmup)"
-        )
-    assert "after only" not in note(at(3, 2.31), at(500, 2.4))  # one of them trained long enough: the lr
-
-
-@pytest.mark.parametrize("reference_batch,said", [(None, True), (128, False)])
-def test_hogwild_jobs_scaled_by_their_workers_that_learned_nothing_are_told_lr_scaling_none(
-    tmp_path, reference_batch, said
-):
-    """`workers=1,2,3,4,5 strategy=hogwild lr_scaling=linear`: lowering optimizer.lr P-fold alone runs the
-    P workers at optimizer.lr again (scaled P-fold), as many times one worker's step as before scaling."""
-    for num, workers in enumerate((1, 4, 5)):
-        scaling = {"lr_scaling": "linear", "lr_reference_batch": reference_batch}
-        record = stuck("hogwild", workers, 0.98 if workers == 1 else 0.1, 0.3 if workers == 1 else 2.4, **scaling)
-        make_job(tmp_path, num, {"workers": workers}, record, workers=workers)
-    (note,) = [n for n in write_report(tmp_path).notes if "learned nothing" in n]
-    assert note.startswith("jobs 1, 2 learned nothing")
-    told = "lower optimizer.lr about P-fold (with lr_scaling=none: it scaled the lr up by the workers)"
-    assert (told in note) is said
-
-
 @pytest.mark.parametrize(
     "partition,on_the_command_line", [("by_label", True), ("dirichlet", False), ("iid", True)]
 )  # not on the command line: a preset's (experiment=...)
@@ -681,22 +632,18 @@ def test_label_skewed_shards_show_the_label_each_job_knows_least(tmp_path, parti
         assert read_csv(tmp_path / "report.csv")[1]["worst_class"] == "class 7"
 
 
-def test_the_report_says_where_the_jobs_ran_and_which_shared_the_cores(tmp_path):
-    """workers=1..5 on a 2-core laptop is a sweep users run (psgd does not refuse it): the report says
-    the machine, and that beyond its cores the workers took turns, so S(P) there is not the strategy's."""
+def test_the_report_says_where_the_jobs_ran(tmp_path):
+    """workers=1..5 on a 2-core laptop is a sweep users run (psgd does not refuse it): the report names the
+    machine (its cores bound S(P) there)."""
     cpu = "cpu: Test CPU (2 cores)"
     for num, (p, threads) in enumerate([(1, 2), (2, 1), (3, 1), (4, 1), (2, 2)]):
         m = done("hogwild", p, 10.0 / min(p, 2), 0.9, device=cpu, threads_per_worker=threads)
         make_job(tmp_path, num, {"workers": p, "threads_per_worker": threads}, m, workers=p)
-    report = write_report(tmp_path)
+    write_report(tmp_path)
     text = (tmp_path / "report.md").read_text()
     assert "Swept: workers, threads_per_worker. Ran on cpu: Test CPU (2 cores).\n" in text
-    assert report.notes == [
-        "workers=2 x 2 threads, workers=3, workers=4: more threads than the 2 cores of Test CPU, so the workers "
-        "took turns on the cores; their speedup over one worker cannot pass 2, whatever the strategy"
-    ]
     gpu = tmp_path / "gpu"
     for num, p in enumerate([1, 4]):
         make_job(gpu, num, {"workers": p}, done("ddp", p, 5.0, 0.9, device="cuda: H200 x1"), workers=p)
-    assert write_report(gpu).notes == []
+    write_report(gpu)
     assert "Ran on cuda: H200 x1.\n" in (gpu / "report.md").read_text()
