@@ -217,7 +217,6 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
         # label-skewed shards: the class a test_acc can hide
         skewed = job.get("partition") not in (None, "iid")
         worst = worst_class(job.get("test_acc_per_class"), job.get("test_classes")) if skewed else None
-        ok = job.ok
         rows.append(
             {
                 "job": job.num,
@@ -244,8 +243,8 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                 "time_to_target_s": _r(to_target(job), 2),
                 **speedup_columns(
                     job.workers,
-                    _ratio(t1(g, work_time), work_time(job)) if ok else None,
-                    _ratio(t1(g, to_target), to_target(job)) if ok else None,
+                    _ratio(t1(g, work_time), work_time(job)) if job.ok else None,
+                    _ratio(t1(g, to_target), to_target(job)) if job.ok else None,
                 ),
                 "error": job.error,
                 "dir": job.path.name,
@@ -472,13 +471,11 @@ def write_report(sweep_dir: str | Path) -> Report:
 
 
 def job_counts(report: Report) -> str:
-    """'6/8 jobs completed, 1 failed (jobs 6), 1 not started': the jobs that did not complete, by state."""
+    """'6/8 jobs completed, 1 failed (jobs 6), 1 not started': the jobs that did not complete, by status."""
     line = f"{sum(j.ok for j in report.jobs)}/{len(report.jobs) + report.not_started} jobs completed"
-    interrupted = [j for j in report.failed if j.status == "interrupted"]
-    failed = [j for j in report.failed if j.status != "interrupted"]
-    for word, jobs in (("failed", failed), ("interrupted", interrupted), ("running", report.running)):
-        if jobs:
-            line += f", {len(jobs)} {word} (jobs {', '.join(str(j.num) for j in jobs)})"
+    for status in dict.fromkeys(j.status for j in report.jobs if not j.ok):  # failed, interrupted, running, ...
+        nums = [str(j.num) for j in report.jobs if j.status == status]
+        line += f", {len(nums)} {status} (jobs {', '.join(nums)})"
     return line + (f", {report.not_started} not started" if report.not_started else "")
 
 
