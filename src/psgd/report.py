@@ -185,18 +185,12 @@ def speedup_columns(p: int, speedup: float | None, speedup_to_target: float | No
     }
 
 
-def completed_by_group(jobs: list[Job], swept: list[str]) -> dict[tuple, dict[int, list[Job]]]:
-    """The completed jobs of each speedup group, by worker count."""
-    by_group: dict[tuple, dict[int, list[Job]]] = defaultdict(lambda: defaultdict(list))
+def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict]]:
+    """The rows of report.csv (one per job) and of summary.csv (one per group and worker count)."""
+    by_group: dict[tuple, dict[int, list[Job]]] = defaultdict(lambda: defaultdict(list))  # completed, by P
     for job in jobs:
         if job.ok:
             by_group[group_key(job, swept)][job.workers].append(job)
-    return by_group
-
-
-def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict]]:
-    """The rows of report.csv (one per job) and of summary.csv (one per group and worker count)."""
-    by_group = completed_by_group(jobs, swept)
     # T per sample where every completed job of the group says its samples, so that unequal work compares
     per_sample = {g: all(j.samples for js in per_p.values() for j in js) for g, per_p in by_group.items()}
 
@@ -282,23 +276,14 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
     return rows, summary
 
 
-def report_notes(jobs: list[Job], swept: list[str]) -> list[str]:
-    """report.md's notes: groups whose jobs trained unequal work, and jobs that learned nothing."""
-    notes = []
-    for g, by_p in completed_by_group(jobs, swept).items():
-        trained = sorted({(p, j.samples) for p, group in by_p.items() for j in group if j.samples})
-        if trained and max(n for _, n in trained) > 1.01 * min(n for _, n in trained):  # padding is the same work
-            said = ", ".join(f"{n:,} at workers={p}" for p, n in trained)
-            notes.append(
-                f"{' '.join(g)}: the jobs trained different numbers of samples ({said}), so S(P) and E(P) compare "
-                "training time per sample, not whole runs (trainer.limit_train_batches counts each worker's batches)"
-            )
-    if stuck := [j for j in jobs if learned_nothing(j)]:
-        accs = ", ".join(f"{j.get('test_acc'):.4f}" for j in stuck)
-        hogwild = "P" if all(hogwild_workers(j.strategy, j.workers) for j in stuck) else None
-        nums = ", ".join(str(j.num) for j in stuck)
-        notes.append(f"job{'s' if len(stuck) > 1 else ''} {nums} {learned_nothing_line(accs, hogwild)}")
-    return notes
+def learned_nothing_note(jobs: list[Job]) -> list[str]:
+    """report.md's note on the jobs that learned nothing, with what to change; none where every job learned."""
+    if not (stuck := [j for j in jobs if learned_nothing(j)]):
+        return []
+    accs = ", ".join(f"{j.get('test_acc'):.4f}" for j in stuck)
+    hogwild = "P" if all(hogwild_workers(j.strategy, j.workers) for j in stuck) else None
+    nums = ", ".join(str(j.num) for j in stuck)
+    return [f"job{'s' if len(stuck) > 1 else ''} {nums} {learned_nothing_line(accs, hogwild)}"]
 
 
 # ---- report.md ----
@@ -462,7 +447,7 @@ def write_report(sweep_dir: str | Path) -> Report:
     rows, summary = build_rows(jobs, swept)
     plots = write_plots(sweep_dir, summary)
     not_started = max(0, (planned_jobs(sweep_dir) or 0) - len(jobs))
-    report = Report(jobs, swept, rows, summary, plots, report_notes(jobs, swept), not_started)
+    report = Report(jobs, swept, rows, summary, plots, learned_nothing_note(jobs), not_started)
     write_csv(sweep_dir / "report.csv", list(rows[0]), [list(r.values()) for r in rows])
     if summary:
         write_csv(sweep_dir / "summary.csv", list(summary[0]), [list(s.values()) for s in summary])
