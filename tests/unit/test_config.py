@@ -47,6 +47,18 @@ def test_lightnings_other_ways_to_give_devices_are_one_line(devices):
     assert str(e.value).startswith("trainer.devices=") and " is invalid: Input should be" in str(e.value)
 
 
+@pytest.mark.parametrize("key", ["workers", "trainer.devices"])
+def test_more_workers_than_visible_gpus_is_one_line_naming_the_key(monkeypatch, key):
+    """On a machine with one CUDA device (stood in), two workers psgd would start are refused by the key
+    that set them; one worker is fine. (tests/integration/test_gpu.py runs it on a real GPU.)"""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert check(compose_cfg("trainer.accelerator=gpu", f"{key}=1")).workers == 1
+    with pytest.raises(ConfigError) as e:
+        check(compose_cfg("trainer.accelerator=gpu", f"{key}=2"))
+    assert str(e.value).startswith(f"{key}=2 is invalid on GPU: 1 CUDA device visible")
+
+
 def test_threads_default_to_cores_over_workers_at_least_one(monkeypatch):
     import psgd.config.rules
 

@@ -237,11 +237,28 @@ def check(cfg: DictConfig) -> Plan:
     for setting in GIVE:  # here, not in check_values: a file is there on one machine and not on another
         if cfg.get(setting) is not None:
             checkpoint_file(setting, cfg[setting])
+    started_by = launcher(cfg, workers)
+    if started_by == "psgd" and accelerator == "gpu":
+        check_gpu_count(workers, "workers" if cfg.trainer.get("devices") is None else "trainer.devices")
     return Plan(
         workers=workers,
         threads_per_worker=cfg.threads_per_worker or max(1, cpu_count() // workers),
         accelerator=accelerator,
         accumulate_grad_batches=resolve_accumulation(cfg, workers * cfg.trainer.num_nodes),
-        launcher=launcher(cfg, workers),
+        launcher=started_by,
         start_method=resolve_start_method(cfg.strategy, accelerator),
     )
+
+
+def check_gpu_count(workers: int, key: str) -> None:
+    """Each worker psgd starts on GPU needs a CUDA device of its own (Lightning refuses more devices than it
+    sees with a traceback, NCCL two ranks on one device). torchrun and srun place their own workers: a task
+    there may see only its own device, so their workers are not counted here."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if workers > gpus:
+        raise ConfigError(
+            f"{key}={workers} is invalid on GPU: {gpus} CUDA device{'' if gpus == 1 else 's'} visible and each "
+            f"worker needs its own; use {key}<={gpus}, or trainer.accelerator=cpu"
+        )
