@@ -1,4 +1,5 @@
-"""Lightning callbacks: threads per worker, epoch timing and result files, the target-accuracy stop."""
+"""Lightning callbacks: worker setup, whole-epoch checkpoints, epoch timing and result files, the
+target-accuracy stop."""
 
 import time
 import warnings
@@ -27,12 +28,10 @@ def denormals_flushed() -> bool:
 
 class WorkerSetup(Callback):
     """Set up each worker process: torch's threads, denormal flushing, psgd's SIGTERM handler, and its
-    random stream, reseeded every epoch from (seed, rank, epoch), so that a run resumed from an epoch's
-    checkpoint goes on exactly as the uninterrupted one.
+    random stream, reseeded every epoch from (seed, rank, epoch) so that a resumed run goes on exactly.
 
     flush_denormal: momentum buffers of units that get no gradient decay into denormal floats, on which
     every CPU multiply is slow; flushed to zero, the step time stays flat. Restored at teardown.
-
     step_logs: whether anything is logged per step; without, Lightning's warning that an epoch has
     fewer batches than log_every_n_steps is filtered (psgd logs every epoch whatever the interval).
     """
@@ -77,13 +76,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class EpochEndCheckpoint(ModelCheckpoint):
-    """A ModelCheckpoint written at the end of whole training epochs only.
+    """A ModelCheckpoint written at the end of whole training epochs only: a run cut inside an epoch
+    (trainer.max_steps, max_time, an early stop) resumes from its last whole epoch and trains the cut
+    epoch again from its start, exactly as the uninterrupted run did (WorkerSetup reseeds every epoch).
 
-    An epoch cut short (trainer.max_steps, max_time, an early stop inside it) leaves the last whole
-    epoch's checkpoint, and a resume trains the cut epoch again from its start, exactly as the
-    uninterrupted run did (WorkerSetup reseeds every epoch). Without the "directory exists and is not
-    empty" warning: checkpoints/ holds files at the start only where a run goes on in its own dir (a
-    continued sweep, a torchrun restart)."""
+    Without the "directory exists and is not empty" warning: checkpoints/ holds files at the start only
+    where a run goes on in its own dir (a continued sweep, a torchrun restart)."""
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -97,6 +95,21 @@ class EpochEndCheckpoint(ModelCheckpoint):
             super().on_train_epoch_end(trainer, pl_module)
         else:  # nor is it written again at the train's end (a strategy's final checkpoint)
             self.best_model_path = ""
+
+    @override
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        """Write an epoch's checkpoint as one of a finished epoch, from which a resume starts the next one.
+
+        Lightning writes it inside on_train_epoch_end, before it counts the epoch completed: a resume under
+        trainer.max_steps (its iteration-based training) replayed the epoch's end and went on with the next
+        epoch from the last batch's place (cf. Lightning issue #19617)."""
+        fit = checkpoint["loops"]["fit_loop"]
+        batches = fit["epoch_loop.batch_progress"]
+        if batches["is_last_batch"]:  # (once per checkpoint: every checkpoint callback is called)
+            for count in fit["epoch_progress"].values():
+                count["completed"] = count["processed"]
+            batches["current"] = dict.fromkeys(batches["current"], 0)
+            batches["is_last_batch"] = False
 
 
 class EpochCheckpoints(EpochEndCheckpoint):
@@ -170,8 +183,8 @@ class TargetAccuracyStop(Callback):
     """Stop once val/acc >= `target_acc` for `patience` consecutive epochs; val/acc is reduced over the
     workers, so every worker takes the same decision."""
 
-    def __init__(self, target_acc: float, patience: int = 1, monitor: str = "val/acc"):
-        self.target_acc, self.patience, self.monitor = target_acc, patience, monitor
+    def __init__(self, target_acc: float, patience: int = 1):
+        self.target_acc, self.patience = target_acc, patience
         self.streak = 0
         self.stopped_epoch: int | None = None
 
@@ -179,8 +192,7 @@ class TargetAccuracyStop(Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
-        value = trainer.callback_metrics.get(self.monitor)
-        self.streak = update_streak(self.streak, None if value is None else float(value), self.target_acc)
+        self.streak = update_streak(self.streak, _get(trainer.callback_metrics, "val/acc"), self.target_acc)
         if self.streak >= self.patience:
             trainer.should_stop = True
             self.stopped_epoch = trainer.current_epoch
@@ -201,12 +213,7 @@ class TargetAccuracyStop(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "streak": self.streak,
-            "stopped_epoch": self.stopped_epoch,
-            "target_acc": self.target_acc,
-            "patience": self.patience,
-        }
+        return {name: getattr(self, name) for name in ("streak", "stopped_epoch", "target_acc", "patience")}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -446,26 +453,18 @@ class RunRecorder(Callback):
         rows = [[h["time"], h["val_acc"]] for h in self.history if h["val_acc"] is not None]
         write_csv(self.out_dir / "training_data.csv", ["time", "val_accuracy"], rows)
 
+    # what a checkpoint keeps: the finished epochs and the time to the target
+    _kept = ("history", "cumulative_s", "time_to_target_s", "epoch_to_target", "step_to_target")
+
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "history": self.history,
-            "cumulative_s": self.cumulative_s,
-            "time_to_target_s": self.time_to_target_s,
-            "epoch_to_target": self.epoch_to_target,
-            "step_to_target": self.step_to_target,
-            "target_acc": self.target_acc,
-        }
+        return {name: getattr(self, name) for name in self._kept} | {"target_acc": self.target_acc}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = state_dict["history"]
-        self.cumulative_s = state_dict["cumulative_s"]
-        self.time_to_target_s = state_dict["time_to_target_s"]
-        self.epoch_to_target = state_dict["epoch_to_target"]
-        self.step_to_target = state_dict.get("step_to_target")  # (a psgd 0.1 checkpoint has none)
-        if state_dict.get("target_acc", self.target_acc) != self.target_acc:
-            # resumed with another target: the first recorded epoch at this one
+        for name in self._kept:
+            setattr(self, name, state_dict.get(name))
+        if state_dict.get("target_acc") != self.target_acc:  # another target: the first recorded epoch at it
             hit = next((h for h in self.history if reached(h["val_acc"], self.target_acc)), None)
             self.time_to_target_s, self.epoch_to_target, self.step_to_target = (
                 (hit["time"], hit["epoch"], hit["step"]) if hit else (None, None, None)

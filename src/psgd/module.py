@@ -26,23 +26,6 @@ OPTIMIZER_KEY = "psgd_optimizer"
 STEP_IMPLEMENTATION = ("foreach", "fused", "differentiable", "capturable")
 
 
-def as_a_finished_epoch(checkpoint: dict[str, Any]) -> None:
-    """Mark a checkpoint written at the end of a training epoch as one of a finished epoch, from which a
-    resume starts the next epoch afresh.
-
-    Lightning writes it inside on_train_epoch_end, before it counts the epoch completed: a resume under
-    trainer.max_steps (Lightning's iteration-based training) replayed the epoch's end and went on with
-    the next epoch from the last batch's place (cf. Lightning issue #19617)."""
-    fit = (checkpoint.get("loops") or {}).get("fit_loop")
-    batches = fit and fit["epoch_loop.batch_progress"]
-    if not batches or not batches["is_last_batch"]:
-        return
-    for count in fit["epoch_progress"].values():
-        count["completed"] = count["processed"]
-    batches["current"] = dict.fromkeys(batches["current"], 0)
-    batches["is_last_batch"] = False
-
-
 class TrainingDiverged(RuntimeError):
     """The training loss became NaN or infinite; str() is the one-line message shown to the user."""
 
@@ -288,7 +271,6 @@ class Classifier(L.LightningModule):
             checkpoint[OPTIMIZER_KEY] = type(self.trainer.optimizers[0]).__name__
         if self._steps_per_epoch is not None:
             checkpoint[STEPS_PER_EPOCH_KEY] = self._steps_per_epoch
-        as_a_finished_epoch(checkpoint)
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
