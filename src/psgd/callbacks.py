@@ -285,7 +285,6 @@ class RunRecorder(Callback):
         self._samples = 0
         # with echo, rank 0 prints a progress line every PROGRESS_EVERY_S within an epoch: when the next is due
         self._progress_at: float | None = None
-        self._batches = 0
         self._lr: float | None = None  # the lr the epoch started with
         self._validated = False  # a validation ran in this epoch
 
@@ -299,7 +298,7 @@ class RunRecorder(Callback):
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._val_s, self._samples, self._validated, self._batches = 0.0, 0, False, 0
+        self._val_s, self._samples, self._validated = 0.0, 0, False
         self._lr = float(trainer.optimizers[0].param_groups[0]["lr"]) if trainer.optimizers else None
         self._t0 = time.perf_counter()
         self._progress_at = self._t0 + PROGRESS_EVERY_S if self.echo and trainer.is_global_zero else None
@@ -307,13 +306,9 @@ class RunRecorder(Callback):
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self._samples += len(batch[1])
-        if self._progress_at is not None:
-            self._batches += 1
-            now = time.perf_counter()
-            if now >= self._progress_at:
-                self._progress_at = now + PROGRESS_EVERY_S
-                trained_s = now - self._t0 - self._val_s
-                print(self._progress_line(trainer, batch_idx + 1, trained_s), flush=True)
+        if self._progress_at is not None and (now := time.perf_counter()) >= self._progress_at:
+            self._progress_at = now + PROGRESS_EVERY_S
+            print(self._progress_line(trainer, batch_idx + 1, now - self._t0 - self._val_s), flush=True)
 
     def _progress_line(self, trainer: L.Trainer, batch: int, trained_s: float) -> str:
         """`psgd: epoch 1/8: batch 120/469 after 8.2 min, 31.2 samples/s; about 23.8 min to the epoch's end`
@@ -327,7 +322,7 @@ class RunRecorder(Callback):
             + (" on worker 0" if trainer.world_size > 1 else "")
         )
         if known and total > batch:
-            line += f"; about {_duration((total - batch) * trained_s / self._batches)} to the epoch's end"
+            line += f"; about {_duration((total - batch) * trained_s / batch)} to the epoch's end"
         return line
 
     @override
