@@ -288,16 +288,14 @@ class Classifier(L.LightningModule):
                 saved.update({k: group[k] for k in STEP_IMPLEMENTATION if k in group})
 
     def _drop_states_of_callbacks_not_set(self, checkpoint: dict[str, Any]) -> None:
-        """Drop the state of a callback this run's settings leave out (checkpoint_every_epoch,
-        early_stop.target_acc): Lightning would tell the user to add the callback back."""
+        """Drop the state of TargetAccuracyStop where this run sets no early_stop.target_acc: Lightning would
+        tell the user to add the callback back."""
         try:
             present = {cb.state_key for cb in self.trainer.callbacks}
         except RuntimeError:  # not attached to a Trainer (load_from_checkpoint): no callbacks are restored
             return
-        states = checkpoint.get("callbacks") or {}
-        for key in [k for k in states if k.startswith("EpochCheckpoints{") or k == "TargetAccuracyStop"]:
-            if key not in present:
-                del states[key]
+        if "TargetAccuracyStop" not in present:
+            (checkpoint.get("callbacks") or {}).pop("TargetAccuracyStop", None)
 
     def _check_resumed_steps(self) -> None:
         """Refuse a resume whose per-step schedule would count other steps per epoch than the checkpoint's.

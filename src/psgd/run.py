@@ -33,8 +33,7 @@ from psgd import signals, torchrun
 from psgd.advice import scales_by_workers
 from psgd.callbacks import (
     AtomicCheckpointIO,
-    EpochCheckpoints,
-    LatestCheckpoint,
+    EpochEndCheckpoint,
     RunRecorder,
     ShardRecorder,
     TargetAccuracyStop,
@@ -314,10 +313,8 @@ def build_callbacks(
     callbacks: list[L.Callback] = [
         WorkerSetup(plan.threads_per_worker, cfg.seed, cfg.flush_denormal, step_logs=per_step_lr),
         RunRecorder(str(run_dir), info, es.target_acc, echo=not cfg.get("quiet") and not bars),
-        LatestCheckpoint(run_dir / "checkpoints"),  # the first checkpoint callback: trainer.checkpoint_callback
+        EpochEndCheckpoint(run_dir / "checkpoints", keep_all=cfg.checkpoint_every_epoch),
     ]
-    if cfg.checkpoint_every_epoch:
-        callbacks.append(EpochCheckpoints(run_dir / "checkpoints"))
     if es.target_acc is not None:
         callbacks.append(TargetAccuracyStop(es.target_acc, es.patience))
     if per_step_lr:  # the lr every trainer.log_every_n_steps steps (tag lr_step; `lr` is each epoch's start)
