@@ -205,17 +205,12 @@ def optimizer_change(checkpoint: dict[str, Any], module: Classifier) -> str | No
     name, old_name = type(fresh).__name__, checkpoint.get(OPTIMIZER_KEY)
     if old_name is not None and old_name != name:
         return f"optimizer {name} (the checkpoint's run used {old_name})"
-    old_groups, new_groups = states[0].get("param_groups") or [], fresh.param_groups  # as many: check_fits
-    for i, (old, new) in enumerate(zip(old_groups, new_groups)):
+    groups = fresh.param_groups  # as many as the checkpoint's (check_fits)
+    for i, (old, new) in enumerate(zip(states[0].get("param_groups") or [], groups)):
         for key in sorted((set(old) & set(new)) - _NOT_SETTINGS):
             if _plain(old[key]) != _plain(new[key]):
-                was, now = _shown(old[key]), _shown(new[key])
-                # a model that sets this value per group names the setting it comes from (the MLP's decay)
-                names = getattr(module.net, "group_settings", {}).get(key)
-                if names and names[i]:
-                    return f"{names[i]}={now} (the checkpoint's run had {was})"
-                where = f" in its parameter group {i}" if len(new_groups) > 1 else ""
-                return f"optimizer.{key}={now}{where} (the checkpoint's run had {was})"
+                where = f" in its parameter group {i}" if len(groups) > 1 else ""
+                return f"optimizer.{key}={_shown(new[key])}{where} (the checkpoint's run had {_shown(old[key])})"
     return None
 
 
