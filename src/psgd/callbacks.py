@@ -164,11 +164,6 @@ def reached(accuracy: float | None, target: float | None) -> bool:
     return accuracy is not None and target is not None and accuracy >= target
 
 
-def update_streak(streak: int, accuracy: float | None, target: float) -> int:
-    """The workshop's early-stop rule: count consecutive epochs with accuracy >= target."""
-    return streak + 1 if reached(accuracy, target) else 0
-
-
 class TargetAccuracyStop(Callback):
     """Stop once val/acc >= `target_acc` for `patience` consecutive epochs; val/acc is reduced over the
     workers, so every worker takes the same decision."""
@@ -182,7 +177,7 @@ class TargetAccuracyStop(Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
-        self.streak = update_streak(self.streak, _get(trainer.callback_metrics, "val/acc"), self.target_acc)
+        self.streak = self.streak + 1 if reached(_get(trainer.callback_metrics, "val/acc"), self.target_acc) else 0
         if self.streak >= self.patience:
             trainer.should_stop = True
             self.stopped_epoch = trainer.current_epoch
