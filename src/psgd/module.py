@@ -52,9 +52,7 @@ class Classifier(L.LightningModule):
         channels_last: bool = False,
         per_worker_metrics: bool = False,
         input_shape: tuple[int, int, int] | None = None,
-        dataset: str | None = None,
-        holdout: list | None = None,
-        shards: list | None = None,
+        samples: list[str] | None = None,  # resume.sample_settings: a resume on other samples is refused
         num_nodes: int = 1,  # kept in checkpoints: a resume under a warm-up from 1/workers compares all workers
         optimizer_lr: float | None = None,  # the optimizer.lr lr_scaling made `lr` (the one to lower on divergence)
         lr_by_workers: bool = False,  # lr_scaling scaled it by the workers (lr_reference_batch=null)

@@ -61,7 +61,7 @@ from psgd.outputs import earlier_results
 from psgd.process import run_settings
 from psgd.profiler import PyTorchProfilerForWorkers
 from psgd.rendezvous import init_elastic_process_group, rendezvous_port
-from psgd.resume import elastic_resume, init_weights, resolve_ckpt_path, shard_settings
+from psgd.resume import elastic_resume, init_weights, resolve_ckpt_path, sample_settings
 from psgd.run_checks import build_datamodule, check_data, check_memory
 from psgd.stopped import exit_if_interrupted, lightning_refusal, mark_stopped, torchrun_worker_gone
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
@@ -246,10 +246,7 @@ def build_module(cfg: DictConfig, plan: Plan, net: nn.Module, image_size: int) -
         channels_last=cfg.channels_last,
         per_worker_metrics=cfg.strategy.name not in ("ddp", "hogwild"),  # replicas differ: each evaluated
         input_shape=(info.channels, image_size, image_size),
-        # kept in its checkpoints: a resume on other samples is refused (psgd.resume)
-        dataset=cfg.data.name,
-        holdout=[cfg.data.val_split, cfg.seed] if cfg.data.val_split else None,
-        shards=shard_settings(cfg),
+        samples=sample_settings(cfg),
         num_nodes=t.num_nodes,
         optimizer_lr=cfg.optimizer.lr,
         lr_by_workers=scales_by_workers(cfg),
