@@ -165,10 +165,10 @@ def reached(accuracy: float | None, target: float | None) -> bool:
 
 
 class TargetAccuracyStop(Callback):
-    """Stop once val/acc >= `target_acc` for `patience` consecutive epochs; val/acc is reduced over the
-    workers, so every worker takes the same decision."""
+    """Stop once val/acc >= `target_acc` for `patience` consecutive epochs (None: never); val/acc is reduced
+    over the workers, so every worker takes the same decision."""
 
-    def __init__(self, target_acc: float, patience: int = 1):
+    def __init__(self, target_acc: float | None, patience: int = 1):
         self.target_acc, self.patience = target_acc, patience
         self.streak = 0
         self.stopped_epoch: int | None = None

@@ -275,7 +275,6 @@ class Classifier(L.LightningModule):
         self._resumed_steps_per_epoch = checkpoint.get(STEPS_PER_EPOCH_KEY)
         self._check_resumed_steps()
         self._update_as_configured(checkpoint)
-        self._drop_states_of_callbacks_not_set(checkpoint)
 
     def _update_as_configured(self, checkpoint: dict[str, Any]) -> None:
         """Give the checkpoint's param groups this run's STEP_IMPLEMENTATION settings (e.g. optimizer.fused)
@@ -284,16 +283,6 @@ class Classifier(L.LightningModule):
         for state in checkpoint.get("optimizer_states") or []:
             for saved, group in zip(state.get("param_groups") or [], fresh):
                 saved.update({k: group[k] for k in STEP_IMPLEMENTATION if k in group})
-
-    def _drop_states_of_callbacks_not_set(self, checkpoint: dict[str, Any]) -> None:
-        """Drop the state of TargetAccuracyStop where this run sets no early_stop.target_acc: Lightning would
-        tell the user to add the callback back."""
-        try:
-            present = {cb.state_key for cb in self.trainer.callbacks}
-        except RuntimeError:  # not attached to a Trainer (load_from_checkpoint): no callbacks are restored
-            return
-        if "TargetAccuracyStop" not in present:
-            (checkpoint.get("callbacks") or {}).pop("TargetAccuracyStop", None)
 
     def _check_resumed_steps(self) -> None:
         """Refuse a resume whose per-step schedule would count other steps per epoch than the checkpoint's.

@@ -311,9 +311,8 @@ def build_callbacks(
         WorkerSetup(plan.threads_per_worker, cfg.seed, cfg.flush_denormal, step_logs=per_step_lr),
         RunRecorder(str(run_dir), info, es.target_acc, echo=not cfg.get("quiet") and not bars),
         EpochEndCheckpoint(run_dir / "checkpoints", keep_all=cfg.checkpoint_every_epoch),
+        TargetAccuracyStop(es.target_acc, es.patience),  # also without a target: its checkpoint state is there
     ]
-    if es.target_acc is not None:
-        callbacks.append(TargetAccuracyStop(es.target_acc, es.patience))
     if per_step_lr:  # the lr every trainer.log_every_n_steps steps (tag lr_step; `lr` is each epoch's start)
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     if cfg.record_shards:
