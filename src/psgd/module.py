@@ -108,14 +108,10 @@ class Classifier(L.LightningModule):
         self.count_train(out.detach(), y, loss.detach(), batch_idx)
         return loss
 
-    # train/loss_step and train/acc_step are logged every `count_every` batches (and at the epoch's end);
-    # None: the trainer's log_every_n_steps
-    count_every: int | None = None
-    _count_every = 32  # count_every as resolved at the start of fit
-
     def count_train(self, out: Tensor, y: Tensor, loss: Tensor, batch_idx: int) -> None:
         """Add a training batch to the epoch's [correct, loss sum] and sample count, on the device (no
-        sync per step); every `count_every` batches, log the batches' mean since the last log (rank 0)."""
+        sync per step); every trainer.log_every_n_steps batches, log the batches' mean since the last log
+        as train/loss_step and train/acc_step (rank 0)."""
         if self._train_counts is None or batch_idx == 0:
             zero = torch.zeros(2, dtype=torch.float64, device=out.device)
             self._train_counts, self._step_counts = [zero, 0], [zero.clone(), 0]
@@ -123,7 +119,7 @@ class Classifier(L.LightningModule):
         for counts in (self._train_counts, self._step_counts):
             counts[0] = counts[0] + sums
             counts[1] += len(y)
-        if (batch_idx + 1) % self._count_every == 0:
+        if (batch_idx + 1) % max(1, self.trainer.log_every_n_steps) == 0:
             self._log_step_counts(self.trainer.global_step)
 
     def _log_step_counts(self, step: int) -> None:
@@ -221,7 +217,6 @@ class Classifier(L.LightningModule):
 
     @override
     def on_fit_start(self) -> None:
-        self._count_every = max(1, self.count_every or self.trainer.log_every_n_steps)
         # compiled in place (state_dict keys unchanged) in the worker that trains it, after Lightning's
         # model summary ran its example input
         mode = self.hparams.get("compile")
