@@ -175,11 +175,8 @@ class Classifier(L.LightningModule):
         mine = torch.stack([self.worker_val_acc.compute(), self.worker_val_loss.compute()]).to(torch.float64)
         self.worker_val_acc.reset()
         self.worker_val_loss.reset()
-        everyone = [mine]  # one row per worker, the same on every worker
-        if dist.is_available() and dist.is_initialized():
-            everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-            dist.all_gather(everyone, mine)
-        for rank, (acc, loss) in enumerate(t.tolist() for t in everyone):
+        everyone = self.all_gather(mine).reshape(-1, 2)  # one row per worker, the same on every worker
+        for rank, (acc, loss) in enumerate(everyone.tolist()):
             self.log(f"worker/{rank}/val_acc", acc, on_epoch=True, sync_dist=True)
             self.log(f"worker/{rank}/val_loss", loss, on_epoch=True, sync_dist=True)
 
