@@ -110,6 +110,10 @@ class EpochEndCheckpoint(ModelCheckpoint):
             self.best_model_path = self.last_model_path = ""
 
     @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Nothing (Lightning's save_last writes last.ckpt at the end of a fit that wrote none, inside an epoch)."""
+
+    @override
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         """Write an epoch's checkpoint as one of a finished epoch, from which a resume starts the next one.
 
