@@ -1,11 +1,10 @@
-"""What psgd tells a user about a run's outcome: steps too large (it diverged, or learned nothing) and the lr
-to set, the class label-skewed shards left behind, what ended training. Imports no other psgd module."""
+"""What psgd tells a user of a run's outcome: steps too large (it diverged or learned nothing) and the lr to
+set, the class label-skewed shards left behind, what ended training. Imports no other psgd module."""
 
 import math
 from typing import Any
 
 FEW_STEPS = 100  # under this many optimizer steps, a model at chance may not have trained long enough
-# a record's stopped_by -> the setting that ended training
 STOPPERS = {
     "early_stop": "early_stop.target_acc",
     "max_steps": "trainer.max_steps",
@@ -25,10 +24,9 @@ def scales_by_workers(settings: Any) -> bool:
 
 
 def step_advice(lr=None, hogwild_workers: int | str | None = None, optimizer_lr=None, by_workers: bool = False) -> str:
-    """What to change when a run's steps were too large: a lower lr (`lr`: the run's, after lr_scaling of
-    `optimizer_lr`, where known), or a warm-up. HogWild's P workers (`hogwild_workers`: P, or "P" for several
-    runs) take about P times one worker's step: one worker's lr / P, with lr_scaling=none where it scaled by
-    the workers (`by_workers`: optimizer.lr / P alone would be scaled back up P-fold)."""
+    """What to change when a run's steps were too large: a lower lr or a warm-up; under HogWild's P workers
+    (`hogwild_workers`: P, or "P" for several runs) one worker's lr / P, with lr_scaling=none where lr_scaling
+    scaled `optimizer_lr` by the workers (`by_workers`) into the run's `lr`."""
     scaled = bool(lr and optimizer_lr and not math.isclose(lr, optimizer_lr, rel_tol=1e-6))
     base = optimizer_lr if scaled else lr
     said = f"the run's lr is {lr:g}" if lr else ""
@@ -79,14 +77,14 @@ def stop_note(record: dict) -> str:
 
 
 def _last_epoch(job: Any) -> tuple[dict, int]:
-    """The last epoch's record ({} without one) and the number of classes (0 where unknown) of a record."""
+    """A run record's last epoch ({} without one) and number of classes (0 where unknown)."""
     history = job.get("history") or []
     last = history[-1] if history and isinstance(history[-1], dict) else {}
     return last, len(job.get("test_acc_per_class") or job.get("test_classes") or [])
 
 
 def learned_nothing(job: Any) -> bool:
-    """A completed run (not a fast_dev_run) whose last epoch's mean training loss is no lower than a uniform
+    """A completed run (not a fast_dev_run) whose last epoch's training loss is no lower than a uniform
     guess's, ln(classes), and whose test accuracy is under twice chance."""
     last, classes = _last_epoch(job)
     loss, acc = last.get("train_loss"), job.get("test_acc")
@@ -97,8 +95,8 @@ def learned_nothing(job: Any) -> bool:
 
 
 def few_steps(job: Any) -> int | None:
-    """The optimizer steps a run trained where under FEW_STEPS with its loss under twice a uniform guess's
-    (too few to learn from); else None (a loss far above a guess's means steps too large, however few)."""
+    """The optimizer steps a run trained where fewer than FEW_STEPS with its loss under twice a uniform
+    guess's (too few to learn from), else None."""
     last, classes = _last_epoch(job)
     step, loss = last.get("step"), last.get("train_loss")
     if not (isinstance(step, int) and isinstance(loss, int | float) and classes >= 2):
@@ -107,7 +105,7 @@ def few_steps(job: Any) -> int | None:
 
 
 def learned_nothing_line(accs: str, hogwild_workers, lr=None, optimizer_lr=None, by_workers=False, steps=None) -> str:
-    """What learning nothing says and what to change (step_advice); with `steps` (few_steps), train longer first."""
+    """What learning nothing says and what to change (step_advice); with `steps` (few_steps), train longer."""
     said = (
         f"learned nothing (test accuracy {accs}, about chance; the last epoch's training loss no lower than a "
         "uniform guess's)"

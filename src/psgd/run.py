@@ -1,14 +1,8 @@
-"""One training run, end to end: check the config, build data/model/trainer, fit, test, write results.
+"""One training run: check the config, build data, module and Trainer, fit, test, write the results.
 
-Layout of a run directory (Hydra's output dir):
-    metrics.json          summary (atomically rewritten after every epoch, final after the test)
-    training_data.csv     time,val_accuracy per epoch (the workshop's format)
-    tensorboard/          event files: training curves from the workers, hparams and test metrics
-    checkpoints/last.ckpt the latest checkpoint
-    .hydra/               the composed config and overrides
+What a run dir holds (metrics.json, training_data.csv, tensorboard/, checkpoints/) is docs/outputs.md's.
 """
 
-import logging
 import pickle
 import sys
 from collections.abc import Iterator, Sequence
@@ -24,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.callbacks import LearningRateMonitor, TQDMProgressBar
+from pytorch_lightning.callbacks import LearningRateMonitor
 from pytorch_lightning.loggers import TensorBoardLogger
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import nn
@@ -42,15 +36,7 @@ from psgd.callbacks import (
     WorkerSetup,
 )
 from psgd.choices import INFO
-from psgd.config import (
-    ConfigError,
-    DirInUse,
-    Plan,
-    build_model,
-    check,
-    compile_mode,
-    schedule,
-)
+from psgd.config import ConfigError, DirInUse, Plan, build_model, check, compile_mode, schedule
 from psgd.console import text_lines, warn
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
@@ -63,7 +49,7 @@ from psgd.process import run_settings
 from psgd.profiler import PyTorchProfilerForWorkers
 from psgd.rendezvous import init_elastic_process_group, rendezvous_port
 from psgd.resume import elastic_resume, init_weights, resolve_ckpt_path, shard_settings
-from psgd.run_checks import build_datamodule, check_data, check_memory
+from psgd.run_checks import build_datamodule, check_memory
 from psgd.stopped import exit_if_interrupted, lightning_refusal, mark_stopped, torchrun_worker_gone
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
 from psgd.strategies.ddp import ReportsFirstFailure
@@ -102,18 +88,6 @@ def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path) -> Any:
     )
 
 
-@contextmanager
-def _quiet_lightning_banner():
-    """The second (test) Trainer would repeat the 'GPU available' lines already printed for fit."""
-    log = logging.getLogger("pytorch_lightning.utilities.rank_zero")
-    level = log.level
-    log.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
-
-
 # trainer.* keys whose null Lightning takes as a setting of its own: every other null is left out of
 # Trainer(...), so that Lightning's default stands
 NULL_IS_A_SETTING = ("check_val_every_n_epoch",)
@@ -139,13 +113,9 @@ def run_dir_key() -> str:
 def train(
     cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] = (), continued: bool = False
 ) -> dict[str, Any] | None:
-    """Run one configured training job in `run_dir`; returns the final metrics (also in metrics.json), or
-    None in a torchrun / srun worker other than global rank 0.
-
-    `callbacks`: the caller's, added after psgd's own (pickled into every worker process). A `run_dir` that
-    holds an earlier run's metrics.json is refused (DirInUse) before anything is written into it, unless
-    the job is one of a `continued` sweep, which resumes from its own last checkpoint.
-    """
+    """Run one configured training job in `run_dir`; returns the final metrics (also in metrics.json), or None
+    in a torchrun / srun worker other than global rank 0. `callbacks` run after psgd's own. A `run_dir` holding
+    an earlier run's metrics.json is refused (DirInUse), unless `continued` (a continued sweep's job resumes)."""
     refuse_a_run_while_a_worker_imports_the_script()
     with found_by_every_worker():  # the config and the machine decide it
         plan = check(cfg)
@@ -157,14 +127,13 @@ def train(
 
 
 def micro_batches_per_update(plan: Plan, num_nodes: int, synchronous: bool) -> int:
-    """The batches one optimizer update averages: DDP's averages every worker's (on every node); a
-    model-averaging or HogWild worker updates with its own alone. Each accumulates its share."""
+    """The micro-batches one optimizer update averages: every worker's under DDP, a worker's own otherwise."""
     return (plan.workers * num_nodes if synchronous else 1) * plan.accumulate_grad_batches
 
 
 def _check_picklable(callbacks: list[L.Callback], net: torch.nn.Module) -> None:
-    """The caller's callbacks go to every worker process pickled: one that cannot is refused here, naming
-    it, as is a callback or model class defined in a notebook's session (defined_in_session)."""
+    """Refuse, naming it, a caller's callback that cannot be pickled into the workers, or a callback or model
+    class defined in a notebook's session."""
     named = [(f"callbacks[{i}] ({type(c).__name__})", c) for i, c in enumerate(callbacks)]
     for what, callback in named:
         try:
@@ -217,13 +186,14 @@ def _train(
 
 
 def read_data(cfg: DictConfig, plan: Plan, datamodule: ClassificationData, net: nn.Module, image_size: int) -> None:
-    """Read the dataset and judge what needs it, before any worker starts: a missing dataset, a worker
-    without a batch, a final test of no batch and a run that cannot fit in memory fail here."""
+    """Read the dataset before any worker starts: a missing dataset, a worker without a batch, a final test of
+    no batch and a run that cannot fit in memory fail here."""
     world_size = plan.workers * cfg.trainer.num_nodes
     with found_by_every_worker():
         datamodule.prepare_data()
-        if short := check_data(cfg, datamodule, world_size):
+        if short := datamodule.check_batches(world_size):
             warn(short)  # a shard smaller than one batch
+        datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))
         if plan.accelerator == "cpu" and plan.launcher == "psgd":  # every worker on this machine
             sizes, _ = datamodule.train_shards(world_size)
             check_memory(cfg, net, image_size, sizes, plan.workers)
@@ -266,33 +236,25 @@ def build_module(cfg: DictConfig, plan: Plan, net: nn.Module, image_size: int) -
 def run_info(
     cfg: DictConfig, plan: Plan, strategy: Any, module: Classifier, started_from: str | None, ckpt_path: str | None
 ) -> dict[str, Any]:
-    """What metrics.json says of the run's setup."""
-    t = cfg.trainer
+    """What metrics.json says of how the run ran (docs/outputs.md); its settings are in .hydra/config.yaml."""
+    world_size = plan.workers * cfg.trainer.num_nodes
     if isinstance(strategy, str):
         lightning_strategy = strategy
-    elif type(strategy) is ReportsFirstFailure:  # Lightning's DDP, reporting the worker that failed first
-        lightning_strategy = "DDPStrategy"
-    else:
-        lightning_strategy = type(strategy).__name__
-    world_size = plan.workers * t.num_nodes
+    else:  # ReportsFirstFailure is Lightning's DDPStrategy, naming the worker that failed first
+        lightning_strategy = "DDPStrategy" if type(strategy) is ReportsFirstFailure else type(strategy).__name__
     return {
         "strategy": cfg.strategy.name,
         "workers": plan.workers,
         "world_size": world_size,
-        "num_nodes": t.num_nodes,
+        "num_nodes": cfg.trainer.num_nodes,
         "threads_per_worker": plan.threads_per_worker,
         "launcher": plan.launcher,
         # how psgd started the worker processes (null: it started none, one worker or torchrun / srun)
         "start_method": plan.start_method if plan.launcher == "psgd" and world_size > 1 else None,
         "lightning_strategy": lightning_strategy,
-        "model": cfg.model.name,
-        "data": cfg.data.name,
         "partition": cfg.data.partition,
-        "batch_size": cfg.data.batch_size,
         "precision": None,  # as Lightning runs it (16-mixed on CPU runs as bf16-mixed): set once it is known
-        "accumulate_grad_batches": plan.accumulate_grad_batches,
-        "parallel_batches": micro_batches_per_update(plan, t.num_nodes, cfg.strategy.name == "ddp"),
-        "optimizer": cfg.optimizer._target_.rsplit(".", 1)[-1],
+        "parallel_batches": micro_batches_per_update(plan, cfg.trainer.num_nodes, cfg.strategy.name == "ddp"),
         "lr": module.hparams["lr"],
         "lr_scaling": cfg.lr_scaling,
         "lr_reference_batch": cfg.get("lr_reference_batch"),
@@ -314,11 +276,10 @@ def build_callbacks(
 ) -> list[L.Callback]:
     """psgd's callbacks for the training Trainer; the RunRecorder second."""
     es = cfg.early_stop
-    bars = progress_bars(cfg)
     per_step_lr = schedule_read(module.hparams["scheduler"]).get("interval") == "step"
     callbacks: list[L.Callback] = [
         WorkerSetup(plan.threads_per_worker, cfg.seed, cfg.flush_denormal, step_logs=per_step_lr),
-        RunRecorder(str(run_dir), info, es.target_acc, echo=not cfg.get("quiet") and not bars),
+        RunRecorder(str(run_dir), info, es.target_acc, echo=not cfg.get("quiet") and not progress_bars(cfg)),
         LatestCheckpoint(run_dir / "checkpoints"),  # the first checkpoint callback: trainer.checkpoint_callback
     ]
     if cfg.checkpoint_every_epoch:
@@ -331,8 +292,6 @@ def build_callbacks(
         callbacks.append(ShardRecorder(str(run_dir)))
     if cfg.get("record_weights"):
         callbacks.append(WeightRecorder(str(run_dir)))
-    if bars:
-        callbacks.append(TQDMProgressBar(refresh_rate=10))  # redrawing every step costs throughput
     return callbacks
 
 
@@ -378,8 +337,7 @@ def fit(
     ckpt_path: str | None,
     run_dir: Path,
 ) -> None:
-    """trainer.fit, with SIGTERM stopping it as Ctrl-C does. A run that stops is marked in metrics.json
-    (its finished epochs kept) and exits as psgd.stopped says."""
+    """trainer.fit, SIGTERM stopping it as Ctrl-C does; a run that stops is marked as psgd.stopped says."""
     launcher = plan.launcher == "psgd"
     try:
         if plan.launcher == "torchrun":  # where Lightning would make it, inside fit: same failure handling
@@ -416,8 +374,8 @@ def finish_run(
     run_dir: Path,
     recorder: RunRecorder,
 ) -> dict[str, Any] | None:
-    """Test the final weights in this process, on one device, and write the results (under torchrun / srun:
-    global rank 0; the others return None). Ctrl-C or SIGTERM here marks the run interrupted."""
+    """Test the final weights on one device in this process (global rank 0's under torchrun / srun; the others
+    return None) and write the results. Ctrl-C or SIGTERM here marks the run interrupted."""
     try:
         if plan.launcher != "psgd":  # torchrun / srun: every worker is a process like this one
             rank = trainer.global_rank
@@ -441,19 +399,18 @@ def final_test(
     """The test split's metrics for `module`, in this process: the workers have exited or are this process."""
     t = cfg.trainer
     limits = {"limit_test_batches": t.limit_test_batches} if t.get("limit_test_batches") is not None else {}
-    with _quiet_lightning_banner():
-        tester = L.Trainer(
-            accelerator=plan.accelerator,
-            devices=1,
-            logger=False,
-            callbacks=[WorkerSetup(cpu_count(), flush_denormal=cfg.flush_denormal)],
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            enable_checkpointing=False,
-            fast_dev_run=t.fast_dev_run,
-            precision=precision,  # as fit ran
-            **limits,
-        )
+    tester = L.Trainer(
+        accelerator=plan.accelerator,
+        devices=1,
+        logger=False,
+        callbacks=[WorkerSetup(cpu_count(), flush_denormal=cfg.flush_denormal)],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        fast_dev_run=t.fast_dev_run,
+        precision=precision,  # as fit ran
+        **limits,
+    )
     with signals.sigterm_interrupts():
         (tested,) = tester.test(module, datamodule=datamodule, verbose=False)
     return tested
