@@ -4,7 +4,6 @@ set, the class label-skewed shards left behind, what ended training. Imports no 
 import math
 from typing import Any
 
-FEW_STEPS = 100  # under this many optimizer steps, a model at chance may not have trained long enough
 STOPPERS = {
     "early_stop": "early_stop.target_acc",
     "max_steps": "trainer.max_steps",
@@ -76,17 +75,12 @@ def stop_note(record: dict) -> str:
     return f" ({stopper} ended training in epoch {record.get('epochs')}{of})"
 
 
-def _last_epoch(job: Any) -> tuple[dict, int]:
-    """A run record's last epoch ({} without one) and number of classes (0 where unknown)."""
-    history = job.get("history") or []
-    last = history[-1] if history and isinstance(history[-1], dict) else {}
-    return last, len(job.get("test_acc_per_class") or job.get("test_classes") or [])
-
-
 def learned_nothing(job: Any) -> bool:
     """A completed run (not a fast_dev_run) whose last epoch's training loss is no lower than a uniform
     guess's, ln(classes), and whose test accuracy is under twice chance."""
-    last, classes = _last_epoch(job)
+    history = job.get("history") or []
+    last = history[-1] if history and isinstance(history[-1], dict) else {}
+    classes = len(job.get("test_acc_per_class") or job.get("test_classes") or [])
     loss, acc = last.get("train_loss"), job.get("test_acc")
     if job.get("status") != "completed" or job.get("stopped_by") == "fast_dev_run" or classes < 2:
         return False
@@ -94,26 +88,10 @@ def learned_nothing(job: Any) -> bool:
     return numbers and loss >= math.log(classes) and acc < 2 / classes
 
 
-def few_steps(job: Any) -> int | None:
-    """The optimizer steps a run trained where fewer than FEW_STEPS with its loss under twice a uniform
-    guess's (too few to learn from), else None."""
-    last, classes = _last_epoch(job)
-    step, loss = last.get("step"), last.get("train_loss")
-    if not (isinstance(step, int) and isinstance(loss, int | float) and classes >= 2):
-        return None
-    return step if step < FEW_STEPS and loss < 2 * math.log(classes) else None
-
-
-def learned_nothing_line(accs: str, hogwild_workers, lr=None, optimizer_lr=None, by_workers=False, steps=None) -> str:
-    """What learning nothing says and what to change (step_advice); with `steps` (few_steps), train longer."""
-    said = (
-        f"learned nothing (test accuracy {accs}, about chance; the last epoch's training loss no lower than a "
-        "uniform guess's)"
-    )
+def learned_nothing_line(accs: str, hogwild_workers, lr=None, optimizer_lr=None, by_workers=False) -> str:
+    """What learning nothing says, and what to change (step_advice)."""
     advice = step_advice(lr, hogwild_workers, optimizer_lr, by_workers)
-    if steps is None:
-        return f"{said}: most often the steps were too large; {advice}"
     return (
-        f"{said} after only {steps} optimizer steps: too few to learn from, so train longer (trainer.max_epochs, "
-        f"trainer.limit_train_batches, trainer.max_steps); or the steps were too large: {advice}"
+        f"learned nothing (test accuracy {accs}, about chance; the last epoch's training loss no lower than a "
+        f"uniform guess's): most often the steps were too large; {advice}"
     )

@@ -22,7 +22,6 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from psgd.advice import (
-    few_steps,
     hogwild_workers,
     learned_nothing,
     learned_nothing_line,
@@ -345,13 +344,7 @@ def report_notes(jobs: list[Job], swept: list[str], summary: list[dict]) -> list
     if stuck:
         accs = ", ".join(f"{j.get('test_acc'):.4f}" for j in stuck)
         hogwild = "P" if all(hogwild_workers(j.strategy, j.workers) for j in stuck) else None
-        steps = [few_steps(j) for j in stuck]
-        line = learned_nothing_line(
-            accs,
-            hogwild,
-            by_workers=all(scales_by_workers(j) for j in stuck),
-            steps=", ".join(map(str, steps)) if None not in steps else None,
-        )
+        line = learned_nothing_line(accs, hogwild, by_workers=all(scales_by_workers(j) for j in stuck))
         nums = [str(j.num) for j in stuck]
         notes.append(f"job{'s' if len(nums) > 1 else ''} {', '.join(nums)} {line}")
 

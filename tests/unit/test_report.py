@@ -607,39 +607,6 @@ def test_jobs_that_learned_nothing_are_named_with_what_to_change(tmp_path):
     assert note.endswith("lower optimizer.lr or warm up (scheduler=warmup)")
 
 
-def test_jobs_that_learned_nothing_in_a_few_steps_are_told_to_train_longer_first(tmp_path):
-    """`trainer.limit_train_batches=3`: the lab CNN at the defaults is still at chance on MNIST after 3
-    steps, and the note said only that the steps were most often too large. Under 100 steps, with the loss
-    under twice a uniform guess's, it names the steps and says to train longer before the lr; a loss far
-    above it (lr 3: 1e17 in 4 steps) is the lr's, however few the steps."""
-
-    def note(*jobs: dict) -> str:
-        folder = tmp_path / str(len(list(tmp_path.iterdir())))
-        for num, record in enumerate(jobs):
-            make_job(folder, num, {"workers": 1}, record)
-        (said,) = [n for n in write_report(folder).notes if "learned nothing" in n]
-        return said
-
-    def at(step: int, loss: float) -> dict:
-        job = stuck("ddp", 1, 0.1, loss)
-        job["history"][-1]["step"] = step
-        return job
-
-    longer = (
-        "after only 3, 10 optimizer steps: too few to learn from, so train longer (trainer.max_epochs, "
-        "trainer.limit_train_batches, trainer.max_steps); or the steps were too large: lower optimizer.lr or "
-        "warm up (scheduler=warmup)"
-    )
-    assert note(at(3, 2.31), at(10, 2.95)).startswith("jobs 0, 1 learned nothing (test accuracy 0.1000, 0.1000,")
-    assert note(at(3, 2.31), at(10, 2.95)).endswith(f"uniform guess's) {longer}")
-    assert "after only 99 optimizer steps" in note(at(99, 2.4))
-    for trained_on in (at(100, 2.4), at(4, 1e17), at(3, 2.31) | {"history": [{"train_loss": 2.31}]}):
-        assert note(trained_on).endswith(
-            "uniform guess's): most often the steps were too large; lower optimizer.lr or warm up (scheduler=warmup)"
-        )
-    assert "after only" not in note(at(3, 2.31), at(500, 2.4))  # one of them trained long enough: the lr
-
-
 @pytest.mark.parametrize("reference_batch,said", [(None, True), (128, False)])
 def test_hogwild_jobs_scaled_by_their_workers_that_learned_nothing_are_told_lr_scaling_none(
     tmp_path, reference_batch, said
