@@ -62,11 +62,10 @@ def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path) -> Any:
     s = cfg.strategy
     common = {
         "process_group_backend": s.backend,  # None: gloo on CPU, nccl on GPU
-        "start_method": plan.start_method,
+        # torchrun / srun started every worker: Lightning's popen launcher starts none
+        "start_method": plan.start_method if plan.launcher == "psgd" else "popen",
         "timeout": timedelta(seconds=s.timeout_s),
     }
-    if plan.launcher != "psgd":  # torchrun / srun started every worker: Lightning's popen launcher starts none
-        common["start_method"] = "popen"
     if s.name == "model_averaging":
         return ModelAveragingStrategy(
             period=s.period,
@@ -86,11 +85,6 @@ def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path) -> Any:
     return ReportsFirstFailure(  # Lightning's DDPStrategy; a failed run names the worker that failed first
         **common, find_unused_parameters=s.find_unused_parameters, gradient_as_bucket_view=True, **ddp_kwargs
     )
-
-
-# trainer.* keys whose null Lightning takes as a setting of its own: every other null is left out of
-# Trainer(...), so that Lightning's default stands
-NULL_IS_A_SETTING = ("check_val_every_n_epoch",)
 
 
 @contextmanager
@@ -296,11 +290,12 @@ def build_callbacks(
 
 
 def trainer_settings(cfg: DictConfig, plan: Plan) -> dict[str, Any]:
-    """The Trainer's arguments from trainer.* and the plan, with checkpoints written atomically."""
+    """The Trainer's arguments from trainer.* and the plan, with checkpoints written atomically. A null is left
+    out, so that Lightning's default stands, but for check_val_every_n_epoch's, a setting of Lightning's own."""
     settings = {
         k: v
         for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items()
-        if v is not None or k in NULL_IS_A_SETTING
+        if v is not None or k == "check_val_every_n_epoch"
     }
     settings.update(
         accelerator=plan.accelerator, devices=plan.workers, accumulate_grad_batches=plan.accumulate_grad_batches

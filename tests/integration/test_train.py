@@ -60,9 +60,8 @@ class SlowBatches(L.Callback):
 
 
 def test_a_long_epoch_into_a_log_file_says_where_it_is_on_the_way(tiny_data, tmp_path, monkeypatch, capsys):
-    """The WideResNet trains ~15 samples/s on 2 cores, an hour per MNIST epoch, and with the output into
-    a file (SLURM, `> log`) nothing was printed till the epoch ended. Every PROGRESS_EVERY_S (60 s; 0 here:
-    every batch) it prints the batch, the time so far, the pace and the rest of the epoch at that pace."""
+    """With the output into a file (SLURM, `> log`), every PROGRESS_EVERY_S (0 here: every batch) within an
+    epoch a line says the batch, the time so far, the pace and the rest of the epoch at that pace."""
     monkeypatch.setattr(psgd.callbacks, "PROGRESS_EVERY_S", 0.0)
     overrides = [f"data.root={tiny_data}", "trainer.max_epochs=2", "data.batch_size=64", "data.eval_batch_size=256"]
     train(compose_cfg(*overrides), tmp_path / "run", callbacks=[SlowBatches()])  # 8 batches of 0.1 s and more
@@ -83,8 +82,8 @@ def test_a_long_epoch_into_a_log_file_says_where_it_is_on_the_way(tiny_data, tmp
 
 
 def test_what_a_run_writes_is_named_in_the_readme(single_run):
-    """A user looks a metrics.json key or a TensorBoard tag up in the README: each one a run writes is there
-    (ten keys were not, 2026-11-25; the DDP, model averaging and HogWild runs' tests check theirs)."""
+    """Each metrics.json key and TensorBoard tag a run writes is in the documentation (the DDP, model averaging
+    and HogWild runs' tests check theirs)."""
     assert undocumented(single_run[0]) == []
 
 
@@ -182,8 +181,7 @@ def test_tensorboard_events_hold_curves_hparams_and_test_metrics(single_run):
 def test_a_run_started_from_an_earlier_runs_weights_trains_on_from_them_in_every_worker(
     single_run, tiny_data, tmp_path
 ):
-    """init_weights: another strategy, worker count, optimizer and schedule, from the finished run's weights
-    (before, the line refusing such a resume advised a new run, which started from scratch)."""
+    """init_weights: another strategy, worker count, optimizer and schedule, from the finished run's weights."""
     run_dir, _ = single_run
     ended = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     after = tmp_path / "after"
@@ -207,9 +205,8 @@ def test_a_run_started_from_an_earlier_runs_weights_trains_on_from_them_in_every
 
 
 def test_lightnings_overfit_batches_trains_on_the_same_batches_every_epoch(tiny_data, tmp_path):
-    """Lightning turns a DataLoader's shuffling off for overfit_batches (and says so); psgd's loader is
-    none, and trained each epoch on another first batch of the reshuffled data: no overfitting test.
-    Lightning's lines that it turned the train and val loaders' shuffling off were wrong for them."""
+    """trainer.overfit_batches trains on the same first batches every epoch, without Lightning's warning
+    that it turned a loader's shuffling off (psgd's loaders are its own)."""
     cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=3", "+trainer.overfit_batches=2", *TINY)
     cfg.record_shards = True
     with warnings.catch_warnings(record=True) as caught:
@@ -222,9 +219,8 @@ def test_lightnings_overfit_batches_trains_on_the_same_batches_every_epoch(tiny_
 
 
 def test_validation_every_n_batches_across_epochs_as_lightning_advises(tiny_data, tmp_path):
-    """trainer.check_val_every_n_epoch=null is Lightning's setting for an integer val_check_interval
-    longer than an epoch (its refusal of such an interval advises it); psgd passed null on as 'unset',
-    so Lightning's default 1 stood and the run was refused all the same."""
+    """trainer.check_val_every_n_epoch=null reaches Lightning (not dropped as unset): its setting for an
+    integer val_check_interval longer than an epoch."""
     cfg = compose_cfg(
         f"data.root={tiny_data}",
         "trainer.max_epochs=3",
@@ -478,9 +474,9 @@ def test_a_run_that_trainer_max_time_stopped_resumes_with_the_time_it_used(tiny_
 
 
 def test_a_run_that_stopped_early_resumes_as_over_unless_the_target_changes(tiny_data, tmp_path, capsys):
-    """Resumed with the same target, a run its target stopped used to train one more epoch and stop
-    again; with another target (or none) it trains on, and its record times that target, not the
-    checkpoint's; without one, Lightning no longer asks for the early-stop callback back."""
+    """Resumed with the same target, a run its target stopped is over; with another target (or none) it
+    trains on, and its record times that target, not the checkpoint's; without one, Lightning does not ask
+    for the early-stop callback back."""
     common = [f"data.root={tiny_data}", "trainer.max_epochs=3", "scheduler=none", *TINY]
     stopped = train(compose_cfg(*common, "early_stop.target_acc=0.05"), tmp_path / "stopped")
     assert stopped["epochs"] == 1 and stopped["epoch_to_target"] == 1  # chance (10 %) passes 5 %
@@ -736,7 +732,7 @@ def test_a_per_step_schedule_resumes_on_its_steps_and_refuses_other_steps_per_ep
     """A per-step schedule is restored in the checkpoint's optimizer steps. Resumed with the same
     steps per epoch it goes on exactly as the straight run did; with other steps per epoch (here no
     gradient accumulation: 16 steps instead of 8) it would follow the old run's epochs, so it is refused
-    in one line before training (it was silently accepted before)."""
+    in one line before training."""
     common = [
         f"data.root={tiny_data}",
         "trainer.max_epochs=2",
@@ -773,10 +769,8 @@ def test_a_per_step_schedule_resumes_on_its_steps_and_refuses_other_steps_per_ep
 
 def test_a_constant_lr_counts_no_steps_whatever_its_interval_says(tiny_data, tmp_path):
     """scheduler.interval=step with a constant lr (the warm-up preset with warmup_epochs=0, decay none)
-    has no schedule to step. Its checkpoints kept their steps per epoch all the same, so a resume with
-    another batch size was refused ("its lr schedule counts those steps"), and Lightning's
-    LearningRateMonitor logged a stray `lr-SGD` beside the documented `lr` (and Lightning's advice about
-    epochs shorter than log_every_n_steps, which applies only to per-step logs, was shown)."""
+    has no schedule to step: its checkpoints keep no steps per epoch (a resume with another batch size
+    goes on), no stray `lr-SGD` tag beside `lr`, and no advice about epochs shorter than log_every_n_steps."""
     common = [f"data.root={tiny_data}", "scheduler=warmup", "scheduler.warmup_epochs=0", "scheduler.interval=step"]
     first = [*common, *TINY, "trainer.max_epochs=1"]
     train(compose_cfg(*first, "trainer.log_every_n_steps=1"), tmp_path / "a")
@@ -838,9 +832,8 @@ def test_every_optimizer_resumes_to_the_uninterrupted_weights(optimizer, tiny_da
 
 
 def test_the_record_says_the_precision_that_ran(tiny_data, tmp_path):
-    """On CPU Lightning runs trainer.precision=16-mixed as bf16-mixed (with a warning): the run's record
-    keeps what ran, which is what its samples/s were measured with. Lightning's warning comes once (the
-    test's Trainer, given the asked-for precision, gave it a second time)."""
+    """On CPU Lightning runs trainer.precision=16-mixed as bf16-mixed (with a warning, once): the run's
+    record keeps what ran, which is what its samples/s were measured with."""
     cfg = compose_cfg(f"data.root={tiny_data}", "trainer.precision=16-mixed", "trainer.fast_dev_run=true", "quiet=true")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -852,9 +845,8 @@ def test_the_record_says_the_precision_that_ran(tiny_data, tmp_path):
 
 def test_a_checkpoint_the_disk_has_no_room_for_leaves_the_previous_one_whole(tiny_data, tmp_path, monkeypatch):
     """The disk fills up while epoch 2's checkpoint is written (half of it fits). last.ckpt stays epoch
-    1's, whole, so the run can be resumed; no temp file is left; the record says failed. Lightning's own
-    write, a copy from the system's temp dir when that is another file system (a tmpfs /tmp), left a
-    truncated last.ckpt in place of the previous one. Result files get the permissions open() gives."""
+    1's, whole, so the run can be resumed; no temp file is left; the record says failed. Result files get
+    the permissions open() gives."""
     real_fdopen, binary = os.fdopen, []
 
     class HalfFits:
