@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as L
-import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -53,7 +52,7 @@ from psgd.run_checks import build_datamodule, check_memory
 from psgd.stopped import exit_if_interrupted, lightning_refusal, mark_stopped, torchrun_worker_gone
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
 from psgd.strategies.ddp import ReportsFirstFailure
-from psgd.strategies.workers import defined_in_session, refuse_a_run_while_a_worker_imports_the_script, session_refusal
+from psgd.strategies.workers import refuse_a_run_while_a_worker_imports_the_script
 from psgd.summary import write_tensorboard_summary
 
 
@@ -125,23 +124,18 @@ def micro_batches_per_update(plan: Plan, num_nodes: int, synchronous: bool) -> i
     return (plan.workers * num_nodes if synchronous else 1) * plan.accumulate_grad_batches
 
 
-def _check_picklable(callbacks: list[L.Callback], net: torch.nn.Module) -> None:
-    """Refuse, naming it, a caller's callback that cannot be pickled into the workers, or a callback or model
-    class defined in a notebook's session."""
-    named = [(f"callbacks[{i}] ({type(c).__name__})", c) for i, c in enumerate(callbacks)]
-    for what, callback in named:
+def _check_picklable(callbacks: list[L.Callback]) -> None:
+    """Refuse, naming it, a caller's callback that cannot be pickled into the worker processes (a class of a
+    notebook's session is the launcher's to refuse)."""
+    for i, callback in enumerate(callbacks):
         try:
             pickle.dumps(callback)
         except Exception as e:
             raise TypeError(
-                f"{what} cannot be pickled ({e}), and each worker process gets the callbacks pickled: make it "
-                "picklable (a class defined at a module's top level, without locks, open files or lambdas in its "
-                "attributes), or run one worker (workers=1, strategy=ddp) in this process"
+                f"callbacks[{i}] ({type(callback).__name__}) cannot be pickled ({e}), and each worker process gets "
+                "the callbacks pickled: make it picklable (a class defined at a module's top level, without locks, "
+                "open files or lambdas in its attributes), or run one worker (workers=1, strategy=ddp) in this process"
             ) from e
-    for what, obj in [*named, ("the model", net)]:
-        name = defined_in_session(obj)
-        if name:
-            raise TypeError(session_refusal(obj, name, what))
 
 
 def _train(
@@ -170,7 +164,7 @@ def _train(
         )
     strategy = build_strategy(cfg, plan, run_dir)
     if plan.launcher == "psgd" and not isinstance(strategy, str):  # psgd starts worker processes
-        _check_picklable(extra_callbacks, net)
+        _check_picklable(extra_callbacks)
     info = run_info(cfg, plan, strategy, module, started_from, ckpt_path)
     callbacks = build_callbacks(cfg, plan, module, run_dir, info) + extra_callbacks
     trainer = build_trainer(cfg, plan, strategy, callbacks, run_dir)
