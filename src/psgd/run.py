@@ -119,9 +119,10 @@ def train(
         return _train(cfg, Path(run_dir), plan, list(callbacks), continued)
 
 
-def micro_batches_per_update(plan: Plan, num_nodes: int, synchronous: bool) -> int:
+def micro_batches_per_update(cfg: DictConfig, plan: Plan) -> int:
     """The micro-batches one optimizer update averages: every worker's under DDP, a worker's own otherwise."""
-    return (plan.workers * num_nodes if synchronous else 1) * plan.accumulate_grad_batches
+    synchronous = cfg.strategy.name == "ddp"
+    return (plan.workers * cfg.trainer.num_nodes if synchronous else 1) * plan.accumulate_grad_batches
 
 
 def _check_picklable(callbacks: list[L.Callback]) -> None:
@@ -190,7 +191,7 @@ def read_data(cfg: DictConfig, plan: Plan, datamodule: ClassificationData, net: 
 def build_module(cfg: DictConfig, plan: Plan, net: nn.Module, image_size: int) -> Classifier:
     """The LightningModule: `net`, the optimizer, the lr scaled to the workers and the lr schedule."""
     t = cfg.trainer
-    samples_per_update = cfg.data.batch_size * micro_batches_per_update(plan, t.num_nodes, cfg.strategy.name == "ddp")
+    samples_per_update = cfg.data.batch_size * micro_batches_per_update(cfg, plan)
     info = INFO[cfg.data.name]
     return Classifier(
         net,
@@ -242,7 +243,7 @@ def run_info(
         "lightning_strategy": lightning_strategy,
         "partition": cfg.data.partition,
         "precision": None,  # as Lightning runs it (16-mixed on CPU runs as bf16-mixed): set once it is known
-        "parallel_batches": micro_batches_per_update(plan, cfg.trainer.num_nodes, cfg.strategy.name == "ddp"),
+        "parallel_batches": micro_batches_per_update(cfg, plan),
         "lr": module.hparams["lr"],
         "lr_scaling": cfg.lr_scaling,
         "lr_reference_batch": cfg.get("lr_reference_batch"),
@@ -386,8 +387,6 @@ def final_test(
     cfg: DictConfig, plan: Plan, precision: Any, module: Classifier, datamodule: ClassificationData
 ) -> dict[str, float]:
     """The test split's metrics for `module`, in this process: the workers have exited or are this process."""
-    t = cfg.trainer
-    limits = {"limit_test_batches": t.limit_test_batches} if t.get("limit_test_batches") is not None else {}
     tester = L.Trainer(
         accelerator=plan.accelerator,
         devices=1,
@@ -396,9 +395,9 @@ def final_test(
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
-        fast_dev_run=t.fast_dev_run,
+        fast_dev_run=cfg.trainer.fast_dev_run,
+        limit_test_batches=cfg.trainer.get("limit_test_batches"),  # None: Lightning's default, every batch
         precision=precision,  # as fit ran
-        **limits,
     )
     with signals.sigterm_interrupts():
         (tested,) = tester.test(module, datamodule=datamodule, verbose=False)

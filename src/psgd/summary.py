@@ -55,10 +55,9 @@ def class_tag(label: int, name: str) -> str:
 def write_tensorboard_summary(log_dir: Path, cfg: DictConfig, metrics: dict[str, Any], step: int) -> None:
     """Write the HParams tab's row of the run and its final test metrics at `step`, each class's accuracy as
     test/acc_class/<label>_<name>."""
-    final = {"test/acc": metrics.get("test_acc"), "test/loss": metrics.get("test_loss")}
-    names = metrics.get("test_classes") or []
-    for c, acc in enumerate(metrics.get("test_acc_per_class") or []):
-        final[f"test/acc_class/{class_tag(c, names[c] if c < len(names) else '')}"] = acc
+    final = {"test/acc": metrics["test_acc"], "test/loss": metrics["test_loss"]}
+    for c, (acc, name) in enumerate(zip(metrics["test_acc_per_class"], metrics["test_classes"], strict=True)):
+        final[f"test/acc_class/{class_tag(c, name)}"] = acc
     writer = SummaryWriter(log_dir=str(log_dir))
     try:
         for key, value in final.items():
