@@ -32,6 +32,7 @@ TINY = ["quiet=true", "data.batch_size=32", "data.eval_batch_size=64"]
 def single_run(tiny_data, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("single") / "run"
     overrides = [f"data.root={tiny_data}", "trainer.max_epochs=3", f"hydra.run.dir={run_dir}", *TINY, "quiet=false"]
+    overrides.append("+trainer.profiler=simple")  # a profiler the user asks for (test_a_profiler_...)
     proc = run_cli("train.py", *overrides, env={"PYTHONWARNINGS": "default"})  # warnings shown, as to a user
     assert proc.returncode == 0, proc.stderr
     return run_dir, proc
@@ -550,18 +551,8 @@ def test_an_epoch_without_validation_records_none_not_the_last_validations_figur
     assert scalars(tensorboard(tmp_path / "run"), "val/acc") == pytest.approx([m["val_acc"]], abs=1e-6)
 
 
-def test_a_profiler_the_user_asks_for_replaces_psgds_free_one_and_the_summary_shows_sizes_and_flops(
-    tiny_data, tmp_path
-):
-    proc = run_cli(
-        "train.py",
-        f"data.root={tiny_data}",
-        "trainer.max_epochs=1",
-        "data.batch_size=32",
-        "+trainer.profiler=simple",
-        f"hydra.run.dir={tmp_path / 'run'}",
-    )
-    assert proc.returncode == 0, proc.stderr
+def test_a_profiler_the_user_asks_for_replaces_psgds_free_one_and_the_summary_shows_sizes_and_flops(single_run):
+    _, proc = single_run
     report = proc.stdout + proc.stderr
     assert "FIT Profiler Report" in report and "run_training_epoch" in report
     # the model summary at the start of fit: the lab CNN's input (one 28x28 image resized to its 32x32)
