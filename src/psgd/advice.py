@@ -25,7 +25,7 @@ def scales_by_workers(settings: Any) -> bool:
 def step_advice(lr=None, hogwild_workers: int | str | None = None, optimizer_lr=None, by_workers: bool = False) -> str:
     """What to change when a run's steps were too large: a lower lr or a warm-up; under HogWild's P workers
     (`hogwild_workers`: P, or "P" for several runs) one worker's lr / P, with lr_scaling=none where lr_scaling
-    scaled `optimizer_lr` by the workers (`by_workers`) into the run's `lr`."""
+    scaled `optimizer_lr` by the workers (`by_workers`) into the run's `lr` (where known)."""
     scaled = bool(lr and optimizer_lr and not math.isclose(lr, optimizer_lr, rel_tol=1e-6))
     base = optimizer_lr if scaled else lr
     said = f"the run's lr is {lr:g}" if lr else ""
@@ -40,8 +40,6 @@ def step_advice(lr=None, hogwild_workers: int | str | None = None, optimizer_lr=
             said += f", by the workers; so lr_scaling=none {to}"
         else:
             said += f"{'; so ' if scaled else ': '}{to}"
-    elif by_workers:
-        said = "with lr_scaling=none: it scaled the lr up by the workers"
     return (
         f"under HogWild the {p} workers' updates all land on the one shared model, about {p} times one worker's "
         f"steps: lower optimizer.lr about {p}-fold{f' ({said})' if said else ''} or optimizer.momentum "
