@@ -22,7 +22,6 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd import outputs, signals, torchrun
 from psgd.advice import (
-    few_steps,
     hogwild_workers,
     learned_nothing,
     learned_nothing_line,
@@ -297,7 +296,7 @@ def say_result(cfg: DictConfig, metrics: dict, run_dir: Path) -> None:
         hogwild = hogwild_workers(metrics.get("strategy"), metrics.get("world_size"))
         acc = f"{metrics['test_acc']:.4f}"
         lr = (metrics.get("lr"), cfg.optimizer.lr, scales_by_workers(cfg))  # ran, set, scaled by the workers
-        warn(f"the model {learned_nothing_line(acc, hogwild, *lr, steps=few_steps(metrics))}")
+        warn(f"the model {learned_nothing_line(acc, hogwild, *lr)}")
     print(
         f"psgd: test_acc={metrics['test_acc']:.4f}{skew_note(metrics)} train_time_s={metrics['train_time_s']:.1f} "
         f"samples_per_s={metrics['samples_per_s']}{stop_note(metrics)} results in {run_dir}",

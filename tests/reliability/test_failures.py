@@ -392,10 +392,10 @@ def test_ctrl_c_between_fit_and_test_keeps_the_epochs_and_says_so(tiny_data, tmp
     import psgd.run
     from psgd import signals
 
-    def ctrl_c():  # where the test's Trainer is made, after fit
+    def ctrl_c(*args):  # where the test's Trainer is made, after fit
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(psgd.run, "_quiet_lightning_banner", ctrl_c)
+    monkeypatch.setattr(psgd.run, "final_test", ctrl_c)
     monkeypatch.setattr(signals, "received", None)
     for run_dir, job in ((tmp_path / "run", True), (tmp_path / "api", False)):
         overrides = (f"data.root={tiny_data}", "trainer.max_epochs=1", *TINY)
