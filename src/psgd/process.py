@@ -8,7 +8,6 @@ out; each worker process that psgd's launcher starts calls `prepare_worker` firs
 import logging
 import os
 import socket
-import tempfile
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -125,11 +124,6 @@ def alive(process: object) -> bool:
 def still_running(record: dict) -> bool:
     """Whether a run's record (metrics.json) is still being written: not finished, its process alive."""
     return record.get("status") in ("running", "trained") and alive(record.get("process"))
-
-
-def temp_folder_of_this_process(prefix: str) -> Path:
-    """A new folder `<temp dir>/<prefix><random>` for this process to take away when done."""
-    return Path(tempfile.mkdtemp(prefix=prefix))
 
 
 VMSTAT = "/proc/vmstat"

@@ -67,7 +67,7 @@ from psgd.run_checks import build_datamodule, check_data
 from psgd.stopped import exit_if_interrupted, lightning_refusal, mark_stopped, torchrun_worker_gone
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
 from psgd.strategies.ddp import ReportsFirstFailure
-from psgd.strategies.workers import defined_in_session, refuse_a_run_while_a_worker_imports_the_script, session_refusal
+from psgd.strategies.workers import refuse_a_run_while_a_worker_imports_the_script, session_refusal
 from psgd.summary import write_tensorboard_summary
 
 
@@ -164,7 +164,7 @@ def micro_batches_per_update(plan: Plan, num_nodes: int, synchronous: bool) -> i
 
 def _check_picklable(callbacks: list[L.Callback], net: torch.nn.Module) -> None:
     """The caller's callbacks go to every worker process pickled: one that cannot is refused here, naming
-    it, as is a callback or model class defined in a notebook's session (defined_in_session)."""
+    it, as is a callback or model class defined in a notebook's session (session_refusal)."""
     named = [(f"callbacks[{i}] ({type(c).__name__})", c) for i, c in enumerate(callbacks)]
     for what, callback in named:
         try:
@@ -176,9 +176,8 @@ def _check_picklable(callbacks: list[L.Callback], net: torch.nn.Module) -> None:
                 "attributes), or run one worker (workers=1, strategy=ddp) in this process"
             ) from e
     for what, obj in [*named, ("the model", net)]:
-        name = defined_in_session(obj)
-        if name:
-            raise TypeError(session_refusal(obj, name, what))
+        if refusal := session_refusal(obj, what):
+            raise TypeError(refusal)
 
 
 def _train(

@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import signal
+import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -27,19 +28,16 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 from typing_extensions import override
 
 from psgd import forkserver
-from psgd.process import oom_kills, oom_kills_since, prepare_worker, temp_folder_of_this_process
+from psgd.process import oom_kills, prepare_worker
 from psgd.signals import ctrl_c_out_of_threading, die_with_parent, hang_up_as_sigterm
 from psgd.strategies.workers import (
-    ForkServerDied,
-    defined_in_session,
+    REPORT_KEY,
+    KilledWorker,
     first_failure,
-    let_go_of_the_process_group,
     out_of_memory,
     refuse_a_run_while_a_worker_imports_the_script,
     session_refusal,
 )
-
-REPORT_KEY = "psgd_strategy_report"  # the strategy's `report`, among rank 0's extra results
 
 
 def without_per_step_collectives(trainer: L.Trainer) -> None:
@@ -91,11 +89,10 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
     def launch(self, function: Callable, *args: Any, trainer: L.Trainer | None = None, **kwargs: Any) -> Any:
         refuse_a_run_while_a_worker_imports_the_script()
         for obj in (*args, *kwargs.values(), *getattr(trainer, "callbacks", [])):  # model, data, callbacks
-            name = defined_in_session(obj)
-            if name:
-                raise TypeError(session_refusal(obj, name))
+            if refusal := session_refusal(obj):
+                raise TypeError(refusal)
         # attributes set here are pickled into every worker
-        self._errors_dir = str(temp_folder_of_this_process("psgd-worker-errors-"))
+        self._errors_dir = tempfile.mkdtemp(prefix="psgd-worker-errors-")
         self._oom_kills_at_launch = oom_kills()
         if self._start_method == "forkserver":
             forkserver.start()  # unless the script started it already
@@ -130,7 +127,9 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
         except BaseException as e:
             if isinstance(e, Exception):  # its own error (Ctrl-C's KeyboardInterrupt is the user's)
                 (Path(self._errors_dir) / str(process_idx)).write_text(traceback.format_exc())
-            let_go_of_the_process_group(args[0] if args else None)
+            if args:  # tear the strategy down as a finished fit does (Lightning does so in the main process only),
+                with contextlib.suppress(Exception):  # so that the process group ends before interpreter shutdown
+                    args[0].strategy.teardown()
             raise
 
     @override
@@ -157,7 +156,12 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
                 for proc in self.procs:  # orphaned, they would train on
                     with contextlib.suppress(OSError):
                         os.kill(proc.pid, signal.SIGKILL)
-                return ForkServerDied(server, oom_kills_since(self._oom_kills_at_launch))
+                return KilledWorker(
+                    f"psgd's fork server (pid {server}), which started the workers, died (killed by a signal); "
+                    "they were stopped",
+                    0,
+                    server,
+                )
         if isinstance(e, ProcessRaisedException):
             timeout = getattr(self._strategy, "_timeout", None)  # DDPStrategy's process-group timeout
             e = first_failure(e, self.procs, self._errors_dir, timeout and timeout.total_seconds())
