@@ -169,18 +169,18 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
 
 
 class SharedMemoryLauncher(FirstFailureLauncher):
-    """Starts workers with `forkserver`, without Lightning's cloning of module tensors, so that torch's
-    reducers hand CPU storage over as shared memory (HogWild). `prepare` runs before any worker exists."""
+    """Starts workers from psgd's fork server without Lightning's cloning of module tensors, so that torch's
+    reducers hand CPU storage over as shared memory (HogWild), once the strategy's `share()` has put what
+    the workers share there (in the launching process, before any worker exists)."""
 
     _private_models = False
 
-    def __init__(self, strategy: Any, prepare: Callable[[], None]):
+    def __init__(self, strategy: Any):
         super().__init__(strategy, start_method="forkserver")
-        self._prepare = prepare
 
     @override
     def launch(self, function: Callable, *args: Any, trainer: L.Trainer | None = None, **kwargs: Any) -> Any:
-        self._prepare()
+        self._strategy.share()
         return super().launch(function, *args, trainer=trainer, **kwargs)
 
 
@@ -197,8 +197,7 @@ class SharedMemoryLaunch:
     """DDPStrategy mixin: workers are started by SharedMemoryLauncher, after the strategy's `share()`."""
 
     def share(self) -> None:
-        """In the launching process, before any worker exists: put what the workers share in shared memory."""
         raise NotImplementedError
 
     def _configure_launcher(self) -> None:
-        self._launcher = SharedMemoryLauncher(self, prepare=self.share)
+        self._launcher = SharedMemoryLauncher(self)

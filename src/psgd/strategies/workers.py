@@ -33,11 +33,6 @@ def lost_a_peer(error: str) -> bool:
     return _last_line_says(error, PEER_LOST)
 
 
-def timed_out(error: str) -> bool:
-    """Whether a worker's error is a collective that waited past its timeout."""
-    return _last_line_says(error, TIMED_OUT)
-
-
 class KilledWorker(ProcessExitedException):
     """A worker that died of SIGKILL (or the fork server that started it), its message the run's one line
     naming it and why. Picklable (a sweep launcher returns it from another process)."""
@@ -57,7 +52,7 @@ def first_failure(e: ProcessRaisedException, procs: list, errors_dir: str, timeo
     `errors_dir` (a file per rank), or the signal that killed one, is returned instead; where `e` is a
     collective's timeout, a worker that recorded nothing and had to be killed is named as unresponsive."""
     recorded = {rank: Path(errors_dir) / str(rank) for rank in range(len(procs))}
-    if timed_out(str(e)):
+    if _last_line_says(str(e), TIMED_OUT):
         waited = f"{timeout_s:g} s, strategy.timeout_s" if timeout_s is not None else "strategy.timeout_s"
         for rank, proc in enumerate(procs):
             if rank != e.error_index and proc.exitcode == -signal.SIGKILL and not recorded[rank].is_file():
@@ -215,21 +210,13 @@ class PerWorkerCheckpoints:
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         """The checkpoint with this worker's own replica's keys; from the final (averaged) one every worker
-        starts on the average."""
+        starts on the average, also with another worker count (psgd.resume refuses one for the others)."""
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
         if REPORT_KEY in checkpoint:
             self.report = dict(checkpoint[REPORT_KEY])
-        replicas = checkpoint.get("replicas")
-        if not replicas:
+        replicas, averaged = checkpoint.get("replicas"), checkpoint.get("averaged")
+        if not replicas or (averaged and len(replicas) != self.world_size):
             return checkpoint
-        averaged = checkpoint.get("averaged")
-        if len(replicas) != self.world_size:
-            if averaged:
-                return checkpoint
-            raise RuntimeError(
-                f"checkpoint holds {len(replicas)} workers' state but this run has {self.world_size} workers; "
-                "resume with the same number of workers"
-            )
         own = replicas[self.global_rank]
         keys = [k for k in self.per_worker_keys if k in own and not (averaged and k in self.shared_when_averaged)]
         return {**checkpoint, **{k: own[k] for k in keys}}
