@@ -384,7 +384,6 @@ def fit(
             )
         with (
             rendezvous_port() if launcher else nullcontext(),
-            signals.launching() if launcher else nullcontext(),
             signals.sigterm_interrupts(),
         ):
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)

@@ -127,34 +127,13 @@ def die(signum: int, frame: object = None) -> None:
     os.kill(os.getpid(), signum)
 
 
-LAUNCHER_ENV = "PSGD_LAUNCHER_PID"  # the launcher's pid, inherited by the workers it starts
-
-
-@contextmanager
-def launching() -> Iterator[None]:
-    """Workers started from this process in the block know it as their launcher (`launched_worker`)."""
-    previous = os.environ.get(LAUNCHER_ENV)
-    os.environ[LAUNCHER_ENV] = str(os.getpid())
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(LAUNCHER_ENV, None)
-        else:
-            os.environ[LAUNCHER_ENV] = previous
-
-
-def launched_worker() -> multiprocessing.process.BaseProcess | None:
-    """This process's launcher when it is a worker that psgd's launcher started, else None."""
-    parent = multiprocessing.parent_process()
-    if parent is None or os.environ.get(LAUNCHER_ENV) != str(parent.pid):
-        return None
-    return parent
+_launched = False  # this process is a worker that psgd's launcher started (die_with_parent)
 
 
 def handler_for_this_process():
-    """`die` in a worker that psgd's launcher started, else `interrupt`."""
-    return die if launched_worker() is not None else interrupt
+    """`die` in a worker that psgd's launcher started, else `interrupt` (also in a process that merely runs
+    under another multiprocessing pool, a sweep launcher's: it is the launcher of its own run)."""
+    return die if _launched else interrupt
 
 
 @contextmanager
@@ -273,11 +252,11 @@ def wind_down_children(timeout: float = 60.0) -> list[int]:
 
 
 def die_with_parent() -> None:
-    """In a worker that psgd's launcher started: SIGTERM to itself when the launcher dies, even by SIGKILL
-    (a thread waits on its sentinel). torch's parent-death SIGINT never comes to a fork-server child."""
-    parent = launched_worker()
-    if parent is None:
-        return
+    """First in a worker that psgd's launcher started: SIGTERM to itself when the launcher dies, even by
+    SIGKILL (a thread waits on its sentinel; torch's parent-death SIGINT never comes to a fork-server child)."""
+    global _launched
+    _launched = True
+    parent = multiprocessing.parent_process()
 
     def watch() -> None:
         parent.join()

@@ -26,8 +26,10 @@ def _ignore_sigterm_and_sleep(seconds: float, ready) -> None:
     time.sleep(seconds)
 
 
-def _exit_with_whether_launched() -> None:
-    raise SystemExit(3 if signals.launched_worker() is not None else 4)
+def _exit_with_its_handler(launched: bool) -> None:
+    if launched:
+        signals.die_with_parent()  # as psgd's launcher has each worker do
+    raise SystemExit(3 if signals.handler_for_this_process() is signals.die else 4)
 
 
 def _start(target, *args) -> multiprocessing.Process:
@@ -261,13 +263,11 @@ def test_wind_down_kills_a_worker_that_does_not_stop():
 def test_only_workers_of_psgds_launcher_die_by_sigterm():
     # a process that merely runs under some multiprocessing pool (a sweep launcher's) keeps the
     # Ctrl-C handling: it is the launcher of its own run
-    assert signals.launched_worker() is None and signals.handler_for_this_process() is signals.interrupt
-    for launching, code in ((True, 3), (False, 4)):
-        with signals.launching() if launching else contextlib.nullcontext():
-            child = _start(_exit_with_whether_launched)
-            child.join(30)
+    assert signals.handler_for_this_process() is signals.interrupt
+    for launched, code in ((True, 3), (False, 4)):
+        child = _start(_exit_with_its_handler, launched)
+        child.join(30)
         assert child.exitcode == code
-    assert signals.LAUNCHER_ENV not in os.environ
 
 
 # A torchrun agent's stand-in: starts three workers as its children, with torchrun's variables (this
