@@ -1,10 +1,8 @@
-"""Every use psgd makes of Lightning's private API, each needed for a run's correctness: the training
-loop's per-step SIGTERM broadcast and Lightning's SIGTERM handler (both collectives that uneven shards
-deadlock in), and Lightning's multiprocessing launcher (naming the worker whose failure ended a run,
-starting workers from psgd's fork server, HogWild's model in shared memory).
-
-Each use names the Lightning source it depends on; tests/unit/test_lightning_internals.py checks each
-is still there as used, and pyproject.toml pins Lightning's minor release for them.
+"""Every use psgd makes of Lightning's private API, each needed for a run's correctness: the per-step SIGTERM
+broadcast and Lightning's SIGTERM notifier (collectives that uneven shards deadlock in), and Lightning's
+multiprocessing launcher (naming the worker whose failure ended a run, starting workers from psgd's fork
+server, HogWild's model in shared memory). Each use names its Lightning source; a test checks each is still
+there (tests/unit/test_lightning_internals.py), and pyproject.toml pins Lightning's minor release for them.
 """
 
 import contextlib
@@ -67,12 +65,8 @@ def handle_sigterm_with(trainer: L.Trainer, handler: Callable[[int, Any], None])
 class FirstFailureLauncher(_MultiProcessingLauncher):
     """Lightning's spawn/fork/forkserver launcher (strategies/launchers/multiprocessing.py), reporting the
     worker whose failure ended the run (first_failure), a worker the OOM killer ended, and the death of
-    psgd's fork server.
-
-    With `forkserver` each worker is forked from psgd's fork server and gets what Lightning gives a
-    spawned worker: Lightning's global state (`_GlobalStateSnapshot`) and a private copy of the model
-    (`_disable_module_memory_sharing`; DDP workers would otherwise all step one set of weights).
-    """
+    psgd's fork server. A fork-server child gets what Lightning gives a spawned worker: its global state
+    (`_GlobalStateSnapshot`) and a private copy of the model (`_disable_module_memory_sharing`)."""
 
     _private_models = True  # forkserver: each worker gets its own copy of the model, as with spawn
     _oom_kills_at_launch: int | None = None
@@ -82,8 +76,7 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
     @property
     @override
     def is_interactive_compatible(self) -> bool:
-        """A notebook may launch: what of the session's own code the workers would need is refused first."""
-        return True
+        return True  # a notebook may launch: a class of the session's own is refused first (session_refusal)
 
     @override
     def launch(self, function: Callable, *args: Any, trainer: L.Trainer | None = None, **kwargs: Any) -> Any:
