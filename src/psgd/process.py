@@ -104,7 +104,8 @@ def alive(process: object) -> bool:
     if not isinstance(process, dict) or process.get("host") != socket.gethostname():
         return False
     pid = process.get("pid")
-    return isinstance(pid, int) and process_tag(pid) == process.get("tag") and proc_stat(pid)[:1] != ["Z"]
+    fields = proc_stat(pid) if isinstance(pid, int) else []
+    return len(fields) > 19 and fields[0] != "Z" and f"{pid}-{fields[19]}" == process.get("tag")
 
 
 def still_running(record: dict) -> bool:
