@@ -12,6 +12,7 @@ import time
 from contextlib import suppress
 from pathlib import Path
 
+from psgd.io import write_atomic
 from psgd.process import oom_kills, proc_stat, process_tag
 
 _agent_watched = False
@@ -73,12 +74,11 @@ def mark_running_under_torchrun() -> None:
     folder, local_rank = where
     agent, me = os.getppid(), os.getpid()
     with suppress(OSError):
-        folder.mkdir(exist_ok=True)
-        _write_mark(folder, local_rank, str(me))
+        write_atomic(folder / str(local_rank), str(me))  # whole: a reader never sees half of it
 
         def ended() -> None:
             with suppress(OSError):
-                _write_mark(folder, local_rank, f"{me} ended")
+                write_atomic(folder / str(local_rank), f"{me} ended")
             if not any(_running(pid, agent) and not done for pid, done in _marks(folder).values()):
                 shutil.rmtree(folder, ignore_errors=True)
 
@@ -96,12 +96,6 @@ def wait_for_this_machines_workers(within_s: float) -> None:
     with suppress(KeyboardInterrupt):  # the agent stops this worker, or Ctrl-C: wait no more
         while len(_marks(where[0])) < workers and time.monotonic() < deadline:
             time.sleep(0.05)
-
-
-def _write_mark(folder: Path, local_rank: int, text: str) -> None:
-    part = folder / f".{local_rank}.{os.getpid()}"
-    part.write_text(text)
-    os.replace(part, folder / str(local_rank))  # whole: a reader never sees half of it
 
 
 def _marks(folder: Path) -> dict[int, tuple[int, bool]]:

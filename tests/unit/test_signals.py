@@ -14,6 +14,7 @@ import time
 import pytest
 
 from psgd import signals, torchrun
+from psgd.io import write_atomic
 
 
 def _sleep(seconds: float) -> None:
@@ -331,12 +332,11 @@ def test_a_torchrun_worker_waits_for_the_others_here_to_be_marked_and_no_longer(
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     folder, _ = torchrun._torchrun_marks()
-    folder.mkdir()
-    torchrun._write_mark(folder, 0, str(os.getpid()))
+    write_atomic(folder / "0", str(os.getpid()))
     start = time.monotonic()
     torchrun.wait_for_this_machines_workers(0.5)  # local rank 1 never marks itself
     assert 0.5 <= time.monotonic() - start < 5
-    late = threading.Timer(1.0, torchrun._write_mark, (folder, 1, "12345"))
+    late = threading.Timer(1.0, write_atomic, (folder / "1", "12345"))
     start = time.monotonic()
     late.start()
     torchrun.wait_for_this_machines_workers(30)
