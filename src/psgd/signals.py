@@ -162,39 +162,28 @@ def sigterm_interrupts() -> Iterator[None]:
         sys.unraisablehook = hook
 
 
+_masks_to_restore: list = []  # the signal masks from before each `held` block, innermost last
+
+
 @contextmanager
 def held(*signums: int) -> Iterator[None]:
-    """Signals `signums` wait, blocked, until the block ends (main thread only). For torch's import: a
-    handler that raises inside its C++ initialisers makes pybind11 abort the process."""
+    """Signals `signums` wait, blocked, until the block ends or `release_held` is called (main thread only):
+    for torch's import (a handler that raises inside its C++ initialisers makes pybind11 abort the process),
+    and for Hydra's set-up of a job's run dir (a signal there is handled inside the job, which removes it)."""
     if not _main_thread():
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a pending signal is handled here
-
-
-_masks_to_restore: list = []  # the signal masks from before `held_until_released`
-
-
-@contextmanager
-def held_until_released(*signums: int) -> Iterator[None]:
-    """As `held`, but also ended earlier by `release_held`: a signal during Hydra's set-up of a job's run
-    dir is handled inside the job, which then removes that dir."""
-    if not _main_thread():
-        yield
-        return
+    depth = len(_masks_to_restore)
     _masks_to_restore.append(signal.pthread_sigmask(signal.SIG_BLOCK, signums))
     try:
         yield
     finally:
-        release_held()
+        while len(_masks_to_restore) > depth:  # a pending signal is handled here
+            signal.pthread_sigmask(signal.SIG_SETMASK, _masks_to_restore.pop())
 
 
 def release_held() -> None:
-    """End `held_until_released`'s hold now; nothing without one."""
+    """End every `held` block's hold now; nothing without one."""
     while _masks_to_restore:
         signal.pthread_sigmask(signal.SIG_SETMASK, _masks_to_restore.pop())
 

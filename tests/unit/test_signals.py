@@ -427,7 +427,7 @@ import os, signal, sys, time
 from psgd import signals
 signals.interrupt_on_sigterm()
 mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-with signals.held_until_released(signal.SIGINT, signal.SIGTERM):
+with signals.held(signal.SIGINT, signal.SIGTERM):
     try:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.2)
@@ -439,8 +439,11 @@ with signals.held_until_released(signal.SIGINT, signal.SIGTERM):
         print("raised at the release", signals.received, signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask)
     signals.release_held()  # a second release, and the block's end, leave the mask alone
     print("mask", signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask)
-with signals.held_until_released(signal.SIGINT):  # not released: the block's end restores the mask
-    print("held", signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+with signals.held(signal.SIGINT):  # not released: the block's end restores the mask
+    with signals.held(signal.SIGTERM):  # an inner block's end restores only its own
+        pass
+    now = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    print("held", signal.SIGINT in now and signal.SIGTERM not in now)
 print("after", signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask)
 """
 
