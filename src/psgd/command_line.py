@@ -66,7 +66,7 @@ def main(app: Callable[[], object], config_name: str, conf: Path) -> None:
         if problem := command_line_problem("sweep" if sweeping else "train", argv, conf, check):
             fail(problem, every_worker_finds_it=True)
         load_training()
-        with contextlib.nullcontext() if sweeping else signals.held_until_released(signal.SIGINT, signal.SIGTERM):
+        with contextlib.nullcontext() if sweeping else signals.held(signal.SIGINT, signal.SIGTERM):
             app()  # a single run's job releases the signals once Hydra has made its run dir
     except BaseException as e:
         exit_stopped(e, sweeping and not hydras_flags)

@@ -48,7 +48,7 @@ from psgd.process import run_settings
 from psgd.profiler import PyTorchProfilerForWorkers
 from psgd.rendezvous import init_elastic_process_group, rendezvous_port
 from psgd.resume import elastic_resume, init_weights, resolve_ckpt_path, shard_settings
-from psgd.run_checks import build_datamodule, check_memory
+from psgd.run_checks import build_datamodule
 from psgd.stopped import exit_if_interrupted, lightning_refusal, mark_stopped, torchrun_worker_gone
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
 from psgd.strategies.ddp import ReportsFirstFailure
@@ -150,7 +150,7 @@ def _train(
     world_size = plan.workers * cfg.trainer.num_nodes  # the workers of all nodes
     net, image_size = build_model(cfg.model, cfg.data.name)
     datamodule = build_datamodule(cfg, image_size)
-    read_data(cfg, plan, datamodule, net, image_size)
+    read_data(cfg, plan, datamodule)
     module = build_module(cfg, plan, net, image_size)
     with found_by_every_worker():
         # the weights of an earlier run to start from (a resume, ckpt_path, restores its own over them)
@@ -169,18 +169,15 @@ def _train(
     return finish_run(cfg, plan, trainer, module, datamodule, run_dir, callbacks[1])
 
 
-def read_data(cfg: DictConfig, plan: Plan, datamodule: ClassificationData, net: nn.Module, image_size: int) -> None:
-    """Read the dataset before any worker starts: a missing dataset, a worker without a batch, a final test of
-    no batch and a run that cannot fit in memory fail here."""
+def read_data(cfg: DictConfig, plan: Plan, datamodule: ClassificationData) -> None:
+    """Read the dataset before any worker starts: a missing dataset, a worker without a batch and a final test
+    of no batch fail here."""
     world_size = plan.workers * cfg.trainer.num_nodes
     with found_by_every_worker():
         datamodule.prepare_data()
         if short := datamodule.check_batches(world_size):
             warn(short)  # a shard smaller than one batch
         datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))
-        if plan.accelerator == "cpu" and plan.launcher == "psgd":  # every worker on this machine
-            sizes, _ = datamodule.train_shards(world_size)
-            check_memory(cfg, net, image_size, sizes, plan.workers)
 
 
 def build_module(cfg: DictConfig, plan: Plan, net: nn.Module, image_size: int) -> Classifier:
@@ -331,7 +328,6 @@ def fit(
             )
         with (
             rendezvous_port() if launcher else nullcontext(),
-            signals.launching() if launcher else nullcontext(),
             signals.sigterm_interrupts(),
         ):
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
