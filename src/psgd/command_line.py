@@ -1,11 +1,10 @@
 """What train.py and sweep.py do around Hydra: check the command line, then run it.
 
-A command line that Hydra would refuse (a mistyped group choice or key, an override it cannot parse),
-or a job whose values psgd refuses, is one line `psgd: error: ...` and exit code 2 before torch loads,
-before any job starts and before anything is written: every job the line asks for is composed first
-with Hydra's compose API, and Hydra's own message is said in one line (with a did-you-mean).
-`train.py -m ...` runs the sweep config, as sweep.py does. Ctrl-C and SIGTERM before training are one
-line and exit code 130 / 143. `--help` adds every key of the schema to Hydra's help.
+Every job the command line asks for is composed first with Hydra's compose API and its values checked, so
+that a command line Hydra or psgd would refuse is one line `psgd: error: ...` and exit code 2 before torch
+loads, before any job starts and before anything is written. `train.py -m ...` runs the sweep config, as
+sweep.py does. Ctrl-C and SIGTERM before training are one line and exit code 130 / 143. `--help` adds every
+key of the schema to Hydra's help.
 """
 
 import contextlib
@@ -27,17 +26,15 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from psgd import forkserver, outputs, signals, sweep
-from psgd.config import describe, sweep_values_problem, values_problem
+from psgd.config import Jobs, describe, sweep_values_problem, values_problem
 from psgd.console import fail, in_the_job, other_torchrun_worker, text_lines
 from psgd.io import say
 from psgd.overrides import override_key, shell_override
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
-DIR_NAMES_EXCLUDE = "hydra.job.config.override_dirname.exclude_keys"
 HELP_FLAGS = ("-h", "--help")
 MAX_JOBS_COMPOSED = 64  # beyond this many jobs, every value of every key is composed once, not every product
 
-Jobs = list[tuple[list[str], DictConfig]]  # (overrides, config) of each job, the first with Hydra's node
 JobCheck = Callable[[Jobs], str | None]  # the composed jobs -> a one-line problem, or None
 
 
@@ -46,16 +43,14 @@ def main(app: Callable[[], object], config_name: str, conf: Path) -> None:
 
     `config_name` "sweep", or a multirun of "train" (`train.py -m`), runs a sweep: with the sweep config,
     each job's values checked also against this machine and its datasets, the report written when it
-    stops early, and exit code 1 when a job failed. A command line with one of Hydra's other flags
-    (--help, --cfg, -cd ...) goes to Hydra unchecked.
+    stops early, and exit code 1 when a job failed. A command line with one of Hydra's flags (--help,
+    --cfg, -cd ...) goes to Hydra unchecked.
     """
     signals.interrupt_on_sigterm()  # as Ctrl-C, also while torch loads
     argv = sys.argv[1:]
     sweeping = config_name == "sweep" or is_multirun(argv)
     if sweeping:
         argv = sweep_argv([a for a in argv if a not in MULTIRUN_FLAGS])  # the sweep config's hydra.mode says it
-    if any(a in HELP_FLAGS for a in argv):
-        argv = without_sweeps(argv)
     sys.argv[1:] = ["--config-name=sweep", *argv] if sweeping and config_name != "sweep" else argv
     hydras_flags = any(a.startswith("-") for a in argv)  # but -m, taken out above
     try:
@@ -78,19 +73,6 @@ def main(app: Callable[[], object], config_name: str, conf: Path) -> None:
 def is_multirun(argv: list[str]) -> bool:
     """Whether Hydra runs `argv` (a script's arguments) as a multirun: -m, --multirun or hydra.mode=MULTIRUN."""
     return any(a in MULTIRUN_FLAGS or a.replace(" ", "").upper() == "HYDRA.MODE=MULTIRUN" for a in argv)
-
-
-def without_sweeps(argv: list[str]) -> list[str]:
-    """`argv` without the overrides that sweep (Hydra's help composes one job, and refuses them there)."""
-    parser = OverridesParser.create()
-
-    def sweeps(word: str) -> bool:
-        try:
-            return parser.parse_overrides([word])[0].is_sweep_override()
-        except Exception:  # not an override, or not one Hydra reads: Hydra's to judge
-            return False
-
-    return [a for a in argv if a.startswith("-") or not sweeps(a)]
 
 
 def run_hydras_flags(app: Callable[[], object], argv: list[str]) -> None:
@@ -129,10 +111,9 @@ def run_jobs_problem(jobs: Jobs) -> str | None:
 
 
 def sweep_jobs_problem(jobs: Jobs) -> str | None:
-    """A sweep's jobs: the checks that need no torch first (said in about a second), then, with torch
-    loaded, those that depend on this machine and its datasets."""
-    problem = values_problem(jobs, name_the_job=True)
-    if problem:
+    """A sweep's jobs: the checks that need no torch first, then, with torch loaded, those that depend on
+    this machine and its datasets."""
+    if problem := values_problem(jobs, name_the_job=True):
         return problem
     forkserver.start_early(jobs)
     load_training()
@@ -150,24 +131,13 @@ def load_training() -> None:
 
 
 def sweep_argv(argv: list[str]) -> list[str]:
-    """A sweep's arguments, with `continue_sweep=<dir>` also as hydra.sweep.dir (unless given): the
-    stopped sweep goes on in its dir. Not an interpolation in conf/sweep.yaml: a null continue_sweep
-    leaves the date-named default."""
-    argv = [continue_sweep_not_in_dir_names(a) if override_key(a) == DIR_NAMES_EXCLUDE else a for a in argv]
-    given = [a.split("=", 1)[1] for a in argv if override_key(a) == "continue_sweep" and "=" in a]
-    if not given or given[-1] == "null" or any(override_key(a) == "hydra.sweep.dir" for a in argv):
-        return argv
-    return [*argv, f"hydra.sweep.dir={given[-1]}"]
-
-
-def continue_sweep_not_in_dir_names(override: str) -> str:
-    """A user's list of keys left out of job folder names, with continue_sweep in it too (as in
-    conf/sweep.yaml): a continued sweep's jobs then find the folders they had."""
-    key, _, value = override.partition("=")
-    if "continue_sweep" in value or not (value.startswith("[") and value.endswith("]")):
-        return override
-    keys = value[1:-1].strip()
-    return f"{key}=[{keys + ',' if keys else ''}continue_sweep]"
+    """A sweep's arguments, with `continue_sweep=<dir>` also as hydra.sweep.dir (unless given): the stopped
+    sweep goes on in its dir. Not an interpolation in conf/sweep.yaml: a null continue_sweep leaves the
+    date-named default."""
+    given = [a.partition("=")[2] for a in argv if override_key(a) == "continue_sweep"]
+    if given and given[-1] != "null" and not any(override_key(a) == "hydra.sweep.dir" for a in argv):
+        return [*argv, f"hydra.sweep.dir={given[-1]}"]
+    return argv
 
 
 def command_line_problem(
@@ -197,24 +167,21 @@ def compose_jobs(config_name: str, overrides: list[str], multirun: bool) -> Jobs
     try:
         jobs = jobs_of(config_name, overrides, multirun)
     except Exception as e:
-        return hydra_problem(e, config_name, overrides)
-    if isinstance(jobs, str):
-        return jobs
+        return hydra_problem(e)
     composed = []
     for job in jobs:
         try:
             composed.append((job, compose(config_name, job, return_hydra_config=not composed)))
         except Exception as e:
-            problem = hydra_problem(e, config_name, job)
-            return in_the_job(problem, job, jobs) if composed else problem
+            return in_the_job(hydra_problem(e), job, jobs) if composed else hydra_problem(e)
     return composed
 
 
-def jobs_of(config_name: str, overrides: list[str], multirun: bool) -> list[list[str]] | str:
+def jobs_of(config_name: str, overrides: list[str], multirun: bool) -> list[list[str]]:
     """The overrides of each job, as Hydra's basic sweeper makes them (with a preset's own sweep,
-    hydra.sweeper.params, where the command line does not give the key), or a one-line reason why the
-    sweep has no job; [] for a sweep of ranges to sample (its sweeper's to judge). Without -m, the
-    command line itself: Hydra's compose judges any sweep in it."""
+    hydra.sweeper.params, where the command line does not give the key); [] for a sweep of ranges to
+    sample (its sweeper's to judge). Without -m, the command line itself: Hydra's compose judges any
+    sweep in it."""
     if not multirun:
         return [overrides]
     parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
@@ -231,57 +198,33 @@ def jobs_of(config_name: str, overrides: list[str], multirun: bool) -> list[list
         [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.input_line]
         for o in given
     ]
-    if empty := next((o.input_line for o, values in zip(given, per_key, strict=True) if not values), None):
-        return f"{empty} gives no value, so the sweep has no job"
     if math.prod(len(values) for values in per_key) <= MAX_JOBS_COMPOSED:
         return [list(job) for job in itertools.product(*per_key)]
     longest = max(len(values) for values in per_key)  # every value once; their combinations are not checked
     return [[values[i % len(values)] for values in per_key] for i in range(longest)]
 
 
-def hydra_problem(e: Exception, config_name: str, job: list[str]) -> str:
-    """Hydra's reason for refusing `job` (`e`, raised by its compose or parser) in one line, with a
+def hydra_problem(e: Exception) -> str:
+    """Hydra's reason for refusing a job (`e`, raised by its compose or parser) in one line, with a
     did-you-mean for a mistyped group choice or key."""
-    if isinstance(e, MissingConfigException) and e.options is not None and "/" in (e.missing_cfg_file or ""):
-        group, choice = e.missing_cfg_file.rsplit("/", 1)
+    if isinstance(e, MissingConfigException) and e.options:  # a group's choice
+        group, _, choice = (e.missing_cfg_file or "").rpartition("/")
         hint = did_you_mean(choice, list(e.options), f"{group}=")
         return f"{group}={choice} is unknown{hint}; {group} can be: {', '.join(e.options)}"
-    lines = [ln for ln in text_lines(e) if not ln.startswith(("See https://", "^", "full_key:", "object_type="))]
+    lines = [ln for ln in text_lines(e) if not ln.startswith(("See https://", "^"))]
     if e.__cause__ is not None:
         lines.append(text_lines(e.__cause__)[0])
     if lines[0].startswith("Could not override '"):
-        key = lines[0].split("'")[1]
-        with contextlib.suppress(Exception):  # without the key, the job may not compose either
-            keys = dotted_keys(compose(config_name, [o for o in job if override_key(o) != key]))
-            lines[0] = lines[0].rstrip(".") + key_hint(key, keys)
+        lines[0] = lines[0].rstrip(".") + did_you_mean(lines[0].split("'")[1], [key for key, _, _ in describe()])
     return "; ".join(ln.rstrip(".") for ln in lines)
 
 
 def did_you_mean(word: str, options: list[str], prefix: str = "") -> str:
-    """` (did you mean <prefix><option>?)` for the option closest to a mistyped `word`, or ""."""
-    close = difflib.get_close_matches(word, options, n=1)
-    return f" (did you mean {prefix}{close[0]}?)" if close else ""
-
-
-def key_hint(key: str, keys: list[str]) -> str:
-    """did_you_mean for a dotted `key` the config's `keys` lack: a key of the same name in another section
-    (`lr` -> optimizer.lr), else the closest key of its own section."""
-    section, _, name = key.rpartition(".")
-    same_name = [k for k in keys if k.rpartition(".")[2] == name]
-    if same_name:
-        return f" (did you mean {same_name[0]}?)"
-    siblings = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == section]
-    return did_you_mean(name, siblings, f"{section}." if section else "")
-
-
-def dotted_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
-    """Every key of `cfg`, nested ones as `section.key`."""
-    keys = []
-    for k, v in cfg.items_ex(resolve=False):
-        keys.append(f"{prefix}{k}")
-        if isinstance(v, DictConfig):
-            keys += dotted_keys(v, f"{prefix}{k}.")
-    return keys
+    """` (did you mean <prefix><option>?)` for the option closest to a mistyped `word` (a dotted key: one of
+    the same name in another section first, `lr` -> optimizer.lr), or "" (also where `word` is an option)."""
+    same_name = [o for o in options if o.rpartition(".")[2] == word.rpartition(".")[2]]
+    close = same_name or difflib.get_close_matches(word, options, n=1)
+    return f" (did you mean {prefix}{close[0]}?)" if close and close[0] != word else ""
 
 
 def output_dir_problem(cfg: DictConfig, overrides: list[str], multirun: bool) -> str | None:
