@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import MissingConfigException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from psgd import forkserver, outputs, signals, sweep
@@ -144,37 +144,34 @@ def command_line_problem(
     config_name: str, argv: list[str], config_dir: Path, job_check: JobCheck | None = None
 ) -> str | None:
     """The one line why Hydra would refuse the `argv` of `config_dir`/`config_name`.yaml (a multirun with
-    -m or for "sweep"), or why its output dir cannot take the run, or why `job_check` refuses its composed
-    jobs; else None, also for a command line with Hydra's other flags (Hydra judges those alone)."""
+    -m or for "sweep") naming the job of a sweep after the first, or why its output dir cannot take the
+    run, or why `job_check` refuses the composed jobs (the first with Hydra's node); else None, also for
+    a command line with Hydra's flags (Hydra judges those alone)."""
     multirun = config_name == "sweep" or is_multirun(argv)
     overrides = [a for a in argv if a not in MULTIRUN_FLAGS]
     if any(a.startswith("-") for a in overrides):
         return None
+    composed: Jobs = []
     with initialize_config_dir(config_dir=str(Path(config_dir).absolute()), version_base="1.3"):
-        composed = compose_jobs(config_name, overrides, multirun)
-    if not composed or isinstance(composed, str):  # [] for another sweeper's jobs: it composes them itself
-        return composed or None
-    try:
-        return output_dir_problem(composed[0][1], overrides, multirun) or (job_check and job_check(composed))
-    except OmegaConfBaseException as e:  # a key a job lacks (removed by `~key`)
-        return text_lines(e)[0]
-
-
-def compose_jobs(config_name: str, overrides: list[str], multirun: bool) -> Jobs | str:
-    """(overrides, config) of each job, the first with Hydra's node (it holds the output dir), or the one
-    line why Hydra would refuse a job, naming the job of a sweep after the first. Inside Hydra's
-    initialize_config_dir."""
-    try:
-        jobs = jobs_of(config_name, overrides, multirun)
-    except Exception as e:
-        return hydra_problem(e)
-    composed = []
-    for job in jobs:
         try:
-            composed.append((job, compose(config_name, job, return_hydra_config=not composed)))
+            jobs = jobs_of(config_name, overrides, multirun)
+            for job in jobs:
+                composed.append((job, compose(config_name, job, return_hydra_config=not composed)))
         except Exception as e:
             return in_the_job(hydra_problem(e), job, jobs) if composed else hydra_problem(e)
-    return composed
+    if not composed:  # another sweeper's jobs: it composes them itself
+        return None
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    out = Path(str(OmegaConf.select(composed[0][1], key)))
+    continued = OmegaConf.select(composed[0][1], "continue_sweep", default=None) if multirun else None
+    try:
+        if continued is not None:
+            problem = continue_problem(Path(str(continued)), overrides) or outputs.output_problem(out, key)
+        else:
+            problem = outputs.output_problem(out, key) or outputs.earlier_results(out, key)
+        return problem or (job_check and job_check(composed))
+    except OmegaConfBaseException as e:  # a key a job lacks (removed by `~key`)
+        return text_lines(e)[0]
 
 
 def jobs_of(config_name: str, overrides: list[str], multirun: bool) -> list[list[str]]:
@@ -225,18 +222,6 @@ def did_you_mean(word: str, options: list[str], prefix: str = "") -> str:
     same_name = [o for o in options if o.rpartition(".")[2] == word.rpartition(".")[2]]
     close = same_name or difflib.get_close_matches(word, options, n=1)
     return f" (did you mean {prefix}{close[0]}?)" if close and close[0] != word else ""
-
-
-def output_dir_problem(cfg: DictConfig, overrides: list[str], multirun: bool) -> str | None:
-    """Why the output dir of the composed `cfg` (with Hydra's node) cannot take this run or sweep: it
-    cannot be written or holds earlier results; or why a stopped sweep cannot be continued
-    (continue_sweep). None if it can."""
-    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    out = Path(str(OmegaConf.select(cfg, key)))
-    continued = OmegaConf.select(cfg, "continue_sweep", default=None) if multirun else None
-    if continued is not None:
-        return continue_problem(Path(str(continued)), overrides) or outputs.output_problem(out, key)
-    return outputs.output_problem(out, key) or outputs.earlier_results(out, key)
 
 
 def continue_problem(sweep_dir: Path, overrides: list[str]) -> str | None:
