@@ -20,16 +20,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-from psgd import outputs, signals, torchrun
-from psgd.advice import (
-    few_steps,
-    hogwild_workers,
-    learned_nothing,
-    learned_nothing_line,
-    scales_by_workers,
-    skew_note,
-    stop_note,
-)
+from psgd import advice, outputs, signals, torchrun
 from psgd.config import ConfigError, DirInUse
 from psgd.console import fail, first_worker, global_rank, other_torchrun_worker, text_lines, warn
 from psgd.data import DataError
@@ -51,11 +42,8 @@ WORKERS_SET_UP_WITHIN_S = 20.0
 
 
 def run_job(cfg: DictConfig) -> float | None:
-    """Train one job in Hydra's output dir; returns the test accuracy (Hydra sweepers can optimise it).
-
-    A single run's failure is one line and exit code 2 (run_failed); a sweep's failed job is marked failed
-    in its dir (sweep_job_failed) and the sweep goes on.
-    """
+    """Train one job in Hydra's output dir; returns the test accuracy (Hydra sweepers can optimise it), or
+    None for a sweep's failed job. A single run's failure ends the process (run_failed)."""
     # torch logs a line per surviving worker it terminates after another one died; the error says it all
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     hydra_cfg = HydraConfig.get()
@@ -118,12 +106,12 @@ def continue_job(run_dir: Path, hydra_log: str) -> dict | None:
 
 
 def run_failed(e: Exception, run_dir: Path) -> None:
-    """End a single run that raised `e`: one line and exit code 2. Bad input leaves no run dir; any
-    other failure marks the run's record failed, and a bug's traceback goes to the file its line names.
+    """End a single run that raised `e`: one line and exit code 2. Bad input leaves no run dir; any other
+    failure marks the run's record failed, and a bug's traceback goes to the file its line names.
 
-    Under torchrun every worker of a machine finds the same bad input in the same dir: the first one
-    takes the dir away once every worker there is past Hydra's set-up of it (Hydra's log handler fails in
-    a dir taken away), and the others only once it has said the line and exited.
+    Under torchrun every worker of a machine finds the same bad input in one dir: the first takes the dir
+    away once all are past Hydra's set-up of it (Hydra's log handler fails in a dir taken away), the others
+    only after the first has said the line and exited.
     """
     discard = isinstance(e, BAD_INPUT) or raised_in_worker(e, BAD_INPUT) is not None
     every_worker_finds_it = getattr(e, "every_worker_finds_it", False)
@@ -146,8 +134,7 @@ def run_failed(e: Exception, run_dir: Path) -> None:
 
 
 def sweep_job_failed(e: Exception, run_dir: Path) -> None:
-    """A sweep's job that raised `e`: its dir is kept, marked failed with its line (for the report), and
-    the line is said; the sweep goes on."""
+    """A sweep's job that raised `e`: its dir is kept and marked failed with its line, which is said."""
     line = error_line(e, run_dir)
     if not isinstance(e, DirInUse):  # the earlier job's record stays as it was
         mark_failed(run_dir, line)
@@ -180,8 +167,7 @@ def discard_empty_run_dir(run_dir: Path) -> None:
 
 
 def unwritable(e: BaseException) -> str | None:
-    """Why a result could not be written (`No space left on device: '<file>'`), for an OSError of
-    NO_ROOM raised here or in a worker; else None."""
+    """`No space left on device: '<file>'` for an OSError of NO_ROOM raised here or in a worker, else None."""
     if isinstance(e, OSError) and e.errno in NO_ROOM:
         return failed_write(e)
     if isinstance(e, ProcessRaisedException):
@@ -192,9 +178,8 @@ def unwritable(e: BaseException) -> str | None:
 
 
 def error_line(e: BaseException, run_dir: Path) -> str:
-    """The one line a user sees for a job that did not finish: psgd's own error's message; a full disk
-    and what to do; a dead worker named by its rank; else the error's line (a worker's last, naming
-    its rank) and where its traceback is."""
+    """The one line a user sees for a job that did not finish: psgd's own error's message; a full disk and
+    what to do; a dead worker named by its rank; else the error's line, its rank and where its traceback is."""
     if isinstance(e, KNOWN_ERRORS):
         return str(e)
     if isinstance(e, KilledWorker):  # unresponsive or out of memory: the message says why
@@ -227,22 +212,20 @@ def message_line(e: BaseException) -> str:
 
 
 def traceback_path(run_dir: Path) -> Path:
-    """Where a failed job keeps its error's whole traceback: error.log, and under torchrun / srun
-    error.rank<r>.log for each worker other than rank 0 (each one a train.py process of its own)."""
+    """Where a failed job keeps its whole traceback: error.log, or error.rank<r>.log for a torchrun / srun
+    worker other than rank 0 (each a train.py process of its own)."""
     rank = global_rank()
     return run_dir / ("error.log" if rank in (None, "0") else f"error.rank{rank}.log")
 
 
 def keeps_traceback(e: BaseException) -> bool:
-    """An error whose line names a traceback file (error_line): not psgd's own, a full disk's or a
-    worker's death."""
+    """An error whose line names a traceback file: not psgd's own, a full disk's or a worker's death."""
     known = isinstance(e, KNOWN_ERRORS + (ProcessExitedException,)) or raised_in_worker(e, KNOWN_ERRORS)
     return not (known or unwritable(e))
 
 
 def write_traceback(run_dir: Path, e: BaseException) -> None:
-    """The whole traceback of `e` (a worker's included, in its text) into the file its line names, or,
-    where that cannot be written (a full disk), onto stderr."""
+    """The whole traceback of `e` (a worker's is in its text) into traceback_path, or else onto stderr."""
     text = "".join(traceback.format_exception(e))
     try:
         write_atomic(traceback_path(run_dir), text)
@@ -258,15 +241,15 @@ def mark_failed(run_dir: Path, line: str) -> None:
 
 
 def say_result(cfg: DictConfig, metrics: dict, run_dir: Path) -> None:
-    """A finished run's line (test accuracy, time, throughput, where its results are), after a warning
-    if its model learned nothing (a 10 % model "completed" as if it were a result)."""
-    if learned_nothing(metrics):
-        hogwild = hogwild_workers(metrics.get("strategy"), metrics.get("world_size"))
-        acc = f"{metrics['test_acc']:.4f}"
-        lr = (metrics.get("lr"), cfg.optimizer.lr, scales_by_workers(cfg))  # ran, set, scaled by the workers
-        warn(f"the model {learned_nothing_line(acc, hogwild, *lr, steps=few_steps(metrics))}")
+    """A finished run's line (test accuracy, time, throughput, its dir), after a warning if its model
+    learned nothing (a 10 % model "completed" as if it were a result)."""
+    acc = f"{metrics['test_acc']:.4f}"
+    if advice.learned_nothing(metrics):
+        hogwild = advice.hogwild_workers(metrics.get("strategy"), metrics.get("world_size"))
+        lr = (metrics.get("lr"), cfg.optimizer.lr, advice.scales_by_workers(cfg))  # ran, set, scaled by the workers
+        warn(f"the model {advice.learned_nothing_line(acc, hogwild, *lr, steps=advice.few_steps(metrics))}")
     print(
-        f"psgd: test_acc={metrics['test_acc']:.4f}{skew_note(metrics)} train_time_s={metrics['train_time_s']:.1f} "
-        f"samples_per_s={metrics['samples_per_s']}{stop_note(metrics)} results in {run_dir}",
+        f"psgd: test_acc={acc}{advice.skew_note(metrics)} train_time_s={metrics['train_time_s']:.1f} "
+        f"samples_per_s={metrics['samples_per_s']}{advice.stop_note(metrics)} results in {run_dir}",
         flush=True,
     )
