@@ -1,10 +1,8 @@
 """What train.py and sweep.py do around Hydra: check the command line, then run it.
 
-Every job the command line asks for is composed first with Hydra's compose API and its values checked, so
-that a command line Hydra or psgd would refuse is one line `psgd: error: ...` and exit code 2 before torch
-loads, before any job starts and before anything is written. `train.py -m ...` runs the sweep config, as
-sweep.py does. Ctrl-C and SIGTERM before training are one line and exit code 130 / 143. `--help` adds every
-key of the schema to Hydra's help.
+Every job of the command line is composed first with Hydra's compose API and checked: what Hydra or psgd
+would refuse is one line `psgd: error: ...` and exit code 2 before torch loads, any job starts or anything
+is written. Ctrl-C and SIGTERM before training are one line and exit code 130 / 143.
 """
 
 import contextlib
@@ -41,10 +39,9 @@ JobCheck = Callable[[Jobs], str | None]  # the composed jobs -> a one-line probl
 def main(app: Callable[[], object], config_name: str, conf: Path) -> None:
     """Run a script's `@hydra.main` function `app` for this process's command line, checked first.
 
-    `config_name` "sweep", or a multirun of "train" (`train.py -m`), runs a sweep: with the sweep config,
-    each job's values checked also against this machine and its datasets, the report written when it
-    stops early, and exit code 1 when a job failed. A command line with one of Hydra's flags (--help,
-    --cfg, -cd ...) goes to Hydra unchecked.
+    `config_name` "sweep", or `train.py -m`, runs a sweep with the sweep config: each job checked also
+    against this machine and its datasets, the report written when it stops early, exit code 1 when a job
+    failed. A command line with Hydra's flags (--help, --cfg, -cd ...) goes to Hydra unchecked.
     """
     signals.interrupt_on_sigterm()  # as Ctrl-C, also while torch loads
     argv = sys.argv[1:]
@@ -102,8 +99,8 @@ def exit_stopped(e: BaseException, sweeping: bool) -> None:
 
 
 def run_jobs_problem(jobs: Jobs) -> str | None:
-    """psgd's value checks that need no torch; with none found, the fork server that will start the
-    job's workers (where they need one) is started, to import while this process does."""
+    """psgd's value checks that need no torch; with none found, the fork server that will start the job's
+    workers (where they need one) is started, to import while this process does."""
     problem = values_problem(jobs, name_the_job=len(jobs) > 1)
     if problem is None:
         forkserver.start_early(jobs)
