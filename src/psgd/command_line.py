@@ -31,6 +31,7 @@ from psgd.overrides import override_key, shell_override
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
 HELP_FLAGS = ("-h", "--help")
+DIR_NAMES_EXCLUDE = "hydra.job.config.override_dirname.exclude_keys"
 MAX_JOBS_COMPOSED = 64  # beyond this many jobs, every value of every key is composed once, not every product
 
 JobCheck = Callable[[Jobs], str | None]  # the composed jobs -> a one-line problem, or None
@@ -130,11 +131,22 @@ def load_training() -> None:
 def sweep_argv(argv: list[str]) -> list[str]:
     """A sweep's arguments, with `continue_sweep=<dir>` also as hydra.sweep.dir (unless given): the stopped
     sweep goes on in its dir. Not an interpolation in conf/sweep.yaml: a null continue_sweep leaves the
-    date-named default."""
+    date-named default. A user's own list of keys left out of job folder names gets continue_sweep too (as
+    in conf/sweep.yaml): a continued sweep's jobs then find the folders they had."""
+    argv = [continue_sweep_not_in_dir_names(a) if override_key(a) == DIR_NAMES_EXCLUDE else a for a in argv]
     given = [a.partition("=")[2] for a in argv if override_key(a) == "continue_sweep"]
     if given and given[-1] != "null" and not any(override_key(a) == "hydra.sweep.dir" for a in argv):
         return [*argv, f"hydra.sweep.dir={given[-1]}"]
     return argv
+
+
+def continue_sweep_not_in_dir_names(override: str) -> str:
+    """`override` of DIR_NAMES_EXCLUDE (a list of keys) with continue_sweep in the list."""
+    key, _, value = override.partition("=")
+    if "continue_sweep" in value or not (value.startswith("[") and value.endswith("]")):
+        return override
+    keys = value[1:-1].strip()
+    return f"{key}=[{keys + ',' if keys else ''}continue_sweep]"
 
 
 def command_line_problem(

@@ -89,6 +89,10 @@ def test_a_sweep_of_a_stopped_sweeps_dir_goes_on_there():
         "hydra.sweep.dir=/s",
     ]
     assert sweep_argv(["continue_sweep=/s", "hydra.sweep.dir=/t"]) == ["continue_sweep=/s", "hydra.sweep.dir=/t"]
+    # a user's own keys left out of job folder names (docs/sweeps.md): continue_sweep stays out too
+    exclude = "hydra.job.config.override_dirname.exclude_keys"
+    assert sweep_argv([f"{exclude}=[data.root]"]) == [f"{exclude}=[data.root,continue_sweep]"]
+    assert sweep_argv([f"{exclude}=[]"]) == [f"{exclude}=[continue_sweep]"]
 
 
 def test_the_sweep_config_is_checked_the_same_way():
