@@ -7,6 +7,7 @@ is written. Ctrl-C and SIGTERM before training are one line and exit code 130 / 
 
 import contextlib
 import difflib
+import functools
 import importlib
 import itertools
 import math
@@ -57,7 +58,7 @@ def main(app: Callable[[], object], config_name: str, conf: Path) -> None:
         if hydras_flags:
             run_hydras_flags(app, argv)
             return
-        check = sweep_jobs_problem if sweeping else run_jobs_problem
+        check = functools.partial(jobs_problem, sweeping=sweeping)
         if problem := command_line_problem("sweep" if sweeping else "train", argv, conf, check):
             fail(problem, every_worker_finds_it=True)
         load_training()
@@ -114,21 +115,15 @@ def exit_stopped(e: BaseException, sweeping: bool) -> None:
         raise SystemExit(141)  # 128 + SIGPIPE, what a shell reports
 
 
-def run_jobs_problem(jobs: Jobs) -> str | None:
-    """psgd's value checks that need no torch; with none found, the fork server that will start the job's
-    workers (where they need one) is started, to import while this process does."""
-    problem = values_problem(jobs, name_the_job=len(jobs) > 1)
-    if problem is None:
-        forkserver.start_early(jobs)
-    return problem
-
-
-def sweep_jobs_problem(jobs: Jobs) -> str | None:
-    """A sweep's jobs: the checks that need no torch first, then, with torch loaded, those that depend on
-    this machine and its datasets."""
-    if problem := values_problem(jobs, name_the_job=True):
+def jobs_problem(jobs: Jobs, sweeping: bool) -> str | None:
+    """psgd's checks of the composed jobs: those that need no torch first (with none failed, the fork server
+    that will start the workers starts, to import while this process does); for a sweep, with torch loaded,
+    also those that depend on this machine and its datasets."""
+    if problem := values_problem(jobs, name_the_job=sweeping or len(jobs) > 1):
         return problem
     forkserver.start_early(jobs)
+    if not sweeping:
+        return None
     load_training()
     from psgd.run_checks import sweep_data_problem  # imports torch: only once the values passed
 
