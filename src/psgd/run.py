@@ -198,12 +198,7 @@ def _train(
         # the weights of an earlier run to start from (a resume, ckpt_path, restores its own over them)
         started_from = init_weights(cfg.get("init_weights"), module)
         ckpt_path = resolve_ckpt_path(
-            elastic_resume(cfg.get("ckpt_path"), plan, run_dir, continued),
-            module,
-            world_size,
-            cfg.strategy.name,
-            max_time=cfg.trainer.get("max_time"),
-            max_steps=cfg.trainer.get("max_steps"),
+            elastic_resume(cfg.get("ckpt_path"), plan, run_dir, continued), module, world_size, cfg.strategy.name
         )
     strategy = build_strategy(cfg, plan, run_dir)
     if plan.launcher == "psgd" and not isinstance(strategy, str):  # psgd starts worker processes
