@@ -26,8 +26,9 @@ def build_datamodule(cfg: DictConfig, image_size: int | None = None) -> Classifi
 
 def sweep_data_problem(jobs: Jobs) -> str | None:
     """Why a job of this sweep cannot run on its data, or None: a dataset missing or damaged (downloaded here,
-    once, where data.download allows), a worker without a training batch, or a final test of no batch. Each dataset and folder is read once. Only for Hydra's basic
-    launcher, whose jobs run on this machine; every job has passed `check`."""
+    once, where data.download allows), a worker without a training batch, or a final test of no batch. Each
+    dataset and folder is read once. Only for Hydra's basic launcher, whose jobs run on this machine; every job
+    has passed `check`."""
     if not forkserver.runs_jobs_here(jobs[0][1]):
         return None
     sources = [(cfg.data.name, str(cfg.data.root), cfg.data.download, cfg.data.verify_md5) for _, cfg in jobs]
