@@ -9,8 +9,7 @@ from torch import nn
 
 from psgd import forkserver
 from psgd.choices import INFO
-from psgd.config import ConfigError, Jobs, compile_mode, resolve_accelerator, resolve_workers
-from psgd.config.targets import meta_network
+from psgd.config import ConfigError, Jobs, build_model, compile_mode, resolve_accelerator, resolve_workers
 from psgd.console import in_the_job
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError, load_split, what_is_missing
@@ -106,7 +105,7 @@ def _batches_problem(jobs: Jobs) -> str | None:
                 datamodule.decoded_from(first)
             check_data(cfg, datamodule, workers)
             if resolve_accelerator(cfg) == "cpu":  # a batch that cannot fit in memory, as the job judges it
-                net, size = meta_network(cfg.model, cfg.data.name)
+                net, size = build_model(cfg.model, cfg.data.name, device="meta")
                 check_memory(cfg, net, size, datamodule.train_shards(workers)[0], workers)
         except (DataError, ConfigError) as e:
             return in_the_job(e, job, every_job)

@@ -427,11 +427,11 @@ def test_trainer_values_psgd_checks_still_take_everything_lightning_means_by_the
 def test_model_data_pairings_that_cannot_work_are_config_errors(model, data):
     """Refused by `check` (before any worker, and before any job of a sweep) and by build_model."""
     cfg = compose_cfg(f"model={model}", f"data={data}")
-    line = f"model={model} needs 28x28 inputs but data={data} has 32x32 images; allowed data for {model}: mnist, "
     for refuses in (check, lambda cfg: build_model(cfg.model, cfg.data.name)):
         with pytest.raises(ConfigError) as e:
             refuses(cfg)
-        assert str(e.value) == line + "fashion_mnist"
+        assert str(e.value).startswith(f"model={model} does not fit data={data} (3x32x32): ")
+        assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize(
