@@ -17,7 +17,7 @@ from psgd.run import train
 CASES = [
     (["trainer.devices=0"], "trainer.devices=0"),
     (["workers=2", "data.partition=sizes", "data.partition_sizes=[0.5,0.4]"], "sum to 1"),
-    (["model=singa_cnn", "data=cifar10"], "needs 28x28 inputs"),
+    (["model=singa_cnn", "data=cifar10"], "model=singa_cnn does not fit data=cifar10"),
     # found once the data is read, still before anything is written (it used to train zero steps)
     (["data.drop_last=true", "data.batch_size=1024"], "no training batch for worker 0 (512 samples) of 1"),
     # values psgd passes on to Lightning's Trainer unchecked: Lightning's reason, in one line

@@ -293,8 +293,8 @@ def test_a_value_psgd_refuses_in_any_job_of_a_sweep_is_one_line_before_any_job_r
     # a model that cannot take a job's dataset: it used to fail only when that job's turn came
     line = ["-m", "model=lab_cnn,singa_cnn", "data=mnist,cifar10"]
     assert command_line_problem("sweep", line, CONF, job_check=sweep_values_problem) == (
-        "model=singa_cnn needs 28x28 inputs but data=cifar10 has 32x32 images; allowed data for singa_cnn: mnist, "
-        "fashion_mnist (in the job model=singa_cnn data=cifar10; no job was started)"
+        "model=singa_cnn does not fit data=cifar10 (3x32x32): mat1 and mat2 shapes cannot be multiplied (2x1250 and "
+        "800x500) (in the job model=singa_cnn data=cifar10; no job was started)"
     )
     line = ["-m", "model=mlp", "model.hidden=64,0"]  # a value the model's class refuses
     assert command_line_problem("sweep", line, CONF, job_check=sweep_values_problem) == (
