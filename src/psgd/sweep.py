@@ -53,9 +53,8 @@ class SweepReport(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         LAST.update(failed=0, sweep_dir=str(config.hydra.sweep.dir), ended=False)
         warn_once_per_sweep(True)  # a warning every job would say: said at the first
-        params = config.hydra.sweeper.get("params")
         try:
-            lengths = sweep_lengths(dict(params) if params else None, list(config.hydra.overrides.task))
+            lengths = sweep_lengths(config.hydra)
         except Exception:  # a sweep this count cannot read: progress lines go without "/N"
             lengths = {}
         self.total = math.prod(lengths.values()) if lengths else None
