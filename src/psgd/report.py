@@ -36,10 +36,6 @@ PLOTS = {
     "efficiency": ("E(P) = S(P) / P", {"efficiency": "", "efficiency_to_target": " (to target)"}, lambda p: 1.0),
     "accuracy": ("test accuracy", {"test_acc_mean": "", "worker_acc_mean": " (replicas' mean)"}, None),
 }
-# report.csv columns that report.md's jobs table leaves out (it also leaves out any column no job has a value in)
-NOT_IN_MARKDOWN = ("error", "dir")
-# ... and columns it shows only where the jobs' values differ
-WHERE_THEY_DIFFER = ("threads_per_worker", "lr", "stopped_by")
 
 Job = dict[str, Any]  # a job's metrics.json record with what load_job reads besides
 
@@ -78,10 +74,9 @@ class Report:
 
 
 def load_job(path: Path) -> Job:
-    """The job in `path`: its metrics.json record ({} before it trained or failed) with its `num`, `path` and
-    `overrides` (as typed) from .hydra/, its `status` and `error` (a job whose process ended without its
-    final status failed), `strategy`, `workers` (all nodes') and `samples` (trained, all workers). Files that
-    cannot be read make a failed job that says so."""
+    """The job in `path`: its metrics.json record ({} before it trained or failed) with its `num` and
+    `overrides` (as typed) from .hydra/, `path`, `status` and `error` (a job whose process ended without a final
+    status failed), `strategy`, `workers` and `samples`. Files that cannot be read make a failed job that says so."""
     hydra, cfg = OmegaConf.create(), OmegaConf.create()
     try:
         hydra = OmegaConf.load(path / ".hydra" / "hydra.yaml").hydra
@@ -180,9 +175,8 @@ def _time_per_sample(job: Job) -> float | None:
 
 
 def speedup_columns(ones: list[Job], jobs: list[Job], p: int) -> dict[str, float | None]:
-    """S(P) = T(1)/T(P) and E(P) = S(P)/P of `jobs`, a group's completed jobs at P workers, against `ones`, its
-    1-worker jobs (each T the mean over them): for the whole training (T per trained sample) and for the time
-    to the target accuracy."""
+    """S(P) and E(P) of `jobs`, a group's completed jobs at P workers, against `ones`, its 1-worker jobs (each T
+    the mean over them): for the whole training and for the time to the target accuracy."""
     columns = {}
     for name, time in (("", _time_per_sample), ("_to_target", lambda j: j.get("time_to_target_s"))):
         speedup = _ratio(_mean([time(j) for j in ones]), _mean([time(j) for j in jobs]))
@@ -286,10 +280,10 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
 
 
 def jobs_table(rows: list[dict]) -> str:
-    """report.md's jobs table: report.csv's columns that tell this sweep's jobs apart, test_acc to 4 decimals
-    as the progress lines show it (the CSV keeps it whole)."""
-    columns = [c for c in rows[0] if c not in NOT_IN_MARKDOWN]
-    columns = [c for c in columns if c not in WHERE_THEY_DIFFER or len({r[c] for r in rows} - {None}) > 1]
+    """report.md's jobs table: report.csv's columns but error and dir, threads_per_worker, lr and stopped_by only
+    where the jobs differ in them; test_acc to 4 decimals as the progress lines show it (the CSV keeps it whole)."""
+    same = [c for c in ("threads_per_worker", "lr", "stopped_by") if len({r[c] for r in rows} - {None}) < 2]
+    columns = [c for c in rows[0] if c not in ("error", "dir", *same)]
     shown = [r | {"test_acc": f"{r['test_acc']:.4f}"} if isinstance(r["test_acc"], float) else r for r in rows]
     return markdown_table(shown, columns)
 
@@ -419,8 +413,7 @@ def describe(report: Report, stopped: bool = False) -> str:
     else:
         state = "finished"
     line = f"psgd: sweep {state}: {job_counts(report)}; report in {report.sweep_dir / 'report.md'}"
-    again = report.command if stopped else report.rerun
-    return line + (f"; to run them again: {again}" if again else "")
+    return line + (f"; to run them again: {report.rerun}" if report.rerun else "")
 
 
 def report_sweep(sweep_dir: Path, stopped: bool = False) -> Report | None:
