@@ -413,7 +413,8 @@ def describe(report: Report, stopped: bool = False) -> str:
     else:
         state = "finished"
     line = f"psgd: sweep {state}: {job_counts(report)}; report in {report.sweep_dir / 'report.md'}"
-    return line + (f"; to run them again: {report.rerun}" if report.rerun else "")
+    again = report.command if stopped else report.rerun
+    return line + (f"; to run them again: {again}" if again else "")
 
 
 def report_sweep(sweep_dir: Path, stopped: bool = False) -> Report | None:
