@@ -11,9 +11,8 @@ from omegaconf import DictConfig
 
 from psgd.advice import learned_nothing, skew_note, stop_note
 from psgd.console import warn_once_per_sweep
-from psgd.io import read_json
 from psgd.overrides import as_typed, override_key
-from psgd.report import report_sweep, sweep_lengths
+from psgd.report import load_job, report_sweep, sweep_lengths
 
 # the last multirun of this process: sweep.py's exit code counts its failed jobs, and a multirun that did
 # not end (Ctrl-C, SIGTERM) gets the report of the jobs that ran
@@ -29,19 +28,18 @@ def shown_overrides(task: list[str], swept: set[str] | frozenset[str]) -> list[s
 
 def progress_line(num: int, total: int | None, overrides: list[str], job_dir: Path) -> str:
     """`psgd: [i/N] key=value ...: completed, 12.3 s training, ..., test_acc 0.9812` (or `failed: <error line>`)."""
-    record = read_json(job_dir / "metrics.json") if (job_dir / "metrics.json").exists() else {}
-    status = record.get("status", "not finished")
+    job = load_job(job_dir)  # as the report reads it
     where = f"[{num + 1}/{total}]" if total else f"[{num + 1}]"
     values = " ".join(overrides) or "(defaults)"
-    if status == "completed":
+    if job["status"] == "completed":
         kept = " (kept from the stopped sweep)" if str(job_dir) in KEPT else ""
-        nothing = " (learned nothing: see the report's notes)" if learned_nothing(record) else ""
+        nothing = " (learned nothing: see the report's notes)" if learned_nothing(job) else ""
         return (
-            f"psgd: {where} {values}: completed{kept}, {record.get('train_time_s', 0):.1f} s training, "
-            f"{record.get('samples_per_s')} samples/s, test_acc {record.get('test_acc'):.4f}{nothing}"
-            f"{skew_note(record)}{stop_note(record)}"
+            f"psgd: {where} {values}: completed{kept}, {job.get('train_time_s', 0):.1f} s training, "
+            f"{job.get('samples_per_s')} samples/s, test_acc {job.get('test_acc'):.4f}{nothing}"
+            f"{skew_note(job)}{stop_note(job)}"
         )
-    return f"psgd: {where} {values}: {status}: {record.get('error') or 'no result written'}"
+    return f"psgd: {where} {values}: {job['status']}: {job['error'] or 'no result written'}"
 
 
 class SweepReport(Callback):
