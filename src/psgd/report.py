@@ -367,12 +367,10 @@ def write_report(sweep_dir: str | Path) -> Report:
     and report.md.
 
     Raises:
-        FileNotFoundError: `sweep_dir` is not a folder, or holds no job dirs.
+        FileNotFoundError: `sweep_dir` holds no job dirs (or is no folder).
         OSError: a file could not be written (every file written is whole).
     """
     sweep_dir = Path(sweep_dir)
-    if not sweep_dir.is_dir():
-        raise FileNotFoundError(f"sweep dir {sweep_dir} {'is a file' if sweep_dir.exists() else 'does not exist'}")
     jobs = load_jobs(sweep_dir)
     if not jobs:
         raise FileNotFoundError(f"{sweep_dir} holds no job dirs (<job>/.hydra/config.yaml): is it a sweep dir?")

@@ -439,9 +439,10 @@ def test_rebuild_command_exit_codes(tmp_path, seeded_sweep, capsys):
     assert main([str(seeded_sweep)]) == 1  # one job failed
     assert "6/7 jobs completed, 1 failed (jobs 6)" in capsys.readouterr().out
     assert main([str(tmp_path / "nowhere")]) == 2
-    assert capsys.readouterr().err == f"psgd: error: sweep dir {tmp_path / 'nowhere'} does not exist\n"
+    no_jobs = "holds no job dirs (<job>/.hydra/config.yaml): is it a sweep dir?"
+    assert capsys.readouterr().err == f"psgd: error: {tmp_path / 'nowhere'} {no_jobs}\n"
     assert main([str(seeded_sweep / "report.md")]) == 2
-    assert capsys.readouterr().err == f"psgd: error: sweep dir {seeded_sweep / 'report.md'} is a file\n"
+    assert capsys.readouterr().err == f"psgd: error: {seeded_sweep / 'report.md'} {no_jobs}\n"
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main([str(empty)]) == 2
