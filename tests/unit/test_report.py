@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from psgd.process import this_process
 from psgd.report import describe, main, write_report
-from psgd.sweep import LAST, SweepReport, progress_line, shown_overrides, sweep_lengths
+from psgd.sweep import LAST, SweepReport, progress_line, sweep_lengths
 from psgd.sync_costs import sync_summary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -530,42 +530,39 @@ def test_the_report_shows_swept_values_as_typed(tmp_path):
     assert "| ddp trainer.max_time=00:00:00:01 | ddp | 1 |" in (tmp_path / "report.md").read_text()
 
 
-def test_progress_lines_show_the_swept_values_or_else_every_override():
-    task = ["workers=2", "+data.seed=1", "trainer.max_epochs=1"]
-    assert shown_overrides(task, {"workers", "data.seed"}) == ["workers=2", "+data.seed=1"]
+def test_progress_lines_show_the_swept_values_or_else_every_override(tmp_path):
     # a key swept with + (or ++) is swept under its own name
     swept = sweep_lengths(recorded({}, ["+data.seed=1,2", "++trainer.max_time=00:00:00:01,00:00:00:02", "workers=2"]))
     assert swept == {"data.seed": 2, "trainer.max_time": 2, "workers": 1}
-    # the values as typed, without the escapes of Hydra's sweeper
-    task = ["+data.seed=1", r"++trainer.max_time=00\:00\:00\:01", "workers=2"]
-    assert shown_overrides(task, {"data.seed", "trainer.max_time"}) == [
-        "+data.seed=1",
-        "++trainer.max_time=00:00:00:01",
-    ]
-    assert shown_overrides([r"data.root=/a\ b\,c"], set()) == ["data.root=/a b,c"]
+    # the swept values as typed, without the escapes of Hydra's sweeper
+    overrides = {"+data.seed": 1, "++trainer.max_time": r"00\:00\:00\:01", "workers": 2}
+    job = make_job(tmp_path, 0, overrides, done("ddp", 2, 5.0, 0.9))
+    line = progress_line(0, 4, {"data.seed", "trainer.max_time"}, job)
+    assert line.startswith("psgd: [1/4] data.seed=1 trainer.max_time=00:00:00:01: completed, ")
     # `workers=1,2 workers=3`: one job, workers=3; nothing swept, so every override is shown
-    assert shown_overrides(["workers=3", "trainer.max_epochs=1"], set()) == ["workers=3", "trainer.max_epochs=1"]
+    job = make_job(tmp_path / "one", 0, {"data.root": r"/a\ b\,c", "workers": 3}, done("ddp", 3, 5.0, 0.9))
+    assert progress_line(0, 1, set(), job).startswith("psgd: [1/1] data.root=/a b,c workers=3: completed, ")
 
 
 def test_progress_line_says_values_time_and_accuracy_or_the_error(tmp_path):
     ok = make_job(tmp_path, 0, {"workers": 2}, done("ddp", 2, 12.34, 0.98125))
-    line = progress_line(0, 5, ["workers=2"], ok)
+    line = progress_line(0, 5, {"workers"}, ok)
     assert line.startswith("psgd: [1/5] workers=2: completed, 12.3 s training") and "test_acc 0.9812" in line
     skewed = done("hogwild", 2, 9.0, 0.889, partition="by_label", test_acc_per_class=[0.99, None, 0.398833, 0.5])
     line = progress_line(
-        2, 5, ["workers=2"], make_job(tmp_path, 2, {"workers": 2}, skewed | {"test_classes": list("abcd")})
+        2, 5, {"workers"}, make_job(tmp_path, 2, {"workers": 2}, skewed | {"test_classes": list("abcd")})
     )
     assert line.endswith("test_acc 0.8890 (worst class c at 0.3988)")  # the label a label-skewed job knows least
     timed = done("ddp", 2, 60.0, 0.95, epochs=7, max_epochs=50, stopped_by="max_time")
-    line = progress_line(3, 5, ["workers=2"], make_job(tmp_path, 3, {"workers": 2}, timed))
+    line = progress_line(3, 5, {"workers"}, make_job(tmp_path, 3, {"workers": 2}, timed))
     assert line.endswith("test_acc 0.9500 (trainer.max_time ended training in epoch 7 of 50)")
     quick = done("ddp", 1, 0.1, 0.1, epochs=1, max_epochs=1, stopped_by="fast_dev_run")
-    line = progress_line(4, 5, ["workers=1"], make_job(tmp_path, 4, {"workers": 1}, quick))
+    line = progress_line(4, 5, {"workers"}, make_job(tmp_path, 4, {"workers": 1}, quick))
     assert line.endswith("test_acc 0.1000 (trainer.fast_dev_run ended training in epoch 1 of 1)")
     whole = done("ddp", 1, 9.0, 0.9, epochs=2, max_epochs=2, stopped_by="max_epochs")
-    assert progress_line(5, 6, ["workers=1"], make_job(tmp_path, 5, {"workers": 1}, whole)).endswith("test_acc 0.9000")
+    assert progress_line(5, 6, {"workers"}, make_job(tmp_path, 5, {"workers": 1}, whole)).endswith("test_acc 0.9000")
     bad = make_job(tmp_path, 1, {"workers": 3}, {"status": "failed", "error": "data.batch_size=0 is invalid"})
-    assert progress_line(1, 5, ["workers=3"], bad) == "psgd: [2/5] workers=3: failed: data.batch_size=0 is invalid"
+    assert progress_line(1, 5, {"workers"}, bad) == "psgd: [2/5] workers=3: failed: data.batch_size=0 is invalid"
 
 
 def stuck(strategy: str, workers: int, acc: float, loss: float, **extra) -> dict:
@@ -597,9 +594,9 @@ def test_jobs_that_learned_nothing_are_named_with_what_to_change(tmp_path):
         "experiment=hogwild_lab's)"
     )
     assert f"- {note}" in (tmp_path / "report.md").read_text()
-    line = progress_line(1, 6, ["workers=3"], tmp_path / "1")
+    line = progress_line(1, 6, {"workers"}, tmp_path / "1")
     assert line.endswith("test_acc 0.1135 (learned nothing: see the report's notes)")
-    assert progress_line(3, 6, ["workers=2"], tmp_path / "3").endswith("test_acc 0.1500")
+    assert progress_line(3, 6, {"workers"}, tmp_path / "3").endswith("test_acc 0.1500")
     # not HogWild: the lr, or a warm-up
     other = tmp_path / "ddp"
     make_job(other, 0, {"workers": 1}, stuck("ddp", 1, 0.1, 5.0))
