@@ -29,8 +29,7 @@ from psgd.process import still_running
 
 # the keys a group's jobs may differ in: the worker count P, the seed (and the strategy, the group's name)
 NOT_GROUPED_BY = ("workers", "trainer.devices", "seed", "strategy")
-# plot name -> (its y label; the summary columns it draws against the workers, with what each adds to a
-# line's label; the ideal at P, if any)
+# plot name -> (y label; the summary columns it draws, each with what it adds to a line's label; the ideal at P)
 PLOTS = {
     "speedup": ("S(P) = T(1) / T(P)", {"speedup": "", "speedup_to_target": " (to target)"}, float),
     "efficiency": ("E(P) = S(P) / P", {"efficiency": "", "efficiency_to_target": " (to target)"}, lambda p: 1.0),
