@@ -1,4 +1,4 @@
-"""Signals: SIGTERM and SIGHUP stop a run as Ctrl-C does, and no worker is left behind or hanging.
+"""Signals: SIGTERM stops a run as Ctrl-C does, and no worker is left behind or hanging.
 
 The process that calls psgd.run.train handles SIGTERM with `interrupt`: it passes the signal on to the
 workers it launched and raises KeyboardInterrupt, which winds the run down as Ctrl-C does. A worker that
@@ -189,36 +189,12 @@ def release_held() -> None:
 
 
 def interrupt_on_sigterm() -> None:
-    """For train.py and sweep.py, from their first line: SIGTERM, Ctrl-C and a hang-up stop them as
-    Ctrl-C does, also outside a run's fit and test. Main thread only."""
+    """For train.py and sweep.py, from their first line: SIGTERM stops them as Ctrl-C does, also outside a
+    run's fit and test. Main thread only."""
     if _main_thread():
         signal.signal(signal.SIGTERM, interrupt)
         ctrl_c_out_of_threading()
-        hang_up_as_sigterm()
         raise_lost_interrupts_again()
-
-
-_terminal_fds: list[int] = []  # stdout / stderr where they were a terminal
-
-
-def hang_up_as_sigterm() -> None:
-    """SIGHUP (the terminal closed) stops this process as SIGTERM does, unless it is ignored (`nohup`).
-    Main thread only."""
-    if not _main_thread() or signal.getsignal(signal.SIGHUP) in (signal.SIG_IGN, _hang_up):
-        return
-    _terminal_fds[:] = [fd for fd in (1, 2) if os.isatty(fd)]
-    signal.signal(signal.SIGHUP, _hang_up)
-
-
-def _hang_up(signum: int, frame: object = None) -> None:
-    """Output to the hung-up terminal goes nowhere now (writing there fails with EIO), then SIGTERM."""
-    signal.signal(signum, signal.SIG_IGN)
-    with suppress(OSError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        for fd in _terminal_fds:
-            os.dup2(devnull, fd)
-        os.close(devnull)
-    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def ignore_sigterm() -> None:

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -269,75 +268,6 @@ def test_a_worker_still_starting_does_not_outlive_its_launcher(tiny_data, tmp_pa
     finally:
         for p in alive(workers):
             os.kill(p, signal.SIGKILL)
-
-
-def start_on_a_terminal(run_dir: Path, *overrides: str) -> tuple[subprocess.Popen, Callable[[], None]]:
-    """train.py on a terminal of its own (a pty, its controlling terminal, the process the foreground
-    group of a session of its own); returns it and what closes the terminal, as a terminal window or an
-    ssh session closes. Its output is read off as it comes."""
-    import fcntl
-    import select
-    import termios
-    import threading
-
-    main_end, its_end = os.openpty()
-
-    def take_the_terminal() -> None:  # in the child, after setsid: the pty becomes its controlling terminal
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", *overrides],
-        stdin=its_end,
-        stdout=its_end,
-        stderr=its_end,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-        start_new_session=True,
-        preexec_fn=take_the_terminal,
-    )
-    os.close(its_end)
-    closing = threading.Event()
-
-    def drain() -> None:  # closes the terminal's end itself: a read blocked in another thread would keep it open
-        with contextlib.suppress(OSError):
-            while not closing.is_set():
-                if select.select([main_end], [], [], 0.1)[0] and not os.read(main_end, 65536):
-                    break
-        os.close(main_end)
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-
-    def hang_up() -> None:
-        closing.set()
-        reader.join(5)
-
-    return proc, hang_up
-
-
-@pytest.mark.distributed
-def test_closing_the_terminal_stops_the_run_as_sigterm_does(tiny_data, tmp_path):
-    """A dropped ssh session or a closed terminal window (SIGHUP to the terminal's processes, the
-    workers too) ended every process at once: metrics.json stayed "running", and a report called the run
-    killed. Now it is interrupted as by SIGTERM, its finished epochs kept, and no worker is left."""
-    run_dir = tmp_path / "run"
-    args = ["workers=2", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY]
-    proc, hang_up = start_on_a_terminal(run_dir, *args)
-    workers: list[int] = []
-    try:
-        wait_for_epochs(run_dir, proc, 2)
-        workers = worker_pids(proc.pid)
-        assert len(workers) == 2, workers
-        hang_up()
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 128 + signal.SIGTERM
-    assert gone_within(workers, 5)
-    m = json.loads((run_dir / "metrics.json").read_text())
-    assert m["status"] == "interrupted" and len(m["history"]) >= 2
-    assert_resumable(run_dir)
-    assert not list(run_dir.glob("**/.*.tmp"))
 
 
 def test_sigterm_to_a_one_worker_run(tiny_data, tmp_path):

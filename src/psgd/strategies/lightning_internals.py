@@ -27,7 +27,7 @@ from typing_extensions import override
 
 from psgd import forkserver
 from psgd.process import oom_kills, prepare_worker
-from psgd.signals import ctrl_c_out_of_threading, die_with_parent, hang_up_as_sigterm
+from psgd.signals import ctrl_c_out_of_threading, die_with_parent
 from psgd.strategies.workers import (
     REPORT_KEY,
     KilledWorker,
@@ -113,7 +113,6 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
                 args = (trainer, function, fargs, fkwargs, return_queue, self._global_states)
         prepare_worker()
         die_with_parent()  # before the rendezvous: an orphan would wait out strategy.timeout_s
-        hang_up_as_sigterm()
         ctrl_c_out_of_threading()
         try:
             super()._wrapping_function(process_idx, *args, **kwargs)
