@@ -34,8 +34,8 @@ def lost_a_peer(error: str) -> bool:
 
 
 class KilledWorker(ProcessExitedException):
-    """A worker that died of SIGKILL (or the fork server that started it), its message the run's one line
-    naming it and why. Picklable (a sweep launcher returns it from another process)."""
+    """A worker that died of SIGKILL, its message the run's one line naming it and why. Picklable (a sweep
+    launcher returns it from another process)."""
 
     def __init__(self, message: str, rank: int, pid: int):
         super().__init__(message, error_index=rank, error_pid=pid, exit_code=-signal.SIGKILL, signal_name="SIGKILL")
