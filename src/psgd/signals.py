@@ -109,13 +109,6 @@ def _lost_interrupts_raised_again(unraisable) -> None:
 _unraisablehook_before = sys.unraisablehook
 
 
-def raise_lost_interrupts_again() -> None:
-    global _unraisablehook_before
-    if sys.unraisablehook is not _lost_interrupts_raised_again:
-        _unraisablehook_before = sys.unraisablehook
-        sys.unraisablehook = _lost_interrupts_raised_again
-
-
 def interrupted_exit_code() -> int:
     """128 + the signal that stopped the run (SIGTERM, else Ctrl-C's SIGINT), as a shell reports it."""
     return 128 + (signal.SIGTERM if received == "SIGTERM" else signal.SIGINT)
@@ -138,18 +131,15 @@ def handler_for_this_process():
 
 @contextmanager
 def sigterm_interrupts() -> Iterator[None]:
-    """While the block runs, SIGTERM raises KeyboardInterrupt (`interrupt`), and neither it nor Ctrl-C's
-    is raised inside threading or queue. Main thread only: elsewhere this does nothing."""
+    """While the block runs, signals are handled as after `interrupt_on_sigterm`; afterwards as before.
+    Main thread only: elsewhere this does nothing."""
     global received
     if not _main_thread():
         yield
         return
     received = None
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    sigint = signal.getsignal(signal.SIGINT)
-    ctrl_c_out_of_threading()
-    hook = sys.unraisablehook
-    raise_lost_interrupts_again()
+    previous, sigint, hook = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT), sys.unraisablehook
+    interrupt_on_sigterm()
     try:
         yield
     finally:
@@ -189,12 +179,17 @@ def release_held() -> None:
 
 
 def interrupt_on_sigterm() -> None:
-    """For train.py and sweep.py, from their first line: SIGTERM stops them as Ctrl-C does, also outside a
-    run's fit and test. Main thread only."""
-    if _main_thread():
-        signal.signal(signal.SIGTERM, interrupt)
-        ctrl_c_out_of_threading()
-        raise_lost_interrupts_again()
+    """For train.py and sweep.py from their first line, and in a run's fit: SIGTERM raises KeyboardInterrupt
+    (`interrupt`), neither it nor Ctrl-C's is raised inside threading or queue, and one lost in a finalizer
+    is raised again. Main thread only."""
+    global _unraisablehook_before
+    if not _main_thread():
+        return
+    signal.signal(signal.SIGTERM, interrupt)
+    ctrl_c_out_of_threading()
+    if sys.unraisablehook is not _lost_interrupts_raised_again:
+        _unraisablehook_before = sys.unraisablehook
+        sys.unraisablehook = _lost_interrupts_raised_again
 
 
 def ignore_sigterm() -> None:
