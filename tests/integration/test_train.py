@@ -18,6 +18,7 @@ from helpers import metrics, scalars, tensorboard, training_data, undocumented
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 import psgd.callbacks
+import psgd.io
 from psgd.callbacks import denormals_flushed
 from psgd.cli import say_result
 from psgd.config import ConfigError
@@ -837,7 +838,7 @@ def test_a_checkpoint_the_disk_has_no_room_for_leaves_the_previous_one_whole(tin
     """The disk fills up while epoch 2's checkpoint is written (half of it fits). last.ckpt stays epoch
     1's, whole, so the run can be resumed; no temp file is left; the record says failed. Result files get
     the permissions open() gives."""
-    real_fdopen, binary = os.fdopen, []
+    binary = []
 
     class HalfFits:
         def __init__(self, f):
@@ -856,14 +857,14 @@ def test_a_checkpoint_the_disk_has_no_room_for_leaves_the_previous_one_whole(tin
         def __exit__(self, *exc):
             return self.f.__exit__(*exc)
 
-    def fdopen(fd, mode="r", *args, **kwargs):  # psgd's atomic writes: checkpoints are the binary ones
-        f = real_fdopen(fd, mode, *args, **kwargs)
+    def half_fits_open(file, mode="r", *args, **kwargs):  # psgd's atomic writes: checkpoints are the binary ones
+        f = open(file, mode, *args, **kwargs)
         if "b" in mode:
             binary.append(mode)
             return HalfFits(f) if len(binary) == 2 else f
         return f
 
-    monkeypatch.setattr(os, "fdopen", fdopen)
+    monkeypatch.setattr(psgd.io, "open", half_fits_open, raising=False)  # the name psgd.io's writes call
     run_dir = tmp_path / "run"
     with pytest.raises(OSError) as e:
         train(compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=2", *TINY), run_dir)
