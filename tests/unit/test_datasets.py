@@ -271,15 +271,11 @@ def test_batches_are_the_normalised_images_and_labels_in_sampler_order(tmp_path,
     assert start == len(labels)
 
 
-def test_training_batches_made_several_at_once_are_each_sampler_batch_in_order(tmp_path, monkeypatch):
-    """The CPU loader makes consecutive batches together (psgd.data.datamodule.MADE_TOGETHER_BYTES):
-    each is still its own index batch of the epoch's order, normalised, the last one short."""
-    from psgd.data import datamodule
-
+def test_training_batches_are_each_sampler_batch_in_order(tmp_path):
+    """Each batch is its own index batch of the epoch's order, normalised, the last one short."""
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
     dm = ClassificationData("mnist", str(tmp_path), batch_size=32, record_shards=True, channels_last=True)
     dm.setup("fit")
-    monkeypatch.setattr(datamodule, "MADE_TOGETHER_BYTES", 3 * 32 * 32 * 32 * 4)  # 3 batches of 32 at once
     loader = dm.train_dataloader()
     loader.sampler.set_epoch(1)
     want = list(loader.sampler)  # the epoch's index batches: 6 of 32 and one of 8
@@ -294,15 +290,11 @@ def test_training_batches_made_several_at_once_are_each_sampler_batch_in_order(t
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
-def test_the_training_loader_goes_on_from_its_place_inside_an_epoch(tmp_path, monkeypatch, device):
+def test_the_training_loader_goes_on_from_its_place_inside_an_epoch(tmp_path, device):
     """Lightning saves a loader's state_dict in checkpoints and gives it back on a resume inside an
-    epoch: the resumed loader hands out that epoch's remaining batches, in order (also where the CPU
-    loader made the cut batch together with the next ones), and every later epoch whole. (meta stands in
-    for a GPU: batches made one by one.)"""
-    from psgd.data import datamodule
-
+    epoch: the resumed loader hands out that epoch's remaining batches, in order, and every later epoch
+    whole. (meta stands in for a GPU.)"""
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
-    monkeypatch.setattr(datamodule, "MADE_TOGETHER_BYTES", 3 * 32 * 32 * 32 * 4)  # 3 batches of 32 at once
 
     def loader():
         dm = _on(ClassificationData("mnist", str(tmp_path), batch_size=32, on_device=True, record_shards=True), device)
@@ -325,7 +317,7 @@ def test_the_training_loader_goes_on_from_its_place_inside_an_epoch(tmp_path, mo
     order = [i.tolist() for i in first.seen]
     assert len(whole) == 7 and first.state_dict() == {"epoch": 1, "batches": 7}
     taken = iter(first)
-    for _ in range(2):  # stopped inside the first three made together
+    for _ in range(2):  # stopped after two batches
         next(taken)
     state = first.state_dict()
     assert state == {"epoch": 1, "batches": 2}
@@ -391,7 +383,6 @@ def test_on_device_makes_every_batch_on_the_trainers_device_from_the_same_shard(
     dev = _on(ClassificationData("mnist", str(tmp_path), on_device=True, **kw), "meta")
     for dm in (host, dev):
         dm.setup("fit")
-    assert host.device().type == "cpu" and dev.device().type == "meta"
     train_host, train_dev = host.train_dataloader(), dev.train_dataloader()
     shapes = [(x.shape, y.shape) for x, y in train_host]
     with OneDevicePerOp():
