@@ -44,22 +44,6 @@ def test_a_failed_download_leaves_no_empty_folders_behind(tmp_path, offline, cap
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
 
 
-def test_without_download_the_folders_around_the_root_are_not_listed(tmp_path, monkeypatch):
-    """Listing the folders two levels below data.root (to take away what a failed download made) is for
-    downloads only: data.root may be a large tree (a home directory), and data.download=false makes none."""
-    import psgd.data.datasets as datasets
-
-    make_mnist_like(tmp_path, "MNIST", n_train=50, n_test=20)
-    listed = []
-    monkeypatch.setattr(datasets, "_dirs_around", lambda root: listed.append(root) or set())
-    images, _ = load_split("mnist", str(tmp_path), train=True, download=False)
-    with pytest.raises(DataError):
-        load_split("mnist", str(tmp_path / "nowhere"), train=True, download=False)
-    assert len(images) == 50 and listed == []
-    load_split("mnist", str(tmp_path), train=True, download=True)
-    assert listed == [str(tmp_path)]
-
-
 def test_truncated_file_is_one_line_naming_the_file(tmp_path):
     make_mnist_like(tmp_path, "MNIST", n_train=50, n_test=20)
     path = tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte.gz"
