@@ -172,34 +172,6 @@ def test_a_run_where_a_worker_gets_no_training_batch_is_refused_before_it_starts
         data(partition="dirichlet", dirichlet_alpha=1e-4).check_batches(10)
 
 
-def test_a_batch_larger_than_a_workers_shard_is_warned_about(tmp_path):
-    # such a run trains on less than data.batch_size at every step, while its records say data.batch_size
-    make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
-
-    def warning(workers, **kw):
-        dm = ClassificationData("mnist", str(tmp_path), **kw)
-        dm.prepare_data()
-        return dm.check_batches(workers)
-
-    assert warning(1, batch_size=200) is None and warning(2, batch_size=100) is None
-    assert warning(1, batch_size=201) == (
-        "data.batch_size=201 is larger than the training shard of worker 0 (200 samples): "
-        "it never trains on a full batch"
-    )
-    assert warning(2, batch_size=101) == (
-        "data.batch_size=101 is larger than the training shard of workers 0 (100 samples), 1 (100 samples): "
-        "they never train on a full batch"
-    )
-    sizes = {"partition": "sizes", "partition_sizes": [0.6, 0.4]}  # shards of 120 and 80
-    assert warning(2, batch_size=81, **sizes) == (
-        "data.batch_size=81 is larger than the training shard of worker 1 (80 samples): it never trains on a full batch"
-    )
-    assert warning(6, batch_size=34, partition="sizes", partition_sizes=[0.5] + [0.1] * 5).endswith(
-        "of workers 1 (20 samples), 2 (20 samples), 3 (20 samples), 4 (20 samples), ...: "
-        "they never train on a full batch"
-    )
-
-
 def test_a_test_fraction_that_leaves_no_test_batch_is_refused_before_training(tmp_path):
     # Lightning refused it only in the test after training: the run had trained and then failed
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
@@ -258,7 +230,7 @@ def test_batches_are_the_normalised_images_and_labels_in_sampler_order(tmp_path,
 def test_training_batches_are_each_sampler_batch_in_order(tmp_path):
     """Each batch is its own index batch of the epoch's order, normalised, the last one short."""
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
-    dm = ClassificationData("mnist", str(tmp_path), batch_size=32, record_shards=True, channels_last=True)
+    dm = ClassificationData("mnist", str(tmp_path), batch_size=32, channels_last=True)
     dm.setup("fit")
     loader = dm.train_dataloader()
     loader.sampler.set_epoch(1)
@@ -270,7 +242,7 @@ def test_training_batches_are_each_sampler_batch_in_order(tmp_path):
     for (x, y), idx in zip(got, want, strict=True):
         torch.testing.assert_close(x, (images[idx].float() / 255 - info.mean[0]) / info.std[0], rtol=0, atol=1e-5)
         assert torch.equal(y, labels[idx]) and x.is_contiguous(memory_format=torch.channels_last)
-    assert [i.tolist() for i in loader.seen] == [i.tolist() for i in want]  # what record_shards writes
+    assert [i.tolist() for i in loader.seen] == [i.tolist() for i in want]  # what record_shards saves
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
@@ -281,7 +253,7 @@ def test_the_training_loader_goes_on_from_its_place_inside_an_epoch(tmp_path, de
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
 
     def loader():
-        dm = _on(ClassificationData("mnist", str(tmp_path), batch_size=32, on_device=True, record_shards=True), device)
+        dm = _on(ClassificationData("mnist", str(tmp_path), batch_size=32, on_device=True), device)
         dm.trainer.world_size, dm.trainer.global_rank = 1, 0
         dm.setup("fit")
         return dm.train_dataloader()
@@ -362,7 +334,7 @@ def test_on_device_makes_every_batch_on_the_trainers_device_from_the_same_shard(
     # No GPU here: the meta device stands in for one. It holds no values, so this checks where the data
     # and every batch go (values are checked on the host above; the ops are the same on any device).
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
-    kw = dict(batch_size=32, eval_batch_size=16, channels_last=True, augment=augment, record_shards=True)
+    kw = dict(batch_size=32, eval_batch_size=16, channels_last=True, augment=augment)
     host = _on(ClassificationData("mnist", str(tmp_path), **kw), "meta")  # on_device off: the device is ignored
     dev = _on(ClassificationData("mnist", str(tmp_path), on_device=True, **kw), "meta")
     for dm in (host, dev):
@@ -407,8 +379,8 @@ class IndexTransfers(torch.overrides.TorchFunctionMode):
 def test_on_device_copies_an_epochs_index_batches_in_one_transfer(tmp_path):
     # a small host-to-GPU copy per step costs a driver call each; the epoch's order is known at its start
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
-    dev = _on(ClassificationData("mnist", str(tmp_path), batch_size=32, on_device=True, record_shards=True), "meta")
-    host = _on(ClassificationData("mnist", str(tmp_path), batch_size=32, record_shards=True), "meta")
+    dev = _on(ClassificationData("mnist", str(tmp_path), batch_size=32, on_device=True), "meta")
+    host = _on(ClassificationData("mnist", str(tmp_path), batch_size=32), "meta")
     for dm in (dev, host):
         dm.setup("fit")
     loader, host_loader = dev.train_dataloader(), host.train_dataloader()

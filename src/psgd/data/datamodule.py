@@ -104,10 +104,9 @@ class TensorLoader:
 
     batch_sampler = None  # Lightning inspects DataLoader-like attributes; the sampler yields whole batches
 
-    def __init__(self, images: Tensor, labels: Tensor, sampler, transform: BatchTransform, record: bool = False):
+    def __init__(self, images: Tensor, labels: Tensor, sampler, transform: BatchTransform):
         self.images, self.labels, self.sampler, self.transform = images, labels, sampler, transform
-        self.record = record
-        self.seen: list[Tensor] = []  # with `record`: the index batches handed out this epoch
+        self.seen: list[Tensor] = []  # the index batches handed out this epoch (record_shards saves them)
         # this epoch's batches handed out so far: the ones trained (Lightning fetches a sized loader's
         # batches one at a time, none ahead)
         self.handed_out = 0
@@ -137,8 +136,7 @@ class TensorLoader:
         # the index batches go where the data is kept in one transfer (on_device: one copy, not one per step)
         placed = torch.cat(host).to(self.images.device, non_blocking=True).split([len(i) for i in host])
         for idx, on_device in zip(host, placed):
-            if self.record:
-                self.seen.append(idx)
+            self.seen.append(idx)
             self.handed_out += 1
             yield self.transform(self.images.index_select(0, on_device)), self.labels.index_select(0, on_device)
 
@@ -159,7 +157,6 @@ class ClassificationData(L.LightningDataModule):
         lockstep: every worker takes the fewest batches any shard allows (DDP: uneven shards never hang).
         shard_eval: each worker evaluates its share of a split (False: all of it, model averaging's replicas).
         on_device: each split copied once to the trainer's device, batches made there.
-        record_shards: the training loader keeps the index batches it handed out (`TensorLoader.seen`).
     """
 
     def __init__(
@@ -180,7 +177,6 @@ class ClassificationData(L.LightningDataModule):
         lockstep: bool = True,
         drop_last: bool = False,
         channels_last: bool = False,
-        record_shards: bool = False,
         shard_eval: bool = True,
         on_device: bool = False,
     ):
@@ -192,7 +188,7 @@ class ClassificationData(L.LightningDataModule):
         self.scheme, self.sizes, self.alpha = partition, partition_sizes, dirichlet_alpha
         self.augment, self.val_split, self.seed = augment, val_split, seed
         self.lockstep, self.drop_last, self.channels_last = lockstep, drop_last, channels_last
-        self.record_shards, self.shard_eval, self.on_device = record_shards, shard_eval, on_device
+        self.shard_eval, self.on_device = shard_eval, on_device
         self._decoded: dict[bool, tuple[Tensor, Tensor]] = {}  # raw splits from prepare_data, by `train`
         self.train_set: tuple[Tensor, Tensor] | None = None
         self.val_set: tuple[Tensor, Tensor] | None = None
@@ -228,8 +224,8 @@ class ClassificationData(L.LightningDataModule):
         n_val = int(round(self.val_split * n))
         return perm[:n_val], perm[n_val:].sort().values
 
-    def check_batches(self, workers: int) -> str | None:
-        """A warning line where a worker's shard is smaller than one batch, else None (needs prepare_data).
+    def check_batches(self, workers: int) -> None:
+        """Refuse a partition and batch size that leave a worker no training batch (needs prepare_data).
 
         Raises:
             DataError: a worker would get no training batch.
@@ -248,13 +244,6 @@ class ClassificationData(L.LightningDataModule):
                 f"data.partition={self.scheme}, data.batch_size={self.batch_size} and "
                 f"data.drop_last={str(self.drop_last).lower()}: {fix}"
             )
-        short = [r for r, n in enumerate(sizes) if n < self.batch_size]
-        if not short:
-            return None
-        named = ", ".join(f"{r} ({sizes[r]} samples)" for r in short[:4]) + (", ..." if len(short) > 4 else "")
-        whose, they = ("workers", "they never train") if len(short) > 1 else ("worker", "it never trains")
-        said = f"data.batch_size={self.batch_size} is larger than the training shard of {whose} {named}"
-        return f"{said}: {they} on a full batch"
 
     def train_shards(self, workers: int) -> tuple[list[int], list[int]]:
         """Each of `workers` workers' training samples and whole shard's batches per epoch, in rank order
@@ -322,7 +311,7 @@ class ClassificationData(L.LightningDataModule):
         # Lightning's overfit_batches turns a DataLoader's shuffling off; this loader's sampler does it here
         sampler.same_every_epoch = (getattr(self.trainer, "overfit_batches", 0) or 0) > 0
         transform = BatchTransform(self.info.mean, self.info.std, PRESETS[self.augment], self.channels_last)
-        return TensorLoader(*self._where(self.train_set), sampler, transform, record=self.record_shards)
+        return TensorLoader(*self._where(self.train_set), sampler, transform)
 
     def _eval_loader(self, split: tuple[Tensor, Tensor], sharded: bool) -> TensorLoader:
         """Each worker's share of `split` where `sharded`, else all of it for every worker."""
