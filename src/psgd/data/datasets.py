@@ -101,19 +101,17 @@ def what_is_missing(name: str, root: str, verify_md5: bool = True) -> str | None
     if not top.is_dir():
         return "a file, not a folder" if top.exists() else "no such folder"
     if name == "cifar10":
-        folder = top / CIFAR10.base_folder
-        expected = [*CIFAR10.train_list, *CIFAR10.test_list, [CIFAR10.meta["filename"], CIFAR10.meta["md5"]]]
-        missing = [f"{CIFAR10.base_folder}/{f}" for f, _ in expected if not (folder / f).is_file()]
-        if missing or not verify_md5:
-            return _some("missing", missing)
-        wrong = [f"{CIFAR10.base_folder}/{f}" for f, md5 in expected if not check_integrity(str(folder / f), md5)]
-        found = _some("md5 sum not CIFAR10's for", wrong)
-        return found and f"{found}: a damaged download, or a copy made locally (then set data.verify_md5=false)"
-    cls = _CLASSES[name]
-    raw = top / cls.folder / "raw"
-    names = [f for f, _ in cls.resources]  # the .gz names; read as they are or extracted beside them
-    missing = [f"{cls.folder}/raw/{f}" for f in names if not (raw / f).is_file() and not (raw / f[:-3]).is_file()]
-    return _some("missing", missing)
+        listed = [*CIFAR10.train_list, *CIFAR10.test_list, [CIFAR10.meta["filename"], CIFAR10.meta["md5"]]]
+        files = {f"{CIFAR10.base_folder}/{f}": md5 for f, md5 in listed}
+    else:  # the .gz names, read as they are or extracted beside them
+        files = {f"{_CLASSES[name].folder}/raw/{f}": None for f, _ in _CLASSES[name].resources}
+    missing = [f for f in files if not (top / f).is_file() and not (top / f.removesuffix(".gz")).is_file()]
+    if missing or not verify_md5 or name != "cifar10":
+        return _some("missing", missing)
+    wrong = _some(
+        "md5 sum not CIFAR10's for", [f for f, md5 in files.items() if not check_integrity(str(top / f), md5)]
+    )
+    return wrong and f"{wrong}: a damaged download, or a copy made locally (then set data.verify_md5=false)"
 
 
 def _some(what: str, files: list[str]) -> str | None:
