@@ -74,8 +74,9 @@ class WorkerSetup(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        """Where the epoch was cut short, every worker's random stream; nothing otherwise, since each epoch
-        reseeds. Every worker stops together at a cut, so the streams are gathered."""
+        """Where the epoch was cut short, every worker's random stream (and the one its CPU loader made its
+        current batches with); nothing otherwise, since each epoch reseeds. Every worker stops together at
+        a cut, so the streams are gathered."""
         trainer = self._trainer
         if trainer is None or trainer.state.fn != "fit":
             return {}
@@ -85,6 +86,9 @@ class WorkerSetup(Callback):
         device = trainer.strategy.root_device
         if device.type == "cuda":
             mine["cuda"] = torch.cuda.get_rng_state(device)
+        made_at = getattr(trainer.train_dataloader, "made_at", None)
+        if made_at is not None:
+            mine["made_at"] = made_at
         streams = [mine]
         if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
             streams = [None] * trainer.world_size
@@ -119,6 +123,8 @@ class WorkerSetup(Callback):
             return
         mine = streams[trainer.global_rank]
         torch.set_rng_state(mine["cpu"])
+        if "made_at" in mine and hasattr(loader, "make_again"):
+            loader.make_again = (state["epoch"], *mine["made_at"])
         device = trainer.strategy.root_device
         if device.type == "cuda" and "cuda" in mine:
             torch.cuda.set_rng_state(mine["cuda"], device)

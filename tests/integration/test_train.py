@@ -438,7 +438,8 @@ def last_weights(run_dir) -> dict[str, torch.Tensor]:
         ([], "trainer.max_steps=20", []),  # 16 steps an epoch: inside the second; resumed to max_epochs
         ([], "trainer.max_steps=20", ["trainer.max_steps=40"]),  # (Lightning resumes inside the epoch itself)
         ([], "early_stop.target_acc=0.05", []),  # stopped after the validation half-way through epoch 1
-        (["data.augment=pad_crop_flip"], "trainer.max_steps=20", []),  # the augmentations' draws go on too
+        (["data.augment=pad_crop_flip"], "trainer.max_steps=20", []),  # inside batches 3-5, made together
+        (["data.augment=pad_crop_flip"], "trainer.max_steps=22", []),  # after them: the next are made anew
         (["scheduler.interval=step"], "trainer.max_steps=20", []),  # it sets the training data up early
         (["strategy=model_averaging"], "trainer.max_steps=20", []),  # its checkpoint: at the train's end
         (["strategy=hogwild"], "trainer.max_steps=20", []),
@@ -447,19 +448,21 @@ def last_weights(run_dir) -> dict[str, torch.Tensor]:
         "max_steps-then-max_epochs",
         "max_steps-then-more-steps",
         "early-stop-then-none",
-        "augmented",
+        "augmented-inside-batches-made-together",
+        "augmented-after-batches-made-together",
         "per-step-lr-schedule",
         "model-averaging",
         "hogwild",
     ],
 )
 def test_a_run_cut_inside_an_epoch_resumes_to_the_uninterrupted_runs_weights(
-    tiny_data, tmp_path, both, cut, resumed_with
+    tiny_data, tmp_path, monkeypatch, both, cut, resumed_with
 ):
     """A checkpoint written where an epoch was cut short goes on inside that epoch, from the next batch,
-    with every worker's random stream as it was (dropout and augmentation are on). Before, a resume to
-    max_epochs took the cut epoch as trained and never trained its remaining batches (one epoch's steps
-    fewer in all), and one to a larger max_steps trained the epoch's first batches again."""
+    with every worker's random stream as it was (dropout is on), and the CPU loader makes the batches it
+    was making together again with the same augmentations. Before, a resume to max_epochs took the cut
+    epoch as trained and never trained its remaining batches (one epoch's steps fewer in all), and one
+    to a larger max_steps trained the epoch's first batches again."""
     common = [f"data.root={tiny_data}", "trainer.max_epochs=3", "trainer.val_check_interval=0.5", *both, *TINY]
     straight = train(compose_cfg(*common, *resumed_with), tmp_path / "straight")
     first = train(compose_cfg(*common, cut), tmp_path / "first")

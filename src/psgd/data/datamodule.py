@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from psgd.choices import INFO
+from psgd.choices import INFO, DatasetInfo
 from psgd.data.augment import PRESETS
 from psgd.data.datasets import DataError, load_split
 from psgd.data.partition import HOLDOUT, generator, limited_batches, num_batches, partition
@@ -74,38 +74,26 @@ class EvalSampler:
         yield from torch.tensor_split(self.indices, self.steps)
 
 
-class BatchTransform:
-    """uint8 batch -> float in [0,1] -> optional augmentation -> per-channel normalisation."""
-
-    def __init__(
-        self,
-        mean: Sequence[float],
-        std: Sequence[float],
-        augment: Callable[[Tensor], Tensor] | None = None,
-        channels_last: bool = False,
-    ):
-        self.mean = torch.tensor(mean).view(1, -1, 1, 1)
-        self.std = torch.tensor(std).view(1, -1, 1, 1)
-        self.augment, self.channels_last = augment, channels_last
-
-    def __call__(self, images: Tensor) -> Tensor:
-        if images.device != self.mean.device:  # batches made on the GPU (on_device): the constants follow, once
-            self.mean, self.std = self.mean.to(images.device), self.std.to(images.device)
-        x = images.float().div_(255)
-        if self.augment is not None:
-            x = self.augment(x)
-        x = x.sub_(self.mean).div_(self.std)
-        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
-
-
 class TensorLoader:
-    """Yields (images, labels) batches by indexing in-memory tensors, and keeps its place inside an epoch
-    through Lightning's state_dict / load_state_dict (a resumed run goes on with the epoch's next batch)."""
+    """Batches made by indexing in-memory uint8 tensors: the images as floats in [0, 1], augmented, then
+    normalised per channel, with their labels. Keeps its place inside an epoch through Lightning's
+    state_dict / load_state_dict (a resumed run goes on with the epoch's next batch)."""
 
     batch_sampler = None  # Lightning inspects DataLoader-like attributes; the sampler yields whole batches
 
-    def __init__(self, images: Tensor, labels: Tensor, sampler, transform: BatchTransform):
-        self.images, self.labels, self.sampler, self.transform = images, labels, sampler, transform
+    def __init__(
+        self,
+        images: Tensor,
+        labels: Tensor,
+        sampler,
+        info: DatasetInfo,
+        augment: Callable[[Tensor], Tensor] | None = None,
+        channels_last: bool = False,
+    ):
+        self.images, self.labels, self.sampler = images, labels, sampler
+        self.mean = torch.tensor(info.mean, device=images.device).view(1, -1, 1, 1)
+        self.std = torch.tensor(info.std, device=images.device).view(1, -1, 1, 1)
+        self.augment, self.channels_last = augment, channels_last
         self.seen: list[Tensor] = []  # the index batches handed out this epoch (record_shards saves them)
         # this epoch's batches handed out so far: the ones trained (Lightning fetches a sized loader's
         # batches one at a time, none ahead)
@@ -138,7 +126,16 @@ class TensorLoader:
         for idx, on_device in zip(host, placed):
             self.seen.append(idx)
             self.handed_out += 1
-            yield self.transform(self.images.index_select(0, on_device)), self.labels.index_select(0, on_device)
+            yield self.batch(on_device)
+
+    def batch(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+        """The samples `idx` (on the data's device) as a batch."""
+        x = self.images.index_select(0, idx).float().div_(255)
+        if self.augment is not None:
+            x = self.augment(x)
+        x = x.sub_(self.mean).div_(self.std)
+        x = x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+        return x, self.labels.index_select(0, idx)
 
 
 def resize(images: Tensor, size: int) -> Tensor:
@@ -185,8 +182,14 @@ class ClassificationData(L.LightningDataModule):
         self.info = INFO[name]
         self.image_size = image_size or self.info.size
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
-        self.scheme, self.sizes, self.alpha = partition, partition_sizes, dirichlet_alpha
         self.augment, self.val_split, self.seed = augment, val_split, seed
+        self.deal = {  # partition's keywords
+            "scheme": partition,
+            "seed": seed,
+            "sizes": partition_sizes,
+            "alpha": dirichlet_alpha,
+            "num_classes": self.info.num_classes,
+        }
         self.lockstep, self.drop_last, self.channels_last = lockstep, drop_last, channels_last
         self.shard_eval, self.on_device = shard_eval, on_device
         self._decoded: dict[bool, tuple[Tensor, Tensor]] = {}  # raw splits from prepare_data, by `train`
@@ -241,7 +244,7 @@ class ClassificationData(L.LightningDataModule):
             )
             raise DataError(
                 f"no training batch for {shards} of {workers} with {sum(sizes)} training samples, "
-                f"data.partition={self.scheme}, data.batch_size={self.batch_size} and "
+                f"data.partition={self.deal['scheme']}, data.batch_size={self.batch_size} and "
                 f"data.drop_last={str(self.drop_last).lower()}: {fix}"
             )
 
@@ -255,7 +258,7 @@ class ClassificationData(L.LightningDataModule):
             sampler = self.train_sampler(workers, 0, labels)
             return [len(s) for s in sampler.shards()], sampler.counts()
         except ValueError as e:  # a partition that leaves a worker nothing (dirichlet)
-            raise DataError(f"data.partition={self.scheme}: {e}") from e
+            raise DataError(f"data.partition={self.deal['scheme']}: {e}") from e
 
     def check_test_limit(self, limit: float | int | None) -> None:
         """Refuse, before training, a trainer.limit_test_batches fraction that leaves the test no batch.
@@ -292,32 +295,19 @@ class ClassificationData(L.LightningDataModule):
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
     def train_sampler(self, workers: int, rank: int, labels: Tensor | None = None) -> ShardSampler:
-        return ShardSampler(
-            self.train_set[1] if labels is None else labels,
-            workers,
-            rank,
-            self.batch_size,
-            lockstep=self.lockstep,
-            drop_last=self.drop_last,
-            scheme=self.scheme,
-            seed=self.seed,
-            sizes=self.sizes,
-            alpha=self.alpha,
-            num_classes=self.info.num_classes,
-        )
+        labels = self.train_set[1] if labels is None else labels
+        return ShardSampler(labels, workers, rank, self.batch_size, self.lockstep, self.drop_last, **self.deal)
 
     def train_dataloader(self) -> TensorLoader:
         sampler = self.train_sampler(*self._world())
         # Lightning's overfit_batches turns a DataLoader's shuffling off; this loader's sampler does it here
         sampler.same_every_epoch = (getattr(self.trainer, "overfit_batches", 0) or 0) > 0
-        transform = BatchTransform(self.info.mean, self.info.std, PRESETS[self.augment], self.channels_last)
-        return TensorLoader(*self._where(self.train_set), sampler, transform)
+        return TensorLoader(*self._where(self.train_set), sampler, self.info, PRESETS[self.augment], self.channels_last)
 
     def _eval_loader(self, split: tuple[Tensor, Tensor], sharded: bool) -> TensorLoader:
         """Each worker's share of `split` where `sharded`, else all of it for every worker."""
         sampler = EvalSampler(len(split[1]), *(self._world() if sharded else (1, 0)), self.eval_batch_size)
-        transform = BatchTransform(self.info.mean, self.info.std, None, self.channels_last)
-        return TensorLoader(*self._where(split), sampler, transform)
+        return TensorLoader(*self._where(split), sampler, self.info, channels_last=self.channels_last)
 
     def val_dataloader(self) -> TensorLoader:
         return self._eval_loader(self.val_set, self.shard_eval)
