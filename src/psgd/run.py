@@ -51,7 +51,7 @@ from psgd.config import (
     compile_mode,
     schedule,
 )
-from psgd.console import text_lines
+from psgd.console import text_lines, warn
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
 from psgd.environment import cpu_count, device_description, versions
@@ -222,7 +222,8 @@ def read_data(cfg: DictConfig, plan: Plan, datamodule: ClassificationData, net: 
     world_size = plan.workers * cfg.trainer.num_nodes
     with found_by_every_worker():
         datamodule.prepare_data()
-        check_data(cfg, datamodule, world_size)
+        if short := check_data(cfg, datamodule, world_size):
+            warn(short)  # a shard smaller than one batch
         if plan.accelerator == "cpu" and plan.launcher == "psgd":  # every worker on this machine
             sizes, _ = datamodule.train_shards(world_size)
             check_memory(cfg, net, image_size, sizes, plan.workers)

@@ -17,10 +17,12 @@ from psgd.data.datasets import DataError, load_split, what_is_missing
 from psgd.memory import memory_problem
 
 
-def check_data(cfg: DictConfig, datamodule: ClassificationData, world_size: int) -> None:
-    """A DataError for a worker that would get no training batch, or a final test of no batch. Needs prepare_data."""
-    datamodule.check_batches(world_size)
+def check_data(cfg: DictConfig, datamodule: ClassificationData, world_size: int) -> str | None:
+    """A DataError for a worker that would get no training batch, or a final test of no batch; a warning
+    line for a shard smaller than one batch. Needs prepare_data."""
+    short = datamodule.check_batches(world_size)
     datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))
+    return short
 
 
 def check_memory(cfg: DictConfig, net: nn.Module, image_size: int, sizes: list[int], workers: int) -> None:
