@@ -1,6 +1,6 @@
 """The LightningDataModule: tensors decoded once, batches made by indexing, shards by `partition`."""
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import pytorch_lightning as L
@@ -58,20 +58,11 @@ class ShardSampler:
             yield mine[i * self.batch_size : (i + 1) * self.batch_size]
 
 
-class EvalSampler:
-    """This worker's strided share of an evaluation set, cut into the same number of batches on every
-    worker (so nothing collective can ever wait on a worker with one batch more)."""
-
-    def __init__(self, n: int, workers: int, rank: int, batch_size: int):
-        self.indices = torch.arange(rank, n, workers)
-        largest = len(range(0, n, workers))
-        self.steps = max(1, -(-largest // batch_size))
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def __iter__(self) -> Iterator[Tensor]:
-        yield from torch.tensor_split(self.indices, self.steps)
+def eval_batches(n: int, workers: int, rank: int, batch_size: int) -> list[Tensor]:
+    """This worker's strided share of an evaluation set of `n` samples, cut into the same number of batches
+    on every worker (so nothing collective can ever wait on a worker with one batch more)."""
+    largest = len(range(0, n, workers))
+    return list(torch.tensor_split(torch.arange(rank, n, workers), max(1, -(-largest // batch_size))))
 
 
 class TensorLoader:
@@ -85,7 +76,7 @@ class TensorLoader:
         self,
         images: Tensor,
         labels: Tensor,
-        sampler,
+        sampler: Iterable[Tensor],
         info: DatasetInfo,
         augment: Callable[[Tensor], Tensor] | None = None,
         channels_last: bool = False,
@@ -306,8 +297,8 @@ class ClassificationData(L.LightningDataModule):
 
     def _eval_loader(self, split: tuple[Tensor, Tensor], sharded: bool) -> TensorLoader:
         """Each worker's share of `split` where `sharded`, else all of it for every worker."""
-        sampler = EvalSampler(len(split[1]), *(self._world() if sharded else (1, 0)), self.eval_batch_size)
-        return TensorLoader(*self._where(split), sampler, self.info, channels_last=self.channels_last)
+        batches = eval_batches(len(split[1]), *(self._world() if sharded else (1, 0)), self.eval_batch_size)
+        return TensorLoader(*self._where(split), batches, self.info, channels_last=self.channels_last)
 
     def val_dataloader(self) -> TensorLoader:
         return self._eval_loader(self.val_set, self.shard_eval)
