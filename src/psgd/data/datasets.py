@@ -39,13 +39,8 @@ def read_idx(path: str) -> np.ndarray:
 
 
 class _ReadsGzip:
-    """MNIST-family mixin: accept and read the downloaded .gz files without extracting them."""
-
-    folder: str
-
-    @property
-    def raw_folder(self) -> str:
-        return os.path.join(self.root, self.folder, "raw")
+    """MNIST-family mixin: accept and read the downloaded .gz files without extracting them (under
+    <root>/<class name>/raw, as torchvision has them)."""
 
     def _path(self, stem: str) -> str:
         plain = os.path.join(self.raw_folder, stem)
@@ -62,11 +57,11 @@ class _ReadsGzip:
 
 
 class MNIST(_ReadsGzip, tvd.MNIST):
-    folder = "MNIST"
+    pass
 
 
 class FashionMNIST(_ReadsGzip, tvd.FashionMNIST):
-    folder = "FashionMNIST"
+    pass
 
 
 class CIFAR10(tvd.CIFAR10):
@@ -104,7 +99,7 @@ def what_is_missing(name: str, root: str, verify_md5: bool = True) -> str | None
         listed = [*CIFAR10.train_list, *CIFAR10.test_list, [CIFAR10.meta["filename"], CIFAR10.meta["md5"]]]
         files = {f"{CIFAR10.base_folder}/{f}": md5 for f, md5 in listed}
     else:  # the .gz names, read as they are or extracted beside them
-        files = {f"{_CLASSES[name].folder}/raw/{f}": None for f, _ in _CLASSES[name].resources}
+        files = {f"{_CLASSES[name].__name__}/raw/{f}": None for f, _ in _CLASSES[name].resources}
     missing = [f for f in files if not (top / f).is_file() and not (top / f.removesuffix(".gz")).is_file()]
     if missing or not verify_md5 or name != "cifar10":
         return _some("missing", missing)
@@ -125,7 +120,7 @@ def _new_folders(name: str, root: str) -> list[Path]:
     """The folders a download of `name` into `root` makes that are not there yet, deepest first."""
     top = Path(root).absolute()
     cls = _CLASSES[name]
-    below = [top / cls.base_folder] if name == "cifar10" else [top / cls.folder / "raw", top / cls.folder]
+    below = [top / cls.base_folder] if name == "cifar10" else [top / cls.__name__ / "raw", top / cls.__name__]
     return [p for p in (*below, top, *top.parents) if not p.exists()]
 
 
