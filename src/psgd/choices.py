@@ -1,9 +1,6 @@
-"""The names a config chooses from: datasets (with the sizes the models are built for), partition
-schemes, augmentation presets, models, learning-rate rules.
-
-Standard library only: psgd.config checks a command line's values with these before torch and
-Lightning load (~4 s), so a bad value is reported in a fraction of a second. The modules that implement each
-choice take their names from here.
+"""The names a config chooses from: datasets (with their image shapes and classes), partition schemes,
+augmentation presets, models, learning-rate rules. Standard library only: psgd.config checks a command line's
+values with these before torch loads; the modules that implement each choice take their names from here.
 """
 
 from dataclasses import dataclass

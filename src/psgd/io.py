@@ -1,7 +1,5 @@
 """File writing: atomic writes of text, JSON, CSV and torch objects, and one-line messages on stderr.
-
-A leaf module: it imports no other psgd module.
-"""
+A leaf module: it imports no other psgd module."""
 
 import csv
 import errno
@@ -21,7 +19,7 @@ NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 def say(line: str) -> None:
     """Write `line` and its newline to stderr in one write, so that lines of processes writing at once
-    do not interleave (print() writes the text and the newline apart)."""
+    do not interleave."""
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
 
@@ -33,10 +31,9 @@ def failed_write(e: OSError) -> str:
 
 @contextmanager
 def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
-    """A file to write `path` through: a temp file in the same folder, renamed over `path` once written
-    and synced. Readers, and a resume after a crash or a full disk, find the old file or the new one,
-    never part of one; a failed write leaves the old one as it was and no temp file. The file gets the
-    permissions a plain open() would give.
+    """A file to write `path` through: a temp file in the same folder, synced and renamed over `path` once
+    written, so that a reader (or a resume after a crash) finds the old file or the new one, never part of
+    one, and a failed write leaves no temp file. The file gets the permissions open() would give.
 
     Raises:
         OSError: the write failed; it names `path` where the failing call named no file.
@@ -59,9 +56,8 @@ def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
 
 
 def remove_temp_files(folder: str | os.PathLike) -> list[Path]:
-    """Remove the temp files of atomic_file writes under `folder` that never finished (their writer was
-    killed between making the file and renaming it). Call it only once nothing writes there any more.
-    Returns those removed."""
+    """Remove (and return) the temp files under `folder` of atomic_file writes whose writer was killed.
+    Call it only once nothing writes there any more."""
     left = [p for p in Path(folder).glob("**/.*.tmp") if p.is_file()]
     for p in left:
         p.unlink(missing_ok=True)
@@ -69,14 +65,13 @@ def remove_temp_files(folder: str | os.PathLike) -> list[Path]:
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` atomically (atomic_file)."""
     with atomic_file(path) as f:
         f.write(text)
 
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> None:
-    """torch.save `obj` to `path` atomically (atomic_file). Serialised in memory first, so that a full
-    disk is the OSError it is (torch's own writer reports it as a position mismatch)."""
+    """torch.save `obj` to `path` atomically, serialised in memory first so that a full disk is the OSError
+    it is (torch's own writer reports it as a position mismatch)."""
     import torch  # here, not at the top: the command line imports this module and must not load torch
 
     buffer = BytesIO()
@@ -86,12 +81,10 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> None:
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Write `obj` to `path` as indented JSON, atomically."""
     write_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
 def write_csv(path: str | os.PathLike, header: list[str], rows: list[list[Any]]) -> None:
-    """Write a CSV file with `header` and `rows`, atomically."""
     text = StringIO()
     writer = csv.writer(text)
     writer.writerow(header)
@@ -100,5 +93,4 @@ def write_csv(path: str | os.PathLike, header: list[str], rows: list[list[Any]])
 
 
 def read_json(path: str | os.PathLike) -> Any:
-    with open(path) as f:
-        return json.load(f)
+    return json.loads(Path(path).read_text())

@@ -3,9 +3,6 @@
 import re
 import shlex
 
-# the override sweep.py adds to a sweep that may be continued: continue_sweep stays out of job folder names
-NOT_IN_DIR_NAMES = "hydra.job.config.override_dirname.exclude_keys=[continue_sweep]"
-
 
 def override_key(text: str) -> str:
     """The key an override sets (`+data.seed=1` -> data.seed; a flag is its own key)."""

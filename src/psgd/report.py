@@ -13,38 +13,27 @@ import shlex
 import statistics
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from psgd.advice import (
-    few_steps,
-    hogwild_workers,
-    learned_nothing,
-    learned_nothing_line,
-    scales_by_workers,
-    worst_class,
-)
-from psgd.environment import cores_of
-from psgd.io import NO_ROOM, atomic_file, failed_write, read_json, write_atomic, write_csv
-from psgd.overrides import NOT_IN_DIR_NAMES, as_typed, override_key, shell_override
+from psgd.advice import hogwild_workers, learned_nothing, learned_nothing_line, worst_class
+from psgd.io import atomic_file, failed_write, read_json, write_atomic, write_csv
+from psgd.overrides import as_typed, override_key, shell_override
 from psgd.process import still_running
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
 
 # the keys a group's jobs may differ in: the worker count P, the seed (and the strategy, the group's name)
 NOT_GROUPED_BY = ("workers", "trainer.devices", "seed", "strategy")
-# plot name -> (the summary columns it draws against the workers, with what each adds to a line's label;
-# its y label; the ideal at P, if any)
+# plot name -> (its y label; the summary columns it draws against the workers, with what each adds to a
+# line's label; the ideal at P, if any)
 PLOTS = {
-    "speedup": ({"speedup": "", "speedup_to_target": "to target"}, "S(P) = T(1) / T(P)", float),
-    "efficiency": ({"efficiency": "", "efficiency_to_target": "to target"}, "E(P) = S(P) / P", lambda p: 1.0),
-    "accuracy": ({"test_acc_mean": "", "worker_acc_mean": "replicas' mean"}, "test accuracy", None),
+    "speedup": ("S(P) = T(1) / T(P)", {"speedup": "", "speedup_to_target": " (to target)"}, float),
+    "efficiency": ("E(P) = S(P) / P", {"efficiency": "", "efficiency_to_target": " (to target)"}, lambda p: 1.0),
+    "accuracy": ("test accuracy", {"test_acc_mean": "", "worker_acc_mean": " (replicas' mean)"}, None),
 }
 # report.csv columns that report.md's jobs table leaves out (it also leaves out any column no job has a value in)
 NOT_IN_MARKDOWN = ("error", "dir")
@@ -63,7 +52,7 @@ class Job:
     error: str | None
     strategy: str
     workers: int
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any]
 
     @property
     def ok(self) -> bool:
@@ -75,11 +64,8 @@ class Job:
     @property
     def samples(self) -> int | None:
         """Training samples of the whole run, all workers together, or None for a record without them."""
-        history = self.get("history") or []
-        counts = [h.get("samples") for h in history if isinstance(h, dict)]
-        if not counts or len(counts) != len(history) or not all(isinstance(n, int) and n > 0 for n in counts):
-            return None
-        return sum(counts)
+        counts = [h.get("samples") if isinstance(h, dict) else None for h in self.get("history") or []]
+        return sum(counts) if counts and all(isinstance(n, int) and n > 0 for n in counts) else None
 
 
 @dataclass
@@ -92,29 +78,16 @@ class Report:
     summary: list[dict[str, Any]]
     plots: list[Path]
     notes: list[str]
-    planned: int | None = None  # the jobs the sweep was to run (multirun.yaml), where that can be told
-
-    @property
-    def not_started(self) -> int:
-        """The sweep's jobs without a dir: the sweep stopped before them (or is still going)."""
-        return max(0, (self.planned or 0) - len(self.jobs))
-
-    @property
-    def completed(self) -> list[Job]:
-        return [j for j in self.jobs if j.ok]
+    not_started: int  # the sweep's jobs without a dir: it stopped before them (or is still going)
 
     @property
     def failed(self) -> list[Job]:
         """Every job that did not complete: failed or interrupted (not one still running)."""
-        return [j for j in self.jobs if not j.ok and j.status != "running"]
+        return [j for j in self.jobs if j.status not in ("completed", "running")]
 
     @property
     def running(self) -> list[Job]:
         return [j for j in self.jobs if j.status == "running"]
-
-    @property
-    def interrupted(self) -> list[Job]:
-        return [j for j in self.failed if j.status == "interrupted"]
 
 
 # ---- reading the sweep dir ----
@@ -122,35 +95,25 @@ class Report:
 
 def load_job(path: Path) -> Job:
     """The job in `path` (its .hydra/ and, once it trained or failed, its metrics.json). A record or config
-    damaged by hand makes a failed job that says so."""
-    hydra_dir = path / ".hydra"
-    unreadable = None
+    that cannot be read makes a failed job that says so."""
     try:
-        overrides = {}
-        for text in OmegaConf.load(hydra_dir / "overrides.yaml"):
-            text = as_typed(str(text))
-            overrides[override_key(text)] = text.partition("=")[2]
-        cfg = OmegaConf.load(hydra_dir / "config.yaml")
-    except Exception as e:
-        overrides, cfg = {}, OmegaConf.create()
-        unreadable = f"its Hydra config in {hydra_dir} is unreadable ({type(e).__name__}: {str(e).splitlines()[0]})"
-    record = path / "metrics.json"
-    try:
-        metrics = read_json(record) if record.exists() else {}
+        texts = [as_typed(str(text)) for text in OmegaConf.load(path / ".hydra" / "overrides.yaml")]
+        cfg = OmegaConf.load(path / ".hydra" / "config.yaml")
+        metrics = read_json(path / "metrics.json") if (path / "metrics.json").exists() else {}
         if not isinstance(metrics, dict):
-            raise ValueError(f"a JSON {type(metrics).__name__}, not a record")
-    except (OSError, ValueError) as e:
-        metrics, unreadable = {}, unreadable or f"{record} is unreadable ({type(e).__name__}: {e})"
-    status = "failed" if unreadable else metrics.get("status", "not finished")
-    error = unreadable or metrics.get("error")
-    if not unreadable and still_running(metrics):
+            raise ValueError(f"metrics.json holds a JSON {type(metrics).__name__}, not a record")
+        status, error = metrics.get("status", "not finished"), metrics.get("error")
+    except Exception as e:
+        texts, cfg, metrics = [], OmegaConf.create(), {}
+        status, error = "failed", f"{path} is unreadable ({type(e).__name__}: {str(e).splitlines()[0]})"
+    if still_running(metrics):
         status = "running"
     elif status in ("running", "trained"):  # its process ended without writing the final status
         status, error = "failed", error or f"ended with status {status!r} (killed?)"
     return Job(
         num=_job_num(path),
         path=path,
-        overrides=overrides,
+        overrides={override_key(text): text.partition("=")[2] for text in texts},
         status=status,
         error=error,
         strategy=metrics.get("strategy") or str(OmegaConf.select(cfg, "strategy.name", default="?")),
@@ -198,12 +161,10 @@ def sync_share(job: "Job | dict") -> float | None:
     return next((v for v in shares if v is not None), None)
 
 
-def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
-def _std(values: list[float]) -> float | None:
-    return statistics.stdev(values) if len(values) > 1 else None
+def _mean(values: list[float | None]) -> float | None:
+    """The mean of the values that are not None; None where none is."""
+    known = [v for v in values if v is not None]
+    return statistics.fmean(known) if known else None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -214,38 +175,39 @@ def _r(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def completed_by_group(jobs: list[Job], swept: list[str]) -> dict[tuple, dict[int, list[Job]]]:
-    """The completed jobs of each speedup group, by worker count."""
-    by_group: dict[tuple, dict[int, list[Job]]] = defaultdict(lambda: defaultdict(list))
-    for job in jobs:
-        if job.ok:
-            by_group[group_key(job, swept)][job.workers].append(job)
-    return by_group
+def speedup_columns(p: int, speedup: float | None, speedup_to_target: float | None) -> dict[str, float | None]:
+    """S(P) and E(P) = S(P)/P, for the whole training and for the time to the target accuracy."""
+    return {
+        "speedup": _r(speedup, 3),
+        "efficiency": _r(_ratio(speedup, p), 3),
+        "speedup_to_target": _r(speedup_to_target, 3),
+        "efficiency_to_target": _r(_ratio(speedup_to_target, p), 3),
+    }
 
 
 def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict]]:
     """The rows of report.csv (one per job) and of summary.csv (one per group and worker count)."""
-    by_group = completed_by_group(jobs, swept)
-    # per sample where every completed job of the group says its samples, so that unequal work compares
+    by_group: dict[tuple, dict[int, list[Job]]] = defaultdict(lambda: defaultdict(list))  # completed, by P
+    for job in jobs:
+        if job.ok:
+            by_group[group_key(job, swept)][job.workers].append(job)
+    # T per sample where every completed job of the group says its samples, so that unequal work compares
     per_sample = {g: all(j.samples for js in per_p.values() for j in js) for g, per_p in by_group.items()}
 
     def work_time(job: Job) -> float | None:
         t = job.get("train_time_s")
         return t / job.samples if t is not None and per_sample[group_key(job, swept)] else t
 
+    def t1(group: tuple, time) -> float | None:  # the mean over the group's 1-worker jobs
+        return _mean([time(j) for j in by_group[group].get(1, [])])
+
     def to_target(job: Job) -> float | None:
         return job.get("time_to_target_s")
-
-    def mean_over(group: tuple, p: int, value) -> float | None:
-        return _mean([v for j in by_group[group].get(p, []) if (v := value(j)) is not None])
 
     rows = []
     for job in jobs:
         g = group_key(job, swept)
-        speedup = _ratio(mean_over(g, 1, work_time), work_time(job)) if job.ok else None
-        speedup_t = _ratio(mean_over(g, 1, to_target), to_target(job)) if job.ok else None
         worker_acc = job.get("worker_test_acc")
-        staleness = [h["staleness"] for h in job.get("history") or [] if h.get("staleness") is not None]
         # label-skewed shards: the class a test_acc can hide
         skewed = job.get("partition") not in (None, "iid")
         worst = worst_class(job.get("test_acc_per_class"), job.get("test_classes")) if skewed else None
@@ -267,16 +229,17 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                 "worker_test_acc": " ".join(f"{a:.4f}" for a in worker_acc) if worker_acc else None,
                 "replica_distance": _r(job.get("replica_distance"), 4),
                 "periodic_averagings": job.get("periodic_averagings") if job.get("period") else None,
-                "staleness": _r(_mean(staleness), 3),
+                "staleness": _r(_mean([h.get("staleness") for h in job.get("history") or []]), 3),
                 "allreduce_wait_ms": job.get("allreduce_wait_ms"),
                 "sync_share": sync_share(job),
                 "worst_class_acc": worst and worst[1],
                 "worst_class": worst and worst[0],
                 "time_to_target_s": _r(to_target(job), 2),
-                "speedup": _r(speedup, 3),
-                "efficiency": _r(_ratio(speedup, job.workers), 3),
-                "speedup_to_target": _r(speedup_t, 3),
-                "efficiency_to_target": _r(_ratio(speedup_t, job.workers), 3),
+                **speedup_columns(
+                    job.workers,
+                    _ratio(t1(g, work_time), work_time(job)) if job.ok else None,
+                    _ratio(t1(g, to_target), to_target(job)) if job.ok else None,
+                ),
                 "error": job.error,
                 "dir": job.path.name,
             }
@@ -284,13 +247,9 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
 
     summary = []
     for g, per_p in by_group.items():
-        for p in sorted(per_p):
-            group = per_p[p]
-            times = [j.get("train_time_s") for j in group]
-            accs = [j.get("test_acc") for j in group]
-            ttt = [t for j in group if (t := to_target(j)) is not None]
-            s = _ratio(mean_over(g, 1, work_time), mean_over(g, p, work_time))
-            s_t = _ratio(mean_over(g, 1, to_target), _mean(ttt))
+        for p, group in sorted(per_p.items()):
+            times, accs = [j.get("train_time_s") for j in group], [j.get("test_acc") for j in group]
+            reached = [t for j in group if (t := to_target(j)) is not None]
             targeted = any(j.get("target_acc") is not None for j in group)
             summary.append(
                 {
@@ -299,95 +258,46 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                     "workers": p,
                     "runs": len(group),
                     "test_acc_mean": _r(_mean(accs), 6),
-                    "test_acc_std": _r(_std(accs), 6),
+                    "test_acc_std": _r(statistics.stdev(accs), 6) if len(accs) > 1 else None,
                     "worker_acc_mean": _r(_mean([a for j in group for a in j.get("worker_test_acc") or []]), 6),
-                    "sync_share_mean": _r(mean_over(g, p, sync_share), 4),
+                    "sync_share_mean": _r(_mean([sync_share(j) for j in group]), 4),
                     "train_time_s_mean": _r(_mean(times), 2),
-                    "train_time_s_std": _r(_std(times), 2),
+                    "train_time_s_std": _r(statistics.stdev(times), 2) if len(times) > 1 else None,
                     "samples_per_s_mean": _r(_mean([j.get("samples_per_s") or 0.0 for j in group]), 1),
-                    "speedup": _r(s, 3),
-                    "efficiency": _r(_ratio(s, p), 3),
-                    "reached_target": f"{len(ttt)}/{len(group)}" if targeted else None,
-                    "time_to_target_s_mean": _r(_mean(ttt), 2),
-                    "speedup_to_target": _r(s_t, 3),
-                    "efficiency_to_target": _r(_ratio(s_t, p), 3),
+                    "reached_target": f"{len(reached)}/{len(group)}" if targeted else None,
+                    "time_to_target_s_mean": _r(_mean(reached), 2),
+                    **speedup_columns(
+                        p,
+                        _ratio(t1(g, work_time), _mean([work_time(j) for j in group])),
+                        _ratio(t1(g, to_target), _mean(reached)),
+                    ),
                 }
             )
     return rows, summary
 
 
-# ---- notes: what a reader of the figures should know ----
-
-
-def report_notes(jobs: list[Job], swept: list[str], summary: list[dict]) -> list[str]:
-    """report.md's notes: speedups that could not be computed, groups whose jobs trained unequal work, jobs
-    that learned nothing, and jobs that ran more threads than their CPU has cores."""
-    notes = []
-    if len({j.workers for j in jobs}) > 1 and not any(s["workers"] == 1 and s["speedup"] for s in summary):
-        notes.append("no completed 1-worker job in any group: speedup needs workers=1 in the sweep")
-    if not any(s["speedup_to_target"] for s in summary) and any(j.get("target_acc") for j in jobs):
-        notes.append("no group has a 1-worker job that reached early_stop.target_acc: no speedup to target")
-
-    for g, by_p in completed_by_group(jobs, swept).items():
-        per_p = {p: ns for p, group in by_p.items() if (ns := {j.samples for j in group if j.samples})}
-        counts = [n for ns in per_p.values() for n in ns]
-        if counts and max(counts) > 1.01 * min(counts):  # a shard padded by a few samples is the same work
-            trained = "; ".join(
-                f"workers={p}: {' / '.join(f'{n:,}' for n in sorted(ns))}" for p, ns in sorted(per_p.items())
-            )
-            notes.append(
-                f"{' '.join(g)}: the jobs trained different numbers of samples ({trained}), so S(P) and E(P) "
-                "compare training time per sample (samples/s), not whole runs; trainer.limit_train_batches "
-                "counts each worker's batches, and an early stop or trainer.max_time ends a run sooner"
-            )
-
-    stuck = [j for j in jobs if learned_nothing(j)]
-    if stuck:
-        accs = ", ".join(f"{j.get('test_acc'):.4f}" for j in stuck)
-        hogwild = "P" if all(hogwild_workers(j.strategy, j.workers) for j in stuck) else None
-        steps = [few_steps(j) for j in stuck]
-        line = learned_nothing_line(
-            accs,
-            hogwild,
-            by_workers=all(scales_by_workers(j) for j in stuck),
-            steps=", ".join(map(str, steps)) if None not in steps else None,
-        )
-        nums = [str(j.num) for j in stuck]
-        notes.append(f"job{'s' if len(nums) > 1 else ''} {', '.join(nums)} {line}")
-
-    over: dict[tuple[str, int], set[tuple[int, int]]] = defaultdict(set)  # per CPU: (workers per node, threads)
-    for job in jobs:
-        cpu = cores_of(job.get("device"))
-        per_node = (job.get("world_size") or job.workers) // max(1, job.get("num_nodes") or 1)
-        threads = job.get("threads_per_worker") or 1
-        if cpu and per_node * threads > cpu[1]:
-            over[cpu].add((per_node, threads))
-    for (name, cores), counts in over.items():
-        runs = ", ".join(f"workers={p}" + (f" x {t} threads" if t > 1 else "") for p, t in sorted(counts))
-        notes.append(
-            f"{runs}: more threads than the {cores} cores of {name}, so the workers took turns on the cores; "
-            f"their speedup over one worker cannot pass {cores}, whatever the strategy"
-        )
-    return notes
+def learned_nothing_note(jobs: list[Job]) -> list[str]:
+    """report.md's note on the jobs that learned nothing, with what to change; none where every job learned."""
+    if not (stuck := [j for j in jobs if learned_nothing(j)]):
+        return []
+    accs = ", ".join(f"{j.get('test_acc'):.4f}" for j in stuck)
+    hogwild = "P" if all(hogwild_workers(j.strategy, j.workers) for j in stuck) else None
+    nums = ", ".join(str(j.num) for j in stuck)
+    return [f"job{'s' if len(stuck) > 1 else ''} {nums} {learned_nothing_line(accs, hogwild)}"]
 
 
 # ---- report.md ----
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value).replace("|", "\\|")
-
-
 def markdown_table(rows: list[dict], columns: list[str], always: tuple[str, ...] = ()) -> str:
     """`rows` as a Markdown table of `columns`, less those no row has a value in (but those in `always`)."""
+
+    def cell(value: Any) -> str:
+        return "" if value is None else f"{value:g}" if isinstance(value, float) else str(value).replace("|", "\\|")
+
     columns = [c for c in columns if c in always or any(r.get(c) not in (None, "") for r in rows)]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
+    return "\n".join(lines + ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows])
 
 
 def jobs_table(rows: list[dict]) -> str:
@@ -401,24 +311,14 @@ def jobs_table(rows: list[dict]) -> str:
 
 def render_markdown(sweep_dir: Path, report: Report) -> str:
     devices = sorted({j.get("device") for j in report.jobs if j.get("device")})
-    counts = f"{job_counts(report)}. Swept: {', '.join(report.swept) or 'nothing'}."
-    if devices:
-        counts += f" Ran on {'; '.join(devices)}."
-    times = (
-        "Times are training only (validation and process start excluded). Speedup S(P) = T(1)/T(P) within a "
-        "group (same strategy and other swept values), for the same work (time per trained sample), "
-        "efficiency = S(P)/P."
-    )
-    if any(s["workers"] == 1 and s["runs"] > 1 for s in report.summary):
-        times += (
-            " T(1) is the mean of the group's 1-worker jobs (its seeds): in the jobs table a 1-worker job's "
-            "speedup is that mean over its own time, around 1 by its timing noise."
-        )
+    ran_on = f" Ran on {'; '.join(devices)}." if devices else ""
     out = [
         f"# Sweep report: {sweep_dir}",
         "",
-        counts,
-        times,
+        f"{job_counts(report)}. Swept: {', '.join(report.swept) or 'nothing'}.{ran_on}",
+        "Times are training only (validation and process start excluded). Speedup S(P) = T(1)/T(P) within a "
+        "group (same strategy and other swept values), for the same work (time per trained sample), with T(1) "
+        "the mean of the group's 1-worker jobs; efficiency = S(P)/P.",
         "",
         f"Every job's curves: `tensorboard --logdir {sweep_dir}` (each job's run is `<its folder>/tensorboard`; "
         "the HParams tab lists each run's settings beside its final figures).",
@@ -428,10 +328,10 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
         jobs_table(report.rows),
     ]
     if report.failed:
-        out += ["", "## Failed or interrupted jobs" if report.interrupted else "## Failed jobs", ""]
+        interrupted = any(j.status == "interrupted" for j in report.failed)
+        out += ["", "## Failed or interrupted jobs" if interrupted else "## Failed jobs", ""]
         out += [f"- job {j.num} ({j.path.name}): {j.error or j.status}" for j in report.failed]
-    again = rerun_command(report, sweep_dir)
-    if again:
+    if again := rerun_command(report, sweep_dir):
         out += ["", f"To run the jobs that did not complete (the completed ones are kept): `{again}`"]
     if report.summary:
         table = markdown_table(report.summary, list(report.summary[0]))
@@ -446,53 +346,37 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
 # ---- plots ----
 
 
-def save_png(fig: "Figure", path: Path) -> None:
-    """The figure as a PNG, written atomically: a full disk leaves no truncated plot."""
-    with atomic_file(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=100)
-
-
-def plot(
-    sweep_dir: Path, summary: list[dict], name: str, lines: dict[str, str], ylabel: str, ideal=None
-) -> Path | None:
-    """`name`.png: per group, the summary's `lines` against the workers (the test accuracy with its std over
-    seeds), beside the `ideal`. None where no line has two worker counts."""
-    points: dict[str, tuple[list, list, list]] = {}
-    for column, says in lines.items():
-        for s in summary:
-            if s[column] is not None:
-                label = f"{s['group']} ({says})" if says else s["group"]
-                xs, ys, errs = points.setdefault(label, ([], [], []))
-                xs.append(s["workers"])
-                ys.append(s[column])
-                errs.append((s["test_acc_std"] or 0.0) if column == "test_acc_mean" else 0.0)
-    if not any(len(xs) > 1 for xs, _, _ in points.values()):
-        return None
-    from matplotlib.figure import Figure  # a heavy import, for the sweep's end only
-
-    fig = Figure(figsize=(6.5, 4.5), layout="tight")
-    ax = fig.subplots()
-    for label, (xs, ys, errs) in points.items():
-        ax.errorbar(xs, ys, yerr=errs if any(errs) else None, marker="o", capsize=3, label=label)
-    workers = list(range(1, max(s["workers"] for s in summary) + 1))
-    if ideal:
-        ax.plot(workers, [ideal(p) for p in workers], "k--", label="ideal")
-    ax.set_xticks(workers)
-    ax.set(xlabel="workers P", ylabel=ylabel, title=f"{name} vs workers")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    path = sweep_dir / f"{name}.png"
-    save_png(fig, path)
-    return path
-
-
 def write_plots(sweep_dir: Path, summary: list[dict]) -> list[Path]:
-    """The PLOTS that apply (and none left from an earlier build)."""
+    """The PLOTS that have a line over two worker counts or more, each line a group's column against the
+    workers (test accuracy with its std over seeds), beside the ideal; none is left from an earlier build."""
     written = []
-    for name, (lines, ylabel, ideal) in PLOTS.items():
-        (sweep_dir / f"{name}.png").unlink(missing_ok=True)
-        written.append(plot(sweep_dir, summary, name, lines, ylabel, ideal))
-    return [p for p in written if p]
+    for name, (ylabel, columns, ideal) in PLOTS.items():
+        path = sweep_dir / f"{name}.png"
+        path.unlink(missing_ok=True)
+        lines: dict[str, list[tuple[int, float, float]]] = defaultdict(list)  # label -> (P, value, std)
+        for column, says in columns.items():
+            for s in summary:
+                if s[column] is not None:
+                    std = s["test_acc_std"] if column == "test_acc_mean" else None
+                    lines[s["group"] + says].append((s["workers"], s[column], std or 0.0))
+        if all(len(points) < 2 for points in lines.values()):
+            continue
+        from matplotlib.figure import Figure  # a heavy import, for the sweep's end only
+
+        ax = (fig := Figure(figsize=(6.5, 4.5), layout="tight")).subplots()
+        for label, points in lines.items():
+            xs, ys, stds = zip(*points, strict=True)
+            ax.errorbar(xs, ys, yerr=stds if any(stds) else None, marker="o", capsize=3, label=label)
+        workers = list(range(1, max(s["workers"] for s in summary) + 1))
+        if ideal:
+            ax.plot(workers, [ideal(p) for p in workers], "k--", label="ideal")
+        ax.set(xlabel="workers P", ylabel=ylabel, title=f"{name} vs workers", xticks=workers)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        with atomic_file(path, "wb") as f:  # a full disk leaves no truncated plot
+            fig.savefig(f, format="png", dpi=100)
+        written.append(path)
+    return written
 
 
 # ---- the sweep as a whole ----
@@ -511,16 +395,11 @@ def sweep_lengths(sweeper_params: dict[str, str] | None, task_overrides: list[st
     return lengths
 
 
-def _recorded(sweep_dir: Path):
-    """The `hydra` node Hydra recorded in the sweep dir's multirun.yaml (raises where there is none)."""
-    return OmegaConf.load(sweep_dir / "multirun.yaml").hydra
-
-
 def planned_jobs(sweep_dir: Path) -> int | None:
     """How many jobs the sweep in `sweep_dir` was to run, from its multirun.yaml; None where it cannot be
     told (no record, or a glob() sweep read outside Hydra)."""
     try:
-        recorded = _recorded(sweep_dir)
+        recorded = OmegaConf.load(sweep_dir / "multirun.yaml").hydra
         params = OmegaConf.select(recorded, "sweeper.params")
         task = [str(o) for o in recorded.overrides.task]
         return math.prod(sweep_lengths(dict(params) if params else None, task).values())
@@ -533,12 +412,12 @@ def continue_command(sweep_dir: Path) -> str | None:
     overrides as recorded in multirun.yaml, Hydra's own but the mode and the sweep dir; None without a
     readable record."""
     try:
-        recorded = _recorded(sweep_dir).overrides
+        recorded = OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides
         task, own = [str(o) for o in recorded.task], [str(o) for o in recorded.hydra]
     except Exception:
         return None
     task = [o for o in task if override_key(o) != "continue_sweep"]
-    own = [o for o in own if override_key(o) not in ("hydra.mode", "hydra.sweep.dir") and o != NOT_IN_DIR_NAMES]
+    own = [o for o in own if override_key(o) not in ("hydra.mode", "hydra.sweep.dir")]
     words = [*task, *own, shell_override("continue_sweep", sweep_dir)]
     return "python sweep.py -m " + " ".join(shlex.quote(w) for w in words)
 
@@ -567,44 +446,30 @@ def write_report(sweep_dir: str | Path) -> Report:
     swept = swept_keys(jobs)
     rows, summary = build_rows(jobs, swept)
     plots = write_plots(sweep_dir, summary)
-    report = Report(jobs, swept, rows, summary, plots, report_notes(jobs, swept, summary), planned_jobs(sweep_dir))
-    if rows:
-        write_csv(sweep_dir / "report.csv", list(rows[0]), [list(r.values()) for r in rows])
+    not_started = max(0, (planned_jobs(sweep_dir) or 0) - len(jobs))
+    report = Report(jobs, swept, rows, summary, plots, learned_nothing_note(jobs), not_started)
+    write_csv(sweep_dir / "report.csv", list(rows[0]), [list(r.values()) for r in rows])
     if summary:
         write_csv(sweep_dir / "summary.csv", list(summary[0]), [list(s.values()) for s in summary])
     write_atomic(sweep_dir / "report.md", render_markdown(sweep_dir, report))
     return report
 
 
-def unwritten(e: OSError, sweep_dir: Path) -> str:
-    """The line for a report that could not be written (`e`: its write's error)."""
-    rebuild = f"python -m psgd.report {shlex.quote(str(sweep_dir))}"
-    if e.errno in NO_ROOM:
-        return f"no report: cannot write it ({failed_write(e)}); free space there, then: {rebuild}"
-    return (
-        f"no report: cannot write it ({failed_write(e)}); make the sweep dir writable, then: {rebuild} "
-        "(or copy the sweep dir somewhere writable and give the copy)"
-    )
-
-
 def job_counts(report: Report) -> str:
-    """'6/8 jobs completed, 1 failed (jobs 6), 1 not started': the jobs that did not complete, by state."""
-    line = f"{len(report.completed)}/{len(report.jobs) + report.not_started} jobs completed"
-    failed = [j for j in report.failed if j.status != "interrupted"]
-    for word, jobs in (("failed", failed), ("interrupted", report.interrupted), ("running", report.running)):
-        if jobs:
-            line += f", {len(jobs)} {word} (jobs {', '.join(str(j.num) for j in jobs)})"
+    """'6/8 jobs completed, 1 failed (jobs 6), 1 not started': the jobs that did not complete, by status."""
+    line = f"{sum(j.ok for j in report.jobs)}/{len(report.jobs) + report.not_started} jobs completed"
+    for status in dict.fromkeys(j.status for j in report.jobs if not j.ok):  # failed, interrupted, running, ...
+        nums = [str(j.num) for j in report.jobs if j.status == status]
+        line += f", {len(nums)} {status} (jobs {', '.join(nums)})"
     return line + (f", {report.not_started} not started" if report.not_started else "")
 
 
 def describe(report: Report, sweep_dir: Path, stopped: bool = False) -> str:
     """The sweep's last line: its state (`stopped`: a multirun that Ctrl-C or SIGTERM ended), the jobs that
     did not complete, where the report is, and the command that runs those jobs again."""
-    if stopped:
-        state = "stopped early"
-    elif report.running:
+    if report.running and not stopped:
         state = "still running"
-    elif report.not_started or report.interrupted:
+    elif stopped or report.not_started or any(j.status == "interrupted" for j in report.failed):
         state = "stopped early"
     else:
         state = "finished"
@@ -613,21 +478,28 @@ def describe(report: Report, sweep_dir: Path, stopped: bool = False) -> str:
     return line + (f"; to run them again: {again}" if again else "")
 
 
+def report_sweep(sweep_dir: Path, stopped: bool = False) -> Report | None:
+    """Write the report of the sweep in `sweep_dir` and print its last line (on stderr where the sweep was
+    `stopped` before its end). None, after an error line, where there is no report."""
+    try:
+        report = write_report(sweep_dir)
+    except OSError as e:  # write_report's own (no sweep dir: no file named), or a full disk, a read-only dir
+        rebuild = f"python -m psgd.report {shlex.quote(str(sweep_dir))}"
+        line = f"no report: cannot write it ({failed_write(e)}); once it can be written: {rebuild}"
+        print(f"psgd: error: {line if e.filename else e}", file=sys.stderr, flush=True)
+        return None
+    print(describe(report, sweep_dir, stopped), file=sys.stderr if stopped else sys.stdout, flush=True)
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m psgd.report <sweep dir>`. Exit code 0: every job completed (or some still run); 1: some
     failed or did not start; 2: no report."""
     parser = argparse.ArgumentParser(prog="python -m psgd.report", description="(Re)build a sweep's report.")
-    parser.add_argument("sweep_dir", help="a sweep dir written by sweep.py -m (holds 0/, 1/, ...)")
-    args = parser.parse_args(argv)
-    try:
-        report = write_report(args.sweep_dir)
-    except FileNotFoundError as e:
-        print(f"psgd: error: {e}", file=sys.stderr)
+    parser.add_argument("sweep_dir", type=Path, help="a sweep dir written by sweep.py -m (holds 0/, 1/, ...)")
+    report = report_sweep(parser.parse_args(argv).sweep_dir)
+    if report is None:
         return 2
-    except OSError as e:
-        print(f"psgd: error: {unwritten(e, Path(args.sweep_dir))}", file=sys.stderr)
-        return 2
-    print(describe(report, Path(args.sweep_dir)))
     return 1 if report.failed or (report.not_started and not report.running) else 0
 
 

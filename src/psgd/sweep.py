@@ -2,7 +2,6 @@
 only what the jobs wrote to disk, so it works the same with launchers that run jobs elsewhere (SLURM)."""
 
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ from psgd.advice import learned_nothing, skew_note, stop_note
 from psgd.console import warn_once_per_sweep
 from psgd.io import read_json
 from psgd.overrides import as_typed, override_key
-from psgd.report import describe, sweep_lengths, unwritten, write_report
+from psgd.report import report_sweep, sweep_lengths
 
 # the last multirun of this process: sweep.py's exit code counts its failed jobs, and a multirun that did
 # not end (Ctrl-C, SIGTERM) gets the report of the jobs that ran
@@ -71,23 +70,8 @@ class SweepReport(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         LAST["ended"] = True
         warn_once_per_sweep(False)
-        LAST["failed"] = report_sweep(Path(config.hydra.sweep.dir))
-
-
-def report_sweep(sweep_dir: Path, stopped: bool = False) -> int:
-    """Write the report of the sweep in `sweep_dir` and print its last line (on stderr where the sweep was
-    `stopped` before its end). Returns its failed jobs' count, 1 where no report could be written."""
-    said = sys.stderr if stopped else sys.stdout
-    try:
-        report = write_report(sweep_dir)
-    except FileNotFoundError as e:  # every job failed (or the sweep stopped) before Hydra made its dir
-        print(f"psgd: error: no report: {e}", file=said, flush=True)
-        return 1
-    except OSError as e:  # a full disk, a read-only dir
-        print(f"psgd: error: {unwritten(e, sweep_dir)}", file=sys.stderr, flush=True)
-        return 1
-    print(describe(report, sweep_dir, stopped), file=said, flush=True)
-    return len(report.failed)
+        report = report_sweep(Path(config.hydra.sweep.dir))
+        LAST["failed"] = 1 if report is None else len(report.failed)
 
 
 def report_stopped_sweep() -> bool:

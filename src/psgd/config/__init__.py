@@ -17,12 +17,11 @@ from psgd.config.rules import (
     schedule,
 )
 from psgd.config.schema import describe, duration_s
-from psgd.config.targets import SPARSE_GRADIENTS_WAY_OUT, build_model, model_arguments
+from psgd.config.targets import build_model
 from psgd.errors import ConfigError, DirInUse
 
 __all__ = [
     "GIVE",
-    "SPARSE_GRADIENTS_WAY_OUT",
     "ConfigError",
     "DirInUse",
     "Jobs",
@@ -34,7 +33,6 @@ __all__ = [
     "compile_mode",
     "describe",
     "duration_s",
-    "model_arguments",
     "resolve_accelerator",
     "resolve_start_method",
     "resolve_workers",

@@ -18,18 +18,15 @@ Jobs = list[tuple[list[str], DictConfig]]  # (overrides, config) of each job, as
 
 
 def values_problem(jobs: Jobs, name_the_job: bool) -> str | None:
-    """Why a job of this command line would stop at its start for a value `check_values` refuses, or
-    None: the scripts' check before torch loads, for every job wherever it will run (a value means the
-    same on any machine). `name_the_job`: add which job of a sweep it is."""
+    """The line of the first job's value `check_values` refuses (a value means the same on any machine), or
+    None: the scripts' check before torch loads. `name_the_job`: add which job of a sweep it is."""
     return _first_problem(jobs, check_values, name_the_job)
 
 
 def sweep_values_problem(jobs: Jobs) -> str | None:
-    """Why a job of this sweep would stop at its start, for every job before the first one starts:
-    `check` of each composed job, as the job itself will run it, or None. Only for Hydra's basic
-    launcher, which runs the jobs here: jobs that run elsewhere (submitit on SLURM) see their own GPUs
-    and environment and are checked there (where SLURM is: without it, submitit fails with a traceback).
-    `jobs`: the first with Hydra's node."""
+    """The line of the first job `check` refuses, as the job itself will, before the first one starts; or None.
+    Only where Hydra's launcher runs the jobs here: a job submitit runs on SLURM is checked there (on a machine
+    without srun, submitit would fail with a traceback). `jobs`: the first with Hydra's node."""
     launcher = str(OmegaConf.select(jobs[0][1], "hydra.launcher._target_", default=""))
     if launcher.endswith(".SlurmLauncher") and shutil.which("srun") is None:  # what submitit looks for
         choice = OmegaConf.select(jobs[0][1], "hydra.runtime.choices", default={}).get("hydra/launcher")

@@ -1,9 +1,6 @@
-"""The checks a key's own schema cannot make: rules that join several keys where a run would crash, hang
-or silently do other than asked, and what depends on the machine (accelerator, torchrun / srun). Each
-problem is one ConfigError line.
-
-`check_values` needs neither torch nor Lightning (the scripts run it before they load); `check`, at the
-start of every job, runs it again and then the machine's checks.
+"""The checks a key's own schema cannot make, each problem one ConfigError line: rules that join keys where a
+run would crash or hang (`check_values`: no torch, the scripts run it before it loads), and at the start of
+every job what depends on the machine: accelerator, launcher, the classes and checkpoints named (`check`).
 """
 
 import math
@@ -17,28 +14,13 @@ from typing import Any
 from omegaconf import DictConfig
 
 from psgd import forkserver
-from psgd.choices import BUILTIN, INFO
-from psgd.config.schema import STRATEGIES, problem, said
+from psgd.choices import INFO
+from psgd.config.schema import problem
 from psgd.config.targets import check_targets
 from psgd.environment import cpu_count
 from psgd.errors import ConfigError
 
-# a setting only that strategy's group (conf/strategy/<name>.yaml) has: tells which group was chosen
-OWN_KEY = {"ddp": "find_unused_parameters", "model_averaging": "period", "hogwild": "lock"}
-# Trainer arguments psgd passes itself (Lightning: "got multiple values for keyword argument")
-SET_BY_PSGD = (
-    "strategy",
-    "logger",
-    "callbacks",
-    "use_distributed_sampler",
-    "enable_progress_bar",
-    "enable_model_summary",
-    "enable_checkpointing",
-    "barebones",
-)
-# scheduler=none keeps optimizer.lr constant whatever its other keys say (a sweep gives them to other schedules)
-CONSTANT_LR = {"warmup_epochs": 0, "decay": "none", "interval": "epoch"}
-# what to give instead, said by a ckpt_path or init_weights line that names no checkpoint
+# what to give instead, said by a line for a ckpt_path or init_weights that names no checkpoint
 GIVE = {
     "ckpt_path": "give a .ckpt file or a run dir",
     "init_weights": "give a run dir, a .ckpt file or a weights file such as weights/rank0.pt",
@@ -47,11 +29,11 @@ GIVE = {
 
 @dataclass(frozen=True)
 class Plan:
-    """What the config resolves to: how many workers, threads each, and where they run."""
+    """What the config resolves to on this machine."""
 
-    workers: int
+    workers: int  # per node
     threads_per_worker: int
-    accelerator: str
+    accelerator: str  # cpu or gpu
     accumulate_grad_batches: int = 1  # micro-batches each worker accumulates per update
     launcher: str = "psgd"  # who starts the worker processes: psgd, or torchrun / srun (one per worker)
     start_method: str = "spawn"  # how psgd's launcher starts them (strategy.start_method, resolved)
@@ -63,10 +45,11 @@ def compile_mode(value: Any) -> str | None:
 
 
 def schedule(scheduler: Mapping[str, Any]) -> dict[str, Any]:
-    """The lr schedule a run trains with: its scheduler settings, but a constant lr for scheduler=none."""
+    """The lr schedule a run trains with: its scheduler settings, but a constant lr for scheduler=none
+    (whatever its other keys say: a sweep over schedules gives them to every job)."""
     settings = dict(scheduler)
     if settings.get("name") == "none":
-        settings.update(CONSTANT_LR)
+        settings.update(warmup_epochs=0, decay="none", interval="epoch")
     return settings
 
 
@@ -80,35 +63,31 @@ def resolve_workers(cfg: DictConfig) -> int:
     return devices
 
 
-def _strategy_group(s: DictConfig) -> None:
-    """strategy.name set alone renames the chosen group's settings without choosing that strategy's."""
-    if s.get("name") not in STRATEGIES:
-        raise ConfigError(f"strategy={s.get('name')} is invalid: allowed: {', '.join(STRATEGIES)}")
-    if OWN_KEY[s.name] in s:
-        return
-    chosen = next((name for name, key in OWN_KEY.items() if key in s), None)
-    settings = f"strategy={chosen}'s" if chosen else "not that strategy's"
-    raise ConfigError(
-        f"strategy.name={s.name} alone does not choose a strategy: the settings are still {settings} (no "
-        f"strategy.{OWN_KEY[s.name]}); use strategy={s.name} (in a preset's defaults: - override /strategy: {s.name})"
-    )
+def resolve_accumulation(cfg: DictConfig, world_size: int) -> int:
+    """The micro-batches each worker accumulates per update: trainer.accumulate_grad_batches, or where set
+    `parallel_batches` K spread over the workers."""
+    k = cfg.get("parallel_batches")
+    if k is None:
+        return cfg.trainer.get("accumulate_grad_batches") or 1
+    if k % world_size:
+        raise ConfigError(
+            f"parallel_batches={k} is invalid with {world_size} workers: it must be a multiple of the workers "
+            f"(each accumulates parallel_batches / workers micro-batches), e.g. {world_size * max(1, k // world_size)}"
+        )
+    return k // world_size
 
 
 def _partition(d: DictConfig, workers: int) -> None:
     """What data.partition needs of the workers and of its own keys."""
-    if d.partition == "sizes":
-        sizes = None if d.partition_sizes is None else list(d.partition_sizes)
-        if sizes is None or len(sizes) != workers:
-            raise ConfigError(
-                f"data.partition_sizes={said(sizes)} is invalid: data.partition=sizes needs one fraction per worker "
-                f"({workers}), summing to 1"
-            )
-        if not math.isclose(sum(sizes), 1.0, abs_tol=1e-6):
-            raise ConfigError(
-                f"data.partition_sizes={sizes} is invalid: fractions must sum to 1 (they sum to {sum(sizes):g})"
-            )
-    if d.partition == "by_label" and workers > INFO[d.name].num_classes:
-        classes = INFO[d.name].num_classes
+    sizes = None if d.partition_sizes is None else list(d.partition_sizes)
+    fits = sizes is not None and len(sizes) == workers and math.isclose(sum(sizes), 1.0, abs_tol=1e-6)
+    if d.partition == "sizes" and not fits:
+        raise ConfigError(
+            f"data.partition_sizes={'null' if sizes is None else sizes} is invalid: data.partition=sizes needs one "
+            f"fraction per worker ({workers}), which must sum to 1"
+        )
+    classes = INFO[d.name].num_classes
+    if d.partition == "by_label" and workers > classes:
         raise ConfigError(
             f"data.partition='by_label' is invalid: {workers} workers but data={d.name} has only {classes} classes: "
             f"use at most {classes} workers"
@@ -121,7 +100,7 @@ def _partition(d: DictConfig, workers: int) -> None:
 
 
 def _own_pace(cfg: DictConfig, world: int) -> None:
-    """Several workers of model averaging or HogWild each take steps of their own number (their own shard):
+    """Several workers of model averaging or HogWild each take their own number of steps (their own shard):
     what every worker must join inside an epoch (a validation, Lightning's stop for max_time or max_steps)
     would leave the others waiting at a collective until strategy.timeout_s."""
     name, t = cfg.strategy.name, cfg.trainer
@@ -133,109 +112,47 @@ def _own_pace(cfg: DictConfig, world: int) -> None:
         "max_time": t.get("max_time") is not None,
         "max_steps": t.get("max_steps") not in (None, -1),
     }
-    key = next((key for key, given in asked.items() if given), None)
-    if key:
+    if key := next((key for key, given in asked.items() if given), None):
         raise ConfigError(
-            f"trainer.{key}={t[key]} is invalid with strategy={name} and {world} workers: each worker takes "
-            "steps of its own number, and the others would wait for it until strategy.timeout_s; use "
-            "trainer.max_epochs (and trainer.limit_train_batches for shorter epochs), or strategy=ddp"
+            f"trainer.{key}={t[key]} is invalid with strategy={name} and {world} workers: each worker takes its own "
+            "number of steps and the others would wait for it; use trainer.max_epochs (and limit_train_batches), or "
+            "strategy=ddp"
         )
-
-
-def _schedule(cfg: DictConfig) -> None:
-    """A warm-up of whole epochs unless the lr steps per step, ending before training does."""
-    sch, t = cfg.scheduler, cfg.trainer
-    if sch.interval == "epoch" and sch.warmup_epochs != int(sch.warmup_epochs):
-        raise ConfigError(
-            f"scheduler.warmup_epochs={sch.warmup_epochs} is invalid: must be an integer >= 0 (fractions of an "
-            "epoch need scheduler.interval=step)"
-        )
-    warmup = schedule(sch)["warmup_epochs"]
-    if warmup > t.max_epochs and not t.get("fast_dev_run"):  # the lr would never reach optimizer.lr
-        raise ConfigError(
-            f"scheduler.warmup_epochs={warmup} is invalid with trainer.max_epochs={t.max_epochs}: the warm-up "
-            f"would not end before training does; use warmup_epochs<={t.max_epochs}"
-        )
-
-
-def _model(cfg: DictConfig) -> None:
-    """The model's label, and init_weights with independent initialisations."""
-    name, target = cfg.model.name, cfg.model.get("_target_")
-    if name in BUILTIN and target != BUILTIN[name]:  # the label would name another model
-        raise ConfigError(
-            f"model.name={name} is only the run's label and the model is still {target}: use model={name} "
-            "to train that model"
-        )
-    init = cfg.get("init_weights")
-    if init is not None and cfg.strategy.get("same_init") is False:
-        raise ConfigError(
-            f"init_weights={init} is invalid with strategy.same_init=false: each worker would draw weights of "
-            "its own over them; leave one of the two out"
-        )
-
-
-def resolve_accumulation(cfg: DictConfig, world_size: int) -> int:
-    """`parallel_batches` K spreads K micro-batches per update over the workers: K / world_size each."""
-    k, acc = cfg.get("parallel_batches"), cfg.trainer.get("accumulate_grad_batches") or 1
-    if k is None:
-        return acc
-    if acc != 1:
-        raise ConfigError(
-            f"parallel_batches={k} and trainer.accumulate_grad_batches={acc} both set the accumulation: set one"
-        )
-    if k % world_size:
-        raise ConfigError(
-            f"parallel_batches={k} is invalid with {world_size} workers: it must be a multiple of the workers "
-            f"(each accumulates parallel_batches / workers micro-batches), e.g. {world_size * max(1, k // world_size)}"
-        )
-    return k // world_size
 
 
 def check_values(cfg: DictConfig) -> int:
     """Every value the config alone decides (no torch, no machine): the schema, then the rules that join
-    keys. Raises ConfigError, or returns the workers per node."""
-    _strategy_group(cfg.strategy)
-    for key in SET_BY_PSGD:
-        if key in cfg.trainer:
-            raise ConfigError(f"trainer.{key} cannot be set: psgd sets it; leave +trainer.{key} out")
+    keys. Returns the workers per node; raises ConfigError."""
     if line := problem(cfg):
         raise ConfigError(line)
-    workers = resolve_workers(cfg)
-    t = cfg.trainer
-    if cfg.strategy.name == "hogwild" and t.num_nodes != 1:
+    workers, epochs = resolve_workers(cfg), cfg.trainer.max_epochs
+    warmup = schedule(cfg.scheduler)["warmup_epochs"]
+    if warmup > epochs and not cfg.trainer.get("fast_dev_run"):  # the lr would never reach optimizer.lr
         raise ConfigError(
-            f"trainer.num_nodes={t.num_nodes} is invalid with strategy=hogwild: shared memory spans one machine; "
-            "use num_nodes=1"
+            f"scheduler.warmup_epochs={warmup} is invalid with trainer.max_epochs={epochs}: the warm-up would not "
+            f"end before training does; use warmup_epochs<={epochs}"
         )
-    _own_pace(cfg, workers * t.num_nodes)
+    _own_pace(cfg, workers * cfg.trainer.num_nodes)
     _partition(cfg.data, workers)
-    _schedule(cfg)
-    _model(cfg)
-    resolve_accumulation(cfg, workers * t.num_nodes)
+    resolve_accumulation(cfg, workers * cfg.trainer.num_nodes)
     return workers
 
 
 def checkpoint_file(setting: str, value: str) -> Path:
-    """The file a `setting` (ckpt_path, init_weights) names: a file, or a run dir (its
-    checkpoints/last.ckpt) or that checkpoints/ folder; a sweep's dir, or no torch.save file there, is a
-    ConfigError ending with what to give instead (GIVE)."""
-    give = GIVE[setting]
+    """The file a `setting` (ckpt_path, init_weights) names: a file, or a run dir's checkpoints/last.ckpt (the
+    run dir or that folder given); a sweep's dir, or no torch.save file there, is a ConfigError ending with
+    what to give instead (GIVE)."""
     path = Path(value).expanduser()
+    if (path / "multirun.yaml").is_file():  # a sweep's dir: its jobs are the runs
+        jobs = sorted((c.parents[1] for c in path.glob("*/checkpoints/last.ckpt")), key=lambda d: (len(d.name), d))
+        example = f", e.g. {jobs[0]}" if jobs else ""
+        raise ConfigError(f"{setting}={value!r} is a sweep's dir: give one job's run dir{example}")
     if path.is_dir():
-        if (path / "multirun.yaml").is_file():  # a sweep's dir: its jobs are the runs
-            jobs = sorted(
-                (c.parent.parent for c in path.glob("*/checkpoints/last.ckpt")), key=lambda d: (len(d.name), d)
-            )
-            example = f", e.g. {jobs[0]}" if jobs else ""
-            raise ConfigError(f"{setting}={value!r} is a sweep's dir: give one job's run dir{example}")
-        if (path / "last.ckpt").is_file() and not (path / "checkpoints").exists():
-            path = path / "last.ckpt"  # a run dir's checkpoints/ folder, given for the run dir
-        else:
-            path = path / "checkpoints" / "last.ckpt"
+        path = path / "last.ckpt" if (path / "last.ckpt").is_file() else path / "checkpoints" / "last.ckpt"
     if not path.is_file():
-        raise ConfigError(f"{setting}={value!r} is invalid: no checkpoint at {path} ({give})")
+        raise ConfigError(f"{setting}={value!r} is invalid: no checkpoint at {path} ({GIVE[setting]})")
     if not zipfile.is_zipfile(path):  # torch.save's format (Lightning's checkpoints too)
-        raise ConfigError(f"{setting}={value!r} is not a checkpoint file ({give})")
+        raise ConfigError(f"{setting}={value!r} is not a checkpoint file ({GIVE[setting]})")
     return path
 
 
@@ -252,9 +169,8 @@ def resolve_accelerator(cfg: DictConfig) -> str:
 
 
 def resolve_start_method(s: DictConfig, accelerator: str) -> str:
-    """strategy.start_method, or for null psgd's choice: HogWild's forkserver; on CPU psgd's fork server
-    (workers start already loaded); on GPU spawn, since a process that has used CUDA cannot fork workers
-    that use it."""
+    """strategy.start_method, or for null psgd's choice: forkserver for HogWild and on CPU (psgd's fork server
+    starts workers already loaded), spawn on GPU (a process that has used CUDA cannot fork workers that use it)."""
     method = s.get("start_method")
     if method is None:
         cpu = accelerator == "cpu" and forkserver.available()
@@ -269,52 +185,47 @@ def resolve_start_method(s: DictConfig, accelerator: str) -> str:
     return method
 
 
-def external_launcher(world_size: int) -> str | None:
-    """ "torchrun" or "srun" when that tool started this process as one of the workers (Lightning's own
-    cluster environments decide, as they will in the Trainer), else None: psgd starts the workers."""
+def launcher(cfg: DictConfig, workers: int) -> str:
+    """Who starts the workers: torchrun or srun (as Lightning's cluster environments detect them in the Trainer),
+    whose process counts must be the config's, or psgd on this machine."""
     from lightning_fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 
+    nodes, tasks = cfg.trainer.num_nodes, int(os.environ.get("SLURM_NTASKS", "1"))
     if TorchElasticEnvironment.detect():
-        return "torchrun"
-    if SLURMEnvironment.detect() and SLURMEnvironment.job_name() not in ("bash", "interactive"):
-        tasks = int(os.environ.get("SLURM_NTASKS", "1"))
-        if tasks > 1 and tasks != world_size:
-            raise ConfigError(
-                f"SLURM started SLURM_NTASKS={tasks} tasks but workers x trainer.num_nodes = {world_size}: "
-                "set workers to the tasks per node and trainer.num_nodes to the nodes (srun --ntasks-per-node)"
-            )
-        return "srun" if tasks > 1 else None
-    return None
-
-
-def _launcher(cfg: DictConfig, workers: int) -> str | None:
-    """Who starts the workers; under torchrun / srun the counts must match that tool's."""
-    name, nodes = cfg.strategy.name, cfg.trainer.num_nodes
-    launcher = external_launcher(workers * nodes)
-    if launcher and name == "hogwild":
-        raise ConfigError(
-            f"strategy=hogwild is invalid under {launcher}: its workers must be started by psgd to share one "
-            "model in memory; run `python train.py strategy=hogwild workers=N` on one machine instead"
-        )
-    if launcher == "torchrun":
-        world, local = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
-        if (workers, workers * nodes) != (local, world):
-            raise ConfigError(
-                f"workers={workers} trainer.num_nodes={nodes} do not match torchrun's {local} processes per "
-                f"node and {world} in all: use workers={local} trainer.num_nodes={world // max(local, 1)}"
-            )
-    if not launcher and nodes > 1:
+        name = "torchrun"
+    elif SLURMEnvironment.detect() and SLURMEnvironment.job_name() not in ("bash", "interactive") and tasks > 1:
+        name = "srun"
+    elif nodes > 1:  # nobody would start the other nodes' workers
         raise ConfigError(
             f"trainer.num_nodes={nodes} needs a launcher that starts the workers on every node (torchrun "
             f"--nnodes {nodes} ... train.py, or srun --nodes {nodes} ...; see the README's Scaling out): "
             "psgd starts workers on this machine only; use trainer.num_nodes=1 here"
         )
-    return launcher
+    else:
+        return "psgd"
+    if cfg.strategy.name == "hogwild":
+        raise ConfigError(
+            f"strategy=hogwild is invalid under {name}: its workers must be started by psgd to share one "
+            "model in memory; run `python train.py strategy=hogwild workers=N` on one machine instead"
+        )
+    if name == "srun" and tasks != workers * nodes:
+        raise ConfigError(
+            f"SLURM started SLURM_NTASKS={tasks} tasks but workers x trainer.num_nodes = {workers * nodes}: "
+            "set workers to the tasks per node and trainer.num_nodes to the nodes (srun --ntasks-per-node)"
+        )
+    if name == "torchrun":
+        local, world = int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ["WORLD_SIZE"])
+        if (workers, workers * nodes) != (local, world):
+            raise ConfigError(
+                f"workers={workers} trainer.num_nodes={nodes} do not match torchrun's {local} processes per "
+                f"node and {world} in all: use workers={local} trainer.num_nodes={world // max(local, 1)}"
+            )
+    return name
 
 
 def check(cfg: DictConfig) -> Plan:
-    """Validate every value here on this machine (check_values, then the accelerator, the classes the
-    config names, the checkpoints it reads and the launcher); returns the resolved plan or raises ConfigError."""
+    """Validate every value here on this machine (check_values, then the accelerator, the classes the config
+    names, the checkpoints it reads and the launcher); returns the resolved plan or raises ConfigError."""
     workers = check_values(cfg)
     accelerator = resolve_accelerator(cfg)
     if cfg.strategy.name == "hogwild" and accelerator != "cpu":
@@ -326,13 +237,28 @@ def check(cfg: DictConfig) -> Plan:
     for setting in GIVE:  # here, not in check_values: a file is there on one machine and not on another
         if cfg.get(setting) is not None:
             checkpoint_file(setting, cfg[setting])
-    launcher = _launcher(cfg, workers)
-    threads = cfg.threads_per_worker
+    started_by = launcher(cfg, workers)
+    if started_by == "psgd" and accelerator == "gpu":
+        check_gpu_count(workers, "workers" if cfg.trainer.get("devices") is None else "trainer.devices")
     return Plan(
-        start_method=resolve_start_method(cfg.strategy, accelerator),
         workers=workers,
-        threads_per_worker=threads or max(1, cpu_count() // workers),
+        threads_per_worker=cfg.threads_per_worker or max(1, cpu_count() // workers),
         accelerator=accelerator,
         accumulate_grad_batches=resolve_accumulation(cfg, workers * cfg.trainer.num_nodes),
-        launcher=launcher or "psgd",
+        launcher=started_by,
+        start_method=resolve_start_method(cfg.strategy, accelerator),
     )
+
+
+def check_gpu_count(workers: int, key: str) -> None:
+    """Each worker psgd starts on GPU needs a CUDA device of its own (Lightning refuses more devices than it
+    sees with a traceback, NCCL two ranks on one device). torchrun and srun place their own workers: a task
+    there may see only its own device, so their workers are not counted here."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if workers > gpus:
+        raise ConfigError(
+            f"{key}={workers} is invalid on GPU: {gpus} CUDA device{'' if gpus == 1 else 's'} visible and each "
+            f"worker needs its own; use {key}<={gpus}, or trainer.accelerator=cpu"
+        )

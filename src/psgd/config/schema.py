@@ -1,13 +1,8 @@
 """The schema of psgd's configuration: every key a run reads, with its type, bounds or choices and meaning.
 
-pydantic v2 models validate the config Hydra composed (presets and command line applied), so one check
-covers every group choice and preset. The defaults stay in conf/**.yaml (a test checks that each of their
-keys has a field here). pydantic rather than Hydra's structured configs: OmegaConf types have no bounds
-and no choices of mixed types (`compile: false | true | mode`). Torch is not imported: the scripts validate
-a command line before torch loads.
-
-`problem(cfg)` turns pydantic's first error into psgd's one line, `key=value is invalid: <what is allowed>`;
-`describe()` lists every key with its type and meaning.
+pydantic v2 models validate the config Hydra composed (presets and command line applied); the defaults stay in
+conf/**.yaml. pydantic rather than Hydra's structured configs: OmegaConf types have neither bounds nor choices of
+mixed types (`compile: false | true | mode`). Imports no torch: the scripts check a command line before it loads.
 """
 
 import types
@@ -19,23 +14,17 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from psgd.choices import AUGMENTATIONS, DECAYS, INFO, LR_SCALING, SCHEMES
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-DURATION_UNITS = ("days", "hours", "minutes", "seconds")
-
 
 def duration_s(value: Any) -> float | None:
-    """Seconds in a duration as Lightning's Timer (trainer.max_time) takes it: "DD:HH:MM:SS" or a
-    mapping of timedelta's arguments; None for anything else."""
+    """Seconds in a duration as Lightning's Timer (trainer.max_time) takes it: "DD:HH:MM:SS" or a mapping of
+    timedelta's arguments; None for anything else."""
     try:
         if isinstance(value, str):
-            parts = value.strip().split(":")
-            if len(parts) == 4:
-                return timedelta(**dict(zip(DURATION_UNITS, map(int, parts), strict=True))).total_seconds()
-        elif isinstance(value, DictConfig | dict):
-            return timedelta(**{str(k): v for k, v in dict(value).items()}).total_seconds()
+            days, hours, minutes, seconds = map(int, value.split(":"))
+            return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds).total_seconds()
+        return timedelta(**value).total_seconds()
     except (TypeError, ValueError, OverflowError):
-        pass
-    return None
+        return None
 
 
 def _a_duration(value: Any) -> Any:
@@ -216,7 +205,7 @@ class Trainer(Group, extra="allow"):
     gradient_clip_val: float | None = Field(None, ge=0)
     """Clip gradients' norm to this; null or 0: no clipping."""
     accumulate_grad_batches: int | None = Field(None, ge=1)
-    """Micro-batches per update (or parallel_batches)."""
+    """Micro-batches each worker accumulates per update (parallel_batches, set, wins)."""
     sync_batchnorm: bool = False
     """GPU: synchronise BatchNorm statistics across workers."""
     deterministic: bool | Literal["warn"] | None = None
@@ -256,7 +245,7 @@ class Run(Group):
     """... or, set, by samples per update / lr_reference_batch."""
     channels_last: bool
     """NHWC memory format for conv nets."""
-    compile: Literal[(False, True, *COMPILE_MODES)] | None
+    compile: Literal[False, True, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None
     """torch.compile the network, in one of its modes."""
     flush_denormal: bool
     """CPU: flush denormal floats to zero."""
@@ -276,21 +265,19 @@ class Run(Group):
     """sweep.py: a stopped sweep's dir, whose completed jobs are kept."""
 
 
-STRATEGIES = {get_args(m.model_fields["name"].annotation)[0]: m for m in (DDP, ModelAveraging, HogWild)}
-
-
-def said(value: Any) -> str:
-    """A value as the command line writes it ([0.7, 0.3], true, null)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
-
-
-def line(errors: list[dict[str, Any]], values: dict[str, Any]) -> str:
-    """psgd's one line for pydantic's first error: the dotted key, the value given and pydantic's words for
-    what is allowed (for a key that takes one of several types, each type's words)."""
+def problem(cfg: DictConfig) -> str | None:
+    """psgd's one line for the first value of `cfg` the schema refuses, `key=value is invalid: <what is allowed>`
+    in pydantic's words (for a key that takes one of several types, each type's words); None if it takes them all."""
+    values = {
+        k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+        for k, v in cfg.items()
+        if k != "hydra"  # Hydra's own node
+    }
+    try:
+        Run.model_validate(values)
+        return None
+    except ValidationError as e:
+        errors = e.errors()
     first, keys, value = errors[0], [], values
     for part in first["loc"]:  # a part that names no key of the input names a union's member
         if isinstance(value, dict) and part in value:
@@ -299,30 +286,9 @@ def line(errors: list[dict[str, Any]], values: dict[str, Any]) -> str:
     key = ".".join(keys)
     if first["type"] == "missing":
         return f"{key}.{first['loc'][-1]} is missing".lstrip(".")
-    if first["type"] == "extra_forbidden":
-        return f"{key}={said(value)} is not a setting psgd has: leave +{key} out"
     same_key = [e for e in errors if e["loc"][: len(keys)] == first["loc"][: len(keys)] and e["input"] is value]
     allowed = ", or ".join(dict.fromkeys(e["msg"].removeprefix("Value error, ") for e in same_key))
     return f"{key}={'null' if value is None else repr(value)} is invalid: {allowed}"
-
-
-def given(cfg: DictConfig) -> dict[str, Any]:
-    """The config's settings as plain values, interpolations resolved, Hydra's own node left out."""
-    return {
-        k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
-        for k, v in cfg.items()
-        if k != "hydra"
-    }
-
-
-def problem(cfg: DictConfig) -> str | None:
-    """The line for the config's first value the schema refuses, or None."""
-    values = given(cfg)
-    try:
-        Run.model_validate(values)
-    except ValidationError as e:
-        return line(e.errors(), values)
-    return None
 
 
 BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
@@ -344,21 +310,21 @@ def allowed(kind: Any, metadata: list[Any]) -> str:
 
 
 def describe() -> list[tuple[str, str, str]]:
-    """(dotted key, its type and bounds, its meaning) of every key of the schema; a strategy's own keys
-    are marked with its name."""
+    """(dotted key, its type and bounds, its meaning) of every key of the schema, for --help; a strategy's own
+    keys are marked with its name."""
     rows: list[tuple[str, str, str]] = []
 
     def walk(model: type[BaseModel], prefix: str, mark: str = "", skip: tuple[str, ...] = ()) -> None:
         for name, field in model.model_fields.items():
-            kind = field.annotation
-            if isinstance(kind, type) and issubclass(kind, BaseModel):
-                walk(kind, f"{prefix}{name}.")
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+                walk(field.annotation, f"{prefix}{name}.")
             elif name not in skip:
-                text = allowed(kind, field.metadata)
+                text = allowed(field.annotation, field.metadata)
                 rows.append((f"{prefix}{field.alias or name}", text, f"{mark}{field.description}"))
 
     walk(Run, "", skip=("strategy",))
     walk(Strategy, "strategy.")
-    for tag, member in STRATEGIES.items():
+    for member in (DDP, ModelAveraging, HogWild):
+        tag = get_args(member.model_fields["name"].annotation)[0]
         walk(member, "strategy.", f"[strategy={tag}] ", skip=tuple(Strategy.model_fields))
     return rows

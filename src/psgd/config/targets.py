@@ -1,7 +1,6 @@
 """The classes a config names (`model._target_`, `optimizer._target_`), judged before any worker starts:
-imported, built (the network on the meta device first: no memory, no random numbers) and, for the
-network, run on the dataset's image shape. Each problem is one ConfigError line. torch is imported by the
-functions that build, so that the package imports without it.
+imported, built and, for the network, run on the dataset's image shape. Each problem is one ConfigError line.
+torch is imported by the functions that build, so that the package imports without it.
 """
 
 import logging
@@ -15,9 +14,6 @@ from psgd.errors import ConfigError
 
 if TYPE_CHECKING:
     from torch import nn
-
-# the way out for an optimizer that refuses sparse gradients: said by cli after torch's error
-SPARSE_GRADIENTS_WAY_OUT = "use optimizer=sgd optimizer.fused=false, whose per-tensor update takes them"
 
 
 def locate(key: str, target: object) -> type:
@@ -84,26 +80,13 @@ def build_model(model_cfg: DictConfig, data_name: str, device: str = "cpu") -> t
 
 
 def meta_network(model_cfg: DictConfig, data_name: str) -> tuple[Any, int]:
-    """The job's network built on the meta device and the image size it takes; model_arguments'
-    ConfigError, or what its constructor raises (also what it cannot do on meta)."""
+    """The job's network built on the meta device (no memory, no random numbers) and the image size it takes;
+    model_arguments' ConfigError, or what its constructor raises (also what it cannot do on meta)."""
     import torch
 
     cls, arguments, size = model_arguments(model_cfg, data_name)
     with torch.device("meta"):
         return cls(**arguments), size
-
-
-def check_model(model_cfg: DictConfig, data_name: str) -> None:
-    """build_model's checks on the meta device; where the network fails there (also for what meta tensors
-    cannot do, such as .item()), built and run on the CPU as the job will, which raises the job's error, with
-    torch's random numbers left as they were."""
-    import torch
-
-    try:
-        build_model(model_cfg, data_name, device="meta")
-    except Exception:
-        with torch.random.fork_rng(devices=[]):
-            build_model(model_cfg, data_name)
 
 
 def check_optimizer(opt: DictConfig) -> None:
@@ -125,6 +108,14 @@ def check_optimizer(opt: DictConfig) -> None:
 
 
 def check_targets(cfg: DictConfig) -> None:
-    """The model and the optimizer a config names."""
-    check_model(cfg.model, cfg.data.name)
+    """The model and the optimizer a config names, built: the network on the meta device, and where it fails
+    there (also for what meta tensors cannot do, such as .item()) on the CPU as the job will, which raises the
+    job's error, with torch's random numbers left as they were."""
+    import torch
+
+    try:
+        build_model(cfg.model, cfg.data.name, device="meta")
+    except Exception:
+        with torch.random.fork_rng(devices=[]):
+            build_model(cfg.model, cfg.data.name)
     check_optimizer(cfg.optimizer)
