@@ -14,12 +14,10 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-# OpenMP threads that find no work sleep at once instead of spinning for it: the suite runs two tests at a
-# time (pytest.ini's -n 2) on as few as 2 cores, and a run's threads spinning took the cores the other
-# test's processes needed. Default suite on 2 cores, 2026-11-27: 9m08 with OpenMP's default (13m03 of CPU),
-# 7m47 with this (10m09 of CPU); 11m57 one test at a time. Read when torch loads OpenMP, so set before any
-# test imports torch; the runs the tests start inherit it. No test times training: the benchmarks/ scripts
-# keep OpenMP's default.
+# OpenMP threads that find no work sleep at once instead of spinning: the suite runs two tests at a time
+# (pytest.ini's -n 2) on as few as 2 cores, where spinning threads take the cores the other test needs. Read
+# when torch loads OpenMP, so set before any test imports torch; the runs the tests start inherit it. No test
+# times training (the benchmarks/ scripts keep OpenMP's default).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = Path(__file__).resolve().parents[1]

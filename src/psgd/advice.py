@@ -1,11 +1,9 @@
-"""What psgd tells a user about a run's outcome: steps too large (it diverged, or learned nothing) and the lr
-to set, the class label-skewed shards left behind, what ended training. Imports no other psgd module."""
+"""What psgd tells a user of a run's outcome: steps too large (it diverged or learned nothing) and the lr to
+set, the class label-skewed shards left behind, what ended training. Imports no other psgd module."""
 
 import math
 from typing import Any
 
-FEW_STEPS = 100  # under this many optimizer steps, a model at chance may not have trained long enough
-# a record's stopped_by -> the setting that ended training
 STOPPERS = {
     "early_stop": "early_stop.target_acc",
     "max_steps": "trainer.max_steps",
@@ -25,10 +23,9 @@ def scales_by_workers(settings: Any) -> bool:
 
 
 def step_advice(lr=None, hogwild_workers: int | str | None = None, optimizer_lr=None, by_workers: bool = False) -> str:
-    """What to change when a run's steps were too large: a lower lr (`lr`: the run's, after lr_scaling of
-    `optimizer_lr`, where known), or a warm-up. HogWild's P workers (`hogwild_workers`: P, or "P" for several
-    runs) take about P times one worker's step: one worker's lr / P, with lr_scaling=none where it scaled by
-    the workers (`by_workers`: optimizer.lr / P alone would be scaled back up P-fold)."""
+    """What to change when a run's steps were too large: a lower lr or a warm-up; under HogWild's P workers
+    (`hogwild_workers`: P, or "P" for several runs) one worker's lr / P, with lr_scaling=none where lr_scaling
+    scaled `optimizer_lr` by the workers (`by_workers`) into the run's `lr` (where known)."""
     scaled = bool(lr and optimizer_lr and not math.isclose(lr, optimizer_lr, rel_tol=1e-6))
     base = optimizer_lr if scaled else lr
     said = f"the run's lr is {lr:g}" if lr else ""
@@ -43,8 +40,6 @@ def step_advice(lr=None, hogwild_workers: int | str | None = None, optimizer_lr=
             said += f", by the workers; so lr_scaling=none {to}"
         else:
             said += f"{'; so ' if scaled else ': '}{to}"
-    elif by_workers:
-        said = "with lr_scaling=none: it scaled the lr up by the workers"
     return (
         f"under HogWild the {p} workers' updates all land on the one shared model, about {p} times one worker's "
         f"steps: lower optimizer.lr about {p}-fold{f' ({said})' if said else ''} or optimizer.momentum "
@@ -78,17 +73,12 @@ def stop_note(record: dict) -> str:
     return f" ({stopper} ended training in epoch {record.get('epochs')}{of})"
 
 
-def _last_epoch(job: Any) -> tuple[dict, int]:
-    """The last epoch's record ({} without one) and the number of classes (0 where unknown) of a record."""
+def learned_nothing(job: Any) -> bool:
+    """A completed run (not a fast_dev_run) whose last epoch's training loss is no lower than a uniform
+    guess's, ln(classes), and whose test accuracy is under twice chance."""
     history = job.get("history") or []
     last = history[-1] if history and isinstance(history[-1], dict) else {}
-    return last, len(job.get("test_acc_per_class") or job.get("test_classes") or [])
-
-
-def learned_nothing(job: Any) -> bool:
-    """A completed run (not a fast_dev_run) whose last epoch's mean training loss is no lower than a uniform
-    guess's, ln(classes), and whose test accuracy is under twice chance."""
-    last, classes = _last_epoch(job)
+    classes = len(job.get("test_acc_per_class") or job.get("test_classes") or [])
     loss, acc = last.get("train_loss"), job.get("test_acc")
     if job.get("status") != "completed" or job.get("stopped_by") == "fast_dev_run" or classes < 2:
         return False
@@ -96,26 +86,10 @@ def learned_nothing(job: Any) -> bool:
     return numbers and loss >= math.log(classes) and acc < 2 / classes
 
 
-def few_steps(job: Any) -> int | None:
-    """The optimizer steps a run trained where under FEW_STEPS with its loss under twice a uniform guess's
-    (too few to learn from); else None (a loss far above a guess's means steps too large, however few)."""
-    last, classes = _last_epoch(job)
-    step, loss = last.get("step"), last.get("train_loss")
-    if not (isinstance(step, int) and isinstance(loss, int | float) and classes >= 2):
-        return None
-    return step if step < FEW_STEPS and loss < 2 * math.log(classes) else None
-
-
-def learned_nothing_line(accs: str, hogwild_workers, lr=None, optimizer_lr=None, by_workers=False, steps=None) -> str:
-    """What learning nothing says and what to change (step_advice); with `steps` (few_steps), train longer first."""
-    said = (
-        f"learned nothing (test accuracy {accs}, about chance; the last epoch's training loss no lower than a "
-        "uniform guess's)"
-    )
+def learned_nothing_line(accs: str, hogwild_workers, lr=None, optimizer_lr=None, by_workers=False) -> str:
+    """What learning nothing says, and what to change (step_advice)."""
     advice = step_advice(lr, hogwild_workers, optimizer_lr, by_workers)
-    if steps is None:
-        return f"{said}: most often the steps were too large; {advice}"
     return (
-        f"{said} after only {steps} optimizer steps: too few to learn from, so train longer (trainer.max_epochs, "
-        f"trainer.limit_train_batches, trainer.max_steps); or the steps were too large: {advice}"
+        f"learned nothing (test accuracy {accs}, about chance; the last epoch's training loss no lower than a "
+        f"uniform guess's): most often the steps were too large; {advice}"
     )

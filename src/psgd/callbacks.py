@@ -1,4 +1,5 @@
-"""Lightning callbacks: threads per worker, epoch timing and result files, the target-accuracy stop."""
+"""Lightning callbacks: worker setup, whole-epoch checkpoints, epoch timing and result files, the
+target-accuracy stop."""
 
 import time
 import warnings
@@ -14,7 +15,6 @@ from typing_extensions import override
 
 from psgd.data.partition import generator
 from psgd.io import save_atomic, write_csv, write_json
-from psgd.module import cut_short, fit_loop_state
 from psgd.process import this_process
 from psgd.signals import handler_for_this_process
 from psgd.strategies.lightning_internals import handle_sigterm_with
@@ -28,14 +28,10 @@ def denormals_flushed() -> bool:
 
 class WorkerSetup(Callback):
     """Set up each worker process: torch's threads, denormal flushing, psgd's SIGTERM handler, and its
-    random stream, reseeded every epoch from (seed, rank, epoch).
-
-    A checkpoint written where an epoch was cut short holds every worker's stream as it was there, and a
-    run resumed inside that epoch goes on with it: exact resume.
+    random stream, reseeded every epoch from (seed, rank, epoch) so that a resumed run goes on exactly.
 
     flush_denormal: momentum buffers of units that get no gradient decay into denormal floats, on which
     every CPU multiply is slow; flushed to zero, the step time stays flat. Restored at teardown.
-
     step_logs: whether anything is logged per step; without, Lightning's warning that an epoch has
     fewer batches than log_every_n_steps is filtered (psgd logs every epoch whatever the interval).
     """
@@ -43,13 +39,9 @@ class WorkerSetup(Callback):
     def __init__(self, threads: int, seed: int | None = None, flush_denormal: bool = True, step_logs: bool = True):
         self.threads, self.seed, self.flush_denormal, self.step_logs = threads, seed, flush_denormal, step_logs
         self._flushed_before: bool | None = None
-        self._trainer: L.Trainer | None = None
-        self._resumed: dict[str, Any] = {}  # the streams a checkpoint written inside an epoch held
-        self._place: dict[str, int] | None = None  # and its training loader's place
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._trainer = trainer
         torch.set_num_threads(self.threads)
         handle_sigterm_with(trainer, handler_for_this_process())
         self._flushed_before = denormals_flushed()
@@ -72,63 +64,6 @@ class WorkerSetup(Callback):
         if self.seed is not None:
             torch.manual_seed(generator(self.seed, trainer.global_rank, trainer.current_epoch).initial_seed())
 
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        """Where the epoch was cut short, every worker's random stream (and the one its CPU loader made its
-        current batches with); nothing otherwise, since each epoch reseeds. Every worker stops together at
-        a cut, so the streams are gathered."""
-        trainer = self._trainer
-        if trainer is None or trainer.state.fn != "fit":
-            return {}
-        if not cut_short(trainer.fit_loop.epoch_loop.batch_progress.state_dict()):
-            return {}
-        mine = {"cpu": torch.get_rng_state()}
-        device = trainer.strategy.root_device
-        if device.type == "cuda":
-            mine["cuda"] = torch.cuda.get_rng_state(device)
-        made_at = getattr(trainer.train_dataloader, "made_at", None)
-        if made_at is not None:
-            mine["made_at"] = made_at
-        streams = [mine]
-        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
-            streams = [None] * trainer.world_size
-            dist.all_gather_object(streams, mine)
-        epoch = trainer.fit_loop.epoch_progress.current.started - 1
-        return {"epoch": epoch, "random_streams": streams}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._resumed = dict(state_dict)
-
-    @override
-    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        loops = fit_loop_state(checkpoint).get("state_dict") or {}
-        self._place = (loops.get("combined_loader") or [None])[0]
-
-    @override
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Resumed inside the epoch a checkpoint was cut short in: each worker goes on with its stream (with
-        another worker count, from (seed, rank, epoch))."""
-        state, self._resumed = self._resumed, {}
-        streams = state.get("random_streams")
-        if not streams or state.get("epoch") != trainer.current_epoch:
-            return
-        loader = trainer.train_dataloader
-        if self._place is not None and hasattr(loader, "load_state_dict"):
-            # Lightning gives the loader its place only where it sets up the training data after restoring
-            # the checkpoint; a per-step lr schedule sets it up before
-            loader.load_state_dict(self._place)
-        if len(streams) != trainer.world_size:
-            self.on_train_epoch_start(trainer, pl_module)
-            return
-        mine = streams[trainer.global_rank]
-        torch.set_rng_state(mine["cpu"])
-        if "made_at" in mine and hasattr(loader, "make_again"):
-            loader.make_again = (state["epoch"], *mine["made_at"])
-        device = trainer.strategy.root_device
-        if device.type == "cuda" and "cuda" in mine:
-            torch.cuda.set_rng_state(mine["cuda"], device)
-
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Checkpoints written through a temp file beside them and renamed, so that a run killed while
@@ -137,14 +72,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        if storage_options is not None:
-            raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
         save_atomic(checkpoint, path)
 
 
-class ResumedInPlace(ModelCheckpoint):
-    """A ModelCheckpoint without the "directory exists and is not empty" warning: checkpoints/ holds
-    files at the start only where a run goes on in its own dir (a continued sweep, a torchrun restart)."""
+class EpochEndCheckpoint(ModelCheckpoint):
+    """A ModelCheckpoint written at the end of whole training epochs only: a run cut inside an epoch
+    (trainer.max_steps, max_time, an early stop) resumes from its last whole epoch and trains the cut
+    epoch again from its start, exactly as the uninterrupted run did (WorkerSetup reseeds every epoch).
+
+    Without the "directory exists and is not empty" warning: checkpoints/ holds files at the start only
+    where a run goes on in its own dir (a continued sweep, a torchrun restart)."""
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -152,8 +89,30 @@ class ResumedInPlace(ModelCheckpoint):
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
             super().setup(trainer, pl_module, stage)
 
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            super().on_train_epoch_end(trainer, pl_module)
+        else:  # nor is it written again at the train's end (a strategy's final checkpoint)
+            self.best_model_path = ""
 
-class EpochCheckpoints(ResumedInPlace):
+    @override
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        """Write an epoch's checkpoint as one of a finished epoch, from which a resume starts the next one.
+
+        Lightning writes it inside on_train_epoch_end, before it counts the epoch completed: a resume under
+        trainer.max_steps (its iteration-based training) replayed the epoch's end and went on with the next
+        epoch from the last batch's place (cf. Lightning issue #19617)."""
+        fit = checkpoint["loops"]["fit_loop"]
+        batches = fit["epoch_loop.batch_progress"]
+        if batches["is_last_batch"]:  # (once per checkpoint: every checkpoint callback is called)
+            for count in fit["epoch_progress"].values():
+                count["completed"] = count["processed"]
+            batches["current"] = dict.fromkeys(batches["current"], 0)
+            batches["is_last_batch"] = False
+
+
+class EpochCheckpoints(EpochEndCheckpoint):
     """checkpoints/epoch<N>.ckpt after every epoch, all kept (checkpoint_every_epoch=true)."""
 
     def __init__(self, dirpath: str | Path) -> None:
@@ -166,7 +125,7 @@ class EpochCheckpoints(ResumedInPlace):
         )
 
 
-class LatestCheckpoint(ResumedInPlace):
+class LatestCheckpoint(EpochEndCheckpoint):
     """`checkpoints/last.ckpt`, rewritten after every epoch, so that a run that dies resumes from its last
     finished epoch (Lightning's `save_last=True` with `save_top_k=0` writes it only when training ends)."""
 
@@ -224,8 +183,8 @@ class TargetAccuracyStop(Callback):
     """Stop once val/acc >= `target_acc` for `patience` consecutive epochs; val/acc is reduced over the
     workers, so every worker takes the same decision."""
 
-    def __init__(self, target_acc: float, patience: int = 1, monitor: str = "val/acc"):
-        self.target_acc, self.patience, self.monitor = target_acc, patience, monitor
+    def __init__(self, target_acc: float, patience: int = 1):
+        self.target_acc, self.patience = target_acc, patience
         self.streak = 0
         self.stopped_epoch: int | None = None
 
@@ -233,8 +192,7 @@ class TargetAccuracyStop(Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
-        value = trainer.callback_metrics.get(self.monitor)
-        self.streak = update_streak(self.streak, None if value is None else float(value), self.target_acc)
+        self.streak = update_streak(self.streak, _get(trainer.callback_metrics, "val/acc"), self.target_acc)
         if self.streak >= self.patience:
             trainer.should_stop = True
             self.stopped_epoch = trainer.current_epoch
@@ -255,12 +213,7 @@ class TargetAccuracyStop(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "streak": self.streak,
-            "stopped_epoch": self.stopped_epoch,
-            "target_acc": self.target_acc,
-            "patience": self.patience,
-        }
+        return {name: getattr(self, name) for name in ("streak", "stopped_epoch", "target_acc", "patience")}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -302,9 +255,6 @@ FIGURES = {
     "allreduce_ms": ("ddp/allreduce_ms", 3),
     "allreduce_wait_ms": ("ddp/allreduce_wait_ms", 3),
 }
-# the figures that are an epoch's total time: an epoch trained in two parts adds these up, and weighs the
-# others by each part's samples
-EPOCH_TOTALS = {"averaging_s", "lock_wait_s"}
 
 
 class RunRecorder(Callback):
@@ -335,7 +285,6 @@ class RunRecorder(Callback):
         self._samples = 0
         # with echo, rank 0 prints a progress line every PROGRESS_EVERY_S within an epoch: when the next is due
         self._progress_at: float | None = None
-        self._batches = 0
         self._lr: float | None = None  # the lr the epoch started with
         self._validated = False  # a validation ran in this epoch
 
@@ -346,14 +295,10 @@ class RunRecorder(Callback):
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._trained = True
-        self._start_epoch(trainer)  # a resume inside an epoch has no on_train_epoch_start
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._start_epoch(trainer)
-
-    def _start_epoch(self, trainer: L.Trainer) -> None:
-        self._val_s, self._samples, self._validated, self._batches = 0.0, 0, False, 0
+        self._val_s, self._samples, self._validated = 0.0, 0, False
         self._lr = float(trainer.optimizers[0].param_groups[0]["lr"]) if trainer.optimizers else None
         self._t0 = time.perf_counter()
         self._progress_at = self._t0 + PROGRESS_EVERY_S if self.echo and trainer.is_global_zero else None
@@ -361,13 +306,9 @@ class RunRecorder(Callback):
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self._samples += len(batch[1])
-        if self._progress_at is not None:
-            self._batches += 1
-            now = time.perf_counter()
-            if now >= self._progress_at:
-                self._progress_at = now + PROGRESS_EVERY_S
-                trained_s = now - self._t0 - self._val_s
-                print(self._progress_line(trainer, batch_idx + 1, trained_s), flush=True)
+        if self._progress_at is not None and (now := time.perf_counter()) >= self._progress_at:
+            self._progress_at = now + PROGRESS_EVERY_S
+            print(self._progress_line(trainer, batch_idx + 1, now - self._t0 - self._val_s), flush=True)
 
     def _progress_line(self, trainer: L.Trainer, batch: int, trained_s: float) -> str:
         """`psgd: epoch 1/8: batch 120/469 after 8.2 min, 31.2 samples/s; about 23.8 min to the epoch's end`
@@ -381,7 +322,7 @@ class RunRecorder(Callback):
             + (" on worker 0" if trainer.world_size > 1 else "")
         )
         if known and total > batch:
-            line += f"; about {_duration((total - batch) * trained_s / self._batches)} to the epoch's end"
+            line += f"; about {_duration((total - batch) * trained_s / batch)} to the epoch's end"
         return line
 
     @override
@@ -447,26 +388,6 @@ class RunRecorder(Callback):
             "val_acc": val_acc,
             **{name: round(value, FIGURES[name][1]) for name, value in figures.items()},
         }
-        if self.history and self.history[-1]["epoch"] == record["epoch"]:
-            # the rest of an epoch the checkpoint was cut short in: one record for the whole epoch
-            before = self.history.pop()
-            if not record["samples"]:  # no batch was left to train: the first part's figures are the epoch's
-                record["train_loss"], record["train_acc"] = before["train_loss"], before["train_acc"]
-            for name, (_, digits) in FIGURES.items():
-                if name in before and name in record:
-                    parts = (before["samples"], record["samples"])
-                    merged = (
-                        before[name] + record[name]
-                        if name in EPOCH_TOTALS
-                        else (before[name] * parts[0] + record[name] * parts[1]) / max(sum(parts), 1)
-                    )
-                    record[name] = round(merged, digits)
-                elif name in before:
-                    record[name] = before[name]
-            record["samples"] += before["samples"]
-            record["lr"] = before.get("lr", record["lr"])  # what the epoch started with
-            record["epoch_s"] = round(before["epoch_s"] + epoch_s, 4)
-            record["samples_per_s"] = round(record["samples"] / max(record["epoch_s"], 1e-9), 1)
         self.history.append(record)
         if trainer.is_global_zero:
             self._write("running")
@@ -527,26 +448,18 @@ class RunRecorder(Callback):
         rows = [[h["time"], h["val_acc"]] for h in self.history if h["val_acc"] is not None]
         write_csv(self.out_dir / "training_data.csv", ["time", "val_accuracy"], rows)
 
+    # what a checkpoint keeps: the finished epochs and the time to the target
+    _kept = ("history", "cumulative_s", "time_to_target_s", "epoch_to_target", "step_to_target")
+
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "history": self.history,
-            "cumulative_s": self.cumulative_s,
-            "time_to_target_s": self.time_to_target_s,
-            "epoch_to_target": self.epoch_to_target,
-            "step_to_target": self.step_to_target,
-            "target_acc": self.target_acc,
-        }
+        return {name: getattr(self, name) for name in self._kept} | {"target_acc": self.target_acc}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = state_dict["history"]
-        self.cumulative_s = state_dict["cumulative_s"]
-        self.time_to_target_s = state_dict["time_to_target_s"]
-        self.epoch_to_target = state_dict["epoch_to_target"]
-        self.step_to_target = state_dict.get("step_to_target")  # (a psgd 0.1 checkpoint has none)
-        if state_dict.get("target_acc", self.target_acc) != self.target_acc:
-            # resumed with another target: the first recorded epoch at this one
+        for name in self._kept:
+            setattr(self, name, state_dict.get(name))
+        if state_dict.get("target_acc") != self.target_acc:  # another target: the first recorded epoch at it
             hit = next((h for h in self.history if reached(h["val_acc"], self.target_acc)), None)
             self.time_to_target_s, self.epoch_to_target, self.step_to_target = (
                 (hit["time"], hit["epoch"], hit["step"]) if hit else (None, None, None)

@@ -1,6 +1,5 @@
-"""The names a config chooses from: datasets (with their image shapes and classes), partition schemes,
-augmentation presets, models, learning-rate rules. Standard library only: psgd.config checks a command line's
-values with these before torch loads; the modules that implement each choice take their names from here.
+"""The names a config chooses from that the modules implementing them share: datasets (image shapes and classes),
+partition schemes, models, learning-rate rules. Standard library only: psgd.config uses them before torch loads.
 """
 
 from dataclasses import dataclass
@@ -29,7 +28,6 @@ INFO = {  # data.name
     "cifar10": DatasetInfo(3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), _CIFAR10),
 }
 SCHEMES = ("iid", "sizes", "by_label", "dirichlet")  # data.partition (psgd.data.partition)
-AUGMENTATIONS = ("none", "cifar", "pad_crop_flip")  # data.augment (psgd.data.augment.PRESETS)
 # each `model=<name>` choice of conf/model and the class it builds (`model.name` is the run's label)
 BUILTIN = {
     "lab_cnn": "psgd.models.LabCNN",

@@ -20,16 +20,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-from psgd import outputs, signals, torchrun
-from psgd.advice import (
-    few_steps,
-    hogwild_workers,
-    learned_nothing,
-    learned_nothing_line,
-    scales_by_workers,
-    skew_note,
-    stop_note,
-)
+from psgd import advice, outputs, signals, torchrun
 from psgd.config import ConfigError, DirInUse
 from psgd.console import fail, first_worker, global_rank, other_torchrun_worker, text_lines, warn
 from psgd.data import DataError
@@ -40,188 +31,19 @@ from psgd.stopped import WorkerGone, mark_status, raised_in_worker
 from psgd.strategies.workers import KilledWorker
 from psgd.sweep import KEPT
 
-
-def discard_empty_run_dir(run_dir: Path) -> None:
-    """A run that failed before training leaves no results: drop the dir Hydra made for it, and the
-    folders above it that it made and left empty (outputs/, today's folder). The dir may hold Hydra's
-    config, the log and what TensorBoard's logger wrote before the error (an event file, hparams.yaml):
-    with no metrics.json no epoch finished, and no validation ran."""
-    if not run_dir.is_dir() or (run_dir / "metrics.json").exists():
-        return
-
-    def empty(p: Path) -> bool:
-        if p.name == "tensorboard" and p.is_dir():
-            return all(f.name.startswith("events.out.tfevents.") or f.name == "hparams.yaml" for f in p.iterdir())
-        return p.name == ".hydra" or p.suffix == ".log"
-
-    if all(empty(p) for p in run_dir.iterdir()):
-        shutil.rmtree(run_dir, ignore_errors=True)
-        remove_empty_folders_above(run_dir.absolute().parent)
-
-
-def remove_empty_folders_above(folder: Path) -> None:
-    """`folder` and its parents, the deepest first, up to the nearest one that existed when the command
-    line was checked (outputs.existed), while they are empty. Without that check (train() from Python):
-    `folder` alone, if it is a date folder."""
-    if outputs.existed is None:
-        made = [folder] if re.fullmatch(r"\d{4}-\d{2}-\d{2}", folder.name) else []
-    else:
-        made = [f for f in (folder, *folder.parents) if outputs.existed in f.parents]
-    for f in made:
-        try:
-            f.rmdir()
-        except OSError:  # not empty: another run's
-            break
-
-
-def discard_held(run_dir: Path) -> None:
-    """discard_empty_run_dir with Ctrl-C and SIGTERM held until it is done."""
-    with signals.held(signal.SIGINT, signal.SIGTERM):
-        discard_empty_run_dir(run_dir)
-
-
 # errors whose message is the whole story: one line, no traceback, also when a worker raised them
 KNOWN_ERRORS = (ConfigError, DataError, TrainingDiverged, WorkerGone)
 BAD_INPUT = (ConfigError, DataError)  # nothing trained: the run leaves no dir
-
-
-def bad_input(e: BaseException) -> bool:
-    """A bad value or bad data, found in this process or in a worker (a resume check that needs the
-    worker's data, a dataset read there)."""
-    return isinstance(e, BAD_INPUT) or raised_in_worker(e, BAD_INPUT) is not None
-
-
-def unwritable(e: BaseException) -> str | None:
-    """Why a result could not be written (`No space left on device: '<file>'`), for an OSError of
-    NO_ROOM raised here or in a worker; else None."""
-    if isinstance(e, OSError) and e.errno in NO_ROOM:
-        return failed_write(e)
-    if isinstance(e, ProcessRaisedException):
-        found = re.match(r"(?:\w+\.)*\w*Error: \[Errno (\d+)\] (.*)$", text_lines(e)[-1])
-        if found and int(found.group(1)) in NO_ROOM:
-            return found.group(2)
-    return None
-
-
-def error_line(e: BaseException, run_dir: Path) -> str:
-    """The one line a user sees for a job that did not finish: psgd's own error's message; a full disk
-    and what to do; a dead worker named by its rank; else the error's line (a worker's last, naming
-    its rank) and where its traceback is."""
-    if isinstance(e, KNOWN_ERRORS):
-        return str(e)
-    if isinstance(e, KilledWorker):  # unresponsive or out of memory: the message says why
-        return f"{e}; results of finished epochs are in {run_dir}"
-    if why := unwritable(e):
-        return (
-            f"cannot write the run's results ({why}): free space there, or write them elsewhere "
-            f"(PSGD_OUTPUTS=<dir> or {run_dir_key()}=<dir>); what was written before stays in {run_dir}"
-        )
-    if isinstance(e, ProcessExitedException):
-        how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
-        return f"worker rank {e.error_index} died ({how}); results of finished epochs are in {run_dir}"
-    if isinstance(e, ProcessRaisedException):
-        known = raised_in_worker(e, KNOWN_ERRORS)
-        line = f"worker rank {e.error_index} failed: {message_line(e)}"
-    else:
-        known = None
-        rank = global_rank()  # under torchrun / srun each worker is a train.py process and says its rank
-        line = f"{f'worker rank {rank} failed: ' if rank is not None else ''}{type(e).__name__}: {message_line(e)}"
-    return known or f"{line} (traceback in {traceback_path(run_dir)})"
-
-
-def message_line(e: BaseException) -> str:
-    """The last line of an error's message (of a worker's traceback text), which says what went wrong,
-    above the context OmegaConf's errors end with ("full_key: workers", "object_type=dict")."""
-    lines = text_lines(e)
-    while len(lines) > 1 and re.match(r"(full_key: |object_type=|reference_type=)", lines[-1]):
-        lines.pop()
-    return lines[-1]
-
-
-def traceback_path(run_dir: Path) -> Path:
-    """Where a failed job keeps its error's whole traceback: error.log, and under torchrun / srun
-    error.rank<r>.log for each worker other than rank 0 (each one a train.py process of its own)."""
-    rank = global_rank()
-    return run_dir / ("error.log" if rank in (None, "0") else f"error.rank{rank}.log")
-
-
-def keeps_traceback(e: BaseException) -> bool:
-    """An error whose line names a traceback file (error_line): not psgd's own, a full disk's or a
-    worker's death."""
-    known = isinstance(e, KNOWN_ERRORS + (ProcessExitedException,)) or raised_in_worker(e, KNOWN_ERRORS)
-    return not (known or unwritable(e))
-
-
-def write_traceback(run_dir: Path, e: BaseException) -> None:
-    """The whole traceback of `e` (a worker's included, in its text) into the file its line names, or,
-    where that cannot be written (a full disk), onto stderr."""
-    text = "".join(traceback.format_exception(e))
-    try:
-        write_atomic(traceback_path(run_dir), text)
-    except OSError:
-        print(text.rstrip(), file=sys.stderr, flush=True)
-
-
-def mark_failed(run_dir: Path, line: str) -> None:
-    """Mark the run's record failed with its error line. Best effort: on a full disk the mark cannot be
-    written, and the error that ended the run is the one to report."""
-    with contextlib.suppress(OSError):
-        mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
-
-
 # the settings that name a file or folder to read: a relative one is relative to where the command ran
 INPUT_PATHS = ("data.root", "ckpt_path", "init_weights")
-
-
-def absolute_inputs(cfg: DictConfig) -> None:
-    """With hydra.job.chdir=true the job runs inside its output dir, where a relative data.root or
-    ckpt_path would name a folder that is not there (and data.root one to download the dataset into,
-    once per run): make them absolute from the directory the command ran in, as Hydra advises."""
-    if not HydraConfig.get().job.get("chdir"):
-        return
-    for key in INPUT_PATHS:
-        value = OmegaConf.select(cfg, key)
-        if isinstance(value, str) and value and not os.path.isabs(os.path.expanduser(value)):
-            OmegaConf.update(cfg, key, os.path.normpath(to_absolute_path(value)))
-
-
-def continue_job(run_dir: Path, hydra_log: str) -> dict | None:
-    """A job of a continued sweep (continue_sweep=<its dir>), in its earlier dir: its record if that
-    attempt completed (kept: nothing runs), else None, and the job goes on there (psgd.run.train with
-    `continued`: from its last.ckpt if it has one). An attempt without a checkpoint has its files set
-    aside into attempt<k>/, and one with a checkpoint its error logs, so that the new attempt's
-    results are not mixed with the old ones."""
-    try:
-        record = read_json(run_dir / "metrics.json") if (run_dir / "metrics.json").is_file() else None
-    except (OSError, ValueError):
-        record = None
-    if isinstance(record, dict) and record.get("status") == "completed" and record.get("test_acc") is not None:
-        return record
-    resume = (run_dir / "checkpoints" / "last.ckpt").is_file()
-    if resume:  # its epochs go on: only its failure's logs would mislead
-        left = list(run_dir.glob("error*.log"))
-    else:
-        kept = (".hydra", hydra_log)  # what Hydra has just written for this attempt
-        left = [p for p in run_dir.iterdir() if p.name not in kept and not p.name.startswith("attempt")]
-    if left:
-        aside = run_dir / f"attempt{1 + sum(1 for p in run_dir.glob('attempt*'))}"
-        aside.mkdir()
-        for p in left:
-            p.rename(aside / p.name)
-    return None
-
-
-# how long the torchrun worker that takes a refused run's dir away waits for the others on its machine to be past
-# Hydra's set-up of it (they start together; on a loaded machine their imports can differ by seconds)
+# how long the torchrun worker that takes a refused run's dir away waits for the others on its machine to be
+# past Hydra's set-up of it (they start together; on a loaded machine their imports can differ by seconds)
 WORKERS_SET_UP_WITHIN_S = 20.0
 
 
 def run_job(cfg: DictConfig) -> float | None:
-    """Train one job in Hydra's output dir; returns the test accuracy (Hydra sweepers can optimise it).
-
-    A single run turns a failure into one line and exit code 2 (run_failed). In a multirun a failed job
-    is marked failed in its dir (the report and the sweep's exit code say so) and the sweep goes on.
-    """
+    """Train one job in Hydra's output dir; returns the test accuracy (Hydra sweepers can optimise it), or
+    None for a sweep's failed job. A single run's failure ends the process (run_failed)."""
     # torch logs a line per surviving worker it terminates after another one died; the error says it all
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     hydra_cfg = HydraConfig.get()
@@ -251,20 +73,52 @@ def run_job(cfg: DictConfig) -> float | None:
     return metrics["test_acc"]
 
 
-def run_failed(e: Exception, run_dir: Path) -> None:
-    """End a single run that raised `e`: one line and exit code 2. Bad input leaves no run dir; any
-    other failure marks the run's record failed, and a bug's traceback goes to the file its line names.
+def absolute_inputs(cfg: DictConfig) -> None:
+    """With hydra.job.chdir=true the job runs inside its output dir: make a relative data.root, ckpt_path or
+    init_weights absolute from the directory the command ran in, as Hydra advises."""
+    if not HydraConfig.get().job.get("chdir"):
+        return
+    for key in INPUT_PATHS:
+        value = OmegaConf.select(cfg, key)
+        if isinstance(value, str) and value and not os.path.isabs(os.path.expanduser(value)):
+            OmegaConf.update(cfg, key, os.path.normpath(to_absolute_path(value)))
 
-    Under torchrun every worker of a machine finds the same bad input in the same dir: the first one
-    takes the dir away once every worker there is past Hydra's set-up of it (Hydra's log handler fails in
-    a dir taken away), and the others only once it has said the line and exited.
+
+def continue_job(run_dir: Path, hydra_log: str) -> dict | None:
+    """A job of a continued sweep, in its earlier dir: its record if that attempt completed (nothing runs),
+    else None, and the job goes on there (from its last.ckpt if it has one: train with `continued`). The
+    earlier attempt's files, or with a checkpoint its error logs, are set aside into attempt<k>/."""
+    with contextlib.suppress(OSError, ValueError):
+        record = read_json(run_dir / "metrics.json")
+        if isinstance(record, dict) and record.get("status") == "completed" and record.get("test_acc") is not None:
+            return record
+    if (run_dir / "checkpoints" / "last.ckpt").is_file():  # its epochs go on: only its failure's logs would mislead
+        left = list(run_dir.glob("error*.log"))
+    else:
+        kept = (".hydra", hydra_log)  # what Hydra has just written for this attempt
+        left = [p for p in run_dir.iterdir() if p.name not in kept and not p.name.startswith("attempt")]
+    if left:
+        aside = run_dir / f"attempt{1 + len(list(run_dir.glob('attempt*')))}"
+        aside.mkdir()
+        for p in left:
+            p.rename(aside / p.name)
+    return None
+
+
+def run_failed(e: Exception, run_dir: Path) -> None:
+    """End a single run that raised `e`: one line and exit code 2. Bad input leaves no run dir; any other
+    failure marks the run's record failed, and a bug's traceback goes to the file its line names.
+
+    Under torchrun every worker of a machine finds the same bad input in one dir: the first takes the dir
+    away once all are past Hydra's set-up of it (Hydra's log handler fails in a dir taken away), the others
+    only after the first has said the line and exited.
     """
-    discard = bad_input(e)
+    discard = isinstance(e, BAD_INPUT) or raised_in_worker(e, BAD_INPUT) is not None
     every_worker_finds_it = getattr(e, "every_worker_finds_it", False)
     after_the_first = discard and every_worker_finds_it and other_torchrun_worker()
     if discard and not after_the_first:
         torchrun.wait_for_this_machines_workers(WORKERS_SET_UP_WITHIN_S)
-        discard_held(run_dir)
+        discard_empty_run_dir(run_dir)
     line = error_line(e, run_dir)
     if not discard and (first_worker() or (isinstance(e, WorkerGone) and e.records)):  # one writer
         mark_failed(run_dir, line)
@@ -276,12 +130,11 @@ def run_failed(e: Exception, run_dir: Path) -> None:
         fail(line, every_worker_finds_it=every_worker_finds_it)
     finally:
         if after_the_first:  # the first has said it and exited (or did not in time, and this one has)
-            discard_held(run_dir)
+            discard_empty_run_dir(run_dir)
 
 
 def sweep_job_failed(e: Exception, run_dir: Path) -> None:
-    """A sweep's job that raised `e`: its dir is kept, marked failed with its line (for the report), and
-    the line is said; the sweep goes on."""
+    """A sweep's job that raised `e`: its dir is kept and marked failed with its line, which is said."""
     line = error_line(e, run_dir)
     if not isinstance(e, DirInUse):  # the earlier job's record stays as it was
         mark_failed(run_dir, line)
@@ -290,16 +143,113 @@ def sweep_job_failed(e: Exception, run_dir: Path) -> None:
     say(f"psgd: error: {line}")
 
 
+def discard_empty_run_dir(run_dir: Path) -> None:
+    """With Ctrl-C and SIGTERM held: drop the dir of a run that failed before training, if it holds only
+    what Hydra and TensorBoard's logger write at the start (.hydra, the log, an event file, hparams.yaml; no
+    metrics.json: no epoch finished), and the folders above it that the run made (below outputs.existed)."""
+
+    def empty(p: Path) -> bool:
+        if p.name == "tensorboard" and p.is_dir():
+            return all(f.name.startswith("events.out.tfevents.") or f.name == "hparams.yaml" for f in p.iterdir())
+        return p.name == ".hydra" or p.suffix == ".log"
+
+    with signals.held(signal.SIGINT, signal.SIGTERM):
+        if not run_dir.is_dir() or not all(empty(p) for p in run_dir.iterdir()):
+            return
+        shutil.rmtree(run_dir, ignore_errors=True)
+        for folder in run_dir.absolute().parents:
+            if outputs.existed is None or outputs.existed not in folder.parents:
+                break
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: another run's
+                break
+
+
+def unwritable(e: BaseException) -> str | None:
+    """`No space left on device: '<file>'` for an OSError of NO_ROOM raised here or in a worker, else None."""
+    if isinstance(e, OSError) and e.errno in NO_ROOM:
+        return failed_write(e)
+    if isinstance(e, ProcessRaisedException):
+        found = re.match(r"(?:\w+\.)*\w*Error: \[Errno (\d+)\] (.*)$", text_lines(e)[-1])
+        if found and int(found.group(1)) in NO_ROOM:
+            return found.group(2)
+    return None
+
+
+def error_line(e: BaseException, run_dir: Path) -> str:
+    """The one line a user sees for a job that did not finish: psgd's own error's message; a full disk and
+    what to do; a dead worker named by its rank; else the error's line, its rank and where its traceback is."""
+    if isinstance(e, KNOWN_ERRORS):
+        return str(e)
+    if isinstance(e, KilledWorker):  # unresponsive or out of memory: the message says why
+        return f"{e}; results of finished epochs are in {run_dir}"
+    if why := unwritable(e):
+        return (
+            f"cannot write the run's results ({why}): free space there, or write them elsewhere "
+            f"(PSGD_OUTPUTS=<dir> or {run_dir_key()}=<dir>); what was written before stays in {run_dir}"
+        )
+    if isinstance(e, ProcessExitedException):
+        how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
+        return f"worker rank {e.error_index} died ({how}); results of finished epochs are in {run_dir}"
+    if isinstance(e, ProcessRaisedException):
+        known = raised_in_worker(e, KNOWN_ERRORS)
+        line = f"worker rank {e.error_index} failed: {message_line(e)}"
+    else:
+        known = None
+        rank = global_rank()  # under torchrun / srun each worker is a train.py process and says its rank
+        line = f"{f'worker rank {rank} failed: ' if rank is not None else ''}{type(e).__name__}: {message_line(e)}"
+    return known or f"{line} (traceback in {traceback_path(run_dir)})"
+
+
+def message_line(e: BaseException) -> str:
+    """The last line of an error's message (of a worker's traceback text), above the context OmegaConf's
+    errors end with ("full_key: workers", "object_type=dict")."""
+    lines = text_lines(e)
+    while len(lines) > 1 and re.match(r"(full_key: |object_type=|reference_type=)", lines[-1]):
+        lines.pop()
+    return lines[-1]
+
+
+def traceback_path(run_dir: Path) -> Path:
+    """Where a failed job keeps its whole traceback: error.log, or error.rank<r>.log for a torchrun / srun
+    worker other than rank 0 (each a train.py process of its own)."""
+    rank = global_rank()
+    return run_dir / ("error.log" if rank in (None, "0") else f"error.rank{rank}.log")
+
+
+def keeps_traceback(e: BaseException) -> bool:
+    """An error whose line names a traceback file: not psgd's own, a full disk's or a worker's death."""
+    known = isinstance(e, KNOWN_ERRORS + (ProcessExitedException,)) or raised_in_worker(e, KNOWN_ERRORS)
+    return not (known or unwritable(e))
+
+
+def write_traceback(run_dir: Path, e: BaseException) -> None:
+    """The whole traceback of `e` (a worker's is in its text) into traceback_path, or else onto stderr."""
+    text = "".join(traceback.format_exception(e))
+    try:
+        write_atomic(traceback_path(run_dir), text)
+    except OSError:
+        print(text.rstrip(), file=sys.stderr, flush=True)
+
+
+def mark_failed(run_dir: Path, line: str) -> None:
+    """Mark the run's record failed with its error line; on a full disk it cannot be, and the error that
+    ended the run is the one to report."""
+    with contextlib.suppress(OSError):
+        mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
+
+
 def say_result(cfg: DictConfig, metrics: dict, run_dir: Path) -> None:
-    """A finished run's line (test accuracy, time, throughput, where its results are), after a warning
-    if its model learned nothing (a 10 % model "completed" as if it were a result)."""
-    if learned_nothing(metrics):
-        hogwild = hogwild_workers(metrics.get("strategy"), metrics.get("world_size"))
-        acc = f"{metrics['test_acc']:.4f}"
-        lr = (metrics.get("lr"), cfg.optimizer.lr, scales_by_workers(cfg))  # ran, set, scaled by the workers
-        warn(f"the model {learned_nothing_line(acc, hogwild, *lr, steps=few_steps(metrics))}")
+    """A finished run's line (test accuracy, time, throughput, its dir), after a warning if its model
+    learned nothing (a 10 % model "completed" as if it were a result)."""
+    acc = f"{metrics['test_acc']:.4f}"
+    if advice.learned_nothing(metrics):
+        hogwild = advice.hogwild_workers(metrics.get("strategy"), metrics.get("world_size"))
+        lr = (metrics.get("lr"), cfg.optimizer.lr, advice.scales_by_workers(cfg))  # ran, set, scaled by the workers
+        warn(f"the model {advice.learned_nothing_line(acc, hogwild, *lr)}")
     print(
-        f"psgd: test_acc={metrics['test_acc']:.4f}{skew_note(metrics)} train_time_s={metrics['train_time_s']:.1f} "
-        f"samples_per_s={metrics['samples_per_s']}{stop_note(metrics)} results in {run_dir}",
+        f"psgd: test_acc={acc}{advice.skew_note(metrics)} train_time_s={metrics['train_time_s']:.1f} "
+        f"samples_per_s={metrics['samples_per_s']}{advice.stop_note(metrics)} results in {run_dir}",
         flush=True,
     )

@@ -1,15 +1,13 @@
 """What train.py and sweep.py do around Hydra: check the command line, then run it.
 
-A command line that Hydra would refuse (a mistyped group choice or key, an override it cannot parse),
-or a job whose values psgd refuses, is one line `psgd: error: ...` and exit code 2 before torch loads,
-before any job starts and before anything is written: every job the line asks for is composed first
-with Hydra's compose API, and Hydra's own message is said in one line (with a did-you-mean).
-`train.py -m ...` runs the sweep config, as sweep.py does. Ctrl-C and SIGTERM before training are one
-line and exit code 130 / 143. `--help` adds every key of the schema to Hydra's help.
+Every job of the command line is composed first with Hydra's compose API and checked: what Hydra or psgd
+would refuse is one line `psgd: error: ...` and exit code 2 before torch loads, any job starts or anything
+is written. Ctrl-C and SIGTERM before training are one line and exit code 130 / 143.
 """
 
 import contextlib
 import difflib
+import functools
 import importlib
 import itertools
 import math
@@ -23,31 +21,29 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import MissingConfigException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from psgd import forkserver, outputs, signals, sweep
-from psgd.config import describe, sweep_values_problem, values_problem
+from psgd.config import Jobs, describe, sweep_values_problem, values_problem
 from psgd.console import fail, in_the_job, other_torchrun_worker, text_lines
 from psgd.io import say
 from psgd.overrides import override_key, shell_override
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
-DIR_NAMES_EXCLUDE = "hydra.job.config.override_dirname.exclude_keys"
 HELP_FLAGS = ("-h", "--help")
+DIR_NAMES_EXCLUDE = "hydra.job.config.override_dirname.exclude_keys"
 MAX_JOBS_COMPOSED = 64  # beyond this many jobs, every value of every key is composed once, not every product
 
-Jobs = list[tuple[list[str], DictConfig]]  # (overrides, config) of each job, the first with Hydra's node
 JobCheck = Callable[[Jobs], str | None]  # the composed jobs -> a one-line problem, or None
 
 
 def main(app: Callable[[], object], config_name: str, conf: Path) -> None:
     """Run a script's `@hydra.main` function `app` for this process's command line, checked first.
 
-    `config_name` "sweep", or a multirun of "train" (`train.py -m`), runs a sweep: with the sweep config,
-    each job's values checked also against this machine and its datasets, the report written when it
-    stops early, and exit code 1 when a job failed. A command line with one of Hydra's other flags
-    (--help, --cfg, -cd ...) goes to Hydra unchecked.
+    `config_name` "sweep", or `train.py -m`, runs a sweep with the sweep config: each job checked also
+    against this machine and its datasets, the report written when it stops early, exit code 1 when a job
+    failed. A command line with Hydra's flags (--help, --cfg, -cd ...) goes to Hydra unchecked.
     """
     signals.interrupt_on_sigterm()  # as Ctrl-C, also while torch loads
     argv = sys.argv[1:]
@@ -62,11 +58,11 @@ def main(app: Callable[[], object], config_name: str, conf: Path) -> None:
         if hydras_flags:
             run_hydras_flags(app, argv)
             return
-        check = sweep_jobs_problem if sweeping else run_jobs_problem
+        check = functools.partial(jobs_problem, sweeping=sweeping)
         if problem := command_line_problem("sweep" if sweeping else "train", argv, conf, check):
             fail(problem, every_worker_finds_it=True)
         load_training()
-        with contextlib.nullcontext() if sweeping else signals.held_until_released(signal.SIGINT, signal.SIGTERM):
+        with contextlib.nullcontext() if sweeping else signals.held(signal.SIGINT, signal.SIGTERM):
             app()  # a single run's job releases the signals once Hydra has made its run dir
     except BaseException as e:
         exit_stopped(e, sweeping and not hydras_flags)
@@ -119,22 +115,15 @@ def exit_stopped(e: BaseException, sweeping: bool) -> None:
         raise SystemExit(141)  # 128 + SIGPIPE, what a shell reports
 
 
-def run_jobs_problem(jobs: Jobs) -> str | None:
-    """psgd's value checks that need no torch; with none found, the fork server that will start the
-    job's workers (where they need one) is started, to import while this process does."""
-    problem = values_problem(jobs, name_the_job=len(jobs) > 1)
-    if problem is None:
-        forkserver.start_early(jobs)
-    return problem
-
-
-def sweep_jobs_problem(jobs: Jobs) -> str | None:
-    """A sweep's jobs: the checks that need no torch first (said in about a second), then, with torch
-    loaded, those that depend on this machine and its datasets."""
-    problem = values_problem(jobs, name_the_job=True)
-    if problem:
+def jobs_problem(jobs: Jobs, sweeping: bool) -> str | None:
+    """psgd's checks of the composed jobs: those that need no torch first (with none failed, the fork server
+    that will start the workers starts, to import while this process does); for a sweep, with torch loaded,
+    also those that depend on this machine and its datasets."""
+    if problem := values_problem(jobs, name_the_job=sweeping or len(jobs) > 1):
         return problem
     forkserver.start_early(jobs)
+    if not sweeping:
+        return None
     load_training()
     from psgd.run_checks import sweep_data_problem  # imports torch: only once the values passed
 
@@ -150,19 +139,19 @@ def load_training() -> None:
 
 
 def sweep_argv(argv: list[str]) -> list[str]:
-    """A sweep's arguments, with `continue_sweep=<dir>` also as hydra.sweep.dir (unless given): the
-    stopped sweep goes on in its dir. Not an interpolation in conf/sweep.yaml: a null continue_sweep
-    leaves the date-named default."""
+    """A sweep's arguments, with `continue_sweep=<dir>` also as hydra.sweep.dir (unless given): the stopped
+    sweep goes on in its dir. Not an interpolation in conf/sweep.yaml: a null continue_sweep leaves the
+    date-named default. A user's own list of keys left out of job folder names gets continue_sweep too (as
+    in conf/sweep.yaml): a continued sweep's jobs then find the folders they had."""
     argv = [continue_sweep_not_in_dir_names(a) if override_key(a) == DIR_NAMES_EXCLUDE else a for a in argv]
-    given = [a.split("=", 1)[1] for a in argv if override_key(a) == "continue_sweep" and "=" in a]
-    if not given or given[-1] == "null" or any(override_key(a) == "hydra.sweep.dir" for a in argv):
-        return argv
-    return [*argv, f"hydra.sweep.dir={given[-1]}"]
+    given = [a.partition("=")[2] for a in argv if override_key(a) == "continue_sweep"]
+    if given and given[-1] != "null" and not any(override_key(a) == "hydra.sweep.dir" for a in argv):
+        return [*argv, f"hydra.sweep.dir={given[-1]}"]
+    return argv
 
 
 def continue_sweep_not_in_dir_names(override: str) -> str:
-    """A user's list of keys left out of job folder names, with continue_sweep in it too (as in
-    conf/sweep.yaml): a continued sweep's jobs then find the folders they had."""
+    """`override` of DIR_NAMES_EXCLUDE (a list of keys) with continue_sweep in the list."""
     key, _, value = override.partition("=")
     if "continue_sweep" in value or not (value.startswith("[") and value.endswith("]")):
         return override
@@ -174,47 +163,41 @@ def command_line_problem(
     config_name: str, argv: list[str], config_dir: Path, job_check: JobCheck | None = None
 ) -> str | None:
     """The one line why Hydra would refuse the `argv` of `config_dir`/`config_name`.yaml (a multirun with
-    -m or for "sweep"), or why its output dir cannot take the run, or why `job_check` refuses its composed
-    jobs; else None, also for a command line with Hydra's other flags (Hydra judges those alone)."""
+    -m or for "sweep") naming the job of a sweep after the first, or why its output dir cannot take the
+    run, or why `job_check` refuses the composed jobs (the first with Hydra's node); else None, also for
+    a command line with Hydra's flags (Hydra judges those alone)."""
     multirun = config_name == "sweep" or is_multirun(argv)
     overrides = [a for a in argv if a not in MULTIRUN_FLAGS]
     if any(a.startswith("-") for a in overrides):
         return None
+    composed: Jobs = []
     with initialize_config_dir(config_dir=str(Path(config_dir).absolute()), version_base="1.3"):
-        composed = compose_jobs(config_name, overrides, multirun)
-    if not composed or isinstance(composed, str):  # [] for another sweeper's jobs: it composes them itself
-        return composed or None
+        try:
+            jobs = jobs_of(config_name, overrides, multirun)
+            for job in jobs:
+                composed.append((job, compose(config_name, job, return_hydra_config=not composed)))
+        except Exception as e:
+            return in_the_job(hydra_problem(e), job, jobs) if composed else hydra_problem(e)
+    if not composed:  # another sweeper's jobs: it composes them itself
+        return None
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    out = Path(str(OmegaConf.select(composed[0][1], key)))
+    continued = OmegaConf.select(composed[0][1], "continue_sweep", default=None) if multirun else None
     try:
-        return output_dir_problem(composed[0][1], overrides, multirun) or (job_check and job_check(composed))
+        if continued is not None:
+            problem = continue_problem(Path(str(continued)), overrides) or outputs.output_problem(out, key)
+        else:
+            problem = outputs.output_problem(out, key) or outputs.earlier_results(out, key)
+        return problem or (job_check and job_check(composed))
     except OmegaConfBaseException as e:  # a key a job lacks (removed by `~key`)
         return text_lines(e)[0]
 
 
-def compose_jobs(config_name: str, overrides: list[str], multirun: bool) -> Jobs | str:
-    """(overrides, config) of each job, the first with Hydra's node (it holds the output dir), or the one
-    line why Hydra would refuse a job, naming the job of a sweep after the first. Inside Hydra's
-    initialize_config_dir."""
-    try:
-        jobs = jobs_of(config_name, overrides, multirun)
-    except Exception as e:
-        return hydra_problem(e, config_name, overrides)
-    if isinstance(jobs, str):
-        return jobs
-    composed = []
-    for job in jobs:
-        try:
-            composed.append((job, compose(config_name, job, return_hydra_config=not composed)))
-        except Exception as e:
-            problem = hydra_problem(e, config_name, job)
-            return in_the_job(problem, job, jobs) if composed else problem
-    return composed
-
-
-def jobs_of(config_name: str, overrides: list[str], multirun: bool) -> list[list[str]] | str:
+def jobs_of(config_name: str, overrides: list[str], multirun: bool) -> list[list[str]]:
     """The overrides of each job, as Hydra's basic sweeper makes them (with a preset's own sweep,
-    hydra.sweeper.params, where the command line does not give the key), or a one-line reason why the
-    sweep has no job; [] for a sweep of ranges to sample (its sweeper's to judge). Without -m, the
-    command line itself: Hydra's compose judges any sweep in it."""
+    hydra.sweeper.params, where the command line does not give the key); [] for a sweep of ranges to
+    sample (its sweeper's to judge). Without -m, the command line itself: Hydra's compose judges any
+    sweep in it."""
     if not multirun:
         return [overrides]
     parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
@@ -231,69 +214,33 @@ def jobs_of(config_name: str, overrides: list[str], multirun: bool) -> list[list
         [f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [o.input_line]
         for o in given
     ]
-    if empty := next((o.input_line for o, values in zip(given, per_key, strict=True) if not values), None):
-        return f"{empty} gives no value, so the sweep has no job"
     if math.prod(len(values) for values in per_key) <= MAX_JOBS_COMPOSED:
         return [list(job) for job in itertools.product(*per_key)]
     longest = max(len(values) for values in per_key)  # every value once; their combinations are not checked
     return [[values[i % len(values)] for values in per_key] for i in range(longest)]
 
 
-def hydra_problem(e: Exception, config_name: str, job: list[str]) -> str:
-    """Hydra's reason for refusing `job` (`e`, raised by its compose or parser) in one line, with a
+def hydra_problem(e: Exception) -> str:
+    """Hydra's reason for refusing a job (`e`, raised by its compose or parser) in one line, with a
     did-you-mean for a mistyped group choice or key."""
-    if isinstance(e, MissingConfigException) and e.options is not None and "/" in (e.missing_cfg_file or ""):
-        group, choice = e.missing_cfg_file.rsplit("/", 1)
+    if isinstance(e, MissingConfigException) and e.options:  # a group's choice
+        group, _, choice = (e.missing_cfg_file or "").rpartition("/")
         hint = did_you_mean(choice, list(e.options), f"{group}=")
         return f"{group}={choice} is unknown{hint}; {group} can be: {', '.join(e.options)}"
-    lines = [ln for ln in text_lines(e) if not ln.startswith(("See https://", "^", "full_key:", "object_type="))]
+    lines = [ln for ln in text_lines(e) if not ln.startswith(("See https://", "^"))]
     if e.__cause__ is not None:
         lines.append(text_lines(e.__cause__)[0])
     if lines[0].startswith("Could not override '"):
-        key = lines[0].split("'")[1]
-        with contextlib.suppress(Exception):  # without the key, the job may not compose either
-            keys = dotted_keys(compose(config_name, [o for o in job if override_key(o) != key]))
-            lines[0] = lines[0].rstrip(".") + key_hint(key, keys)
+        lines[0] = lines[0].rstrip(".") + did_you_mean(lines[0].split("'")[1], [key for key, _, _ in describe()])
     return "; ".join(ln.rstrip(".") for ln in lines)
 
 
 def did_you_mean(word: str, options: list[str], prefix: str = "") -> str:
-    """` (did you mean <prefix><option>?)` for the option closest to a mistyped `word`, or ""."""
-    close = difflib.get_close_matches(word, options, n=1)
-    return f" (did you mean {prefix}{close[0]}?)" if close else ""
-
-
-def key_hint(key: str, keys: list[str]) -> str:
-    """did_you_mean for a dotted `key` the config's `keys` lack: a key of the same name in another section
-    (`lr` -> optimizer.lr), else the closest key of its own section."""
-    section, _, name = key.rpartition(".")
-    same_name = [k for k in keys if k.rpartition(".")[2] == name]
-    if same_name:
-        return f" (did you mean {same_name[0]}?)"
-    siblings = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == section]
-    return did_you_mean(name, siblings, f"{section}." if section else "")
-
-
-def dotted_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
-    """Every key of `cfg`, nested ones as `section.key`."""
-    keys = []
-    for k, v in cfg.items_ex(resolve=False):
-        keys.append(f"{prefix}{k}")
-        if isinstance(v, DictConfig):
-            keys += dotted_keys(v, f"{prefix}{k}.")
-    return keys
-
-
-def output_dir_problem(cfg: DictConfig, overrides: list[str], multirun: bool) -> str | None:
-    """Why the output dir of the composed `cfg` (with Hydra's node) cannot take this run or sweep: it
-    cannot be written or holds earlier results; or why a stopped sweep cannot be continued
-    (continue_sweep). None if it can."""
-    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    out = Path(str(OmegaConf.select(cfg, key)))
-    continued = OmegaConf.select(cfg, "continue_sweep", default=None) if multirun else None
-    if continued is not None:
-        return continue_problem(Path(str(continued)), overrides) or outputs.output_problem(out, key)
-    return outputs.output_problem(out, key) or outputs.earlier_results(out, key)
+    """` (did you mean <prefix><option>?)` for the option closest to a mistyped `word` (a dotted key: one of
+    the same name in another section first, `lr` -> optimizer.lr), or "" (also where `word` is an option)."""
+    same_name = [o for o in options if o.rpartition(".")[2] == word.rpartition(".")[2]]
+    close = same_name or difflib.get_close_matches(word, options, n=1)
+    return f" (did you mean {prefix}{close[0]}?)" if close and close[0] != word else ""
 
 
 def continue_problem(sweep_dir: Path, overrides: list[str]) -> str | None:

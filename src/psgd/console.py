@@ -1,11 +1,16 @@
-"""What psgd says on stderr (`psgd: error: ...`, `psgd: warning: ...`), which process of a run says it, and
-overrides written as a user types them. A leaf: the standard library and psgd's leaves only."""
+"""What psgd says on stderr (`psgd: error: ...`, `psgd: warning: ...`) and which process of a run says it.
+A leaf: the standard library and psgd's leaves only."""
 
 import os
 import time
 
 from psgd.io import say
 from psgd.overrides import as_typed
+
+# how long a torchrun worker waits for its agent's SIGTERM once the first worker has said the problem
+AGENT_STOPS_WITHIN_S = 10.0
+# while a sweep runs its jobs in this process: the warnings said so far, each said for its first job only
+_SAID_IN_SWEEP: set[str] | None = None
 
 
 def global_rank() -> str | None:
@@ -14,8 +19,7 @@ def global_rank() -> str | None:
 
 
 def first_worker() -> bool:
-    """This process speaks for the run: it is not one of several workers that torchrun or srun started
-    as train.py processes, or it is rank 0 of them (each finds the same settings, files and results)."""
+    """This process speaks for the run: it is no worker torchrun or srun started, or it is rank 0 of them."""
     return global_rank() in (None, "0")
 
 
@@ -29,39 +33,22 @@ def other_torchrun_worker() -> bool:
     return torchrun_worker() and os.environ.get("LOCAL_RANK", "0") != "0"
 
 
-# how long a torchrun worker waits for its agent's SIGTERM once the first worker has said the problem
-AGENT_STOPS_WITHIN_S = 10.0
-
-
-def leave_it_to_the_first() -> bool:
-    """In a torchrun worker other than its machine's first, which found the same problem as that one:
-    wait for the agent to stop this worker (it sends SIGTERM to the others once one has exited), so that
-    the first worker says it, once. True when stopped so; False elsewhere, or when no SIGTERM came in
-    time (then this worker says it too). Needs SIGTERM raised as KeyboardInterrupt
-    (signals.interrupt_on_sigterm)."""
-    if not other_torchrun_worker():
-        return False
-    try:
-        time.sleep(AGENT_STOPS_WITHIN_S)
-    except KeyboardInterrupt:
-        return True
-    return False
-
-
 def fail(message: str, every_worker_finds_it: bool = False) -> None:
     """A user error: one line on stderr, exit code 2.
 
     Args:
         every_worker_finds_it: the line follows from the config and the machine alone, so under torchrun
-            each worker of a machine finds it: the first one says it (leave_it_to_the_first).
+            each worker of a machine finds it. A worker other than the machine's first then waits for the
+            agent's SIGTERM (sent once the first has exited; SIGTERM raised as KeyboardInterrupt by
+            signals.interrupt_on_sigterm) and says nothing, or says it too when none came in time.
     """
-    if not (every_worker_finds_it and leave_it_to_the_first()):
-        say(f"psgd: error: {message}")
+    if every_worker_finds_it and other_torchrun_worker():
+        try:
+            time.sleep(AGENT_STOPS_WITHIN_S)
+        except KeyboardInterrupt:
+            raise SystemExit(2) from None
+    say(f"psgd: error: {message}")
     raise SystemExit(2)
-
-
-# while a sweep runs its jobs in this process: the warnings said so far, each said for its first job only
-_SAID_IN_SWEEP: set[str] | None = None
 
 
 def warn_once_per_sweep(on: bool) -> None:
@@ -72,11 +59,9 @@ def warn_once_per_sweep(on: bool) -> None:
 
 def warn(message: str) -> None:
     """A `psgd: warning: ...` line on stderr, said once per run (first_worker), and once per sweep."""
-    if not first_worker():
+    if not first_worker() or (_SAID_IN_SWEEP is not None and message in _SAID_IN_SWEEP):
         return
     if _SAID_IN_SWEEP is not None:
-        if message in _SAID_IN_SWEEP:
-            return
         _SAID_IN_SWEEP.add(message)
     say(f"psgd: warning: {message}")
 

@@ -7,6 +7,7 @@ import `cpu_count` before torch is loaded, so this module must not load it.
 import os
 import platform
 import re
+from contextlib import suppress
 
 from psgd import __version__
 
@@ -20,13 +21,10 @@ def cpu_count() -> int:
 
 
 def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
 
 

@@ -1,11 +1,7 @@
-"""The fork server that starts psgd's worker processes on CPU (strategy.start_method=forkserver, what
-null resolves to there).
-
-The server imports torch, Lightning and psgd once (PRELOAD) and forks each worker from itself, already
-loaded; it never runs a torch operation, so its children can use OpenMP (GNU OpenMP's thread pool does not
-survive a fork of a process that used it). The scripts start it as soon as the command line is checked
-(`start_early`), so that it imports while the launcher does. This module stays light: the scripts import
-it before torch.
+"""The fork server that starts psgd's worker processes on CPU (strategy.start_method=forkserver, null's
+choice there): it imports torch, Lightning and psgd once (PRELOAD) and forks each worker already loaded,
+without ever running a torch operation (GNU OpenMP's threads do not survive a fork of a process that used
+them). The scripts start it early, before they import torch themselves, so this module stays light.
 """
 
 import multiprocessing
@@ -13,6 +9,7 @@ import os
 import signal
 import time
 from collections.abc import Iterable
+from contextlib import suppress
 from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
@@ -41,11 +38,6 @@ def start() -> None:
         signal.signal(signal.SIGINT, sigint)
 
 
-def nvidia_gpu_present() -> bool:
-    """An NVIDIA driver's device node is here (without importing torch: a hint, not CUDA's own answer)."""
-    return Path("/dev/nvidiactl").exists() and os.environ.get("CUDA_VISIBLE_DEVICES", None) not in ("", "-1")
-
-
 def will_use_server(cfg: Any) -> bool:
     """Whether psgd will start this checked job's workers from the fork server, as far as can be told
     before torch loads (psgd.config.resolve_start_method decides with torch)."""
@@ -62,7 +54,9 @@ def will_use_server(cfg: Any) -> bool:
     if s.get("start_method") not in (None, "forkserver"):
         return False
     accelerator = trainer.get("accelerator")
-    return accelerator == "cpu" or (accelerator in (None, "auto") and not nvidia_gpu_present())
+    # an NVIDIA driver's device node, without importing torch: a hint, not CUDA's own answer
+    gpu = Path("/dev/nvidiactl").exists() and os.environ.get("CUDA_VISIBLE_DEVICES") not in ("", "-1")
+    return accelerator == "cpu" or (accelerator in (None, "auto") and not gpu)
 
 
 def runs_jobs_here(first_job: Any) -> bool:
@@ -75,16 +69,12 @@ def runs_jobs_here(first_job: Any) -> bool:
 
 
 def start_early(jobs: Iterable[tuple[list[str], Any]]) -> None:
-    """Start the server now if any of these composed jobs will need it (a head start: a server that no
-    job uses in the end only sleeps until this process exits)."""
+    """Start the server now if any of these composed jobs will need it: a head start, so nothing is raised
+    (the first launch starts it otherwise), and a server that no job uses only sleeps until this process exits."""
     jobs = list(jobs)
-    try:
-        if not jobs or not available() or not runs_jobs_here(jobs[0][1]):
-            return
-        if any(will_use_server(cfg) for _, cfg in jobs):
+    with suppress(Exception):
+        if jobs and available() and runs_jobs_here(jobs[0][1]) and any(will_use_server(cfg) for _, cfg in jobs):
             start()
-    except Exception:  # only a head start: the first launch starts it otherwise
-        pass
 
 
 def server_died(wait_s: float = 2.0) -> int | None:

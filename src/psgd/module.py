@@ -20,40 +20,8 @@ from psgd.optim import build_scheduler, schedule_read
 
 # a per-step schedule's optimizer steps per epoch (this worker's), kept in its checkpoints
 STEPS_PER_EPOCH_KEY = "psgd_steps_per_epoch"
-
-
-def cut_short(batch_progress: dict[str, Any]) -> bool:
-    """Whether the training epoch (Lightning's batch progress, as its state_dict) ended before its last batch."""
-    return not batch_progress.get("is_last_batch", True) and batch_progress["current"]["completed"] > 0
-
-
-def fit_loop_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """Lightning's fit-loop state in a checkpoint (progress counts; the loader's place under "state_dict")."""
-    return (checkpoint.get("loops") or {}).get("fit_loop") or {}
-
-
-def keep_a_cut_epoch_unfinished(checkpoint: dict[str, Any]) -> bool:
-    """Mark a checkpoint written after an epoch that ended before its last batch (max_steps, max_time, an
-    early stop inside the epoch) as written inside it; returns whether it was such a checkpoint.
-
-    Lightning counts such an epoch as trained, so a resume would skip its remaining batches. Marked
-    unfinished, it resumes inside the epoch, with the loader at its place there (TensorLoader.state_dict)."""
-    fit = fit_loop_state(checkpoint)
-    batches, epochs = fit.get("epoch_loop.batch_progress"), fit.get("epoch_progress")
-    if not batches or not epochs or not cut_short(batches):
-        return False
-    if epochs["current"]["processed"] != epochs["current"]["started"]:
-        return False  # written inside the epoch already (a checkpoint at a batch's end)
-    for count in (epochs["current"], epochs["total"]):
-        count["processed"] = count["completed"] = count["started"] - 1
-    checkpoint["epoch"] = epochs["current"]["completed"]  # (Lightning's current_epoch: the cut epoch's index)
-    return True
-
-
 # the optimizer's class name, kept in its checkpoints: a resume with another optimizer= is refused
 OPTIMIZER_KEY = "psgd_optimizer"
-# in a checkpoint written where an epoch was cut short: that epoch's training counts so far, all workers'
-CUT_EPOCH_COUNTS_KEY = "psgd_cut_epoch_train_counts"
 # param-group entries that say how torch runs the update, not what it computes: a resumed run takes its own
 STEP_IMPLEMENTATION = ("foreach", "fused", "differentiable", "capturable")
 
@@ -95,7 +63,6 @@ class Classifier(L.LightningModule):
         super().__init__()
         self.save_hyperparameters(ignore=["net", "optimizer", "input_shape"])
         self.net = net.to(memory_format=torch.channels_last) if channels_last else net
-        self._compile_mode = compile  # compiled in each worker at the start of fit (compile_net)
         if input_shape is not None:  # Lightning's model summary shows each layer's sizes
             self.example_input_array = torch.zeros(1, *input_shape)
         self.optimizer_factory = optimizer
@@ -109,10 +76,6 @@ class Classifier(L.LightningModule):
         # training accuracy and loss ([correct, loss sum] and samples), reduced once per epoch (count_train)
         self._train_counts: list | None = None
         self._step_counts: list | None = None
-        # the last epoch's reduced counts (epoch, correct, loss sum, samples): kept in a checkpoint written
-        # where that epoch was cut short, for the resumed rest of the epoch to add to
-        self._epoch_counts: tuple[int, float, float, float] | None = None
-        self._resumed_counts: dict[str, float] | None = None
         # per-step schedules: this run's optimizer steps per epoch and the resumed checkpoint's
         self._steps_per_epoch: int | None = None
         self._resumed_steps_per_epoch: int | None = None
@@ -150,6 +113,7 @@ class Classifier(L.LightningModule):
     # train/loss_step and train/acc_step are logged every `count_every` batches (and at the epoch's end);
     # None: the trainer's log_every_n_steps
     count_every: int | None = None
+    _count_every = 32  # count_every as resolved at the start of fit
 
     def count_train(self, out: Tensor, y: Tensor, loss: Tensor, batch_idx: int) -> None:
         """Add a training batch to the epoch's [correct, loss sum] and sample count, on the device (no
@@ -157,8 +121,6 @@ class Classifier(L.LightningModule):
         if self._train_counts is None or batch_idx == 0:
             zero = torch.zeros(2, dtype=torch.float64, device=out.device)
             self._train_counts, self._step_counts = [zero, 0], [zero.clone(), 0]
-            if self._resumed_counts is not None:
-                self._carry_resumed_counts()
         sums = torch.stack([(out.argmax(1) == y).sum().double(), loss.double() * len(y)])
         for counts in (self._train_counts, self._step_counts):
             counts[0] = counts[0] + sums
@@ -174,42 +136,15 @@ class Classifier(L.LightningModule):
             for logger in self.loggers:
                 logger.log_metrics({"train/loss_step": loss_sum / n, "train/acc_step": correct / n}, step=step)
 
-    _count_every = 32  # count_every as resolved at the start of fit
-
-    def compile_net(self) -> None:
-        """torch.compile the network in place (its state_dict keys unchanged), once, in the worker that
-        trains it. Called at the start of fit, after Lightning's model summary ran its example input."""
-        mode = self._compile_mode
-        if mode and self.net._compiled_call_impl is None:  # (what nn.Module.compile sets)
-            self.net.compile(mode=mode)
-
-    def _carry_resumed_counts(self) -> None:
-        """Resumed inside an epoch a checkpoint was cut short in: that epoch's counts so far (all workers')
-        start this run's on the first worker, so the epoch's train/loss and train/acc are the whole epoch's."""
-        carried, self._resumed_counts = self._resumed_counts, None
-        if carried.get("epoch") != self.current_epoch or self.global_rank != 0:
-            return
-        sums, _ = self._train_counts
-        self._train_counts = [
-            sums + sums.new_tensor([carried["correct"], carried["loss_sum"]]),
-            int(carried["samples"]),
-        ]
-
     @override
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        trainer = self.trainer
-        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or batch_idx + 1 >= trainer.num_training_batches:
-            self._log_train_epoch()
+    def on_train_epoch_end(self) -> None:
+        self.finish_train_epoch()
 
     def finish_train_epoch(self) -> None:
-        """Log the training figures of an epoch that ended before its last batch (an early stop after a
-        validation inside it); a no-op where its last batch did."""
-        if self._train_counts is not None:
-            self._log_train_epoch()
-
-    def _log_train_epoch(self) -> None:
-        """Log the epoch's accuracy and mean loss over every worker's samples, with one all-reduce after
-        each worker's last step (every worker gets there once per epoch, also with uneven shards)."""
+        """Log the epoch's training accuracy and mean loss over every worker's samples, with one all-reduce
+        (every worker gets here once per epoch, also with uneven shards); a no-op once logged."""
+        if self._train_counts is None:
+            return
         self._log_step_counts(self.trainer.global_step - 1)  # at the epoch's last step
         (correct, loss_sum), n = self._train_counts
         self._train_counts = None
@@ -217,7 +152,6 @@ class Classifier(L.LightningModule):
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(sums)
         correct, loss_sum, n = sums.tolist()
-        self._epoch_counts = (self.current_epoch, correct, loss_sum, n)
         if not math.isfinite(loss_sum):
             # every worker has the same sum, so all stop together: NaN weights never recover
             raise TrainingDiverged(
@@ -290,15 +224,11 @@ class Classifier(L.LightningModule):
     @override
     def on_fit_start(self) -> None:
         self._count_every = max(1, self.count_every or self.trainer.log_every_n_steps)
-        self.compile_net()
-        # a process group left over from an earlier job would silently change the world size
-        expected = self.hparams.workers * self.trainer.num_nodes
-        actual = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        if actual != expected or self.trainer.world_size != expected:
-            raise RuntimeError(
-                f"world size is {actual} (trainer: {self.trainer.world_size}) but {expected} workers were "
-                "configured; a stale process group from an earlier run in this process?"
-            )
+        # compiled in place (state_dict keys unchanged) in the worker that trains it, after Lightning's
+        # model summary ran its example input
+        mode = self.hparams.get("compile")
+        if mode and self.net._compiled_call_impl is None:  # (what nn.Module.compile sets)
+            self.net.compile(mode=mode)
 
     @override
     def on_train_epoch_start(self) -> None:
@@ -317,7 +247,11 @@ class Classifier(L.LightningModule):
         optimizer = self.build_optimizer()
         cfg = schedule_read(self.scheduler_cfg)
         interval = cfg.pop("interval", "epoch")
-        self._steps_per_epoch = self.optimizer_steps_per_epoch() if interval == "step" else None
+        if interval == "step":  # this worker's optimizer steps per epoch, as Lightning will run them
+            self.trainer.estimated_stepping_batches  # noqa: B018 -- sets up the training data if not yet done
+            self._steps_per_epoch = max(
+                1, math.ceil(self.trainer.num_training_batches / self.trainer.accumulate_grad_batches)
+            )
         self._check_resumed_steps()
         world = self.hparams.workers * self.trainer.num_nodes  # a warm-up from 1/world, as lr_scaling scales
         scheduler = build_scheduler(
@@ -337,49 +271,33 @@ class Classifier(L.LightningModule):
             checkpoint[OPTIMIZER_KEY] = type(self.trainer.optimizers[0]).__name__
         if self._steps_per_epoch is not None:
             checkpoint[STEPS_PER_EPOCH_KEY] = self._steps_per_epoch
-        if keep_a_cut_epoch_unfinished(checkpoint) and self._epoch_counts is not None:
-            epoch, correct, loss_sum, n = self._epoch_counts
-            if epoch == checkpoint["epoch"]:
-                checkpoint[CUT_EPOCH_COUNTS_KEY] = {
-                    "epoch": epoch,
-                    "correct": correct,
-                    "loss_sum": loss_sum,
-                    "samples": n,
-                }
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._resumed_steps_per_epoch = checkpoint.get(STEPS_PER_EPOCH_KEY)
-        self._resumed_counts = checkpoint.get(CUT_EPOCH_COUNTS_KEY)
         self._check_resumed_steps()
         self._update_as_configured(checkpoint)
         self._drop_states_of_callbacks_not_set(checkpoint)
 
-    def _drop_states_of_callbacks_not_set(self, checkpoint: dict[str, Any]) -> None:
-        """Drop the state of a callback this run's settings leave out (checkpoint_every_epoch,
-        early_stop.target_acc): Lightning would tell the user to add the callback back."""
-        states = checkpoint.get("callbacks")
-        try:
-            callbacks = self.trainer.callbacks
-        except RuntimeError:  # not attached to a Trainer (load_from_checkpoint): no callbacks are restored
-            return
-        if not states:
-            return
-        present = {cb.state_key for cb in callbacks}
-        settings = [k for k in states if k.startswith("EpochCheckpoints{") or k == "TargetAccuracyStop"]
-        for key in [k for k in settings if k not in present]:
-            del states[key]
-
     def _update_as_configured(self, checkpoint: dict[str, Any]) -> None:
         """Give the checkpoint's param groups this run's STEP_IMPLEMENTATION settings (e.g. optimizer.fused)
         before the optimizer loads them, so that torch places the state as this run's update needs it."""
-        states = checkpoint.get("optimizer_states")
-        if not states:
-            return
         fresh = self.build_optimizer().param_groups  # no state: only its settings are read
-        for state in states:
+        for state in checkpoint.get("optimizer_states") or []:
             for saved, group in zip(state.get("param_groups") or [], fresh):
                 saved.update({k: group[k] for k in STEP_IMPLEMENTATION if k in group})
+
+    def _drop_states_of_callbacks_not_set(self, checkpoint: dict[str, Any]) -> None:
+        """Drop the state of a callback this run's settings leave out (checkpoint_every_epoch,
+        early_stop.target_acc): Lightning would tell the user to add the callback back."""
+        try:
+            present = {cb.state_key for cb in self.trainer.callbacks}
+        except RuntimeError:  # not attached to a Trainer (load_from_checkpoint): no callbacks are restored
+            return
+        states = checkpoint.get("callbacks") or {}
+        for key in [k for k in states if k.startswith("EpochCheckpoints{") or k == "TargetAccuracyStop"]:
+            if key not in present:
+                del states[key]
 
     def _check_resumed_steps(self) -> None:
         """Refuse a resume whose per-step schedule would count other steps per epoch than the checkpoint's.
@@ -404,9 +322,3 @@ class Classifier(L.LightningModule):
                     "steps); resume with the checkpoint's data.batch_size, data.partition, workers, parallel_batches "
                     "and trainer settings"
                 )
-
-    def optimizer_steps_per_epoch(self) -> int:
-        """This worker's optimizer steps per epoch, as Lightning will run them."""
-        trainer = self.trainer
-        trainer.estimated_stepping_batches  # noqa: B018 -- sets up the training data if not yet done
-        return max(1, math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches))

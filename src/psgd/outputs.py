@@ -5,7 +5,6 @@ A leaf: the standard library, OmegaConf and psgd's leaves only."""
 import json
 import os
 import tempfile
-from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
@@ -26,41 +25,23 @@ def process_start(pid: int) -> datetime | None:
         return None
 
 
-def job_start(env: Mapping[str, str]) -> datetime | None:
-    """When this torchrun / srun job started, alike in all of its processes and in a worker torchrun
-    restarts hours later: srun's SLURM_JOB_START_TIME (a Unix time, the same on every node), or the
-    start of torchrun's agent, the workers' parent on each machine. None where neither can be read."""
-    if torchrun_worker():
-        return process_start(os.getppid())
-    try:
-        return datetime.fromtimestamp(int(env["SLURM_JOB_START_TIME"]))
-    except (KeyError, ValueError, OverflowError, OSError):
-        return None
-
-
 def run_name() -> str:
     """The run dir under outputs/: <date>/<time>, or a name every process of one torchrun / srun job
-    computes alike, so that all workers (and a restarted worker) write into the same dir. Its date is
-    the job's start (job_start), not today's: a worker that started, or was restarted, after midnight
-    files itself with the run it belongs to."""
+    computes alike, so that all workers (and one torchrun restarts, also after midnight) write into one dir:
+    the job's id under its start date, or on one machine with a static rendezvous torchrun's start and pid."""
     env = os.environ
     if torchrun_worker():
-        started = job_start(env)
+        started = process_start(os.getppid())  # torchrun's agent: the parent of every worker of its machine
         day = (started or datetime.now()).strftime("%Y-%m-%d")
-        run_id = env["TORCHELASTIC_RUN_ID"]
-        if run_id not in ("", "none"):  # --rdzv-id, or the id torchrun makes up for one machine
-            return f"{day}/torchrun-{run_id}"
-        # "none": a static rendezvous (--master-port given). On one machine every worker, restarted
-        # ones too, is a child of the one torchrun process: its pid and start time name this job (the
-        # port alone would name every such job of the day alike). Across machines, only the port.
-        if started is not None and env.get("WORLD_SIZE") == env.get("LOCAL_WORLD_SIZE"):
-            return started.strftime(f"%Y-%m-%d/%H-%M-%S-torchrun{os.getppid()}")
+        if env["TORCHELASTIC_RUN_ID"] not in ("", "none"):  # --rdzv-id, or the id torchrun makes up for one machine
+            return f"{day}/torchrun-{env['TORCHELASTIC_RUN_ID']}"
+        if started is not None and env.get("WORLD_SIZE") == env.get("LOCAL_WORLD_SIZE"):  # not the port alone:
+            return started.strftime(f"%Y-%m-%d/%H-%M-%S-torchrun{os.getppid()}")  # it names the day's jobs alike
         return f"{day}/torchrun-port{env.get('MASTER_PORT', '')}"
-    if "SLURM_JOB_ID" in env and "SLURM_STEP_ID" in env and int(env.get("SLURM_NTASKS") or 1) > 1:
-        # srun's tasks (one per worker); one task, e.g. `python train.py` lines in a batch script, has
-        # no other process to agree with and gets a name of its own, as anywhere
-        day = (job_start(env) or datetime.now()).strftime("%Y-%m-%d")
-        return f"{day}/slurm-{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
+    if "SLURM_STEP_ID" in env and int(env.get("SLURM_NTASKS") or 1) > 1:  # srun's tasks; one task is a run alone
+        start = env.get("SLURM_JOB_START_TIME")  # the same on every node
+        day = datetime.fromtimestamp(int(start)) if start else datetime.now()
+        return day.strftime(f"%Y-%m-%d/slurm-{env.get('SLURM_JOB_ID')}.{env['SLURM_STEP_ID']}")
     return datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
 
 

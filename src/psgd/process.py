@@ -1,14 +1,10 @@
 """This process: what a run sets in it (Lightning's quietness, library noise filtered, a worker's OOM score),
-how a run's record names it, and the kernel's OOM killer.
-
-Nothing here acts on import. A run wraps its work in `run_settings`, which restores everything on the way
-out; each worker process that psgd's launcher starts calls `prepare_worker` first.
-"""
+how a run's record names it, and the kernel's OOM-kill count. Nothing here acts on import: a run wraps its
+work in `run_settings`, and each worker process that psgd's launcher starts calls `prepare_worker` first."""
 
 import logging
 import os
 import socket
-import tempfile
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -18,25 +14,22 @@ QUIET_ENV = "PSGD_QUIET"  # "1" while a quiet run runs: its worker processes inh
 LIGHTNING_LOGGERS = ("pytorch_lightning", "lightning_fabric", "lightning")
 
 
-def _dropping(start: str):
-    """A log filter that drops a library's line starting with `start`: it says nothing to a psgd user."""
-    return lambda record: not str(record.msg).startswith(start)
-
-
-_NOISE = {
-    # Lightning's tip to install its cloud logger, printed whenever a Trainer is made
-    "pytorch_lightning.utilities.rank_zero": _dropping("💡 Tip: For seamless cloud logging"),
-    # compile=true on a CPU machine with a CUDA build of torch: inductor's C++ builder says so in every worker
-    "torch.utils.cpp_extension": _dropping("No CUDA runtime is found"),
+NOISE = {  # a library's logger: how its lines that say nothing to a psgd user start
+    "pytorch_lightning.utilities.rank_zero": "💡 Tip: For seamless cloud logging",  # whenever a Trainer is made
+    "torch.utils.cpp_extension": "No CUDA runtime is found",  # compile=true on CPU with a CUDA build of torch
 }
+
+
+def _not_noise(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(tuple(NOISE.values()))
 
 
 def filter_library_noise() -> None:
     """Filter the warnings and log lines of Lightning and torch that a psgd user can do nothing about."""
     # Lightning calls a torch pytree API that torch deprecates; harmless, and printed by every worker
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
-    for name, noise in _NOISE.items():
-        logging.getLogger(name).addFilter(noise)
+    for name in NOISE:
+        logging.getLogger(name).addFilter(_not_noise)
 
 
 def quiet_lightning() -> None:
@@ -52,26 +45,23 @@ def quiet_lightning() -> None:
 
 @contextmanager
 def run_settings(quiet: bool) -> Iterator[None]:
-    """The process's settings for one run: library noise filtered, Lightning quiet (or not), here and, through
-    PSGD_QUIET, in every worker process. Afterwards the caller's log levels and filters, warning filters and
-    PSGD_QUIET are what they were, so a notebook or test that runs a quiet job and then a normal one sees the
-    normal one's output."""
+    """The process's settings for one run, here and (through PSGD_QUIET) in its worker processes: library
+    noise filtered, Lightning quiet or not. Afterwards the log levels and filters, warning filters and
+    PSGD_QUIET are what they were (a notebook's quiet run, then a normal one, shows the normal one's output)."""
     import pytorch_lightning  # noqa: F401  (sets its loggers' levels on first import: read them after)
 
     levels = {name: logging.getLogger(name).level for name in LIGHTNING_LOGGERS}
     env = os.environ.get(QUIET_ENV)
     with warnings.catch_warnings():  # restores the warning filters on the way out
         filter_library_noise()
+        os.environ[QUIET_ENV] = "1" if quiet else "0"
         if quiet:
-            os.environ[QUIET_ENV] = "1"
             quiet_lightning()
-        else:
-            os.environ.pop(QUIET_ENV, None)
         try:
             yield
         finally:
-            for name, noise in _NOISE.items():
-                logging.getLogger(name).removeFilter(noise)
+            for name in NOISE:
+                logging.getLogger(name).removeFilter(_not_noise)
             for name, level in levels.items():
                 logging.getLogger(name).setLevel(level)
             if env is None:
@@ -81,9 +71,8 @@ def run_settings(quiet: bool) -> Iterator[None]:
 
 
 def prepare_worker() -> None:
-    """First thing in a worker process that psgd's launcher started (spawned or forked by the fork server):
-    offer it to the kernel's out-of-memory killer before the launcher (which can then say what happened and
-    end the others), filter library noise, and be quiet where the run is."""
+    """First thing in a worker process that psgd's launcher started: offer it to the kernel's OOM killer before
+    the launcher (which can then say what happened and end the others), filter noise, be quiet as the run is."""
     prefer_as_oom_victim()
     filter_library_noise()
     if os.environ.get(QUIET_ENV) == "1":
@@ -114,22 +103,14 @@ def alive(process: object) -> bool:
     """Whether the process a record names (`this_process`) still runs on this machine."""
     if not isinstance(process, dict) or process.get("host") != socket.gethostname():
         return False
-    try:
-        pid = int(process["pid"])
-    except (KeyError, TypeError, ValueError):
-        return False
-    fields = proc_stat(pid)
-    return len(fields) > 19 and f"{pid}-{fields[19]}" == process.get("tag") and fields[0] != "Z"
+    pid = process.get("pid")
+    fields = proc_stat(pid) if isinstance(pid, int) else []
+    return len(fields) > 19 and fields[0] != "Z" and f"{pid}-{fields[19]}" == process.get("tag")
 
 
 def still_running(record: dict) -> bool:
     """Whether a run's record (metrics.json) is still being written: not finished, its process alive."""
     return record.get("status") in ("running", "trained") and alive(record.get("process"))
-
-
-def temp_folder_of_this_process(prefix: str) -> Path:
-    """A new folder `<temp dir>/<prefix><random>` for this process to take away when done."""
-    return Path(tempfile.mkdtemp(prefix=prefix))
 
 
 VMSTAT = "/proc/vmstat"
@@ -153,13 +134,9 @@ def oom_kills_since(before: int | None) -> int:
     return max(now - before, 0) if now is not None and before is not None else 0
 
 
-# A worker's oom_score_adj (-1000..1000): the kernel's OOM killer picks a worker before the launcher,
-# which can then say what happened, mark the run failed and end the others.
-WORKER_OOM_SCORE_ADJ = 500
-
-
-def prefer_as_oom_victim(adj: int = WORKER_OOM_SCORE_ADJ, path: str = "/proc/self/oom_score_adj") -> None:
-    """Raise this process's oom_score_adj to `adj` (never lower it; raising needs no privilege)."""
+def prefer_as_oom_victim(adj: int = 500, path: str = "/proc/self/oom_score_adj") -> None:
+    """Raise this process's oom_score_adj (-1000..1000) to `adj`, never lowering it (raising needs no
+    privilege): the kernel's OOM killer then picks a worker before its launcher."""
     with suppress(OSError, ValueError):
         with open(path) as f:
             current = int(f.read())

@@ -13,10 +13,8 @@ import torch.distributed as dist
 
 @contextmanager
 def rendezvous_port() -> Iterator[None]:
-    """A random free port for the workers' rendezvous while fit runs, unless the user set MASTER_PORT.
-    Lightning asks the kernel for one (bind to port 0), and two runs started at the same moment can be
-    handed the same port; a random pick over 40k ports makes that practically impossible. The variable
-    is removed afterwards, so that nothing started later (the next job of a sweep) inherits it."""
+    """MASTER_PORT, unless set, a random free port while fit runs: two runs started at once may be handed the
+    same port by the kernel (Lightning binds port 0). Removed afterwards: the next job of a sweep draws its own."""
     if "MASTER_PORT" in os.environ:
         yield
         return
@@ -34,12 +32,9 @@ def rendezvous_port() -> Iterator[None]:
 
 
 def init_elastic_process_group(accelerator: str, backend: str | None, timeout: timedelta) -> None:
-    """Under torchrun, make the process group here, on a store prefix of its own per restart attempt.
-
-    torchrun's agent keeps one TCPStore for the whole job (TORCHELASTIC_USE_AGENT_STORE), and process-group
-    keys have the same names in every attempt: without a prefix, a restarted worker could read the address
-    a dead worker of the previous attempt published (gloo: "connection refused"). The restart count names
-    the prefix. Lightning then finds the process group made and uses it."""
+    """Under torchrun, make the process group on a store prefix of its own per restart attempt (Lightning then
+    uses it): torchrun's agent may keep one store for the whole job, where a restarted worker would read the
+    address a dead worker of the previous attempt published (gloo: "connection refused")."""
     env = os.environ
     world_size = int(env.get("WORLD_SIZE", "1"))
     if world_size == 1 or dist.is_initialized():

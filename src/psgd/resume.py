@@ -12,24 +12,19 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from psgd.config import GIVE, ConfigError, Plan, checkpoint_file, duration_s
+from psgd.config import GIVE, ConfigError, Plan, checkpoint_file
 from psgd.console import first_worker
 from psgd.io import say
-from psgd.module import OPTIMIZER_KEY, STEP_IMPLEMENTATION, Classifier, fit_loop_state
+from psgd.module import OPTIMIZER_KEY, STEP_IMPLEMENTATION, Classifier
 from psgd.optim import schedule_read
 
 
 def resolve_ckpt_path(
-    value: str | None,
-    module: Classifier,
-    world_size: int = 1,
-    strategy: str | None = None,
-    max_time: Any = None,
-    max_steps: Any = None,
+    value: str | None, module: Classifier, world_size: int = 1, strategy: str | None = None
 ) -> str | None:
     """The checkpoint to resume from, checked against this run: its model, lr schedule, optimizer and data,
     and (for a checkpoint of each worker's own state) its worker count and `strategy` (None: not checked).
-    A run with nothing left to train (trainer.max_epochs, `max_time`, `max_steps`) says so."""
+    A checkpoint that already trained trainer.max_epochs says so."""
     if value is None:
         return None
     path = checkpoint_file("ckpt_path", value)
@@ -66,9 +61,16 @@ def resolve_ckpt_path(
             "schedule as they were, which would not follow this change; resume with the checkpoint's settings "
             f"(or start a new run from its weights with init_weights={value}, leaving ckpt_path out)"
         )
-    line = nothing_left(checkpoint, module, max_time, max_steps)
-    if line and first_worker():  # torchrun / srun: every worker finds it; the first says it
-        print(f"psgd: ckpt_path={value} {line}", flush=True)
+    trained = ((checkpoint.get("loops") or {}).get("fit_loop") or {}).get("epoch_progress", {})
+    trained = trained.get("current", {}).get("processed")  # epochs whose training ended (Lightning's count)
+    max_epochs = dict(module.hparams).get("max_epochs")
+    if isinstance(trained, int) and isinstance(max_epochs, int) and trained >= max_epochs and first_worker():
+        # torchrun / srun: every worker finds it; the first says it
+        print(
+            f"psgd: ckpt_path={value} already trained {trained} epoch(s), trainer.max_epochs={max_epochs}: "
+            "nothing is left to train; its final weights are tested",
+            flush=True,
+        )
     return str(path)
 
 
@@ -84,26 +86,6 @@ def _data_settings(hparams: dict[str, Any]) -> dict[str, str | None]:
     if hparams.get("shards") is not None:
         settings["shards"] = " ".join(hparams["shards"])
     return settings
-
-
-def nothing_left(checkpoint: dict[str, Any], module: Classifier, max_time: Any, max_steps: Any) -> str | None:
-    """The line saying that the checkpoint already trained up to a limit of this run (trainer.max_epochs,
-    max_time, max_steps); None while something is left."""
-    done = "nothing is left to train; its final weights are tested"
-    trained = fit_loop_state(checkpoint).get("epoch_progress", {})
-    trained = trained.get("current", {}).get("processed")  # epochs whose training ended (Lightning's count)
-    max_epochs = dict(getattr(module, "hparams", {})).get("max_epochs")
-    if isinstance(trained, int) and isinstance(max_epochs, int) and trained >= max_epochs:
-        return f"already trained {trained} epoch(s), trainer.max_epochs={max_epochs}: {done}"
-    if max_time is not None:  # Lightning's Timer counts the whole run, resumes included: it stopped at once
-        timer = (checkpoint.get("callbacks") or {}).get("Timer") or {}
-        elapsed, limit = (timer.get("time_elapsed") or {}).get("train"), duration_s(max_time)
-        if isinstance(elapsed, int | float) and limit is not None and elapsed >= limit:
-            return f"already trained for {elapsed:.0f} s, trainer.max_time={max_time}: {done}"
-    steps = checkpoint.get("global_step")  # optimizer steps taken (each worker's; max_steps is DDP's or one worker's)
-    if isinstance(max_steps, int) and max_steps > 0 and isinstance(steps, int) and steps >= max_steps:
-        return f"already took {steps} steps, trainer.max_steps={max_steps}: {done}"
-    return None
 
 
 def load_weights_only(setting: str, value: str, path: Path) -> Any:

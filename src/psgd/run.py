@@ -1,14 +1,8 @@
-"""One training run, end to end: check the config, build data/model/trainer, fit, test, write results.
+"""One training run: check the config, build data, module and Trainer, fit, test, write the results.
 
-Layout of a run directory (Hydra's output dir):
-    metrics.json          summary (atomically rewritten after every epoch, final after the test)
-    training_data.csv     time,val_accuracy per epoch (the workshop's format)
-    tensorboard/          event files: training curves from the workers, hparams and test metrics
-    checkpoints/last.ckpt the latest checkpoint
-    .hydra/               the composed config and overrides
+What a run dir holds (metrics.json, training_data.csv, tensorboard/, checkpoints/) is docs/outputs.md's.
 """
 
-import logging
 import pickle
 import sys
 from collections.abc import Iterator, Sequence
@@ -18,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as L
-import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.callbacks import LearningRateMonitor, TQDMProgressBar
+from pytorch_lightning.callbacks import LearningRateMonitor
 from pytorch_lightning.loggers import TensorBoardLogger
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import nn
@@ -42,15 +35,7 @@ from psgd.callbacks import (
     WorkerSetup,
 )
 from psgd.choices import INFO
-from psgd.config import (
-    ConfigError,
-    DirInUse,
-    Plan,
-    build_model,
-    check,
-    compile_mode,
-    schedule,
-)
+from psgd.config import ConfigError, DirInUse, Plan, build_model, check, compile_mode, schedule
 from psgd.console import text_lines, warn
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
@@ -63,11 +48,11 @@ from psgd.process import run_settings
 from psgd.profiler import PyTorchProfilerForWorkers
 from psgd.rendezvous import init_elastic_process_group, rendezvous_port
 from psgd.resume import elastic_resume, init_weights, resolve_ckpt_path, shard_settings
-from psgd.run_checks import build_datamodule, check_data, check_memory
+from psgd.run_checks import build_datamodule
 from psgd.stopped import exit_if_interrupted, lightning_refusal, mark_stopped, torchrun_worker_gone
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
 from psgd.strategies.ddp import ReportsFirstFailure
-from psgd.strategies.workers import defined_in_session, refuse_a_run_while_a_worker_imports_the_script, session_refusal
+from psgd.strategies.workers import refuse_a_run_while_a_worker_imports_the_script
 from psgd.summary import write_tensorboard_summary
 
 
@@ -76,11 +61,10 @@ def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path) -> Any:
     s = cfg.strategy
     common = {
         "process_group_backend": s.backend,  # None: gloo on CPU, nccl on GPU
-        "start_method": plan.start_method,
+        # torchrun / srun started every worker: Lightning's popen launcher starts none
+        "start_method": plan.start_method if plan.launcher == "psgd" else "popen",
         "timeout": timedelta(seconds=s.timeout_s),
     }
-    if plan.launcher != "psgd":  # torchrun / srun started every worker: Lightning's popen launcher starts none
-        common["start_method"] = "popen"
     if s.name == "model_averaging":
         return ModelAveragingStrategy(
             period=s.period,
@@ -103,23 +87,6 @@ def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path) -> Any:
 
 
 @contextmanager
-def _quiet_lightning_banner():
-    """The second (test) Trainer would repeat the 'GPU available' lines already printed for fit."""
-    log = logging.getLogger("pytorch_lightning.utilities.rank_zero")
-    level = log.level
-    log.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
-
-
-# trainer.* keys whose null Lightning takes as a setting of its own: every other null is left out of
-# Trainer(...), so that Lightning's default stands
-NULL_IS_A_SETTING = ("check_val_every_n_epoch",)
-
-
-@contextmanager
 def found_by_every_worker() -> Iterator[None]:
     """A bad value or bad data found inside is found by every worker under torchrun: only the first says it."""
     try:
@@ -139,13 +106,9 @@ def run_dir_key() -> str:
 def train(
     cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] = (), continued: bool = False
 ) -> dict[str, Any] | None:
-    """Run one configured training job in `run_dir`; returns the final metrics (also in metrics.json), or
-    None in a torchrun / srun worker other than global rank 0.
-
-    `callbacks`: the caller's, added after psgd's own (pickled into every worker process). A `run_dir` that
-    holds an earlier run's metrics.json is refused (DirInUse) before anything is written into it, unless
-    the job is one of a `continued` sweep, which resumes from its own last checkpoint.
-    """
+    """Run one configured training job in `run_dir`; returns the final metrics (also in metrics.json), or None
+    in a torchrun / srun worker other than global rank 0. `callbacks` run after psgd's own. A `run_dir` holding
+    an earlier run's metrics.json is refused (DirInUse), unless `continued` (a continued sweep's job resumes)."""
     refuse_a_run_while_a_worker_imports_the_script()
     with found_by_every_worker():  # the config and the machine decide it
         plan = check(cfg)
@@ -156,29 +119,24 @@ def train(
         return _train(cfg, Path(run_dir), plan, list(callbacks), continued)
 
 
-def micro_batches_per_update(plan: Plan, num_nodes: int, synchronous: bool) -> int:
-    """The batches one optimizer update averages: DDP's averages every worker's (on every node); a
-    model-averaging or HogWild worker updates with its own alone. Each accumulates its share."""
-    return (plan.workers * num_nodes if synchronous else 1) * plan.accumulate_grad_batches
+def micro_batches_per_update(cfg: DictConfig, plan: Plan) -> int:
+    """The micro-batches one optimizer update averages: every worker's under DDP, a worker's own otherwise."""
+    synchronous = cfg.strategy.name == "ddp"
+    return (plan.workers * cfg.trainer.num_nodes if synchronous else 1) * plan.accumulate_grad_batches
 
 
-def _check_picklable(callbacks: list[L.Callback], net: torch.nn.Module) -> None:
-    """The caller's callbacks go to every worker process pickled: one that cannot is refused here, naming
-    it, as is a callback or model class defined in a notebook's session (defined_in_session)."""
-    named = [(f"callbacks[{i}] ({type(c).__name__})", c) for i, c in enumerate(callbacks)]
-    for what, callback in named:
+def _check_picklable(callbacks: list[L.Callback]) -> None:
+    """Refuse, naming it, a caller's callback that cannot be pickled into the worker processes (a class of a
+    notebook's session is the launcher's to refuse)."""
+    for i, callback in enumerate(callbacks):
         try:
             pickle.dumps(callback)
         except Exception as e:
             raise TypeError(
-                f"{what} cannot be pickled ({e}), and each worker process gets the callbacks pickled: make it "
-                "picklable (a class defined at a module's top level, without locks, open files or lambdas in its "
-                "attributes), or run one worker (workers=1, strategy=ddp) in this process"
+                f"callbacks[{i}] ({type(callback).__name__}) cannot be pickled ({e}), and each worker process gets "
+                "the callbacks pickled: make it picklable (a class defined at a module's top level, without locks, "
+                "open files or lambdas in its attributes), or run one worker (workers=1, strategy=ddp) in this process"
             ) from e
-    for what, obj in [*named, ("the model", net)]:
-        name = defined_in_session(obj)
-        if name:
-            raise TypeError(session_refusal(obj, name, what))
 
 
 def _train(
@@ -192,22 +150,17 @@ def _train(
     world_size = plan.workers * cfg.trainer.num_nodes  # the workers of all nodes
     net, image_size = build_model(cfg.model, cfg.data.name)
     datamodule = build_datamodule(cfg, image_size)
-    read_data(cfg, plan, datamodule, net, image_size)
+    read_data(cfg, plan, datamodule)
     module = build_module(cfg, plan, net, image_size)
     with found_by_every_worker():
         # the weights of an earlier run to start from (a resume, ckpt_path, restores its own over them)
         started_from = init_weights(cfg.get("init_weights"), module)
         ckpt_path = resolve_ckpt_path(
-            elastic_resume(cfg.get("ckpt_path"), plan, run_dir, continued),
-            module,
-            world_size,
-            cfg.strategy.name,
-            max_time=cfg.trainer.get("max_time"),
-            max_steps=cfg.trainer.get("max_steps"),
+            elastic_resume(cfg.get("ckpt_path"), plan, run_dir, continued), module, world_size, cfg.strategy.name
         )
     strategy = build_strategy(cfg, plan, run_dir)
     if plan.launcher == "psgd" and not isinstance(strategy, str):  # psgd starts worker processes
-        _check_picklable(extra_callbacks, net)
+        _check_picklable(extra_callbacks)
     info = run_info(cfg, plan, strategy, module, started_from, ckpt_path)
     callbacks = build_callbacks(cfg, plan, module, run_dir, info) + extra_callbacks
     trainer = build_trainer(cfg, plan, strategy, callbacks, run_dir)
@@ -216,23 +169,21 @@ def _train(
     return finish_run(cfg, plan, trainer, module, datamodule, run_dir, callbacks[1])
 
 
-def read_data(cfg: DictConfig, plan: Plan, datamodule: ClassificationData, net: nn.Module, image_size: int) -> None:
-    """Read the dataset and judge what needs it, before any worker starts: a missing dataset, a worker
-    without a batch, a final test of no batch and a run that cannot fit in memory fail here."""
+def read_data(cfg: DictConfig, plan: Plan, datamodule: ClassificationData) -> None:
+    """Read the dataset before any worker starts: a missing dataset, a worker without a batch and a final test
+    of no batch fail here."""
     world_size = plan.workers * cfg.trainer.num_nodes
     with found_by_every_worker():
         datamodule.prepare_data()
-        if short := check_data(cfg, datamodule, world_size):
+        if short := datamodule.check_batches(world_size):
             warn(short)  # a shard smaller than one batch
-        if plan.accelerator == "cpu" and plan.launcher == "psgd":  # every worker on this machine
-            sizes, _ = datamodule.train_shards(world_size)
-            check_memory(cfg, net, image_size, sizes, plan.workers)
+        datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))
 
 
 def build_module(cfg: DictConfig, plan: Plan, net: nn.Module, image_size: int) -> Classifier:
     """The LightningModule: `net`, the optimizer, the lr scaled to the workers and the lr schedule."""
     t = cfg.trainer
-    samples_per_update = cfg.data.batch_size * micro_batches_per_update(plan, t.num_nodes, cfg.strategy.name == "ddp")
+    samples_per_update = cfg.data.batch_size * micro_batches_per_update(cfg, plan)
     info = INFO[cfg.data.name]
     return Classifier(
         net,
@@ -266,33 +217,25 @@ def build_module(cfg: DictConfig, plan: Plan, net: nn.Module, image_size: int) -
 def run_info(
     cfg: DictConfig, plan: Plan, strategy: Any, module: Classifier, started_from: str | None, ckpt_path: str | None
 ) -> dict[str, Any]:
-    """What metrics.json says of the run's setup."""
-    t = cfg.trainer
+    """What metrics.json says of how the run ran (docs/outputs.md); its settings are in .hydra/config.yaml."""
+    world_size = plan.workers * cfg.trainer.num_nodes
     if isinstance(strategy, str):
         lightning_strategy = strategy
-    elif type(strategy) is ReportsFirstFailure:  # Lightning's DDP, reporting the worker that failed first
-        lightning_strategy = "DDPStrategy"
-    else:
-        lightning_strategy = type(strategy).__name__
-    world_size = plan.workers * t.num_nodes
+    else:  # ReportsFirstFailure is Lightning's DDPStrategy, naming the worker that failed first
+        lightning_strategy = "DDPStrategy" if type(strategy) is ReportsFirstFailure else type(strategy).__name__
     return {
         "strategy": cfg.strategy.name,
         "workers": plan.workers,
         "world_size": world_size,
-        "num_nodes": t.num_nodes,
+        "num_nodes": cfg.trainer.num_nodes,
         "threads_per_worker": plan.threads_per_worker,
         "launcher": plan.launcher,
         # how psgd started the worker processes (null: it started none, one worker or torchrun / srun)
         "start_method": plan.start_method if plan.launcher == "psgd" and world_size > 1 else None,
         "lightning_strategy": lightning_strategy,
-        "model": cfg.model.name,
-        "data": cfg.data.name,
         "partition": cfg.data.partition,
-        "batch_size": cfg.data.batch_size,
         "precision": None,  # as Lightning runs it (16-mixed on CPU runs as bf16-mixed): set once it is known
-        "accumulate_grad_batches": plan.accumulate_grad_batches,
-        "parallel_batches": micro_batches_per_update(plan, t.num_nodes, cfg.strategy.name == "ddp"),
-        "optimizer": cfg.optimizer._target_.rsplit(".", 1)[-1],
+        "parallel_batches": micro_batches_per_update(cfg, plan),
         "lr": module.hparams["lr"],
         "lr_scaling": cfg.lr_scaling,
         "lr_reference_batch": cfg.get("lr_reference_batch"),
@@ -314,11 +257,10 @@ def build_callbacks(
 ) -> list[L.Callback]:
     """psgd's callbacks for the training Trainer; the RunRecorder second."""
     es = cfg.early_stop
-    bars = progress_bars(cfg)
     per_step_lr = schedule_read(module.hparams["scheduler"]).get("interval") == "step"
     callbacks: list[L.Callback] = [
         WorkerSetup(plan.threads_per_worker, cfg.seed, cfg.flush_denormal, step_logs=per_step_lr),
-        RunRecorder(str(run_dir), info, es.target_acc, echo=not cfg.get("quiet") and not bars),
+        RunRecorder(str(run_dir), info, es.target_acc, echo=not cfg.get("quiet") and not progress_bars(cfg)),
         LatestCheckpoint(run_dir / "checkpoints"),  # the first checkpoint callback: trainer.checkpoint_callback
     ]
     if cfg.checkpoint_every_epoch:
@@ -331,17 +273,16 @@ def build_callbacks(
         callbacks.append(ShardRecorder(str(run_dir)))
     if cfg.get("record_weights"):
         callbacks.append(WeightRecorder(str(run_dir)))
-    if bars:
-        callbacks.append(TQDMProgressBar(refresh_rate=10))  # redrawing every step costs throughput
     return callbacks
 
 
 def trainer_settings(cfg: DictConfig, plan: Plan) -> dict[str, Any]:
-    """The Trainer's arguments from trainer.* and the plan, with checkpoints written atomically."""
+    """The Trainer's arguments from trainer.* and the plan, with checkpoints written atomically. A null is left
+    out, so that Lightning's default stands, but for check_val_every_n_epoch's, a setting of Lightning's own."""
     settings = {
         k: v
         for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items()
-        if v is not None or k in NULL_IS_A_SETTING
+        if v is not None or k == "check_val_every_n_epoch"
     }
     settings.update(
         accelerator=plan.accelerator, devices=plan.workers, accumulate_grad_batches=plan.accumulate_grad_batches
@@ -378,8 +319,7 @@ def fit(
     ckpt_path: str | None,
     run_dir: Path,
 ) -> None:
-    """trainer.fit, with SIGTERM stopping it as Ctrl-C does. A run that stops is marked in metrics.json
-    (its finished epochs kept) and exits as psgd.stopped says."""
+    """trainer.fit, SIGTERM stopping it as Ctrl-C does; a run that stops is marked as psgd.stopped says."""
     launcher = plan.launcher == "psgd"
     try:
         if plan.launcher == "torchrun":  # where Lightning would make it, inside fit: same failure handling
@@ -388,7 +328,6 @@ def fit(
             )
         with (
             rendezvous_port() if launcher else nullcontext(),
-            signals.launching() if launcher else nullcontext(),
             signals.sigterm_interrupts(),
         ):
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
@@ -416,8 +355,8 @@ def finish_run(
     run_dir: Path,
     recorder: RunRecorder,
 ) -> dict[str, Any] | None:
-    """Test the final weights in this process, on one device, and write the results (under torchrun / srun:
-    global rank 0; the others return None). Ctrl-C or SIGTERM here marks the run interrupted."""
+    """Test the final weights on one device in this process (global rank 0's under torchrun / srun; the others
+    return None) and write the results. Ctrl-C or SIGTERM here marks the run interrupted."""
     try:
         if plan.launcher != "psgd":  # torchrun / srun: every worker is a process like this one
             rank = trainer.global_rank
@@ -439,21 +378,18 @@ def final_test(
     cfg: DictConfig, plan: Plan, precision: Any, module: Classifier, datamodule: ClassificationData
 ) -> dict[str, float]:
     """The test split's metrics for `module`, in this process: the workers have exited or are this process."""
-    t = cfg.trainer
-    limits = {"limit_test_batches": t.limit_test_batches} if t.get("limit_test_batches") is not None else {}
-    with _quiet_lightning_banner():
-        tester = L.Trainer(
-            accelerator=plan.accelerator,
-            devices=1,
-            logger=False,
-            callbacks=[WorkerSetup(cpu_count(), flush_denormal=cfg.flush_denormal)],
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            enable_checkpointing=False,
-            fast_dev_run=t.fast_dev_run,
-            precision=precision,  # as fit ran
-            **limits,
-        )
+    tester = L.Trainer(
+        accelerator=plan.accelerator,
+        devices=1,
+        logger=False,
+        callbacks=[WorkerSetup(cpu_count(), flush_denormal=cfg.flush_denormal)],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        fast_dev_run=cfg.trainer.fast_dev_run,
+        limit_test_batches=cfg.trainer.get("limit_test_batches"),  # None: Lightning's default, every batch
+        precision=precision,  # as fit ran
+    )
     with signals.sigterm_interrupts():
         (tested,) = tester.test(module, datamodule=datamodule, verbose=False)
     return tested

@@ -1,13 +1,8 @@
-"""Signals and process supervision: SIGTERM stops a run as Ctrl-C does, and no worker is left behind or hanging.
+"""Signals: SIGTERM and SIGHUP stop a run as Ctrl-C does, and no worker is left behind or hanging.
 
-- The process that calls psgd.run.train handles SIGTERM with `interrupt`: it passes the signal on to the
-  workers it launched and raises KeyboardInterrupt, which winds the run down as Ctrl-C does (finished
-  epochs kept, metrics.json marked "interrupted", one line).
-- A worker that psgd's launcher started ends at once by the signal (`die`); its launcher then names its
-  rank, or marks the run interrupted. It also ends when its launcher dies (`die_with_parent`).
-- A torchrun worker ends when its agent dies (`stop_with_agent`) and leaves a mark while it runs
-  (`mark_running_under_torchrun`), so that the others can name a worker that died without a word.
-- SIGHUP is taken as SIGTERM unless it is ignored (`nohup`).
+The process that calls psgd.run.train handles SIGTERM with `interrupt`: it passes the signal on to the
+workers it launched and raises KeyboardInterrupt, which winds the run down as Ctrl-C does. A worker that
+psgd's launcher started ends at once by the signal (`die`), and when its launcher dies (`die_with_parent`).
 """
 
 import _thread
@@ -19,7 +14,7 @@ import threading
 import time
 import types
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import contextmanager, suppress
 
 received: str | None = None  # the name of the signal that interrupted this process's run, if one did
 
@@ -36,9 +31,9 @@ def _main_thread() -> bool:
 
 
 def _deferred(signum: int, frame: types.FrameType | None) -> bool:
-    """Whether `signum` landed in threading's or queue's own code and was sent again DEFER_S later, to
-    be raised outside: raised in there, it can break a lock that TensorBoard's writer thread waits on.
-    Sent again once only: Lightning's SIGTERM handler calls psgd's twice."""
+    """Whether `signum` landed in threading's or queue's own code and was sent again DEFER_S later (once,
+    though Lightning's handler calls psgd's twice), to be raised outside: raised in there, it can break a
+    lock that TensorBoard's writer thread waits on."""
     global _deferred_since
     if frame is None or frame.f_globals.get("__name__") not in NOT_INTERRUPT_SAFE:
         _deferred_since = None
@@ -83,7 +78,7 @@ def ctrl_c_out_of_threading() -> None:
 
 def interrupt(signum: int, frame: object = None) -> None:
     """SIGTERM's handler: pass the signal on to this process's multiprocessing children, then raise
-    KeyboardInterrupt. Further ones are ignored while the run winds down."""
+    KeyboardInterrupt. Further ones are ignored while the run winds down (their handler set to SIG_IGN)."""
     if _deferred(signum, frame):
         return
     global received
@@ -95,13 +90,6 @@ def interrupt(signum: int, frame: object = None) -> None:
     raise KeyboardInterrupt(received)
 
 
-def _interrupt_again(signum: int, frame: object = None) -> None:
-    """`interrupt`'s KeyboardInterrupt once more (the workers already have the signal)."""
-    if not _deferred(signum, frame):
-        signal.signal(signum, signal.SIG_IGN)
-        raise KeyboardInterrupt(received)
-
-
 def _lost_interrupts_raised_again(unraisable) -> None:
     """sys.unraisablehook: a KeyboardInterrupt raised inside a finalizer (a __del__), where Python only
     prints it and goes on, is raised again: its signal is sent to the main thread once more, shortly after."""
@@ -110,9 +98,9 @@ def _lost_interrupts_raised_again(unraisable) -> None:
         _unraisablehook_before(unraisable)
         return
     sig = signal.SIGINT
-    if received is not None:  # interrupt's: SIGTERM is ignored now, so through a handler of its own
+    if received is not None:  # interrupt's: SIGTERM is ignored now, so handled by it once more
         sig = signal.SIGTERM
-        signal.signal(sig, _interrupt_again)
+        signal.signal(sig, interrupt)
     elif not callable(signal.getsignal(sig)):  # SIGINT ignored
         return
     _send_later(0.05, sig)
@@ -139,34 +127,13 @@ def die(signum: int, frame: object = None) -> None:
     os.kill(os.getpid(), signum)
 
 
-LAUNCHER_ENV = "PSGD_LAUNCHER_PID"  # the launcher's pid, inherited by the workers it starts
-
-
-@contextmanager
-def launching() -> Iterator[None]:
-    """Workers started from this process in the block know it as their launcher (`launched_worker`)."""
-    previous = os.environ.get(LAUNCHER_ENV)
-    os.environ[LAUNCHER_ENV] = str(os.getpid())
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(LAUNCHER_ENV, None)
-        else:
-            os.environ[LAUNCHER_ENV] = previous
-
-
-def launched_worker() -> multiprocessing.process.BaseProcess | None:
-    """This process's launcher when it is a worker that psgd's launcher started, else None."""
-    parent = multiprocessing.parent_process()
-    if parent is None or os.environ.get(LAUNCHER_ENV) != str(parent.pid):
-        return None
-    return parent
+_launched = False  # this process is a worker that psgd's launcher started (die_with_parent)
 
 
 def handler_for_this_process():
-    """`die` in a worker that psgd's launcher started, else `interrupt`."""
-    return die if launched_worker() is not None else interrupt
+    """`die` in a worker that psgd's launcher started, else `interrupt` (also in a process that merely runs
+    under another multiprocessing pool, a sweep launcher's: it is the launcher of its own run)."""
+    return die if _launched else interrupt
 
 
 @contextmanager
@@ -195,41 +162,30 @@ def sigterm_interrupts() -> Iterator[None]:
         sys.unraisablehook = hook
 
 
+_masks_to_restore: list = []  # the signal masks from before each `held` block, innermost last
+
+
 @contextmanager
 def held(*signums: int) -> Iterator[None]:
-    """Signals `signums` wait, blocked, until the block ends (main thread only). For torch's import: a
-    handler that raises inside its C++ initialisers makes pybind11 abort the process."""
+    """Signals `signums` wait, blocked, until the block ends or `release_held` is called (main thread only):
+    for torch's import (a handler that raises inside its C++ initialisers makes pybind11 abort the process),
+    and for Hydra's set-up of a job's run dir (a signal there is handled inside the job, which removes it)."""
     if not _main_thread():
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    depth = len(_masks_to_restore)
+    _masks_to_restore.append(signal.pthread_sigmask(signal.SIG_BLOCK, signums))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a pending signal is handled here
-
-
-_releases: list = []  # what ends the innermost `held_until_released`
-
-
-@contextmanager
-def held_until_released(*signums: int) -> Iterator[None]:
-    """As `held`, but also ended earlier by `release_held`: a signal during Hydra's set-up of a job's run
-    dir is handled inside the job, which then removes that dir."""
-    with ExitStack() as hold:
-        hold.enter_context(held(*signums))
-        _releases.append(hold.close)
-        try:
-            yield
-        finally:
-            if hold.close in _releases:
-                _releases.remove(hold.close)
+        while len(_masks_to_restore) > depth:  # a pending signal is handled here
+            signal.pthread_sigmask(signal.SIG_SETMASK, _masks_to_restore.pop())
 
 
 def release_held() -> None:
-    """End `held_until_released`'s hold now; nothing without one."""
-    while _releases:
-        _releases.pop()()
+    """End every `held` block's hold now; nothing without one."""
+    while _masks_to_restore:
+        signal.pthread_sigmask(signal.SIG_SETMASK, _masks_to_restore.pop())
 
 
 def interrupt_on_sigterm() -> None:
@@ -272,8 +228,8 @@ def ignore_sigterm() -> None:
 
 
 def wind_down_children(timeout: float = 60.0) -> list[int]:
-    """Wait up to `timeout` s for this process's multiprocessing children to end, then kill any left.
-    Returns the pids killed."""
+    """Wait up to `timeout` s for this process's multiprocessing children to end, then kill (and return)
+    any left."""
     killed = []
     for child in multiprocessing.active_children():
         child.join(timeout)
@@ -285,11 +241,11 @@ def wind_down_children(timeout: float = 60.0) -> list[int]:
 
 
 def die_with_parent() -> None:
-    """In a worker that psgd's launcher started: SIGTERM to itself when the launcher dies, even by SIGKILL
-    (a thread waits on its sentinel). torch's parent-death SIGINT never comes to a fork-server child."""
-    parent = launched_worker()
-    if parent is None:
-        return
+    """First in a worker that psgd's launcher started: SIGTERM to itself when the launcher dies, even by
+    SIGKILL (a thread waits on its sentinel; torch's parent-death SIGINT never comes to a fork-server child)."""
+    global _launched
+    _launched = True
+    parent = multiprocessing.parent_process()
 
     def watch() -> None:
         parent.join()

@@ -1,5 +1,5 @@
-"""How a run that stopped early is marked and reported: interrupted (Ctrl-C, SIGTERM), failed, or a
-worker gone under torchrun. Finished epochs stay in metrics.json whatever stopped the run."""
+"""A run that stopped early, marked in metrics.json (its finished epochs kept) and reported: interrupted
+(Ctrl-C, SIGTERM), failed, or a worker gone under torchrun."""
 
 import os
 import time
@@ -19,8 +19,8 @@ from psgd.strategies.workers import lost_a_peer
 
 
 def mark_status(record_path: Path, status: str, create: bool = False, **fields: Any) -> dict[str, Any] | None:
-    """Mark a run's record (metrics.json) with `status`, keeping its finished epochs; `create`: also where
-    there is none yet (a failed sweep job). Returns the record as written, or None."""
+    """Set `status` (and `fields`) in a run's metrics.json; `create`: also where there is none yet. Returns the
+    record as written, or None."""
     if not (record_path.exists() or create):
         return None
     record = read_json(record_path) if record_path.exists() else {}
@@ -30,8 +30,7 @@ def mark_status(record_path: Path, status: str, create: bool = False, **fields: 
 
 
 def raised_in_worker(e: BaseException, classes: tuple[type, ...]) -> str | None:
-    """The message of an error of one of `classes` that a worker raised (`e` a ProcessRaisedException,
-    whose last traceback line is `<module>.<class>: <message>`), or None."""
+    """The message of an error of one of `classes` that a worker raised (in `e`'s last traceback line), or None."""
     if not isinstance(e, ProcessRaisedException):
         return None
     last = text_lines(e)[-1]
@@ -43,22 +42,18 @@ def raised_in_worker(e: BaseException, classes: tuple[type, ...]) -> str | None:
 
 
 def lightning_refusal(e: BaseException) -> str | None:
-    """The message of a setting Lightning refuses only inside fit, here or in a worker, once it has the
-    data (a MisconfigurationException, or its ValueError for a val_check_interval longer than an epoch)."""
-    if isinstance(e, MisconfigurationException):
-        return " ".join(text_lines(e))
+    """The message of a setting Lightning refuses only inside fit, once it has the data, here or in a worker:
+    a MisconfigurationException, or the ValueError of a val_check_interval longer than an epoch."""
     if isinstance(e, ProcessRaisedException):
-        last = text_lines(e)[-1]
-        message = last.removeprefix("ValueError:").strip()
-        if message != last and message.startswith(_VAL_CHECK_REFUSAL):
-            return message
-        return raised_in_worker(e, (MisconfigurationException,))
-    if isinstance(e, ValueError) and str(e).strip().startswith(_VAL_CHECK_REFUSAL):
-        return " ".join(text_lines(e))
+        message = text_lines(e)[-1].removeprefix("ValueError:").strip()
+        return message if message.startswith(_VAL_CHECK) else raised_in_worker(e, (MisconfigurationException,))
+    said = " ".join(text_lines(e))
+    if isinstance(e, MisconfigurationException) or (isinstance(e, ValueError) and said.startswith(_VAL_CHECK)):
+        return said
     return None
 
 
-_VAL_CHECK_REFUSAL = "`val_check_interval` ("  # Lightning's fit loop, once it knows the epoch's batches
+_VAL_CHECK = "`val_check_interval` ("  # Lightning's fit loop, once it knows the epoch's batches
 
 
 class WorkerGone(RuntimeError):

@@ -1,6 +1,7 @@
 """A finished run's TensorBoard summary: its settings for the HParams tab and its final test metrics."""
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,7 @@ from torch.utils.tensorboard.summary import hparams as hparams_summary
 
 from psgd.config import schedule
 
-# the HParams tab's columns: each run's last value of these tags (a run without one, e.g. DDP's all-reduce
-# wait in a HogWild run, shows it blank)
+# the HParams tab's columns: each run's last value of these tags (blank in a run without one)
 HPARAM_METRICS = (
     "test/acc",
     "test/loss",
@@ -28,22 +28,19 @@ HPARAM_METRICS = (
 
 def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
     """The config as TensorBoard hparams: dotted keys, scalars only; the lr schedule as the run trained with it."""
-    out: dict[str, Any] = {}
 
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                if not str(k).startswith("_"):
-                    walk(v, f"{prefix}{k}.")
+    def flat(node: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+        if not isinstance(node, dict):
+            yield prefix[:-1], node if isinstance(node, int | float | str | bool) else str(node)
             return
-        key = prefix[:-1]
-        out[key] = node if isinstance(node, int | float | str | bool) else str(node)
+        for k, v in node.items():
+            if not str(k).startswith("_"):  # _target_, _partial_
+                yield from flat(v, f"{prefix}{k}.")
 
     settings = OmegaConf.to_container(cfg, resolve=True)
     if isinstance(settings.get("scheduler"), dict):  # scheduler=none: a constant lr, whatever its keys say
         settings["scheduler"] = schedule(settings["scheduler"])
-    walk(settings, "")
-    return out
+    return dict(flat(settings, ""))
 
 
 def class_tag(label: int, name: str) -> str:
@@ -56,12 +53,11 @@ def class_tag(label: int, name: str) -> str:
 
 
 def write_tensorboard_summary(log_dir: Path, cfg: DictConfig, metrics: dict[str, Any], step: int) -> None:
-    """hparams for the HParams tab (one run per job) plus the final test metrics, each class's
-    accuracy as test/acc_class/<label>_<name> (test/acc_class/6_Shirt)."""
-    final = {"test/acc": metrics.get("test_acc"), "test/loss": metrics.get("test_loss")}
-    names = metrics.get("test_classes") or []
-    for c, acc in enumerate(metrics.get("test_acc_per_class") or []):
-        final[f"test/acc_class/{class_tag(c, names[c] if c < len(names) else '')}"] = acc
+    """Write the HParams tab's row of the run and its final test metrics at `step`, each class's accuracy as
+    test/acc_class/<label>_<name>."""
+    final = {"test/acc": metrics["test_acc"], "test/loss": metrics["test_loss"]}
+    for c, (acc, name) in enumerate(zip(metrics["test_acc_per_class"], metrics["test_classes"], strict=True)):
+        final[f"test/acc_class/{class_tag(c, name)}"] = acc
     writer = SummaryWriter(log_dir=str(log_dir))
     try:
         for key, value in final.items():

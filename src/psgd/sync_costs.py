@@ -4,9 +4,8 @@ from typing import Any
 
 
 def allreduce_summary(history: list[dict[str, Any]]) -> dict[str, float]:
-    """A DDP run's gradient all-reduce over its epochs: `allreduce_ms` and `allreduce_wait_ms` per step,
-    weighted by the epochs' steps, and `allreduce_wait_share`, the part of the training time the workers
-    stood waiting for it. Empty for a run without them (one worker, model averaging, HogWild)."""
+    """A DDP run's all-reduce: `allreduce_ms` and `allreduce_wait_ms` per step over its epochs, and
+    `allreduce_wait_share`, the part of the training time spent waiting for it; {} for a run without one."""
     steps_before, steps, comm, wait, trained_s = 0, 0, 0.0, 0.0, 0.0
     for h in history:
         taken, steps_before = h["step"] - steps_before, h["step"]
@@ -26,8 +25,7 @@ def allreduce_summary(history: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def time_share(history: list[dict[str, Any]], key: str) -> float | None:
-    """The share of the training time spent as each epoch's `key` says (seconds per epoch, the mean over
-    the workers), over the epochs that have it; None where none has."""
+    """The share of the training time the epochs that have `key` (seconds per epoch) spent so; None without."""
     spent = [(h[key], h["epoch_s"]) for h in history if h.get(key) is not None]
     trained_s = sum(t for _, t in spent)
     if not spent or trained_s <= 0:

@@ -12,6 +12,7 @@ import time
 from contextlib import suppress
 from pathlib import Path
 
+from psgd.io import write_atomic
 from psgd.process import oom_kills, proc_stat, process_tag
 
 _agent_watched = False
@@ -61,9 +62,9 @@ def _torchrun_marks() -> tuple[Path, int] | None:
 
 
 def mark_running_under_torchrun() -> None:
-    """In a worker that torchrun started: leave a mark (a file named by the local rank, holding the pid)
-    that says "ended" once this process exits in any way Python sees. A worker that ends without saying
-    so (SIGKILL, the OOM killer) is found by `torchrun_workers_gone`. Once per process."""
+    """In a worker that torchrun started, once: leave a mark (a file named by the local rank, holding the pid)
+    that says "ended" once this process exits in any way Python sees; one that does not (SIGKILL, the OOM
+    killer) is found by `torchrun_workers_gone`. The last worker out takes the marks away."""
     global oom_kills_at_mark, _marked
     where = _torchrun_marks()
     if where is None or _marked:
@@ -73,40 +74,28 @@ def mark_running_under_torchrun() -> None:
     folder, local_rank = where
     agent, me = os.getppid(), os.getpid()
     with suppress(OSError):
-        folder.mkdir(exist_ok=True)
-        _write_mark(folder, local_rank, str(me))
+        write_atomic(folder / str(local_rank), str(me))  # whole: a reader never sees half of it
 
         def ended() -> None:
             with suppress(OSError):
-                _write_mark(folder, local_rank, f"{me} ended")
-            marks = _marks(folder)
-            if not any(_running(pid, agent) and not done for pid, done in marks.values()):  # the last one out
+                write_atomic(folder / str(local_rank), f"{me} ended")
+            if not any(_running(pid, agent) and not done for pid, done in _marks(folder).values()):
                 shutil.rmtree(folder, ignore_errors=True)
 
         atexit.register(ended)
 
 
 def wait_for_this_machines_workers(within_s: float) -> None:
-    """In a worker that torchrun started, before it removes the run dir this machine's workers share:
-    wait (at most `within_s`, or until a signal) until each has marked itself, that is, is past Hydra's
-    set-up of that dir."""
+    """In a worker that torchrun started, before it removes the run dir this machine's workers share: wait
+    (at most `within_s`, or until a signal) until each is marked, that is, past Hydra's set-up of that dir."""
     where = _torchrun_marks()
-    try:
-        workers = int(os.environ["LOCAL_WORLD_SIZE"])
-    except (KeyError, ValueError):
-        return
     if where is None:
         return
+    workers = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     deadline = time.monotonic() + within_s
     with suppress(KeyboardInterrupt):  # the agent stops this worker, or Ctrl-C: wait no more
         while len(_marks(where[0])) < workers and time.monotonic() < deadline:
             time.sleep(0.05)
-
-
-def _write_mark(folder: Path, local_rank: int, text: str) -> None:
-    part = folder / f".{local_rank}.{os.getpid()}"
-    part.write_text(text)
-    os.replace(part, folder / str(local_rank))  # whole: a reader never sees half of it
 
 
 def _marks(folder: Path) -> dict[int, tuple[int, bool]]:

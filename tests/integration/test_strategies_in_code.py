@@ -195,7 +195,7 @@ def test_a_notebook_runs_workers_and_refuses_its_own_classes_by_name(tmp_path, t
     )
     assert own_lines(proc.stdout) == [
         f"refused: Here {session}",
-        f"refused: callbacks[0] (Noted) {session}",
+        f"refused: Noted {session}",
         "trained in code: True",
         "trained by psgd: completed",
     ], proc.stdout + proc.stderr[-3000:]

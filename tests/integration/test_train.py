@@ -6,7 +6,6 @@ import os
 import re
 import socket
 import stat
-import subprocess
 import threading
 import time
 import warnings
@@ -20,6 +19,7 @@ from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 import psgd.callbacks
 from psgd.callbacks import denormals_flushed
+from psgd.cli import say_result
 from psgd.config import ConfigError
 from psgd.data.datasets import MNIST
 from psgd.process import alive
@@ -32,6 +32,7 @@ TINY = ["quiet=true", "data.batch_size=32", "data.eval_batch_size=64"]
 def single_run(tiny_data, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("single") / "run"
     overrides = [f"data.root={tiny_data}", "trainer.max_epochs=3", f"hydra.run.dir={run_dir}", *TINY, "quiet=false"]
+    overrides.append("+trainer.profiler=simple")  # a profiler the user asks for (test_a_profiler_...)
     proc = run_cli("train.py", *overrides, env={"PYTHONWARNINGS": "default"})  # warnings shown, as to a user
     assert proc.returncode == 0, proc.stderr
     return run_dir, proc
@@ -60,9 +61,8 @@ class SlowBatches(L.Callback):
 
 
 def test_a_long_epoch_into_a_log_file_says_where_it_is_on_the_way(tiny_data, tmp_path, monkeypatch, capsys):
-    """The WideResNet trains ~15 samples/s on 2 cores, an hour per MNIST epoch, and with the output into
-    a file (SLURM, `> log`) nothing was printed till the epoch ended. Every PROGRESS_EVERY_S (60 s; 0 here:
-    every batch) it prints the batch, the time so far, the pace and the rest of the epoch at that pace."""
+    """With the output into a file (SLURM, `> log`), every PROGRESS_EVERY_S (0 here: every batch) within an
+    epoch a line says the batch, the time so far, the pace and the rest of the epoch at that pace."""
     monkeypatch.setattr(psgd.callbacks, "PROGRESS_EVERY_S", 0.0)
     overrides = [f"data.root={tiny_data}", "trainer.max_epochs=2", "data.batch_size=64", "data.eval_batch_size=256"]
     train(compose_cfg(*overrides), tmp_path / "run", callbacks=[SlowBatches()])  # 8 batches of 0.1 s and more
@@ -83,8 +83,8 @@ def test_a_long_epoch_into_a_log_file_says_where_it_is_on_the_way(tiny_data, tmp
 
 
 def test_what_a_run_writes_is_named_in_the_readme(single_run):
-    """A user looks a metrics.json key or a TensorBoard tag up in the README: each one a run writes is there
-    (ten keys were not, 2026-11-25; the DDP, model averaging and HogWild runs' tests check theirs)."""
+    """Each metrics.json key and TensorBoard tag a run writes is in the documentation (the DDP, model averaging
+    and HogWild runs' tests check theirs)."""
     assert undocumented(single_run[0]) == []
 
 
@@ -182,13 +182,11 @@ def test_tensorboard_events_hold_curves_hparams_and_test_metrics(single_run):
 def test_a_run_started_from_an_earlier_runs_weights_trains_on_from_them_in_every_worker(
     single_run, tiny_data, tmp_path
 ):
-    """init_weights: another strategy, worker count, optimizer and schedule, from the finished run's weights
-    (before, the line refusing such a resume advised a new run, which started from scratch)."""
+    """init_weights: another strategy, worker count, optimizer and schedule, from the finished run's weights."""
     run_dir, _ = single_run
     ended = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     after = tmp_path / "after"
-    proc = run_cli(
-        "train.py",
+    cfg = compose_cfg(
         f"data.root={tiny_data}",
         f"init_weights={run_dir}",
         "strategy=model_averaging",
@@ -196,10 +194,9 @@ def test_a_run_started_from_an_earlier_runs_weights_trains_on_from_them_in_every
         "trainer.max_epochs=1",
         "optimizer.lr=1e-9",  # a step too small to move the weights away from where the workers started
         "record_weights=true",
-        f"hydra.run.dir={after}",
         *TINY,
     )
-    assert proc.returncode == 0, proc.stderr
+    train(cfg, after)
     for rank in (0, 1):  # each worker started from them (a fresh start differs by ~0.01 and more)
         own = torch.load(after / "weights" / f"rank{rank}.pt", weights_only=True)
         assert all(torch.allclose(own[k].float(), ended[k].float(), atol=1e-6) for k in ended), rank
@@ -209,9 +206,8 @@ def test_a_run_started_from_an_earlier_runs_weights_trains_on_from_them_in_every
 
 
 def test_lightnings_overfit_batches_trains_on_the_same_batches_every_epoch(tiny_data, tmp_path):
-    """Lightning turns a DataLoader's shuffling off for overfit_batches (and says so); psgd's loader is
-    none, and trained each epoch on another first batch of the reshuffled data: no overfitting test.
-    Lightning's lines that it turned the train and val loaders' shuffling off were wrong for them."""
+    """trainer.overfit_batches trains on the same first batches every epoch, without Lightning's warning
+    that it turned a loader's shuffling off (psgd's loaders are its own)."""
     cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=3", "+trainer.overfit_batches=2", *TINY)
     cfg.record_shards = True
     with warnings.catch_warnings(record=True) as caught:
@@ -224,9 +220,8 @@ def test_lightnings_overfit_batches_trains_on_the_same_batches_every_epoch(tiny_
 
 
 def test_validation_every_n_batches_across_epochs_as_lightning_advises(tiny_data, tmp_path):
-    """trainer.check_val_every_n_epoch=null is Lightning's setting for an integer val_check_interval
-    longer than an epoch (its refusal of such an interval advises it); psgd passed null on as 'unset',
-    so Lightning's default 1 stood and the run was refused all the same."""
+    """trainer.check_val_every_n_epoch=null reaches Lightning (not dropped as unset): its setting for an
+    integer val_check_interval longer than an epoch."""
     cfg = compose_cfg(
         f"data.root={tiny_data}",
         "trainer.max_epochs=3",
@@ -254,6 +249,10 @@ def test_same_seed_gives_the_same_weights_and_another_seed_does_not(tiny_data, t
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
+def last_weights(run_dir) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
 class OptimizerSeen(L.Callback):
     def on_train_start(self, trainer, pl_module):  # (after a resume has loaded the optimizer's state)
         self.defaults = dict(trainer.optimizers[0].defaults)
@@ -261,33 +260,25 @@ class OptimizerSeen(L.Callback):
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_the_update_is_one_fused_kernel_by_default_and_trains_as_torchs_loop_does(tiny_data, tmp_path, optimizer):
-    """optimizer.fused (SGD's and Adam's, true by default): the update is torch's fused kernel (a lab-CNN
-    step's 67 against 136 us for SGD, 285 against 631 for Adam, on one core), which rounds differently
-    from torch's per-tensor loop (fused=false) and trains to the same weights within that rounding."""
+def test_the_update_is_fused_by_default_trains_as_torchs_loop_and_a_resume_runs_its_own_choice(
+    tiny_data, tmp_path, optimizer
+):
+    """optimizer.fused (SGD's and Adam's, true by default): the update is torch's fused kernel, which rounds
+    differently from torch's per-tensor loop (fused=false) and trains to the same weights within that
+    rounding. How torch runs the update is the resumed run's choice, not the checkpoint's (Lightning restores
+    the param groups wholesale), also from a checkpoint written before fused was the default (fused None)."""
+    base = [f"data.root={tiny_data}", f"optimizer={optimizer}", "trainer.max_epochs=2", *TINY]
     weights, seen = {}, {}
     for fused in (True, False):
-        over = [f"optimizer={optimizer}", f"optimizer.fused={fused}"]
-        cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=2", *over, *TINY)
-        train(cfg, tmp_path / str(fused), callbacks=[opt := OptimizerSeen()])
+        more = [f"optimizer.fused={fused}", "checkpoint_every_epoch=true"]
+        train(compose_cfg(*base, *more), tmp_path / str(fused), callbacks=[opt := OptimizerSeen()])
         seen[fused] = opt.defaults["fused"]
-        weights[fused] = torch.load(tmp_path / str(fused) / "checkpoints" / "last.ckpt", weights_only=True)
+        weights[fused] = last_weights(tmp_path / str(fused))
     assert seen == {True: True, False: False}
     assert compose_cfg(f"data.root={tiny_data}", f"optimizer={optimizer}").optimizer.fused is True  # the default
-    fused, loop = (w["state_dict"] for w in (weights[True], weights[False]))
-    for k in fused:
-        torch.testing.assert_close(fused[k], loop[k], rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_a_resumed_run_updates_as_its_own_settings_say_not_as_the_checkpoints_run_did(tiny_data, tmp_path, optimizer):
-    """How torch runs the update (optimizer.fused) is this run's choice: a resume may change it. Lightning
-    restored the checkpoint's param groups wholesale, so a run resumed with optimizer.fused=false went
-    on with the checkpoint's fused update, unsaid, and one resumed from a checkpoint written before the
-    fused update was psgd's default (fused None) went on with torch's per-tensor loop (on CPU)."""
-    base = [f"data.root={tiny_data}", f"optimizer={optimizer}", "trainer.max_epochs=2", *TINY]
-    train(compose_cfg(*base, "checkpoint_every_epoch=true"), tmp_path / "first")
-    first = tmp_path / "first" / "checkpoints" / "epoch0.ckpt"
+    for k in weights[True]:
+        torch.testing.assert_close(weights[True][k], weights[False][k], rtol=1e-4, atol=1e-5)
+    first = tmp_path / "True" / "checkpoints" / "epoch0.ckpt"
     saved = torch.load(first, weights_only=True)
     assert saved["optimizer_states"][0]["param_groups"][0]["fused"] is True
     older = tmp_path / "older.ckpt"  # as written before fused was the default
@@ -296,12 +287,8 @@ def test_a_resumed_run_updates_as_its_own_settings_say_not_as_the_checkpoints_ru
     torch.save(saved, older)
     for ckpt, over, fused in ((first, ["optimizer.fused=false"], False), (older, [], True)):
         run_dir = tmp_path / f"resumed_{fused}"
-        train(
-            compose_cfg(*base, *over, f"ckpt_path={ckpt}"),
-            run_dir,
-            callbacks=[seen := OptimizerSeen()],
-        )
-        assert seen.group["fused"] is fused, (ckpt.name, seen.group)
+        train(compose_cfg(*base, *over, f"ckpt_path={ckpt}"), run_dir, callbacks=[opt := OptimizerSeen()])
+        assert opt.group["fused"] is fused, (ckpt.name, opt.group)
         assert metrics(run_dir)["epochs"] == 2
         # the resumed run's momentum / moments are the checkpoint's: it went on, it did not start over
         resumed = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
@@ -309,19 +296,12 @@ def test_a_resumed_run_updates_as_its_own_settings_say_not_as_the_checkpoints_ru
         assert resumed["epoch"] == 1
 
 
-def test_early_stop_after_patience_epochs_at_target(tiny_data, tmp_path):
-    run_dir = tmp_path / "run"
-    proc = run_cli(
-        "train.py",
-        f"data.root={tiny_data}",
-        "trainer.max_epochs=30",
-        "early_stop.target_acc=0.3",
-        "early_stop.patience=2",
-        f"hydra.run.dir={run_dir}",
-        *TINY,
+def test_early_stop_after_patience_epochs_at_target(tiny_data, tmp_path, capsys):
+    cfg = compose_cfg(
+        f"data.root={tiny_data}", "trainer.max_epochs=30", "early_stop.target_acc=0.3", "early_stop.patience=2", *TINY
     )
-    assert proc.returncode == 0, proc.stderr
-    m = metrics(run_dir)
+    m = train(cfg, tmp_path / "run")
+    say_result(cfg, m, tmp_path / "run")
     accs = [h["val_acc"] for h in m["history"]]
     first = next(i for i, a in enumerate(accs) if a >= 0.3)
     assert m["epoch_to_target"] == first + 1
@@ -333,7 +313,7 @@ def test_early_stop_after_patience_epochs_at_target(tiny_data, tmp_path):
     assert m["epochs"] == stop + 1 < 30
     # the record and the last line say what ended training before max_epochs
     assert (m["stopped_by"], m["max_epochs"]) == ("early_stop", 30)
-    assert f"(early_stop.target_acc ended training in epoch {stop + 1} of 30) results in" in proc.stdout
+    assert f"(early_stop.target_acc ended training in epoch {stop + 1} of 30) results in" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -350,17 +330,17 @@ def test_the_record_says_what_ended_training(tiny_data, tmp_path, setting, stopp
     assert (m["stopped_by"], m["epochs"], m["status"]) == (stopped_by, epochs, "completed")
 
 
-def test_a_run_that_max_steps_stopped_inside_an_epoch_resumes_with_sane_times(tiny_data, tmp_path, capsys):
-    """Resumed from a checkpoint written inside an epoch, Lightning goes on with that epoch without
-    on_train_epoch_start: its time was the machine's uptime (train_time_s in the thousands of seconds),
-    and the epoch came twice in the history. Resumed with the same max_steps, it says nothing is left."""
+def test_a_run_that_max_steps_stopped_inside_an_epoch_resumes_with_sane_times(tiny_data, tmp_path):
+    """A run cut inside an epoch resumes from its last whole epoch's checkpoint and trains the cut epoch
+    again from its start: one record per epoch, with sane times. Resumed with the same max_steps, it
+    trains the cut part again, to the same figures."""
     common = [f"data.root={tiny_data}", "trainer.max_epochs=4", *TINY]  # 16 steps an epoch
     first = train(compose_cfg(*common, "trainer.max_steps=20"), tmp_path / "first")
     assert [h["step"] for h in first["history"]] == [16, 20]
-    capsys.readouterr()
     same = train(compose_cfg(*common, "trainer.max_steps=20", f"ckpt_path={tmp_path / 'first'}"), tmp_path / "same")
-    said = f"psgd: ckpt_path={tmp_path / 'first'} already took 20 steps, trainer.max_steps=20: nothing is left to train"
-    assert said in capsys.readouterr().out and same["history"] == first["history"]
+    figures = ("epoch", "step", "samples", "train_loss", "train_acc", "val_acc")
+    assert [[h[k] for k in figures] for h in same["history"]] == [[h[k] for k in figures] for h in first["history"]]
+    assert same["test_acc"] == first["test_acc"]
     m = train(compose_cfg(*common, "trainer.max_steps=40", f"ckpt_path={tmp_path / 'first'}"), tmp_path / "again")
     epochs = [h["epoch"] for h in m["history"]]
     assert epochs == sorted(set(epochs)) and m["epochs"] == len(epochs) and m["history"][-1]["step"] == 40
@@ -370,66 +350,23 @@ def test_a_run_that_max_steps_stopped_inside_an_epoch_resumes_with_sane_times(ti
     assert m["resumed_from"] == str(tmp_path / "first" / "checkpoints" / "last.ckpt") and first["resumed_from"] is None
 
 
-def test_an_epoch_resumed_inside_keeps_the_lr_it_started_with(tiny_data, tmp_path):
-    """history[].lr is the lr an epoch started with: an epoch cut by max_steps and resumed inside is one
-    epoch in the history, with the lr of its start (not the resume's, mid-way through a per-step warm-up)."""
-    common = [f"data.root={tiny_data}", "trainer.max_epochs=2", "scheduler=warmup", "scheduler.interval=step", *TINY]
-    common += ["scheduler.warmup_epochs=2", "scheduler.start_factor=0.1"]  # 32 steps from 0.002 to 0.02
-    straight = train(compose_cfg(*common), tmp_path / "straight")
-    train(compose_cfg(*common, "trainer.max_steps=20"), tmp_path / "cut")
-    resumed = train(compose_cfg(*common, f"ckpt_path={tmp_path / 'cut'}"), tmp_path / "resumed")
-    expected = [0.002, 0.002 + 0.018 * 16 / 32]
-    assert [h["lr"] for h in straight["history"]] == pytest.approx(expected)
-    assert [h["lr"] for h in resumed["history"]] == pytest.approx(expected)
-
-
-@pytest.mark.parametrize(
-    "lr,said",
-    [
-        (["optimizer.lr=3"], "the run's lr is 3"),
-        # the lr a learned-nothing line names is the run's; under lr_scaling it says which optimizer.lr that was
-        (
-            ["optimizer.lr=0.75", "lr_scaling=linear", "lr_reference_batch=32"],
-            "the run's lr is 3: lr_scaling's 4 x optimizer.lr 0.75",
-        ),
-    ],
-    ids=["set", "scaled"],
-)
-def test_a_run_that_learned_nothing_says_so_beside_its_result(tiny_data, tmp_path, lr, said):
+def test_a_run_that_learned_nothing_says_so_beside_its_result(tiny_data, tmp_path, capsys):
     """A completed run at chance accuracy whose training loss never fell below a uniform guess's (too large
-    a step, not large enough for NaN) ended with its result line alone, as if it were one."""
-    run_dir = tmp_path / "run"
-    steps = [*lr, "trainer.max_epochs=1", "quiet=true"]  # lr 3, batch 128: 4 steps, to 1e17 (32: NaN)
-    proc = run_cli("train.py", f"data.root={tiny_data}", *steps, f"hydra.run.dir={run_dir}")
-    assert proc.returncode == 0, proc.stderr
-    m = metrics(run_dir)
+    a step, not large enough for NaN) ends with a warning before its result line, naming the run's lr and,
+    under lr_scaling, the optimizer.lr it came from."""
+    lr = ["optimizer.lr=0.75", "lr_scaling=linear", "lr_reference_batch=32"]  # lr 3, batch 128: 4 steps, to 1e17
+    cfg = compose_cfg(f"data.root={tiny_data}", *lr, "trainer.max_epochs=1", "quiet=true")
+    m = train(cfg, tmp_path / "run")
+    capsys.readouterr()
+    say_result(cfg, m, tmp_path / "run")
+    said = capsys.readouterr()
     assert m["status"] == "completed" and m["test_acc"] < 0.2 and m["history"][-1]["train_loss"] > 2.303
-    assert proc.stderr.strip().splitlines()[-1] == (
+    assert said.err.strip().splitlines()[-1] == (
         f"psgd: warning: the model learned nothing (test accuracy {m['test_acc']:.4f}, about chance; the last "
         "epoch's training loss no lower than a uniform guess's): most often the steps were too large; lower "
-        f"optimizer.lr ({said}) or warm up (scheduler=warmup)"
+        "optimizer.lr (the run's lr is 3: lr_scaling's 4 x optimizer.lr 0.75) or warm up (scheduler=warmup)"
     )
-    assert proc.stdout.strip().splitlines()[-1].startswith(f"psgd: test_acc={m['test_acc']:.4f}")
-
-
-def test_an_epoch_resumed_inside_keeps_both_parts_allreduce_figures(tiny_data, tmp_path):
-    """DDP's all-reduce figures of an epoch trained in two parts (cut by max_steps, resumed inside it) are
-    both parts', weighed by their samples: the history kept the second part's alone. (Averaging's and the
-    lock's times would add up; their workers cannot be cut inside an epoch.)"""
-    common = [f"data.root={tiny_data}", "workers=2", "strategy=ddp", "trainer.max_epochs=2", *TINY]  # 8 steps
-    cut = train(compose_cfg(*common, "trainer.max_steps=12"), tmp_path / "cut")
-    resumed = train(compose_cfg(*common, f"ckpt_path={tmp_path / 'cut'}"), tmp_path / "resumed")
-    first, merged = cut["history"][1], resumed["history"][1]
-    (second,) = scalars(tensorboard(tmp_path / "resumed"), "ddp/allreduce_ms")  # the second part's, as it ended
-    n1 = first["samples"]
-    n2 = merged["samples"] - n1
-    assert n1 == 4 * 64 and n2 == 4 * 64  # 4 steps of 2 x 32 before the cut, 4 after
-    assert merged["allreduce_ms"] == pytest.approx((first["allreduce_ms"] * n1 + second * n2) / (n1 + n2), abs=2e-3)
-    assert resumed["history"][0] == cut["history"][0]
-
-
-def last_weights(run_dir) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert said.out.strip().splitlines()[-1].startswith(f"psgd: test_acc={m['test_acc']:.4f}")
 
 
 @pytest.mark.parametrize(
@@ -437,10 +374,10 @@ def last_weights(run_dir) -> dict[str, torch.Tensor]:
     [
         ([], "trainer.max_steps=20", []),  # 16 steps an epoch: inside the second; resumed to max_epochs
         ([], "trainer.max_steps=20", ["trainer.max_steps=40"]),  # (Lightning resumes inside the epoch itself)
-        ([], "early_stop.target_acc=0.05", []),  # stopped after the validation half-way through epoch 1
-        (["data.augment=pad_crop_flip"], "trainer.max_steps=20", []),  # inside batches 3-5, made together
-        (["data.augment=pad_crop_flip"], "trainer.max_steps=22", []),  # after them: the next are made anew
-        (["scheduler.interval=step"], "trainer.max_steps=20", []),  # it sets the training data up early
+        ([], "early_stop.target_acc=0.05 early_stop.patience=3", []),  # stopped half-way through epoch 2
+        (["data.augment=pad_crop_flip"], "trainer.max_steps=20", []),  # the augmentations' draws too
+        # a per-step warm-up (it sets the training data up early): the cut epoch keeps the lr it started with
+        (["scheduler=warmup", "scheduler.interval=step", "scheduler.warmup_epochs=2"], "trainer.max_steps=20", []),
         (["strategy=model_averaging"], "trainer.max_steps=20", []),  # its checkpoint: at the train's end
         (["strategy=hogwild"], "trainer.max_steps=20", []),
     ],
@@ -448,33 +385,33 @@ def last_weights(run_dir) -> dict[str, torch.Tensor]:
         "max_steps-then-max_epochs",
         "max_steps-then-more-steps",
         "early-stop-then-none",
-        "augmented-inside-batches-made-together",
-        "augmented-after-batches-made-together",
+        "augmented",
         "per-step-lr-schedule",
         "model-averaging",
         "hogwild",
     ],
 )
 def test_a_run_cut_inside_an_epoch_resumes_to_the_uninterrupted_runs_weights(
-    tiny_data, tmp_path, monkeypatch, both, cut, resumed_with
+    tiny_data, tmp_path, both, cut, resumed_with
 ):
-    """A checkpoint written where an epoch was cut short goes on inside that epoch, from the next batch,
-    with every worker's random stream as it was (dropout is on), and the CPU loader makes the batches it
-    was making together again with the same augmentations. Before, a resume to max_epochs took the cut
-    epoch as trained and never trained its remaining batches (one epoch's steps fewer in all), and one
-    to a larger max_steps trained the epoch's first batches again."""
+    """A run cut inside an epoch resumes from its last whole epoch's checkpoint and trains the cut epoch
+    again from its start, each worker's random stream reseeded as the uninterrupted run's was (dropout and
+    augmentation are on)."""
     common = [f"data.root={tiny_data}", "trainer.max_epochs=3", "trainer.val_check_interval=0.5", *both, *TINY]
     straight = train(compose_cfg(*common, *resumed_with), tmp_path / "straight")
-    first = train(compose_cfg(*common, cut), tmp_path / "first")
-    steps = int(cut.split("=")[1]) if "max_steps" in cut else 8  # the early stop: after 8 of epoch 1's 16
+    first = train(compose_cfg(*common, *cut.split()), tmp_path / "first")
+    steps = int(cut.split("=")[1]) if "max_steps" in cut else 24  # the early stop: after 8 of epoch 2's 16
     assert first["history"][-1]["step"] == steps and steps % 16
     resumed = train(compose_cfg(*common, *resumed_with, f"ckpt_path={tmp_path / 'first'}"), tmp_path / "resumed")
     a, b = last_weights(tmp_path / "straight"), last_weights(tmp_path / "resumed")
     assert all(torch.equal(a[k], b[k]) for k in a)
-    # one record per epoch, the cut one's two parts together: its samples, loss and accuracy are the whole epoch's
-    # (the module counts the second part on from the first's counts, kept in the checkpoint)
-    for key in ("epoch", "step", "samples", "train_loss", "train_acc", "val_acc"):
+    # one record per epoch: the cut one's samples, loss, accuracy and lr are the whole epoch's
+    for key in ("epoch", "step", "samples", "lr", "train_loss", "train_acc", "val_acc"):
         assert [h[key] for h in resumed["history"]] == pytest.approx([h[key] for h in straight["history"]], abs=2e-6)
+    assert resumed["train_time_s"] < 10 and all(h["epoch_s"] < 5 for h in resumed["history"]), resumed["history"]
+    # metrics.json says where the earlier epochs came from; a run that resumed nothing says null
+    assert resumed["resumed_from"] == str(tmp_path / "first" / "checkpoints" / "last.ckpt")
+    assert first["resumed_from"] is None
     assert (resumed["test_acc"], resumed["stopped_by"]) == (straight["test_acc"], straight["stopped_by"])
     # TensorBoard too: the resumed run's epoch values from the cut one on are the uninterrupted run's
     for tag in ("train/loss", "train/acc"):
@@ -487,65 +424,46 @@ def test_a_run_cut_inside_an_epoch_resumes_to_the_uninterrupted_runs_weights(
 MAX_TIME_LR = "optimizer.lr=0.005"
 
 
-def max_time_run(tiny_data, run_dir) -> tuple[subprocess.CompletedProcess, dict]:
-    """A run of at most 300 epochs that trainer.max_time=1 s ends."""
-    proc = run_cli(
-        "train.py",
-        f"data.root={tiny_data}",
-        "trainer.max_epochs=300",
-        "trainer.max_time=00:00:00:01",
-        MAX_TIME_LR,
-        f"hydra.run.dir={run_dir}",
-        *TINY,
+def max_time_run(tiny_data, run_dir, *more: str, max_time: str = "00:00:00:01") -> dict:
+    """A run of at most 300 epochs that trainer.max_time ends (`more`: other settings), its result line said."""
+    cfg = compose_cfg(
+        f"data.root={tiny_data}", "trainer.max_epochs=300", f"trainer.max_time={max_time}", MAX_TIME_LR, *TINY, *more
     )
-    assert proc.returncode == 0, proc.stderr
-    return proc, metrics(run_dir)
+    m = train(cfg, run_dir)
+    say_result(cfg, m, run_dir)
+    return m
 
 
-def test_a_run_that_trainer_max_time_stopped_says_so(tiny_data, tmp_path):
+def test_a_run_that_trainer_max_time_stopped_says_so(tiny_data, tmp_path, capsys):
     """trainer.max_time ends training early, as Lightning's Timer does, and the run is complete; the
     record and the last line say it was max_time and not max_epochs that ended it."""
-    proc, m = max_time_run(tiny_data, tmp_path / "run")
+    m = max_time_run(tiny_data, tmp_path / "run")
     assert m["status"] == "completed" and m["test_acc"] is not None
     assert (m["stopped_by"], m["max_epochs"]) == ("max_time", 300) and 1 <= m["epochs"] < 300
-    assert f"(trainer.max_time ended training in epoch {m['epochs']} of 300) results in" in proc.stdout
+    assert f"(trainer.max_time ended training in epoch {m['epochs']} of 300) results in" in capsys.readouterr().out
 
 
-@pytest.mark.slow  # ~12 s: three runs; the one above is the default suite's
-def test_a_run_that_trainer_max_time_stopped_resumes_with_the_time_it_used(tiny_data, tmp_path):
+@pytest.mark.slow  # three runs; the one above is the default suite's
+def test_a_run_that_trainer_max_time_stopped_resumes_with_the_time_it_used(tiny_data, tmp_path, capsys):
     run_dir = tmp_path / "run"
-    _, m = max_time_run(tiny_data, run_dir)
-
-    def resume(max_time: str, name: str):
-        again = run_cli(
-            "train.py",
-            f"data.root={tiny_data}",
-            "trainer.max_epochs=300",
-            f"trainer.max_time={max_time}",
-            MAX_TIME_LR,
-            f"ckpt_path={run_dir}",
-            f"hydra.run.dir={tmp_path / name}",
-            *TINY,
-        )
-        assert again.returncode == 0, again.stderr
-        return again, metrics(tmp_path / name)
-
-    # resumed, the Timer goes on counting the run's time: used up, nothing is trained, and the run says so
-    again, resumed = resume("00:00:00:01", "same")
-    said = rf"psgd: ckpt_path={re.escape(str(run_dir))} already trained for \d+ s, trainer.max_time=00:00:00:01: "
-    assert re.search(said + "nothing is left to train", again.stdout), again.stdout
-    assert (resumed["epochs"], resumed["stopped_by"], resumed["max_epochs"]) == (m["epochs"], "max_time", 300)
-    assert f"(trainer.max_time ended training in epoch {m['epochs']} of 300)" in again.stdout
+    m = max_time_run(tiny_data, run_dir)
+    capsys.readouterr()
+    # resumed from its last whole epoch, the Timer goes on counting the run's time: what is left of it trains
+    resumed = max_time_run(tiny_data, tmp_path / "same", f"ckpt_path={run_dir}")
+    finished = m["epochs"] - 1  # the last epoch was cut by the time
+    assert resumed["history"][:finished] == m["history"][:finished] and resumed["epochs"] >= finished
+    assert (resumed["stopped_by"], resumed["max_epochs"]) == ("max_time", 300)
+    assert f"(trainer.max_time ended training in epoch {resumed['epochs']} of 300)" in capsys.readouterr().out
     # a longer one trains on
-    again, resumed = resume("{seconds: 2}", "longer")
-    assert "nothing is left" not in again.stdout and m["epochs"] < resumed["epochs"] < 300
+    resumed = max_time_run(tiny_data, tmp_path / "longer", f"ckpt_path={run_dir}", max_time="{seconds: 2}")
+    assert "nothing is left" not in capsys.readouterr().out and m["epochs"] < resumed["epochs"] < 300
     assert resumed["stopped_by"] == "max_time"
 
 
 def test_a_run_that_stopped_early_resumes_as_over_unless_the_target_changes(tiny_data, tmp_path, capsys):
-    """Resumed with the same target, a run its target stopped used to train one more epoch and stop
-    again; with another target (or none) it trains on, and its record times that target, not the
-    checkpoint's; without one, Lightning no longer asks for the early-stop callback back."""
+    """Resumed with the same target, a run its target stopped is over; with another target (or none) it
+    trains on, and its record times that target, not the checkpoint's; without one, Lightning does not ask
+    for the early-stop callback back."""
     common = [f"data.root={tiny_data}", "trainer.max_epochs=3", "scheduler=none", *TINY]
     stopped = train(compose_cfg(*common, "early_stop.target_acc=0.05"), tmp_path / "stopped")
     assert stopped["epochs"] == 1 and stopped["epoch_to_target"] == 1  # chance (10 %) passes 5 %
@@ -619,18 +537,8 @@ def test_an_epoch_without_validation_records_none_not_the_last_validations_figur
     assert scalars(tensorboard(tmp_path / "run"), "val/acc") == pytest.approx([m["val_acc"]], abs=1e-6)
 
 
-def test_a_profiler_the_user_asks_for_replaces_psgds_free_one_and_the_summary_shows_sizes_and_flops(
-    tiny_data, tmp_path
-):
-    proc = run_cli(
-        "train.py",
-        f"data.root={tiny_data}",
-        "trainer.max_epochs=1",
-        "data.batch_size=32",
-        "+trainer.profiler=simple",
-        f"hydra.run.dir={tmp_path / 'run'}",
-    )
-    assert proc.returncode == 0, proc.stderr
+def test_a_profiler_the_user_asks_for_replaces_psgds_free_one_and_the_summary_shows_sizes_and_flops(single_run):
+    _, proc = single_run
     report = proc.stdout + proc.stderr
     assert "FIT Profiler Report" in report and "run_training_epoch" in report
     # the model summary at the start of fit: the lab CNN's input (one 28x28 image resized to its 32x32)
@@ -801,7 +709,7 @@ def test_a_per_step_schedule_resumes_on_its_steps_and_refuses_other_steps_per_ep
     """A per-step schedule is restored in the checkpoint's optimizer steps. Resumed with the same
     steps per epoch it goes on exactly as the straight run did; with other steps per epoch (here no
     gradient accumulation: 16 steps instead of 8) it would follow the old run's epochs, so it is refused
-    in one line before training (it was silently accepted before)."""
+    in one line before training."""
     common = [
         f"data.root={tiny_data}",
         "trainer.max_epochs=2",
@@ -838,10 +746,8 @@ def test_a_per_step_schedule_resumes_on_its_steps_and_refuses_other_steps_per_ep
 
 def test_a_constant_lr_counts_no_steps_whatever_its_interval_says(tiny_data, tmp_path):
     """scheduler.interval=step with a constant lr (the warm-up preset with warmup_epochs=0, decay none)
-    has no schedule to step. Its checkpoints kept their steps per epoch all the same, so a resume with
-    another batch size was refused ("its lr schedule counts those steps"), and Lightning's
-    LearningRateMonitor logged a stray `lr-SGD` beside the documented `lr` (and Lightning's advice about
-    epochs shorter than log_every_n_steps, which applies only to per-step logs, was shown)."""
+    has no schedule to step: its checkpoints keep no steps per epoch (a resume with another batch size
+    goes on), no stray `lr-SGD` tag beside `lr`, and no advice about epochs shorter than log_every_n_steps."""
     common = [f"data.root={tiny_data}", "scheduler=warmup", "scheduler.warmup_epochs=0", "scheduler.interval=step"]
     first = [*common, *TINY, "trainer.max_epochs=1"]
     train(compose_cfg(*first, "trainer.log_every_n_steps=1"), tmp_path / "a")
@@ -903,9 +809,8 @@ def test_every_optimizer_resumes_to_the_uninterrupted_weights(optimizer, tiny_da
 
 
 def test_the_record_says_the_precision_that_ran(tiny_data, tmp_path):
-    """On CPU Lightning runs trainer.precision=16-mixed as bf16-mixed (with a warning): the run's record
-    keeps what ran, which is what its samples/s were measured with. Lightning's warning comes once (the
-    test's Trainer, given the asked-for precision, gave it a second time)."""
+    """On CPU Lightning runs trainer.precision=16-mixed as bf16-mixed (with a warning, once): the run's
+    record keeps what ran, which is what its samples/s were measured with."""
     cfg = compose_cfg(f"data.root={tiny_data}", "trainer.precision=16-mixed", "trainer.fast_dev_run=true", "quiet=true")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -917,9 +822,8 @@ def test_the_record_says_the_precision_that_ran(tiny_data, tmp_path):
 
 def test_a_checkpoint_the_disk_has_no_room_for_leaves_the_previous_one_whole(tiny_data, tmp_path, monkeypatch):
     """The disk fills up while epoch 2's checkpoint is written (half of it fits). last.ckpt stays epoch
-    1's, whole, so the run can be resumed; no temp file is left; the record says failed. Lightning's own
-    write, a copy from the system's temp dir when that is another file system (a tmpfs /tmp), left a
-    truncated last.ckpt in place of the previous one. Result files get the permissions open() gives."""
+    1's, whole, so the run can be resumed; no temp file is left; the record says failed. Result files get
+    the permissions open() gives."""
     real_fdopen, binary = os.fdopen, []
 
     class HalfFits:

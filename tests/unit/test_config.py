@@ -5,13 +5,13 @@ import subprocess
 import sys
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import torch
 from conftest import CONF, compose_cfg
 from omegaconf import OmegaConf
 
-from psgd.choices import AUGMENTATIONS
 from psgd.config import ConfigError, build_model, check, check_values
 
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
@@ -398,9 +398,10 @@ def test_the_value_checks_the_scripts_run_first_load_no_torch():
 
 
 def test_the_augmentations_the_config_allows_are_the_ones_implemented():
+    from psgd.config.schema import Data
     from psgd.data.augment import PRESETS
 
-    assert tuple(PRESETS) == AUGMENTATIONS
+    assert get_args(Data.model_fields["augment"].annotation) == tuple(PRESETS)
 
 
 @pytest.mark.parametrize(
@@ -427,11 +428,11 @@ def test_trainer_values_psgd_checks_still_take_everything_lightning_means_by_the
 def test_model_data_pairings_that_cannot_work_are_config_errors(model, data):
     """Refused by `check` (before any worker, and before any job of a sweep) and by build_model."""
     cfg = compose_cfg(f"model={model}", f"data={data}")
-    line = f"model={model} needs 28x28 inputs but data={data} has 32x32 images; allowed data for {model}: mnist, "
     for refuses in (check, lambda cfg: build_model(cfg.model, cfg.data.name)):
         with pytest.raises(ConfigError) as e:
             refuses(cfg)
-        assert str(e.value) == line + "fashion_mnist"
+        assert str(e.value).startswith(f"model={model} does not fit data={data} (3x32x32): ")
+        assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from psgd import process
 from psgd.cli import error_line, keeps_traceback, traceback_path
 from psgd.strategies.ddp import ReportsFirstFailure
 from psgd.strategies.lightning_internals import FirstFailureLauncher
-from psgd.strategies.workers import WorkerOutOfMemory, WorkerUnresponsive
+from psgd.strategies.workers import KilledWorker
 
 TIMED_OUT = (
     "RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 7000ms for recv operation to complete"
@@ -91,7 +91,7 @@ def test_an_errors_line_is_the_first_of_its_message_here_and_the_named_one_from_
 def test_a_peer_that_timed_out_waiting_names_the_worker_that_stopped_responding(tmp_path):
     fl = launcher(tmp_path, "failed", "killed", recorded={0: TIMED_OUT})
     verdict = fl._explain(raised(0, TIMED_OUT))
-    assert isinstance(verdict, WorkerUnresponsive) and verdict.error_index == 1
+    assert isinstance(verdict, KilledWorker) and verdict.error_index == 1
     assert verdict.error_pid == fl.procs[1].pid
     assert str(pickle.loads(pickle.dumps(verdict))) == str(verdict)  # as a sweep launcher returns it
     assert error_line(verdict, tmp_path / "run") == (
@@ -147,7 +147,7 @@ def test_a_worker_killed_while_the_kernels_oom_count_rose_is_named_as_out_of_mem
     oom_kills_now(tmp_path, monkeypatch, 42)  # the OOM killer acted during the run
     e = killed(1, fl.procs[1].pid) if first == "killed-first" else raised(0, LOST_PEER)
     verdict = fl._explain(e)
-    assert isinstance(verdict, WorkerOutOfMemory) and (verdict.error_index, verdict.error_pid) == (1, fl.procs[1].pid)
+    assert isinstance(verdict, KilledWorker) and (verdict.error_index, verdict.error_pid) == (1, fl.procs[1].pid)
     assert str(pickle.loads(pickle.dumps(verdict))) == str(verdict)  # as a sweep launcher returns it
     assert error_line(verdict, tmp_path / "run") == (
         "worker rank 1 was killed by the kernel's out-of-memory killer (SIGKILL; the kernel's OOM-kill count rose "
@@ -371,11 +371,11 @@ from psgd.strategies import ddp, workers
 atexit.register(lambda: print("group alive at the end:", dist.is_initialized(), flush=True))  # runs last
 for cls in (ddp.ReportsFirstFailure, ModelAveragingStrategy, HogwildStrategy):  # psgd's DDP, and the others
     atexit.unregister(workers._destroy_process_group)  # as in a process of its own
-    workers._exit_hook_registered = False
+    hooks = atexit._ncallbacks()
     strategy = cls(accelerator=CPUAccelerator(), parallel_devices=[torch.device("cpu")],
         cluster_environment=LightningEnvironment(), process_group_backend="gloo")
     strategy.setup_distributed()  # (the group is made once; the hook is registered by each)
-    print(cls.__name__, "group alive:", dist.is_initialized(), "exit hook:", workers._exit_hook_registered)
+    print(cls.__name__, "group alive:", dist.is_initialized(), "exit hook:", atexit._ncallbacks() == hooks + 1)
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

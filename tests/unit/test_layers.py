@@ -32,7 +32,6 @@ LAYERS = {
     "psgd.errors": 1,
     "psgd.forkserver": 1,
     "psgd.io": 1,
-    "psgd.memory": 1,
     "psgd.overrides": 1,
     "psgd.process": 1,
     "psgd.signals": 1,

@@ -116,7 +116,7 @@ def test_the_launcher_attributes_psgd_reads_and_sets_are_lightnings():
         assert made._strategy is strategy and made.procs == [], "_MultiProcessingLauncher._strategy, .procs"
         assert made._start_method == strategy._start_method, "_start_method"
         assert strategy._timeout.total_seconds() > 0, "DDPStrategy._timeout"
-    assert SharedMemoryLauncher(HogwildStrategy(), prepare=print)._start_method == "forkserver"
+    assert SharedMemoryLauncher(HogwildStrategy())._start_method == "forkserver"
 
 
 def test_the_training_loop_checks_sigterm_locally():

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from psgd import signals, torchrun
+from psgd.io import write_atomic
 
 
 def _sleep(seconds: float) -> None:
@@ -26,8 +27,10 @@ def _ignore_sigterm_and_sleep(seconds: float, ready) -> None:
     time.sleep(seconds)
 
 
-def _exit_with_whether_launched() -> None:
-    raise SystemExit(3 if signals.launched_worker() is not None else 4)
+def _exit_with_its_handler(launched: bool) -> None:
+    if launched:
+        signals.die_with_parent()  # as psgd's launcher has each worker do
+    raise SystemExit(3 if signals.handler_for_this_process() is signals.die else 4)
 
 
 def _start(target, *args) -> multiprocessing.Process:
@@ -261,13 +264,11 @@ def test_wind_down_kills_a_worker_that_does_not_stop():
 def test_only_workers_of_psgds_launcher_die_by_sigterm():
     # a process that merely runs under some multiprocessing pool (a sweep launcher's) keeps the
     # Ctrl-C handling: it is the launcher of its own run
-    assert signals.launched_worker() is None and signals.handler_for_this_process() is signals.interrupt
-    for launching, code in ((True, 3), (False, 4)):
-        with signals.launching() if launching else contextlib.nullcontext():
-            child = _start(_exit_with_whether_launched)
-            child.join(30)
+    assert signals.handler_for_this_process() is signals.interrupt
+    for launched, code in ((True, 3), (False, 4)):
+        child = _start(_exit_with_its_handler, launched)
+        child.join(30)
         assert child.exitcode == code
-    assert signals.LAUNCHER_ENV not in os.environ
 
 
 # A torchrun agent's stand-in: starts three workers as its children, with torchrun's variables (this
@@ -331,12 +332,11 @@ def test_a_torchrun_worker_waits_for_the_others_here_to_be_marked_and_no_longer(
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     folder, _ = torchrun._torchrun_marks()
-    folder.mkdir()
-    torchrun._write_mark(folder, 0, str(os.getpid()))
+    write_atomic(folder / "0", str(os.getpid()))
     start = time.monotonic()
     torchrun.wait_for_this_machines_workers(0.5)  # local rank 1 never marks itself
     assert 0.5 <= time.monotonic() - start < 5
-    late = threading.Timer(1.0, torchrun._write_mark, (folder, 1, "12345"))
+    late = threading.Timer(1.0, write_atomic, (folder / "1", "12345"))
     start = time.monotonic()
     late.start()
     torchrun.wait_for_this_machines_workers(30)
@@ -427,7 +427,7 @@ import os, signal, sys, time
 from psgd import signals
 signals.interrupt_on_sigterm()
 mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-with signals.held_until_released(signal.SIGINT, signal.SIGTERM):
+with signals.held(signal.SIGINT, signal.SIGTERM):
     try:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.2)
@@ -439,8 +439,11 @@ with signals.held_until_released(signal.SIGINT, signal.SIGTERM):
         print("raised at the release", signals.received, signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask)
     signals.release_held()  # a second release, and the block's end, leave the mask alone
     print("mask", signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask)
-with signals.held_until_released(signal.SIGINT):  # not released: the block's end restores the mask
-    print("held", signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+with signals.held(signal.SIGINT):  # not released: the block's end restores the mask
+    with signals.held(signal.SIGTERM):  # an inner block's end restores only its own
+        pass
+    now = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    print("held", signal.SIGINT in now and signal.SIGTERM not in now)
 print("after", signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask)
 """
 

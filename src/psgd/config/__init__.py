@@ -1,11 +1,11 @@
-"""psgd's configuration: the schema of every key (schema.py), the rules that join keys and the machine's
-checks (rules.py), the classes a config names (targets.py) and a command line's jobs judged before any
-starts (jobs.py). Needs no torch to import: the scripts check a command line before torch loads.
+"""psgd's configuration: the schema of every key (schema.py), the rules that join keys, the machine's checks
+and a command line's jobs judged before any starts (rules.py), the classes a config names (targets.py).
+Needs no torch to import: the scripts check a command line before torch loads.
 """
 
-from psgd.config.jobs import Jobs, sweep_values_problem, values_problem
 from psgd.config.rules import (
     GIVE,
+    Jobs,
     Plan,
     check,
     check_values,
@@ -15,8 +15,10 @@ from psgd.config.rules import (
     resolve_start_method,
     resolve_workers,
     schedule,
+    sweep_values_problem,
+    values_problem,
 )
-from psgd.config.schema import describe, duration_s
+from psgd.config.schema import describe
 from psgd.config.targets import build_model
 from psgd.errors import ConfigError, DirInUse
 
@@ -32,7 +34,6 @@ __all__ = [
     "checkpoint_file",
     "compile_mode",
     "describe",
-    "duration_s",
     "resolve_accelerator",
     "resolve_start_method",
     "resolve_workers",

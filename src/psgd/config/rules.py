@@ -1,24 +1,31 @@
 """The checks a key's own schema cannot make, each problem one ConfigError line: rules that join keys where a
-run would crash or hang (`check_values`: no torch, the scripts run it before it loads), and at the start of
-every job what depends on the machine: accelerator, launcher, the classes and checkpoints named (`check`).
+run would crash or hang (`check_values`: no torch, the scripts run it before it loads), at the start of every
+job what depends on the machine: accelerator, launcher, the classes and checkpoints named (`check`), and a
+command line's jobs judged before any starts (`values_problem`, `sweep_values_problem`).
 """
 
+import contextlib
+import io
 import math
 import os
+import shutil
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from psgd import forkserver
 from psgd.choices import INFO
 from psgd.config.schema import problem
 from psgd.config.targets import check_targets
+from psgd.console import in_the_job
 from psgd.environment import cpu_count
 from psgd.errors import ConfigError
+
+Jobs = list[tuple[list[str], DictConfig]]  # (overrides, config) of each job, as psgd.command_line composes them
 
 # what to give instead, said by a line for a ckpt_path or init_weights that names no checkpoint
 GIVE = {
@@ -180,8 +187,6 @@ def resolve_start_method(s: DictConfig, accelerator: str) -> str:
             f"strategy.start_method={method} is invalid on GPU: CUDA cannot be used in forked workers; "
             "use spawn, or null for the default"
         )
-    if method == "forkserver" and not forkserver.available():
-        raise ConfigError("strategy.start_method=forkserver is invalid on this platform (no fork servers); use spawn")
     return method
 
 
@@ -262,3 +267,38 @@ def check_gpu_count(workers: int, key: str) -> None:
             f"{key}={workers} is invalid on GPU: {gpus} CUDA device{'' if gpus == 1 else 's'} visible and each "
             f"worker needs its own; use {key}<={gpus}, or trainer.accelerator=cpu"
         )
+
+
+def values_problem(jobs: Jobs, name_the_job: bool) -> str | None:
+    """The line of the first job's value `check_values` refuses (a value means the same on any machine), or
+    None: the scripts' check before torch loads. `name_the_job`: add which job of a sweep it is."""
+    return _first_problem(jobs, check_values, name_the_job)
+
+
+def sweep_values_problem(jobs: Jobs) -> str | None:
+    """The line of the first job `check` refuses, as the job itself will, before the first one starts; or None.
+    Only where Hydra's launcher runs the jobs here: a job submitit runs on SLURM is checked there (on a machine
+    without srun, submitit would fail with a traceback). `jobs`: the first with Hydra's node."""
+    launcher = str(OmegaConf.select(jobs[0][1], "hydra.launcher._target_", default=""))
+    if launcher.endswith(".SlurmLauncher") and shutil.which("srun") is None:  # what submitit looks for
+        choice = OmegaConf.select(jobs[0][1], "hydra.runtime.choices", default={}).get("hydra/launcher")
+        return (
+            f"hydra/launcher={choice or 'submitit_slurm'} submits each job to SLURM, and this machine has no "
+            "srun on its PATH: run the sweep on a SLURM login node, or leave hydra/launcher out to run the "
+            "jobs here"
+        )
+    if not forkserver.runs_jobs_here(jobs[0][1]):
+        return None
+    return _first_problem(jobs, check, name_the_job=True)
+
+
+def _first_problem(jobs: Jobs, judge: Callable[[DictConfig], object], name_the_job: bool) -> str | None:
+    for job, cfg in jobs:
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # a warning: each job prints its own as it starts
+                judge(cfg)
+        except ConfigError as e:
+            return in_the_job(e, job, [j for j, _ in jobs]) if name_the_job else str(e)
+        except Exception:  # anything else: left to the job, which reports it as its failure
+            continue
+    return None

@@ -12,23 +12,20 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from omegaconf import DictConfig, OmegaConf
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from psgd.choices import AUGMENTATIONS, DECAYS, INFO, LR_SCALING, SCHEMES
-
-
-def duration_s(value: Any) -> float | None:
-    """Seconds in a duration as Lightning's Timer (trainer.max_time) takes it: "DD:HH:MM:SS" or a mapping of
-    timedelta's arguments; None for anything else."""
-    try:
-        if isinstance(value, str):
-            days, hours, minutes, seconds = map(int, value.split(":"))
-            return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds).total_seconds()
-        return timedelta(**value).total_seconds()
-    except (TypeError, ValueError, OverflowError):
-        return None
+from psgd.choices import DECAYS, INFO, LR_SCALING, SCHEMES
 
 
 def _a_duration(value: Any) -> Any:
-    if value is not None and not (duration_s(value) or 0) > 0:
+    """trainer.max_time as Lightning's Timer takes it: "DD:HH:MM:SS" or a mapping of timedelta's arguments."""
+    try:
+        if isinstance(value, str):
+            days, hours, minutes, seconds = map(int, value.split(":"))
+            length = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+        else:
+            length = timedelta(**value)
+    except (TypeError, ValueError, OverflowError):
+        length = timedelta(0)
+    if value is not None and length <= timedelta(0):
         raise ValueError("must be a duration longer than 0, as DD:HH:MM:SS (00:01:30:00) or {hours: 1, minutes: 30}")
     return value
 
@@ -52,7 +49,7 @@ class Data(Group):
     """partition=sizes: each worker's fraction, e.g. [0.7, 0.3]."""
     dirichlet_alpha: float | None = Field(gt=0)
     """partition=dirichlet: the label skew (smaller = more skewed), e.g. 0.5."""
-    augment: Literal[AUGMENTATIONS]
+    augment: Literal["none", "cifar", "pad_crop_flip"]  # psgd.data.augment.PRESETS
     """Augmentation of training batches (random per sample)."""
     val_split: float = Field(ge=0, lt=1)
     """0: validate on the test split; else the fraction of the training set held out for validation."""

@@ -1,16 +1,15 @@
-"""Every use psgd makes of Lightning's private API, each needed for a run's correctness: the training
-loop's per-step SIGTERM broadcast and Lightning's SIGTERM handler (both collectives that uneven shards
-deadlock in), and Lightning's multiprocessing launcher (naming the worker whose failure ended a run,
-starting workers from psgd's fork server, HogWild's model in shared memory).
-
-Each use names the Lightning source it depends on; tests/unit/test_lightning_internals.py checks each
-is still there as used, and pyproject.toml pins Lightning's minor release for them.
+"""Every use psgd makes of Lightning's private API, each needed for a run's correctness: the per-step SIGTERM
+broadcast and Lightning's SIGTERM notifier (collectives that uneven shards deadlock in), and Lightning's
+multiprocessing launcher (naming the worker whose failure ended a run, starting workers from psgd's fork
+server, HogWild's model in shared memory). Each use names its Lightning source; a test checks each is still
+there (tests/unit/test_lightning_internals.py), and pyproject.toml pins Lightning's minor release for them.
 """
 
 import contextlib
 import os
 import shutil
 import signal
+import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -27,19 +26,16 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 from typing_extensions import override
 
 from psgd import forkserver
-from psgd.process import oom_kills, oom_kills_since, prepare_worker, temp_folder_of_this_process
+from psgd.process import oom_kills, prepare_worker
 from psgd.signals import ctrl_c_out_of_threading, die_with_parent, hang_up_as_sigterm
 from psgd.strategies.workers import (
-    ForkServerDied,
-    defined_in_session,
+    REPORT_KEY,
+    KilledWorker,
     first_failure,
-    let_go_of_the_process_group,
     out_of_memory,
     refuse_a_run_while_a_worker_imports_the_script,
     session_refusal,
 )
-
-REPORT_KEY = "psgd_strategy_report"  # the strategy's `report`, among rank 0's extra results
 
 
 def without_per_step_collectives(trainer: L.Trainer) -> None:
@@ -69,12 +65,8 @@ def handle_sigterm_with(trainer: L.Trainer, handler: Callable[[int, Any], None])
 class FirstFailureLauncher(_MultiProcessingLauncher):
     """Lightning's spawn/fork/forkserver launcher (strategies/launchers/multiprocessing.py), reporting the
     worker whose failure ended the run (first_failure), a worker the OOM killer ended, and the death of
-    psgd's fork server.
-
-    With `forkserver` each worker is forked from psgd's fork server and gets what Lightning gives a
-    spawned worker: Lightning's global state (`_GlobalStateSnapshot`) and a private copy of the model
-    (`_disable_module_memory_sharing`; DDP workers would otherwise all step one set of weights).
-    """
+    psgd's fork server. A fork-server child gets what Lightning gives a spawned worker: its global state
+    (`_GlobalStateSnapshot`) and a private copy of the model (`_disable_module_memory_sharing`)."""
 
     _private_models = True  # forkserver: each worker gets its own copy of the model, as with spawn
     _oom_kills_at_launch: int | None = None
@@ -84,18 +76,16 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
     @property
     @override
     def is_interactive_compatible(self) -> bool:
-        """A notebook may launch: what of the session's own code the workers would need is refused first."""
-        return True
+        return True  # a notebook may launch: a class of the session's own is refused first (session_refusal)
 
     @override
     def launch(self, function: Callable, *args: Any, trainer: L.Trainer | None = None, **kwargs: Any) -> Any:
         refuse_a_run_while_a_worker_imports_the_script()
         for obj in (*args, *kwargs.values(), *getattr(trainer, "callbacks", [])):  # model, data, callbacks
-            name = defined_in_session(obj)
-            if name:
-                raise TypeError(session_refusal(obj, name))
+            if refusal := session_refusal(obj):
+                raise TypeError(refusal)
         # attributes set here are pickled into every worker
-        self._errors_dir = str(temp_folder_of_this_process("psgd-worker-errors-"))
+        self._errors_dir = tempfile.mkdtemp(prefix="psgd-worker-errors-")
         self._oom_kills_at_launch = oom_kills()
         if self._start_method == "forkserver":
             forkserver.start()  # unless the script started it already
@@ -130,7 +120,9 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
         except BaseException as e:
             if isinstance(e, Exception):  # its own error (Ctrl-C's KeyboardInterrupt is the user's)
                 (Path(self._errors_dir) / str(process_idx)).write_text(traceback.format_exc())
-            let_go_of_the_process_group(args[0] if args else None)
+            if args:  # tear the strategy down as a finished fit does (Lightning does so in the main process only),
+                with contextlib.suppress(Exception):  # so that the process group ends before interpreter shutdown
+                    args[0].strategy.teardown()
             raise
 
     @override
@@ -157,7 +149,12 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
                 for proc in self.procs:  # orphaned, they would train on
                     with contextlib.suppress(OSError):
                         os.kill(proc.pid, signal.SIGKILL)
-                return ForkServerDied(server, oom_kills_since(self._oom_kills_at_launch))
+                return KilledWorker(
+                    f"psgd's fork server (pid {server}), which started the workers, died (killed by a signal); "
+                    "they were stopped",
+                    0,
+                    server,
+                )
         if isinstance(e, ProcessRaisedException):
             timeout = getattr(self._strategy, "_timeout", None)  # DDPStrategy's process-group timeout
             e = first_failure(e, self.procs, self._errors_dir, timeout and timeout.total_seconds())
@@ -165,18 +162,18 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
 
 
 class SharedMemoryLauncher(FirstFailureLauncher):
-    """Starts workers with `forkserver`, without Lightning's cloning of module tensors, so that torch's
-    reducers hand CPU storage over as shared memory (HogWild). `prepare` runs before any worker exists."""
+    """Starts workers from psgd's fork server without Lightning's cloning of module tensors, so that torch's
+    reducers hand CPU storage over as shared memory (HogWild), once the strategy's `share()` has put what
+    the workers share there (in the launching process, before any worker exists)."""
 
     _private_models = False
 
-    def __init__(self, strategy: Any, prepare: Callable[[], None]):
+    def __init__(self, strategy: Any):
         super().__init__(strategy, start_method="forkserver")
-        self._prepare = prepare
 
     @override
     def launch(self, function: Callable, *args: Any, trainer: L.Trainer | None = None, **kwargs: Any) -> Any:
-        self._prepare()
+        self._strategy.share()
         return super().launch(function, *args, trainer=trainer, **kwargs)
 
 
@@ -193,8 +190,7 @@ class SharedMemoryLaunch:
     """DDPStrategy mixin: workers are started by SharedMemoryLauncher, after the strategy's `share()`."""
 
     def share(self) -> None:
-        """In the launching process, before any worker exists: put what the workers share in shared memory."""
         raise NotImplementedError
 
     def _configure_launcher(self) -> None:
-        self._launcher = SharedMemoryLauncher(self, prepare=self.share)
+        self._launcher = SharedMemoryLauncher(self)

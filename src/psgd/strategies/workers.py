@@ -2,18 +2,12 @@
 end of their process group, and each worker's own part of a checkpoint."""
 
 import atexit
-import contextlib
-import pickle
 import re
 import signal
 import sys
-import types
-from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pytorch_lightning as L
 import torch
 import torch.distributed as dist
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
@@ -39,61 +33,15 @@ def lost_a_peer(error: str) -> bool:
     return _last_line_says(error, PEER_LOST)
 
 
-def timed_out(error: str) -> bool:
-    """Whether a worker's error is a collective that waited past its timeout."""
-    return _last_line_says(error, TIMED_OUT)
-
-
 class KilledWorker(ProcessExitedException):
-    """A worker that died of SIGKILL, with why: its message is the run's verdict. Picklable (a sweep
-    launcher returns it from another process)."""
+    """A worker that died of SIGKILL (or the fork server that started it), its message the run's one line
+    naming it and why. Picklable (a sweep launcher returns it from another process)."""
 
-    def __init__(self, message: str, rank: int, pid: int, *args: Any):
-        self._args = (rank, pid, *args)
+    def __init__(self, message: str, rank: int, pid: int):
         super().__init__(message, error_index=rank, error_pid=pid, exit_code=-signal.SIGKILL, signal_name="SIGKILL")
 
     def __reduce__(self):
-        return type(self), self._args
-
-
-class WorkerUnresponsive(KilledWorker):
-    """A worker that stopped responding: a peer's collective timed out waiting for it, and it did not
-    exit on torch's SIGTERM either."""
-
-    def __init__(self, rank: int, pid: int, waiter: int, timeout_s: float | None):
-        waited = f"{timeout_s:g} s, strategy.timeout_s" if timeout_s is not None else "strategy.timeout_s"
-        message = (
-            f"worker rank {rank} stopped responding: worker rank {waiter} waited for it in a collective ({waited}) "
-            "and it did not exit on SIGTERM either (stopped, deadlocked or stuck in a system call)"
-        )
-        super().__init__(message, rank, pid, waiter, timeout_s)
-
-
-class WorkerOutOfMemory(KilledWorker):
-    """A worker that died of SIGKILL while the kernel's count of OOM kills rose."""
-
-    def __init__(self, rank: int, pid: int, kills: int):
-        message = (
-            f"worker rank {rank} was killed by the kernel's out-of-memory killer (SIGKILL; the kernel's OOM-kill "
-            f"count rose by {kills} during the run): each worker is a process with its own torch, data and buffers; "
-            "use fewer workers or a smaller data.batch_size"
-        )
-        super().__init__(message, rank, pid, kills)
-
-
-class ForkServerDied(KilledWorker):
-    """psgd's fork server, which started the workers, died while they ran (their exit codes read 255)."""
-
-    def __init__(self, server: int, kills: int | None):
-        why = (
-            f"killed by the kernel's out-of-memory killer (its OOM-kill count rose by {kills} during the run): "
-            "use fewer workers or a smaller data.batch_size"
-            if kills
-            else "killed by a signal"
-        )
-        message = f"psgd's fork server (pid {server}), which started the workers, died ({why}); they were stopped"
-        super().__init__(message, 0, server)
-        self._args = (server, kills)
+        return type(self), (self.msg, self.error_index, self.error_pid)
 
 
 def first_failure(e: ProcessRaisedException, procs: list, errors_dir: str, timeout_s: float | None) -> BaseException:
@@ -102,12 +50,19 @@ def first_failure(e: ProcessRaisedException, procs: list, errors_dir: str, timeo
     A worker that fails alone makes its peers' next collective fail with "connection closed by peer", and
     one of them may exit first. So where `e` is a lost peer, the error another worker recorded in
     `errors_dir` (a file per rank), or the signal that killed one, is returned instead; where `e` is a
-    collective's timeout, a worker that recorded nothing and had to be killed is WorkerUnresponsive."""
+    collective's timeout, a worker that recorded nothing and had to be killed is named as unresponsive."""
     recorded = {rank: Path(errors_dir) / str(rank) for rank in range(len(procs))}
-    if timed_out(str(e)):
+    if _last_line_says(str(e), TIMED_OUT):
+        waited = f"{timeout_s:g} s, strategy.timeout_s" if timeout_s is not None else "strategy.timeout_s"
         for rank, proc in enumerate(procs):
             if rank != e.error_index and proc.exitcode == -signal.SIGKILL and not recorded[rank].is_file():
-                return WorkerUnresponsive(rank, proc.pid, e.error_index, timeout_s)
+                return KilledWorker(
+                    f"worker rank {rank} stopped responding: worker rank {e.error_index} waited for it in a "
+                    f"collective ({waited}) and it did not exit on SIGTERM either (stopped, deadlocked or stuck in "
+                    "a system call)",
+                    rank,
+                    proc.pid,
+                )
         return e
     if not lost_a_peer(str(e)):
         return e
@@ -132,11 +87,20 @@ def first_failure(e: ProcessRaisedException, procs: list, errors_dir: str, timeo
 
 
 def out_of_memory(cause: BaseException, oom_kills_at_launch: int | None) -> BaseException:
-    """`cause`, or WorkerOutOfMemory where it is a SIGKILL and the OOM-kill count rose since the launch."""
+    """`cause`, or its worker named as the OOM killer's where it is a SIGKILL and the OOM-kill count rose
+    since the launch."""
     if type(cause) is not ProcessExitedException or cause.exit_code != -signal.SIGKILL:
         return cause
     rose = oom_kills_since(oom_kills_at_launch)
-    return WorkerOutOfMemory(cause.error_index, cause.error_pid, rose) if rose else cause
+    if not rose:
+        return cause
+    return KilledWorker(
+        f"worker rank {cause.error_index} was killed by the kernel's out-of-memory killer (SIGKILL; the kernel's "
+        f"OOM-kill count rose by {rose} during the run): each worker is a process with its own torch, data and "
+        "buffers; use fewer workers or a smaller data.batch_size",
+        cause.error_index,
+        cause.error_pid,
+    )
 
 
 def unused_parameters(exception: BaseException, module: torch.nn.Module | None) -> list[str] | None:
@@ -168,64 +132,17 @@ def refuse_a_run_while_a_worker_imports_the_script() -> None:
     raise SystemExit(2)
 
 
-class _InSession(Exception):
-    pass
-
-
-class _Nowhere:
-    """A file that keeps nothing written to it."""
-
-    def write(self, data: bytes) -> int:
-        return len(data)
-
-
-class _SessionFinder(ForkingPickler):
-    """Pickles as the launcher does, raising _InSession at the first class or function of `__main__`."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor | np.ndarray):
-            return tuple, ()  # skipped: torch's reducer would move it to shared memory
-        if isinstance(obj, type | types.FunctionType) and getattr(obj, "__module__", None) == "__main__":
-            raise _InSession(obj.__qualname__)
-        return NotImplemented
-
-
-def defined_in_session(*objects: Any) -> str | None:
-    """The name of a class or function that `objects` refer to and that an interactive session's
-    `__main__` defines (worker processes start without the session's code), else None."""
+def session_refusal(obj: Any, what: str | None = None) -> str | None:
+    """The line refusing `obj` (`what` names it; else its class) where its class is defined in an interactive
+    session's `__main__` (a notebook, Python's prompt): worker processes start without the session's code."""
     main = sys.modules.get("__main__")
-    if main is None or getattr(main, "__file__", None):
+    if type(obj).__module__ != "__main__" or main is None or getattr(main, "__file__", None):
         return None
-    try:
-        _SessionFinder(_Nowhere(), pickle.HIGHEST_PROTOCOL).dump(objects)
-    except _InSession as e:
-        return str(e)
-    except Exception:
-        return None
-    return None
-
-
-def session_refusal(obj: Any, name: str, what: str | None = None) -> str:
-    """The line for defined_in_session's finding `name` in `obj` (`what` names it; else its class)."""
-    what = what or type(obj).__name__
     return (
-        f"{what if name == type(obj).__qualname__ else f'{what} uses {name}, which'} is defined in this "
-        "interactive session (a notebook or Python's prompt), and each worker process starts without the "
-        "session's code: define it in a .py file beside the notebook and import it from there, or run one "
-        "worker in this process"
+        f"{what or type(obj).__name__} is defined in this interactive session (a notebook or Python's prompt), and "
+        "each worker process starts without the session's code: define it in a .py file beside the notebook and "
+        "import it from there, or run one worker in this process"
     )
-
-
-_exit_hook_registered = False
-
-
-def destroy_process_group_at_exit() -> None:
-    """Destroy this process's process group when Python exits, while the interpreter is still whole: a
-    gloo group left for finalization can abort the worker (pytorch/pytorch#190489)."""
-    global _exit_hook_registered
-    if not _exit_hook_registered:
-        atexit.register(_destroy_process_group)
-        _exit_hook_registered = True
 
 
 def _destroy_process_group() -> None:
@@ -234,19 +151,13 @@ def _destroy_process_group() -> None:
 
 
 class GroupEndsAtExit:
-    """DDPStrategy mixin: the process group is destroyed at this process's exit."""
+    """DDPStrategy mixin: the process group is destroyed when this process exits, while the interpreter is
+    still whole: a gloo group left for finalization can abort the worker (pytorch/pytorch#190489)."""
 
     def setup_distributed(self) -> None:
         super().setup_distributed()
-        destroy_process_group_at_exit()
-
-
-def let_go_of_the_process_group(trainer: L.Trainer | None) -> None:
-    """In a worker whose fit raised: tear the strategy down as a finished fit does (Lightning does so
-    only in the main process), so that the process group ends before interpreter finalization."""
-    if trainer is not None:
-        with contextlib.suppress(Exception):
-            trainer.strategy.teardown()
+        atexit.unregister(_destroy_process_group)  # registered once
+        atexit.register(_destroy_process_group)
 
 
 def sum_over_workers(values: list[float], device: torch.device) -> list[float]:
@@ -299,21 +210,13 @@ class PerWorkerCheckpoints:
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         """The checkpoint with this worker's own replica's keys; from the final (averaged) one every worker
-        starts on the average."""
+        starts on the average, also with another worker count (psgd.resume refuses one for the others)."""
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
         if REPORT_KEY in checkpoint:
             self.report = dict(checkpoint[REPORT_KEY])
-        replicas = checkpoint.get("replicas")
-        if not replicas:
+        replicas, averaged = checkpoint.get("replicas"), checkpoint.get("averaged")
+        if not replicas or (averaged and len(replicas) != self.world_size):
             return checkpoint
-        averaged = checkpoint.get("averaged")
-        if len(replicas) != self.world_size:
-            if averaged:
-                return checkpoint
-            raise RuntimeError(
-                f"checkpoint holds {len(replicas)} workers' state but this run has {self.world_size} workers; "
-                "resume with the same number of workers"
-            )
         own = replicas[self.global_rank]
         keys = [k for k in self.per_worker_keys if k in own and not (averaged and k in self.shared_when_averaged)]
         return {**checkpoint, **{k: own[k] for k in keys}}
