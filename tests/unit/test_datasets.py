@@ -237,53 +237,6 @@ def test_training_batches_are_each_sampler_batch_in_order(tmp_path):
     assert [i.tolist() for i in loader.seen] == [i.tolist() for i in want]  # what record_shards saves
 
 
-@pytest.mark.parametrize("device", ["cpu", "meta"])
-def test_the_training_loader_goes_on_from_its_place_inside_an_epoch(tmp_path, device):
-    """Lightning saves a loader's state_dict in checkpoints and gives it back on a resume inside an
-    epoch: the resumed loader hands out that epoch's remaining batches, in order, and every later epoch
-    whole. (meta stands in for a GPU.)"""
-    make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
-
-    def loader():
-        dm = _on(ClassificationData("mnist", str(tmp_path), batch_size=32, on_device=True), device)
-        dm.trainer.world_size, dm.trainer.global_rank = 1, 0
-        dm.setup("fit")
-        return dm.train_dataloader()
-
-    def values(batches):  # (meta tensors hold no values: their shapes, and the indices recorded, are compared)
-        return [(x.shape, x if device == "cpu" else None, y if device == "cpu" else None) for x, y in batches]
-
-    def same(a, b) -> bool:
-        return len(a) == len(b) and all(
-            sa == sb and (xa is None or (torch.equal(xa, xb) and torch.equal(ya, yb)))
-            for (sa, xa, ya), (sb, xb, yb) in zip(a, b)
-        )
-
-    first = loader()
-    first.sampler.set_epoch(1)
-    whole = values(first)
-    order = [i.tolist() for i in first.seen]
-    assert len(whole) == 7 and first.state_dict() == {"epoch": 1, "batches": 7}
-    taken = iter(first)
-    for _ in range(2):  # stopped after two batches
-        next(taken)
-    state = first.state_dict()
-    assert state == {"epoch": 1, "batches": 2}
-
-    resumed = loader()
-    resumed.load_state_dict(state)
-    batches = iter(resumed)  # (Lightning calls iter() before it sets the epoch)
-    resumed.sampler.set_epoch(1)
-    assert same(values(batches), whole[2:]) and [i.tolist() for i in resumed.seen] == order[2:]
-    assert resumed.state_dict() == {"epoch": 1, "batches": 7}
-    resumed.sampler.set_epoch(2)
-    assert len(list(resumed)) == 7  # the next epoch is whole
-    other = loader()
-    other.load_state_dict({"epoch": 0, "batches": 3})  # a place in another epoch than the one that starts
-    other.sampler.set_epoch(1)
-    assert same(values(other), whole) and [i.tolist() for i in other.seen] == order
-
-
 @pytest.mark.real_data
 @pytest.mark.skipif(not (SHARED_DATA / "MNIST").exists(), reason="../shared/data not present")
 @pytest.mark.parametrize("name,folder", [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])

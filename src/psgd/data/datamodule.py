@@ -67,8 +67,7 @@ def eval_batches(n: int, workers: int, rank: int, batch_size: int) -> list[Tenso
 
 class TensorLoader:
     """Batches made by indexing in-memory uint8 tensors: the images as floats in [0, 1], augmented, then
-    normalised per channel, with their labels. Keeps its place inside an epoch through Lightning's
-    state_dict / load_state_dict (a resumed run goes on with the epoch's next batch)."""
+    normalised per channel, with their labels. A run resumes at a whole epoch, so it keeps no place."""
 
     batch_sampler = None  # Lightning inspects DataLoader-like attributes; the sampler yields whole batches
 
@@ -86,37 +85,19 @@ class TensorLoader:
         self.std = torch.tensor(info.std, device=images.device).view(1, -1, 1, 1)
         self.augment, self.channels_last = augment, channels_last
         self.seen: list[Tensor] = []  # the index batches handed out this epoch (record_shards saves them)
-        # this epoch's batches handed out so far: the ones trained (Lightning fetches a sized loader's
-        # batches one at a time, none ahead)
-        self.handed_out = 0
-        self._resume_at: dict[str, int] | None = None  # a state_dict: where the next epoch's iteration starts
 
     def __len__(self) -> int:
         return len(self.sampler)
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.sampler.epoch, "batches": self.handed_out}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Lightning calls it when a run resumes inside an epoch: that epoch's first `batches` are skipped
-        (Lightning counts them done, whatever the epoch's length now)."""
-        self._resume_at = dict(state)
-
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        skip = 0
-        if self._resume_at is not None:  # read here: Lightning sets the sampler's epoch after load_state_dict
-            if int(self._resume_at["epoch"]) == self.sampler.epoch:
-                skip = int(self._resume_at["batches"])
-            self._resume_at = None
-        self.seen, self.handed_out = [], skip
-        host = list(self.sampler)[skip:]  # the epoch's order is fixed when it starts
+        self.seen = []
+        host = list(self.sampler)  # the epoch's order is fixed when it starts
         if not host:
             return
         # the index batches go where the data is kept in one transfer (on_device: one copy, not one per step)
         placed = torch.cat(host).to(self.images.device, non_blocking=True).split([len(i) for i in host])
         for idx, on_device in zip(host, placed):
             self.seen.append(idx)
-            self.handed_out += 1
             yield self.batch(on_device)
 
     def batch(self, idx: Tensor) -> tuple[Tensor, Tensor]:
