@@ -198,7 +198,14 @@ class ClassificationData(L.LightningDataModule):
         Raises:
             DataError: a worker would get no training batch.
         """
-        sizes, counts = self.train_shards(workers)
+        labels = self._decoded[True][1]
+        if self.val_split > 0:
+            labels = labels[self._holdout(len(labels))[1]]
+        try:  # the shards as the workers will deal them, from the labels alone
+            sampler = self.train_sampler(workers, 0, labels)
+            sizes, counts = [len(s) for s in sampler.shards()], sampler.counts()
+        except ValueError as e:  # a partition that leaves a worker nothing (dirichlet)
+            raise DataError(f"data.partition={self.deal['scheme']}: {e}") from e
         empty = [r for r, c in enumerate(counts) if c == 0]
         if empty:
             shards = ", ".join(f"worker {r} ({sizes[r]} samples)" for r in empty)
@@ -212,18 +219,6 @@ class ClassificationData(L.LightningDataModule):
                 f"data.partition={self.deal['scheme']}, data.batch_size={self.batch_size} and "
                 f"data.drop_last={str(self.drop_last).lower()}: {fix}"
             )
-
-    def train_shards(self, workers: int) -> tuple[list[int], list[int]]:
-        """Each of `workers` workers' training samples and whole shard's batches per epoch, in rank order
-        (needs prepare_data; reads only the labels)."""
-        labels = self._decoded[True][1]
-        if self.val_split > 0:
-            labels = labels[self._holdout(len(labels))[1]]
-        try:
-            sampler = self.train_sampler(workers, 0, labels)
-            return [len(s) for s in sampler.shards()], sampler.counts()
-        except ValueError as e:  # a partition that leaves a worker nothing (dirichlet)
-            raise DataError(f"data.partition={self.deal['scheme']}: {e}") from e
 
     def check_test_limit(self, limit: float | int | None) -> None:
         """Refuse, before training, a trainer.limit_test_batches fraction that leaves the test no batch.
