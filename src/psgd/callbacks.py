@@ -76,12 +76,25 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class EpochEndCheckpoint(ModelCheckpoint):
-    """A ModelCheckpoint written at the end of whole training epochs only: a run cut inside an epoch
-    (trainer.max_steps, max_time, an early stop) resumes from its last whole epoch and trains the cut
-    epoch again from its start, exactly as the uninterrupted run did (WorkerSetup reseeds every epoch).
+    """checkpoints/last.ckpt, rewritten after every whole training epoch, so that a run that dies resumes from
+    its last finished epoch; with `keep_all` (checkpoint_every_epoch=true) also every epoch's epoch<N>.ckpt.
 
-    Without the "directory exists and is not empty" warning: checkpoints/ holds files at the start only
-    where a run goes on in its own dir (a continued sweep, a torchrun restart)."""
+    Only whole epochs are written: a run cut inside an epoch (trainer.max_steps, max_time, an early stop)
+    resumes from its last whole epoch and trains the cut epoch again from its start, exactly as the
+    uninterrupted run did (WorkerSetup reseeds every epoch). Without the "directory exists and is not empty"
+    warning: checkpoints/ holds files at the start only where a run goes on in its own dir (a continued
+    sweep, a torchrun restart), whose files it overwrites."""
+
+    def __init__(self, dirpath: str | Path, keep_all: bool = False) -> None:
+        # (Lightning's save_last writes last.ckpt only after a top-k save: with save_top_k=0, at the end alone)
+        files = dict(filename="epoch{epoch}", save_top_k=-1, save_last=True) if keep_all else dict(filename="last")
+        super().__init__(
+            dirpath=dirpath,
+            **files,
+            auto_insert_metric_name=False,
+            enable_version_counter=False,
+            save_on_train_epoch_end=True,
+        )
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -94,7 +107,11 @@ class EpochEndCheckpoint(ModelCheckpoint):
         if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
             super().on_train_epoch_end(trainer, pl_module)
         else:  # nor is it written again at the train's end (a strategy's final checkpoint)
-            self.best_model_path = ""
+            self.best_model_path = self.last_model_path = ""
+
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Nothing (Lightning's save_last writes last.ckpt at the end of a fit that wrote none, inside an epoch)."""
 
     @override
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
@@ -105,38 +122,15 @@ class EpochEndCheckpoint(ModelCheckpoint):
         epoch from the last batch's place (cf. Lightning issue #19617)."""
         fit = checkpoint["loops"]["fit_loop"]
         batches = fit["epoch_loop.batch_progress"]
-        if batches["is_last_batch"]:  # (once per checkpoint: every checkpoint callback is called)
+        if batches["is_last_batch"]:
             for count in fit["epoch_progress"].values():
                 count["completed"] = count["processed"]
             batches["current"] = dict.fromkeys(batches["current"], 0)
             batches["is_last_batch"] = False
 
-
-class EpochCheckpoints(EpochEndCheckpoint):
-    """checkpoints/epoch<N>.ckpt after every epoch, all kept (checkpoint_every_epoch=true)."""
-
-    def __init__(self, dirpath: str | Path) -> None:
-        super().__init__(
-            dirpath=dirpath,
-            filename="epoch{epoch}",
-            auto_insert_metric_name=False,
-            save_top_k=-1,
-            save_on_train_epoch_end=True,
-        )
-
-
-class LatestCheckpoint(EpochEndCheckpoint):
-    """`checkpoints/last.ckpt`, rewritten after every epoch, so that a run that dies resumes from its last
-    finished epoch (Lightning's `save_last=True` with `save_top_k=0` writes it only when training ends)."""
-
-    def __init__(self, dirpath: str | Path) -> None:
-        super().__init__(
-            dirpath=dirpath, filename="last", save_top_k=1, enable_version_counter=False, save_on_train_epoch_end=True
-        )
-
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """A resume into another run dir starts this dir's checkpoint afresh (Lightning would warn that the
+        """A resume into another run dir starts this dir's checkpoints afresh (Lightning would warn that the
         old dir's top-k bookkeeping is not restored: there is none)."""
         if state_dict.get("dirpath", self.dirpath) == self.dirpath:
             super().load_state_dict(state_dict)
@@ -174,16 +168,11 @@ def reached(accuracy: float | None, target: float | None) -> bool:
     return accuracy is not None and target is not None and accuracy >= target
 
 
-def update_streak(streak: int, accuracy: float | None, target: float) -> int:
-    """The workshop's early-stop rule: count consecutive epochs with accuracy >= target."""
-    return streak + 1 if reached(accuracy, target) else 0
-
-
 class TargetAccuracyStop(Callback):
-    """Stop once val/acc >= `target_acc` for `patience` consecutive epochs; val/acc is reduced over the
-    workers, so every worker takes the same decision."""
+    """Stop once val/acc >= `target_acc` for `patience` consecutive epochs (None: never); val/acc is reduced
+    over the workers, so every worker takes the same decision."""
 
-    def __init__(self, target_acc: float, patience: int = 1):
+    def __init__(self, target_acc: float | None, patience: int = 1):
         self.target_acc, self.patience = target_acc, patience
         self.streak = 0
         self.stopped_epoch: int | None = None
@@ -192,7 +181,7 @@ class TargetAccuracyStop(Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
-        self.streak = update_streak(self.streak, _get(trainer.callback_metrics, "val/acc"), self.target_acc)
+        self.streak = self.streak + 1 if reached(_get(trainer.callback_metrics, "val/acc"), self.target_acc) else 0
         if self.streak >= self.patience:
             trainer.should_stop = True
             self.stopped_epoch = trainer.current_epoch

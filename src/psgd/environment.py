@@ -6,7 +6,6 @@ import `cpu_count` before torch is loaded, so this module must not load it.
 
 import os
 import platform
-import re
 from contextlib import suppress
 
 from psgd import __version__
@@ -35,12 +34,6 @@ def device_description(accelerator: str) -> str:
     if accelerator == "gpu" and torch.cuda.is_available():
         return f"cuda: {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
     return f"cpu: {_cpu_name()} ({cpu_count()} cores)"
-
-
-def cores_of(device: str | None) -> tuple[str, int] | None:
-    """The CPU's name and core count in a device_description, or None for a GPU (or no description)."""
-    match = re.fullmatch(r"cpu: (.*) \((\d+) cores\)", device or "")
-    return (match[1], int(match[2])) if match else None
 
 
 def versions() -> dict[str, str]:

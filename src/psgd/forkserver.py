@@ -7,14 +7,11 @@ them). The scripts start it early, before they import torch themselves, so this 
 import multiprocessing
 import os
 import signal
-import time
 from collections.abc import Iterable
 from contextlib import suppress
 from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
-
-from psgd.process import proc_stat
 
 # what every worker needs, imported once in the server before it forks any worker; last, the server's quick exit
 PRELOAD = ("torch", "pytorch_lightning", "psgd.run", "psgd._in_forkserver")
@@ -75,20 +72,6 @@ def start_early(jobs: Iterable[tuple[list[str], Any]]) -> None:
     with suppress(Exception):
         if jobs and available() and runs_jobs_here(jobs[0][1]) and any(will_use_server(cfg) for _, cfg in jobs):
             start()
-
-
-def server_died(wait_s: float = 2.0) -> int | None:
-    """The pid of the fork server this process started, where it has died (the OOM killer, a kill), else
-    None. A dying process closes its files a moment before it is a zombie: that is waited for, up to `wait_s`."""
-    server = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    if server is None:
-        return None
-    deadline = time.monotonic() + wait_s
-    while proc_stat(server)[:1] not in ([], ["Z"], ["X"]):
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.02)
-    return server
 
 
 def launcher_state() -> dict[str, Any]:

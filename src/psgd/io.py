@@ -9,7 +9,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from io import BytesIO, StringIO
+from io import BytesIO
 from pathlib import Path
 from typing import IO, Any
 
@@ -41,9 +41,8 @@ def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # 0o666 less the umask, as open() gives
     try:
-        with os.fdopen(fd, mode) as f:
+        with open(tmp, mode.replace("w", "x")) as f:  # a new file, as `mode` would open it
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -85,11 +84,8 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def write_csv(path: str | os.PathLike, header: list[str], rows: list[list[Any]]) -> None:
-    text = StringIO()
-    writer = csv.writer(text)
-    writer.writerow(header)
-    writer.writerows(rows)
-    write_atomic(path, text.getvalue())
+    with atomic_file(path) as f:
+        csv.writer(f).writerows([header, *rows])
 
 
 def read_json(path: str | os.PathLike) -> Any:

@@ -52,9 +52,7 @@ class Classifier(L.LightningModule):
         channels_last: bool = False,
         per_worker_metrics: bool = False,
         input_shape: tuple[int, int, int] | None = None,
-        dataset: str | None = None,
-        holdout: list | None = None,
-        shards: list | None = None,
+        samples: list[str] | None = None,  # resume.sample_settings: a resume on other samples is refused
         num_nodes: int = 1,  # kept in checkpoints: a resume under a warm-up from 1/workers compares all workers
         optimizer_lr: float | None = None,  # the optimizer.lr lr_scaling made `lr` (the one to lower on divergence)
         lr_by_workers: bool = False,  # lr_scaling scaled it by the workers (lr_reference_batch=null)
@@ -110,14 +108,10 @@ class Classifier(L.LightningModule):
         self.count_train(out.detach(), y, loss.detach(), batch_idx)
         return loss
 
-    # train/loss_step and train/acc_step are logged every `count_every` batches (and at the epoch's end);
-    # None: the trainer's log_every_n_steps
-    count_every: int | None = None
-    _count_every = 32  # count_every as resolved at the start of fit
-
     def count_train(self, out: Tensor, y: Tensor, loss: Tensor, batch_idx: int) -> None:
         """Add a training batch to the epoch's [correct, loss sum] and sample count, on the device (no
-        sync per step); every `count_every` batches, log the batches' mean since the last log (rank 0)."""
+        sync per step); every trainer.log_every_n_steps batches, log the batches' mean since the last log
+        as train/loss_step and train/acc_step (rank 0)."""
         if self._train_counts is None or batch_idx == 0:
             zero = torch.zeros(2, dtype=torch.float64, device=out.device)
             self._train_counts, self._step_counts = [zero, 0], [zero.clone(), 0]
@@ -125,7 +119,7 @@ class Classifier(L.LightningModule):
         for counts in (self._train_counts, self._step_counts):
             counts[0] = counts[0] + sums
             counts[1] += len(y)
-        if (batch_idx + 1) % self._count_every == 0:
+        if (batch_idx + 1) % max(1, self.trainer.log_every_n_steps) == 0:
             self._log_step_counts(self.trainer.global_step)
 
     def _log_step_counts(self, step: int) -> None:
@@ -181,11 +175,8 @@ class Classifier(L.LightningModule):
         mine = torch.stack([self.worker_val_acc.compute(), self.worker_val_loss.compute()]).to(torch.float64)
         self.worker_val_acc.reset()
         self.worker_val_loss.reset()
-        everyone = [mine]  # one row per worker, the same on every worker
-        if dist.is_available() and dist.is_initialized():
-            everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-            dist.all_gather(everyone, mine)
-        for rank, (acc, loss) in enumerate(t.tolist() for t in everyone):
+        everyone = self.all_gather(mine).reshape(-1, 2)  # one row per worker, the same on every worker
+        for rank, (acc, loss) in enumerate(everyone.tolist()):
             self.log(f"worker/{rank}/val_acc", acc, on_epoch=True, sync_dist=True)
             self.log(f"worker/{rank}/val_loss", loss, on_epoch=True, sync_dist=True)
 
@@ -223,7 +214,6 @@ class Classifier(L.LightningModule):
 
     @override
     def on_fit_start(self) -> None:
-        self._count_every = max(1, self.count_every or self.trainer.log_every_n_steps)
         # compiled in place (state_dict keys unchanged) in the worker that trains it, after Lightning's
         # model summary ran its example input
         mode = self.hparams.get("compile")
@@ -277,7 +267,6 @@ class Classifier(L.LightningModule):
         self._resumed_steps_per_epoch = checkpoint.get(STEPS_PER_EPOCH_KEY)
         self._check_resumed_steps()
         self._update_as_configured(checkpoint)
-        self._drop_states_of_callbacks_not_set(checkpoint)
 
     def _update_as_configured(self, checkpoint: dict[str, Any]) -> None:
         """Give the checkpoint's param groups this run's STEP_IMPLEMENTATION settings (e.g. optimizer.fused)
@@ -286,18 +275,6 @@ class Classifier(L.LightningModule):
         for state in checkpoint.get("optimizer_states") or []:
             for saved, group in zip(state.get("param_groups") or [], fresh):
                 saved.update({k: group[k] for k in STEP_IMPLEMENTATION if k in group})
-
-    def _drop_states_of_callbacks_not_set(self, checkpoint: dict[str, Any]) -> None:
-        """Drop the state of a callback this run's settings leave out (checkpoint_every_epoch,
-        early_stop.target_acc): Lightning would tell the user to add the callback back."""
-        try:
-            present = {cb.state_key for cb in self.trainer.callbacks}
-        except RuntimeError:  # not attached to a Trainer (load_from_checkpoint): no callbacks are restored
-            return
-        states = checkpoint.get("callbacks") or {}
-        for key in [k for k in states if k.startswith("EpochCheckpoints{") or k == "TargetAccuracyStop"]:
-            if key not in present:
-                del states[key]
 
     def _check_resumed_steps(self) -> None:
         """Refuse a resume whose per-step schedule would count other steps per epoch than the checkpoint's.

@@ -8,6 +8,7 @@ samples still compare the same work.
 """
 
 import argparse
+import contextlib
 import math
 import shlex
 import statistics
@@ -19,7 +20,7 @@ from typing import Any
 
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from psgd.advice import hogwild_workers, learned_nothing, learned_nothing_line, worst_class
 from psgd.io import atomic_file, failed_write, read_json, write_atomic, write_csv
@@ -28,50 +29,21 @@ from psgd.process import still_running
 
 # the keys a group's jobs may differ in: the worker count P, the seed (and the strategy, the group's name)
 NOT_GROUPED_BY = ("workers", "trainer.devices", "seed", "strategy")
-# plot name -> (its y label; the summary columns it draws against the workers, with what each adds to a
-# line's label; the ideal at P, if any)
+# plot name -> (y label; the summary columns it draws, each with what it adds to a line's label; the ideal at P)
 PLOTS = {
     "speedup": ("S(P) = T(1) / T(P)", {"speedup": "", "speedup_to_target": " (to target)"}, float),
     "efficiency": ("E(P) = S(P) / P", {"efficiency": "", "efficiency_to_target": " (to target)"}, lambda p: 1.0),
     "accuracy": ("test accuracy", {"test_acc_mean": "", "worker_acc_mean": " (replicas' mean)"}, None),
 }
-# report.csv columns that report.md's jobs table leaves out (it also leaves out any column no job has a value in)
-NOT_IN_MARKDOWN = ("error", "dir")
-# ... and columns it shows only where the jobs' values differ
-WHERE_THEY_DIFFER = ("threads_per_worker", "lr", "stopped_by")
 
-
-@dataclass
-class Job:
-    """One job dir of a sweep, as found on disk."""
-
-    num: int
-    path: Path
-    overrides: dict[str, str]
-    status: str
-    error: str | None
-    strategy: str
-    workers: int
-    metrics: dict[str, Any]
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "completed"
-
-    def get(self, key: str) -> Any:
-        return self.metrics.get(key)
-
-    @property
-    def samples(self) -> int | None:
-        """Training samples of the whole run, all workers together, or None for a record without them."""
-        counts = [h.get("samples") if isinstance(h, dict) else None for h in self.get("history") or []]
-        return sum(counts) if counts and all(isinstance(n, int) and n > 0 for n in counts) else None
+Job = dict[str, Any]  # a job's metrics.json record with what load_job reads besides
 
 
 @dataclass
 class Report:
     """What write_report read and wrote."""
 
+    sweep_dir: Path
     jobs: list[Job]
     swept: list[str]
     rows: list[dict[str, Any]]
@@ -79,57 +51,56 @@ class Report:
     plots: list[Path]
     notes: list[str]
     not_started: int  # the sweep's jobs without a dir: it stopped before them (or is still going)
+    command: str | None  # the command that continues the sweep, where its multirun.yaml can be read
 
     @property
     def failed(self) -> list[Job]:
         """Every job that did not complete: failed or interrupted (not one still running)."""
-        return [j for j in self.jobs if j.status not in ("completed", "running")]
+        return [j for j in self.jobs if j["status"] not in ("completed", "running")]
 
     @property
-    def running(self) -> list[Job]:
-        return [j for j in self.jobs if j.status == "running"]
+    def running(self) -> bool:
+        return any(j["status"] == "running" for j in self.jobs)
+
+    @property
+    def rerun(self) -> str | None:
+        """The command that runs the failed, interrupted and not started jobs; None where every job
+        completed or one still runs."""
+        return None if self.running or not (self.failed or self.not_started) else self.command
 
 
 # ---- reading the sweep dir ----
 
 
 def load_job(path: Path) -> Job:
-    """The job in `path` (its .hydra/ and, once it trained or failed, its metrics.json). A record or config
-    that cannot be read makes a failed job that says so."""
+    """The job in `path`: its metrics.json record ({} before it trained or failed) with its `num` and
+    `overrides` (as typed) from .hydra/, `path`, `status` and `error` (a job whose process ended without a final
+    status failed), `strategy`, `workers` and `samples`. Files that cannot be read make a failed job that says so."""
+    hydra, cfg = OmegaConf.create(), OmegaConf.create()
     try:
-        texts = [as_typed(str(text)) for text in OmegaConf.load(path / ".hydra" / "overrides.yaml")]
+        hydra = OmegaConf.load(path / ".hydra" / "hydra.yaml").hydra
         cfg = OmegaConf.load(path / ".hydra" / "config.yaml")
-        metrics = read_json(path / "metrics.json") if (path / "metrics.json").exists() else {}
-        if not isinstance(metrics, dict):
-            raise ValueError(f"metrics.json holds a JSON {type(metrics).__name__}, not a record")
-        status, error = metrics.get("status", "not finished"), metrics.get("error")
+        record = read_json(path / "metrics.json") if (path / "metrics.json").exists() else {}
+        if not isinstance(record, dict):
+            raise ValueError(f"metrics.json holds a JSON {type(record).__name__}, not a record")
     except Exception as e:
-        texts, cfg, metrics = [], OmegaConf.create(), {}
-        status, error = "failed", f"{path} is unreadable ({type(e).__name__}: {str(e).splitlines()[0]})"
-    if still_running(metrics):
+        record = {"status": "failed", "error": f"{path} is unreadable ({type(e).__name__}: {str(e).splitlines()[0]})"}
+    status, error = record.get("status", "not finished"), record.get("error")
+    if still_running(record):
         status = "running"
     elif status in ("running", "trained"):  # its process ended without writing the final status
         status, error = "failed", error or f"ended with status {status!r} (killed?)"
-    return Job(
-        num=_job_num(path),
-        path=path,
-        overrides={override_key(text): text.partition("=")[2] for text in texts},
-        status=status,
-        error=error,
-        strategy=metrics.get("strategy") or str(OmegaConf.select(cfg, "strategy.name", default="?")),
-        workers=int(metrics.get("world_size") or OmegaConf.select(cfg, "workers", default=0) or 0),
-        metrics=metrics,
-    )
-
-
-def _job_num(path: Path) -> int:
-    """The job's number in its sweep: its dir's name (Hydra's <n>/), else what Hydra recorded; -1 if unknown."""
-    if path.name.isdigit():
-        return int(path.name)
-    try:
-        return int(OmegaConf.load(path / ".hydra" / "hydra.yaml").hydra.job.num)
-    except Exception:
-        return -1
+    texts = [as_typed(str(text)) for text in OmegaConf.select(hydra, "overrides.task", default=[])]
+    return record | {
+        "num": OmegaConf.select(hydra, "job.num", default=-1),
+        "path": path,
+        "overrides": {override_key(text): text.partition("=")[2] for text in texts},
+        "status": status,
+        "error": error,
+        "strategy": record.get("strategy") or str(OmegaConf.select(cfg, "strategy.name", default="?")),
+        "workers": int(record.get("world_size") or OmegaConf.select(cfg, "workers", default=0) or 0),
+        "samples": sum(h.get("samples", 0) for h in record.get("history") or []) or None,
+    }
 
 
 def load_jobs(sweep_dir: Path) -> list[Job]:
@@ -137,24 +108,47 @@ def load_jobs(sweep_dir: Path) -> list[Job]:
     folders at any depth that a changed hydra.sweep.subdir named (`workers=2,seed=0/`)."""
     pattern = "**/.hydra/config.yaml" if (sweep_dir / "multirun.yaml").is_file() else "*/.hydra/config.yaml"
     found = sorted(f.parent.parent for f in sweep_dir.glob(pattern) if f.parent.parent != sweep_dir)
-    return sorted(map(load_job, found), key=lambda j: (j.num < 0, j.num, str(j.path)))
+    return sorted(map(load_job, found), key=lambda j: (j["num"] < 0, j["num"], str(j["path"])))
 
 
 def swept_keys(jobs: list[Job]) -> list[str]:
     """Override keys that take more than one value across the jobs, in command-line order."""
-    keys = list(dict.fromkeys(k for job in jobs for k in job.overrides))
-    return [k for k in keys if len({j.overrides.get(k) for j in jobs}) > 1]
+    keys = list(dict.fromkeys(k for job in jobs for k in job["overrides"]))
+    return [k for k in keys if len({j["overrides"].get(k) for j in jobs}) > 1]
 
 
 def group_key(job: Job, swept: list[str]) -> tuple[str, ...]:
     """Jobs that differ only in workers and seed form one speedup curve."""
-    return (job.strategy, *(f"{k}={job.overrides.get(k)}" for k in swept if k not in NOT_GROUPED_BY))
+    return (job["strategy"], *(f"{k}={job['overrides'].get(k)}" for k in swept if k not in NOT_GROUPED_BY))
+
+
+def sweep_lengths(hydra: DictConfig) -> dict[str, int]:
+    """How many values each key takes in a sweep by Hydra's basic sweeper (its jobs are their product), from
+    the sweep's Hydra config: its task overrides over its `sweeper.params`, key by key, as the sweeper does.
+    A glob() over a config group's choices is counted where Hydra is initialized (its loader lists them)."""
+    params = OmegaConf.select(hydra, "sweeper.params") or {}
+    texts = [f"{k}={v}" for k, v in params.items()] + [str(o) for o in hydra.overrides.task]
+    loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() else None
+    lengths: dict[str, int] = {}
+    for o in OverridesParser.create(config_loader=loader).parse_overrides(texts):
+        values = len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
+        lengths[override_key(o.get_key_element())] = values  # `+data.seed=1,2` sweeps data.seed
+    return lengths
+
+
+def continue_command(hydra: DictConfig, sweep_dir: Path) -> str:
+    """The command that continues the sweep in `sweep_dir` (its completed jobs kept, the others run): the
+    overrides its Hydra config `hydra` recorded, Hydra's own but the mode and the sweep dir."""
+    recorded = [*map(str, hydra.overrides.task), *map(str, hydra.overrides.get("hydra", []))]
+    words = [o for o in recorded if override_key(o) not in ("continue_sweep", "hydra.mode", "hydra.sweep.dir")]
+    words.append(shell_override("continue_sweep", sweep_dir))
+    return "python sweep.py -m " + " ".join(shlex.quote(w) for w in words)
 
 
 # ---- the tables ----
 
 
-def sync_share(job: "Job | dict") -> float | None:
+def sync_share(job: Job) -> float | None:
     """The share of a job's training time its workers synchronised: DDP's wait for the gradient all-reduce,
     periodic model averaging's time averaging, or locked HogWild's wait for the lock; None for none."""
     shares = (job.get("allreduce_wait_share"), job.get("averaging_share"), job.get("lock_wait_share"))
@@ -175,54 +169,46 @@ def _r(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def speedup_columns(p: int, speedup: float | None, speedup_to_target: float | None) -> dict[str, float | None]:
-    """S(P) and E(P) = S(P)/P, for the whole training and for the time to the target accuracy."""
-    return {
-        "speedup": _r(speedup, 3),
-        "efficiency": _r(_ratio(speedup, p), 3),
-        "speedup_to_target": _r(speedup_to_target, 3),
-        "efficiency_to_target": _r(_ratio(speedup_to_target, p), 3),
-    }
+def _time_per_sample(job: Job) -> float | None:
+    return _ratio(job.get("train_time_s"), job["samples"])
+
+
+def speedup_columns(ones: list[Job], jobs: list[Job], p: int) -> dict[str, float | None]:
+    """S(P) and E(P) of `jobs`, a group's completed jobs at P workers, against `ones`, its 1-worker jobs (each T
+    the mean over them): for the whole training and for the time to the target accuracy."""
+    columns = {}
+    for name, time in (("", _time_per_sample), ("_to_target", lambda j: j.get("time_to_target_s"))):
+        speedup = _ratio(_mean([time(j) for j in ones]), _mean([time(j) for j in jobs]))
+        columns |= {f"speedup{name}": _r(speedup, 3), f"efficiency{name}": _r(_ratio(speedup, p), 3)}
+    return columns
 
 
 def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict]]:
     """The rows of report.csv (one per job) and of summary.csv (one per group and worker count)."""
-    by_group: dict[tuple, dict[int, list[Job]]] = defaultdict(lambda: defaultdict(list))  # completed, by P
+    groups: dict[tuple, dict[int, list[Job]]] = defaultdict(lambda: defaultdict(list))  # completed, by P
     for job in jobs:
-        if job.ok:
-            by_group[group_key(job, swept)][job.workers].append(job)
-    # T per sample where every completed job of the group says its samples, so that unequal work compares
-    per_sample = {g: all(j.samples for js in per_p.values() for j in js) for g, per_p in by_group.items()}
-
-    def work_time(job: Job) -> float | None:
-        t = job.get("train_time_s")
-        return t / job.samples if t is not None and per_sample[group_key(job, swept)] else t
-
-    def t1(group: tuple, time) -> float | None:  # the mean over the group's 1-worker jobs
-        return _mean([time(j) for j in by_group[group].get(1, [])])
-
-    def to_target(job: Job) -> float | None:
-        return job.get("time_to_target_s")
+        if job["status"] == "completed":
+            groups[group_key(job, swept)][job["workers"]].append(job)
 
     rows = []
     for job in jobs:
-        g = group_key(job, swept)
         worker_acc = job.get("worker_test_acc")
         # label-skewed shards: the class a test_acc can hide
         skewed = job.get("partition") not in (None, "iid")
         worst = worst_class(job.get("test_acc_per_class"), job.get("test_classes")) if skewed else None
+        completed = [job] if job["status"] == "completed" else []
         rows.append(
             {
-                "job": job.num,
-                **{k: job.overrides.get(k) for k in swept if k not in ("workers", "strategy")},
-                "status": job.status,
-                "strategy": job.strategy,
-                "workers": job.workers,
+                "job": job["num"],
+                **{k: job["overrides"].get(k) for k in swept if k not in ("workers", "strategy")},
+                "status": job["status"],
+                "strategy": job["strategy"],
+                "workers": job["workers"],
                 "threads_per_worker": job.get("threads_per_worker"),
                 "lr": job.get("lr"),  # after lr_scaling
                 "epochs": job.get("epochs"),
                 "stopped_by": job.get("stopped_by"),
-                "samples": job.samples,
+                "samples": job["samples"],
                 "train_time_s": _r(job.get("train_time_s"), 2),
                 "samples_per_s": job.get("samples_per_s"),
                 "test_acc": job.get("test_acc"),
@@ -234,22 +220,18 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                 "sync_share": sync_share(job),
                 "worst_class_acc": worst and worst[1],
                 "worst_class": worst and worst[0],
-                "time_to_target_s": _r(to_target(job), 2),
-                **speedup_columns(
-                    job.workers,
-                    _ratio(t1(g, work_time), work_time(job)) if job.ok else None,
-                    _ratio(t1(g, to_target), to_target(job)) if job.ok else None,
-                ),
-                "error": job.error,
-                "dir": job.path.name,
+                "time_to_target_s": _r(job.get("time_to_target_s"), 2),
+                **speedup_columns(groups[group_key(job, swept)].get(1, []), completed, job["workers"]),
+                "error": job["error"],
+                "dir": job["path"].name,
             }
         )
 
     summary = []
-    for g, per_p in by_group.items():
+    for g, per_p in groups.items():
         for p, group in sorted(per_p.items()):
             times, accs = [j.get("train_time_s") for j in group], [j.get("test_acc") for j in group]
-            reached = [t for j in group if (t := to_target(j)) is not None]
+            reached = [t for j in group if (t := j.get("time_to_target_s")) is not None]
             targeted = any(j.get("target_acc") is not None for j in group)
             summary.append(
                 {
@@ -266,11 +248,7 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                     "samples_per_s_mean": _r(_mean([j.get("samples_per_s") or 0.0 for j in group]), 1),
                     "reached_target": f"{len(reached)}/{len(group)}" if targeted else None,
                     "time_to_target_s_mean": _r(_mean(reached), 2),
-                    **speedup_columns(
-                        p,
-                        _ratio(t1(g, work_time), _mean([work_time(j) for j in group])),
-                        _ratio(t1(g, to_target), _mean(reached)),
-                    ),
+                    **speedup_columns(per_p.get(1, []), group, p),
                 }
             )
     return rows, summary
@@ -281,35 +259,36 @@ def learned_nothing_note(jobs: list[Job]) -> list[str]:
     if not (stuck := [j for j in jobs if learned_nothing(j)]):
         return []
     accs = ", ".join(f"{j.get('test_acc'):.4f}" for j in stuck)
-    hogwild = "P" if all(hogwild_workers(j.strategy, j.workers) for j in stuck) else None
-    nums = ", ".join(str(j.num) for j in stuck)
+    hogwild = "P" if all(hogwild_workers(j["strategy"], j["workers"]) for j in stuck) else None
+    nums = ", ".join(str(j["num"]) for j in stuck)
     return [f"job{'s' if len(stuck) > 1 else ''} {nums} {learned_nothing_line(accs, hogwild)}"]
 
 
 # ---- report.md ----
 
 
-def markdown_table(rows: list[dict], columns: list[str], always: tuple[str, ...] = ()) -> str:
-    """`rows` as a Markdown table of `columns`, less those no row has a value in (but those in `always`)."""
+def markdown_table(rows: list[dict], columns: list[str]) -> str:
+    """`rows` as a Markdown table of `columns`, less those no row has a value in."""
 
     def cell(value: Any) -> str:
         return "" if value is None else f"{value:g}" if isinstance(value, float) else str(value).replace("|", "\\|")
 
-    columns = [c for c in columns if c in always or any(r.get(c) not in (None, "") for r in rows)]
+    columns = [c for c in columns if any(r.get(c) not in (None, "") for r in rows)]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     return "\n".join(lines + ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows])
 
 
 def jobs_table(rows: list[dict]) -> str:
-    """report.md's jobs table: report.csv's columns that tell this sweep's jobs apart, test_acc to 4 decimals
-    as the progress lines show it (the CSV keeps it whole)."""
-    columns = [c for c in rows[0] if c not in NOT_IN_MARKDOWN]
-    columns = [c for c in columns if c not in WHERE_THEY_DIFFER or len({r[c] for r in rows} - {None}) > 1]
+    """report.md's jobs table: report.csv's columns but error and dir, threads_per_worker, lr and stopped_by only
+    where the jobs differ in them; test_acc to 4 decimals as the progress lines show it (the CSV keeps it whole)."""
+    same = [c for c in ("threads_per_worker", "lr", "stopped_by") if len({r[c] for r in rows} - {None}) < 2]
+    columns = [c for c in rows[0] if c not in ("error", "dir", *same)]
     shown = [r | {"test_acc": f"{r['test_acc']:.4f}"} if isinstance(r["test_acc"], float) else r for r in rows]
-    return markdown_table(shown, columns, always=("speedup", "efficiency"))
+    return markdown_table(shown, columns)
 
 
-def render_markdown(sweep_dir: Path, report: Report) -> str:
+def render_markdown(report: Report) -> str:
+    sweep_dir = report.sweep_dir
     devices = sorted({j.get("device") for j in report.jobs if j.get("device")})
     ran_on = f" Ran on {'; '.join(devices)}." if devices else ""
     out = [
@@ -328,11 +307,11 @@ def render_markdown(sweep_dir: Path, report: Report) -> str:
         jobs_table(report.rows),
     ]
     if report.failed:
-        interrupted = any(j.status == "interrupted" for j in report.failed)
+        interrupted = any(j["status"] == "interrupted" for j in report.failed)
         out += ["", "## Failed or interrupted jobs" if interrupted else "## Failed jobs", ""]
-        out += [f"- job {j.num} ({j.path.name}): {j.error or j.status}" for j in report.failed]
-    if again := rerun_command(report, sweep_dir):
-        out += ["", f"To run the jobs that did not complete (the completed ones are kept): `{again}`"]
+        out += [f"- job {j['num']} ({j['path'].name}): {j['error'] or j['status']}" for j in report.failed]
+    if report.rerun:
+        out += ["", f"To run the jobs that did not complete (the completed ones are kept): `{report.rerun}`"]
     if report.summary:
         table = markdown_table(report.summary, list(report.summary[0]))
         out += ["", "## Speedup and accuracy per group (mean and std over seeds)", "", table]
@@ -382,99 +361,56 @@ def write_plots(sweep_dir: Path, summary: list[dict]) -> list[Path]:
 # ---- the sweep as a whole ----
 
 
-def sweep_lengths(sweeper_params: dict[str, str] | None, task_overrides: list[str]) -> dict[str, int]:
-    """How many values each key takes in Hydra's basic sweeper (the jobs are their product), the command
-    line overriding the config's `hydra.sweeper.params` key by key, as the sweeper does. A glob() over a
-    config group's choices is counted where Hydra is initialized (its config loader lists them)."""
-    texts = [f"{k}={v}" for k, v in (sweeper_params or {}).items()] + list(task_overrides)
-    loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() else None
-    lengths: dict[str, int] = {}
-    for o in OverridesParser.create(config_loader=loader).parse_overrides(texts):
-        values = len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
-        lengths[override_key(o.get_key_element())] = values  # `+data.seed=1,2` sweeps data.seed
-    return lengths
-
-
-def planned_jobs(sweep_dir: Path) -> int | None:
-    """How many jobs the sweep in `sweep_dir` was to run, from its multirun.yaml; None where it cannot be
-    told (no record, or a glob() sweep read outside Hydra)."""
-    try:
-        recorded = OmegaConf.load(sweep_dir / "multirun.yaml").hydra
-        params = OmegaConf.select(recorded, "sweeper.params")
-        task = [str(o) for o in recorded.overrides.task]
-        return math.prod(sweep_lengths(dict(params) if params else None, task).values())
-    except Exception:
-        return None
-
-
-def continue_command(sweep_dir: Path) -> str | None:
-    """The command that continues the sweep in `sweep_dir` (its completed jobs kept, the others run): its
-    overrides as recorded in multirun.yaml, Hydra's own but the mode and the sweep dir; None without a
-    readable record."""
-    try:
-        recorded = OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides
-        task, own = [str(o) for o in recorded.task], [str(o) for o in recorded.hydra]
-    except Exception:
-        return None
-    task = [o for o in task if override_key(o) != "continue_sweep"]
-    own = [o for o in own if override_key(o) not in ("hydra.mode", "hydra.sweep.dir")]
-    words = [*task, *own, shell_override("continue_sweep", sweep_dir)]
-    return "python sweep.py -m " + " ".join(shlex.quote(w) for w in words)
-
-
-def rerun_command(report: Report, sweep_dir: Path) -> str | None:
-    """The command that runs a sweep's failed, interrupted and not started jobs, or None: every job
-    completed, or one still runs."""
-    if report.running or not (report.failed or report.not_started):
-        return None
-    return continue_command(sweep_dir)
-
-
 def write_report(sweep_dir: str | Path) -> Report:
-    """Read every job dir under `sweep_dir`; write the plots, report.csv, summary.csv and report.md.
+    """Read every job dir under `sweep_dir` and its multirun.yaml; write the plots, report.csv, summary.csv
+    and report.md.
 
     Raises:
-        FileNotFoundError: `sweep_dir` is not a folder, or holds no job dirs.
+        FileNotFoundError: `sweep_dir` holds no job dirs (or is no folder).
         OSError: a file could not be written (every file written is whole).
     """
     sweep_dir = Path(sweep_dir)
-    if not sweep_dir.is_dir():
-        raise FileNotFoundError(f"sweep dir {sweep_dir} {'is a file' if sweep_dir.exists() else 'does not exist'}")
     jobs = load_jobs(sweep_dir)
     if not jobs:
         raise FileNotFoundError(f"{sweep_dir} holds no job dirs (<job>/.hydra/config.yaml): is it a sweep dir?")
+    planned, command = len(jobs), None
+    with contextlib.suppress(Exception):  # no multirun.yaml; a glob() sweep read outside Hydra is not counted
+        hydra = OmegaConf.load(sweep_dir / "multirun.yaml").hydra
+        command = continue_command(hydra, sweep_dir)
+        planned = math.prod(sweep_lengths(hydra).values())
     swept = swept_keys(jobs)
     rows, summary = build_rows(jobs, swept)
     plots = write_plots(sweep_dir, summary)
-    not_started = max(0, (planned_jobs(sweep_dir) or 0) - len(jobs))
-    report = Report(jobs, swept, rows, summary, plots, learned_nothing_note(jobs), not_started)
+    not_started = max(0, planned - len(jobs))
+    report = Report(sweep_dir, jobs, swept, rows, summary, plots, learned_nothing_note(jobs), not_started, command)
     write_csv(sweep_dir / "report.csv", list(rows[0]), [list(r.values()) for r in rows])
     if summary:
         write_csv(sweep_dir / "summary.csv", list(summary[0]), [list(s.values()) for s in summary])
-    write_atomic(sweep_dir / "report.md", render_markdown(sweep_dir, report))
+    write_atomic(sweep_dir / "report.md", render_markdown(report))
     return report
 
 
 def job_counts(report: Report) -> str:
     """'6/8 jobs completed, 1 failed (jobs 6), 1 not started': the jobs that did not complete, by status."""
-    line = f"{sum(j.ok for j in report.jobs)}/{len(report.jobs) + report.not_started} jobs completed"
-    for status in dict.fromkeys(j.status for j in report.jobs if not j.ok):  # failed, interrupted, running, ...
-        nums = [str(j.num) for j in report.jobs if j.status == status]
+    completed = sum(j["status"] == "completed" for j in report.jobs)
+    line = f"{completed}/{len(report.jobs) + report.not_started} jobs completed"
+    for status in dict.fromkeys(j["status"] for j in report.jobs if j["status"] != "completed"):
+        nums = [str(j["num"]) for j in report.jobs if j["status"] == status]
         line += f", {len(nums)} {status} (jobs {', '.join(nums)})"
     return line + (f", {report.not_started} not started" if report.not_started else "")
 
 
-def describe(report: Report, sweep_dir: Path, stopped: bool = False) -> str:
+def describe(report: Report, stopped: bool = False) -> str:
     """The sweep's last line: its state (`stopped`: a multirun that Ctrl-C or SIGTERM ended), the jobs that
     did not complete, where the report is, and the command that runs those jobs again."""
     if report.running and not stopped:
         state = "still running"
-    elif stopped or report.not_started or any(j.status == "interrupted" for j in report.failed):
+    elif stopped or report.not_started or any(j["status"] == "interrupted" for j in report.failed):
         state = "stopped early"
     else:
         state = "finished"
-    line = f"psgd: sweep {state}: {job_counts(report)}; report in {sweep_dir / 'report.md'}"
-    again = continue_command(sweep_dir) if stopped else rerun_command(report, sweep_dir)
+    line = f"psgd: sweep {state}: {job_counts(report)}; report in {report.sweep_dir / 'report.md'}"
+    again = report.command if stopped else report.rerun
     return line + (f"; to run them again: {again}" if again else "")
 
 
@@ -488,7 +424,7 @@ def report_sweep(sweep_dir: Path, stopped: bool = False) -> Report | None:
         line = f"no report: cannot write it ({failed_write(e)}); once it can be written: {rebuild}"
         print(f"psgd: error: {line if e.filename else e}", file=sys.stderr, flush=True)
         return None
-    print(describe(report, sweep_dir, stopped), file=sys.stderr if stopped else sys.stdout, flush=True)
+    print(describe(report, stopped), file=sys.stderr if stopped else sys.stdout, flush=True)
     return report
 
 

@@ -47,12 +47,11 @@ def resolve_ckpt_path(
             "from the run's final checkpoint, which holds their average)"
         )
     saved = checkpoint.get("hyper_parameters") or {}  # the Classifier's, as the checkpoint's run had them
-    then, now = _data_settings(saved), _data_settings(dict(module.hparams))
-    for key in then:
-        if then[key] is not None and now[key] is not None and then[key] != now[key]:
+    for then, now in zip(saved.get("samples") or [], module.hparams.get("samples") or []):
+        if then != now:
             raise ConfigError(
-                f"ckpt_path={value!r} was trained with {then[key]} and this run has {now[key]}: it would go on "
-                f"with other samples than its run trained and validated on; resume with {then[key]}"
+                f"ckpt_path={value!r} was trained with {then} and this run has {now}: it would go on with other "
+                f"samples than its run trained and validated on; resume with {then}"
             )
     problem = schedule_change(saved, dict(module.hparams)) or optimizer_change(checkpoint, module)
     if problem:
@@ -72,20 +71,6 @@ def resolve_ckpt_path(
             flush=True,
         )
     return str(path)
-
-
-def _data_settings(hparams: dict[str, Any]) -> dict[str, str | None]:
-    """The settings that decide a run's training and validation samples, as `key=value` texts; None for
-    one the hyper-parameters do not keep (an older checkpoint, a Classifier made in code)."""
-    settings = {"dataset": None, "holdout": None, "shards": None}
-    if hparams.get("dataset"):
-        settings["dataset"] = f"data={hparams['dataset']}"
-    if "holdout" in hparams:  # [val_split, seed], or None for none
-        holdout = hparams["holdout"]
-        settings["holdout"] = f"data.val_split={holdout[0]:g} seed={holdout[1]}" if holdout else "data.val_split=0"
-    if hparams.get("shards") is not None:
-        settings["shards"] = " ".join(hparams["shards"])
-    return settings
 
 
 def load_weights_only(setting: str, value: str, path: Path) -> Any:
@@ -142,16 +127,18 @@ def init_weights(value: str | None, module: Classifier) -> str | None:
     return str(path)
 
 
-def shard_settings(cfg: DictConfig) -> list[str]:
-    """The settings that decide which samples each worker trains on, as `key=value` texts (the seed where
-    it fixes the shards: iid shards are dealt anew every epoch, by_label by label)."""
+def sample_settings(cfg: DictConfig) -> list[str]:
+    """The settings that decide which samples a run trains and validates on, as `key=value` texts: the data
+    set, the validation split with the seed that draws it, and the partition (with the seed where it fixes
+    the shards: iid shards are dealt anew every epoch, by_label by label)."""
     d = cfg.data
-    settings = [f"data.partition={d.partition}"]
+    holdout = f"data.val_split={d.val_split:g} seed={cfg.seed}" if d.val_split else "data.val_split=0"
+    shards = [f"data.partition={d.partition}"]
     if d.partition == "sizes":
-        settings += [f"data.partition_sizes=[{','.join(f'{x:g}' for x in d.partition_sizes)}]", f"seed={cfg.seed}"]
+        shards += [f"data.partition_sizes=[{','.join(f'{x:g}' for x in d.partition_sizes)}]", f"seed={cfg.seed}"]
     elif d.partition == "dirichlet":
-        settings += [f"data.dirichlet_alpha={d.dirichlet_alpha:g}", f"seed={cfg.seed}"]
-    return settings
+        shards += [f"data.dirichlet_alpha={d.dirichlet_alpha:g}", f"seed={cfg.seed}"]
+    return [f"data={d.name}", holdout, " ".join(shards)]
 
 
 def _all_workers(hparams: dict[str, Any]) -> int:
@@ -205,17 +192,12 @@ def optimizer_change(checkpoint: dict[str, Any], module: Classifier) -> str | No
     name, old_name = type(fresh).__name__, checkpoint.get(OPTIMIZER_KEY)
     if old_name is not None and old_name != name:
         return f"optimizer {name} (the checkpoint's run used {old_name})"
-    old_groups, new_groups = states[0].get("param_groups") or [], fresh.param_groups  # as many: check_fits
-    for i, (old, new) in enumerate(zip(old_groups, new_groups)):
+    groups = fresh.param_groups  # as many as the checkpoint's (check_fits)
+    for i, (old, new) in enumerate(zip(states[0].get("param_groups") or [], groups)):
         for key in sorted((set(old) & set(new)) - _NOT_SETTINGS):
             if _plain(old[key]) != _plain(new[key]):
-                was, now = _shown(old[key]), _shown(new[key])
-                # a model that sets this value per group names the setting it comes from (the MLP's decay)
-                names = getattr(module.net, "group_settings", {}).get(key)
-                if names and names[i]:
-                    return f"{names[i]}={now} (the checkpoint's run had {was})"
-                where = f" in its parameter group {i}" if len(new_groups) > 1 else ""
-                return f"optimizer.{key}={now}{where} (the checkpoint's run had {was})"
+                where = f" in its parameter group {i}" if len(groups) > 1 else ""
+                return f"optimizer.{key}={_shown(new[key])}{where} (the checkpoint's run had {_shown(old[key])})"
     return None
 
 

@@ -26,8 +26,7 @@ from psgd import signals, torchrun
 from psgd.advice import scales_by_workers
 from psgd.callbacks import (
     AtomicCheckpointIO,
-    EpochCheckpoints,
-    LatestCheckpoint,
+    EpochEndCheckpoint,
     RunRecorder,
     ShardRecorder,
     TargetAccuracyStop,
@@ -47,7 +46,7 @@ from psgd.outputs import earlier_results
 from psgd.process import run_settings
 from psgd.profiler import PyTorchProfilerForWorkers
 from psgd.rendezvous import init_elastic_process_group, rendezvous_port
-from psgd.resume import elastic_resume, init_weights, resolve_ckpt_path, shard_settings
+from psgd.resume import elastic_resume, init_weights, resolve_ckpt_path, sample_settings
 from psgd.run_checks import build_datamodule
 from psgd.stopped import exit_if_interrupted, lightning_refusal, mark_stopped, torchrun_worker_gone
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
@@ -202,10 +201,7 @@ def build_module(cfg: DictConfig, plan: Plan, net: nn.Module, image_size: int) -
         channels_last=cfg.channels_last,
         per_worker_metrics=cfg.strategy.name not in ("ddp", "hogwild"),  # replicas differ: each evaluated
         input_shape=(info.channels, image_size, image_size),
-        # kept in its checkpoints: a resume on other samples is refused (psgd.resume)
-        dataset=cfg.data.name,
-        holdout=[cfg.data.val_split, cfg.seed] if cfg.data.val_split else None,
-        shards=shard_settings(cfg),
+        samples=sample_settings(cfg),
         num_nodes=t.num_nodes,
         optimizer_lr=cfg.optimizer.lr,
         lr_by_workers=scales_by_workers(cfg),
@@ -260,12 +256,9 @@ def build_callbacks(
     callbacks: list[L.Callback] = [
         WorkerSetup(plan.threads_per_worker, cfg.seed, cfg.flush_denormal, step_logs=per_step_lr),
         RunRecorder(str(run_dir), info, es.target_acc, echo=not cfg.get("quiet") and not progress_bars(cfg)),
-        LatestCheckpoint(run_dir / "checkpoints"),  # the first checkpoint callback: trainer.checkpoint_callback
+        EpochEndCheckpoint(run_dir / "checkpoints", keep_all=cfg.checkpoint_every_epoch),
+        TargetAccuracyStop(es.target_acc, es.patience),  # also without a target: its checkpoint state is there
     ]
-    if cfg.checkpoint_every_epoch:
-        callbacks.append(EpochCheckpoints(run_dir / "checkpoints"))
-    if es.target_acc is not None:
-        callbacks.append(TargetAccuracyStop(es.target_acc, es.patience))
     if per_step_lr:  # the lr every trainer.log_every_n_steps steps (tag lr_step; `lr` is each epoch's start)
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     if cfg.record_shards:

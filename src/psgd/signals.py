@@ -1,4 +1,4 @@
-"""Signals: SIGTERM and SIGHUP stop a run as Ctrl-C does, and no worker is left behind or hanging.
+"""Signals: SIGTERM stops a run as Ctrl-C does, and no worker is left behind or hanging.
 
 The process that calls psgd.run.train handles SIGTERM with `interrupt`: it passes the signal on to the
 workers it launched and raises KeyboardInterrupt, which winds the run down as Ctrl-C does. A worker that
@@ -109,13 +109,6 @@ def _lost_interrupts_raised_again(unraisable) -> None:
 _unraisablehook_before = sys.unraisablehook
 
 
-def raise_lost_interrupts_again() -> None:
-    global _unraisablehook_before
-    if sys.unraisablehook is not _lost_interrupts_raised_again:
-        _unraisablehook_before = sys.unraisablehook
-        sys.unraisablehook = _lost_interrupts_raised_again
-
-
 def interrupted_exit_code() -> int:
     """128 + the signal that stopped the run (SIGTERM, else Ctrl-C's SIGINT), as a shell reports it."""
     return 128 + (signal.SIGTERM if received == "SIGTERM" else signal.SIGINT)
@@ -138,18 +131,15 @@ def handler_for_this_process():
 
 @contextmanager
 def sigterm_interrupts() -> Iterator[None]:
-    """While the block runs, SIGTERM raises KeyboardInterrupt (`interrupt`), and neither it nor Ctrl-C's
-    is raised inside threading or queue. Main thread only: elsewhere this does nothing."""
+    """While the block runs, signals are handled as after `interrupt_on_sigterm`; afterwards as before.
+    Main thread only: elsewhere this does nothing."""
     global received
     if not _main_thread():
         yield
         return
     received = None
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    sigint = signal.getsignal(signal.SIGINT)
-    ctrl_c_out_of_threading()
-    hook = sys.unraisablehook
-    raise_lost_interrupts_again()
+    previous, sigint, hook = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT), sys.unraisablehook
+    interrupt_on_sigterm()
     try:
         yield
     finally:
@@ -189,36 +179,17 @@ def release_held() -> None:
 
 
 def interrupt_on_sigterm() -> None:
-    """For train.py and sweep.py, from their first line: SIGTERM, Ctrl-C and a hang-up stop them as
-    Ctrl-C does, also outside a run's fit and test. Main thread only."""
-    if _main_thread():
-        signal.signal(signal.SIGTERM, interrupt)
-        ctrl_c_out_of_threading()
-        hang_up_as_sigterm()
-        raise_lost_interrupts_again()
-
-
-_terminal_fds: list[int] = []  # stdout / stderr where they were a terminal
-
-
-def hang_up_as_sigterm() -> None:
-    """SIGHUP (the terminal closed) stops this process as SIGTERM does, unless it is ignored (`nohup`).
-    Main thread only."""
-    if not _main_thread() or signal.getsignal(signal.SIGHUP) in (signal.SIG_IGN, _hang_up):
+    """For train.py and sweep.py from their first line, and in a run's fit: SIGTERM raises KeyboardInterrupt
+    (`interrupt`), neither it nor Ctrl-C's is raised inside threading or queue, and one lost in a finalizer
+    is raised again. Main thread only."""
+    global _unraisablehook_before
+    if not _main_thread():
         return
-    _terminal_fds[:] = [fd for fd in (1, 2) if os.isatty(fd)]
-    signal.signal(signal.SIGHUP, _hang_up)
-
-
-def _hang_up(signum: int, frame: object = None) -> None:
-    """Output to the hung-up terminal goes nowhere now (writing there fails with EIO), then SIGTERM."""
-    signal.signal(signum, signal.SIG_IGN)
-    with suppress(OSError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        for fd in _terminal_fds:
-            os.dup2(devnull, fd)
-        os.close(devnull)
-    os.kill(os.getpid(), signal.SIGTERM)
+    signal.signal(signal.SIGTERM, interrupt)
+    ctrl_c_out_of_threading()
+    if sys.unraisablehook is not _lost_interrupts_raised_again:
+        _unraisablehook_before = sys.unraisablehook
+        sys.unraisablehook = _lost_interrupts_raised_again
 
 
 def ignore_sigterm() -> None:

@@ -11,9 +11,7 @@ from omegaconf import DictConfig
 
 from psgd.advice import learned_nothing, skew_note, stop_note
 from psgd.console import warn_once_per_sweep
-from psgd.io import read_json
-from psgd.overrides import as_typed, override_key
-from psgd.report import report_sweep, sweep_lengths
+from psgd.report import load_job, report_sweep, sweep_lengths
 
 # the last multirun of this process: sweep.py's exit code counts its failed jobs, and a multirun that did
 # not end (Ctrl-C, SIGTERM) gets the report of the jobs that ran
@@ -22,26 +20,21 @@ LAST: dict[str, Any] = {"failed": 0, "sweep_dir": None, "ended": False}
 KEPT: set[str] = set()
 
 
-def shown_overrides(task: list[str], swept: set[str] | frozenset[str]) -> list[str]:
-    """The overrides a job's progress line shows, as typed: the swept ones, or all of them when nothing is swept."""
-    return [as_typed(o) for o in task if not swept or override_key(o) in swept]
-
-
-def progress_line(num: int, total: int | None, overrides: list[str], job_dir: Path) -> str:
-    """`psgd: [i/N] key=value ...: completed, 12.3 s training, ..., test_acc 0.9812` (or `failed: <error line>`)."""
-    record = read_json(job_dir / "metrics.json") if (job_dir / "metrics.json").exists() else {}
-    status = record.get("status", "not finished")
+def progress_line(num: int, total: int | None, swept: set[str] | frozenset[str], job_dir: Path) -> str:
+    """`psgd: [i/N] key=value ...: completed, 12.3 s training, ..., test_acc 0.9812` (or `failed: <error line>`):
+    the job's `swept` values as typed, or all its overrides when nothing is swept."""
+    job = load_job(job_dir)  # as the report reads it
     where = f"[{num + 1}/{total}]" if total else f"[{num + 1}]"
-    values = " ".join(overrides) or "(defaults)"
-    if status == "completed":
+    values = " ".join(f"{k}={v}" for k, v in job["overrides"].items() if not swept or k in swept) or "(defaults)"
+    if job["status"] == "completed":
         kept = " (kept from the stopped sweep)" if str(job_dir) in KEPT else ""
-        nothing = " (learned nothing: see the report's notes)" if learned_nothing(record) else ""
+        nothing = " (learned nothing: see the report's notes)" if learned_nothing(job) else ""
         return (
-            f"psgd: {where} {values}: completed{kept}, {record.get('train_time_s', 0):.1f} s training, "
-            f"{record.get('samples_per_s')} samples/s, test_acc {record.get('test_acc'):.4f}{nothing}"
-            f"{skew_note(record)}{stop_note(record)}"
+            f"psgd: {where} {values}: completed{kept}, {job.get('train_time_s', 0):.1f} s training, "
+            f"{job.get('samples_per_s')} samples/s, test_acc {job.get('test_acc'):.4f}{nothing}"
+            f"{skew_note(job)}{stop_note(job)}"
         )
-    return f"psgd: {where} {values}: {status}: {record.get('error') or 'no result written'}"
+    return f"psgd: {where} {values}: {job['status']}: {job['error'] or 'no result written'}"
 
 
 class SweepReport(Callback):
@@ -53,9 +46,8 @@ class SweepReport(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         LAST.update(failed=0, sweep_dir=str(config.hydra.sweep.dir), ended=False)
         warn_once_per_sweep(True)  # a warning every job would say: said at the first
-        params = config.hydra.sweeper.get("params")
         try:
-            lengths = sweep_lengths(dict(params) if params else None, list(config.hydra.overrides.task))
+            lengths = sweep_lengths(config.hydra)
         except Exception:  # a sweep this count cannot read: progress lines go without "/N"
             lengths = {}
         self.total = math.prod(lengths.values()) if lengths else None
@@ -63,9 +55,8 @@ class SweepReport(Callback):
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         if config.hydra.mode == RunMode.MULTIRUN:  # (sweep.py with Hydra flags of its own and no -m: no sweep)
-            overrides = shown_overrides(list(config.hydra.overrides.task), self.swept)
             job_dir = Path(config.hydra.runtime.output_dir)
-            print(progress_line(config.hydra.job.num, self.total, overrides, job_dir), flush=True)
+            print(progress_line(config.hydra.job.num, self.total, self.swept, job_dir), flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         LAST["ended"] = True

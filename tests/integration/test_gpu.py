@@ -75,7 +75,7 @@ def test_more_workers_than_gpus_is_one_line_before_any_worker_starts(tiny_data, 
 
 def test_a_compiled_network_trains_as_the_eager_one(on_device_run, tiny_data, tmp_path):
     """compile=reduce-overhead on GPU: the network's forward and backward replayed as CUDA graphs, whose
-    outputs each replay overwrites; the training counts keep outputs over several steps (count_every),
+    outputs each replay overwrites; the training counts keep outputs over several steps (log_every_n_steps),
     so a kept output that was not copied fails the run or miscounts. On CPU: compile=true."""
     mode = "reduce-overhead" if ACCELERATOR == "gpu" else "true"
     m = gpu_run(tiny_data, tmp_path / "compiled", "data.on_device=true", f"compile={mode}")

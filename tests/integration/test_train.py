@@ -419,6 +419,14 @@ def test_a_run_cut_inside_an_epoch_resumes_to_the_uninterrupted_runs_weights(
         assert after == pytest.approx(scalars(tensorboard(tmp_path / "straight"), tag)[-len(after) :], abs=1e-6)
 
 
+def test_a_run_cut_inside_its_first_epoch_writes_no_checkpoint(tiny_data, tmp_path):
+    """Only whole epochs are written, also with checkpoint_every_epoch=true (whose last.ckpt Lightning's
+    save_last wrote at the end of a fit that had written none)."""
+    cut = compose_cfg(f"data.root={tiny_data}", "trainer.max_steps=4", "checkpoint_every_epoch=true", *TINY)
+    assert train(cut, tmp_path / "run")["stopped_by"] == "max_steps"
+    assert not list((tmp_path / "run").glob("checkpoints/*.ckpt"))
+
+
 # At the default lr 0.02 the tiny data's training diverges (nan) in epoch 29, which a fast machine reached
 # within max_time (the resume test below failed so); at 0.005 all 300 epochs train
 MAX_TIME_LR = "optimizer.lr=0.005"

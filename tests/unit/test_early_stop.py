@@ -1,13 +1,20 @@
-from psgd.callbacks import update_streak
+from types import SimpleNamespace
+
+from psgd.callbacks import TargetAccuracyStop
 
 
 def run_rule(accuracies, target, patience):
-    """Epoch (1-based) at which the rule stops, or None."""
-    streak = 0
-    for epoch, acc in enumerate(accuracies, start=1):
-        streak = update_streak(streak, acc, target)
-        if streak >= patience:
-            return epoch
+    """Epoch (1-based) after whose validation TargetAccuracyStop stops the fit, or None."""
+    stop = TargetAccuracyStop(target, patience)
+    for epoch, acc in enumerate(accuracies):
+        metrics = {} if acc is None else {"val/acc": acc}
+        trainer = SimpleNamespace(
+            sanity_checking=False, state=SimpleNamespace(fn="fit"), callback_metrics=metrics, current_epoch=epoch
+        )
+        stop.on_validation_end(trainer, None)
+        if getattr(trainer, "should_stop", False):
+            assert stop.stopped_epoch == epoch
+            return epoch + 1
     return None
 
 
@@ -25,4 +32,4 @@ def test_target_is_inclusive_and_patience_one_stops_at_first_hit():
 
 
 def test_missing_accuracy_counts_as_not_reached():
-    assert update_streak(3, None, 0.5) == 0
+    assert run_rule([0.9, None, 0.9], target=0.5, patience=2) is None

@@ -135,20 +135,6 @@ def test_a_sweep_whose_jobs_run_elsewhere_starts_no_server_here(launcher, here):
     assert forkserver.runs_jobs_here(first) is here
 
 
-def test_a_dead_server_is_told_from_a_live_one_also_while_it_is_still_dying(monkeypatch):
-    from multiprocessing import forkserver as mp_forkserver
-
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])  # not reaped until wait()
-    try:
-        monkeypatch.setattr(mp_forkserver._forkserver, "_forkserver_pid", proc.pid)
-        assert forkserver.server_died(wait_s=0.05) is None  # alive
-        assert forkserver.server_died(wait_s=10) == proc.pid  # waited for: a zombie now
-    finally:
-        proc.wait()
-    monkeypatch.setattr(mp_forkserver._forkserver, "_forkserver_pid", None)
-    assert forkserver.server_died() is None  # none started
-
-
 PREPARED = textwrap.dedent(
     """
     import logging, os

@@ -24,8 +24,6 @@ def fit_one_epoch(limit_train_batches=None, count_every=None):
     net = nn.Linear(6, 4)
     # lr 0: the weights stay as they are, so the epoch's numbers can be recomputed afterwards
     module = Classifier(net, partial(torch.optim.SGD), lr=0.0, num_classes=4)
-    if count_every is not None:
-        module.count_every = count_every
     loader = DataLoader(TensorDataset(x, y), batch_size=32)  # 32 + 32 + 32 + 4: a short last batch
     trainer = L.Trainer(
         max_epochs=1,
@@ -35,6 +33,7 @@ def fit_one_epoch(limit_train_batches=None, count_every=None):
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_train_batches=limit_train_batches,
+        log_every_n_steps=50 if count_every is None else count_every,
     )
     trainer.fit(module, train_dataloaders=loader)
     return trainer.callback_metrics, net, x, y

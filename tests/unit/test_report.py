@@ -5,7 +5,6 @@ import csv
 import errno
 import json
 import os
-import re
 import shlex
 import socket
 import subprocess
@@ -20,7 +19,7 @@ from omegaconf import OmegaConf
 
 from psgd.process import this_process
 from psgd.report import describe, main, write_report
-from psgd.sweep import LAST, SweepReport, progress_line, shown_overrides, sweep_lengths
+from psgd.sweep import LAST, SweepReport, progress_line, sweep_lengths
 from psgd.sync_costs import sync_summary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -36,7 +35,10 @@ def make_job(
 ) -> Path:
     job = sweep / str(num)
     (job / ".hydra").mkdir(parents=True)
-    (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"{k}={v}" for k, v in overrides.items()]))
+    task = [f"{k}={v}" for k, v in overrides.items()]
+    (job / ".hydra" / "hydra.yaml").write_text(
+        yaml.safe_dump({"hydra": {"job": {"num": num}, "overrides": {"task": task}}})
+    )
     cfg = {"workers": workers, "trainer": {"devices": None, "num_nodes": 1}}
     cfg["strategy"] = {"name": "ddp"}
     cfg["data"] = {"partition": partition}
@@ -60,6 +62,7 @@ def done(strategy: str, workers: int, time_s: float, acc: float, **extra) -> dic
         "test_acc": acc,
         "target_acc": extra.pop("target_acc", None),
         "time_to_target_s": extra.pop("time_to_target_s", None),
+        "history": [{"epoch": 1, "samples": 60000}],
         **extra,
     }
 
@@ -67,6 +70,12 @@ def done(strategy: str, workers: int, time_s: float, acc: float, **extra) -> dic
 def read_csv(path: Path) -> list[dict]:
     with open(path) as f:
         return list(csv.DictReader(f))
+
+
+def jobs_table(sweep: Path) -> list[list[str]]:
+    """The cells of report.md's jobs table, its header row first."""
+    lines = (sweep / "report.md").read_text().split("## Jobs", 1)[1].split("\n\n")[1].splitlines()
+    return [[cell.strip() for cell in ln.strip("|").split("|")] for ln in lines if not ln.startswith("|---")]
 
 
 @pytest.fixture
@@ -151,10 +160,9 @@ def test_the_jobs_table_says_how_often_periodic_averaging_averaged(tmp_path):
         make_job(tmp_path, num, {"strategy.period": period if period else "null"}, job, workers=2)
     write_report(tmp_path)
     assert [r["periodic_averagings"] for r in read_csv(tmp_path / "report.csv")] == ["40", "0", ""]
-    lines = (tmp_path / "report.md").read_text().splitlines()
-    header = next(ln for ln in lines if ln.startswith("| job |")).split(" | ")
-    column = header.index("periodic_averagings")
-    assert [ln.split(" | ")[column] for ln in lines if re.match(r"\| \d \|", ln)] == ["40", "0", ""]
+    table = jobs_table(tmp_path)
+    column = table[0].index("periodic_averagings")
+    assert [row[column] for row in table[1:]] == ["40", "0", ""]
 
 
 def test_the_time_synchronising_is_summed_over_the_epochs_and_shown_in_the_jobs_table(tmp_path):
@@ -257,9 +265,9 @@ def test_the_lr_each_job_ran_at_is_shown_when_lr_scaling_made_them_differ(tmp_pa
         make_job(tmp_path, num, {"data.batch_size": bs}, m)
     report = write_report(tmp_path)
     assert [r["lr"] for r in report.rows] == pytest.approx([0.01, 0.02, 0.04])
-    table = (tmp_path / "report.md").read_text().split("## Jobs", 1)[1].split("\n\n")[1].splitlines()
-    column = table[0].split(" | ").index("lr")
-    assert [row.split(" | ")[column] for row in table[2:]] == ["0.01", "0.02", "0.04"]
+    table = jobs_table(tmp_path)
+    column = table[0].index("lr")
+    assert [row[column] for row in table[1:]] == ["0.01", "0.02", "0.04"]
     assert [row["lr"] for row in read_csv(tmp_path / "report.csv")] == ["0.01", "0.02", "0.04"]
 
 
@@ -308,8 +316,8 @@ def test_a_job_left_running_is_reported_failed(tmp_path):
     dead = {"host": socket.gethostname(), "pid": gone.pid, "tag": f"{gone.pid}-0"}
     make_job(tmp_path, 2, {"seed": 2}, {"status": "running", "strategy": "ddp", "world_size": 1, "process": dead})
     report = write_report(tmp_path)
-    assert [j.status for j in report.jobs] == ["completed", "failed", "failed"]
-    assert "killed?" in report.jobs[1].error and "killed?" in report.jobs[2].error
+    assert [j["status"] for j in report.jobs] == ["completed", "failed", "failed"]
+    assert "killed?" in report.jobs[1]["error"] and "killed?" in report.jobs[2]["error"]
 
 
 def test_a_job_still_training_is_running_not_failed(tmp_path, capsys):
@@ -322,12 +330,12 @@ def test_a_job_still_training_is_running_not_failed(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("psgd: sweep still running: 1/2 jobs completed, 1 running (jobs 1); report in ")
     report = write_report(tmp_path)
-    assert [j.status for j in report.jobs] == ["completed", "running"] and not report.failed
+    assert [j["status"] for j in report.jobs] == ["completed", "running"] and not report.failed
     assert [r["status"] for r in report.rows] == ["completed", "running"]
     assert "1/2 jobs completed, 1 running (jobs 1). Swept: seed." in (tmp_path / "report.md").read_text()
     elsewhere = {**this_process(), "host": "another-machine"}  # a SLURM node: cannot be told, as before
     make_job(tmp_path, 2, {"seed": 2}, {**live, "process": elsewhere})
-    assert [j.status for j in write_report(tmp_path).jobs] == ["completed", "running", "failed"]
+    assert [j["status"] for j in write_report(tmp_path).jobs] == ["completed", "running", "failed"]
 
 
 def test_a_stopped_sweep_counts_only_completed_jobs_as_completed(tmp_path, monkeypatch, capsys):
@@ -353,14 +361,14 @@ def test_a_job_record_damaged_by_hand_is_a_failed_job_not_a_traceback(tmp_path):
     make_job(tmp_path, 0, {"seed": 0}, done("ddp", 1, 5.0, 0.9))
     (make_job(tmp_path, 1, {"seed": 1}, None) / "metrics.json").write_text('{"status": "compl')  # cut short
     (make_job(tmp_path, 2, {"seed": 2}, None) / "metrics.json").write_text("[1, 2]")
-    (make_job(tmp_path, 3, {"seed": 3}, done("ddp", 1, 5.0, 0.9)) / ".hydra" / "overrides.yaml").unlink()
+    (make_job(tmp_path, 3, {"seed": 3}, done("ddp", 1, 5.0, 0.9)) / ".hydra" / "hydra.yaml").unlink()
     (make_job(tmp_path, 4, {"seed": 4}, done("ddp", 1, 5.0, 0.9)) / ".hydra" / "config.yaml").write_text("a: [")
-    report = write_report(tmp_path)  # a missing overrides.yaml refused the whole report ("[Errno 2] ...")
-    assert [j.status for j in report.jobs] == ["completed"] + ["failed"] * 4
-    assert report.jobs[1].error.startswith(f"{tmp_path / '1'} is unreadable (JSONDecodeError: ")
-    assert report.jobs[2].error.endswith("is unreadable (ValueError: metrics.json holds a JSON list, not a record)")
-    for job in report.jobs[3:]:  # its settings cannot be told: not counted with the others
-        assert job.error.startswith(f"{job.path} is unreadable (")
+    report = write_report(tmp_path)
+    assert [j["status"] for j in report.jobs] == ["completed"] + ["failed"] * 4
+    assert report.jobs[1]["error"].startswith(f"{tmp_path / '1'} is unreadable (JSONDecodeError: ")
+    assert report.jobs[2]["error"].endswith("is unreadable (ValueError: metrics.json holds a JSON list, not a record)")
+    for job in report.jobs[3:]:  # a job without its hydra.yaml has no number: it is listed last
+        assert job["error"].startswith(f"{job['path']} is unreadable (")
     assert [r["status"] for r in read_csv(tmp_path / "report.csv")] == ["completed"] + ["failed"] * 4
 
 
@@ -368,8 +376,6 @@ def test_jobs_in_folders_a_changed_sweep_subdir_names_are_found_in_job_order(see
     """hydra.sweep.subdir=${hydra.job.override_dirname}: job folders named by their overrides, nested where a
     value holds a / (data.root=/data/x): the report finds them in a dir Hydra made, in job order."""
     for job in sorted(p for p in seeded_sweep.iterdir() if p.name.isdigit()):
-        hydra_yaml = {"hydra": {"job": {"num": int(job.name)}}}
-        (job / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(hydra_yaml))
         named = seeded_sweep / "data.root=" / "data" / f"seed{(6 - int(job.name)) % 7},n{job.name}"  # not in job order
         named.parent.mkdir(parents=True, exist_ok=True)
         job.rename(named)
@@ -377,9 +383,9 @@ def test_jobs_in_folders_a_changed_sweep_subdir_names_are_found_in_job_order(see
         write_report(seeded_sweep)  # (so that a home folder given by mistake is not searched whole)
     (seeded_sweep / "multirun.yaml").write_text("hydra: {}\n")  # as Hydra leaves a sweep dir
     report = write_report(seeded_sweep)
-    assert [j.num for j in report.jobs] == list(range(7))
+    assert [j["num"] for j in report.jobs] == list(range(7))
     assert [r["speedup"] for r in report.summary] == pytest.approx([1.0, 2.0, 42 / 13], abs=1e-3)  # as printed
-    assert [j.num for j in report.failed] == [6]
+    assert [j["num"] for j in report.failed] == [6]
     assert "(each job's run is `<its folder>/tensorboard`;" in (seeded_sweep / "report.md").read_text()
 
 
@@ -393,14 +399,14 @@ def test_a_sweep_with_failed_jobs_says_how_to_run_them_again(tmp_path):
     (tmp_path / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"overrides": recorded}}))
     make_job(tmp_path, 0, {"seed": 0}, done("ddp", 1, 10.0, 0.9))
     make_job(tmp_path, 1, {"seed": 1}, {"status": "failed", "error": "worker rank 1 died"})
-    line = describe(write_report(tmp_path), tmp_path)
+    line = describe(write_report(tmp_path))
     command = line.split("; to run them again: ")[1]
     assert shlex.split(command) == [  # as the shell hands it to sweep.py
         *("python", "sweep.py", "-m", "seed=0,1", "data.root='/data/my set'", "hydra.launcher.partition=gpu"),
         f"continue_sweep={tmp_path}",
     ]
     make_job(tmp_path / "ok", 0, {"seed": 0}, done("ddp", 1, 10.0, 0.9))
-    assert "run them again" not in describe(write_report(tmp_path / "ok"), tmp_path / "ok")
+    assert "run them again" not in describe(write_report(tmp_path / "ok"))
 
 
 def test_a_sweep_stopped_before_some_jobs_started_counts_them_and_says_how_to_run_them(tmp_path, capsys):
@@ -433,9 +439,10 @@ def test_rebuild_command_exit_codes(tmp_path, seeded_sweep, capsys):
     assert main([str(seeded_sweep)]) == 1  # one job failed
     assert "6/7 jobs completed, 1 failed (jobs 6)" in capsys.readouterr().out
     assert main([str(tmp_path / "nowhere")]) == 2
-    assert capsys.readouterr().err == f"psgd: error: sweep dir {tmp_path / 'nowhere'} does not exist\n"
+    no_jobs = "holds no job dirs (<job>/.hydra/config.yaml): is it a sweep dir?"
+    assert capsys.readouterr().err == f"psgd: error: {tmp_path / 'nowhere'} {no_jobs}\n"
     assert main([str(seeded_sweep / "report.md")]) == 2
-    assert capsys.readouterr().err == f"psgd: error: sweep dir {seeded_sweep / 'report.md'} is a file\n"
+    assert capsys.readouterr().err == f"psgd: error: {seeded_sweep / 'report.md'} {no_jobs}\n"
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main([str(empty)]) == 2
@@ -480,13 +487,18 @@ def test_a_report_the_disk_has_no_room_for_is_one_line_and_leaves_no_truncated_f
     assert capsys.readouterr().err.startswith(line) and LAST["failed"] == 1  # sweep.py's exit code 1
 
 
+def recorded(params: dict, task: list[str]):
+    """A sweep's Hydra config as multirun.yaml records it: the sweeper's params and the command line."""
+    return OmegaConf.create({"sweeper": {"params": params}, "overrides": {"task": task}})
+
+
 def test_job_count_and_swept_keys_follow_hydras_basic_sweeper():
-    lengths = sweep_lengths({"workers": "1,2,3,4,5", "seed": "0"}, ["workers=1,2", "strategy=ddp,hogwild,x"])
+    lengths = sweep_lengths(recorded({"workers": "1,2,3,4,5", "seed": "0"}, ["workers=1,2", "strategy=ddp,hogwild,x"]))
     assert lengths == {"workers": 2, "seed": 1, "strategy": 3}  # the command line wins over params
     # a glob() picks among a group's choices, which the running Hydra's loader lists (the progress
     # lines of such a sweep said [1], [2], ... and showed every override, not the swept ones)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        assert sweep_lengths(None, ["optimizer=glob(*)", "experiment=glob(dli_fashion_*)"]) == {
+        assert sweep_lengths(recorded({}, ["optimizer=glob(*)", "experiment=glob(dli_fashion_*)"])) == {
             "optimizer": 3,
             "experiment": 3,  # momentum, novograd, warmup
         }
@@ -518,42 +530,39 @@ def test_the_report_shows_swept_values_as_typed(tmp_path):
     assert "| ddp trainer.max_time=00:00:00:01 | ddp | 1 |" in (tmp_path / "report.md").read_text()
 
 
-def test_progress_lines_show_the_swept_values_or_else_every_override():
-    task = ["workers=2", "+data.seed=1", "trainer.max_epochs=1"]
-    assert shown_overrides(task, {"workers", "data.seed"}) == ["workers=2", "+data.seed=1"]
+def test_progress_lines_show_the_swept_values_or_else_every_override(tmp_path):
     # a key swept with + (or ++) is swept under its own name
-    swept = sweep_lengths(None, ["+data.seed=1,2", "++trainer.max_time=00:00:00:01,00:00:00:02", "workers=2"])
+    swept = sweep_lengths(recorded({}, ["+data.seed=1,2", "++trainer.max_time=00:00:00:01,00:00:00:02", "workers=2"]))
     assert swept == {"data.seed": 2, "trainer.max_time": 2, "workers": 1}
-    # the values as typed, without the escapes of Hydra's sweeper
-    task = ["+data.seed=1", r"++trainer.max_time=00\:00\:00\:01", "workers=2"]
-    assert shown_overrides(task, {"data.seed", "trainer.max_time"}) == [
-        "+data.seed=1",
-        "++trainer.max_time=00:00:00:01",
-    ]
-    assert shown_overrides([r"data.root=/a\ b\,c"], set()) == ["data.root=/a b,c"]
+    # the swept values as typed, without the escapes of Hydra's sweeper
+    overrides = {"+data.seed": 1, "++trainer.max_time": r"00\:00\:00\:01", "workers": 2}
+    job = make_job(tmp_path, 0, overrides, done("ddp", 2, 5.0, 0.9))
+    line = progress_line(0, 4, {"data.seed", "trainer.max_time"}, job)
+    assert line.startswith("psgd: [1/4] data.seed=1 trainer.max_time=00:00:00:01: completed, ")
     # `workers=1,2 workers=3`: one job, workers=3; nothing swept, so every override is shown
-    assert shown_overrides(["workers=3", "trainer.max_epochs=1"], set()) == ["workers=3", "trainer.max_epochs=1"]
+    job = make_job(tmp_path / "one", 0, {"data.root": r"/a\ b\,c", "workers": 3}, done("ddp", 3, 5.0, 0.9))
+    assert progress_line(0, 1, set(), job).startswith("psgd: [1/1] data.root=/a b,c workers=3: completed, ")
 
 
 def test_progress_line_says_values_time_and_accuracy_or_the_error(tmp_path):
     ok = make_job(tmp_path, 0, {"workers": 2}, done("ddp", 2, 12.34, 0.98125))
-    line = progress_line(0, 5, ["workers=2"], ok)
+    line = progress_line(0, 5, {"workers"}, ok)
     assert line.startswith("psgd: [1/5] workers=2: completed, 12.3 s training") and "test_acc 0.9812" in line
     skewed = done("hogwild", 2, 9.0, 0.889, partition="by_label", test_acc_per_class=[0.99, None, 0.398833, 0.5])
     line = progress_line(
-        2, 5, ["workers=2"], make_job(tmp_path, 2, {"workers": 2}, skewed | {"test_classes": list("abcd")})
+        2, 5, {"workers"}, make_job(tmp_path, 2, {"workers": 2}, skewed | {"test_classes": list("abcd")})
     )
     assert line.endswith("test_acc 0.8890 (worst class c at 0.3988)")  # the label a label-skewed job knows least
     timed = done("ddp", 2, 60.0, 0.95, epochs=7, max_epochs=50, stopped_by="max_time")
-    line = progress_line(3, 5, ["workers=2"], make_job(tmp_path, 3, {"workers": 2}, timed))
+    line = progress_line(3, 5, {"workers"}, make_job(tmp_path, 3, {"workers": 2}, timed))
     assert line.endswith("test_acc 0.9500 (trainer.max_time ended training in epoch 7 of 50)")
     quick = done("ddp", 1, 0.1, 0.1, epochs=1, max_epochs=1, stopped_by="fast_dev_run")
-    line = progress_line(4, 5, ["workers=1"], make_job(tmp_path, 4, {"workers": 1}, quick))
+    line = progress_line(4, 5, {"workers"}, make_job(tmp_path, 4, {"workers": 1}, quick))
     assert line.endswith("test_acc 0.1000 (trainer.fast_dev_run ended training in epoch 1 of 1)")
     whole = done("ddp", 1, 9.0, 0.9, epochs=2, max_epochs=2, stopped_by="max_epochs")
-    assert progress_line(5, 6, ["workers=1"], make_job(tmp_path, 5, {"workers": 1}, whole)).endswith("test_acc 0.9000")
+    assert progress_line(5, 6, {"workers"}, make_job(tmp_path, 5, {"workers": 1}, whole)).endswith("test_acc 0.9000")
     bad = make_job(tmp_path, 1, {"workers": 3}, {"status": "failed", "error": "data.batch_size=0 is invalid"})
-    assert progress_line(1, 5, ["workers=3"], bad) == "psgd: [2/5] workers=3: failed: data.batch_size=0 is invalid"
+    assert progress_line(1, 5, {"workers"}, bad) == "psgd: [2/5] workers=3: failed: data.batch_size=0 is invalid"
 
 
 def stuck(strategy: str, workers: int, acc: float, loss: float, **extra) -> dict:
@@ -585,9 +594,9 @@ def test_jobs_that_learned_nothing_are_named_with_what_to_change(tmp_path):
         "experiment=hogwild_lab's)"
     )
     assert f"- {note}" in (tmp_path / "report.md").read_text()
-    line = progress_line(1, 6, ["workers=3"], tmp_path / "1")
+    line = progress_line(1, 6, {"workers"}, tmp_path / "1")
     assert line.endswith("test_acc 0.1135 (learned nothing: see the report's notes)")
-    assert progress_line(3, 6, ["workers=2"], tmp_path / "3").endswith("test_acc 0.1500")
+    assert progress_line(3, 6, {"workers"}, tmp_path / "3").endswith("test_acc 0.1500")
     # not HogWild: the lr, or a warm-up
     other = tmp_path / "ddp"
     make_job(other, 0, {"workers": 1}, stuck("ddp", 1, 0.1, 5.0))
@@ -613,15 +622,15 @@ def test_label_skewed_shards_show_the_label_each_job_knows_least(tmp_path, parti
         overrides = {"strategy": strategy, **({"data.partition": partition} if on_the_command_line else {})}
         make_job(tmp_path, num, overrides, m, workers=2, partition=partition)
     report = write_report(tmp_path)
-    table = (tmp_path / "report.md").read_text().split("## Jobs", 1)[1].split("\n\n")[1].splitlines()
+    table = jobs_table(tmp_path)
     if partition == "iid":
         assert [r["worst_class"] for r in report.rows] == [None, None]
         assert "worst_class" not in table[0]
     else:
         assert [r["worst_class_acc"] for r in report.rows] == [0.975, 0.3988]  # a class with no test sample: None
         assert [r["worst_class"] for r in report.rows] == ["6", "class 7"]  # by name where metrics.json has names
-        column = table[0].split(" | ").index("worst_class_acc")
-        assert [row.split(" | ")[column : column + 2] for row in table[2:]] == [["0.975", "6"], ["0.3988", "class 7"]]
+        column = table[0].index("worst_class_acc")
+        assert [row[column : column + 2] for row in table[1:]] == [["0.975", "6"], ["0.3988", "class 7"]]
         assert read_csv(tmp_path / "report.csv")[1]["worst_class_acc"] == "0.3988"
         assert read_csv(tmp_path / "report.csv")[1]["worst_class"] == "class 7"
 

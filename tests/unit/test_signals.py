@@ -77,29 +77,6 @@ def test_a_second_sigterm_after_an_interrupt_does_not_break_into_the_wind_down()
         signal.signal(signal.SIGTERM, before)
 
 
-def test_a_hang_up_is_taken_as_sigterm_unless_nohup_ignores_it():
-    """Closing the terminal (SIGHUP) ended every process at once, leaving metrics.json "running"; it now
-    stops the run as SIGTERM does. Under `nohup` SIGHUP is ignored, and stays so: the run goes on."""
-    before_hup, before_term = signal.getsignal(signal.SIGHUP), signal.getsignal(signal.SIGTERM)
-    got = []
-    try:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
-        signals.hang_up_as_sigterm()
-        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
-        signals.hang_up_as_sigterm()
-        signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
-        os.kill(os.getpid(), signal.SIGHUP)
-        deadline = time.monotonic() + 5
-        while not got and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert got == [signal.SIGTERM]
-        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN  # once: the run is on its way out
-    finally:
-        signal.signal(signal.SIGHUP, before_hup)
-        signal.signal(signal.SIGTERM, before_term)
-
-
 def test_an_interrupted_run_leaves_no_temp_file_of_a_write_its_workers_did_not_finish(tmp_path, capsys, monkeypatch):
     """A worker that psgd's launcher started dies at once by the signal passed on to it: one that was
     writing metrics.json or a checkpoint (a temp file, renamed when written) left that temp file behind

@@ -34,10 +34,6 @@ class MLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.output(self.hidden(x.flatten(1)).sigmoid())
 
-    # the setting behind each param group's value, by group (as param_groups orders them): a resume that
-    # changes one is refused naming it (psgd.run.optimizer_change)
-    group_settings = {"weight_decay": ("model.weight_decay_hidden", "model.weight_decay_output", None)}
-
     def param_groups(self) -> list[dict]:
         """Weight matrices with their own decay; biases undecayed."""
         return [

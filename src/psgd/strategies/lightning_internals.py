@@ -27,10 +27,9 @@ from typing_extensions import override
 
 from psgd import forkserver
 from psgd.process import oom_kills, prepare_worker
-from psgd.signals import ctrl_c_out_of_threading, die_with_parent, hang_up_as_sigterm
+from psgd.signals import ctrl_c_out_of_threading, die_with_parent
 from psgd.strategies.workers import (
     REPORT_KEY,
-    KilledWorker,
     first_failure,
     out_of_memory,
     refuse_a_run_while_a_worker_imports_the_script,
@@ -64,8 +63,8 @@ def handle_sigterm_with(trainer: L.Trainer, handler: Callable[[int, Any], None])
 
 class FirstFailureLauncher(_MultiProcessingLauncher):
     """Lightning's spawn/fork/forkserver launcher (strategies/launchers/multiprocessing.py), reporting the
-    worker whose failure ended the run (first_failure), a worker the OOM killer ended, and the death of
-    psgd's fork server. A fork-server child gets what Lightning gives a spawned worker: its global state
+    worker whose failure ended the run (first_failure) or that the OOM killer ended, and stopping the workers
+    where psgd's fork server dies. A fork-server child gets what Lightning gives a spawned worker: its global state
     (`_GlobalStateSnapshot`) and a private copy of the model (`_disable_module_memory_sharing`)."""
 
     _private_models = True  # forkserver: each worker gets its own copy of the model, as with spawn
@@ -113,7 +112,6 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
                 args = (trainer, function, fargs, fkwargs, return_queue, self._global_states)
         prepare_worker()
         die_with_parent()  # before the rendezvous: an orphan would wait out strategy.timeout_s
-        hang_up_as_sigterm()
         ctrl_c_out_of_threading()
         try:
             super()._wrapping_function(process_idx, *args, **kwargs)
@@ -144,17 +142,10 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
     def _explain(self, e: ProcessRaisedException | ProcessExitedException) -> BaseException:
         """What the run raises for the failure torch reported: `e`, or the worker and cause behind it."""
         if self._launcher_state is not None and isinstance(e, ProcessExitedException) and e.exit_code == 255:
-            server = forkserver.server_died()
-            if server is not None:
-                for proc in self.procs:  # orphaned, they would train on
-                    with contextlib.suppress(OSError):
-                        os.kill(proc.pid, signal.SIGKILL)
-                return KilledWorker(
-                    f"psgd's fork server (pid {server}), which started the workers, died (killed by a signal); "
-                    "they were stopped",
-                    0,
-                    server,
-                )
+            # the fork server died (a worker's status is unknown then, exit code 255): its orphans would train on
+            for proc in self.procs:
+                with contextlib.suppress(OSError):
+                    os.kill(proc.pid, signal.SIGKILL)
         if isinstance(e, ProcessRaisedException):
             timeout = getattr(self._strategy, "_timeout", None)  # DDPStrategy's process-group timeout
             e = first_failure(e, self.procs, self._errors_dir, timeout and timeout.total_seconds())

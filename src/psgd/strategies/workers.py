@@ -34,8 +34,8 @@ def lost_a_peer(error: str) -> bool:
 
 
 class KilledWorker(ProcessExitedException):
-    """A worker that died of SIGKILL (or the fork server that started it), its message the run's one line
-    naming it and why. Picklable (a sweep launcher returns it from another process)."""
+    """A worker that died of SIGKILL, its message the run's one line naming it and why. Picklable (a sweep
+    launcher returns it from another process)."""
 
     def __init__(self, message: str, rank: int, pid: int):
         super().__init__(message, error_index=rank, error_pid=pid, exit_code=-signal.SIGKILL, signal_name="SIGKILL")
@@ -132,14 +132,14 @@ def refuse_a_run_while_a_worker_imports_the_script() -> None:
     raise SystemExit(2)
 
 
-def session_refusal(obj: Any, what: str | None = None) -> str | None:
-    """The line refusing `obj` (`what` names it; else its class) where its class is defined in an interactive
-    session's `__main__` (a notebook, Python's prompt): worker processes start without the session's code."""
+def session_refusal(obj: Any) -> str | None:
+    """The line refusing `obj` where its class is defined in an interactive session's `__main__` (a notebook,
+    Python's prompt): worker processes start without the session's code."""
     main = sys.modules.get("__main__")
     if type(obj).__module__ != "__main__" or main is None or getattr(main, "__file__", None):
         return None
     return (
-        f"{what or type(obj).__name__} is defined in this interactive session (a notebook or Python's prompt), and "
+        f"{type(obj).__name__} is defined in this interactive session (a notebook or Python's prompt), and "
         "each worker process starts without the session's code: define it in a .py file beside the notebook and "
         "import it from there, or run one worker in this process"
     )
