@@ -7,8 +7,6 @@ from typing import Any
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, SequentialLR, StepLR
 
-from psgd.choices import DECAYS, LR_SCALING
-
 
 def scaled_lr(
     base_lr: float, workers: int, rule: str = "none", samples_per_update: int = 1, reference_batch: int | None = None
@@ -17,8 +15,6 @@ def scaled_lr(
     square root (sqrt). The ratio is `workers` when `reference_batch` is None (the workshop's rule), else
     `samples_per_update / reference_batch`: base_lr is then the lr for an update averaging
     `reference_batch` samples, so that a sweep over batch size or worker count needs no retuning."""
-    if rule not in LR_SCALING:
-        raise ValueError(f"lr_scaling={rule!r} is not one of {', '.join(LR_SCALING)}")
     if rule == "none":
         return base_lr
     ratio = workers if reference_batch is None else samples_per_update / reference_batch
@@ -53,8 +49,6 @@ def build_scheduler(
     Lengths are in epochs; the scheduler is stepped `steps_per_epoch` times per epoch: 1 (per epoch), or
     the optimizer steps of an epoch for a schedule that moves after every step (scheduler.interval=step;
     there `warmup_epochs` may be a fraction, e.g. 0.5)."""
-    if decay not in DECAYS:
-        raise ValueError(f"scheduler.decay={decay!r} is not one of {', '.join(DECAYS)}")
     warmup = max(1, round(warmup_epochs * steps_per_epoch)) if warmup_epochs > 0 else 0
     parts: list[LRScheduler] = []
     if warmup > 0:

@@ -35,7 +35,7 @@ from psgd.callbacks import (
 )
 from psgd.choices import INFO
 from psgd.config import ConfigError, DirInUse, Plan, build_model, check, compile_mode, schedule
-from psgd.console import text_lines, warn
+from psgd.console import text_lines
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
 from psgd.environment import cpu_count, device_description, versions
@@ -174,8 +174,7 @@ def read_data(cfg: DictConfig, plan: Plan, datamodule: ClassificationData) -> No
     world_size = plan.workers * cfg.trainer.num_nodes
     with found_by_every_worker():
         datamodule.prepare_data()
-        if short := datamodule.check_batches(world_size):
-            warn(short)  # a shard smaller than one batch
+        datamodule.check_batches(world_size)
         datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))
 
 

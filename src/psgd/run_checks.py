@@ -17,7 +17,6 @@ def build_datamodule(cfg: DictConfig, image_size: int | None = None) -> Classifi
         image_size=image_size,
         seed=cfg.seed,
         channels_last=cfg.channels_last,
-        record_shards=cfg.record_shards,
         lockstep=cfg.strategy.name == "ddp",  # DDP needs equal steps on every worker; averaging lets each run its own
         # replicas that differ (model averaging) are each evaluated on the whole split
         shard_eval=cfg.strategy.name in ("ddp", "hogwild"),

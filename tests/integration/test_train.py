@@ -376,8 +376,7 @@ def test_a_run_that_learned_nothing_says_so_beside_its_result(tiny_data, tmp_pat
         ([], "trainer.max_steps=20", []),  # 16 steps an epoch: inside the second; resumed to max_epochs
         ([], "trainer.max_steps=20", ["trainer.max_steps=40"]),  # (Lightning resumes inside the epoch itself)
         ([], "early_stop.target_acc=0.05 early_stop.patience=3", []),  # stopped half-way through epoch 2
-        (["data.augment=pad_crop_flip"], "trainer.max_steps=20", []),  # inside batches 3-5, made together
-        (["data.augment=pad_crop_flip"], "trainer.max_steps=22", []),  # after them: the next are made anew
+        (["data.augment=pad_crop_flip"], "trainer.max_steps=20", []),  # the augmentations' draws too
         # a per-step warm-up (it sets the training data up early): the cut epoch keeps the lr it started with
         (["scheduler=warmup", "scheduler.interval=step", "scheduler.warmup_epochs=2"], "trainer.max_steps=20", []),
         (["strategy=model_averaging"], "trainer.max_steps=20", []),  # its checkpoint: at the train's end
@@ -387,22 +386,18 @@ def test_a_run_that_learned_nothing_says_so_beside_its_result(tiny_data, tmp_pat
         "max_steps-then-max_epochs",
         "max_steps-then-more-steps",
         "early-stop-then-none",
-        "augmented-inside-batches-made-together",
-        "augmented-after-batches-made-together",
+        "augmented",
         "per-step-lr-schedule",
         "model-averaging",
         "hogwild",
     ],
 )
 def test_a_run_cut_inside_an_epoch_resumes_to_the_uninterrupted_runs_weights(
-    tiny_data, tmp_path, monkeypatch, both, cut, resumed_with
+    tiny_data, tmp_path, both, cut, resumed_with
 ):
     """A run cut inside an epoch resumes from its last whole epoch's checkpoint and trains the cut epoch
-    again from its start, each worker's random stream reseeded as the uninterrupted run's was (dropout is
-    on), the CPU loader making its batches together with the same augmentations."""
-    from psgd.data import datamodule
-
-    monkeypatch.setattr(datamodule, "MADE_TOGETHER_BYTES", 3 * 32 * 32 * 32 * 4)  # 3 batches of 32 at once
+    again from its start, each worker's random stream reseeded as the uninterrupted run's was (dropout and
+    augmentation are on)."""
     common = [f"data.root={tiny_data}", "trainer.max_epochs=3", "trainer.val_check_interval=0.5", *both, *TINY]
     straight = train(compose_cfg(*common, *resumed_with), tmp_path / "straight")
     first = train(compose_cfg(*common, *cut.split()), tmp_path / "first")

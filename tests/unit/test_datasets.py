@@ -8,7 +8,6 @@ import torch
 from conftest import SHARED_DATA, make_cifar_like, make_mnist_like
 
 from psgd.data import INFO, ClassificationData, DataError, load_split
-from psgd.data.datamodule import resize
 
 
 def test_mnist_reads_gz_in_place_without_writing_beside_it(tmp_path):
@@ -42,22 +41,6 @@ def test_a_failed_download_leaves_no_empty_folders_behind(tmp_path, offline, cap
         assert ("(no such folder;" if root.name == "deeper" else "(missing MNIST/raw/train-images") in str(e.value)
     capsys.readouterr()  # torchvision's own lines about each mirror
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
-
-
-def test_without_download_the_folders_around_the_root_are_not_listed(tmp_path, monkeypatch):
-    """Listing the folders two levels below data.root (to take away what a failed download made) is for
-    downloads only: data.root may be a large tree (a home directory), and data.download=false makes none."""
-    import psgd.data.datasets as datasets
-
-    make_mnist_like(tmp_path, "MNIST", n_train=50, n_test=20)
-    listed = []
-    monkeypatch.setattr(datasets, "_dirs_around", lambda root: listed.append(root) or set())
-    images, _ = load_split("mnist", str(tmp_path), train=True, download=False)
-    with pytest.raises(DataError):
-        load_split("mnist", str(tmp_path / "nowhere"), train=True, download=False)
-    assert len(images) == 50 and listed == []
-    load_split("mnist", str(tmp_path), train=True, download=True)
-    assert listed == [str(tmp_path)]
 
 
 def test_truncated_file_is_one_line_naming_the_file(tmp_path):
@@ -144,19 +127,12 @@ def test_a_missing_mnist_file_is_named(tmp_path, request):
     assert "(missing MNIST/raw/t10k-labels-idx1-ubyte.gz; download: Error downloading" in str(e.value)
 
 
-def test_resize_to_32_keeps_uint8_and_content():
-    x = torch.zeros(2, 1, 28, 28, dtype=torch.uint8)
-    x[:, :, 10:18, 10:18] = 255
-    y = resize(x, 32)
-    assert y.shape == (2, 1, 32, 32) and y.dtype == torch.uint8
-    assert y[:, :, 14:18, 14:18].min() == 255 and y[:, :, :4, :4].max() == 0
-
-
 def test_datamodule_normalises_and_holds_out_validation(tmp_path):
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
     dm = ClassificationData("mnist", str(tmp_path), batch_size=32, image_size=32, val_split=0.25)
     dm.setup("fit")
     assert len(dm.train_set[1]) == 150 and len(dm.val_set[1]) == 50
+    assert dm.train_set[0].shape[1:] == (1, 32, 32) and dm.train_set[0].dtype == torch.uint8  # resized once
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (32, 1, 32, 32) and x.dtype == torch.float32
     raw = dm.train_set[0][:32].float() / 255
@@ -186,34 +162,6 @@ def test_a_run_where_a_worker_gets_no_training_batch_is_refused_before_it_starts
         data(partition="sizes", partition_sizes=[0.999, 0.001]).check_batches(2)
     with pytest.raises(DataError, match="^data.partition=dirichlet: dirichlet_alpha=0.0001 left worker"):
         data(partition="dirichlet", dirichlet_alpha=1e-4).check_batches(10)
-
-
-def test_a_batch_larger_than_a_workers_shard_is_warned_about(tmp_path):
-    # such a run trains on less than data.batch_size at every step, while its records say data.batch_size
-    make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
-
-    def warning(workers, **kw):
-        dm = ClassificationData("mnist", str(tmp_path), **kw)
-        dm.prepare_data()
-        return dm.check_batches(workers)
-
-    assert warning(1, batch_size=200) is None and warning(2, batch_size=100) is None
-    assert warning(1, batch_size=201) == (
-        "data.batch_size=201 is larger than the training shard of worker 0 (200 samples): "
-        "it never trains on a full batch"
-    )
-    assert warning(2, batch_size=101) == (
-        "data.batch_size=101 is larger than the training shard of workers 0 (100 samples), 1 (100 samples): "
-        "they never train on a full batch"
-    )
-    sizes = {"partition": "sizes", "partition_sizes": [0.6, 0.4]}  # shards of 120 and 80
-    assert warning(2, batch_size=81, **sizes) == (
-        "data.batch_size=81 is larger than the training shard of worker 1 (80 samples): it never trains on a full batch"
-    )
-    assert warning(6, batch_size=34, partition="sizes", partition_sizes=[0.5] + [0.1] * 5).endswith(
-        "of workers 1 (20 samples), 2 (20 samples), 3 (20 samples), 4 (20 samples), ...: "
-        "they never train on a full batch"
-    )
 
 
 def test_a_test_fraction_that_leaves_no_test_batch_is_refused_before_training(tmp_path):
@@ -271,15 +219,11 @@ def test_batches_are_the_normalised_images_and_labels_in_sampler_order(tmp_path,
     assert start == len(labels)
 
 
-def test_training_batches_made_several_at_once_are_each_sampler_batch_in_order(tmp_path, monkeypatch):
-    """The CPU loader makes consecutive batches together (psgd.data.datamodule.MADE_TOGETHER_BYTES):
-    each is still its own index batch of the epoch's order, normalised, the last one short."""
-    from psgd.data import datamodule
-
+def test_training_batches_are_each_sampler_batch_in_order(tmp_path):
+    """Each batch is its own index batch of the epoch's order, normalised, the last one short."""
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
-    dm = ClassificationData("mnist", str(tmp_path), batch_size=32, record_shards=True, channels_last=True)
+    dm = ClassificationData("mnist", str(tmp_path), batch_size=32, channels_last=True)
     dm.setup("fit")
-    monkeypatch.setattr(datamodule, "MADE_TOGETHER_BYTES", 3 * 32 * 32 * 32 * 4)  # 3 batches of 32 at once
     loader = dm.train_dataloader()
     loader.sampler.set_epoch(1)
     want = list(loader.sampler)  # the epoch's index batches: 6 of 32 and one of 8
@@ -290,58 +234,7 @@ def test_training_batches_made_several_at_once_are_each_sampler_batch_in_order(t
     for (x, y), idx in zip(got, want, strict=True):
         torch.testing.assert_close(x, (images[idx].float() / 255 - info.mean[0]) / info.std[0], rtol=0, atol=1e-5)
         assert torch.equal(y, labels[idx]) and x.is_contiguous(memory_format=torch.channels_last)
-    assert [i.tolist() for i in loader.seen] == [i.tolist() for i in want]  # what record_shards writes
-
-
-@pytest.mark.parametrize("device", ["cpu", "meta"])
-def test_the_training_loader_goes_on_from_its_place_inside_an_epoch(tmp_path, monkeypatch, device):
-    """Lightning saves a loader's state_dict in checkpoints and gives it back on a resume inside an
-    epoch: the resumed loader hands out that epoch's remaining batches, in order (also where the CPU
-    loader made the cut batch together with the next ones), and every later epoch whole. (meta stands in
-    for a GPU: batches made one by one.)"""
-    from psgd.data import datamodule
-
-    make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
-    monkeypatch.setattr(datamodule, "MADE_TOGETHER_BYTES", 3 * 32 * 32 * 32 * 4)  # 3 batches of 32 at once
-
-    def loader():
-        dm = _on(ClassificationData("mnist", str(tmp_path), batch_size=32, on_device=True, record_shards=True), device)
-        dm.trainer.world_size, dm.trainer.global_rank = 1, 0
-        dm.setup("fit")
-        return dm.train_dataloader()
-
-    def values(batches):  # (meta tensors hold no values: their shapes, and the indices recorded, are compared)
-        return [(x.shape, x if device == "cpu" else None, y if device == "cpu" else None) for x, y in batches]
-
-    def same(a, b) -> bool:
-        return len(a) == len(b) and all(
-            sa == sb and (xa is None or (torch.equal(xa, xb) and torch.equal(ya, yb)))
-            for (sa, xa, ya), (sb, xb, yb) in zip(a, b)
-        )
-
-    first = loader()
-    first.sampler.set_epoch(1)
-    whole = values(first)
-    order = [i.tolist() for i in first.seen]
-    assert len(whole) == 7 and first.state_dict() == {"epoch": 1, "batches": 7}
-    taken = iter(first)
-    for _ in range(2):  # stopped inside the first three made together
-        next(taken)
-    state = first.state_dict()
-    assert state == {"epoch": 1, "batches": 2}
-
-    resumed = loader()
-    resumed.load_state_dict(state)
-    batches = iter(resumed)  # (Lightning calls iter() before it sets the epoch)
-    resumed.sampler.set_epoch(1)
-    assert same(values(batches), whole[2:]) and [i.tolist() for i in resumed.seen] == order[2:]
-    assert resumed.state_dict() == {"epoch": 1, "batches": 7}
-    resumed.sampler.set_epoch(2)
-    assert len(list(resumed)) == 7  # the next epoch is whole
-    other = loader()
-    other.load_state_dict({"epoch": 0, "batches": 3})  # a place in another epoch than the one that starts
-    other.sampler.set_epoch(1)
-    assert same(values(other), whole) and [i.tolist() for i in other.seen] == order
+    assert [i.tolist() for i in loader.seen] == [i.tolist() for i in want]  # what record_shards saves
 
 
 @pytest.mark.real_data
@@ -386,12 +279,11 @@ def test_on_device_makes_every_batch_on_the_trainers_device_from_the_same_shard(
     # No GPU here: the meta device stands in for one. It holds no values, so this checks where the data
     # and every batch go (values are checked on the host above; the ops are the same on any device).
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
-    kw = dict(batch_size=32, eval_batch_size=16, channels_last=True, augment=augment, record_shards=True)
+    kw = dict(batch_size=32, eval_batch_size=16, channels_last=True, augment=augment)
     host = _on(ClassificationData("mnist", str(tmp_path), **kw), "meta")  # on_device off: the device is ignored
     dev = _on(ClassificationData("mnist", str(tmp_path), on_device=True, **kw), "meta")
     for dm in (host, dev):
         dm.setup("fit")
-    assert host.device().type == "cpu" and dev.device().type == "meta"
     train_host, train_dev = host.train_dataloader(), dev.train_dataloader()
     shapes = [(x.shape, y.shape) for x, y in train_host]
     with OneDevicePerOp():
@@ -432,8 +324,8 @@ class IndexTransfers(torch.overrides.TorchFunctionMode):
 def test_on_device_copies_an_epochs_index_batches_in_one_transfer(tmp_path):
     # a small host-to-GPU copy per step costs a driver call each; the epoch's order is known at its start
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
-    dev = _on(ClassificationData("mnist", str(tmp_path), batch_size=32, on_device=True, record_shards=True), "meta")
-    host = _on(ClassificationData("mnist", str(tmp_path), batch_size=32, record_shards=True), "meta")
+    dev = _on(ClassificationData("mnist", str(tmp_path), batch_size=32, on_device=True), "meta")
+    host = _on(ClassificationData("mnist", str(tmp_path), batch_size=32), "meta")
     for dm in (dev, host):
         dm.setup("fit")
     loader, host_loader = dev.train_dataloader(), host.train_dataloader()

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from psgd.data.datamodule import EvalSampler, ShardSampler
+from psgd.data.datamodule import ShardSampler, eval_batches
 from psgd.data.partition import label_groups, partition
 
 LABELS = torch.arange(1000) % 10
@@ -99,8 +99,8 @@ def test_shard_sampler_yields_its_own_shard_in_epoch_order():
     assert torch.equal(torch.cat(list(sampler)), partition(LABELS, 3, "iid", seed=5, epoch=3)[1])
 
 
-def test_eval_sampler_same_steps_everywhere_and_covers_the_set():
-    samplers = [EvalSampler(1001, 3, r, batch_size=100) for r in range(3)]
+def test_eval_batches_same_steps_everywhere_and_cover_the_set():
+    samplers = [eval_batches(1001, 3, r, batch_size=100) for r in range(3)]
     assert len({len(s) for s in samplers}) == 1
     seen = torch.cat([torch.cat(list(s)) for s in samplers])
     assert sorted(seen.tolist()) == list(range(1001))

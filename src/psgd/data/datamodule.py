@@ -1,15 +1,14 @@
 """The LightningDataModule: tensors decoded once, batches made by indexing, shards by `partition`."""
 
-import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import pytorch_lightning as L
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+from torchvision.transforms.v2.functional import resize
 
-from psgd.choices import INFO
+from psgd.choices import INFO, DatasetInfo
 from psgd.data.augment import PRESETS
 from psgd.data.datasets import DataError, load_split
 from psgd.data.partition import HOLDOUT, generator, limited_batches, num_batches, partition
@@ -59,154 +58,67 @@ class ShardSampler:
             yield mine[i * self.batch_size : (i + 1) * self.batch_size]
 
 
-class EvalSampler:
-    """This worker's strided share of an evaluation set, cut into the same number of batches on every
-    worker (so nothing collective can ever wait on a worker with one batch more)."""
-
-    def __init__(self, n: int, workers: int, rank: int, batch_size: int):
-        self.indices = torch.arange(rank, n, workers)
-        largest = len(range(0, n, workers))
-        self.steps = max(1, -(-largest // batch_size))
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def __iter__(self) -> Iterator[Tensor]:
-        yield from torch.tensor_split(self.indices, self.steps)
-
-
-class BatchTransform:
-    """uint8 batch -> float in [0,1] -> optional augmentation -> per-channel normalisation."""
-
-    def __init__(
-        self,
-        mean: Sequence[float],
-        std: Sequence[float],
-        augment: Callable[[Tensor], Tensor] | None = None,
-        channels_last: bool = False,
-    ):
-        self.mean = torch.tensor(mean).view(1, -1, 1, 1)
-        self.std = torch.tensor(std).view(1, -1, 1, 1)
-        self.augment, self.channels_last = augment, channels_last
-
-    def __call__(self, images: Tensor) -> Tensor:
-        if images.device != self.mean.device:  # batches made on the GPU (on_device): the constants follow, once
-            self.mean, self.std = self.mean.to(images.device), self.std.to(images.device)
-        x = images.float().div_(255)
-        if self.augment is not None:
-            x = self.augment(x)
-        x = x.sub_(self.mean).div_(self.std)
-        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
-
-
-MADE_TOGETHER_BYTES = 4 << 20  # the CPU loader makes consecutive batches up to this size at once (TensorLoader)
+def eval_batches(n: int, workers: int, rank: int, batch_size: int) -> list[Tensor]:
+    """This worker's strided share of an evaluation set of `n` samples, cut into the same number of batches
+    on every worker (so nothing collective can ever wait on a worker with one batch more)."""
+    largest = len(range(0, n, workers))
+    return list(torch.tensor_split(torch.arange(rank, n, workers), max(1, -(-largest // batch_size))))
 
 
 class TensorLoader:
-    """Yields (images, labels) batches by indexing in-memory tensors, and keeps its place inside an epoch
-    through Lightning's state_dict / load_state_dict (a resumed run goes on with the epoch's next batch).
-
-    On the CPU, consecutive batches up to MADE_TOGETHER_BYTES are transformed in one go. With augmentation,
-    `made_at` is (the first batch, the random stream before their draws) of the last batches made together;
-    a checkpoint keeps it, and `make_again` given back on resume makes them again with the same draws."""
+    """Batches made by indexing in-memory uint8 tensors: the images as floats in [0, 1], augmented, then
+    normalised per channel, with their labels. A run resumes at a whole epoch, so it keeps no place."""
 
     batch_sampler = None  # Lightning inspects DataLoader-like attributes; the sampler yields whole batches
 
-    def __init__(self, images: Tensor, labels: Tensor, sampler, transform: BatchTransform, record: bool = False):
-        self.images, self.labels, self.sampler, self.transform = images, labels, sampler, transform
-        self.record = record
-        self.seen: list[Tensor] = []  # with `record`: the index batches handed out this epoch
-        # this epoch's batches handed out so far: the ones trained (Lightning fetches a sized loader's
-        # batches one at a time, none ahead)
-        self.handed_out = 0
-        self._resume_at: dict[str, int] | None = None  # a state_dict: where the next epoch's iteration starts
-        self.made_at: tuple[int, Tensor] | None = None  # (first batch, random stream) of the last made together
-        self.make_again: tuple[int, int, Tensor] | None = None  # (epoch, first batch, stream) to make again
+    def __init__(
+        self,
+        images: Tensor,
+        labels: Tensor,
+        sampler: Iterable[Tensor],
+        info: DatasetInfo,
+        augment: Callable[[Tensor], Tensor] | None = None,
+        channels_last: bool = False,
+    ):
+        self.images, self.labels, self.sampler = images, labels, sampler
+        self.mean = torch.tensor(info.mean, device=images.device).view(1, -1, 1, 1)
+        self.std = torch.tensor(info.std, device=images.device).view(1, -1, 1, 1)
+        self.augment, self.channels_last = augment, channels_last
+        self.seen: list[Tensor] = []  # the index batches handed out this epoch (record_shards saves them)
 
     def __len__(self) -> int:
         return len(self.sampler)
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.sampler.epoch, "batches": self.handed_out}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Lightning calls it when a run resumes inside an epoch: that epoch's first `batches` are skipped
-        (Lightning counts them done, whatever the epoch's length now)."""
-        self._resume_at = dict(state)
-
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        self.seen, self.handed_out, self.made_at = [], 0, None
-        skip, again = 0, None
-        if self._resume_at is not None:  # read here: Lightning sets the sampler's epoch after load_state_dict
-            epoch, batches = int(self._resume_at["epoch"]), int(self._resume_at["batches"])
-            skip = batches if epoch == self.sampler.epoch else 0
-            if skip and self.make_again is not None and self.make_again[0] == epoch:
-                again = self.make_again[1:]
-            self.handed_out = skip
-        self._resume_at = self.make_again = None
-        made = self._made_together(skip, again) if self.images.device.type == "cpu" else self._made_on_device(skip)
-        for batch in made:
-            self.handed_out += 1
-            yield batch
-
-    def _made_on_device(self, skip: int) -> Iterator[tuple[Tensor, Tensor]]:
-        """The batches from batch `skip` on, made where the data is kept (on_device); the epoch's index
-        batches go there in one transfer."""
-        host = list(self.sampler)[skip:]  # a shard's slices: the epoch's order is fixed when it starts
+        self.seen = []
+        host = list(self.sampler)  # the epoch's order is fixed when it starts
         if not host:
             return
+        # the index batches go where the data is kept in one transfer (on_device: one copy, not one per step)
         placed = torch.cat(host).to(self.images.device, non_blocking=True).split([len(i) for i in host])
         for idx, on_device in zip(host, placed):
-            if self.record:
-                self.seen.append(idx)
-            yield self.transform(self.images.index_select(0, on_device)), self.labels.index_select(0, on_device)
+            self.seen.append(idx)
+            yield self.batch(on_device)
 
-    def _made_together(self, skip: int = 0, again: tuple[int, Tensor] | None = None) -> Iterator[tuple[Tensor, Tensor]]:
-        """The CPU's batches from batch `skip` on, made several at a time; `again`: the class's `make_again`."""
-        per_sample = self.images[0].numel() * 4  # the float32 batch the transform makes
-        augments = self.transform.augment is not None
-        position = again[0] if again is not None and augments and again[0] <= skip else skip
-        batches = itertools.islice(self.sampler, position, None)
-        for first in batches:
-            together = max(1, MADE_TOGETHER_BYTES // max(1, len(first) * per_sample))
-            group = [first, *itertools.islice(batches, together - 1)]
-            if position + len(group) <= skip:  # all before the resume's place (made, drawn afresh, next)
-                position += len(group)
-                continue
-            idx = torch.cat(group) if len(group) > 1 else first
-            picked = self.images.index_select(0, idx)
-            if augments and again is not None and position == again[0]:
-                self.made_at = (position, again[1])
-                with torch.random.fork_rng(devices=[]):
-                    torch.set_rng_state(again[1])
-                    images = self.transform(picked)
-            else:
-                if augments:
-                    self.made_at = (position, torch.get_rng_state())
-                images = self.transform(picked)
-            labels = self.labels.index_select(0, idx)
-            start = 0
-            for i, batch in enumerate(group):
-                end = start + len(batch)
-                if position + i >= skip:
-                    if self.record:
-                        self.seen.append(batch)
-                    yield images[start:end], labels[start:end]
-                start = end
-            position += len(group)
-
-
-def resize(images: Tensor, size: int) -> Tensor:
-    """Bilinear resize of a whole uint8 image tensor, done once at load time."""
-    if images.shape[-1] == size and images.shape[-2] == size:
-        return images
-    out = F.interpolate(images.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=True)
-    return out.round_().clamp_(0, 255).to(torch.uint8)
+    def batch(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+        """The samples `idx` (on the data's device) as a batch."""
+        x = self.images.index_select(0, idx).float().div_(255)
+        if self.augment is not None:
+            x = self.augment(x)
+        x = x.sub_(self.mean).div_(self.std)
+        x = x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+        return x, self.labels.index_select(0, idx)
 
 
 class ClassificationData(L.LightningDataModule):
     """MNIST / FashionMNIST / CIFAR10 sharded over workers; validates on the test split unless
-    `val_split` holds out part of the training set."""
+    `val_split` holds out part of the training set.
+
+    Args:
+        lockstep: every worker takes the fewest batches any shard allows (DDP: uneven shards never hang).
+        shard_eval: each worker evaluates its share of a split (False: all of it, model averaging's replicas).
+        on_device: each split copied once to the trainer's device, batches made there.
+    """
 
     def __init__(
         self,
@@ -226,7 +138,6 @@ class ClassificationData(L.LightningDataModule):
         lockstep: bool = True,
         drop_last: bool = False,
         channels_last: bool = False,
-        record_shards: bool = False,
         shard_eval: bool = True,
         on_device: bool = False,
     ):
@@ -235,16 +146,21 @@ class ClassificationData(L.LightningDataModule):
         self.info = INFO[name]
         self.image_size = image_size or self.info.size
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
-        self.scheme, self.sizes, self.alpha = partition, partition_sizes, dirichlet_alpha
         self.augment, self.val_split, self.seed = augment, val_split, seed
+        self.deal = {  # partition's keywords
+            "scheme": partition,
+            "seed": seed,
+            "sizes": partition_sizes,
+            "alpha": dirichlet_alpha,
+            "num_classes": self.info.num_classes,
+        }
         self.lockstep, self.drop_last, self.channels_last = lockstep, drop_last, channels_last
-        self.record_shards, self.shard_eval = record_shards, shard_eval
-        self.on_device = on_device  # each split copied once to the trainer's device, batches made there
-        self._placed: dict[tuple[int, torch.device], tuple[Tensor, Tensor]] = {}
+        self.shard_eval, self.on_device = shard_eval, on_device
+        self._decoded: dict[bool, tuple[Tensor, Tensor]] = {}  # raw splits from prepare_data, by `train`
         self.train_set: tuple[Tensor, Tensor] | None = None
         self.val_set: tuple[Tensor, Tensor] | None = None
         self.test_set: tuple[Tensor, Tensor] | None = None
-        self._decoded: dict[bool, tuple[Tensor, Tensor]] = {}  # raw splits from prepare_data, by `train`
+        self._placed: dict[tuple[int, torch.device], tuple[Tensor, Tensor]] = {}  # on_device copies
 
     def prepare_data(self) -> None:
         """Download if needed and decode; the workers receive the decoded splits with the pickled datamodule."""
@@ -254,29 +170,21 @@ class ClassificationData(L.LightningDataModule):
 
     def decoded_from(self, other: "ClassificationData") -> None:
         """Use the splits `other` decoded (prepare_data) from the same dataset and folder."""
-        if (other.name, other.root) != (self.name, self.root):
-            raise ValueError(f"{other.name} under {other.root} is not {self.name} under {self.root}")
         self._decoded = other._decoded
 
-    def _load(self, train: bool) -> tuple[Tensor, Tensor]:
-        if train in self._decoded:
-            images, labels = self._decoded[train]
-        else:
-            images, labels = load_split(self.name, self.root, train, download=False, verify_md5=self.verify_md5)
-        return resize(images, self.image_size), labels
-
     def setup(self, stage: str | None = None) -> None:
-        if self.test_set is None:
-            self.test_set = self._load(train=False)
-        if stage in ("fit", "validate", None) and self.train_set is None:
-            images, labels = self._load(train=True)
-            if self.val_split > 0:
-                held, keep = self._holdout(len(labels))
-                self.val_set = (images[held], labels[held])
-                images, labels = images[keep], labels[keep]
-            else:
-                self.val_set = self.test_set
-            self.train_set = (images, labels)
+        if self.train_set is not None:
+            return
+        self.prepare_data()  # a no-op where the decoded splits came with the datamodule
+        size = [self.image_size, self.image_size]  # bilinear, antialiased, once (uint8 in and out)
+        images, labels = resize(self._decoded[True][0], size), self._decoded[True][1]
+        self.test_set = (resize(self._decoded[False][0], size), self._decoded[False][1])
+        self.val_set = self.test_set
+        if self.val_split > 0:
+            held, keep = self._holdout(len(labels))
+            self.val_set = (images[held], labels[held])
+            images, labels = images[keep], labels[keep]
+        self.train_set = (images, labels)
 
     def _holdout(self, n: int) -> tuple[Tensor, Tensor]:
         """The indices `val_split` holds out of n training samples, and the rest (sorted)."""
@@ -284,13 +192,20 @@ class ClassificationData(L.LightningDataModule):
         n_val = int(round(self.val_split * n))
         return perm[:n_val], perm[n_val:].sort().values
 
-    def check_batches(self, workers: int) -> str | None:
-        """A warning line where a worker's shard is smaller than one batch, else None (needs prepare_data).
+    def check_batches(self, workers: int) -> None:
+        """Refuse a partition and batch size that leave a worker no training batch (needs prepare_data).
 
         Raises:
             DataError: a worker would get no training batch.
         """
-        sizes, counts = self.train_shards(workers)
+        labels = self._decoded[True][1]
+        if self.val_split > 0:
+            labels = labels[self._holdout(len(labels))[1]]
+        try:  # the shards as the workers will deal them, from the labels alone
+            sampler = self.train_sampler(workers, 0, labels)
+            sizes, counts = [len(s) for s in sampler.shards()], sampler.counts()
+        except ValueError as e:  # a partition that leaves a worker nothing (dirichlet)
+            raise DataError(f"data.partition={self.deal['scheme']}: {e}") from e
         empty = [r for r, c in enumerate(counts) if c == 0]
         if empty:
             shards = ", ".join(f"worker {r} ({sizes[r]} samples)" for r in empty)
@@ -301,28 +216,9 @@ class ClassificationData(L.LightningDataModule):
             )
             raise DataError(
                 f"no training batch for {shards} of {workers} with {sum(sizes)} training samples, "
-                f"data.partition={self.scheme}, data.batch_size={self.batch_size} and "
+                f"data.partition={self.deal['scheme']}, data.batch_size={self.batch_size} and "
                 f"data.drop_last={str(self.drop_last).lower()}: {fix}"
             )
-        short = [r for r, n in enumerate(sizes) if n < self.batch_size]
-        if not short:
-            return None
-        named = ", ".join(f"{r} ({sizes[r]} samples)" for r in short[:4]) + (", ..." if len(short) > 4 else "")
-        whose, they = ("workers", "they never train") if len(short) > 1 else ("worker", "it never trains")
-        said = f"data.batch_size={self.batch_size} is larger than the training shard of {whose} {named}"
-        return f"{said}: {they} on a full batch"
-
-    def train_shards(self, workers: int) -> tuple[list[int], list[int]]:
-        """Each of `workers` workers' training samples and whole shard's batches per epoch, in rank order
-        (needs prepare_data; reads only the labels)."""
-        labels = self._decoded[True][1]
-        if self.val_split > 0:
-            labels = labels[self._holdout(len(labels))[1]]
-        try:
-            sampler = self.train_sampler(workers, 0, labels)
-            return [len(s) for s in sampler.shards()], sampler.counts()
-        except ValueError as e:  # a partition that leaves a worker nothing (dirichlet)
-            raise DataError(f"data.partition={self.scheme}: {e}") from e
 
     def check_test_limit(self, limit: float | int | None) -> None:
         """Refuse, before training, a trainer.limit_test_batches fraction that leaves the test no batch.
@@ -344,66 +240,40 @@ class ClassificationData(L.LightningDataModule):
         # workers start from the host copies and place their own (keys are object ids of this process)
         return {**self.__dict__, "_placed": {}}
 
-    def device(self) -> torch.device:
-        """Where batches are made: the trainer's device with on_device, else the host."""
+    def _where(self, split: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """`split` where batches are made: with on_device on the trainer's device (copied once), else the host."""
         trainer = self.trainer
-        if self.on_device and trainer is not None:
-            return trainer.strategy.root_device
-        return torch.device("cpu")
-
-    def _on_device(self, split: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-        """`split` where batches are made (device()): copied there once per split and device."""
-        device = self.device()
-        if device.type == "cpu":
+        if not self.on_device or trainer is None or trainer.strategy.root_device.type == "cpu":
             return split
-        key = (id(split[0]), device)
+        key = (id(split[0]), trainer.strategy.root_device)
         if key not in self._placed:
-            self._placed[key] = (split[0].to(device), split[1].to(device))
+            self._placed[key] = (split[0].to(key[1]), split[1].to(key[1]))
         return self._placed[key]
 
     def _world(self) -> tuple[int, int]:
         trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
-    def _transform(self, train: bool) -> BatchTransform:
-        augment = PRESETS[self.augment] if train else None
-        return BatchTransform(self.info.mean, self.info.std, augment, self.channels_last)
-
     def train_sampler(self, workers: int, rank: int, labels: Tensor | None = None) -> ShardSampler:
-        return ShardSampler(
-            self.train_set[1] if labels is None else labels,
-            workers,
-            rank,
-            self.batch_size,
-            lockstep=self.lockstep,
-            drop_last=self.drop_last,
-            scheme=self.scheme,
-            seed=self.seed,
-            sizes=self.sizes,
-            alpha=self.alpha,
-            num_classes=self.info.num_classes,
-        )
+        labels = self.train_set[1] if labels is None else labels
+        return ShardSampler(labels, workers, rank, self.batch_size, self.lockstep, self.drop_last, **self.deal)
 
     def train_dataloader(self) -> TensorLoader:
-        workers, rank = self._world()
-        images, labels = self._on_device(self.train_set)
-        sampler = self.train_sampler(workers, rank)
+        sampler = self.train_sampler(*self._world())
         # Lightning's overfit_batches turns a DataLoader's shuffling off; this loader's sampler does it here
         sampler.same_every_epoch = (getattr(self.trainer, "overfit_batches", 0) or 0) > 0
-        return TensorLoader(images, labels, sampler, self._transform(train=True), record=self.record_shards)
+        return TensorLoader(*self._where(self.train_set), sampler, self.info, PRESETS[self.augment], self.channels_last)
 
-    def _eval_loader(self, split: tuple[Tensor, Tensor], sharded: bool | None = None) -> TensorLoader:
-        """Each worker's share of `split`; unsharded (model averaging's replicas), all of it for every worker."""
-        workers, rank = self._world() if (self.shard_eval if sharded is None else sharded) else (1, 0)
-        sampler = EvalSampler(len(split[1]), workers, rank, self.eval_batch_size)
-        images, labels = self._on_device(split)
-        return TensorLoader(images, labels, sampler, self._transform(train=False))
+    def _eval_loader(self, split: tuple[Tensor, Tensor], sharded: bool) -> TensorLoader:
+        """Each worker's share of `split` where `sharded`, else all of it for every worker."""
+        batches = eval_batches(len(split[1]), *(self._world() if sharded else (1, 0)), self.eval_batch_size)
+        return TensorLoader(*self._where(split), batches, self.info, channels_last=self.channels_last)
 
     def val_dataloader(self) -> TensorLoader:
-        return self._eval_loader(self.val_set)
+        return self._eval_loader(self.val_set, self.shard_eval)
 
     def test_dataloader(self) -> TensorLoader:
-        return self._eval_loader(self.test_set)
+        return self._eval_loader(self.test_set, self.shard_eval)
 
     def full_eval_loader(self, split: str) -> TensorLoader:
         """The whole val or test split, for evaluating this process's model on its own."""

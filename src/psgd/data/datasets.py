@@ -28,32 +28,19 @@ class DataError(RuntimeError):
 def read_idx(path: str) -> np.ndarray:
     """Parse an IDX (LeCun) uint8 file, gzipped or not; a damaged file is a one-line DataError."""
     try:
-        opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rb") as f:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
             data = f.read()
-    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+        if data[:3] != b"\0\0\x08":
+            raise ValueError("not an IDX uint8 file")
+        dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(data[3])]
+        return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * len(dims)).reshape(dims)
+    except (OSError, EOFError, ValueError, IndexError) as e:  # gzip.BadGzipFile is an OSError
         raise DataError(f"cannot read {path}: {e} (file truncated or corrupted: delete it and download again)") from e
-    if len(data) < 8 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
-        raise DataError(f"{path} is not an IDX uint8 file (corrupted? delete it and download again)")
-    ndim = data[3]
-    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    offset = 4 + 4 * ndim
-    if len(data) - offset != int(np.prod(dims)):
-        raise DataError(
-            f"{path} holds {len(data) - offset} bytes of data, expected {int(np.prod(dims))} for shape {dims} "
-            "(file truncated: delete it and download again)"
-        )
-    return np.frombuffer(data, dtype=np.uint8, offset=offset).reshape(dims)
 
 
 class _ReadsGzip:
-    """MNIST-family mixin: accept and read the downloaded .gz files without extracting them."""
-
-    folder: str
-
-    @property
-    def raw_folder(self) -> str:
-        return os.path.join(self.root, self.folder, "raw")
+    """MNIST-family mixin: accept and read the downloaded .gz files without extracting them (under
+    <root>/<class name>/raw, as torchvision has them)."""
 
     def _path(self, stem: str) -> str:
         plain = os.path.join(self.raw_folder, stem)
@@ -66,17 +53,15 @@ class _ReadsGzip:
         prefix = "train" if self.train else "t10k"
         images = read_idx(self._path(f"{prefix}-images-idx3-ubyte"))
         labels = read_idx(self._path(f"{prefix}-labels-idx1-ubyte"))
-        if len(images) != len(labels):
-            raise DataError(f"{self.raw_folder}: {len(images)} images but {len(labels)} labels")
         return torch.from_numpy(images.copy()), torch.from_numpy(labels.astype(np.int64))
 
 
 class MNIST(_ReadsGzip, tvd.MNIST):
-    folder = "MNIST"
+    pass
 
 
 class FashionMNIST(_ReadsGzip, tvd.FashionMNIST):
-    folder = "FashionMNIST"
+    pass
 
 
 class CIFAR10(tvd.CIFAR10):
@@ -106,24 +91,22 @@ _CLASSES = {"mnist": MNIST, "fashion_mnist": FashionMNIST, "cifar10": CIFAR10}
 def what_is_missing(name: str, root: str, verify_md5: bool = True) -> str | None:
     """What of dataset `name` is not under `root` as torchvision expects it, in a few words: the folder,
     the files that are missing, or (CIFAR10 with verify_md5) those whose md5 sum is not the real one's;
-    None when every file is there. Looked at only after loading failed, to say which file it was."""
+    None when every file is there."""
     top = Path(root)
     if not top.is_dir():
         return "a file, not a folder" if top.exists() else "no such folder"
     if name == "cifar10":
-        folder = top / CIFAR10.base_folder
-        expected = [*CIFAR10.train_list, *CIFAR10.test_list, [CIFAR10.meta["filename"], CIFAR10.meta["md5"]]]
-        missing = [f"{CIFAR10.base_folder}/{f}" for f, _ in expected if not (folder / f).is_file()]
-        if missing or not verify_md5:
-            return _some("missing", missing)
-        wrong = [f"{CIFAR10.base_folder}/{f}" for f, md5 in expected if not check_integrity(str(folder / f), md5)]
-        found = _some("md5 sum not CIFAR10's for", wrong)
-        return found and f"{found}: a damaged download, or a copy made locally (then set data.verify_md5=false)"
-    cls = _CLASSES[name]
-    raw = top / cls.folder / "raw"
-    names = [f for f, _ in cls.resources]  # the .gz names; read as they are or extracted beside them
-    missing = [f"{cls.folder}/raw/{f}" for f in names if not (raw / f).is_file() and not (raw / f[:-3]).is_file()]
-    return _some("missing", missing)
+        listed = [*CIFAR10.train_list, *CIFAR10.test_list, [CIFAR10.meta["filename"], CIFAR10.meta["md5"]]]
+        files = {f"{CIFAR10.base_folder}/{f}": md5 for f, md5 in listed}
+    else:  # the .gz names, read as they are or extracted beside them
+        files = {f"{_CLASSES[name].__name__}/raw/{f}": None for f, _ in _CLASSES[name].resources}
+    missing = [f for f in files if not (top / f).is_file() and not (top / f.removesuffix(".gz")).is_file()]
+    if missing or not verify_md5 or name != "cifar10":
+        return _some("missing", missing)
+    wrong = _some(
+        "md5 sum not CIFAR10's for", [f for f, md5 in files.items() if not check_integrity(str(top / f), md5)]
+    )
+    return wrong and f"{wrong}: a damaged download, or a copy made locally (then set data.verify_md5=false)"
 
 
 def _some(what: str, files: list[str]) -> str | None:
@@ -133,58 +116,49 @@ def _some(what: str, files: list[str]) -> str | None:
     return f"{what} {files[0]}{more}"
 
 
-def _dirs_around(root: str) -> set[Path]:
-    """The folders a dataset download may make: `root`, its parents, and two levels below it."""
+def _new_folders(name: str, root: str) -> list[Path]:
+    """The folders a download of `name` into `root` makes that are not there yet, deepest first."""
     top = Path(root).absolute()
-    below = [p for p in (*top.glob("*"), *top.glob("*/*")) if p.is_dir()] if top.is_dir() else []
-    return {*(p for p in (top, *top.parents) if p.is_dir()), *below}
-
-
-def _remove_new_empty_dirs(root: str, before: set[Path]) -> None:
-    for d in sorted(_dirs_around(root) - before, key=lambda p: len(p.parts), reverse=True):  # deepest first
-        with contextlib.suppress(OSError):  # not empty (a partial file is kept for the user to look at)
-            d.rmdir()
+    cls = _CLASSES[name]
+    below = [top / cls.base_folder] if name == "cifar10" else [top / cls.__name__ / "raw", top / cls.__name__]
+    return [p for p in (*below, top, *top.parents) if not p.exists()]
 
 
 def load_split(
     name: str, root: str, train: bool, download: bool = True, verify_md5: bool = True
 ) -> tuple[Tensor, Tensor]:
-    """Decode one split into (uint8 images N x C x H x W, int64 labels N)."""
-    if name not in _CLASSES:
-        raise DataError(f"unknown dataset {name!r}; allowed: {', '.join(_CLASSES)}")
+    """Decode one split into (uint8 images N x C x H x W, int64 labels N).
+
+    Raises:
+        DataError: the files are missing, damaged or cannot be downloaded; one line naming the file and the fix.
+    """
     root = os.path.expanduser(str(root))
     kwargs = {"verify_md5": verify_md5} if name == "cifar10" else {}
-    before = _dirs_around(root) if download else None  # only a download makes folders (a large root: slow glob)
+    new = _new_folders(name, root)
     try:
         ds = _CLASSES[name](root, train=train, download=download, **kwargs)
     except DataError:
         raise
     except (RuntimeError, URLError, OSError) as e:
-        if before is not None:  # a download that failed leaves no empty <root>/MNIST/raw behind
-            _remove_new_empty_dirs(root, before)
-        where = os.path.abspath(root)
+        for folder in new:  # a failed download leaves no empty folder behind (a mistyped data.root)
+            with contextlib.suppress(OSError):  # not empty: a partial file is kept for the user to look at
+                folder.rmdir()
         lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
-        first = lines[0]
-        if first.endswith(":") and len(lines) > 1:  # torchvision's "Error downloading <file>:", each
-            first = f"{first} {lines[-1]}"  # mirror's reason below it: the last one's says why
-        if not download:  # torchvision's "You can use download=True ...": psgd's own setting below says it
-            first = re.sub(r"\s*You can use download=True.*", "", first) or first
-        fetch = (
-            "run once with network access" if download else "drop data.download=false and run once with network access"
-        )
-        missing = what_is_missing(name, root, verify_md5)
-        if missing:  # torchvision's "Dataset not found or corrupted." does not say which file
-            first = f"{missing}; download: {first}" if download else missing
+        # torchvision's "Error downloading <file>:" has each mirror's reason below it: the last one says why
+        why = f"{lines[0]} {lines[-1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+        missing = what_is_missing(name, root, verify_md5)  # torchvision's "Dataset not found" names no file
+        if download:
+            why, fix = (f"{missing}; download: {why}" if missing else why), "run once with network access"
+        else:  # torchvision's "You can use download=True ...": psgd's own setting is said below
+            why = missing or re.sub(r"\s*You can use download=True.*", "", why) or why
+            fix = "drop data.download=false and run once with network access"
         raise DataError(
-            f"dataset {name} not found or unreadable under {where} ({first}); set data.root=<dir> or "
-            f"PSGD_DATA=<dir> to where it lives, or {fetch} so it can be downloaded"
+            f"dataset {name} not found or unreadable under {os.path.abspath(root)} ({why}); set data.root=<dir> or "
+            f"PSGD_DATA=<dir> to where it lives, or {fix} so it can be downloaded"
         ) from e
     except Exception as e:  # pickle/format errors from a damaged CIFAR batch
         raise DataError(f"dataset {name} under {os.path.abspath(root)} is corrupted ({type(e).__name__}: {e})") from e
     images = torch.as_tensor(np.asarray(ds.data))
-    if images.ndim == 3:  # MNIST family: N x H x W
-        images = images.unsqueeze(1)
-    else:  # CIFAR: N x H x W x C
-        images = images.permute(0, 3, 1, 2)
-    labels = torch.as_tensor(np.asarray(ds.targets), dtype=torch.int64)
-    return images.contiguous(), labels
+    # MNIST family: N x H x W; CIFAR: N x H x W x C
+    images = images.unsqueeze(1) if images.ndim == 3 else images.permute(0, 3, 1, 2)
+    return images.contiguous(), torch.as_tensor(np.asarray(ds.targets), dtype=torch.int64)

@@ -31,10 +31,6 @@ def generator(*keys: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(state[0] >> np.uint64(1)))
 
 
-def _shuffled(indices: Tensor, *keys: int) -> Tensor:
-    return indices[torch.randperm(len(indices), generator=generator(*keys))]
-
-
 def size_boundaries(n: int, fractions: Sequence[float]) -> list[int]:
     """Cut points that split n items by `fractions` (which sum to 1), rounding the cumulative sum."""
     cumulative = np.cumsum([0.0, *fractions])
@@ -81,7 +77,7 @@ def partition(
         members = _dirichlet_members(labels, workers, alpha, seed, num_classes)
     else:
         raise ValueError(f"unknown partition {scheme!r}; allowed: {', '.join(SCHEMES)}")
-    return [_shuffled(m, seed, epoch, r) for r, m in enumerate(members)]
+    return [m[torch.randperm(len(m), generator=generator(seed, epoch, r))] for r, m in enumerate(members)]
 
 
 def _dirichlet_members(labels: Tensor, workers: int, alpha: float, seed: int, num_classes: int | None) -> list[Tensor]:

@@ -36,18 +36,12 @@ class TimesAllReduce:
         self._allreduce_samples: list[tuple[float, float]] = []  # (all-reduce ms, wait ms) this epoch
         self.allreduce_timed = False  # a DDP wrapper whose reducer times
 
-    def _timed_ddp(self) -> DistributedDataParallel | None:
-        model = getattr(self, "model", None)
-        ok = isinstance(model, DistributedDataParallel) and hasattr(model, "_get_ddp_logging_data")
-        return model if ok else None
-
     def configure_ddp(self) -> None:
         super().configure_ddp()
-        model = self._timed_ddp()
         # CPU only: on a GPU the reducer's clock readings are when the host queued the work
-        self.allreduce_timed = model is not None and self.root_device.type == "cpu"
-        if self.allreduce_timed and hasattr(model, "_set_ddp_runtime_logging_sample_rate"):
-            model._set_ddp_runtime_logging_sample_rate(self.allreduce_sample_rate)
+        self.allreduce_timed = isinstance(self.model, DistributedDataParallel) and self.root_device.type == "cpu"
+        if self.allreduce_timed:
+            self.model._set_ddp_runtime_logging_sample_rate(self.allreduce_sample_rate)
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
         out = super().optimizer_step(*args, **kwargs)
@@ -59,13 +53,7 @@ class TimesAllReduce:
         return out
 
     def _take_allreduce_sample(self) -> None:
-        model = self._timed_ddp()
-        if model is None:
-            return
-        try:
-            data = model._get_ddp_logging_data()
-        except Exception:  # a torch without the reducer's timings: nothing to report
-            return
+        data = self.model._get_ddp_logging_data()
         iteration = data.get("iteration", 0)
         # the step's clock readings in ns (the reducer's own durations may hold an older step's value)
         forward, computed, start, end = (

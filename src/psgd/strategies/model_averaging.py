@@ -183,53 +183,51 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
     def on_train_end(self) -> None:
         """After the last validation and checkpoint: evaluate each replica, average, then evaluate and
         checkpoint the average, so the final figures and files are the average's."""
-        module = self.lightning_module
-        trainer = module.trainer
-        dm = trainer.datamodule
+        module, trainer = self.lightning_module, self.lightning_module.trainer
         if self.replica_dir is not None:
             Path(self.replica_dir).mkdir(parents=True, exist_ok=True)
-            save_atomic(
-                {k: v.detach().clone() for k, v in module.state_dict().items()},
-                Path(self.replica_dir) / f"rank{self.global_rank}.pt",
-            )
+            state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+            save_atomic(state, Path(self.replica_dir) / f"rank{self.global_rank}.pt")
         # a LightningModule of the user's own is averaged all the same, without these figures
-        evaluates = callable(getattr(module, "evaluate", None)) and hasattr(dm, "full_eval_loader")
-        gathered = []
-        if evaluates:
-            loader = dm.full_eval_loader("test")
-            test_acc, test_loss = module.evaluate(loader, limited_batches(len(loader), trainer.limit_test_batches))
-            gathered = gather_floats([test_acc, test_loss], self.root_device)
+        evaluates = callable(getattr(module, "evaluate", None)) and hasattr(trainer.datamodule, "full_eval_loader")
+        replicas = gather_floats(list(self._evaluate("test")), self.root_device) if evaluates else []
         before = [p.detach().clone() for p in module.parameters()]
         self._average()
         self._averaged = True
         squared = sum(((b - p.detach()) ** 2).sum().item() for b, p in zip(before, module.parameters()))
-        distances = gather_floats([squared**0.5], self.root_device)
+        distances = [d for (d,) in gather_floats([squared**0.5], self.root_device)]
         self.report = {
-            "replica_distance": round(sum(d[0] for d in distances) / len(distances), 6),
+            "replica_distance": round(sum(distances) / len(distances), 6),
             "period": self.period,
             "periodic_averagings": self.periodic_averagings(),
             "same_init": self.same_init,
         }
         values = {"averaging/replica_distance": self.report["replica_distance"]}
         if evaluates:
-            loader = dm.full_eval_loader("val")
-            batches = limited_batches(len(loader), trainer.limit_val_batches)
-            val_acc, val_loss = module.evaluate(loader, batches) if batches else (None, None)  # 0: no validation
+            val_acc, val_loss = self._evaluate("val")
             self.report = {
                 "averaged_val_acc": None if val_acc is None else round(val_acc, 6),
                 "averaged_val_loss": None if val_loss is None else round(val_loss, 6),
-                "worker_test_acc": [round(g[0], 6) for g in gathered],
-                "worker_test_loss": [round(g[1], 6) for g in gathered],
+                "worker_test_acc": [round(acc, 6) for acc, _ in replicas],
+                "worker_test_loss": [round(loss, 6) for _, loss in replicas],
                 **self.report,
             }
             if val_acc is not None:
                 values |= {"val/acc": val_acc, "val/loss": val_loss}
-            for r, (acc, loss) in enumerate(gathered):
+            for r, (acc, loss) in enumerate(replicas):
                 values[f"worker/{r}/test_acc"], values[f"worker/{r}/test_loss"] = acc, loss
         if trainer.logger is not None and trainer.is_global_zero:
             trainer.logger.log_metrics(values, step=trainer.global_step)
         self.save_final_checkpoint()  # the average, with the report
         super().on_train_end()
+
+    def _evaluate(self, split: str) -> tuple[float | None, float | None]:
+        """This process's model on the whole `split` ("val" or "test"), as far as trainer.limit_<split>_batches
+        lets Lightning's own loop go: (accuracy, loss), or (None, None) where it allows no batch."""
+        trainer = self.lightning_module.trainer
+        loader = trainer.datamodule.full_eval_loader(split)
+        batches = limited_batches(len(loader), getattr(trainer, f"limit_{split}_batches"))
+        return self.lightning_module.evaluate(loader, batches) if batches else (None, None)
 
     @classmethod
     @override
