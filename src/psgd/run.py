@@ -3,7 +3,6 @@
 What a run dir holds (metrics.json, training_data.csv, tensorboard/, checkpoints/) is docs/outputs.md's.
 """
 
-import pickle
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -125,20 +124,6 @@ def micro_batches_per_update(cfg: DictConfig, plan: Plan) -> int:
     return (plan.workers * cfg.trainer.num_nodes if synchronous else 1) * plan.accumulate_grad_batches
 
 
-def _check_picklable(callbacks: list[L.Callback]) -> None:
-    """Refuse, naming it, a caller's callback that cannot be pickled into the worker processes (a class of a
-    notebook's session is the launcher's to refuse)."""
-    for i, callback in enumerate(callbacks):
-        try:
-            pickle.dumps(callback)
-        except Exception as e:
-            raise TypeError(
-                f"callbacks[{i}] ({type(callback).__name__}) cannot be pickled ({e}), and each worker process gets "
-                "the callbacks pickled: make it picklable (a class defined at a module's top level, without locks, "
-                "open files or lambdas in its attributes), or run one worker (workers=1, strategy=ddp) in this process"
-            ) from e
-
-
 def _train(
     cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.Callback], continued: bool = False
 ) -> dict[str, Any] | None:
@@ -150,7 +135,11 @@ def _train(
     world_size = plan.workers * cfg.trainer.num_nodes  # the workers of all nodes
     net, image_size = build_model(cfg.model, cfg.data.name)
     datamodule = build_datamodule(cfg, image_size)
-    read_data(cfg, plan, datamodule)
+    with found_by_every_worker():  # read before any worker starts: a missing dataset fails here
+        datamodule.prepare_data()
+        if short := datamodule.check_batches(world_size):
+            warn(short)  # a shard smaller than one batch
+        datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))
     module = build_module(cfg, plan, net, image_size)
     with found_by_every_worker():
         # the weights of an earlier run to start from (a resume, ckpt_path, restores its own over them)
@@ -159,25 +148,12 @@ def _train(
             elastic_resume(cfg.get("ckpt_path"), plan, run_dir, continued), module, world_size, cfg.strategy.name
         )
     strategy = build_strategy(cfg, plan, run_dir)
-    if plan.launcher == "psgd" and not isinstance(strategy, str):  # psgd starts worker processes
-        _check_picklable(extra_callbacks)
     info = run_info(cfg, plan, strategy, module, started_from, ckpt_path)
     callbacks = build_callbacks(cfg, plan, module, run_dir, info) + extra_callbacks
     trainer = build_trainer(cfg, plan, strategy, callbacks, run_dir)
     info["precision"] = str(trainer.precision)  # as Lightning runs it (RunRecorder holds `info`)
     fit(cfg, plan, trainer, module, datamodule, ckpt_path, run_dir)
     return finish_run(cfg, plan, trainer, module, datamodule, run_dir, callbacks[1])
-
-
-def read_data(cfg: DictConfig, plan: Plan, datamodule: ClassificationData) -> None:
-    """Read the dataset before any worker starts: a missing dataset, a worker without a batch and a final test
-    of no batch fail here."""
-    world_size = plan.workers * cfg.trainer.num_nodes
-    with found_by_every_worker():
-        datamodule.prepare_data()
-        if short := datamodule.check_batches(world_size):
-            warn(short)  # a shard smaller than one batch
-        datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))
 
 
 def build_module(cfg: DictConfig, plan: Plan, net: nn.Module, image_size: int) -> Classifier:
@@ -356,7 +332,8 @@ def finish_run(
     recorder: RunRecorder,
 ) -> dict[str, Any] | None:
     """Test the final weights on one device in this process (global rank 0's under torchrun / srun; the others
-    return None) and write the results. Ctrl-C or SIGTERM here marks the run interrupted."""
+    return None), complete metrics.json with the test's results and write the TensorBoard summary; returns the
+    metrics. Ctrl-C or SIGTERM here marks the run interrupted."""
     try:
         if plan.launcher != "psgd":  # torchrun / srun: every worker is a process like this one
             rank = trainer.global_rank
@@ -366,7 +343,19 @@ def finish_run(
             if rank != 0:
                 return None
         tested = final_test(cfg, plan, trainer.precision, module, datamodule)
-        return write_results(cfg, run_dir, module, tested, recorder)
+        record_path = run_dir / "metrics.json"
+        metrics = read_json(record_path) if record_path.exists() else recorder.summary("trained")
+        metrics.update(
+            status="completed",
+            test_acc=round(tested["test/acc"], 6),
+            test_loss=round(tested["test/loss"], 6),
+            test_acc_per_class=module.test_acc_per_class,
+            test_classes=list(INFO[cfg.data.name].classes),
+        )
+        write_json(record_path, metrics)
+        steps = metrics["history"][-1]["step"] if metrics["history"] else 0
+        write_tensorboard_summary(run_dir / "tensorboard", cfg, metrics, steps)
+        return metrics
     except (KeyboardInterrupt, SystemExit) as e:
         if plan.launcher == "psgd" or trainer.global_rank == 0:  # torchrun / srun: one writer, one line
             mark_stopped(run_dir, e)
@@ -393,22 +382,3 @@ def final_test(
     with signals.sigterm_interrupts():
         (tested,) = tester.test(module, datamodule=datamodule, verbose=False)
     return tested
-
-
-def write_results(
-    cfg: DictConfig, run_dir: Path, module: Classifier, tested: dict[str, float], recorder: RunRecorder
-) -> dict[str, Any]:
-    """metrics.json completed with the test's results, and the TensorBoard summary; returns the metrics."""
-    record_path = run_dir / "metrics.json"
-    metrics = read_json(record_path) if record_path.exists() else recorder.summary("trained")
-    metrics.update(
-        status="completed",
-        test_acc=round(tested["test/acc"], 6),
-        test_loss=round(tested["test/loss"], 6),
-        test_acc_per_class=module.test_acc_per_class,
-        test_classes=list(INFO[cfg.data.name].classes),
-    )
-    write_json(record_path, metrics)
-    steps = metrics["history"][-1]["step"] if metrics["history"] else 0
-    write_tensorboard_summary(run_dir / "tensorboard", cfg, metrics, steps)
-    return metrics
