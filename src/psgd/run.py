@@ -252,29 +252,27 @@ def build_callbacks(
     return callbacks
 
 
-def trainer_settings(cfg: DictConfig, plan: Plan) -> dict[str, Any]:
-    """The Trainer's arguments from trainer.* and the plan, with checkpoints written atomically. A null is left
-    out, so that Lightning's default stands, but for check_val_every_n_epoch's, a setting of Lightning's own."""
+def build_trainer(cfg: DictConfig, plan: Plan, strategy: Any, callbacks: list[L.Callback], run_dir: Path) -> L.Trainer:
+    """The training Trainer from trainer.* and the plan, with checkpoints written atomically; a trainer.* value
+    Lightning refuses is a ConfigError. A null is left out, so that Lightning's default stands, but for
+    check_val_every_n_epoch's, a setting of Lightning's own."""
     settings = {
         k: v
         for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items()
         if v is not None or k == "check_val_every_n_epoch"
     }
-    settings.update(
-        accelerator=plan.accelerator, devices=plan.workers, accumulate_grad_batches=plan.accumulate_grad_batches
-    )
     if settings.get("profiler") == "pytorch":  # Lightning's own cannot be pickled into worker processes
         settings["profiler"] = PyTorchProfilerForWorkers()
     plugins = settings.pop("plugins", [])
-    settings["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]), AtomicCheckpointIO()]
-    return settings
-
-
-def build_trainer(cfg: DictConfig, plan: Plan, strategy: Any, callbacks: list[L.Callback], run_dir: Path) -> L.Trainer:
-    """The training Trainer; a trainer.* value Lightning refuses is a ConfigError."""
+    settings.update(
+        accelerator=plan.accelerator,
+        devices=plan.workers,
+        accumulate_grad_batches=plan.accumulate_grad_batches,
+        plugins=[*(plugins if isinstance(plugins, list) else [plugins]), AtomicCheckpointIO()],
+    )
     try:
         return L.Trainer(
-            **trainer_settings(cfg, plan),
+            **settings,
             strategy=strategy,
             callbacks=callbacks,
             logger=TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False),
