@@ -105,55 +105,49 @@ def run_dir_key() -> str:
 def train(
     cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] = (), continued: bool = False
 ) -> dict[str, Any] | None:
-    """Run one configured training job in `run_dir`; returns the final metrics (also in metrics.json), or None
-    in a torchrun / srun worker other than global rank 0. `callbacks` run after psgd's own. A `run_dir` holding
-    an earlier run's metrics.json is refused (DirInUse), unless `continued` (a continued sweep's job resumes)."""
+    """Run one configured training job in `run_dir`: build data, module and Trainer, fit, test the final
+    weights and write the results; returns the final metrics (also in metrics.json), or None in a torchrun /
+    srun worker other than global rank 0. `callbacks` run after psgd's own. A `run_dir` holding an earlier
+    run's metrics.json is refused (DirInUse), unless `continued` (a continued sweep's job resumes)."""
     refuse_a_run_while_a_worker_imports_the_script()
     with found_by_every_worker():  # the config and the machine decide it
         plan = check(cfg)
-    in_use = None if continued else earlier_results(Path(run_dir), run_dir_key())
+    run_dir = Path(run_dir)
+    in_use = None if continued else earlier_results(run_dir, run_dir_key())
     if in_use:
         raise DirInUse(in_use)
     with run_settings(bool(cfg.get("quiet"))):
-        return _train(cfg, Path(run_dir), plan, list(callbacks), continued)
+        if plan.launcher == "torchrun":
+            torchrun.stop_with_agent()  # an agent killed outright (OOM, kill -9) must not leave its workers training
+            torchrun.mark_running_under_torchrun()  # so that a worker that dies without a word can be named
+        L.seed_everything(cfg.seed, workers=True, verbose=False)  # before the model: same seed, same init
+        world_size = plan.workers * cfg.trainer.num_nodes  # the workers of all nodes
+        net, image_size = build_model(cfg.model, cfg.data.name)
+        datamodule = build_datamodule(cfg, image_size)
+        module = build_module(cfg, plan, net, image_size)
+        with found_by_every_worker():
+            datamodule.prepare_data()  # the data is read before any worker starts: a missing dataset fails here
+            if short := datamodule.check_batches(world_size):
+                warn(short)  # a shard smaller than one batch
+            datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))
+            # the weights of an earlier run to start from (a resume, ckpt_path, restores its own over them)
+            started_from = init_weights(cfg.get("init_weights"), module)
+            ckpt_path = resolve_ckpt_path(
+                elastic_resume(cfg.get("ckpt_path"), plan, run_dir, continued), module, world_size, cfg.strategy.name
+            )
+        strategy = build_strategy(cfg, plan, run_dir)
+        info = run_info(cfg, plan, strategy, module, started_from, ckpt_path)
+        all_callbacks = build_callbacks(cfg, plan, module, run_dir, info) + list(callbacks)
+        trainer = build_trainer(cfg, plan, strategy, all_callbacks, run_dir)
+        info["precision"] = str(trainer.precision)  # as Lightning runs it (RunRecorder holds `info`)
+        fit(cfg, plan, trainer, module, datamodule, ckpt_path, run_dir)
+        return finish_run(cfg, plan, trainer, module, datamodule, run_dir, all_callbacks[1])
 
 
 def micro_batches_per_update(cfg: DictConfig, plan: Plan) -> int:
     """The micro-batches one optimizer update averages: every worker's under DDP, a worker's own otherwise."""
     synchronous = cfg.strategy.name == "ddp"
     return (plan.workers * cfg.trainer.num_nodes if synchronous else 1) * plan.accumulate_grad_batches
-
-
-def _train(
-    cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.Callback], continued: bool = False
-) -> dict[str, Any] | None:
-    """Build the run from the checked config, fit it, test its final weights and write its results."""
-    if plan.launcher == "torchrun":
-        torchrun.stop_with_agent()  # an agent killed outright (OOM, kill -9) must not leave its workers training
-        torchrun.mark_running_under_torchrun()  # so that a worker that dies without a word can be named
-    L.seed_everything(cfg.seed, workers=True, verbose=False)  # before the model: same seed, same init
-    world_size = plan.workers * cfg.trainer.num_nodes  # the workers of all nodes
-    net, image_size = build_model(cfg.model, cfg.data.name)
-    datamodule = build_datamodule(cfg, image_size)
-    with found_by_every_worker():  # read before any worker starts: a missing dataset fails here
-        datamodule.prepare_data()
-        if short := datamodule.check_batches(world_size):
-            warn(short)  # a shard smaller than one batch
-        datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))
-    module = build_module(cfg, plan, net, image_size)
-    with found_by_every_worker():
-        # the weights of an earlier run to start from (a resume, ckpt_path, restores its own over them)
-        started_from = init_weights(cfg.get("init_weights"), module)
-        ckpt_path = resolve_ckpt_path(
-            elastic_resume(cfg.get("ckpt_path"), plan, run_dir, continued), module, world_size, cfg.strategy.name
-        )
-    strategy = build_strategy(cfg, plan, run_dir)
-    info = run_info(cfg, plan, strategy, module, started_from, ckpt_path)
-    callbacks = build_callbacks(cfg, plan, module, run_dir, info) + extra_callbacks
-    trainer = build_trainer(cfg, plan, strategy, callbacks, run_dir)
-    info["precision"] = str(trainer.precision)  # as Lightning runs it (RunRecorder holds `info`)
-    fit(cfg, plan, trainer, module, datamodule, ckpt_path, run_dir)
-    return finish_run(cfg, plan, trainer, module, datamodule, run_dir, callbacks[1])
 
 
 def build_module(cfg: DictConfig, plan: Plan, net: nn.Module, image_size: int) -> Classifier:
