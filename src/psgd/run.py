@@ -3,7 +3,6 @@
 What a run dir holds (metrics.json, training_data.csv, tensorboard/, checkpoints/) is docs/outputs.md's.
 """
 
-import pickle
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -105,77 +104,48 @@ def run_dir_key() -> str:
 def train(
     cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] = (), continued: bool = False
 ) -> dict[str, Any] | None:
-    """Run one configured training job in `run_dir`; returns the final metrics (also in metrics.json), or None
-    in a torchrun / srun worker other than global rank 0. `callbacks` run after psgd's own. A `run_dir` holding
-    an earlier run's metrics.json is refused (DirInUse), unless `continued` (a continued sweep's job resumes)."""
+    """Run one configured training job in `run_dir`: build data, module and Trainer, fit, test the final
+    weights and write the results; returns the final metrics (also in metrics.json), or None in a torchrun /
+    srun worker other than global rank 0. `callbacks` run after psgd's own. A `run_dir` holding an earlier
+    run's metrics.json is refused (DirInUse), unless `continued` (a continued sweep's job resumes)."""
     refuse_a_run_while_a_worker_imports_the_script()
     with found_by_every_worker():  # the config and the machine decide it
         plan = check(cfg)
-    in_use = None if continued else earlier_results(Path(run_dir), run_dir_key())
+    run_dir = Path(run_dir)
+    in_use = None if continued else earlier_results(run_dir, run_dir_key())
     if in_use:
         raise DirInUse(in_use)
     with run_settings(bool(cfg.get("quiet"))):
-        return _train(cfg, Path(run_dir), plan, list(callbacks), continued)
+        if plan.launcher == "torchrun":
+            torchrun.stop_with_agent()  # an agent killed outright (OOM, kill -9) must not leave its workers training
+            torchrun.mark_running_under_torchrun()  # so that a worker that dies without a word can be named
+        L.seed_everything(cfg.seed, workers=True, verbose=False)  # before the model: same seed, same init
+        world_size = plan.workers * cfg.trainer.num_nodes  # the workers of all nodes
+        net, image_size = build_model(cfg.model, cfg.data.name)
+        datamodule = build_datamodule(cfg, image_size)
+        module = build_module(cfg, plan, net, image_size)
+        with found_by_every_worker():
+            datamodule.prepare_data()  # the data is read before any worker starts: a missing dataset fails here
+            datamodule.check_batches(world_size)  # a worker without a batch fails here
+            datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))
+            # the weights of an earlier run to start from (a resume, ckpt_path, restores its own over them)
+            started_from = init_weights(cfg.get("init_weights"), module)
+            ckpt_path = resolve_ckpt_path(
+                elastic_resume(cfg.get("ckpt_path"), plan, run_dir, continued), module, world_size, cfg.strategy.name
+            )
+        strategy = build_strategy(cfg, plan, run_dir)
+        info = run_info(cfg, plan, strategy, module, started_from, ckpt_path)
+        all_callbacks = build_callbacks(cfg, plan, module, run_dir, info) + list(callbacks)
+        trainer = build_trainer(cfg, plan, strategy, all_callbacks, run_dir)
+        info["precision"] = str(trainer.precision)  # as Lightning runs it (RunRecorder holds `info`)
+        fit(cfg, plan, trainer, module, datamodule, ckpt_path, run_dir)
+        return finish_run(cfg, plan, trainer, module, datamodule, run_dir, all_callbacks[1])
 
 
 def micro_batches_per_update(cfg: DictConfig, plan: Plan) -> int:
     """The micro-batches one optimizer update averages: every worker's under DDP, a worker's own otherwise."""
     synchronous = cfg.strategy.name == "ddp"
     return (plan.workers * cfg.trainer.num_nodes if synchronous else 1) * plan.accumulate_grad_batches
-
-
-def _check_picklable(callbacks: list[L.Callback]) -> None:
-    """Refuse, naming it, a caller's callback that cannot be pickled into the worker processes (a class of a
-    notebook's session is the launcher's to refuse)."""
-    for i, callback in enumerate(callbacks):
-        try:
-            pickle.dumps(callback)
-        except Exception as e:
-            raise TypeError(
-                f"callbacks[{i}] ({type(callback).__name__}) cannot be pickled ({e}), and each worker process gets "
-                "the callbacks pickled: make it picklable (a class defined at a module's top level, without locks, "
-                "open files or lambdas in its attributes), or run one worker (workers=1, strategy=ddp) in this process"
-            ) from e
-
-
-def _train(
-    cfg: DictConfig, run_dir: Path, plan: Plan, extra_callbacks: list[L.Callback], continued: bool = False
-) -> dict[str, Any] | None:
-    """Build the run from the checked config, fit it, test its final weights and write its results."""
-    if plan.launcher == "torchrun":
-        torchrun.stop_with_agent()  # an agent killed outright (OOM, kill -9) must not leave its workers training
-        torchrun.mark_running_under_torchrun()  # so that a worker that dies without a word can be named
-    L.seed_everything(cfg.seed, workers=True, verbose=False)  # before the model: same seed, same init
-    world_size = plan.workers * cfg.trainer.num_nodes  # the workers of all nodes
-    net, image_size = build_model(cfg.model, cfg.data.name)
-    datamodule = build_datamodule(cfg, image_size)
-    read_data(cfg, plan, datamodule)
-    module = build_module(cfg, plan, net, image_size)
-    with found_by_every_worker():
-        # the weights of an earlier run to start from (a resume, ckpt_path, restores its own over them)
-        started_from = init_weights(cfg.get("init_weights"), module)
-        ckpt_path = resolve_ckpt_path(
-            elastic_resume(cfg.get("ckpt_path"), plan, run_dir, continued), module, world_size, cfg.strategy.name
-        )
-    strategy = build_strategy(cfg, plan, run_dir)
-    if plan.launcher == "psgd" and not isinstance(strategy, str):  # psgd starts worker processes
-        _check_picklable(extra_callbacks)
-    info = run_info(cfg, plan, strategy, module, started_from, ckpt_path)
-    callbacks = build_callbacks(cfg, plan, module, run_dir, info) + extra_callbacks
-    trainer = build_trainer(cfg, plan, strategy, callbacks, run_dir)
-    info["precision"] = str(trainer.precision)  # as Lightning runs it (RunRecorder holds `info`)
-    fit(cfg, plan, trainer, module, datamodule, ckpt_path, run_dir)
-    return finish_run(cfg, plan, trainer, module, datamodule, run_dir, callbacks[1])
-
-
-def read_data(cfg: DictConfig, plan: Plan, datamodule: ClassificationData) -> None:
-    """Read the dataset before any worker starts: a missing dataset, a worker without a batch and a final test
-    of no batch fail here."""
-    world_size = plan.workers * cfg.trainer.num_nodes
-    with found_by_every_worker():
-        datamodule.prepare_data()
-        datamodule.check_batches(world_size)
-        datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))
 
 
 def build_module(cfg: DictConfig, plan: Plan, net: nn.Module, image_size: int) -> Classifier:
@@ -268,29 +238,27 @@ def build_callbacks(
     return callbacks
 
 
-def trainer_settings(cfg: DictConfig, plan: Plan) -> dict[str, Any]:
-    """The Trainer's arguments from trainer.* and the plan, with checkpoints written atomically. A null is left
-    out, so that Lightning's default stands, but for check_val_every_n_epoch's, a setting of Lightning's own."""
+def build_trainer(cfg: DictConfig, plan: Plan, strategy: Any, callbacks: list[L.Callback], run_dir: Path) -> L.Trainer:
+    """The training Trainer from trainer.* and the plan, with checkpoints written atomically; a trainer.* value
+    Lightning refuses is a ConfigError. A null is left out, so that Lightning's default stands, but for
+    check_val_every_n_epoch's, a setting of Lightning's own."""
     settings = {
         k: v
         for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items()
         if v is not None or k == "check_val_every_n_epoch"
     }
-    settings.update(
-        accelerator=plan.accelerator, devices=plan.workers, accumulate_grad_batches=plan.accumulate_grad_batches
-    )
     if settings.get("profiler") == "pytorch":  # Lightning's own cannot be pickled into worker processes
         settings["profiler"] = PyTorchProfilerForWorkers()
     plugins = settings.pop("plugins", [])
-    settings["plugins"] = [*(plugins if isinstance(plugins, list) else [plugins]), AtomicCheckpointIO()]
-    return settings
-
-
-def build_trainer(cfg: DictConfig, plan: Plan, strategy: Any, callbacks: list[L.Callback], run_dir: Path) -> L.Trainer:
-    """The training Trainer; a trainer.* value Lightning refuses is a ConfigError."""
+    settings.update(
+        accelerator=plan.accelerator,
+        devices=plan.workers,
+        accumulate_grad_batches=plan.accumulate_grad_batches,
+        plugins=[*(plugins if isinstance(plugins, list) else [plugins]), AtomicCheckpointIO()],
+    )
     try:
         return L.Trainer(
-            **trainer_settings(cfg, plan),
+            **settings,
             strategy=strategy,
             callbacks=callbacks,
             logger=TensorBoardLogger(str(run_dir), name="tensorboard", version="", default_hp_metric=False),
@@ -348,7 +316,8 @@ def finish_run(
     recorder: RunRecorder,
 ) -> dict[str, Any] | None:
     """Test the final weights on one device in this process (global rank 0's under torchrun / srun; the others
-    return None) and write the results. Ctrl-C or SIGTERM here marks the run interrupted."""
+    return None), complete metrics.json with the test's results and write the TensorBoard summary; returns the
+    metrics. Ctrl-C or SIGTERM here marks the run interrupted."""
     try:
         if plan.launcher != "psgd":  # torchrun / srun: every worker is a process like this one
             rank = trainer.global_rank
@@ -358,7 +327,19 @@ def finish_run(
             if rank != 0:
                 return None
         tested = final_test(cfg, plan, trainer.precision, module, datamodule)
-        return write_results(cfg, run_dir, module, tested, recorder)
+        record_path = run_dir / "metrics.json"
+        metrics = read_json(record_path) if record_path.exists() else recorder.summary("trained")
+        metrics.update(
+            status="completed",
+            test_acc=round(tested["test/acc"], 6),
+            test_loss=round(tested["test/loss"], 6),
+            test_acc_per_class=module.test_acc_per_class,
+            test_classes=list(INFO[cfg.data.name].classes),
+        )
+        write_json(record_path, metrics)
+        steps = metrics["history"][-1]["step"] if metrics["history"] else 0
+        write_tensorboard_summary(run_dir / "tensorboard", cfg, metrics, steps)
+        return metrics
     except (KeyboardInterrupt, SystemExit) as e:
         if plan.launcher == "psgd" or trainer.global_rank == 0:  # torchrun / srun: one writer, one line
             mark_stopped(run_dir, e)
@@ -385,22 +366,3 @@ def final_test(
     with signals.sigterm_interrupts():
         (tested,) = tester.test(module, datamodule=datamodule, verbose=False)
     return tested
-
-
-def write_results(
-    cfg: DictConfig, run_dir: Path, module: Classifier, tested: dict[str, float], recorder: RunRecorder
-) -> dict[str, Any]:
-    """metrics.json completed with the test's results, and the TensorBoard summary; returns the metrics."""
-    record_path = run_dir / "metrics.json"
-    metrics = read_json(record_path) if record_path.exists() else recorder.summary("trained")
-    metrics.update(
-        status="completed",
-        test_acc=round(tested["test/acc"], 6),
-        test_loss=round(tested["test/loss"], 6),
-        test_acc_per_class=module.test_acc_per_class,
-        test_classes=list(INFO[cfg.data.name].classes),
-    )
-    write_json(record_path, metrics)
-    steps = metrics["history"][-1]["step"] if metrics["history"] else 0
-    write_tensorboard_summary(run_dir / "tensorboard", cfg, metrics, steps)
-    return metrics
