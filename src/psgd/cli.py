@@ -24,9 +24,9 @@ from psgd import advice, outputs, signals, torchrun
 from psgd.config import ConfigError, DirInUse
 from psgd.console import fail, first_worker, global_rank, other_torchrun_worker, text_lines, warn
 from psgd.data import DataError
-from psgd.io import NO_ROOM, failed_write, read_json, say, write_atomic
+from psgd.io import NO_ROOM, read_json, say, write_atomic
 from psgd.module import TrainingDiverged
-from psgd.run import run_dir_key, train
+from psgd.run import train
 from psgd.stopped import WorkerGone, mark_status, raised_in_worker
 from psgd.strategies.workers import KilledWorker
 from psgd.sweep import KEPT
@@ -120,10 +120,8 @@ def run_failed(e: Exception, run_dir: Path) -> None:
         torchrun.wait_for_this_machines_workers(WORKERS_SET_UP_WITHIN_S)
         discard_empty_run_dir(run_dir)
     line = error_line(e, run_dir)
-    if not discard and (first_worker() or (isinstance(e, WorkerGone) and e.records)):  # one writer
-        mark_failed(run_dir, line)
-    if keeps_traceback(e):  # the line names the file
-        write_traceback(run_dir, e)
+    if not discard:  # one process marks the record
+        keep_failure(e, run_dir, line, mark=first_worker() or (isinstance(e, WorkerGone) and e.records))
     if isinstance(e, WorkerGone) and not e.says_so:  # another worker on this machine says it
         raise SystemExit(2) from None
     try:
@@ -137,9 +135,7 @@ def sweep_job_failed(e: Exception, run_dir: Path) -> None:
     """A sweep's job that raised `e`: its dir is kept and marked failed with its line, which is said."""
     line = error_line(e, run_dir)
     if not isinstance(e, DirInUse):  # the earlier job's record stays as it was
-        mark_failed(run_dir, line)
-        if keeps_traceback(e):
-            write_traceback(run_dir, e)
+        keep_failure(e, run_dir, line)
     say(f"psgd: error: {line}")
 
 
@@ -167,28 +163,22 @@ def discard_empty_run_dir(run_dir: Path) -> None:
 
 
 def unwritable(e: BaseException) -> str | None:
-    """`No space left on device: '<file>'` for an OSError of NO_ROOM raised here or in a worker, else None."""
+    """`cannot write <file>: <reason>` for a write that found no room (ENOSPC, a quota) here or in a worker."""
     if isinstance(e, OSError) and e.errno in NO_ROOM:
-        return failed_write(e)
-    if isinstance(e, ProcessRaisedException):
-        found = re.match(r"(?:\w+\.)*\w*Error: \[Errno (\d+)\] (.*)$", text_lines(e)[-1])
-        if found and int(found.group(1)) in NO_ROOM:
-            return found.group(2)
-    return None
+        return f"cannot write {e.filename}: {e.strerror}"
+    found = isinstance(e, ProcessRaisedException) and re.search(r"\[Errno (\d+)\] (.*): '(.*)'$", text_lines(e)[-1])
+    return f"cannot write {found[3]}: {found[2]}" if found and int(found[1]) in NO_ROOM else None
 
 
 def error_line(e: BaseException, run_dir: Path) -> str:
-    """The one line a user sees for a job that did not finish: psgd's own error's message; a full disk and
-    what to do; a dead worker named by its rank; else the error's line, its rank and where its traceback is."""
+    """The one line a user sees for a job that did not finish: psgd's own error's message; the file a full
+    disk could not take; a dead worker named by its rank; else the error's line, its rank and where its traceback is."""
     if isinstance(e, KNOWN_ERRORS):
         return str(e)
     if isinstance(e, KilledWorker):  # unresponsive or out of memory: the message says why
         return f"{e}; results of finished epochs are in {run_dir}"
     if why := unwritable(e):
-        return (
-            f"cannot write the run's results ({why}): free space there, or write them elsewhere "
-            f"(PSGD_OUTPUTS=<dir> or {run_dir_key()}=<dir>); what was written before stays in {run_dir}"
-        )
+        return why
     if isinstance(e, ProcessExitedException):
         how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
         return f"worker rank {e.error_index} died ({how}); results of finished epochs are in {run_dir}"
@@ -224,20 +214,18 @@ def keeps_traceback(e: BaseException) -> bool:
     return not (known or unwritable(e))
 
 
-def write_traceback(run_dir: Path, e: BaseException) -> None:
-    """The whole traceback of `e` (a worker's is in its text) into traceback_path, or else onto stderr."""
-    text = "".join(traceback.format_exception(e))
-    try:
-        write_atomic(traceback_path(run_dir), text)
-    except OSError:
-        print(text.rstrip(), file=sys.stderr, flush=True)
-
-
-def mark_failed(run_dir: Path, line: str) -> None:
-    """Mark the run's record failed with its error line; on a full disk it cannot be, and the error that
-    ended the run is the one to report."""
-    with contextlib.suppress(OSError):
-        mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
+def keep_failure(e: BaseException, run_dir: Path, line: str, mark: bool = True) -> None:
+    """Mark the run's record failed with `line` (if `mark`; not where the disk is full: `e` is the error to
+    report) and keep a bug's whole traceback (a worker's is in its text) in traceback_path, or else on stderr."""
+    if mark:
+        with contextlib.suppress(OSError):
+            mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
+    if keeps_traceback(e):
+        text = "".join(traceback.format_exception(e))
+        try:
+            write_atomic(traceback_path(run_dir), text)
+        except OSError:
+            print(text.rstrip(), file=sys.stderr, flush=True)
 
 
 def say_result(cfg: DictConfig, metrics: dict, run_dir: Path) -> None:
