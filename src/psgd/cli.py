@@ -1,8 +1,4 @@
-"""What train.py and sweep.py run as Hydra's job: one training run, and its failure as one line.
-
-A single run that fails says one line `psgd: error: ...` (a worker that died is named by its rank) and
-exits with code 2; bad input leaves no run dir, any other failure marks the run's record failed and keeps
-a bug's traceback in error.log. A sweep's failed job is marked failed and the sweep goes on."""
+"""What train.py and sweep.py run as Hydra's job: one training run, and its failure as one line."""
 
 import contextlib
 import logging
@@ -42,8 +38,8 @@ WORKERS_SET_UP_WITHIN_S = 20.0
 
 
 def run_job(cfg: DictConfig) -> float | None:
-    """Train one job in Hydra's output dir; returns the test accuracy (Hydra sweepers can optimise it), or
-    None for a sweep's failed job. A single run's failure ends the process (run_failed)."""
+    """Train one job in Hydra's output dir; its test accuracy (for Hydra's sweepers), or None for a sweep's
+    failed job. A single run's failure ends the process (run_failed)."""
     # torch logs a line per surviving worker it terminates after another one died; the error says it all
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     hydra_cfg = HydraConfig.get()
@@ -74,8 +70,7 @@ def run_job(cfg: DictConfig) -> float | None:
 
 
 def absolute_inputs(cfg: DictConfig) -> None:
-    """With hydra.job.chdir=true the job runs inside its output dir: make a relative data.root, ckpt_path or
-    init_weights absolute from the directory the command ran in, as Hydra advises."""
+    """With hydra.job.chdir=true: make the INPUT_PATHS absolute from the directory the command ran in."""
     if not HydraConfig.get().job.get("chdir"):
         return
     for key in INPUT_PATHS:
@@ -85,9 +80,8 @@ def absolute_inputs(cfg: DictConfig) -> None:
 
 
 def continue_job(run_dir: Path, hydra_log: str) -> dict | None:
-    """A job of a continued sweep, in its earlier dir: its record if that attempt completed (nothing runs),
-    else None, and the job goes on there (from its last.ckpt if it has one: train with `continued`). The
-    earlier attempt's files, or with a checkpoint its error logs, are set aside into attempt<k>/."""
+    """A continued sweep's job, in its earlier dir: its record if that attempt completed, else None (the job
+    goes on there, from its last.ckpt if any) with the attempt's files (or error logs) set aside in attempt<k>/."""
     with contextlib.suppress(OSError, ValueError):
         record = read_json(run_dir / "metrics.json")
         if isinstance(record, dict) and record.get("status") == "completed" and record.get("test_acc") is not None:
@@ -132,7 +126,7 @@ def run_failed(e: Exception, run_dir: Path) -> None:
 
 
 def sweep_job_failed(e: Exception, run_dir: Path) -> None:
-    """A sweep's job that raised `e`: its dir is kept and marked failed with its line, which is said."""
+    """A sweep's job that raised `e`: marked failed with its line, which is said; the sweep goes on."""
     line = error_line(e, run_dir)
     if not isinstance(e, DirInUse):  # the earlier job's record stays as it was
         keep_failure(e, run_dir, line)
@@ -140,9 +134,8 @@ def sweep_job_failed(e: Exception, run_dir: Path) -> None:
 
 
 def discard_empty_run_dir(run_dir: Path) -> None:
-    """With Ctrl-C and SIGTERM held: drop the dir of a run that failed before training, if it holds only
-    what Hydra and TensorBoard's logger write at the start (.hydra, the log, an event file, hparams.yaml; no
-    metrics.json: no epoch finished), and the folders above it that the run made (below outputs.existed)."""
+    """Drop the dir of a run that failed before training if it holds only what Hydra and TensorBoard write at
+    the start, and the folders above it that the run made (below outputs.existed)."""
 
     def empty(p: Path) -> bool:
         if p.name == "tensorboard" and p.is_dir():
@@ -193,8 +186,7 @@ def error_line(e: BaseException, run_dir: Path) -> str:
 
 
 def message_line(e: BaseException) -> str:
-    """The last line of an error's message (of a worker's traceback text), above the context OmegaConf's
-    errors end with ("full_key: workers", "object_type=dict")."""
+    """The last line of an error's message (or a worker's traceback), above OmegaConf's context lines."""
     lines = text_lines(e)
     while len(lines) > 1 and re.match(r"(full_key: |object_type=|reference_type=)", lines[-1]):
         lines.pop()
@@ -202,8 +194,7 @@ def message_line(e: BaseException) -> str:
 
 
 def traceback_path(run_dir: Path) -> Path:
-    """Where a failed job keeps its whole traceback: error.log, or error.rank<r>.log for a torchrun / srun
-    worker other than rank 0 (each a train.py process of its own)."""
+    """Where a failed job keeps its traceback: error.log, or error.rank<r>.log for a torchrun / srun rank r > 0."""
     rank = global_rank()
     return run_dir / ("error.log" if rank in (None, "0") else f"error.rank{rank}.log")
 
@@ -229,8 +220,7 @@ def keep_failure(e: BaseException, run_dir: Path, line: str, mark: bool = True) 
 
 
 def say_result(cfg: DictConfig, metrics: dict, run_dir: Path) -> None:
-    """A finished run's line (test accuracy, time, throughput, its dir), after a warning if its model
-    learned nothing (a 10 % model "completed" as if it were a result)."""
+    """A finished run's line (test accuracy, time, throughput, its dir), after a warning if it learned nothing."""
     acc = f"{metrics['test_acc']:.4f}"
     if advice.learned_nothing(metrics):
         hogwild = advice.hogwild_workers(metrics.get("strategy"), metrics.get("world_size"))

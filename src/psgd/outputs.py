@@ -56,8 +56,7 @@ existed: Path | None = None
 
 
 def output_problem(out: Path, key: str) -> str | None:
-    """Why results cannot be written to `out` (the dir Hydra will make, set by `key`), or None: a folder
-    cannot be made in its nearest existing ancestor."""
+    """Why results cannot be written to `out` (set by `key`): no folder can be made in its nearest existing one."""
     global existed
     existed = out.absolute()
     while not existed.exists() and existed != existed.parent:
@@ -70,10 +69,8 @@ def output_problem(out: Path, key: str) -> str | None:
 
 
 def earlier_results(out: Path, key: str) -> str | None:
-    """Why `out` cannot take this run: it holds an earlier run's record (metrics.json) or sweep's
-    (report.md, job records; with key "hydra.sweep.dir"), which this one would overwrite. None if it
-    holds none, or for a worker that torchrun restarted, which goes on in its job's dir. `key` names
-    what the user sets to choose another dir (hydra.run.dir, or train()'s run_dir)."""
+    """Why `out` (set by `key`) cannot take this run: it holds an earlier run's metrics.json or sweep's records
+    (key "hydra.sweep.dir"), which this one would overwrite; None too for a worker torchrun restarted."""
     fix = f"set {key} to a new folder, or delete that one"
     if key == "hydra.sweep.dir":
         jobs = len(list(out.glob("**/metrics.json")))  # <n>/, or folders a changed hydra.sweep.subdir names
