@@ -33,7 +33,7 @@ BAD_INPUT = (ConfigError, DataError)  # nothing trained: the run leaves no dir
 # the settings that name a file or folder to read: a relative one is relative to where the command ran
 INPUT_PATHS = ("data.root", "ckpt_path", "init_weights")
 # how long the torchrun worker that takes a refused run's dir away waits for the others on its machine to be
-# past Hydra's set-up of it (they start together; on a loaded machine their imports can differ by seconds)
+# past Hydra's set-up of it (on a loaded machine their imports can differ by seconds)
 WORKERS_SET_UP_WITHIN_S = 20.0
 
 
@@ -60,7 +60,10 @@ def run_job(cfg: DictConfig) -> float | None:
     except Exception as e:
         if not sweeping:
             run_failed(e, run_dir)
-        sweep_job_failed(e, run_dir)
+        line = error_line(e, run_dir)  # a sweep's job: marked failed, said, and the sweep goes on
+        if not isinstance(e, DirInUse):  # the earlier job's record stays as it was
+            keep_failure(e, run_dir, line)
+        say(f"psgd: error: {line}")
         return None
     if metrics is None:  # a torchrun / srun worker other than rank 0: rank 0 reports
         return None
@@ -123,14 +126,6 @@ def run_failed(e: Exception, run_dir: Path) -> None:
     finally:
         if after_the_first:  # the first has said it and exited (or did not in time, and this one has)
             discard_empty_run_dir(run_dir)
-
-
-def sweep_job_failed(e: Exception, run_dir: Path) -> None:
-    """A sweep's job that raised `e`: marked failed with its line, which is said; the sweep goes on."""
-    line = error_line(e, run_dir)
-    if not isinstance(e, DirInUse):  # the earlier job's record stays as it was
-        keep_failure(e, run_dir, line)
-    say(f"psgd: error: {line}")
 
 
 def discard_empty_run_dir(run_dir: Path) -> None:
