@@ -31,8 +31,6 @@ HELP_FLAGS = ("-h", "--help")
 DIR_NAMES_EXCLUDE = "hydra.job.config.override_dirname.exclude_keys"
 MAX_JOBS_COMPOSED = 64  # beyond this many jobs, every value of every key is composed once, not every product
 
-JobCheck = Callable[[Jobs], str | None]  # the composed jobs -> a one-line problem, or None
-
 
 def main(app: Callable[[], object], config_name: str, conf: Path) -> None:
     """Run a script's `@hydra.main` function `app` for this process's command line, checked first; a sweep
@@ -133,13 +131,13 @@ def continue_sweep_not_in_dir_names(override: str) -> str:
 
 
 def command_line_problem(
-    config_name: str, argv: list[str], config_dir: Path, job_check: JobCheck | None = None
+    config_name: str, argv: list[str], config_dir: Path, job_check: Callable[[Jobs], str | None] | None = None
 ) -> str | None:
     """The one line why Hydra would refuse the `argv` of `config_dir`/`config_name`.yaml (naming a sweep's
     job), why its output dir cannot take the run, or why `job_check` refuses the composed jobs; else None."""
     multirun = config_name == "sweep" or is_multirun(argv)
     overrides = [a for a in argv if a not in MULTIRUN_FLAGS]
-    if any(a.startswith("-") for a in overrides):
+    if any(a.startswith("-") for a in overrides):  # Hydra's flags: Hydra judges those alone
         return None
     composed: Jobs = []
     with initialize_config_dir(config_dir=str(Path(config_dir).absolute()), version_base="1.3"):
