@@ -1,12 +1,8 @@
 """Sweep training jobs: `python sweep.py [-m] workers=1,2,3,4,5 [strategy=ddp,hogwild ...]` (see conf/sweep.yaml).
 
-Each job is a full train.py run in its own dir under the sweep dir (multirun/<date>/<time>/<n>/), with a
-line per finished job; the sweep dir then gets report.csv, summary.csv, report.md and PNG plots
-(psgd.report; rebuild them with `python -m psgd.report <sweep dir>`). A failed job is marked failed in the
-report and the others go on; the exit code is then 1. A mistyped choice or key, or a value psgd refuses,
-in any job is one line and exit code 2 before any job runs. A sweep stopped early (Ctrl-C, SIGTERM) writes
-the report of the jobs that ran; `continue_sweep=<its dir>` goes on with the others.
-"""
+Each job is a train.py run in its own dir (multirun/<date>/<time>/<n>/); the sweep dir then gets report.md,
+report.csv, summary.csv and plots (psgd.report). A failed job is marked failed, the others go on, and the
+exit code is 1. A stopped sweep goes on with `continue_sweep=<its dir>`."""
 
 from pathlib import Path
 

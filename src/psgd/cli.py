@@ -1,8 +1,4 @@
-"""What train.py and sweep.py run as Hydra's job: one training run, and its failure as one line.
-
-A single run that fails says one line `psgd: error: ...` (a worker that died is named by its rank) and
-exits with code 2; bad input leaves no run dir, any other failure marks the run's record failed and keeps
-a bug's traceback in error.log. A sweep's failed job is marked failed and the sweep goes on."""
+"""What train.py and sweep.py run as Hydra's job: one training run, and its failure as one line."""
 
 import contextlib
 import logging
@@ -24,9 +20,9 @@ from psgd import advice, outputs, signals, torchrun
 from psgd.config import ConfigError, DirInUse
 from psgd.console import fail, first_worker, global_rank, other_torchrun_worker, text_lines, warn
 from psgd.data import DataError
-from psgd.io import NO_ROOM, failed_write, read_json, say, write_atomic
+from psgd.io import NO_ROOM, read_json, say, write_atomic
 from psgd.module import TrainingDiverged
-from psgd.run import run_dir_key, train
+from psgd.run import train
 from psgd.stopped import WorkerGone, mark_status, raised_in_worker
 from psgd.strategies.workers import KilledWorker
 from psgd.sweep import KEPT
@@ -37,13 +33,13 @@ BAD_INPUT = (ConfigError, DataError)  # nothing trained: the run leaves no dir
 # the settings that name a file or folder to read: a relative one is relative to where the command ran
 INPUT_PATHS = ("data.root", "ckpt_path", "init_weights")
 # how long the torchrun worker that takes a refused run's dir away waits for the others on its machine to be
-# past Hydra's set-up of it (they start together; on a loaded machine their imports can differ by seconds)
+# past Hydra's set-up of it (on a loaded machine their imports can differ by seconds)
 WORKERS_SET_UP_WITHIN_S = 20.0
 
 
 def run_job(cfg: DictConfig) -> float | None:
-    """Train one job in Hydra's output dir; returns the test accuracy (Hydra sweepers can optimise it), or
-    None for a sweep's failed job. A single run's failure ends the process (run_failed)."""
+    """Train one job in Hydra's output dir; its test accuracy (for Hydra's sweepers), or None for a sweep's
+    failed job. A single run's failure ends the process (run_failed)."""
     # torch logs a line per surviving worker it terminates after another one died; the error says it all
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     hydra_cfg = HydraConfig.get()
@@ -64,7 +60,10 @@ def run_job(cfg: DictConfig) -> float | None:
     except Exception as e:
         if not sweeping:
             run_failed(e, run_dir)
-        sweep_job_failed(e, run_dir)
+        line = error_line(e, run_dir)  # a sweep's job: marked failed, said, and the sweep goes on
+        if not isinstance(e, DirInUse):  # the earlier job's record stays as it was
+            keep_failure(e, run_dir, line)
+        say(f"psgd: error: {line}")
         return None
     if metrics is None:  # a torchrun / srun worker other than rank 0: rank 0 reports
         return None
@@ -74,8 +73,7 @@ def run_job(cfg: DictConfig) -> float | None:
 
 
 def absolute_inputs(cfg: DictConfig) -> None:
-    """With hydra.job.chdir=true the job runs inside its output dir: make a relative data.root, ckpt_path or
-    init_weights absolute from the directory the command ran in, as Hydra advises."""
+    """With hydra.job.chdir=true: make the INPUT_PATHS absolute from the directory the command ran in."""
     if not HydraConfig.get().job.get("chdir"):
         return
     for key in INPUT_PATHS:
@@ -85,9 +83,8 @@ def absolute_inputs(cfg: DictConfig) -> None:
 
 
 def continue_job(run_dir: Path, hydra_log: str) -> dict | None:
-    """A job of a continued sweep, in its earlier dir: its record if that attempt completed (nothing runs),
-    else None, and the job goes on there (from its last.ckpt if it has one: train with `continued`). The
-    earlier attempt's files, or with a checkpoint its error logs, are set aside into attempt<k>/."""
+    """A continued sweep's job, in its earlier dir: its record if that attempt completed, else None (the job
+    goes on there, from its last.ckpt if any) with the attempt's files (or error logs) set aside in attempt<k>/."""
     with contextlib.suppress(OSError, ValueError):
         record = read_json(run_dir / "metrics.json")
         if isinstance(record, dict) and record.get("status") == "completed" and record.get("test_acc") is not None:
@@ -120,10 +117,8 @@ def run_failed(e: Exception, run_dir: Path) -> None:
         torchrun.wait_for_this_machines_workers(WORKERS_SET_UP_WITHIN_S)
         discard_empty_run_dir(run_dir)
     line = error_line(e, run_dir)
-    if not discard and (first_worker() or (isinstance(e, WorkerGone) and e.records)):  # one writer
-        mark_failed(run_dir, line)
-    if keeps_traceback(e):  # the line names the file
-        write_traceback(run_dir, e)
+    if not discard:  # one process marks the record
+        keep_failure(e, run_dir, line, mark=first_worker() or (isinstance(e, WorkerGone) and e.records))
     if isinstance(e, WorkerGone) and not e.says_so:  # another worker on this machine says it
         raise SystemExit(2) from None
     try:
@@ -133,20 +128,9 @@ def run_failed(e: Exception, run_dir: Path) -> None:
             discard_empty_run_dir(run_dir)
 
 
-def sweep_job_failed(e: Exception, run_dir: Path) -> None:
-    """A sweep's job that raised `e`: its dir is kept and marked failed with its line, which is said."""
-    line = error_line(e, run_dir)
-    if not isinstance(e, DirInUse):  # the earlier job's record stays as it was
-        mark_failed(run_dir, line)
-        if keeps_traceback(e):
-            write_traceback(run_dir, e)
-    say(f"psgd: error: {line}")
-
-
 def discard_empty_run_dir(run_dir: Path) -> None:
-    """With Ctrl-C and SIGTERM held: drop the dir of a run that failed before training, if it holds only
-    what Hydra and TensorBoard's logger write at the start (.hydra, the log, an event file, hparams.yaml; no
-    metrics.json: no epoch finished), and the folders above it that the run made (below outputs.existed)."""
+    """Drop the dir of a run that failed before training if it holds only what Hydra and TensorBoard write at
+    the start, and the folders above it that the run made (below outputs.existed)."""
 
     def empty(p: Path) -> bool:
         if p.name == "tensorboard" and p.is_dir():
@@ -167,28 +151,22 @@ def discard_empty_run_dir(run_dir: Path) -> None:
 
 
 def unwritable(e: BaseException) -> str | None:
-    """`No space left on device: '<file>'` for an OSError of NO_ROOM raised here or in a worker, else None."""
+    """`cannot write <file>: <reason>` for a write that found no room (ENOSPC, a quota) here or in a worker."""
     if isinstance(e, OSError) and e.errno in NO_ROOM:
-        return failed_write(e)
-    if isinstance(e, ProcessRaisedException):
-        found = re.match(r"(?:\w+\.)*\w*Error: \[Errno (\d+)\] (.*)$", text_lines(e)[-1])
-        if found and int(found.group(1)) in NO_ROOM:
-            return found.group(2)
-    return None
+        return f"cannot write {e.filename}: {e.strerror}"
+    found = isinstance(e, ProcessRaisedException) and re.search(r"\[Errno (\d+)\] (.*): '(.*)'$", text_lines(e)[-1])
+    return f"cannot write {found[3]}: {found[2]}" if found and int(found[1]) in NO_ROOM else None
 
 
 def error_line(e: BaseException, run_dir: Path) -> str:
-    """The one line a user sees for a job that did not finish: psgd's own error's message; a full disk and
-    what to do; a dead worker named by its rank; else the error's line, its rank and where its traceback is."""
+    """The one line a user sees for a job that did not finish: psgd's own error's message; the file a full
+    disk could not take; a dead worker named by its rank; else the error's line, its rank and where its traceback is."""
     if isinstance(e, KNOWN_ERRORS):
         return str(e)
     if isinstance(e, KilledWorker):  # unresponsive or out of memory: the message says why
         return f"{e}; results of finished epochs are in {run_dir}"
     if why := unwritable(e):
-        return (
-            f"cannot write the run's results ({why}): free space there, or write them elsewhere "
-            f"(PSGD_OUTPUTS=<dir> or {run_dir_key()}=<dir>); what was written before stays in {run_dir}"
-        )
+        return why
     if isinstance(e, ProcessExitedException):
         how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
         return f"worker rank {e.error_index} died ({how}); results of finished epochs are in {run_dir}"
@@ -203,8 +181,7 @@ def error_line(e: BaseException, run_dir: Path) -> str:
 
 
 def message_line(e: BaseException) -> str:
-    """The last line of an error's message (of a worker's traceback text), above the context OmegaConf's
-    errors end with ("full_key: workers", "object_type=dict")."""
+    """The last line of an error's message (or a worker's traceback), above OmegaConf's context lines."""
     lines = text_lines(e)
     while len(lines) > 1 and re.match(r"(full_key: |object_type=|reference_type=)", lines[-1]):
         lines.pop()
@@ -212,8 +189,7 @@ def message_line(e: BaseException) -> str:
 
 
 def traceback_path(run_dir: Path) -> Path:
-    """Where a failed job keeps its whole traceback: error.log, or error.rank<r>.log for a torchrun / srun
-    worker other than rank 0 (each a train.py process of its own)."""
+    """Where a failed job keeps its traceback: error.log, or error.rank<r>.log for a torchrun / srun rank r > 0."""
     rank = global_rank()
     return run_dir / ("error.log" if rank in (None, "0") else f"error.rank{rank}.log")
 
@@ -224,25 +200,22 @@ def keeps_traceback(e: BaseException) -> bool:
     return not (known or unwritable(e))
 
 
-def write_traceback(run_dir: Path, e: BaseException) -> None:
-    """The whole traceback of `e` (a worker's is in its text) into traceback_path, or else onto stderr."""
-    text = "".join(traceback.format_exception(e))
-    try:
-        write_atomic(traceback_path(run_dir), text)
-    except OSError:
-        print(text.rstrip(), file=sys.stderr, flush=True)
-
-
-def mark_failed(run_dir: Path, line: str) -> None:
-    """Mark the run's record failed with its error line; on a full disk it cannot be, and the error that
-    ended the run is the one to report."""
-    with contextlib.suppress(OSError):
-        mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
+def keep_failure(e: BaseException, run_dir: Path, line: str, mark: bool = True) -> None:
+    """Mark the run's record failed with `line` (if `mark`; not where the disk is full: `e` is the error to
+    report) and keep a bug's whole traceback (a worker's is in its text) in traceback_path, or else on stderr."""
+    if mark:
+        with contextlib.suppress(OSError):
+            mark_status(run_dir / "metrics.json", "failed", create=True, error=line)
+    if keeps_traceback(e):
+        text = "".join(traceback.format_exception(e))
+        try:
+            write_atomic(traceback_path(run_dir), text)
+        except OSError:
+            print(text.rstrip(), file=sys.stderr, flush=True)
 
 
 def say_result(cfg: DictConfig, metrics: dict, run_dir: Path) -> None:
-    """A finished run's line (test accuracy, time, throughput, its dir), after a warning if its model
-    learned nothing (a 10 % model "completed" as if it were a result)."""
+    """A finished run's line (test accuracy, time, throughput, its dir), after a warning if it learned nothing."""
     acc = f"{metrics['test_acc']:.4f}"
     if advice.learned_nothing(metrics):
         hogwild = advice.hogwild_workers(metrics.get("strategy"), metrics.get("world_size"))

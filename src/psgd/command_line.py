@@ -1,9 +1,5 @@
-"""What train.py and sweep.py do around Hydra: check the command line, then run it.
-
-Every job of the command line is composed first with Hydra's compose API and checked: what Hydra or psgd
-would refuse is one line `psgd: error: ...` and exit code 2 before torch loads, any job starts or anything
-is written. Ctrl-C and SIGTERM before training are one line and exit code 130 / 143.
-"""
+"""What train.py and sweep.py do around Hydra: compose and check every job of the command line (what Hydra
+or psgd would refuse is one line and exit code 2 before torch loads or anything is written), then run it."""
 
 import contextlib
 import difflib
@@ -35,23 +31,15 @@ HELP_FLAGS = ("-h", "--help")
 DIR_NAMES_EXCLUDE = "hydra.job.config.override_dirname.exclude_keys"
 MAX_JOBS_COMPOSED = 64  # beyond this many jobs, every value of every key is composed once, not every product
 
-JobCheck = Callable[[Jobs], str | None]  # the composed jobs -> a one-line problem, or None
-
 
 def main(app: Callable[[], object], config_name: str, conf: Path) -> None:
-    """Run a script's `@hydra.main` function `app` for this process's command line, checked first.
-
-    `config_name` "sweep", or `train.py -m`, runs a sweep with the sweep config: each job checked also
-    against this machine and its datasets, the report written when it stops early, exit code 1 when a job
-    failed. A command line with Hydra's flags (--help, --cfg, -cd ...) goes to Hydra unchecked.
-    """
+    """Run a script's `@hydra.main` function `app` for this process's command line, checked first; a sweep
+    ("sweep", or `train.py -m`) exits 1 when a job failed. Hydra's flags (--help, --cfg ...) go unchecked."""
     signals.interrupt_on_sigterm()  # as Ctrl-C, also while torch loads
     argv = sys.argv[1:]
     sweeping = config_name == "sweep" or is_multirun(argv)
     if sweeping:
         argv = sweep_argv([a for a in argv if a not in MULTIRUN_FLAGS])  # the sweep config's hydra.mode says it
-    if any(a in HELP_FLAGS for a in argv):
-        argv = without_sweeps(argv)
     sys.argv[1:] = ["--config-name=sweep", *argv] if sweeping and config_name != "sweep" else argv
     hydras_flags = any(a.startswith("-") for a in argv)  # but -m, taken out above
     try:
@@ -76,19 +64,6 @@ def is_multirun(argv: list[str]) -> bool:
     return any(a in MULTIRUN_FLAGS or a.replace(" ", "").upper() == "HYDRA.MODE=MULTIRUN" for a in argv)
 
 
-def without_sweeps(argv: list[str]) -> list[str]:
-    """`argv` without the overrides that sweep (Hydra's help composes one job, and refuses them there)."""
-    parser = OverridesParser.create()
-
-    def sweeps(word: str) -> bool:
-        try:
-            return parser.parse_overrides([word])[0].is_sweep_override()
-        except Exception:  # not an override, or not one Hydra reads: Hydra's to judge
-            return False
-
-    return [a for a in argv if a.startswith("-") or not sweeps(a)]
-
-
 def run_hydras_flags(app: Callable[[], object], argv: list[str]) -> None:
     """Hydra's run of a command line with its flags; after its --help, the schema's keys (describe)."""
     if not any(a in HELP_FLAGS for a in argv):
@@ -102,8 +77,8 @@ def run_hydras_flags(app: Callable[[], object], argv: list[str]) -> None:
 
 
 def exit_stopped(e: BaseException, sweeping: bool) -> None:
-    """For `e` that ended the script: a sweep's report of the jobs that ran, then Ctrl-C or SIGTERM as
-    one line and exit code 130 or 143, and a closed stdout quietly; anything else goes on."""
+    """For `e` that ended the script: a sweep's report of the jobs that ran; Ctrl-C or SIGTERM as one line
+    and exit code 130 / 143; a closed stdout quietly."""
     said = sweeping and sweep.report_stopped_sweep()
     if isinstance(e, KeyboardInterrupt):
         if not (said or other_torchrun_worker()):  # torchrun: the first worker of a machine says it
@@ -116,9 +91,8 @@ def exit_stopped(e: BaseException, sweeping: bool) -> None:
 
 
 def jobs_problem(jobs: Jobs, sweeping: bool) -> str | None:
-    """psgd's checks of the composed jobs: those that need no torch first (with none failed, the fork server
-    that will start the workers starts, to import while this process does); for a sweep, with torch loaded,
-    also those that depend on this machine and its datasets."""
+    """psgd's checks of the composed jobs: those without torch first (then the fork server starts early);
+    for a sweep also, with torch loaded, those of this machine and its datasets."""
     if problem := values_problem(jobs, name_the_job=sweeping or len(jobs) > 1):
         return problem
     forkserver.start_early(jobs)
@@ -131,18 +105,15 @@ def jobs_problem(jobs: Jobs, sweeping: bool) -> str | None:
 
 
 def load_training() -> None:
-    """Import what a job runs (torch, Lightning) before Hydra makes the run dir, so that Ctrl-C meanwhile
-    leaves none. Ctrl-C or SIGTERM while it loads is handled once it has loaded: inside torch's C++
-    initialisers it aborted the process."""
+    """Import torch and Lightning before Hydra makes the run dir, with Ctrl-C and SIGTERM held (inside torch's
+    C++ initialisers they abort the process)."""
     with signals.held(signal.SIGINT, signal.SIGTERM):
         importlib.import_module("psgd.cli")  # not at the top: the command line is checked before torch loads
 
 
 def sweep_argv(argv: list[str]) -> list[str]:
-    """A sweep's arguments, with `continue_sweep=<dir>` also as hydra.sweep.dir (unless given): the stopped
-    sweep goes on in its dir. Not an interpolation in conf/sweep.yaml: a null continue_sweep leaves the
-    date-named default. A user's own list of keys left out of job folder names gets continue_sweep too (as
-    in conf/sweep.yaml): a continued sweep's jobs then find the folders they had."""
+    """A sweep's arguments, with `continue_sweep=<dir>` also as hydra.sweep.dir (unless given), and
+    continue_sweep in a user's own DIR_NAMES_EXCLUDE (a continued sweep's jobs find their folders)."""
     argv = [continue_sweep_not_in_dir_names(a) if override_key(a) == DIR_NAMES_EXCLUDE else a for a in argv]
     given = [a.partition("=")[2] for a in argv if override_key(a) == "continue_sweep"]
     if given and given[-1] != "null" and not any(override_key(a) == "hydra.sweep.dir" for a in argv):
@@ -160,15 +131,13 @@ def continue_sweep_not_in_dir_names(override: str) -> str:
 
 
 def command_line_problem(
-    config_name: str, argv: list[str], config_dir: Path, job_check: JobCheck | None = None
+    config_name: str, argv: list[str], config_dir: Path, job_check: Callable[[Jobs], str | None] | None = None
 ) -> str | None:
-    """The one line why Hydra would refuse the `argv` of `config_dir`/`config_name`.yaml (a multirun with
-    -m or for "sweep") naming the job of a sweep after the first, or why its output dir cannot take the
-    run, or why `job_check` refuses the composed jobs (the first with Hydra's node); else None, also for
-    a command line with Hydra's flags (Hydra judges those alone)."""
+    """The one line why Hydra would refuse the `argv` of `config_dir`/`config_name`.yaml (naming a sweep's
+    job), why its output dir cannot take the run, or why `job_check` refuses the composed jobs; else None."""
     multirun = config_name == "sweep" or is_multirun(argv)
     overrides = [a for a in argv if a not in MULTIRUN_FLAGS]
-    if any(a.startswith("-") for a in overrides):
+    if any(a.startswith("-") for a in overrides):  # Hydra's flags: Hydra judges those alone
         return None
     composed: Jobs = []
     with initialize_config_dir(config_dir=str(Path(config_dir).absolute()), version_base="1.3"):
@@ -194,10 +163,8 @@ def command_line_problem(
 
 
 def jobs_of(config_name: str, overrides: list[str], multirun: bool) -> list[list[str]]:
-    """The overrides of each job, as Hydra's basic sweeper makes them (with a preset's own sweep,
-    hydra.sweeper.params, where the command line does not give the key); [] for a sweep of ranges to
-    sample (its sweeper's to judge). Without -m, the command line itself: Hydra's compose judges any
-    sweep in it."""
+    """The overrides of each job as Hydra's basic sweeper makes them (with a preset's hydra.sweeper.params);
+    [] for ranges to sample (its sweeper's to judge); without -m, the command line itself."""
     if not multirun:
         return [overrides]
     parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
@@ -221,8 +188,7 @@ def jobs_of(config_name: str, overrides: list[str], multirun: bool) -> list[list
 
 
 def hydra_problem(e: Exception) -> str:
-    """Hydra's reason for refusing a job (`e`, raised by its compose or parser) in one line, with a
-    did-you-mean for a mistyped group choice or key."""
+    """Hydra's reason for refusing a job in one line, with a did-you-mean for a mistyped choice or key."""
     if isinstance(e, MissingConfigException) and e.options:  # a group's choice
         group, _, choice = (e.missing_cfg_file or "").rpartition("/")
         hint = did_you_mean(choice, list(e.options), f"{group}=")
@@ -244,8 +210,8 @@ def did_you_mean(word: str, options: list[str], prefix: str = "") -> str:
 
 
 def continue_problem(sweep_dir: Path, overrides: list[str]) -> str | None:
-    """Why the stopped sweep in `sweep_dir` cannot be continued by these overrides, or None: it must be
-    a sweep dir, swept with the same values in the same order (each job number must name the same job)."""
+    """Why the stopped sweep in `sweep_dir` cannot be continued with these overrides (the same values, in
+    the same order), or None."""
     given = shell_override("continue_sweep", sweep_dir)
     if not (sweep_dir / "multirun.yaml").is_file():
         return f"{given} is not a sweep dir (it has no multirun.yaml): give the dir a sweep printed its report in"

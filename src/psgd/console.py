@@ -34,14 +34,9 @@ def other_torchrun_worker() -> bool:
 
 
 def fail(message: str, every_worker_finds_it: bool = False) -> None:
-    """A user error: one line on stderr, exit code 2.
-
-    Args:
-        every_worker_finds_it: the line follows from the config and the machine alone, so under torchrun
-            each worker of a machine finds it. A worker other than the machine's first then waits for the
-            agent's SIGTERM (sent once the first has exited; SIGTERM raised as KeyboardInterrupt by
-            signals.interrupt_on_sigterm) and says nothing, or says it too when none came in time.
-    """
+    """A user error: one line on stderr, exit code 2. If `every_worker_finds_it` (under torchrun each worker
+    of a machine finds it), a worker other than the machine's first waits for the agent's SIGTERM (once the
+    first has exited) and says nothing, or says it too when none came in time."""
     if every_worker_finds_it and other_torchrun_worker():
         try:
             time.sleep(AGENT_STOPS_WITHIN_S)
@@ -73,7 +68,6 @@ def text_lines(text: object) -> list[str]:
 
 
 def in_the_job(problem: object, job: list[str], jobs: list[list[str]]) -> str:
-    """`problem`, naming the job of a sweep it is in by the job's swept values (its overrides that not
-    every job has)."""
+    """`problem`, naming the sweep's job it is in by its swept values (the overrides not every job has)."""
     values = " ".join(as_typed(o) for o in job if not all(o in other for other in jobs))
     return f"{problem} (in the job {values or 'of the defaults'}; no job was started)"

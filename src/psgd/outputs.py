@@ -2,7 +2,6 @@
 process of a torchrun / srun job), whether a dir can take its results, and whether it holds an earlier one's.
 A leaf: the standard library, OmegaConf and psgd's leaves only."""
 
-import json
 import os
 import tempfile
 from datetime import datetime
@@ -56,8 +55,7 @@ existed: Path | None = None
 
 
 def output_problem(out: Path, key: str) -> str | None:
-    """Why results cannot be written to `out` (the dir Hydra will make, set by `key`), or None: a folder
-    cannot be made in its nearest existing ancestor."""
+    """Why results cannot be written to `out` (set by `key`): no folder can be made in its nearest existing one."""
     global existed
     existed = out.absolute()
     while not existed.exists() and existed != existed.parent:
@@ -70,26 +68,16 @@ def output_problem(out: Path, key: str) -> str | None:
 
 
 def earlier_results(out: Path, key: str) -> str | None:
-    """Why `out` cannot take this run: it holds an earlier run's record (metrics.json) or sweep's
-    (report.md, job records; with key "hydra.sweep.dir"), which this one would overwrite. None if it
-    holds none, or for a worker that torchrun restarted, which goes on in its job's dir. `key` names
-    what the user sets to choose another dir (hydra.run.dir, or train()'s run_dir)."""
+    """Why `out` (set by `key`) cannot take this run: it holds an earlier run's metrics.json or sweep's records
+    (key "hydra.sweep.dir"), which this one would overwrite; None too for a worker torchrun restarted."""
     fix = f"set {key} to a new folder, or delete that one"
-    if key == "hydra.sweep.dir":
-        jobs = len(list(out.glob("**/metrics.json")))  # <n>/, or folders a changed hydra.sweep.subdir names
-        held = [f"{jobs} job record(s)"] if jobs else []
-        held += ["report.md"] if (out / "report.md").exists() else []
-        if not held:
-            return None
-        return f"{out} holds an earlier sweep's results ({', '.join(held)}), which this sweep would overwrite: {fix}"
-    record = out / "metrics.json"
-    if not record.is_file() or int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0:
+    if key == "hydra.sweep.dir":  # job records in <n>/, or in folders a changed hydra.sweep.subdir names
+        if any(out.glob("**/metrics.json")) or (out / "report.md").exists():
+            return f"{out} holds an earlier sweep's results, which this sweep would overwrite: {fix}"
         return None
-    try:
-        status = json.loads(record.read_text()).get("status", "unknown")
-    except (OSError, ValueError, AttributeError):
-        status = "unreadable"
+    if not (out / "metrics.json").is_file() or int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0:
+        return None
     return (
-        f"{out} holds an earlier run's results (metrics.json: {status}), which this run would overwrite: {fix} "
+        f"{out} holds an earlier run's results (metrics.json), which this run would overwrite: {fix} "
         f"({shell_override('ckpt_path', out)} resumes that run in a new folder)"
     )

@@ -207,7 +207,7 @@ def test_train_from_python_refuses_a_run_dir_holding_earlier_results(tiny_data, 
     files = _used_run_dir(earlier)
     with pytest.raises(DirInUse) as refused:
         train(compose_cfg(f"data.root={tiny_data}", "quiet=true"), earlier)
-    assert str(refused.value).startswith(f"{earlier} holds an earlier run's results (metrics.json: completed)")
+    assert str(refused.value).startswith(f"{earlier} holds an earlier run's results (metrics.json)")
     assert "set run_dir to a new folder" in str(refused.value)
     assert {p: p.read_text() for p in files} == files
     assert sorted(p for p in earlier.rglob("*") if p.is_file()) == sorted(files)
@@ -224,7 +224,7 @@ def test_a_used_run_dir_is_refused_in_the_job_when_the_command_line_check_is_ski
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"psgd: error: {earlier} holds an earlier run's results (metrics.json: completed), which this run would "
+        f"psgd: error: {earlier} holds an earlier run's results (metrics.json), which this run would "
         f"overwrite: set hydra.run.dir to a new folder, or delete that one (ckpt_path={earlier} resumes that run "
         "in a new folder)"
     ], proc.stderr

@@ -243,7 +243,7 @@ def test_a_dir_holding_an_earlier_runs_results_is_refused_before_hydra_writes_in
     assert command_line_problem("train", [f"hydra.run.dir={run}"], CONF) is None  # no record: nothing finished
     (run / "metrics.json").write_text('{"status": "completed", "epochs": 3}')
     assert command_line_problem("train", [f"hydra.run.dir={run}"], CONF) == (
-        f"{run} holds an earlier run's results (metrics.json: completed), which this run would overwrite: "
+        f"{run} holds an earlier run's results (metrics.json), which this run would overwrite: "
         f"set hydra.run.dir to a new folder, or delete that one (ckpt_path={run} resumes that run in a new folder)"
     )
     spaced = tmp_path / "my run ü"  # the resume it suggests is quoted as the shell and Hydra need
@@ -260,7 +260,7 @@ def test_a_dir_holding_an_earlier_runs_results_is_refused_before_hydra_writes_in
     (sweep / "0" / "metrics.json").write_text('{"status": "failed"}')
     (sweep / "report.md").write_text("")
     assert command_line_problem("sweep", ["-m", "seed=0,1", f"hydra.sweep.dir={sweep}"], CONF) == (
-        f"{sweep} holds an earlier sweep's results (1 job record(s), report.md), which this sweep would "
+        f"{sweep} holds an earlier sweep's results, which this sweep would "
         "overwrite: set hydra.sweep.dir to a new folder, or delete that one"
     )
 

@@ -220,19 +220,16 @@ def test_a_workers_own_error_names_the_log_with_its_traceback_and_psgds_errors_o
         assert not keeps_traceback(e) and "traceback in" not in error_line(e, tmp_path), e
 
 
-def test_a_disk_without_room_is_one_line_saying_what_to_do_in_this_process_or_a_worker(tmp_path):
-    """A write that failed for want of room (ENOSPC, a quota) or on a read-only disk says so and what
-    to do, in one line without a traceback to keep (none would fit); a worker's says it the same way."""
+def test_a_disk_without_room_is_one_line_naming_the_file_in_this_process_or_a_worker(tmp_path):
+    """A write that failed for want of room (ENOSPC, a quota) says which file and why, in one line without
+    a traceback to keep (none would fit); a worker's says it the same way."""
     full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "checkpoints" / "last.ckpt"))
     worker = raised(0, f"OSError: [Errno {errno.EDQUOT}] Disk quota exceeded: '{tmp_path / 'metrics.json'}'")
-    for e, why in (
-        (full, f"No space left on device: '{full.filename}'"),
-        (worker, f"Disk quota exceeded: '{tmp_path / 'metrics.json'}'"),
+    for e, line in (
+        (full, f"cannot write {full.filename}: No space left on device"),
+        (worker, f"cannot write {tmp_path / 'metrics.json'}: Disk quota exceeded"),
     ):
-        assert error_line(e, tmp_path) == (
-            f"cannot write the run's results ({why}): free space there, or write them elsewhere (PSGD_OUTPUTS=<dir> "
-            f"or run_dir=<dir>); what was written before stays in {tmp_path}"
-        )
+        assert error_line(e, tmp_path) == line
         assert not keeps_traceback(e)
     assert keeps_traceback(OSError(errno.ENOENT, "No such file or directory", "mine.txt"))  # a bug's, maybe
 
