@@ -40,6 +40,8 @@ def main(app: Callable[[], object], config_name: str, conf: Path) -> None:
     sweeping = config_name == "sweep" or is_multirun(argv)
     if sweeping:
         argv = sweep_argv([a for a in argv if a not in MULTIRUN_FLAGS])  # the sweep config's hydra.mode says it
+    if any(a in HELP_FLAGS for a in argv):
+        argv = without_sweeps(argv)
     sys.argv[1:] = ["--config-name=sweep", *argv] if sweeping and config_name != "sweep" else argv
     hydras_flags = any(a.startswith("-") for a in argv)  # but -m, taken out above
     try:
@@ -62,6 +64,19 @@ def main(app: Callable[[], object], config_name: str, conf: Path) -> None:
 def is_multirun(argv: list[str]) -> bool:
     """Whether Hydra runs `argv` (a script's arguments) as a multirun: -m, --multirun or hydra.mode=MULTIRUN."""
     return any(a in MULTIRUN_FLAGS or a.replace(" ", "").upper() == "HYDRA.MODE=MULTIRUN" for a in argv)
+
+
+def without_sweeps(argv: list[str]) -> list[str]:
+    """`argv` without the overrides that sweep (Hydra's help composes one job, and refuses them there)."""
+    parser = OverridesParser.create()
+
+    def sweeps(word: str) -> bool:
+        try:
+            return parser.parse_overrides([word])[0].is_sweep_override()
+        except Exception:  # not an override, or not one Hydra reads: Hydra's to judge
+            return False
+
+    return [a for a in argv if a.startswith("-") or not sweeps(a)]
 
 
 def run_hydras_flags(app: Callable[[], object], argv: list[str]) -> None:
