@@ -547,8 +547,8 @@ def test_torch_is_first_imported_with_ctrl_c_and_sigterm_held(tmp_path, script, 
 @pytest.mark.slow  # ~25 s each; resuming to the uninterrupted weights over workers is also run by test_model_averaging
 @pytest.mark.parametrize("inside_an_epoch", [False, True], ids=["epoch-end", "inside-an-epoch"])
 def test_ddp_resume_ends_with_the_same_weights_as_an_uninterrupted_run(tiny_data, tmp_path, inside_an_epoch):
-    """From an epoch's checkpoint, or from the run dir of a run trainer.max_steps cut inside an epoch (8 steps
-    an epoch per worker; 10: the second's third, which the resume trains again from its start)."""
+    """From an epoch's checkpoint, or from the run dir of a run trainer.max_steps cut inside an epoch (16 steps
+    an epoch per worker; 20: the second's fourth, which the resume trains again from its start)."""
     common = ["workers=2", f"data.root={tiny_data}", "trainer.max_epochs=2", *TINY]  # dropout on: reseeded per epoch
     straight = tmp_path / "straight"
     proc = run_cli("train.py", *common, "checkpoint_every_epoch=true", f"hydra.run.dir={straight}")
@@ -556,7 +556,7 @@ def test_ddp_resume_ends_with_the_same_weights_as_an_uninterrupted_run(tiny_data
     checkpoint = straight / "checkpoints" / "epoch0.ckpt"
     if inside_an_epoch:
         checkpoint = tmp_path / "cut"
-        proc = run_cli("train.py", *common, "trainer.max_steps=10", f"hydra.run.dir={checkpoint}")
+        proc = run_cli("train.py", *common, "trainer.max_steps=20", f"hydra.run.dir={checkpoint}")
         assert proc.returncode == 0, proc.stderr
     resumed = tmp_path / "resumed"
     proc = run_cli("train.py", *common, f"ckpt_path={checkpoint}", f"hydra.run.dir={resumed}")
