@@ -8,6 +8,7 @@ import torch
 from conftest import SHARED_DATA, make_cifar_like, make_mnist_like
 
 from psgd.data import INFO, ClassificationData, DataError, load_split
+from psgd.data.datamodule import resize
 
 
 def test_mnist_reads_gz_in_place_without_writing_beside_it(tmp_path):
@@ -127,12 +128,19 @@ def test_a_missing_mnist_file_is_named(tmp_path, request):
     assert "(missing MNIST/raw/t10k-labels-idx1-ubyte.gz; download: Error downloading" in str(e.value)
 
 
+def test_resize_to_32_keeps_uint8_and_content():
+    x = torch.zeros(2, 1, 28, 28, dtype=torch.uint8)
+    x[:, :, 10:18, 10:18] = 255
+    y = resize(x, 32)
+    assert y.shape == (2, 1, 32, 32) and y.dtype == torch.uint8
+    assert y[:, :, 14:18, 14:18].min() == 255 and y[:, :, :4, :4].max() == 0
+
+
 def test_datamodule_normalises_and_holds_out_validation(tmp_path):
     make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
     dm = ClassificationData("mnist", str(tmp_path), batch_size=32, image_size=32, val_split=0.25)
     dm.setup("fit")
     assert len(dm.train_set[1]) == 150 and len(dm.val_set[1]) == 50
-    assert dm.train_set[0].shape[1:] == (1, 32, 32) and dm.train_set[0].dtype == torch.uint8  # resized once
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (32, 1, 32, 32) and x.dtype == torch.float32
     raw = dm.train_set[0][:32].float() / 255

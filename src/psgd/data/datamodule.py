@@ -5,8 +5,8 @@ from typing import Any
 
 import pytorch_lightning as L
 import torch
+import torch.nn.functional as F
 from torch import Tensor
-from torchvision.transforms.v2.functional import resize
 
 from psgd.choices import INFO, DatasetInfo
 from psgd.data.augment import PRESETS
@@ -110,6 +110,14 @@ class TensorLoader:
         return x, self.labels.index_select(0, idx)
 
 
+def resize(images: Tensor, size: int) -> Tensor:
+    """Bilinear resize of a whole uint8 image tensor, done once at load time."""
+    if images.shape[-1] == size and images.shape[-2] == size:
+        return images
+    out = F.interpolate(images.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+    return out.round_().clamp_(0, 255).to(torch.uint8)
+
+
 class ClassificationData(L.LightningDataModule):
     """MNIST / FashionMNIST / CIFAR10 sharded over workers; validates on the test split unless
     `val_split` holds out part of the training set.
@@ -176,9 +184,8 @@ class ClassificationData(L.LightningDataModule):
         if self.train_set is not None:
             return
         self.prepare_data()  # a no-op where the decoded splits came with the datamodule
-        size = [self.image_size, self.image_size]  # bilinear, antialiased, once (uint8 in and out)
-        images, labels = resize(self._decoded[True][0], size), self._decoded[True][1]
-        self.test_set = (resize(self._decoded[False][0], size), self._decoded[False][1])
+        images, labels = resize(self._decoded[True][0], self.image_size), self._decoded[True][1]
+        self.test_set = (resize(self._decoded[False][0], self.image_size), self._decoded[False][1])
         self.val_set = self.test_set
         if self.val_split > 0:
             held, keep = self._holdout(len(labels))
