@@ -2,7 +2,7 @@
 
 Each job is a train.py run in its own dir (multirun/<date>/<time>/<n>/); the sweep dir then gets report.md,
 report.csv, summary.csv and plots (psgd.report). A failed job is marked failed, the others go on, and the
-exit code is 1. A stopped sweep goes on with `continue_sweep=<its dir>`."""
+exit code is 1."""
 
 from pathlib import Path
 

@@ -82,8 +82,8 @@ class EpochEndCheckpoint(ModelCheckpoint):
     Only whole epochs are written: a run cut inside an epoch (trainer.max_steps, max_time, an early stop)
     resumes from its last whole epoch and trains the cut epoch again from its start, exactly as the
     uninterrupted run did (WorkerSetup reseeds every epoch). Without the "directory exists and is not empty"
-    warning: checkpoints/ holds files at the start only where a run goes on in its own dir (a continued
-    sweep, a torchrun restart), whose files it overwrites."""
+    warning: checkpoints/ holds files at the start only where a run goes on in its own dir (a torchrun
+    restart), whose files it overwrites."""
 
     def __init__(self, dirpath: str | Path, keep_all: bool = False) -> None:
         # (Lightning's save_last writes last.ckpt only after a top-k save: with save_top_k=0, at the end alone)

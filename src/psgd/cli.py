@@ -20,12 +20,11 @@ from psgd import advice, outputs, signals, torchrun
 from psgd.config import ConfigError, DirInUse
 from psgd.console import fail, first_worker, global_rank, other_torchrun_worker, text_lines, warn
 from psgd.data import DataError
-from psgd.io import NO_ROOM, read_json, say, write_atomic
+from psgd.io import NO_ROOM, say, write_atomic
 from psgd.module import TrainingDiverged
 from psgd.run import train
 from psgd.stopped import WorkerGone, mark_status, raised_in_worker
 from psgd.strategies.workers import KilledWorker
-from psgd.sweep import KEPT
 
 # errors whose message is the whole story: one line, no traceback, also when a worker raised them
 KNOWN_ERRORS = (ConfigError, DataError, TrainingDiverged, WorkerGone)
@@ -47,13 +46,9 @@ def run_job(cfg: DictConfig) -> float | None:
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
     torchrun.mark_running_under_torchrun()  # Hydra's set-up of the run dir is done (wait_for_this_machines_workers)
     absolute_inputs(cfg)
-    continued = sweeping and cfg.get("continue_sweep") is not None
-    if continued and (earlier := continue_job(run_dir, f"{hydra_cfg.job.name}.log")) is not None:
-        KEPT.add(str(run_dir))  # completed in the stopped sweep: its progress line and report use its record
-        return earlier["test_acc"]
     try:
         signals.release_held()  # Ctrl-C or SIGTERM while Hydra made the run dir: handled here
-        metrics = train(cfg, run_dir, continued=continued)
+        metrics = train(cfg, run_dir)
     except KeyboardInterrupt:  # before training (from fit on, psgd.run winds the run down): nothing to keep
         discard_empty_run_dir(run_dir)
         raise
@@ -80,26 +75,6 @@ def absolute_inputs(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if isinstance(value, str) and value and not os.path.isabs(os.path.expanduser(value)):
             OmegaConf.update(cfg, key, os.path.normpath(to_absolute_path(value)))
-
-
-def continue_job(run_dir: Path, hydra_log: str) -> dict | None:
-    """A continued sweep's job, in its earlier dir: its record if that attempt completed, else None (the job
-    goes on there, from its last.ckpt if any) with the attempt's files (or error logs) set aside in attempt<k>/."""
-    with contextlib.suppress(OSError, ValueError):
-        record = read_json(run_dir / "metrics.json")
-        if isinstance(record, dict) and record.get("status") == "completed" and record.get("test_acc") is not None:
-            return record
-    if (run_dir / "checkpoints" / "last.ckpt").is_file():  # its epochs go on: only its failure's logs would mislead
-        left = list(run_dir.glob("error*.log"))
-    else:
-        kept = (".hydra", hydra_log)  # what Hydra has just written for this attempt
-        left = [p for p in run_dir.iterdir() if p.name not in kept and not p.name.startswith("attempt")]
-    if left:
-        aside = run_dir / f"attempt{1 + len(list(run_dir.glob('attempt*')))}"
-        aside.mkdir()
-        for p in left:
-            p.rename(aside / p.name)
-    return None
 
 
 def run_failed(e: Exception, run_dir: Path) -> None:

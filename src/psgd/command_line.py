@@ -24,11 +24,9 @@ from psgd import forkserver, outputs, signals, sweep
 from psgd.config import Jobs, describe, sweep_values_problem, values_problem
 from psgd.console import fail, in_the_job, other_torchrun_worker, text_lines
 from psgd.io import say
-from psgd.overrides import override_key, shell_override
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
 HELP_FLAGS = ("-h", "--help")
-DIR_NAMES_EXCLUDE = "hydra.job.config.override_dirname.exclude_keys"
 MAX_JOBS_COMPOSED = 64  # beyond this many jobs, every value of every key is composed once, not every product
 
 
@@ -39,7 +37,7 @@ def main(app: Callable[[], object], config_name: str, conf: Path) -> None:
     argv = sys.argv[1:]
     sweeping = config_name == "sweep" or is_multirun(argv)
     if sweeping:
-        argv = sweep_argv([a for a in argv if a not in MULTIRUN_FLAGS])  # the sweep config's hydra.mode says it
+        argv = [a for a in argv if a not in MULTIRUN_FLAGS]  # the sweep config's hydra.mode says it
     if any(a in HELP_FLAGS for a in argv):
         argv = without_sweeps(argv)
     sys.argv[1:] = ["--config-name=sweep", *argv] if sweeping and config_name != "sweep" else argv
@@ -126,25 +124,6 @@ def load_training() -> None:
         importlib.import_module("psgd.cli")  # not at the top: the command line is checked before torch loads
 
 
-def sweep_argv(argv: list[str]) -> list[str]:
-    """A sweep's arguments, with `continue_sweep=<dir>` also as hydra.sweep.dir (unless given), and
-    continue_sweep in a user's own DIR_NAMES_EXCLUDE (a continued sweep's jobs find their folders)."""
-    argv = [continue_sweep_not_in_dir_names(a) if override_key(a) == DIR_NAMES_EXCLUDE else a for a in argv]
-    given = [a.partition("=")[2] for a in argv if override_key(a) == "continue_sweep"]
-    if given and given[-1] != "null" and not any(override_key(a) == "hydra.sweep.dir" for a in argv):
-        return [*argv, f"hydra.sweep.dir={given[-1]}"]
-    return argv
-
-
-def continue_sweep_not_in_dir_names(override: str) -> str:
-    """`override` of DIR_NAMES_EXCLUDE (a list of keys) with continue_sweep in the list."""
-    key, _, value = override.partition("=")
-    if "continue_sweep" in value or not (value.startswith("[") and value.endswith("]")):
-        return override
-    keys = value[1:-1].strip()
-    return f"{key}=[{keys + ',' if keys else ''}continue_sweep]"
-
-
 def command_line_problem(
     config_name: str, argv: list[str], config_dir: Path, job_check: Callable[[Jobs], str | None] | None = None
 ) -> str | None:
@@ -166,12 +145,8 @@ def command_line_problem(
         return None
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     out = Path(str(OmegaConf.select(composed[0][1], key)))
-    continued = OmegaConf.select(composed[0][1], "continue_sweep", default=None) if multirun else None
     try:
-        if continued is not None:
-            problem = continue_problem(Path(str(continued)), overrides) or outputs.output_problem(out, key)
-        else:
-            problem = outputs.output_problem(out, key) or outputs.earlier_results(out, key)
+        problem = outputs.output_problem(out, key) or outputs.earlier_results(out, key)
         return problem or (job_check and job_check(composed))
     except OmegaConfBaseException as e:  # a key a job lacks (removed by `~key`)
         return text_lines(e)[0]
@@ -222,20 +197,3 @@ def did_you_mean(word: str, options: list[str], prefix: str = "") -> str:
     same_name = [o for o in options if o.rpartition(".")[2] == word.rpartition(".")[2]]
     close = same_name or difflib.get_close_matches(word, options, n=1)
     return f" (did you mean {prefix}{close[0]}?)" if close and close[0] != word else ""
-
-
-def continue_problem(sweep_dir: Path, overrides: list[str]) -> str | None:
-    """Why the stopped sweep in `sweep_dir` cannot be continued with these overrides (the same values, in
-    the same order), or None."""
-    given = shell_override("continue_sweep", sweep_dir)
-    if not (sweep_dir / "multirun.yaml").is_file():
-        return f"{given} is not a sweep dir (it has no multirun.yaml): give the dir a sweep printed its report in"
-    recorded = [str(t) for t in OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides.task]
-    before = [t for t in recorded if override_key(t) != "continue_sweep"]
-    now = [t for t in overrides if override_key(t) != "continue_sweep" and not override_key(t).startswith("hydra")]
-    if now != before:
-        return (
-            f"{given} swept `{' '.join(before)}` and this command line gives `{' '.join(now)}`: a sweep is "
-            "continued with its own values, in their order (each job number names one job)"
-        )
-    return None

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from psgd.advice import hogwild_workers, learned_nothing, learned_nothing_line, worst_class
 from psgd.io import atomic_file, failed_write, read_json, write_atomic, write_csv
-from psgd.overrides import as_typed, override_key, shell_override
+from psgd.overrides import as_typed, override_key
 from psgd.process import still_running
 
 # the keys a group's jobs may differ in: the worker count P, the seed (and the strategy, the group's name)
@@ -51,7 +51,6 @@ class Report:
     plots: list[Path]
     notes: list[str]
     not_started: int  # the sweep's jobs without a dir: it stopped before them (or is still going)
-    command: str | None  # the command that continues the sweep, where its multirun.yaml can be read
 
     @property
     def failed(self) -> list[Job]:
@@ -61,12 +60,6 @@ class Report:
     @property
     def running(self) -> bool:
         return any(j["status"] == "running" for j in self.jobs)
-
-    @property
-    def rerun(self) -> str | None:
-        """The command that runs the failed, interrupted and not started jobs; None where every job
-        completed or one still runs."""
-        return None if self.running or not (self.failed or self.not_started) else self.command
 
 
 # ---- reading the sweep dir ----
@@ -134,15 +127,6 @@ def sweep_lengths(hydra: DictConfig) -> dict[str, int]:
         values = len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
         lengths[override_key(o.get_key_element())] = values  # `+data.seed=1,2` sweeps data.seed
     return lengths
-
-
-def continue_command(hydra: DictConfig, sweep_dir: Path) -> str:
-    """The command that continues the sweep in `sweep_dir` (its completed jobs kept, the others run): the
-    overrides its Hydra config `hydra` recorded, Hydra's own but the mode and the sweep dir."""
-    recorded = [*map(str, hydra.overrides.task), *map(str, hydra.overrides.get("hydra", []))]
-    words = [o for o in recorded if override_key(o) not in ("continue_sweep", "hydra.mode", "hydra.sweep.dir")]
-    words.append(shell_override("continue_sweep", sweep_dir))
-    return "python sweep.py -m " + " ".join(shlex.quote(w) for w in words)
 
 
 # ---- the tables ----
@@ -310,8 +294,6 @@ def render_markdown(report: Report) -> str:
         interrupted = any(j["status"] == "interrupted" for j in report.failed)
         out += ["", "## Failed or interrupted jobs" if interrupted else "## Failed jobs", ""]
         out += [f"- job {j['num']} ({j['path'].name}): {j['error'] or j['status']}" for j in report.failed]
-    if report.rerun:
-        out += ["", f"To run the jobs that did not complete (the completed ones are kept): `{report.rerun}`"]
     if report.summary:
         table = markdown_table(report.summary, list(report.summary[0]))
         out += ["", "## Speedup and accuracy per group (mean and std over seeds)", "", table]
@@ -373,16 +355,14 @@ def write_report(sweep_dir: str | Path) -> Report:
     jobs = load_jobs(sweep_dir)
     if not jobs:
         raise FileNotFoundError(f"{sweep_dir} holds no job dirs (<job>/.hydra/config.yaml): is it a sweep dir?")
-    planned, command = len(jobs), None
+    planned = len(jobs)
     with contextlib.suppress(Exception):  # no multirun.yaml; a glob() sweep read outside Hydra is not counted
-        hydra = OmegaConf.load(sweep_dir / "multirun.yaml").hydra
-        command = continue_command(hydra, sweep_dir)
-        planned = math.prod(sweep_lengths(hydra).values())
+        planned = math.prod(sweep_lengths(OmegaConf.load(sweep_dir / "multirun.yaml").hydra).values())
     swept = swept_keys(jobs)
     rows, summary = build_rows(jobs, swept)
     plots = write_plots(sweep_dir, summary)
     not_started = max(0, planned - len(jobs))
-    report = Report(sweep_dir, jobs, swept, rows, summary, plots, learned_nothing_note(jobs), not_started, command)
+    report = Report(sweep_dir, jobs, swept, rows, summary, plots, learned_nothing_note(jobs), not_started)
     write_csv(sweep_dir / "report.csv", list(rows[0]), [list(r.values()) for r in rows])
     if summary:
         write_csv(sweep_dir / "summary.csv", list(summary[0]), [list(s.values()) for s in summary])
@@ -402,16 +382,14 @@ def job_counts(report: Report) -> str:
 
 def describe(report: Report, stopped: bool = False) -> str:
     """The sweep's last line: its state (`stopped`: a multirun that Ctrl-C or SIGTERM ended), the jobs that
-    did not complete, where the report is, and the command that runs those jobs again."""
+    did not complete and where the report is."""
     if report.running and not stopped:
         state = "still running"
     elif stopped or report.not_started or any(j["status"] == "interrupted" for j in report.failed):
         state = "stopped early"
     else:
         state = "finished"
-    line = f"psgd: sweep {state}: {job_counts(report)}; report in {report.sweep_dir / 'report.md'}"
-    again = report.command if stopped else report.rerun
-    return line + (f"; to run them again: {again}" if again else "")
+    return f"psgd: sweep {state}: {job_counts(report)}; report in {report.sweep_dir / 'report.md'}"
 
 
 def report_sweep(sweep_dir: Path, stopped: bool = False) -> Report | None:

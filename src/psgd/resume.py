@@ -211,14 +211,10 @@ def _shown(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) or value is None else str(value)
 
 
-def elastic_resume(ckpt_path: str | None, plan: Plan, run_dir: Path, continued: bool = False) -> str | None:
-    """The run dir's last checkpoint where torchrun restarted the workers (--max-restarts), or where a job
-    of a continued sweep (`continued`) goes on from its own; else `ckpt_path`."""
+def elastic_resume(ckpt_path: str | None, plan: Plan, run_dir: Path) -> str | None:
+    """The run dir's last checkpoint where torchrun restarted the workers (--max-restarts), else `ckpt_path`."""
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     last = run_dir / "checkpoints" / "last.ckpt"
-    if continued and last.exists():
-        say(f"psgd: job {run_dir.name} goes on from its {last}")
-        return str(last)
     if ckpt_path is None and plan.launcher == "torchrun" and restarts > 0 and last.exists():
         if os.environ.get("RANK") == "0":
             say(f"psgd: restart {restarts}: resuming from {last}")

@@ -101,19 +101,16 @@ def run_dir_key() -> str:
     return "hydra.sweep.dir" if HydraConfig.get().mode == RunMode.MULTIRUN else "hydra.run.dir"
 
 
-def train(
-    cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] = (), continued: bool = False
-) -> dict[str, Any] | None:
+def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] = ()) -> dict[str, Any] | None:
     """Run one configured training job in `run_dir`: build data, module and Trainer, fit, test the final
     weights and write the results; returns the final metrics (also in metrics.json), or None in a torchrun /
     srun worker other than global rank 0. `callbacks` run after psgd's own. A `run_dir` holding an earlier
-    run's metrics.json is refused (DirInUse), unless `continued` (a continued sweep's job resumes)."""
+    run's metrics.json is refused (DirInUse)."""
     refuse_a_run_while_a_worker_imports_the_script()
     with found_by_every_worker():  # the config and the machine decide it
         plan = check(cfg)
     run_dir = Path(run_dir)
-    in_use = None if continued else earlier_results(run_dir, run_dir_key())
-    if in_use:
+    if in_use := earlier_results(run_dir, run_dir_key()):
         raise DirInUse(in_use)
     with run_settings(bool(cfg.get("quiet"))):
         if plan.launcher == "torchrun":
@@ -131,7 +128,7 @@ def train(
             # the weights of an earlier run to start from (a resume, ckpt_path, restores its own over them)
             started_from = init_weights(cfg.get("init_weights"), module)
             ckpt_path = resolve_ckpt_path(
-                elastic_resume(cfg.get("ckpt_path"), plan, run_dir, continued), module, world_size, cfg.strategy.name
+                elastic_resume(cfg.get("ckpt_path"), plan, run_dir), module, world_size, cfg.strategy.name
             )
         strategy = build_strategy(cfg, plan, run_dir)
         info = run_info(cfg, plan, strategy, module, started_from, ckpt_path)

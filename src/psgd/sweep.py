@@ -16,8 +16,6 @@ from psgd.report import load_job, report_sweep, sweep_lengths
 # the last multirun of this process: sweep.py's exit code counts its failed jobs, and a multirun that did
 # not end (Ctrl-C, SIGTERM) gets the report of the jobs that ran
 LAST: dict[str, Any] = {"failed": 0, "sweep_dir": None, "ended": False}
-# the job dirs of a continued sweep whose completed job was kept (psgd.cli): their progress lines say so
-KEPT: set[str] = set()
 
 
 def progress_line(num: int, total: int | None, swept: set[str] | frozenset[str], job_dir: Path) -> str:
@@ -27,10 +25,9 @@ def progress_line(num: int, total: int | None, swept: set[str] | frozenset[str],
     where = f"[{num + 1}/{total}]" if total else f"[{num + 1}]"
     values = " ".join(f"{k}={v}" for k, v in job["overrides"].items() if not swept or k in swept) or "(defaults)"
     if job["status"] == "completed":
-        kept = " (kept from the stopped sweep)" if str(job_dir) in KEPT else ""
         nothing = " (learned nothing: see the report's notes)" if learned_nothing(job) else ""
         return (
-            f"psgd: {where} {values}: completed{kept}, {job.get('train_time_s', 0):.1f} s training, "
+            f"psgd: {where} {values}: completed, {job.get('train_time_s', 0):.1f} s training, "
             f"{job.get('samples_per_s')} samples/s, test_acc {job.get('test_acc'):.4f}{nothing}"
             f"{skew_note(job)}{stop_note(job)}"
         )

@@ -155,13 +155,11 @@ def test_train_py_with_hydras_multirun_flag_is_a_sweep():
     assert proc.stdout.startswith("psgd sweep.py: one training job per combination")
 
 
-def test_a_sweep_stopped_early_reports_the_jobs_that_ran_and_goes_on_where_it_stopped(tiny_data, tmp_path):
-    """Ctrl-C or SIGTERM in the middle of a job: Hydra runs no end-of-multirun callback then. The last
-    line gives the command that continues the sweep: it keeps the completed job as it was and resumes
-    the interrupted one from its last checkpoint, in its own dir, to the end."""
+def test_a_sweep_stopped_early_reports_the_jobs_that_ran(tiny_data, tmp_path):
+    """SIGTERM in the middle of a job: Hydra runs no end-of-multirun callback then, and psgd still writes the
+    report of the jobs that ran, the interrupted one with its finished epochs."""
     import json
     import os
-    import shlex
     import signal
     import time
 
@@ -201,52 +199,10 @@ def test_a_sweep_stopped_early_reports_the_jobs_that_ran_and_goes_on_where_it_st
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
-    lines = stderr.strip().splitlines()
     report = sweep_dir / "report.md"
-    said, again = lines[-1].split("; to run them again: python sweep.py -m ")
+    said = stderr.strip().splitlines()[-1]
     assert said == f"psgd: sweep stopped early: 1/2 jobs completed, 1 interrupted (jobs 1); report in {report}"
     ok, stopped = read_csv(sweep_dir / "report.csv")
     assert ok["status"] == "completed" and float(ok["test_acc"]) > 0
     assert stopped["status"] == "interrupted" and int(stopped["epochs"]) >= 1
-    assert "1/2 jobs completed, 1 interrupted (jobs 1)." in (sweep_dir / "report.md").read_text()
-
-    first = (sweep_dir / "0" / "metrics.json").read_bytes()
-    done = int(stopped["epochs"])
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "sweep.py"), "-m", *shlex.split(again)], capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"psgd: job 1 goes on from its {sweep_dir / '1' / 'checkpoints' / 'last.ckpt'}" in proc.stderr
-    assert "exists and is not empty" not in proc.stderr  # Lightning's warning about that checkpoint's folder
-    assert (sweep_dir / "0" / "metrics.json").read_bytes() == first  # kept, not trained again
-    assert "psgd: [1/2] trainer.max_epochs=1: completed (kept from the stopped sweep), " in proc.stdout
-    assert "psgd: [2/2] trainer.max_epochs=60: completed, " in proc.stdout
-    record = json.loads((sweep_dir / "1" / "metrics.json").read_text())
-    assert record["status"] == "completed"
-    assert [h["epoch"] for h in record["history"]] == list(range(1, 61))  # every epoch once, the first `done` kept
-    assert done < 60
-    assert "2/2 jobs completed." in (sweep_dir / "report.md").read_text()
-
-
-@pytest.mark.slow  # ~15 s: two sweeps; the command line it hands Hydra is unit-tested (test_command_line.py)
-def test_a_sweep_with_job_folders_named_by_their_values_is_continued_in_them(tiny_data, tmp_path):
-    """hydra.sweep.subdir=${hydra.job.override_dirname} (job folders, and so TensorBoard runs, named by
-    their values): continue_sweep is not among those names, so the continued sweep goes on in the same
-    folders, keeps the completed jobs and counts each job once."""
-    sweep_dir = tmp_path / "sweep"
-    named = [
-        "hydra.sweep.subdir=${hydra.job.override_dirname}",
-        "hydra.job.config.override_dirname.exclude_keys=[data.root,trainer.max_epochs]",
-    ]
-    common = ["workers=1,2", f"data.root={tiny_data}", "trainer.max_epochs=1", *named]
-    proc = run_cli("sweep.py", "-m", *common, f"hydra.sweep.dir={sweep_dir}", timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    jobs = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir())
-    assert jobs == ["workers=1", "workers=2"]
-    first = {job: (sweep_dir / job / "metrics.json").read_bytes() for job in jobs}
-    proc = run_cli("sweep.py", "-m", *common, f"continue_sweep={sweep_dir}", timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.count("completed (kept from the stopped sweep)") == 2
-    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == jobs  # no new folders
-    assert {job: (sweep_dir / job / "metrics.json").read_bytes() for job in jobs} == first  # not trained again
-    assert "2/2 jobs completed. Swept: workers." in (sweep_dir / "report.md").read_text()
+    assert "1/2 jobs completed, 1 interrupted (jobs 1)." in report.read_text()

@@ -371,7 +371,7 @@ def test_ctrl_c_before_training_leaves_no_run_dir_for_the_script_to_report(tmp_p
     run_dir = tmp_path / "run"
     cfg = job_config(run_dir, monkeypatch)
 
-    def stopped(cfg, run_dir: Path, continued: bool = False):
+    def stopped(cfg, run_dir: Path):
         (run_dir / ".hydra").mkdir(parents=True)
         raise KeyboardInterrupt
 
@@ -396,7 +396,7 @@ def test_a_signal_while_a_bad_value_is_reported_still_leaves_no_run_dir(tmp_path
     run_dir = tmp_path / "run"
     cfg = job_config(run_dir, monkeypatch)
 
-    def bad_value(cfg, run_dir: Path, continued: bool = False):
+    def bad_value(cfg, run_dir: Path):
         (run_dir / ".hydra").mkdir(parents=True)
         (run_dir / "train.log").write_text("")
         raise ConfigError("workers=3 trainer.num_nodes=1 do not match torchrun's 2 processes per node")

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 from conftest import CONF
-from hydra import compose, initialize_config_dir
 
 from psgd import console, signals
-from psgd.command_line import command_line_problem, sweep_argv
+from psgd.command_line import command_line_problem
 from psgd.overrides import shell_override
 
 BAD = [
@@ -81,66 +80,8 @@ def test_a_setting_removed_is_one_line():
     assert problem == "workers is missing"
 
 
-def test_a_sweep_of_a_stopped_sweeps_dir_goes_on_there():
-    assert sweep_argv(["workers=1,2"]) == ["workers=1,2"]
-    assert sweep_argv(["workers=1,2", "continue_sweep=/s"]) == [
-        "workers=1,2",
-        "continue_sweep=/s",
-        "hydra.sweep.dir=/s",
-    ]
-    assert sweep_argv(["continue_sweep=/s", "hydra.sweep.dir=/t"]) == ["continue_sweep=/s", "hydra.sweep.dir=/t"]
-    # a user's own keys left out of job folder names (docs/sweeps.md): continue_sweep stays out too
-    exclude = "hydra.job.config.override_dirname.exclude_keys"
-    assert sweep_argv([f"{exclude}=[data.root]"]) == [f"{exclude}=[data.root,continue_sweep]"]
-    assert sweep_argv([f"{exclude}=[]"]) == [f"{exclude}=[continue_sweep]"]
-
-
 def test_the_sweep_config_is_checked_the_same_way():
     assert "data=imagenet is unknown" in command_line_problem("sweep", ["data=mnist,imagenet"], CONF)
-
-
-def stopped_sweep(folder: Path, task: list[str]) -> Path:
-    """A sweep dir as Hydra leaves it: multirun.yaml with the command line's overrides, and a job."""
-    (folder / "0").mkdir(parents=True)
-    (folder / "multirun.yaml").write_text(f"hydra:\n  overrides:\n    task: {task}\n")
-    (folder / "0" / "metrics.json").write_text('{"status": "completed", "test_acc": 0.9}')
-    return folder
-
-
-def test_continue_sweep_is_left_out_of_job_dir_names(tmp_path):
-    """hydra.sweep.subdir=${hydra.job.override_dirname} names job folders by their overrides: with
-    continue_sweep among them, a continued sweep ran every job again in new folders."""
-    sweep = stopped_sweep(tmp_path / "s", ["workers=1,2"])
-    argv = sweep_argv(["workers=1,2", "hydra.sweep.subdir=${hydra.job.override_dirname}", f"continue_sweep={sweep}"])
-    assert command_line_problem("sweep", argv, CONF) is None
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("sweep", return_hydra_config=True)
-    assert list(cfg.hydra.job.config.override_dirname.exclude_keys) == ["continue_sweep"]
-
-
-def test_a_sweep_is_continued_only_with_its_own_values_in_their_order(tmp_path):
-    sweep = stopped_sweep(tmp_path / "s", ["workers=1,2", "seed=0,1"])
-    same = sweep_argv(["workers=1,2", "seed=0,1", f"continue_sweep={sweep}"])  # as sweep.py passes them on
-    assert same[-1] == f"hydra.sweep.dir={sweep}"  # the jobs go on in the stopped sweep's dir
-    assert command_line_problem("sweep", same, CONF) is None  # its dir holds results: continuing it is the point
-    assert command_line_problem(
-        "sweep", ["-m", "workers=1,2", "seed=0,1", f"hydra.sweep.dir={sweep}"], CONF
-    ).startswith(f"{sweep} holds an earlier sweep's results")  # without continue_sweep it is still refused
-    for other in (["seed=0,1", "workers=1,2"], ["workers=1,2", "seed=0,1,2"], ["workers=1,2"]):
-        problem = command_line_problem("sweep", sweep_argv([*other, f"continue_sweep={sweep}"]), CONF)
-        assert problem == (
-            f"continue_sweep={sweep} swept `workers=1,2 seed=0,1` and this command line gives `{' '.join(other)}`: a "
-            "sweep is continued with its own values, in their order (each job number names one job)"
-        )
-    assert command_line_problem("sweep", sweep_argv(["seed=0,1", f"continue_sweep={tmp_path}"]), CONF) == (
-        f"continue_sweep={tmp_path} is not a sweep dir (it has no multirun.yaml): give the dir a sweep printed its "
-        "report in"
-    )
-
-
-def test_continue_sweep_in_a_single_run_is_not_a_setting(tmp_path):
-    problem = command_line_problem("train", ["workers=2", f"continue_sweep={tmp_path}"], CONF)
-    assert problem.startswith("Could not override 'continue_sweep'")
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,6 @@ import csv
 import errno
 import json
 import os
-import shlex
 import socket
 import subprocess
 from pathlib import Path
@@ -18,7 +17,7 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from psgd.process import this_process
-from psgd.report import describe, main, write_report
+from psgd.report import main, write_report
 from psgd.sweep import LAST, SweepReport, progress_line, sweep_lengths
 from psgd.sync_costs import sync_summary
 
@@ -389,42 +388,17 @@ def test_jobs_in_folders_a_changed_sweep_subdir_names_are_found_in_job_order(see
     assert "(each job's run is `<its folder>/tensorboard`;" in (seeded_sweep / "report.md").read_text()
 
 
-def test_a_sweep_with_failed_jobs_says_how_to_run_them_again(tmp_path):
-    """The command continues the sweep (continue_sweep): the recorded overrides, Hydra's own but its mode
-    and sweep dir, quoted for the shell."""
-    recorded = {
-        "hydra": ["hydra.mode=MULTIRUN", "hydra.sweep.dir=/x", "hydra.launcher.partition=gpu"],
-        "task": ["seed=0,1", "data.root='/data/my set'", "continue_sweep=/old"],
-    }
-    (tmp_path / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"overrides": recorded}}))
-    make_job(tmp_path, 0, {"seed": 0}, done("ddp", 1, 10.0, 0.9))
-    make_job(tmp_path, 1, {"seed": 1}, {"status": "failed", "error": "worker rank 1 died"})
-    line = describe(write_report(tmp_path))
-    command = line.split("; to run them again: ")[1]
-    assert shlex.split(command) == [  # as the shell hands it to sweep.py
-        *("python", "sweep.py", "-m", "seed=0,1", "data.root='/data/my set'", "hydra.launcher.partition=gpu"),
-        f"continue_sweep={tmp_path}",
-    ]
-    make_job(tmp_path / "ok", 0, {"seed": 0}, done("ddp", 1, 10.0, 0.9))
-    assert "run them again" not in describe(write_report(tmp_path / "ok"))
-
-
-def test_a_sweep_stopped_before_some_jobs_started_counts_them_and_says_how_to_run_them(tmp_path, capsys):
+def test_a_sweep_stopped_before_some_jobs_started_counts_them(tmp_path, capsys):
     """A sweep stopped between jobs (Ctrl-C, SIGTERM, a closed terminal) has dirs for the jobs that ran
-    only: the report counts the sweep's jobs from multirun.yaml, says how many did not start and gives the
-    command that runs them."""
+    only: the report counts the sweep's jobs from multirun.yaml and says how many did not start."""
     recorded = {"hydra": ["hydra.mode=MULTIRUN"], "task": ["workers=1,2", "seed=0,1", "trainer.max_epochs=3"]}
     (tmp_path / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {"overrides": recorded}}))
     make_job(tmp_path, 0, {"workers": 1, "seed": 0}, done("ddp", 1, 10.0, 0.9))
     make_job(tmp_path, 1, {"workers": 1, "seed": 1}, done("ddp", 1, 11.0, 0.9))
     assert main([str(tmp_path)]) == 1  # not every job ran
     line = capsys.readouterr().out
-    assert line.startswith("psgd: sweep stopped early: 2/4 jobs completed, 2 not started; report in ")
-    command = f"python sweep.py -m workers=1,2 seed=0,1 trainer.max_epochs=3 continue_sweep={tmp_path}"
-    assert line.endswith(f"; to run them again: {command}\n")
-    md = (tmp_path / "report.md").read_text()
-    assert "2/4 jobs completed, 2 not started. Swept: seed." in md
-    assert f"To run the jobs that did not complete (the completed ones are kept): `{command}`" in md
+    assert line == f"psgd: sweep stopped early: 2/4 jobs completed, 2 not started; report in {tmp_path}/report.md\n"
+    assert "2/4 jobs completed, 2 not started. Swept: seed." in (tmp_path / "report.md").read_text()
     # every job ran: nothing more said
     make_job(tmp_path, 2, {"workers": 2, "seed": 0}, done("ddp", 2, 6.0, 0.9))
     make_job(tmp_path, 3, {"workers": 2, "seed": 1}, done("ddp", 2, 6.0, 0.9))
@@ -432,7 +406,6 @@ def test_a_sweep_stopped_before_some_jobs_started_counts_them_and_says_how_to_ru
     out = capsys.readouterr().out
     assert out.startswith("psgd: sweep finished: 4/4 jobs completed; report in ")
     assert "not started" not in out + (tmp_path / "report.md").read_text()
-    assert "To run" not in (tmp_path / "report.md").read_text()
 
 
 def test_rebuild_command_exit_codes(tmp_path, seeded_sweep, capsys):

@@ -235,36 +235,6 @@ def job_dir(root, record: dict | None, checkpoint: bool, *other: str):
     return root
 
 
-def test_a_continued_sweep_keeps_completed_jobs_resumes_checkpointed_ones_and_sets_the_rest_aside(tmp_path):
-    """psgd.cli.continue_job, for each job of `continue_sweep=<dir>`: a completed job's record is returned
-    (nothing runs, nothing moves); a job with a last.ckpt goes on there, only its error logs set aside; a
-    job without one starts anew, everything of its earlier attempt in attempt<k>/."""
-    from psgd.cli import continue_job
-
-    done = job_dir(tmp_path / "0", {"status": "completed", "test_acc": 0.9}, True, "error.log")
-    assert continue_job(done, "sweep.log") == {"status": "completed", "test_acc": 0.9}
-    assert sorted(p.name for p in done.iterdir()) == [".hydra", "checkpoints", "error.log", "metrics.json", "sweep.log"]
-
-    failed = job_dir(tmp_path / "1", {"status": "failed", "error": "worker rank 1 died"}, True, "error.rank1.log")
-    assert continue_job(failed, "sweep.log") is None
-    assert sorted(p.name for p in failed.iterdir()) == [
-        ".hydra",
-        "attempt1",
-        "checkpoints",
-        "metrics.json",
-        "sweep.log",
-    ]
-    assert [p.name for p in (failed / "attempt1").iterdir()] == ["error.rank1.log"]
-
-    early = job_dir(tmp_path / "2", {"status": "interrupted"}, False, "training_data.csv", "error.log")
-    assert continue_job(early, "sweep.log") is None
-    assert sorted(p.name for p in early.iterdir()) == [".hydra", "attempt1", "sweep.log"]
-    assert sorted(p.name for p in (early / "attempt1").iterdir()) == ["error.log", "metrics.json", "training_data.csv"]
-    (early / "metrics.json").write_text("{not json")  # a second attempt that died writing its record
-    assert continue_job(early, "sweep.log") is None
-    assert sorted(p.name for p in early.iterdir()) == [".hydra", "attempt1", "attempt2", "sweep.log"]
-
-
 def same_weights(a: Classifier, b: Classifier) -> bool:
     return all(torch.equal(x, b.state_dict()[k]) for k, x in a.state_dict().items())
 

@@ -219,7 +219,7 @@ class EarlyStop(Group):
 
 
 class Run(Group):
-    """One training run (train.yaml; sweep.yaml adds continue_sweep)."""
+    """One training run (train.yaml; sweep.yaml is the same)."""
 
     data: Data
     model: Model
@@ -258,8 +258,6 @@ class Run(Group):
     """Every worker saves the weights it ends with."""
     quiet: bool
     """No progress bar, model summary or Lightning info lines."""
-    continue_sweep: str | None = None
-    """sweep.py: a stopped sweep's dir, whose completed jobs are kept."""
 
 
 def problem(cfg: DictConfig) -> str | None:
