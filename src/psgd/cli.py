@@ -18,7 +18,7 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd import advice, outputs, signals, torchrun
 from psgd.config import ConfigError, DirInUse
-from psgd.console import fail, first_worker, global_rank, other_torchrun_worker, text_lines, warn
+from psgd.console import fail, first_worker, global_rank, other_torchrun_worker, text_lines
 from psgd.data import DataError
 from psgd.io import NO_ROOM, say, write_atomic
 from psgd.module import TrainingDiverged
@@ -63,7 +63,7 @@ def run_job(cfg: DictConfig) -> float | None:
     if metrics is None:  # a torchrun / srun worker other than rank 0: rank 0 reports
         return None
     if not sweeping:  # a sweep prints one progress line per job instead (psgd.sweep)
-        say_result(cfg, metrics, run_dir)
+        say_result(metrics, run_dir)
     return metrics["test_acc"]
 
 
@@ -189,15 +189,11 @@ def keep_failure(e: BaseException, run_dir: Path, line: str, mark: bool = True) 
             print(text.rstrip(), file=sys.stderr, flush=True)
 
 
-def say_result(cfg: DictConfig, metrics: dict, run_dir: Path) -> None:
-    """A finished run's line (test accuracy, time, throughput, its dir), after a warning if it learned nothing."""
-    acc = f"{metrics['test_acc']:.4f}"
-    if advice.learned_nothing(metrics):
-        hogwild = advice.hogwild_workers(metrics.get("strategy"), metrics.get("world_size"))
-        lr = (metrics.get("lr"), cfg.optimizer.lr, advice.scales_by_workers(cfg))  # ran, set, scaled by the workers
-        warn(f"the model {advice.learned_nothing_line(acc, hogwild, *lr)}")
+def say_result(metrics: dict, run_dir: Path) -> None:
+    """A finished run's line: test accuracy, time, throughput, its dir."""
     print(
-        f"psgd: test_acc={acc}{advice.skew_note(metrics)} train_time_s={metrics['train_time_s']:.1f} "
-        f"samples_per_s={metrics['samples_per_s']}{advice.stop_note(metrics)} results in {run_dir}",
+        f"psgd: test_acc={metrics['test_acc']:.4f}{advice.skew_note(metrics)} "
+        f"train_time_s={metrics['train_time_s']:.1f} samples_per_s={metrics['samples_per_s']}"
+        f"{advice.stop_note(metrics)} results in {run_dir}",
         flush=True,
     )

@@ -1,4 +1,4 @@
-"""What psgd says on stderr (`psgd: error: ...`, `psgd: warning: ...`) and which process of a run says it.
+"""What psgd says on stderr (`psgd: error: ...`) and which process of a run says it.
 A leaf: the standard library and psgd's leaves only."""
 
 import os
@@ -9,8 +9,6 @@ from psgd.overrides import as_typed
 
 # how long a torchrun worker waits for its agent's SIGTERM once the first worker has said the problem
 AGENT_STOPS_WITHIN_S = 10.0
-# while a sweep runs its jobs in this process: the warnings said so far, each said for its first job only
-_SAID_IN_SWEEP: set[str] | None = None
 
 
 def global_rank() -> str | None:
@@ -44,21 +42,6 @@ def fail(message: str, every_worker_finds_it: bool = False) -> None:
             raise SystemExit(2) from None
     say(f"psgd: error: {message}")
     raise SystemExit(2)
-
-
-def warn_once_per_sweep(on: bool) -> None:
-    """From now on (on=True) until off, a warning said by one job of the sweep is not said again."""
-    global _SAID_IN_SWEEP
-    _SAID_IN_SWEEP = set() if on else None
-
-
-def warn(message: str) -> None:
-    """A `psgd: warning: ...` line on stderr, said once per run (first_worker), and once per sweep."""
-    if not first_worker() or (_SAID_IN_SWEEP is not None and message in _SAID_IN_SWEEP):
-        return
-    if _SAID_IN_SWEEP is not None:
-        _SAID_IN_SWEEP.add(message)
-    say(f"psgd: warning: {message}")
 
 
 def text_lines(text: object) -> list[str]:

@@ -14,7 +14,6 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
-from psgd.advice import hogwild_workers, step_advice
 from psgd.errors import ConfigError
 from psgd.optim import build_scheduler, schedule_read
 
@@ -54,8 +53,6 @@ class Classifier(L.LightningModule):
         input_shape: tuple[int, int, int] | None = None,
         samples: list[str] | None = None,  # resume.sample_settings: a resume on other samples is refused
         num_nodes: int = 1,  # kept in checkpoints: a resume under a warm-up from 1/workers compares all workers
-        optimizer_lr: float | None = None,  # the optimizer.lr lr_scaling made `lr` (the one to lower on divergence)
-        lr_by_workers: bool = False,  # lr_scaling scaled it by the workers (lr_reference_batch=null)
         compile: str | None = None,  # torch.compile's mode for the network ("default", "reduce-overhead", ...)
     ):
         super().__init__()
@@ -150,16 +147,12 @@ class Classifier(L.LightningModule):
             # every worker has the same sum, so all stop together: NaN weights never recover
             raise TrainingDiverged(
                 f"training diverged: the mean training loss of epoch {self.current_epoch + 1} is "
-                f"{loss_sum / max(n, 1)}; " + self._divergence_remedy()
+                f"{loss_sum / max(n, 1)}; lower optimizer.lr (the run's lr is {self.hparams.lr:g}) or warm up "
+                "(scheduler=warmup)"
             )
         # the same value on every worker; sync_dist keeps Lightning's epoch bookkeeping the same across ranks
         self.log("train/acc", correct / max(n, 1), on_step=False, on_epoch=True, sync_dist=True)
         self.log("train/loss", loss_sum / max(n, 1), on_step=False, on_epoch=True, sync_dist=True)
-
-    def _divergence_remedy(self) -> str:
-        hogwild = hogwild_workers(getattr(self.trainer.strategy, "strategy_name", None), self.trainer.world_size)
-        h = self.hparams
-        return step_advice(h.lr, hogwild, h.get("optimizer_lr"), h.get("lr_by_workers", False))
 
     @override
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:

@@ -22,7 +22,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from psgd.advice import hogwild_workers, learned_nothing, learned_nothing_line, worst_class
+from psgd.advice import worst_class
 from psgd.io import atomic_file, failed_write, read_json, write_atomic, write_csv
 from psgd.overrides import as_typed, override_key
 from psgd.process import still_running
@@ -49,7 +49,6 @@ class Report:
     rows: list[dict[str, Any]]
     summary: list[dict[str, Any]]
     plots: list[Path]
-    notes: list[str]
     not_started: int  # the sweep's jobs without a dir: it stopped before them (or is still going)
 
     @property
@@ -238,16 +237,6 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
     return rows, summary
 
 
-def learned_nothing_note(jobs: list[Job]) -> list[str]:
-    """report.md's note on the jobs that learned nothing, with what to change; none where every job learned."""
-    if not (stuck := [j for j in jobs if learned_nothing(j)]):
-        return []
-    accs = ", ".join(f"{j.get('test_acc'):.4f}" for j in stuck)
-    hogwild = "P" if all(hogwild_workers(j["strategy"], j["workers"]) for j in stuck) else None
-    nums = ", ".join(str(j["num"]) for j in stuck)
-    return [f"job{'s' if len(stuck) > 1 else ''} {nums} {learned_nothing_line(accs, hogwild)}"]
-
-
 # ---- report.md ----
 
 
@@ -299,8 +288,6 @@ def render_markdown(report: Report) -> str:
         out += ["", "## Speedup and accuracy per group (mean and std over seeds)", "", table]
     if report.plots:
         out += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in report.plots]
-    if report.notes:
-        out += ["", "## Notes", ""] + [f"- {n}" for n in report.notes]
     return "\n".join(out) + "\n"
 
 
@@ -362,7 +349,7 @@ def write_report(sweep_dir: str | Path) -> Report:
     rows, summary = build_rows(jobs, swept)
     plots = write_plots(sweep_dir, summary)
     not_started = max(0, planned - len(jobs))
-    report = Report(sweep_dir, jobs, swept, rows, summary, plots, learned_nothing_note(jobs), not_started)
+    report = Report(sweep_dir, jobs, swept, rows, summary, plots, not_started)
     write_csv(sweep_dir / "report.csv", list(rows[0]), [list(r.values()) for r in rows])
     if summary:
         write_csv(sweep_dir / "summary.csv", list(summary[0]), [list(s.values()) for s in summary])

@@ -22,7 +22,6 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch import nn
 
 from psgd import signals, torchrun
-from psgd.advice import scales_by_workers
 from psgd.callbacks import (
     AtomicCheckpointIO,
     EpochEndCheckpoint,
@@ -170,8 +169,6 @@ def build_module(cfg: DictConfig, plan: Plan, net: nn.Module, image_size: int) -
         input_shape=(info.channels, image_size, image_size),
         samples=sample_settings(cfg),
         num_nodes=t.num_nodes,
-        optimizer_lr=cfg.optimizer.lr,
-        lr_by_workers=scales_by_workers(cfg),
         compile=compile_mode(cfg.get("compile")),
     )
 

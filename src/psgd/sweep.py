@@ -9,8 +9,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from psgd.advice import learned_nothing, skew_note, stop_note
-from psgd.console import warn_once_per_sweep
+from psgd.advice import skew_note, stop_note
 from psgd.report import load_job, report_sweep, sweep_lengths
 
 # the last multirun of this process: sweep.py's exit code counts its failed jobs, and a multirun that did
@@ -25,10 +24,9 @@ def progress_line(num: int, total: int | None, swept: set[str] | frozenset[str],
     where = f"[{num + 1}/{total}]" if total else f"[{num + 1}]"
     values = " ".join(f"{k}={v}" for k, v in job["overrides"].items() if not swept or k in swept) or "(defaults)"
     if job["status"] == "completed":
-        nothing = " (learned nothing: see the report's notes)" if learned_nothing(job) else ""
         return (
             f"psgd: {where} {values}: completed, {job.get('train_time_s', 0):.1f} s training, "
-            f"{job.get('samples_per_s')} samples/s, test_acc {job.get('test_acc'):.4f}{nothing}"
+            f"{job.get('samples_per_s')} samples/s, test_acc {job.get('test_acc'):.4f}"
             f"{skew_note(job)}{stop_note(job)}"
         )
     return f"psgd: {where} {values}: {job['status']}: {job['error'] or 'no result written'}"
@@ -42,7 +40,6 @@ class SweepReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         LAST.update(failed=0, sweep_dir=str(config.hydra.sweep.dir), ended=False)
-        warn_once_per_sweep(True)  # a warning every job would say: said at the first
         try:
             lengths = sweep_lengths(config.hydra)
         except Exception:  # a sweep this count cannot read: progress lines go without "/N"
@@ -57,7 +54,6 @@ class SweepReport(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         LAST["ended"] = True
-        warn_once_per_sweep(False)
         report = report_sweep(Path(config.hydra.sweep.dir))
         LAST["failed"] = 1 if report is None else len(report.failed)
 
@@ -65,7 +61,6 @@ class SweepReport(Callback):
 def report_stopped_sweep() -> bool:
     """After a multirun that stopped before its end (Ctrl-C, SIGTERM: Hydra runs no end callback then), report
     the jobs that ran. Returns whether it said something (nothing where no multirun started, or it ended)."""
-    warn_once_per_sweep(False)
     if LAST["sweep_dir"] is None or LAST["ended"]:
         return False
     report_sweep(Path(LAST["sweep_dir"]), stopped=True)

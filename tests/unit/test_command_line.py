@@ -373,20 +373,3 @@ def test_lines_said_by_several_processes_at_once_stay_whole(tmp_path):
     assert all(re.fullmatch(r"psgd: error: worker \d line \d+ x{120}", line) for line in lines), [
         line for line in lines if not re.fullmatch(r"psgd: error: worker \d line \d+ x{120}", line)
     ][:3]
-
-
-def test_in_a_sweep_each_warning_is_said_once_and_every_other_one_still_is(capsys):
-    """While a sweep runs its jobs here, a warning a job repeats is said at its first job only; another
-    warning (one job's own) is still said; after the sweep every run says its own again."""
-    from psgd.console import warn, warn_once_per_sweep
-
-    warn_once_per_sweep(True)
-    try:
-        for message in ("a", "b", "a", "b", "c"):
-            warn(message)
-        assert capsys.readouterr().err.splitlines() == ["psgd: warning: a", "psgd: warning: b", "psgd: warning: c"]
-    finally:
-        warn_once_per_sweep(False)
-    warn("a")
-    warn("a")
-    assert capsys.readouterr().err.splitlines() == ["psgd: warning: a"] * 2

@@ -1,10 +1,8 @@
 import math
-import re
 
 import pytest
 import torch
 
-from psgd.advice import step_advice
 from psgd.choices import DECAYS
 from psgd.config import schedule
 from psgd.optim import build_scheduler, scaled_lr, schedule_read
@@ -203,21 +201,3 @@ def test_a_resume_that_changes_the_lr_schedule_is_named():
     assert schedule_change({**saved, "scheduler": step}, {**saved, "scheduler": {**step, "step_size": 10}}).startswith(
         "scheduler.step_size=10 (the checkpoint's run had 30)"
     )
-
-
-@pytest.mark.parametrize("rule", ["none", "linear", "sqrt"])
-@pytest.mark.parametrize("reference_batch", [None, 32])
-def test_hogwilds_advice_after_a_divergence_runs_one_workers_lr_over_p(rule, reference_batch):
-    """Under HogWild the divergence line names the settings that run one worker's lr / P (P workers take
-    about P times one worker's step), lr_scaling included: scaled by the workers, it says lr_scaling=none."""
-    workers, base, batch = 4, 0.08, 128
-
-    def ran(lr: float, rule: str, workers: int) -> float:
-        return scaled_lr(lr, workers, rule, samples_per_update=batch, reference_batch=reference_batch)
-
-    by_workers = rule != "none" and reference_batch is None
-    advice = step_advice(ran(base, rule, workers), workers, base, by_workers)
-    (named,) = re.findall(r"optimizer\.lr=([0-9.e-]+)", advice)
-    now = "none" if "lr_scaling=none" in advice else rule
-    assert ran(float(named), now, workers) == pytest.approx(ran(base, rule, 1) / workers)
-    assert ("lr_scaling=none" in advice) == by_workers  # only where the workers scaled it

@@ -538,46 +538,6 @@ def test_progress_line_says_values_time_and_accuracy_or_the_error(tmp_path):
     assert progress_line(1, 5, {"workers"}, bad) == "psgd: [2/5] workers=3: failed: data.batch_size=0 is invalid"
 
 
-def stuck(strategy: str, workers: int, acc: float, loss: float, **extra) -> dict:
-    """A completed 10-class job whose last epoch's training loss was `loss`."""
-    history = [{"epoch": 1, "samples": 60000, "train_loss": loss}]
-    return done(strategy, workers, 5.0, acc, test_acc_per_class=[acc] * 10, history=history, **extra)
-
-
-def test_jobs_that_learned_nothing_are_named_with_what_to_change(tmp_path):
-    """A completed job that learned nothing (HogWild at several workers with the lr that trains one) is
-    named with what to change: its last training loss is no lower than a uniform guess's (ln 10 = 2.303)
-    and its accuracy under 2 / 10."""
-    jobs = [
-        stuck("hogwild", 1, 0.98, 0.33),
-        stuck("hogwild", 3, 0.1135, 2.335),
-        stuck("hogwild", 5, 0.0982, 8.7),
-        stuck("hogwild", 2, 0.15, 2.29),  # near chance on a tiny set, but its loss fell: it learns
-        stuck("hogwild", 4, 0.25, 2.4),  # its loss is high, but it tells classes apart
-        stuck("hogwild", 2, 0.1, 2.31, stopped_by="fast_dev_run"),  # a batch: nothing to judge
-    ]
-    for num, record in enumerate(jobs):
-        make_job(tmp_path, num, {"workers": record["workers"]}, record, workers=record["workers"])
-    report = write_report(tmp_path)
-    (note,) = [n for n in report.notes if "learned nothing" in n]
-    assert note.startswith("jobs 1, 2 learned nothing (test accuracy 0.1135, 0.0982, about chance;")
-    assert note.endswith(
-        "under HogWild the P workers' updates all land on the one shared model, about P times one worker's steps: "
-        "lower optimizer.lr about P-fold or optimizer.momentum (mnist_hogwild's lr 0.01 and momentum 0.5 are "
-        "experiment=hogwild_lab's)"
-    )
-    assert f"- {note}" in (tmp_path / "report.md").read_text()
-    line = progress_line(1, 6, {"workers"}, tmp_path / "1")
-    assert line.endswith("test_acc 0.1135 (learned nothing: see the report's notes)")
-    assert progress_line(3, 6, {"workers"}, tmp_path / "3").endswith("test_acc 0.1500")
-    # not HogWild: the lr, or a warm-up
-    other = tmp_path / "ddp"
-    make_job(other, 0, {"workers": 1}, stuck("ddp", 1, 0.1, 5.0))
-    (note,) = [n for n in write_report(other).notes if "learned nothing" in n]
-    assert note.startswith("job 0 learned nothing")
-    assert note.endswith("lower optimizer.lr or warm up (scheduler=warmup)")
-
-
 @pytest.mark.parametrize(
     "partition,on_the_command_line", [("by_label", True), ("dirichlet", False), ("iid", True)]
 )  # not on the command line: a preset's (experiment=...)
