@@ -188,17 +188,9 @@ class TargetAccuracyStop(Callback):
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Resumed from the checkpoint of a run this rule had stopped: that run is over."""
-        if self.stopped_epoch is None:
-            return
-        trainer.should_stop = True
-        if trainer.is_global_zero:
-            print(
-                f"psgd: the checkpoint's run stopped early after epoch {self.stopped_epoch + 1} (early_stop."
-                f"target_acc={self.target_acc} reached for {self.patience} epoch(s)): nothing is left to train; its "
-                "final weights are tested (a higher target_acc, or none, trains on)",
-                flush=True,
-            )
+        """Resumed from the checkpoint of a run this rule had stopped: that run is over (its weights are tested)."""
+        if self.stopped_epoch is not None:
+            trainer.should_stop = True
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -272,8 +264,6 @@ class RunRecorder(Callback):
         self._t0 = self._val_t0 = 0.0
         self._val_s = 0.0
         self._samples = 0
-        # with echo, rank 0 prints a progress line every PROGRESS_EVERY_S within an epoch: when the next is due
-        self._progress_at: float | None = None
         self._lr: float | None = None  # the lr the epoch started with
         self._validated = False  # a validation ran in this epoch
 
@@ -290,29 +280,10 @@ class RunRecorder(Callback):
         self._val_s, self._samples, self._validated = 0.0, 0, False
         self._lr = float(trainer.optimizers[0].param_groups[0]["lr"]) if trainer.optimizers else None
         self._t0 = time.perf_counter()
-        self._progress_at = self._t0 + PROGRESS_EVERY_S if self.echo and trainer.is_global_zero else None
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self._samples += len(batch[1])
-        if self._progress_at is not None and (now := time.perf_counter()) >= self._progress_at:
-            self._progress_at = now + PROGRESS_EVERY_S
-            print(self._progress_line(trainer, batch_idx + 1, now - self._t0 - self._val_s), flush=True)
-
-    def _progress_line(self, trainer: L.Trainer, batch: int, trained_s: float) -> str:
-        """`psgd: epoch 1/8: batch 120/469 after 8.2 min, 31.2 samples/s; about 23.8 min to the epoch's end`
-        (rank 0's pace)."""
-        of = f"/{self.max_epochs}" if self.max_epochs else ""
-        total = trainer.num_training_batches
-        known = isinstance(total, int) and total >= batch
-        line = (
-            f"psgd: epoch {trainer.current_epoch + 1}{of}: batch {batch}{f'/{total}' if known else ''} after "
-            f"{_duration(trained_s)}, {self._samples / max(trained_s, 1e-9):.1f} samples/s"
-            + (" on worker 0" if trainer.world_size > 1 else "")
-        )
-        if known and total > batch:
-            line += f"; about {_duration((total - batch) * trained_s / batch)} to the epoch's end"
-        return line
 
     @override
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -453,16 +424,6 @@ class RunRecorder(Callback):
             self.time_to_target_s, self.epoch_to_target, self.step_to_target = (
                 (hit["time"], hit["epoch"], hit["step"]) if hit else (None, None, None)
             )
-
-
-# with echo, an epoch longer than this prints a progress line this often
-PROGRESS_EVERY_S = 60.0
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
-    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def epoch_line(record: dict[str, Any], max_epochs: int | None) -> str:

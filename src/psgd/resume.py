@@ -13,7 +13,6 @@ import torch
 from omegaconf import DictConfig
 
 from psgd.config import GIVE, ConfigError, Plan, checkpoint_file
-from psgd.console import first_worker
 from psgd.io import say
 from psgd.module import OPTIMIZER_KEY, STEP_IMPLEMENTATION, Classifier
 from psgd.optim import schedule_read
@@ -23,8 +22,7 @@ def resolve_ckpt_path(
     value: str | None, module: Classifier, world_size: int = 1, strategy: str | None = None
 ) -> str | None:
     """The checkpoint to resume from, checked against this run: its model, lr schedule, optimizer and data,
-    and (for a checkpoint of each worker's own state) its worker count and `strategy` (None: not checked).
-    A checkpoint that already trained trainer.max_epochs says so."""
+    and (for a checkpoint of each worker's own state) its worker count and `strategy` (None: not checked)."""
     if value is None:
         return None
     path = checkpoint_file("ckpt_path", value)
@@ -59,16 +57,6 @@ def resolve_ckpt_path(
             f"ckpt_path={value!r} cannot be resumed with {problem}: resuming restores its optimizer and lr "
             "schedule as they were, which would not follow this change; resume with the checkpoint's settings "
             f"(or start a new run from its weights with init_weights={value}, leaving ckpt_path out)"
-        )
-    trained = ((checkpoint.get("loops") or {}).get("fit_loop") or {}).get("epoch_progress", {})
-    trained = trained.get("current", {}).get("processed")  # epochs whose training ended (Lightning's count)
-    max_epochs = dict(module.hparams).get("max_epochs")
-    if isinstance(trained, int) and isinstance(max_epochs, int) and trained >= max_epochs and first_worker():
-        # torchrun / srun: every worker finds it; the first says it
-        print(
-            f"psgd: ckpt_path={value} already trained {trained} epoch(s), trainer.max_epochs={max_epochs}: "
-            "nothing is left to train; its final weights are tested",
-            flush=True,
         )
     return str(path)
 

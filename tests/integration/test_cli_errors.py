@@ -407,25 +407,6 @@ def test_a_bad_value_under_torchrun_leaves_the_run_dir_to_a_worker_still_setting
     assert not out.exists()
 
 
-@pytest.mark.distributed
-@pytest.mark.slow  # ~8 s: a torchrun pair; the line itself is tested in-process (test_train.py)
-def test_a_resume_with_nothing_left_under_torchrun_is_said_once(tiny_data, tmp_path):
-    """Every torchrun worker reads the checkpoint and finds nothing left to train: each said so."""
-    first = tmp_path / "first"
-    train(compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=1", "quiet=true"), first)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(ROOT / "train.py")]
-    again = [f"data.root={tiny_data}", "trainer.max_epochs=1", "workers=2", f"ckpt_path={first}"]
-    proc = subprocess.run(
-        [*cmd, *again, f"hydra.run.dir={tmp_path / 'again'}", "quiet=true"], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    said = [ln for ln in proc.stdout.splitlines() if "nothing is left to train" in ln]
-    assert said == [
-        f"psgd: ckpt_path={first} already trained 1 epoch(s), trainer.max_epochs=1: nothing is left to "
-        "train; its final weights are tested"
-    ]
-
-
 BUGGY_MODEL = '''
 from torch import nn
 
