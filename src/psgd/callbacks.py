@@ -18,6 +18,7 @@ from psgd.io import save_atomic, write_csv, write_json
 from psgd.process import this_process
 from psgd.signals import handler_for_this_process
 from psgd.strategies.lightning_internals import handle_sigterm_with
+from psgd.strategies.workers import over_workers
 from psgd.sync_costs import sync_summary
 
 
@@ -221,13 +222,6 @@ def stop_reason(trainer: L.Trainer) -> str:
     return "max_epochs"
 
 
-def _all_reduce(values: list[float], op: dist.ReduceOp, device: torch.device) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, op=op)
-    return t.tolist()
-
-
 # each strategy figure (epoch_figures) by its TensorBoard tag and its digits in the history
 FIGURES = {
     "staleness": ("hogwild/staleness", 4),
@@ -305,9 +299,8 @@ class RunRecorder(Callback):
             return
         val_acc = _get(trainer.callback_metrics, "val/acc")
         if self.time_to_target_s is None and reached(val_acc, self.target_acc):
-            (trained_s,) = _all_reduce(
-                [time.perf_counter() - self._t0 - self._val_s], dist.ReduceOp.MAX, pl_module.device
-            )
+            trained_s = time.perf_counter() - self._t0 - self._val_s
+            (trained_s,) = over_workers([trained_s], pl_module.device, dist.ReduceOp.MAX)
             self.time_to_target_s, self.epoch_to_target = self.cumulative_s + trained_s, trainer.current_epoch + 1
             self.step_to_target = trainer.global_step
 
@@ -316,8 +309,8 @@ class RunRecorder(Callback):
         train_s = max(time.perf_counter() - self._t0 - self._val_s, 1e-9)
         if hasattr(pl_module, "finish_train_epoch"):
             pl_module.finish_train_epoch()
-        (epoch_s,) = _all_reduce([train_s], dist.ReduceOp.MAX, pl_module.device)
-        rate, samples = _all_reduce([self._samples / train_s, self._samples], dist.ReduceOp.SUM, pl_module.device)
+        (epoch_s,) = over_workers([train_s], pl_module.device, dist.ReduceOp.MAX)
+        rate, samples = over_workers([self._samples / train_s, self._samples], pl_module.device)
         self.cumulative_s += epoch_s
         for name, value in (
             ("time/epoch_s", epoch_s),

@@ -2,7 +2,6 @@
 
 import contextlib
 import logging
-import os
 import re
 import shutil
 import signal
@@ -12,8 +11,7 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from hydra.utils import to_absolute_path
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd import advice, outputs, signals, torchrun
@@ -29,8 +27,6 @@ from psgd.strategies.workers import KilledWorker
 # errors whose message is the whole story: one line, no traceback, also when a worker raised them
 KNOWN_ERRORS = (ConfigError, DataError, TrainingDiverged, WorkerGone)
 BAD_INPUT = (ConfigError, DataError)  # nothing trained: the run leaves no dir
-# the settings that name a file or folder to read: a relative one is relative to where the command ran
-INPUT_PATHS = ("data.root", "ckpt_path", "init_weights")
 # how long the torchrun worker that takes a refused run's dir away waits for the others on its machine to be
 # past Hydra's set-up of it (on a loaded machine their imports can differ by seconds)
 WORKERS_SET_UP_WITHIN_S = 20.0
@@ -45,7 +41,6 @@ def run_job(cfg: DictConfig) -> float | None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
     torchrun.mark_running_under_torchrun()  # Hydra's set-up of the run dir is done (wait_for_this_machines_workers)
-    absolute_inputs(cfg)
     try:
         signals.release_held()  # Ctrl-C or SIGTERM while Hydra made the run dir: handled here
         metrics = train(cfg, run_dir)
@@ -65,16 +60,6 @@ def run_job(cfg: DictConfig) -> float | None:
     if not sweeping:  # a sweep prints one progress line per job instead (psgd.sweep)
         say_result(metrics, run_dir)
     return metrics["test_acc"]
-
-
-def absolute_inputs(cfg: DictConfig) -> None:
-    """With hydra.job.chdir=true: make the INPUT_PATHS absolute from the directory the command ran in."""
-    if not HydraConfig.get().job.get("chdir"):
-        return
-    for key in INPUT_PATHS:
-        value = OmegaConf.select(cfg, key)
-        if isinstance(value, str) and value and not os.path.isabs(os.path.expanduser(value)):
-            OmegaConf.update(cfg, key, os.path.normpath(to_absolute_path(value)))
 
 
 def run_failed(e: Exception, run_dir: Path) -> None:

@@ -42,14 +42,12 @@ from psgd.module import Classifier
 from psgd.optim import scaled_lr, schedule_read
 from psgd.outputs import earlier_results
 from psgd.process import run_settings
-from psgd.profiler import PyTorchProfilerForWorkers
 from psgd.rendezvous import init_elastic_process_group, rendezvous_port
 from psgd.resume import elastic_resume, init_weights, resolve_ckpt_path, sample_settings
 from psgd.run_checks import build_datamodule
 from psgd.stopped import exit_if_interrupted, lightning_refusal, mark_stopped, torchrun_worker_gone
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
 from psgd.strategies.ddp import ReportsFirstFailure
-from psgd.strategies.workers import refuse_a_run_while_a_worker_imports_the_script
 from psgd.summary import write_tensorboard_summary
 
 
@@ -105,7 +103,6 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
     weights and write the results; returns the final metrics (also in metrics.json), or None in a torchrun /
     srun worker other than global rank 0. `callbacks` run after psgd's own. A `run_dir` holding an earlier
     run's metrics.json is refused (DirInUse)."""
-    refuse_a_run_while_a_worker_imports_the_script()
     with found_by_every_worker():  # the config and the machine decide it
         plan = check(cfg)
     run_dir = Path(run_dir)
@@ -241,8 +238,6 @@ def build_trainer(cfg: DictConfig, plan: Plan, strategy: Any, callbacks: list[L.
         for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items()
         if v is not None or k == "check_val_every_n_epoch"
     }
-    if settings.get("profiler") == "pytorch":  # Lightning's own cannot be pickled into worker processes
-        settings["profiler"] = PyTorchProfilerForWorkers()
     plugins = settings.pop("plugins", [])
     settings.update(
         accelerator=plan.accelerator,

@@ -1,6 +1,5 @@
 """A finished run's TensorBoard summary: its settings for the HParams tab and its final test metrics."""
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,21 +42,9 @@ def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
     return dict(flat(settings, ""))
 
 
-def class_tag(label: int, name: str) -> str:
-    """A class's TensorBoard tag name: its label, then its name in letters, digits and underscores
-    ('6_Shirt', '0_T_shirt_top'; MNIST's '0 - zero' is '0_zero')."""
-    word = re.sub(r"\W+", "_", name).strip("_")
-    if word.startswith(f"{label}_") or word == str(label):
-        return word
-    return f"{label}_{word}" if word else str(label)
-
-
 def write_tensorboard_summary(log_dir: Path, cfg: DictConfig, metrics: dict[str, Any], step: int) -> None:
-    """Write the HParams tab's row of the run and its final test metrics at `step`, each class's accuracy as
-    test/acc_class/<label>_<name>."""
+    """Write the HParams tab's row of the run and its final test metrics at `step`."""
     final = {"test/acc": metrics["test_acc"], "test/loss": metrics["test_loss"]}
-    for c, (acc, name) in enumerate(zip(metrics["test_acc_per_class"], metrics["test_classes"], strict=True)):
-        final[f"test/acc_class/{class_tag(c, name)}"] = acc
     writer = SummaryWriter(log_dir=str(log_dir))
     try:
         for key, value in final.items():

@@ -109,23 +109,6 @@ def test_a_bad_averaging_period_in_code_is_refused_as_on_the_command_line(period
     assert ModelAveragingStrategy(period=5).period == 5 and ModelAveragingStrategy().period is None
 
 
-@pytest.mark.slow  # ~15 s; the check itself is unit-tested (tests/unit/test_launcher.py)
-def test_a_script_training_at_its_top_level_ends_with_the_line_that_says_to_guard_it(tmp_path):
-    """Without `if __name__ == "__main__":` every worker psgd starts imports the script again and would
-    train again: it ended with a page of multiprocessing's traceback per worker."""
-    script = write_script(tmp_path, SCRIPT.replace('if __name__ == "__main__":', "if True:"), "unguarded.py")
-    proc = subprocess.run(
-        [sys.executable, str(script), "model_averaging", str(tmp_path)], capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode != 0
-    line = (
-        f"psgd: error: {script} runs psgd at its top level, and each worker process imports that script again "
-        'as it starts: put the call under `if __name__ == "__main__":`'
-    )
-    assert line in proc.stderr.splitlines(), proc.stderr[-3000:]
-    assert "bootstrapping phase" not in proc.stderr  # multiprocessing's own account
-
-
 # what a notebook cell or Python's prompt runs: `__main__` has no file, and Lightning takes the session as
 # interactive (sys.ps1, set before it is imported)
 SESSION = """

@@ -43,7 +43,6 @@ LAYERS = {
     "psgd.models": 2,
     "psgd.module": 2,
     "psgd.optim": 2,
-    "psgd.profiler": 2,
     "psgd.strategies": 2,
     # 3 the configuration and the run
     "psgd.config": 3,

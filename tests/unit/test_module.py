@@ -1,8 +1,7 @@
 """The LightningModule and per-worker settings: the training accuracy and loss a run reports are those of
-every sample it trained on; gradient clipping as the Trainer says; denormal flushing; the PyTorch profiler
+every sample it trained on; gradient clipping as the Trainer says; denormal flushing
 in worker processes."""
 
-import pickle
 from functools import partial
 
 import pytest
@@ -15,7 +14,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from psgd.callbacks import WorkerSetup, denormals_flushed
 from psgd.module import Classifier
-from psgd.profiler import PyTorchProfilerForWorkers
 
 
 def fit_one_epoch(limit_train_batches=None, count_every=None):
@@ -271,16 +269,3 @@ def test_flush_denormal_false_keeps_ieee_denormals_for_the_run(restore_numerics)
     assert not denormals_flushed() and momentum_after_zero_grads(200) > 0
     setup.teardown(None, None, "fit")
     assert denormals_flushed()
-
-
-def test_the_pytorch_profiler_psgd_uses_goes_to_worker_processes_with_its_settings():
-    """Lightning's own holds torch's default schedule, a local function: pickling it into a worker (every
-    run psgd starts workers for) fails. psgd's is pickled as its settings and made anew."""
-    from pytorch_lightning.profilers import PyTorchProfiler
-
-    with pytest.raises((AttributeError, pickle.PicklingError), match="local object"):
-        pickle.dumps(PyTorchProfiler())
-    sent = pickle.loads(pickle.dumps(PyTorchProfilerForWorkers(row_limit=7, sort_by_key="cpu_time_total")))
-    assert type(sent) is PyTorchProfilerForWorkers and isinstance(sent, PyTorchProfiler)
-    assert (sent._row_limit, sent._sort_by_key) == (7, "cpu_time_total")
-    assert sent._schedule is not None  # its own default schedule, made in the worker

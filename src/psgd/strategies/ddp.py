@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from psgd.strategies.lightning_internals import FirstFailureLaunch, without_per_step_collectives
-from psgd.strategies.workers import GroupEndsAtExit, sum_over_workers, unused_parameters
+from psgd.strategies.workers import GroupEndsAtExit, over_workers
 
 NS_PER_MS = 1e6
 
@@ -79,7 +79,7 @@ class TimesAllReduce:
         own = [0.0, 0.0, 0.0]
         if samples:
             own = [statistics.median(c for c, _ in samples), statistics.median(w for _, w in samples), 1.0]
-        total, wait, counted = sum_over_workers(own, self.root_device)
+        total, wait, counted = over_workers(own, self.root_device)
         if not counted:
             return {}
         return {"allreduce_ms": round(total / counted, 3), "allreduce_wait_ms": round(wait / counted, 3)}
@@ -96,15 +96,12 @@ class ReportsFirstFailure(TimesAllReduce, FirstFailureLaunch, GroupEndsAtExit, D
 
     @override
     def on_exception(self, exception: BaseException) -> None:
-        """DDP's error for parameters no loss used, naming them and psgd's switch."""
-        unused = unused_parameters(exception, self.lightning_module)
-        if unused is None:
-            super().on_exception(exception)
-            return
-        exception.args = (
-            f"{exception.args[0] if exception.args else ''}\nthe model has parameters that no loss used "
-            f"({', '.join(unused) or 'see the traceback'}), and DDP needs a gradient for each: set "
-            "strategy.find_unused_parameters=true (DDP then looks for them in every step), or leave them out of "
-            "the model",
-            *exception.args[1:],
-        )
+        """DDP's error for parameters no loss used ends with psgd's switch for them (torch's names DDP's)."""
+        if "Expected to have finished reduction" in str(exception):
+            exception.args = (
+                f"{exception.args[0]}\nthe model has parameters that no loss used, and DDP needs a gradient for "
+                "each: set strategy.find_unused_parameters=true (DDP then looks for them in every step), or leave "
+                "them out of the model",
+                *exception.args[1:],
+            )
+        super().on_exception(exception)

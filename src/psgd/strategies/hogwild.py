@@ -20,7 +20,7 @@ from pytorch_lightning.strategies import DDPStrategy
 from typing_extensions import override
 
 from psgd.strategies.lightning_internals import SharedMemoryLaunch, without_per_step_collectives
-from psgd.strategies.workers import GroupEndsAtExit, PerWorkerCheckpoints, gather_floats, sum_over_workers
+from psgd.strategies.workers import GroupEndsAtExit, PerWorkerCheckpoints, gather_floats, over_workers
 
 
 class HogwildStrategy(SharedMemoryLaunch, PerWorkerCheckpoints, GroupEndsAtExit, DDPStrategy):
@@ -97,7 +97,7 @@ class HogwildStrategy(SharedMemoryLaunch, PerWorkerCheckpoints, GroupEndsAtExit,
         lock's wait starts anew."""
         own = [self._staleness_sum / max(1, self._staleness_count), self._lock_wait_s]
         self._lock_wait_s = 0.0
-        staleness, lock_wait_s = (v / self.world_size for v in sum_over_workers(own, self.root_device))
+        staleness, lock_wait_s = (v / self.world_size for v in over_workers(own, self.root_device))
         return {"staleness": staleness, **({"lock_wait_s": lock_wait_s} if self.lock else {})}
 
     @override

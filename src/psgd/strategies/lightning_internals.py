@@ -32,7 +32,6 @@ from psgd.strategies.workers import (
     REPORT_KEY,
     first_failure,
     out_of_memory,
-    refuse_a_run_while_a_worker_imports_the_script,
     session_refusal,
 )
 
@@ -79,7 +78,6 @@ class FirstFailureLauncher(_MultiProcessingLauncher):
 
     @override
     def launch(self, function: Callable, *args: Any, trainer: L.Trainer | None = None, **kwargs: Any) -> Any:
-        refuse_a_run_while_a_worker_imports_the_script()
         for obj in (*args, *kwargs.values(), *getattr(trainer, "callbacks", [])):  # model, data, callbacks
             if refusal := session_refusal(obj):
                 raise TypeError(refusal)

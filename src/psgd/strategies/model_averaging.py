@@ -27,7 +27,7 @@ from typing_extensions import override
 from psgd.data.partition import limited_batches
 from psgd.io import save_atomic
 from psgd.strategies.ddp import ReportsFirstFailure
-from psgd.strategies.workers import PerWorkerCheckpoints, gather_floats, sum_over_workers
+from psgd.strategies.workers import PerWorkerCheckpoints, gather_floats, over_workers
 
 
 def average_tensors(tensors: list[Tensor]) -> None:
@@ -176,7 +176,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         spent, self._averaging_s = self._averaging_s, 0.0
         if not self.period:
             return {}
-        (total,) = sum_over_workers([spent], self.root_device)
+        (total,) = over_workers([spent], self.root_device)
         return {"averaging_s": total / self.world_size}
 
     @override

@@ -2,7 +2,6 @@
 end of their process group, and each worker's own part of a checkpoint."""
 
 import atexit
-import re
 import signal
 import sys
 from pathlib import Path
@@ -12,7 +11,6 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-from psgd.io import say
 from psgd.module import STEPS_PER_EPOCH_KEY
 from psgd.process import oom_kills_since
 
@@ -103,35 +101,6 @@ def out_of_memory(cause: BaseException, oom_kills_at_launch: int | None) -> Base
     )
 
 
-def unused_parameters(exception: BaseException, module: torch.nn.Module | None) -> list[str] | None:
-    """The names of the parameters that DDP's error says received no gradient, or None for another error."""
-    text = str(exception)
-    if "Expected to have finished reduction" not in text:
-        return None
-    found = re.search(r"did not receive grad for rank \d+: ([\d ]+)", text)
-    if found is None or module is None:
-        return []
-    names = [name for name, p in module.named_parameters() if p.requires_grad]
-    return [names[int(i)] for i in found.group(1).split() if int(i) < len(names)]
-
-
-def refuse_a_run_while_a_worker_imports_the_script() -> None:
-    """Exit with one line (status 2) in a worker that is importing the caller's script as `__mp_main__`:
-    a script that trains at its top level would train again in every worker."""
-    frame = sys._getframe(1)
-    while frame is not None and not (
-        frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__mp_main__"
-    ):
-        frame = frame.f_back
-    if frame is None:
-        return
-    say(
-        f"psgd: error: {frame.f_code.co_filename} runs psgd at its top level, and each worker process imports "
-        'that script again as it starts: put the call under `if __name__ == "__main__":`'
-    )
-    raise SystemExit(2)
-
-
 def session_refusal(obj: Any) -> str | None:
     """The line refusing `obj` where its class is defined in an interactive session's `__main__` (a notebook,
     Python's prompt): worker processes start without the session's code."""
@@ -160,11 +129,11 @@ class GroupEndsAtExit:
         atexit.register(_destroy_process_group)
 
 
-def sum_over_workers(values: list[float], device: torch.device) -> list[float]:
-    """The sum of every worker's `values`, on every worker."""
+def over_workers(values: list[float], device: torch.device, op: dist.ReduceOp = dist.ReduceOp.SUM) -> list[float]:
+    """Every worker's `values` reduced by `op` (the sum, the max), on every worker."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t)
+        dist.all_reduce(t, op=op)
     return t.tolist()
 
 
