@@ -82,9 +82,7 @@ class EpochEndCheckpoint(ModelCheckpoint):
 
     Only whole epochs are written: a run cut inside an epoch (trainer.max_steps, max_time, an early stop)
     resumes from its last whole epoch and trains the cut epoch again from its start, exactly as the
-    uninterrupted run did (WorkerSetup reseeds every epoch). Without the "directory exists and is not empty"
-    warning: checkpoints/ holds files at the start only where a run goes on in its own dir (a torchrun
-    restart), whose files it overwrites."""
+    uninterrupted run did (WorkerSetup reseeds every epoch)."""
 
     def __init__(self, dirpath: str | Path, keep_all: bool = False) -> None:
         # (Lightning's save_last writes last.ckpt only after a top-k save: with save_top_k=0, at the end alone)
@@ -96,12 +94,6 @@ class EpochEndCheckpoint(ModelCheckpoint):
             enable_version_counter=False,
             save_on_train_epoch_end=True,
         )
-
-    @override
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-            super().setup(trainer, pl_module, stage)
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

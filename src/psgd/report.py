@@ -22,7 +22,6 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from psgd.advice import worst_class
 from psgd.io import atomic_file, failed_write, read_json, write_atomic, write_csv
 from psgd.overrides import as_typed, override_key
 from psgd.process import still_running
@@ -59,6 +58,43 @@ class Report:
     @property
     def running(self) -> bool:
         return any(j["status"] == "running" for j in self.jobs)
+
+
+# ---- what a job's line says beside its result (the report, the sweep's progress lines, a run's last line) ----
+
+# what ended training, by stopped_by, where not max_epochs did
+STOPPERS = {
+    "early_stop": "early_stop.target_acc",
+    "max_steps": "trainer.max_steps",
+    "max_time": "trainer.max_time",
+    "fast_dev_run": "trainer.fast_dev_run",
+}
+
+
+def worst_class(accs: list[float | None] | None, names: list[str] | None) -> tuple[str, float] | None:
+    """The class the final model knows least (its name, else its label) and its test accuracy, if any."""
+    known = [(a, c) for c, a in enumerate(accs or []) if a is not None]
+    if not known:
+        return None
+    acc, label = min(known)
+    return (names[label] if names and label < len(names) else str(label)), round(acc, 4)
+
+
+def skew_note(record: dict) -> str:
+    """' (worst class 3 - three at 0.0396)' for a run on label-skewed shards (partition not iid), else ''."""
+    worst = worst_class(record.get("test_acc_per_class"), record.get("test_classes"))
+    if worst is None or record.get("partition", "iid") == "iid":
+        return ""
+    return f" (worst class {worst[0]} at {worst[1]:.4f})"
+
+
+def stop_note(record: dict) -> str:
+    """' (trainer.max_time ended training in epoch 30 of 500)' where not max_epochs ended training, else ''."""
+    stopper = STOPPERS.get(record.get("stopped_by"))
+    if stopper is None:
+        return ""
+    of = f" of {record['max_epochs']}" if record.get("max_epochs") else ""
+    return f" ({stopper} ended training in epoch {record.get('epochs')}{of})"
 
 
 # ---- reading the sweep dir ----

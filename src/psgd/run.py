@@ -132,7 +132,7 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
         trainer = build_trainer(cfg, plan, strategy, all_callbacks, run_dir)
         info["precision"] = str(trainer.precision)  # as Lightning runs it (RunRecorder holds `info`)
         fit(cfg, plan, trainer, module, datamodule, ckpt_path, run_dir)
-        return finish_run(cfg, plan, trainer, module, datamodule, run_dir, all_callbacks[1])
+        return finish_run(cfg, plan, trainer, module, datamodule, run_dir)
 
 
 def micro_batches_per_update(cfg: DictConfig, plan: Plan) -> int:
@@ -302,7 +302,6 @@ def finish_run(
     module: Classifier,
     datamodule: ClassificationData,
     run_dir: Path,
-    recorder: RunRecorder,
 ) -> dict[str, Any] | None:
     """Test the final weights on one device in this process (global rank 0's under torchrun / srun; the others
     return None), complete metrics.json with the test's results and write the TensorBoard summary; returns the
@@ -316,8 +315,8 @@ def finish_run(
             if rank != 0:
                 return None
         tested = final_test(cfg, plan, trainer.precision, module, datamodule)
-        record_path = run_dir / "metrics.json"
-        metrics = read_json(record_path) if record_path.exists() else recorder.summary("trained")
+        record_path = run_dir / "metrics.json"  # rank 0's RunRecorder wrote it at the fit's end
+        metrics = read_json(record_path)
         metrics.update(
             status="completed",
             test_acc=round(tested["test/acc"], 6),

@@ -9,8 +9,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from psgd.advice import skew_note, stop_note
-from psgd.report import load_job, report_sweep, sweep_lengths
+from psgd.report import load_job, report_sweep, skew_note, stop_note, sweep_lengths
 
 # the last multirun of this process: sweep.py's exit code counts its failed jobs, and a multirun that did
 # not end (Ctrl-C, SIGTERM) gets the report of the jobs that ran

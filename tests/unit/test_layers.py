@@ -25,7 +25,6 @@ LAYERS = {
     # 1 leaves: errors, console output, file writing, the process and its supervision
     "psgd": 1,
     "psgd._in_forkserver": 1,
-    "psgd.advice": 1,
     "psgd.choices": 1,
     "psgd.console": 1,
     "psgd.environment": 1,
