@@ -96,12 +96,14 @@ class ReportsFirstFailure(TimesAllReduce, FirstFailureLaunch, GroupEndsAtExit, D
 
     @override
     def on_exception(self, exception: BaseException) -> None:
-        """DDP's error for parameters no loss used ends with psgd's switch for them (torch's names DDP's)."""
-        if "Expected to have finished reduction" in str(exception):
-            exception.args = (
-                f"{exception.args[0]}\nthe model has parameters that no loss used, and DDP needs a gradient for "
-                "each: set strategy.find_unused_parameters=true (DDP then looks for them in every step), or leave "
-                "them out of the model",
-                *exception.args[1:],
-            )
-        super().on_exception(exception)
+        """DDP's error for parameters no loss used ends with psgd's switch for them (torch's and Lightning's
+        wordings name DDP's own argument and a strategy string psgd's config has no place for)."""
+        if "Expected to have finished reduction" not in str(exception):
+            super().on_exception(exception)
+            return
+        exception.args = (
+            f"{exception.args[0]}\nthe model has parameters that no loss used, and DDP needs a gradient for each: "
+            "set strategy.find_unused_parameters=true (DDP then looks for them in every step), or leave them out "
+            "of the model",
+            *exception.args[1:],
+        )
