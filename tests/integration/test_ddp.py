@@ -74,7 +74,7 @@ def test_two_worker_metrics_and_tensorboard(ddp2):
     # rank 0's loss within the epochs: one point per epoch here (8 steps < log_every_n_steps), one writer
     assert [e.step for e in acc.Scalars("train/loss_step")] == [7, 15, 23]
     assert "_hparams_/session_start_info" in acc.PluginTagToContent("hparams")
-    # the gradient all-reduce, from DDP's reducer: every epoch has its figures, in the history and TensorBoard
+    # the gradient all-reduce, clocked by psgd's comm hook: every epoch has its figures, in the history and TensorBoard
     for h in m["history"]:
         assert h["allreduce_ms"] >= h["allreduce_wait_ms"] >= 0 and h["allreduce_ms"] > 0, h
     assert scalars(acc, "ddp/allreduce_wait_ms") == pytest.approx([h["allreduce_wait_ms"] for h in m["history"]])

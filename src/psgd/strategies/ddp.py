@@ -1,84 +1,77 @@
 """Data-parallel SGD: Lightning's DDPStrategy (gradients all-reduced every step), with psgd's failure
 reports (FirstFailureLaunch) and the gradient all-reduce timed.
 
-The timings are the clock readings torch's DDP reducer records itself (`_get_ddp_logging_data`), sampled
-after each of the first 11 steps and then every `allreduce_sample_rate`-th; an epoch's figures are the
-medians of its samples:
+On CPU the all-reduce runs through torch's own `allreduce_hook`, registered with DDP's public
+`register_comm_hook` (the same averaging as DDP's built-in one), and each bucket's launch and completion are
+clocked. A step's figures, an epoch's being the medians of its steps:
 
-- all-reduce: from the first gradient bucket's all-reduce launch to the last one's completion;
-- wait: the part of it after the backward's compute had ended, when the step stood still for the other
-  workers' gradients.
+- all-reduce: from the first gradient bucket's launch to the last one's completion;
+- wait: from the last bucket's launch (the backward's compute has ended) to its completion, when the step
+  stood still for the other workers' gradients.
+
+On a GPU the hook's clock would read when the host queued the work: nothing is timed there.
 """
 
 import statistics
+import time
 from typing import Any
 
 import pytorch_lightning as L
+import torch
+import torch.distributed as dist
 from pytorch_lightning.strategies import DDPStrategy
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.futures import Future
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from psgd.strategies.lightning_internals import FirstFailureLaunch, without_per_step_collectives
 from psgd.strategies.workers import GroupEndsAtExit, over_workers
 
-NS_PER_MS = 1e6
-
 
 class TimesAllReduce:
-    """Mixin for a DDPStrategy: samples the reducer's timings during training (`epoch_figures`)."""
-
-    allreduce_sample_rate = 20  # the reducer's sampling interval, in steps (torch's own default is 100)
+    """Mixin for a DDPStrategy: times the gradient all-reduce of every step on CPU (`epoch_figures`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._allreduce_steps = 0
-        self._allreduce_seen = 0  # the reducer's iteration of the last sample taken
-        self._allreduce_samples: list[tuple[float, float]] = []  # (all-reduce ms, wait ms) this epoch
-        self.allreduce_timed = False  # a DDP wrapper whose reducer times
+        self.allreduce_timed = False  # a DDP wrapper on CPU, its all-reduce through `_timed_allreduce`
+        self._buckets: list[tuple[float, float]] = []  # this step's buckets: (launched, done), perf_counter s
+        self._steps: list[tuple[float, float]] = []  # this epoch's steps: (all-reduce ms, wait ms)
 
     def configure_ddp(self) -> None:
         super().configure_ddp()
-        # CPU only: on a GPU the reducer's clock readings are when the host queued the work
         self.allreduce_timed = isinstance(self.model, DistributedDataParallel) and self.root_device.type == "cpu"
         if self.allreduce_timed:
-            self.model._set_ddp_runtime_logging_sample_rate(self.allreduce_sample_rate)
+            self.model.register_comm_hook(self.model.process_group, self._timed_allreduce)
+
+    def _timed_allreduce(self, group: dist.ProcessGroup, bucket: dist.GradBucket) -> Future[torch.Tensor]:
+        """torch's allreduce_hook, its bucket's launch and completion clocked (the completion in the future
+        DDP waits on, so that a step's buckets are all clocked when its backward returns)."""
+        launched = time.perf_counter()
+
+        def done(fut: Future) -> Any:
+            self._buckets.append((launched, time.perf_counter()))
+            return fut.value()
+
+        return allreduce_hook(group, bucket).then(done)
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
         out = super().optimizer_step(*args, **kwargs)
-        self._allreduce_steps += 1
-        if self.allreduce_timed and (
-            self._allreduce_steps <= 11 or self._allreduce_steps % self.allreduce_sample_rate == 1
-        ):
-            self._take_allreduce_sample()
+        if self._buckets:
+            buckets, self._buckets = self._buckets, []
+            first, last, end = min(b[0] for b in buckets), max(b[0] for b in buckets), max(b[1] for b in buckets)
+            self._steps.append(((end - first) * 1e3, (end - last) * 1e3))
         return out
 
-    def _take_allreduce_sample(self) -> None:
-        data = self.model._get_ddp_logging_data()
-        iteration = data.get("iteration", 0)
-        # the step's clock readings in ns (the reducer's own durations may hold an older step's value)
-        forward, computed, start, end = (
-            data.get(f"{key}_time_{edge}", -1)
-            for key, edge in (
-                ("forward_compute", "start"),
-                ("backward_compute", "end"),
-                ("backward_comm", "start"),
-                ("backward_comm", "end"),
-            )
-        )
-        if not iteration or iteration == self._allreduce_seen or not 0 < forward <= start <= end or computed < forward:
-            return
-        self._allreduce_seen = iteration
-        self._allreduce_samples.append(((end - start) / NS_PER_MS, (end - max(start, computed)) / NS_PER_MS))
-
     def epoch_figures(self) -> dict[str, float]:
-        """This epoch's median all-reduce and wait per step (ms), the mean over the workers that have
-        samples of it; the samples start anew."""
+        """This epoch's median all-reduce and wait per step (ms), the mean over the workers that timed a
+        step of it; the steps start anew."""
         if not self.allreduce_timed:
             return {}
-        samples, self._allreduce_samples = self._allreduce_samples, []
+        steps, self._steps = self._steps, []
         own = [0.0, 0.0, 0.0]
-        if samples:
-            own = [statistics.median(c for c, _ in samples), statistics.median(w for _, w in samples), 1.0]
+        if steps:
+            own = [statistics.median(c for c, _ in steps), statistics.median(w for _, w in steps), 1.0]
         total, wait, counted = over_workers(own, self.root_device)
         if not counted:
             return {}
