@@ -34,7 +34,6 @@ LAYERS = {
     "psgd.overrides": 1,
     "psgd.process": 1,
     "psgd.signals": 1,
-    "psgd.sync_costs": 1,
     "psgd.torchrun": 1,
     # 2 the science: data, models, optimizers, the LightningModule and its callbacks, the strategies
     "psgd.callbacks": 2,

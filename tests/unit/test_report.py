@@ -16,10 +16,10 @@ from hydra import initialize_config_dir
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
+from psgd.callbacks import sync_summary
 from psgd.process import this_process
 from psgd.report import main, write_report
 from psgd.sweep import LAST, SweepReport, progress_line, sweep_lengths
-from psgd.sync_costs import sync_summary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

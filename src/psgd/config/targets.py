@@ -34,15 +34,15 @@ def locate(key: str, target: object) -> type:
 
 
 def build_model(model_cfg: DictConfig, data_name: str, device: str = "cpu") -> tuple["nn.Module", int]:
-    """The network for this dataset, on `device`, and the image size it takes (the model's `input_size` where
-    it resizes its inputs, else the dataset's), run once on that shape. A class that cannot be imported, a
+    """The network for this dataset, on `device`, and the image size it takes (the model class's `input_size`
+    where it has one, else the dataset's), run once on that shape. A class that cannot be imported, a
     setting the model has no argument for, a value it refuses or a shape it cannot take is a ConfigError."""
     import torch
 
     params = OmegaConf.to_container(model_cfg, resolve=True)
     name, cls = params.pop("name"), locate("model._target_", params.pop("_target_"))
     info = INFO[data_name]
-    size = cls.input_size if getattr(cls, "resize_input", False) else info.size
+    size = getattr(cls, "input_size", None) or info.size
     try:
         with torch.device(device):
             net = cls(**{"in_channels": info.channels, "num_classes": info.num_classes, **params})

@@ -1,4 +1,4 @@
-"""Plain nn.Modules, chosen with `model=`: each class states the input size it needs (None: any)."""
+"""Plain nn.Modules, chosen with `model=`; a class with an `input_size` gets its images resized to it."""
 
 from psgd.choices import BUILTIN
 from psgd.models.lab_cnn import LabCNN

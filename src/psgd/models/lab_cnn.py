@@ -10,8 +10,7 @@ class LabCNN(nn.Module):
     two linear layers, and a log-softmax output. Needs 32x32 inputs (32*2*2 = 128 features).
     """
 
-    input_size = 32
-    resize_input = True  # the lab resizes MNIST/FashionMNIST from 28 to 32
+    input_size = 32  # the images are resized to this (the lab resizes MNIST/FashionMNIST from 28 to 32)
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10, dropout: float = 0.4, batch_norm: bool = False):
         super().__init__()

@@ -10,8 +10,6 @@ class MLP(nn.Module):
     expressed as per-parameter-group weight decay (see `param_groups`), which every optimizer honours.
     """
 
-    input_size = 28
-
     def __init__(
         self,
         in_channels: int = 1,

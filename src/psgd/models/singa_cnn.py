@@ -6,8 +6,6 @@ from torch import Tensor, nn
 class SingaCNN(nn.Module):
     """Conv(20,5) -> ReLU -> pool -> Conv(50,5) -> ReLU -> pool -> Linear(800,500) -> ReLU -> Linear."""
 
-    input_size = 28
-
     def __init__(self, in_channels: int = 1, num_classes: int = 10):
         super().__init__()
         self.net = nn.Sequential(

@@ -35,8 +35,6 @@ class WideResNet(nn.Module):
     every input size, so the same network serves MNIST-sized and CIFAR-sized images.
     """
 
-    input_size = None  # any size of at least 4x4
-
     def __init__(self, in_channels: int = 1, num_classes: int = 10, dropout: float = 0.01):
         super().__init__()
         self.features = nn.Sequential(
