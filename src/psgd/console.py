@@ -2,6 +2,7 @@
 A leaf: the standard library and psgd's leaves only."""
 
 import os
+import re
 import time
 
 from psgd.io import say
@@ -45,8 +46,13 @@ def fail(message: str, every_worker_finds_it: bool = False) -> None:
 
 
 def text_lines(text: object) -> list[str]:
-    """The non-blank lines of a (multi-line) message, stripped; never empty."""
+    """The non-blank lines of a (multi-line) message, stripped; never empty. An error raised inside a torch
+    future's callback (DDP's comm hook) reads as its own message: torch adds a prefix and, after "At:", the
+    callback's frames."""
     lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    if "At:" in lines:
+        lines = lines[: lines.index("At:")]
+    lines = [re.sub(r"(Got the following error when running the callback: )+\w+: ", "", ln) for ln in lines]
     return lines or ["unknown error"]
 
 

@@ -123,6 +123,22 @@ def test_a_lost_peer_still_names_the_worker_that_was_killed(tmp_path):
     assert error_line(verdict, tmp_path).startswith("worker rank 1 died (signal SIGKILL)")
 
 
+def test_a_lost_peer_seen_through_the_comm_hooks_futures_is_still_a_lost_peer(tmp_path):
+    """psgd times DDP's all-reduce in a torch future's callback: torch reports an error raised there with a
+    prefix and the callback's frames after it, which hid gloo's lost connection from the last line."""
+    fut = torch.futures.Future()
+    chained = fut.then(lambda f: f.value()).then(lambda f: f.value())  # torch's allreduce_hook, then psgd's
+    fut.set_exception(RuntimeError(LOST_PEER.removeprefix("RuntimeError: ")))
+    with pytest.raises(RuntimeError) as caught:
+        chained.wait()
+    text = "".join(traceback.format_exception(caught.value))
+    assert "At:" in text and text.strip().splitlines()[-1] != LOST_PEER  # what torch raises
+    fl = launcher(tmp_path, "failed", "killed", recorded={0: text})
+    verdict = fl._explain(raised(0, text))
+    assert type(verdict) is ProcessExitedException and verdict.error_index == 1
+    assert error_line(raised(1, text), tmp_path).startswith(f"worker rank 1 failed: {LOST_PEER} (traceback")
+
+
 def oom_kills_now(tmp_path, monkeypatch, count: int | None) -> None:
     """The kernel's OOM-kill count as /proc/vmstat gives it (None: a kernel that does not count them)."""
     vmstat = tmp_path / "vmstat"

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
+from psgd.console import text_lines
 from psgd.module import STEPS_PER_EPOCH_KEY
 from psgd.process import oom_kills_since
 
@@ -22,8 +23,7 @@ TIMED_OUT = ("timed out waiting",)
 
 def _last_line_says(error: str, phrases: tuple[str, ...]) -> bool:
     """Whether the last line of a worker's error (its traceback text) holds one of `phrases`."""
-    lines = error.strip().splitlines()
-    return bool(lines) and any(s in lines[-1].lower() for s in phrases)
+    return any(s in text_lines(error)[-1].lower() for s in phrases)
 
 
 def lost_a_peer(error: str) -> bool:
