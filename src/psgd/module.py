@@ -14,11 +14,8 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
-from psgd.errors import ConfigError
 from psgd.optim import build_scheduler, schedule_read
 
-# a per-step schedule's optimizer steps per epoch (this worker's), kept in its checkpoints
-STEPS_PER_EPOCH_KEY = "psgd_steps_per_epoch"
 # the optimizer's class name, kept in its checkpoints: a resume with another optimizer= is refused
 OPTIMIZER_KEY = "psgd_optimizer"
 # param-group entries that say how torch runs the update, not what it computes: a resumed run takes its own
@@ -71,9 +68,6 @@ class Classifier(L.LightningModule):
         # training accuracy and loss ([correct, loss sum] and samples), reduced once per epoch (count_train)
         self._train_counts: list | None = None
         self._step_counts: list | None = None
-        # per-step schedules: this run's optimizer steps per epoch and the resumed checkpoint's
-        self._steps_per_epoch: int | None = None
-        self._resumed_steps_per_epoch: int | None = None
         if per_worker_metrics:  # replicas differ (model averaging): also keep each worker's own numbers
             self.worker_val_acc = MulticlassAccuracy(
                 num_classes, average="micro", validate_args=False, sync_on_compute=False
@@ -229,17 +223,14 @@ class Classifier(L.LightningModule):
     def configure_optimizers(self):
         optimizer = self.build_optimizer()
         cfg = schedule_read(self.scheduler_cfg)
-        interval = cfg.pop("interval", "epoch")
+        interval, steps_per_epoch = cfg.pop("interval", "epoch"), 1
         if interval == "step":  # this worker's optimizer steps per epoch, as Lightning will run them
             self.trainer.estimated_stepping_batches  # noqa: B018 -- sets up the training data if not yet done
-            self._steps_per_epoch = max(
+            steps_per_epoch = max(
                 1, math.ceil(self.trainer.num_training_batches / self.trainer.accumulate_grad_batches)
             )
-        self._check_resumed_steps()
         world = self.hparams.workers * self.trainer.num_nodes  # a warm-up from 1/world, as lr_scaling scales
-        scheduler = build_scheduler(
-            optimizer, world, self.hparams.max_epochs, steps_per_epoch=self._steps_per_epoch or 1, **cfg
-        )
+        scheduler = build_scheduler(optimizer, world, self.hparams.max_epochs, steps_per_epoch=steps_per_epoch, **cfg)
         if scheduler is None:
             return optimizer
         # with interval=step, run.py's LearningRateMonitor logs it as lr_step
@@ -252,43 +243,12 @@ class Classifier(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.trainer.optimizers:
             checkpoint[OPTIMIZER_KEY] = type(self.trainer.optimizers[0]).__name__
-        if self._steps_per_epoch is not None:
-            checkpoint[STEPS_PER_EPOCH_KEY] = self._steps_per_epoch
 
     @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self._resumed_steps_per_epoch = checkpoint.get(STEPS_PER_EPOCH_KEY)
-        self._check_resumed_steps()
-        self._update_as_configured(checkpoint)
-
-    def _update_as_configured(self, checkpoint: dict[str, Any]) -> None:
         """Give the checkpoint's param groups this run's STEP_IMPLEMENTATION settings (e.g. optimizer.fused)
         before the optimizer loads them, so that torch places the state as this run's update needs it."""
         fresh = self.build_optimizer().param_groups  # no state: only its settings are read
         for state in checkpoint.get("optimizer_states") or []:
             for saved, group in zip(state.get("param_groups") or [], fresh):
                 saved.update({k: group[k] for k in STEP_IMPLEMENTATION if k in group})
-
-    def _check_resumed_steps(self) -> None:
-        """Refuse a resume whose per-step schedule would count other steps per epoch than the checkpoint's.
-
-        Checked once both counts are known, in every worker at the same point; the workers compare
-        their counts together, so all refuse with the same line."""
-        old, new = self._resumed_steps_per_epoch, self._steps_per_epoch
-        if old is None or new is None:
-            return
-        counts = [(old, new)]
-        distributed = dist.is_available() and dist.is_initialized()
-        if distributed:
-            counts = [None] * dist.get_world_size()
-            dist.all_gather_object(counts, (old, new))
-        for rank, (old, new) in enumerate(counts):
-            if old != new:
-                if distributed:  # all workers are here: end the group now, not at exit after a peer left
-                    dist.destroy_process_group()
-                raise ConfigError(
-                    f"ckpt_path cannot be resumed with {new} optimizer steps per epoch on worker {rank} under "
-                    f"scheduler.interval=step (the checkpoint's run had {old}: its lr schedule counts those "
-                    "steps); resume with the checkpoint's data.batch_size, data.partition, workers, parallel_batches "
-                    "and trainer settings"
-                )

@@ -272,34 +272,6 @@ def test_a_value_lightning_refuses_inside_the_workers_is_one_line_and_leaves_no_
     assert not threads.gloo_left(), threads.processes()
 
 
-@pytest.mark.distributed
-def test_a_resume_refused_inside_the_workers_is_one_line_and_leaves_no_run_dir(tiny_data, tmp_path):
-    """A per-step schedule's steps per epoch are known only once each worker has its data, so this
-    resume check runs inside the workers (both refuse, neither hangs); the run dir they had started,
-    with TensorBoard's empty event file, is dropped like that of any bad value."""
-    per_step = [f"data.root={tiny_data}", "scheduler.interval=step", "trainer.max_epochs=1", "data.batch_size=32"]
-    first = tmp_path / "first"
-    train(compose_cfg(*per_step, "quiet=true"), first)  # 512 samples: 16 steps per epoch
-    run_dir, threads = tmp_path / "run", ThreadsAtExit(tmp_path)
-    # two workers halve each one's shard: 8 steps per epoch
-    resume = ["workers=2", f"ckpt_path={first}", f"hydra.run.dir={run_dir}"]
-    proc = run_cli("train.py", *per_step, "quiet=true", *resume, timeout=180, env=threads.env)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    # both workers compare their counts together and refuse with the same line, naming the first
-    assert re.fullmatch(
-        r"psgd: error: ckpt_path cannot be resumed with 8 optimizer steps per epoch on worker 0 under "
-        r"scheduler.interval=step \(the checkpoint's run had 16: its lr schedule counts those steps\); resume "
-        r"with the checkpoint's data.batch_size, data.partition, workers, parallel_batches and trainer settings",
-        lines[0],
-    ), lines[0]
-    assert not run_dir.exists()
-    # no gloo thread outlives the exit hooks of any process that shuts Python down (the launcher here: the
-    # fork server's workers leave by os._exit; a spawned worker's shutdown is the test above's subject)
-    assert threads.processes() and not threads.gloo_left(), threads.processes()
-
-
 @pytest.mark.parametrize("script", ["train.py", "sweep.py"])
 def test_help_says_what_the_script_does_and_a_closed_pipe_ends_it_quietly(script):
     import subprocess

@@ -101,9 +101,8 @@ def test_checkpoints_hold_every_replica_and_resume_gives_the_uninterrupted_weigh
     )
     # and its own lr schedule: the shards differ in length, so the per-step cosines have counted
     # different numbers of steps and have different horizons
-    steps = [r["psgd_steps_per_epoch"] for r in mid["replicas"]]
+    steps = [r["lr_schedulers"][0]["last_epoch"] for r in mid["replicas"]]  # one epoch's, each worker's own
     assert steps[0] > steps[1] > 0
-    assert [r["lr_schedulers"][0]["last_epoch"] for r in mid["replicas"]] == steps
     assert [r["lr_schedulers"][0]["T_max"] for r in mid["replicas"]] == [2 * s for s in steps]
     # resume after epoch 1 (dropout on: each worker's random stream is reseeded per epoch); each worker
     # must continue from its own replica and momentum for the end result to match bit for bit

@@ -12,7 +12,6 @@ import torch.distributed as dist
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd.console import text_lines
-from psgd.module import STEPS_PER_EPOCH_KEY
 from psgd.process import oom_kills_since
 
 # how a collective ends in the workers still running when a peer is gone (gloo's messages, lowercased)
@@ -152,7 +151,7 @@ class PerWorkerCheckpoints:
     """Strategy mixin for workers that hold different state: a checkpoint stores each worker's
     `per_worker_keys` under `replicas`, and a resume gives each worker its own."""
 
-    per_worker_keys: tuple[str, ...] = ("optimizer_states", "lr_schedulers", STEPS_PER_EPOCH_KEY)
+    per_worker_keys: tuple[str, ...] = ("optimizer_states", "lr_schedulers")
     # what the final (averaged) checkpoint gives every worker alike
     shared_when_averaged = ("state_dict", "optimizer_states")
     _averaged = False
