@@ -198,11 +198,18 @@ def ignore_sigterm() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def wind_down_children(timeout: float = 60.0) -> list[int]:
-    """Wait up to `timeout` s for this process's multiprocessing children to end, then kill (and return)
-    any left."""
+def wind_down_children(grace: float = 10.0, timeout: float = 60.0) -> list[int]:
+    """Wait up to `grace` s for this process's multiprocessing children to end (a Ctrl-C from a terminal reached
+    them too), then send SIGTERM to those left (`kill -INT` or an IDE's stop button signalled this process alone;
+    a launched worker ends at once on it), wait up to `timeout` s more, then kill (and return) any still left."""
+    children, deadline = multiprocessing.active_children(), time.monotonic() + grace
+    for child in children:
+        child.join(max(0.0, deadline - time.monotonic()))
+        if child.is_alive():
+            with suppress(OSError):
+                os.kill(child.pid, signal.SIGTERM)
     killed = []
-    for child in multiprocessing.active_children():
+    for child in children:
         child.join(timeout)
         if child.is_alive():
             child.kill()

@@ -222,6 +222,26 @@ def test_sigterm_stops_the_run_as_ctrl_c_does(tiny_data, tmp_path, strategy, to)
 @pytest.mark.distributed
 @pytest.mark.parametrize(
     "strategy",
+    ["ddp", pytest.param("model_averaging", marks=pytest.mark.slow), pytest.param("hogwild", marks=pytest.mark.slow)],
+)
+def test_ctrl_c_to_the_launcher_alone_stops_its_workers(tiny_data, tmp_path, strategy):
+    """`kill -INT <pid>`, `timeout -s INT`, an IDE's stop button: SIGINT reaches the launcher only, and its
+    workers trained on to max_epochs before the run ended as interrupted, its result thrown away."""
+    run_dir = tmp_path / "run"
+    args = [f"strategy={strategy}", "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY]
+    proc = start(run_dir, *args)
+    stderr, workers = stop_after_two_epochs(run_dir, proc, lambda pids: os.kill(proc.pid, signal.SIGINT))
+    assert stderr.strip().splitlines()[-1] == f"psgd: interrupted; finished epochs are kept in {run_dir}", stderr
+    assert proc.returncode == 128 + signal.SIGINT
+    assert gone_within(workers, 5)
+    m = json.loads((run_dir / "metrics.json").read_text())
+    assert m["status"] == "interrupted" and 2 <= len(m["history"]) < 200
+    assert_resumable(run_dir)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    "strategy",
     # hogwild's fork-server workers are the harder case (their parent, the fork server, outlives the
     # launcher); spawned workers are watched the same way
     [pytest.param("ddp", marks=pytest.mark.slow), "hogwild"],

@@ -233,7 +233,7 @@ def test_wind_down_kills_a_worker_that_does_not_stop():
     assert ready.wait(60)  # its handler is installed (a spawned child may take seconds to start)
     os.kill(child.pid, signal.SIGTERM)
     start = time.monotonic()
-    assert signals.wind_down_children(timeout=0.5) == [child.pid]
+    assert signals.wind_down_children(grace=0.5, timeout=0.5) == [child.pid]
     assert time.monotonic() - start < 10
     assert child.exitcode == -signal.SIGKILL
 
