@@ -284,7 +284,7 @@ def test_a_job_whose_worker_would_get_no_batch_is_one_line_before_any_job_runs(t
     assert problem("data.batch_size=200", "data.drop_last=true", "workers=1,2,3") == (
         "no training batch for worker 0 (171 samples), worker 1 (171 samples), worker 2 (170 samples) of 3 with "
         "512 training samples, data.partition=iid, data.batch_size=200 and data.drop_last=true: use a smaller "
-        "data.batch_size or data.drop_last=false (in the job workers=3; no job was started)"
+        "data.batch_size, data.drop_last=false or at most 2 workers (in the job workers=3; no job was started)"
     )
     assert len(reads) == 2  # the training and the test split, once for the three jobs
     # a partition that leaves a worker no sample depends on the labels and the seed

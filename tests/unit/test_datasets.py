@@ -162,8 +162,20 @@ def test_a_run_where_a_worker_gets_no_training_batch_is_refused_before_it_starts
     with pytest.raises(DataError) as e:
         data(batch_size=76, val_split=0.25, drop_last=True).check_batches(2)
     assert str(e.value).startswith("no training batch for worker 0 (75 samples), worker 1 (75 samples) of 2")
-    assert "data.batch_size=76 and data.drop_last=true: use a smaller data.batch_size" in str(e.value)
+    assert str(e.value).endswith(
+        "data.batch_size=76 and data.drop_last=true: use a smaller data.batch_size, data.drop_last=false or at most "
+        "1 worker"
+    )
     data(batch_size=76, val_split=0.25).check_batches(2)  # the partial batch is kept
+    # a huge worker count: one readable line (it listed every empty worker, a megabyte for workers=100000)
+    with pytest.raises(DataError) as e:
+        data(batch_size=16, drop_last=True).check_batches(100_000)
+    assert str(e.value).startswith(
+        "no training batch for worker 0 (1 samples), worker 1 (1 samples), worker 2 (1 samples) and 99997 more of "
+        "100000 with 200 training samples"
+    )
+    assert str(e.value).endswith("use a smaller data.batch_size, data.drop_last=false or at most 12 workers")
+    assert len(str(e.value)) < 300
     # a share too small for one sample
     with pytest.raises(DataError, match=r"for worker 1 \(0 samples\) of 2 .* give it a larger share"):
         data(partition="sizes", partition_sizes=[0.999, 0.001]).check_batches(2)

@@ -215,12 +215,16 @@ class ClassificationData(L.LightningDataModule):
             raise DataError(f"data.partition={self.deal['scheme']}: {e}") from e
         empty = [r for r, c in enumerate(counts) if c == 0]
         if empty:
-            shards = ", ".join(f"worker {r} ({sizes[r]} samples)" for r in empty)
-            fix = (
-                "use a smaller data.batch_size or data.drop_last=false"
-                if self.drop_last
-                else "each worker needs at least one sample: give it a larger share or use fewer workers"
-            )
+            shards = ", ".join(f"worker {r} ({sizes[r]} samples)" for r in empty[:3])
+            shards += f" and {len(empty) - 3} more" if len(empty) > 3 else ""
+            # iid shards are equal: the most workers that each get a batch
+            n = sum(sizes) // (self.batch_size if self.drop_last else 1)
+            most = f"at most {n} worker{'' if n == 1 else 's'}"
+            iid = self.deal["scheme"] == "iid"
+            if self.drop_last:
+                fix = f"use a smaller data.batch_size, data.drop_last=false{f' or {most}' if iid else ''}"
+            else:
+                fix = f"each worker needs at least one sample: {f'use {most}' if iid else 'give it a larger share'}"
             raise DataError(
                 f"no training batch for {shards} of {workers} with {sum(sizes)} training samples, "
                 f"data.partition={self.deal['scheme']}, data.batch_size={self.batch_size} and "
