@@ -156,12 +156,19 @@ class Classifier(L.LightningModule):
             self.worker_val_loss.update(loss.detach(), weight=len(batch[1]))
 
     @override
+    def on_validation_epoch_start(self) -> None:
+        # every validation counts afresh in each worker's own tensors: the metrics' states pickled into the
+        # workers share memory (Lightning makes only parameters and buffers private), so each worker's
+        # counts added up into every worker's, and the sanity check's batches are not the first validation's
+        for name in ("val_acc", "val_loss", "worker_val_acc", "worker_val_loss"):
+            if hasattr(self, name):
+                getattr(self, name).reset()
+
+    @override
     def on_validation_epoch_end(self) -> None:
         if not self.hparams.per_worker_metrics or self.trainer.sanity_checking:
             return
         mine = torch.stack([self.worker_val_acc.compute(), self.worker_val_loss.compute()]).to(torch.float64)
-        self.worker_val_acc.reset()
-        self.worker_val_loss.reset()
         everyone = self.all_gather(mine).reshape(-1, 2)  # one row per worker, the same on every worker
         for rank, (acc, loss) in enumerate(everyone.tolist()):
             self.log(f"worker/{rank}/val_acc", acc, on_epoch=True, sync_dist=True)

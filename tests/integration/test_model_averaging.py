@@ -1,11 +1,15 @@
 """Model averaging and local SGD through train.py: real 2-process gloo runs on generated data."""
 
 import math
+from pathlib import Path
 
 import pytest
+import pytorch_lightning as L
 import torch
-from conftest import run_cli
+from conftest import compose_cfg, run_cli
 from helpers import metrics, scalars, tensorboard, undocumented
+
+from psgd.run import train
 
 pytestmark = pytest.mark.distributed
 
@@ -82,6 +86,33 @@ def test_reports_each_worker_and_the_averaged_model(averaged):
     per_worker = [scalars(acc, f"worker/{r}/val_acc") for r in range(2)]
     assert scalars(acc, "val/acc")[:2] == pytest.approx([(a + b) / 2 for a, b in zip(*per_worker)], abs=1e-6)
     assert scalars(acc, "val/acc")[-1] == pytest.approx(m["val_acc"], abs=1e-6)  # then the averaged model
+
+
+class OwnEvaluation(L.Callback):
+    """Each worker's own evaluation of its replica at each validation's end, into <folder>/<epoch>_<rank>."""
+
+    def __init__(self, folder: Path):
+        self.folder = str(folder)
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            acc, loss = pl_module.evaluate(trainer.datamodule.full_eval_loader("val"))
+            Path(self.folder, f"{trainer.current_epoch}_{trainer.global_rank}").write_text(f"{acc} {loss}")
+
+
+def test_each_workers_validation_figures_are_its_own_replicas(tiny_data, tmp_path):
+    """worker/<r>/val_loss at the first validation was the workers' mean for every worker: the metrics' states,
+    pickled into the workers, shared memory, and the sanity check's batches counted into the first validation."""
+    cfg = compose_cfg(f"data.root={tiny_data}", "strategy=model_averaging", "workers=2", "trainer.max_epochs=2", *TINY)
+    train(cfg, tmp_path / "run", callbacks=[OwnEvaluation(tmp_path)])
+    acc = tensorboard(tmp_path / "run")
+    own = [[tuple(map(float, (tmp_path / f"{e}_{r}").read_text().split())) for e in range(2)] for r in range(2)]
+    for r in range(2):
+        assert scalars(acc, f"worker/{r}/val_acc") == pytest.approx([a for a, _ in own[r]], abs=1e-6)
+        assert scalars(acc, f"worker/{r}/val_loss") == pytest.approx([loss for _, loss in own[r]], abs=1e-5)
+    assert own[0][0][1] != own[1][0][1]  # the replicas differ from the first epoch on
+    means = [(own[0][e][1] + own[1][e][1]) / 2 for e in range(2)]  # equal-size, unsharded evaluations
+    assert scalars(acc, "val/loss")[:2] == pytest.approx(means, abs=1e-5)
 
 
 def resume_averaged(ckpt_path, run_dir, tiny_data) -> None:
