@@ -1,5 +1,5 @@
-"""Lightning callbacks: worker setup, whole-epoch checkpoints, epoch timing and result files (with what
-synchronising the workers cost), the target-accuracy stop."""
+"""Lightning callbacks: worker setup, the progress bar, whole-epoch checkpoints, epoch timing and result files
+(with what synchronising the workers cost), the target-accuracy stop."""
 
 import time
 import warnings
@@ -9,7 +9,7 @@ from typing import Any
 import pytorch_lightning as L
 import torch
 import torch.distributed as dist
-from pytorch_lightning.callbacks import Callback, ModelCheckpoint, Timer
+from pytorch_lightning.callbacks import Callback, ModelCheckpoint, Timer, TQDMProgressBar
 from pytorch_lightning.plugins import TorchCheckpointIO
 from typing_extensions import override
 
@@ -63,6 +63,23 @@ class WorkerSetup(Callback):
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.seed is not None:
             torch.manual_seed(generator(self.seed, trainer.global_rank, trainer.current_epoch).initial_seed())
+
+
+class EpochBar(TQDMProgressBar):
+    """Lightning's progress bar (a terminal's), its epochs counted from 1, as psgd's lines and metrics.json do."""
+
+    @override
+    def init_train_tqdm(self) -> Any:
+        bar, trainer = super().init_train_tqdm(), self.trainer
+        lightnings = bar.set_description
+
+        def from_one(desc: str | None = None, refresh: bool = True) -> None:
+            if desc == f"Epoch {trainer.current_epoch}":  # Lightning's, counted from 0
+                desc = f"Epoch {trainer.current_epoch + 1}/{trainer.max_epochs}"
+            lightnings(desc, refresh)
+
+        bar.set_description = from_one
+        return bar
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

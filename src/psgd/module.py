@@ -87,7 +87,7 @@ class Classifier(L.LightningModule):
         acc.update(out.detach(), y)
         mean_loss.update(loss.detach(), weight=len(y))
         if batch_idx == 0:  # Lightning computes, reduces and resets a logged Metric at the epoch's end
-            self.log(f"{stage}/acc", acc, on_step=False, on_epoch=True)
+            self.log(f"{stage}/acc", acc, on_step=False, on_epoch=True, prog_bar=stage == "val")
             self.log(f"{stage}/loss", mean_loss, on_step=False, on_epoch=True)
         return loss, out
 
@@ -146,7 +146,7 @@ class Classifier(L.LightningModule):
             )
         # the same value on every worker; sync_dist keeps Lightning's epoch bookkeeping the same across ranks
         self.log("train/acc", correct / max(n, 1), on_step=False, on_epoch=True, sync_dist=True)
-        self.log("train/loss", loss_sum / max(n, 1), on_step=False, on_epoch=True, sync_dist=True)
+        self.log("train/loss", loss_sum / max(n, 1), on_step=False, on_epoch=True, sync_dist=True, prog_bar=True)
 
     @override
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:

@@ -24,6 +24,7 @@ from torch import nn
 from psgd import signals, torchrun
 from psgd.callbacks import (
     AtomicCheckpointIO,
+    EpochBar,
     EpochEndCheckpoint,
     RunRecorder,
     ShardRecorder,
@@ -226,6 +227,8 @@ def build_callbacks(
         callbacks.append(ShardRecorder(str(run_dir)))
     if cfg.get("record_weights"):
         callbacks.append(WeightRecorder(str(run_dir)))
+    if progress_bars(cfg):
+        callbacks.append(EpochBar())
     return callbacks
 
 

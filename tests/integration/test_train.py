@@ -1,5 +1,6 @@
 """Single-worker runs through train.py exactly as a user starts them."""
 
+import contextlib
 import errno
 import logging
 import os
@@ -12,8 +13,9 @@ import warnings
 import pytest
 import pytorch_lightning as L
 import torch
-from conftest import compose_cfg, run_cli
+from conftest import ROOT, compose_cfg, run_cli
 from helpers import metrics, scalars, tensorboard, training_data, undocumented
+from pytorch_lightning.callbacks.progress.tqdm_progress import Tqdm
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 import psgd.callbacks
@@ -53,6 +55,41 @@ def test_output_into_a_file_is_a_line_per_epoch_not_progress_bars(single_run):
     for line, h in zip(lines, history, strict=True):
         assert line.startswith(f"psgd: epoch {h['epoch']}/3 train_loss={h['train_loss']:.4f} ")
         assert f" val_acc={h['val_acc']:.4f} epoch_s={h['epoch_s']:.1f} samples_per_s={h['samples_per_s']:.1f}" in line
+
+
+def in_a_terminal(*args: str, timeout: float = 300) -> str:
+    """What a command prints to a terminal (a pty 160 columns wide) and its exit code 0 asserted."""
+    import fcntl
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 160, 0, 0))
+    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    out = b""
+    with contextlib.suppress(OSError):  # EIO once the command has exited
+        while chunk := os.read(master, 65536):
+            out += chunk
+    os.close(master)
+    assert proc.wait(timeout) == 0, out[-3000:]
+    return out.decode(errors="replace")
+
+
+def test_a_terminals_progress_bar_counts_epochs_from_one_and_shows_the_loss_and_accuracy(tiny_data, tmp_path):
+    """Lightning's bar counted epochs from 0 (psgd's lines and metrics.json from 1) and showed only batches and
+    it/s: an 8-epoch run said nothing of its accuracy until its last line."""
+    text = in_a_terminal(
+        str(ROOT / "train.py"), f"data.root={tiny_data}", "trainer.max_epochs=2", f"hydra.run.dir={tmp_path / 'run'}"
+    )
+    bars = [line for line in text.replace("\r", "\n").splitlines() if line.startswith("Epoch ")]
+    assert {line.split(":")[0] for line in bars} == {"Epoch 1/2", "Epoch 2/2"}, bars[-3:]
+    last = metrics(tmp_path / "run")["history"][-1]  # the last epoch's figures, in the bar as it ends
+    shown = {key: Tqdm.format_num(last[key.replace("/", "_")]) for key in ("val/acc", "train/loss")}  # as tqdm does
+    assert all(f"{key}={value}" in bars[-1] for key, value in shown.items()), (bars[-1], shown)
 
 
 def test_what_a_run_writes_is_named_in_the_readme(single_run):
