@@ -43,8 +43,10 @@ def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
 
 
 def write_tensorboard_summary(log_dir: Path, cfg: DictConfig, metrics: dict[str, Any], step: int) -> None:
-    """Write the HParams tab's row of the run and its final test metrics at `step`."""
+    """Write the HParams tab's row of the run and its final test metrics at `step`, each class's accuracy as
+    test/acc_class/<label> (metrics.json's test_classes names the labels)."""
     final = {"test/acc": metrics["test_acc"], "test/loss": metrics["test_loss"]}
+    final |= {f"test/acc_class/{label}": acc for label, acc in enumerate(metrics["test_acc_per_class"])}
     writer = SummaryWriter(log_dir=str(log_dir))
     try:
         for key, value in final.items():

@@ -168,6 +168,8 @@ def test_tensorboard_events_hold_curves_hparams_and_test_metrics(single_run):
     assert scalars(acc, "test/acc") == pytest.approx([m["test_acc"]], abs=1e-6)
     assert len(m["test_acc_per_class"]) == 10
     assert m["test_classes"] == MNIST.classes  # torchvision's names: '0 - zero', ...
+    for label, class_acc in enumerate(m["test_acc_per_class"]):  # each class's, beside test/acc
+        assert scalars(acc, f"test/acc_class/{label}") == pytest.approx([class_acc], abs=1e-6)
     # the default cosine decay, 3 epochs of 16 steps: each epoch's lr where the epoch starts
     assert {e.step: e.value for e in acc.Scalars("lr")} == pytest.approx({0: 0.02, 16: 0.015, 32: 0.005})
     # the loss within the epochs, every trainer.log_every_n_steps (50) batches and at each epoch's end:
