@@ -7,7 +7,6 @@ from typing import Any
 
 import pytorch_lightning as L
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
@@ -15,6 +14,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from psgd.optim import build_scheduler, schedule_read
+from psgd.strategies.workers import gather_floats, over_workers
 
 # the optimizer's class name, kept in its checkpoints: a resume with another optimizer= is refused
 OPTIMIZER_KEY = "psgd_optimizer"
@@ -131,12 +131,9 @@ class Classifier(L.LightningModule):
         if self._train_counts is None:
             return
         self._log_step_counts(self.trainer.global_step - 1)  # at the epoch's last step
-        (correct, loss_sum), n = self._train_counts
+        sums, n = self._train_counts
         self._train_counts = None
-        sums = torch.stack([correct, loss_sum, torch.tensor(float(n), dtype=torch.float64, device=correct.device)])
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(sums)
-        correct, loss_sum, n = sums.tolist()
+        correct, loss_sum, n = over_workers([*sums.tolist(), float(n)], sums.device)
         if not math.isfinite(loss_sum):
             # every worker has the same sum, so all stop together: NaN weights never recover
             raise TrainingDiverged(
@@ -168,9 +165,8 @@ class Classifier(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         if not self.hparams.per_worker_metrics or self.trainer.sanity_checking:
             return
-        mine = torch.stack([self.worker_val_acc.compute(), self.worker_val_loss.compute()]).to(torch.float64)
-        everyone = self.all_gather(mine).reshape(-1, 2)  # one row per worker, the same on every worker
-        for rank, (acc, loss) in enumerate(everyone.tolist()):
+        mine = [float(self.worker_val_acc.compute()), float(self.worker_val_loss.compute())]
+        for rank, (acc, loss) in enumerate(gather_floats(mine, self.device)):  # the same on every worker
             self.log(f"worker/{rank}/val_acc", acc, on_epoch=True, sync_dist=True)
             self.log(f"worker/{rank}/val_loss", loss, on_epoch=True, sync_dist=True)
 

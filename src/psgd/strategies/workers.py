@@ -137,8 +137,10 @@ def over_workers(values: list[float], device: torch.device, op: dist.ReduceOp = 
 
 
 def gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
-    """Every worker's `values`, in rank order, on every worker."""
+    """Every worker's `values`, in rank order, on every worker (this process's alone without a process group)."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
+    if not (dist.is_available() and dist.is_initialized()):
+        return [t.tolist()]
     out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t)
     return [o.tolist() for o in out]
