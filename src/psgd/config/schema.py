@@ -30,6 +30,13 @@ def _a_duration(value: Any) -> Any:
     return value
 
 
+def _two_betas(value: list[float] | None) -> list[float] | None:
+    """Adam's and NovoGrad's betas: the decay rates of the first and second moment."""
+    if value is not None and (len(value) != 2 or not all(0 <= b < 1 for b in value)):
+        raise ValueError("betas takes two numbers in [0, 1), e.g. [0.9, 0.999]")
+    return value
+
+
 class Group(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", use_attribute_docstrings=True)
 
@@ -87,6 +94,8 @@ class Optimizer(Group, extra="allow"):
     """Momentum factor (SGD)."""
     weight_decay: float = Field(None, ge=0)
     """L2 penalty."""
+    betas: Annotated[list[float] | None, AfterValidator(_two_betas)] = None
+    """Decay rates of the moment estimates (Adam, NovoGrad), e.g. [0.9, 0.999]."""
     eps: float = Field(None, gt=0)
     """Added to the denominator (Adam, NovoGrad)."""
     nesterov: bool = None
