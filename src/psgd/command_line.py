@@ -144,9 +144,12 @@ def command_line_problem(
     if not composed:  # another sweeper's jobs: it composes them itself
         return None
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    out = Path(str(OmegaConf.select(composed[0][1], key)))
     try:
+        out = Path(str(OmegaConf.select(composed[0][1], key)))
         problem = outputs.output_problem(out, key) or outputs.earlier_results(out, key)
+    except OmegaConfBaseException:  # the dir's name reads a key a job lacks (removed by `~key`): job_check says it
+        problem = None
+    try:
         return problem or (job_check and job_check(composed))
     except OmegaConfBaseException as e:  # a key a job lacks (removed by `~key`)
         return text_lines(e)[0]

@@ -25,7 +25,7 @@ def process_start(pid: int) -> datetime | None:
 
 
 def run_name() -> str:
-    """The run dir under outputs/: <date>/<time>, or a name every process of one torchrun / srun job
+    """The run dir under outputs/, before its label: <date>/<time>, or a name every process of one torchrun / srun job
     computes alike, so that all workers (and one torchrun restarts, also after midnight) write into one dir:
     the job's id under its start date, or on one machine with a static rendezvous torchrun's start and pid."""
     env = os.environ
@@ -44,9 +44,16 @@ def run_name() -> str:
     return datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
 
 
-# conf/train.yaml's hydra.run.dir: `${psgd_run_name:}`, resolvable wherever a run's config is (a SLURM job's
-# process too), so registered as this module loads: psgd.run and the scripts import it
+def run_label(strategy: str, workers: int, devices: int | None) -> str:
+    """What a run dir's (and a sweep job dir's) name says of the run besides when: `model_averaging_x2`."""
+    return f"{strategy}_x{devices or workers}"
+
+
+# conf/train.yaml's hydra.run.dir (`${psgd_run_name:}_${psgd_run_label:...}`) and hydra.sweep.subdir, resolvable
+# wherever a run's config is (a SLURM job's process too), so registered as this module loads: psgd.run and the
+# scripts import it
 OmegaConf.register_new_resolver("psgd_run_name", run_name, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("psgd_run_label", run_label, replace=True)
 
 
 # the nearest folder of the run's (or sweep's) output dir that existed when output_problem checked it: a run

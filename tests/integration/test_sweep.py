@@ -52,6 +52,8 @@ def test_one_sweep_runs_every_strategy_with_its_own_world_size(mixed_sweep):
         assert float(row["test_acc"]) == pytest.approx(job["test_acc"])
         assert 0.0 <= job["test_acc"] <= 1.0
         seen.add((job["strategy"], job["world_size"]))
+        # each job's dir, and so its TensorBoard run, says what it ran (it said only the job's number)
+        assert row["dir"] == f"{row['job']}_{job['strategy']}_x{job['world_size']}"
         if job["strategy"] == "model_averaging":  # each worker's accuracy beside the average
             assert len(row["worker_test_acc"].split()) == job["world_size"]
             assert job["period"] == 100 and job["periodic_averagings"] == 0  # 4 steps at most
@@ -101,7 +103,8 @@ def test_every_job_has_its_own_tensorboard_run_with_hparams(mixed_sweep):
         assert hparams["strategy.name"].string_value == row["strategy"]
         assert hparams["workers"].number_value == int(row["workers"])
         assert acc.Scalars("test/acc")[-1].value == pytest.approx(float(row["test_acc"]), abs=1e-6)
-        assert row["dir"] == row["job"]  # TensorBoard's run for this job is <job>/tensorboard, as the report says
+        # TensorBoard's run for this job is <job>_<strategy>_x<workers>/tensorboard, as the report says
+        assert row["dir"] == f"{row['job']}_{row['strategy']}_x{row['workers']}"
     assert (
         f"`tensorboard --logdir {sweep_dir}` (each job's run is `<its folder>/tensorboard`;"
         in (sweep_dir / "report.md").read_text()
@@ -185,8 +188,8 @@ def test_a_sweep_stopped_early_reports_the_jobs_that_ran(tiny_data, tmp_path):
         while time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()[1][-2000:]
             try:  # an epoch finished and its checkpoint written (the record may come first): job 1 can resume
-                last = sweep_dir / "1" / "checkpoints" / "last.ckpt"
-                if json.loads((sweep_dir / "1" / "metrics.json").read_text())["history"] and last.exists():
+                last = sweep_dir / "1_ddp_x1" / "checkpoints" / "last.ckpt"
+                if json.loads((sweep_dir / "1_ddp_x1" / "metrics.json").read_text())["history"] and last.exists():
                     break
             except (FileNotFoundError, json.JSONDecodeError, KeyError):
                 pass
