@@ -274,6 +274,7 @@ def sync_summary(history: list[dict[str, Any]]) -> dict[str, float]:
 FIGURES = {
     "staleness": ("hogwild/staleness", 4),
     "averaging_s": ("averaging/time_s", 6),
+    "replica_distance": ("averaging/replica_distance", 6),
     "lock_wait_s": ("hogwild/lock_wait_s", 6),
     "allreduce_ms": ("ddp/allreduce_ms", 3),
     "allreduce_wait_ms": ("ddp/allreduce_wait_ms", 3),

@@ -20,7 +20,7 @@ from psgd.console import fail, first_worker, global_rank, other_torchrun_worker,
 from psgd.data import DataError
 from psgd.io import NO_ROOM, say, write_atomic
 from psgd.module import TrainingDiverged
-from psgd.report import skew_note, stop_note
+from psgd.report import averaging_note, skew_note, stop_note
 from psgd.run import train
 from psgd.stopped import WorkerGone, mark_status, raised_in_worker
 from psgd.strategies.workers import KilledWorker
@@ -178,7 +178,7 @@ def keep_failure(e: BaseException, run_dir: Path, line: str, mark: bool = True) 
 def say_result(metrics: dict, run_dir: Path) -> None:
     """A finished run's line: test accuracy, time, throughput, its dir."""
     print(
-        f"psgd: test_acc={metrics['test_acc']:.4f}{skew_note(metrics)} "
+        f"psgd: test_acc={metrics['test_acc']:.4f}{averaging_note(metrics)}{skew_note(metrics)} "
         f"train_time_s={metrics['train_time_s']:.1f} samples_per_s={metrics['samples_per_s']}"
         f"{stop_note(metrics)} results in {run_dir}",
         flush=True,

@@ -14,7 +14,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from psgd.optim import build_scheduler, schedule_read
-from psgd.strategies.workers import gather_floats, over_workers
+from psgd.strategies.workers import gather_floats
 
 # the optimizer's class name, kept in its checkpoints: a resume with another optimizer= is refused
 OPTIMIZER_KEY = "psgd_optimizer"
@@ -126,14 +126,16 @@ class Classifier(L.LightningModule):
         self.finish_train_epoch()
 
     def finish_train_epoch(self) -> None:
-        """Log the epoch's training accuracy and mean loss over every worker's samples, with one all-reduce
-        (every worker gets here once per epoch, also with uneven shards); a no-op once logged."""
+        """Log the epoch's training accuracy and mean loss over every worker's samples, and with several workers
+        each one's own loss (worker/<rank>/train_loss), from one all-gather (every worker gets here once per
+        epoch, also with uneven shards); a no-op once logged."""
         if self._train_counts is None:
             return
         self._log_step_counts(self.trainer.global_step - 1)  # at the epoch's last step
         sums, n = self._train_counts
         self._train_counts = None
-        correct, loss_sum, n = over_workers([*sums.tolist(), float(n)], sums.device)
+        per_worker = gather_floats([*sums.tolist(), float(n)], sums.device)
+        correct, loss_sum, n = (math.fsum(column) for column in zip(*per_worker))
         if not math.isfinite(loss_sum):
             # every worker has the same sum, so all stop together: NaN weights never recover
             raise TrainingDiverged(
@@ -144,6 +146,9 @@ class Classifier(L.LightningModule):
         # the same value on every worker; sync_dist keeps Lightning's epoch bookkeeping the same across ranks
         self.log("train/acc", correct / max(n, 1), on_step=False, on_epoch=True, sync_dist=True)
         self.log("train/loss", loss_sum / max(n, 1), on_step=False, on_epoch=True, sync_dist=True, prog_bar=True)
+        if len(per_worker) > 1:  # each worker's own batches: replicas that drift apart show here
+            for rank, (_, worker_loss, worker_n) in enumerate(per_worker):
+                self.log(f"worker/{rank}/train_loss", worker_loss / max(worker_n, 1), on_epoch=True, sync_dist=True)
 
     @override
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:

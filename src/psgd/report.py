@@ -32,8 +32,10 @@ NOT_GROUPED_BY = ("workers", "trainer.devices", "seed", "strategy")
 PLOTS = {
     "speedup": ("S(P) = T(1) / T(P)", {"speedup": "", "speedup_to_target": " (to target)"}, float),
     "efficiency": ("E(P) = S(P) / P", {"efficiency": "", "efficiency_to_target": " (to target)"}, lambda p: 1.0),
-    "accuracy": ("test accuracy", {"test_acc_mean": "", "worker_acc_mean": " (replicas' mean)"}, None),
+    "accuracy": ("test accuracy", {"test_acc_mean": "", "worker_acc_mean": " (replicas' mean, unaveraged)"}, None),
 }
+# what a model-averaging group's test accuracy adds to its label: the replicas' own are a line of their own
+AVERAGED = " (averaged model)"
 
 Job = dict[str, Any]  # a job's metrics.json record with what load_job reads besides
 
@@ -86,6 +88,16 @@ def skew_note(record: dict) -> str:
     if worst is None or record.get("partition", "iid") == "iid":
         return ""
     return f" (worst class {worst[0]} at {worst[1]:.4f})"
+
+
+def averaging_note(record: dict) -> str:
+    """' (averaged model; the workers' own 0.8961 0.8944, replica_distance=3.2150)' for a model-averaging run of
+    several workers: the test accuracy before it is the average's, which can be far from every replica's."""
+    workers = record.get("worker_test_acc") or []
+    if len(workers) < 2:
+        return ""
+    own = " ".join(f"{acc:.4f}" for acc in workers)
+    return f" (averaged model; the workers' own {own}, replica_distance={record.get('replica_distance'):.4f})"
 
 
 def stop_note(record: dict) -> str:
@@ -330,19 +342,27 @@ def render_markdown(report: Report) -> str:
 # ---- plots ----
 
 
+def plot_lines(name: str, summary: list[dict]) -> dict[str, list[tuple[int, float, float]]]:
+    """The lines of plot `name` (of PLOTS): label -> (P, value, std over seeds) of each group's columns; a
+    model-averaging group's test accuracy is labelled as the averaged model's."""
+    lines: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
+    for column, says in PLOTS[name][1].items():
+        for s in summary:
+            if s[column] is not None:
+                std = s["test_acc_std"] if column == "test_acc_mean" else None
+                averaged = column == "test_acc_mean" and s.get("worker_acc_mean") is not None
+                lines[s["group"] + says + (AVERAGED if averaged else "")].append((s["workers"], s[column], std or 0.0))
+    return lines
+
+
 def write_plots(sweep_dir: Path, summary: list[dict]) -> list[Path]:
-    """The PLOTS that have a line over two worker counts or more, each line a group's column against the
-    workers (test accuracy with its std over seeds), beside the ideal; none is left from an earlier build."""
+    """The PLOTS that have a line over two worker counts or more (plot_lines), beside the ideal; none is left
+    from an earlier build."""
     written = []
-    for name, (ylabel, columns, ideal) in PLOTS.items():
+    for name, (ylabel, _, ideal) in PLOTS.items():
         path = sweep_dir / f"{name}.png"
         path.unlink(missing_ok=True)
-        lines: dict[str, list[tuple[int, float, float]]] = defaultdict(list)  # label -> (P, value, std)
-        for column, says in columns.items():
-            for s in summary:
-                if s[column] is not None:
-                    std = s["test_acc_std"] if column == "test_acc_mean" else None
-                    lines[s["group"] + says].append((s["workers"], s[column], std or 0.0))
+        lines = plot_lines(name, summary)
         if all(len(points) < 2 for points in lines.values()):
             continue
         from matplotlib.figure import Figure  # a heavy import, for the sweep's end only

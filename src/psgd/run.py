@@ -34,7 +34,7 @@ from psgd.callbacks import (
 )
 from psgd.choices import INFO
 from psgd.config import ConfigError, DirInUse, Plan, build_model, check, compile_mode, schedule
-from psgd.console import text_lines
+from psgd.console import first_worker, text_lines
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
 from psgd.environment import cpu_count, device_description, versions
@@ -127,6 +127,8 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
             ckpt_path = resolve_ckpt_path(
                 elastic_resume(cfg.get("ckpt_path"), plan, run_dir), module, world_size, cfg.strategy.name
             )
+        if started_from and first_worker() and not cfg.get("quiet"):
+            print(f"psgd: starting from the weights in {started_from} (init_weights)", flush=True)
         strategy = build_strategy(cfg, plan, run_dir)
         info = run_info(cfg, plan, strategy, module, started_from, ckpt_path)
         all_callbacks = build_callbacks(cfg, plan, module, run_dir, info) + list(callbacks)

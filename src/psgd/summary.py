@@ -8,21 +8,20 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
+from psgd.callbacks import FIGURES
 from psgd.config import schedule
 
-# the HParams tab's columns: each run's last value of these tags (blank in a run without one)
-HPARAM_METRICS = (
-    "test/acc",
-    "test/loss",
-    "val/acc",
-    "val/loss",
-    "time/samples_per_s",
-    "time/cumulative_s",
-    "ddp/allreduce_wait_ms",
-    "averaging/time_s",
-    "hogwild/staleness",
-    "hogwild/lock_wait_s",
-)
+# the HParams tab's columns every run has: each run's last value of these tags
+HPARAM_METRICS = ("test/acc", "test/loss", "val/acc", "val/loss", "time/samples_per_s", "time/cumulative_s")
+
+
+def hparam_metrics(metrics: dict[str, Any]) -> list[str]:
+    """The HParams tab's columns of a run: HPARAM_METRICS, its strategy's own figures as far as the run wrote
+    them (its history's FIGURES), and a model-averaging run's averaged model."""
+    history = metrics.get("history") or [{}]
+    own = [FIGURES[key][0] for key in history[-1] if key in FIGURES]
+    averaged = ["averaged/test_acc", "averaged/val_acc"] if metrics.get("worker_test_acc") else []
+    return [*HPARAM_METRICS, *own, *averaged]
 
 
 def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
@@ -43,16 +42,19 @@ def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
 
 
 def write_tensorboard_summary(log_dir: Path, cfg: DictConfig, metrics: dict[str, Any], step: int) -> None:
-    """Write the HParams tab's row of the run and its final test metrics at `step`, each class's accuracy as
-    test/acc_class/<label> (metrics.json's test_classes names the labels)."""
+    """Write the HParams tab's row of the run (hparam_metrics' columns) and its final test metrics at `step`, each
+    class's accuracy as test/acc_class/<label> (metrics.json's test_classes names the labels), a model-averaging
+    run's also as averaged/test_acc and averaged/test_loss."""
     final = {"test/acc": metrics["test_acc"], "test/loss": metrics["test_loss"]}
     final |= {f"test/acc_class/{label}": acc for label, acc in enumerate(metrics["test_acc_per_class"])}
+    if metrics.get("worker_test_acc"):  # model averaging: the test figures are the averaged model's
+        final |= {"averaged/test_acc": metrics["test_acc"], "averaged/test_loss": metrics["test_loss"]}
     writer = SummaryWriter(log_dir=str(log_dir))
     try:
         for key, value in final.items():
             if value is not None:
                 writer.add_scalar(key, value, step)
-        exp, ssi, sei = hparams_summary(flat_hparams(cfg), {k: 0.0 for k in HPARAM_METRICS})
+        exp, ssi, sei = hparams_summary(flat_hparams(cfg), dict.fromkeys(hparam_metrics(metrics), 0.0))
         for summary in (exp, ssi, sei):
             writer.file_writer.add_summary(summary)
     finally:

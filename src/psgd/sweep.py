@@ -9,7 +9,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from psgd.report import load_job, report_sweep, skew_note, stop_note, sweep_lengths
+from psgd.report import averaging_note, load_job, report_sweep, skew_note, stop_note, sweep_lengths
 
 # the last multirun of this process: sweep.py's exit code counts its failed jobs, and a multirun that did
 # not end (Ctrl-C, SIGTERM) gets the report of the jobs that ran
@@ -26,7 +26,7 @@ def progress_line(num: int, total: int | None, swept: set[str] | frozenset[str],
         return (
             f"psgd: {where} {values}: completed, {job.get('train_time_s', 0):.1f} s training, "
             f"{job.get('samples_per_s')} samples/s, test_acc {job.get('test_acc'):.4f}"
-            f"{skew_note(job)}{stop_note(job)}"
+            f"{averaging_note(job)}{skew_note(job)}{stop_note(job)}"
         )
     return f"psgd: {where} {values}: {job['status']}: {job['error'] or 'no result written'}"
 

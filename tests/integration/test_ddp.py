@@ -73,6 +73,10 @@ def test_two_worker_metrics_and_tensorboard(ddp2):
     assert len(scalars(acc, "time/samples_per_s")) == 3
     # rank 0's loss within the epochs: one point per epoch here (8 steps < log_every_n_steps), one writer
     assert [e.step for e in acc.Scalars("train/loss_step")] == [7, 15, 23]
+    # each worker's own training loss per epoch; equal shards, so train/loss is their mean (rank 0's is the step's)
+    own = [scalars(acc, f"worker/{r}/train_loss") for r in range(2)]
+    assert [(a + b) / 2 for a, b in zip(*own)] == pytest.approx(scalars(acc, "train/loss"), abs=1e-5)
+    assert own[0] == pytest.approx(scalars(acc, "train/loss_step"), abs=1e-5) and own[0] != own[1]
     assert "_hparams_/session_start_info" in acc.PluginTagToContent("hparams")
     # the gradient all-reduce, clocked by psgd's comm hook: every epoch has its figures, in the history and TensorBoard
     for h in m["history"]:
@@ -81,7 +85,9 @@ def test_two_worker_metrics_and_tensorboard(ddp2):
     assert 0 <= m["allreduce_wait_share"] < 1 and m["allreduce_ms"] >= m["allreduce_wait_ms"] >= 0
     # and a column of the HParams tab, beside the accuracy and the speed
     experiment = HParamsPluginData.FromString(acc.PluginTagToContent("hparams")["_hparams_/experiment"]).experiment
-    assert {"ddp/allreduce_wait_ms", "test/acc", "time/samples_per_s"} <= {i.name.tag for i in experiment.metric_infos}
+    columns = {i.name.tag for i in experiment.metric_infos}
+    assert {"ddp/allreduce_wait_ms", "test/acc", "time/samples_per_s"} <= columns
+    assert not any(c.startswith(("hogwild/", "averag")) for c in columns)  # only what a DDP run writes
 
 
 class SlowBackwardOnRank1(L.Callback):

@@ -8,6 +8,7 @@ import pytorch_lightning as L
 import torch
 from conftest import compose_cfg, run_cli
 from helpers import metrics, scalars, tensorboard, undocumented
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 from psgd.run import train
 
@@ -37,7 +38,8 @@ def assert_close(a: dict, b: dict, atol: float):
 
 
 @pytest.fixture(scope="module")
-def averaged(tiny_data, tmp_path_factory):
+def averaged_run(tiny_data, tmp_path_factory):
+    """The run dir and the stdout of a 2-worker model-averaging run (averaged at the end only)."""
     run_dir = tmp_path_factory.mktemp("ma") / "run"
     proc = run_cli(
         "train.py",
@@ -48,7 +50,12 @@ def averaged(tiny_data, tmp_path_factory):
         f"hydra.run.dir={run_dir}",
     )
     assert proc.returncode == 0, proc.stderr
-    return run_dir
+    return run_dir, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def averaged(averaged_run):
+    return averaged_run[0]
 
 
 def test_final_weights_are_the_mean_of_the_replicas(averaged):
@@ -82,10 +89,38 @@ def test_reports_each_worker_and_the_averaged_model(averaged):
     for r in range(2):
         assert {f"worker/{r}/val_acc", f"worker/{r}/val_loss", f"worker/{r}/test_acc"} <= tags
         assert scalars(acc, f"worker/{r}/test_acc") == pytest.approx([m["worker_test_acc"][r]], abs=1e-6)
-    # each epoch val/acc is the mean of the replicas' accuracies (equal-size, unsharded evaluation)
+    # each epoch val/acc is the mean of the replicas' accuracies (equal-size, unsharded evaluation), and only that
     per_worker = [scalars(acc, f"worker/{r}/val_acc") for r in range(2)]
-    assert scalars(acc, "val/acc")[:2] == pytest.approx([(a + b) / 2 for a, b in zip(*per_worker)], abs=1e-6)
-    assert scalars(acc, "val/acc")[-1] == pytest.approx(m["val_acc"], abs=1e-6)  # then the averaged model
+    assert scalars(acc, "val/acc") == pytest.approx([(a + b) / 2 for a, b in zip(*per_worker)], abs=1e-6)
+    assert scalars(acc, "val/acc")[-1] == pytest.approx(m["val_acc_before_averaging"], abs=1e-6)
+
+
+def test_the_averaged_model_and_the_drifting_replicas_have_tensorboard_tags_of_their_own(averaged_run):
+    """The averaged model's figures shared val/acc with the replicas' mean (one point more, a step later), the
+    replica distance was written at the end only, and the HParams tab listed DDP's and HogWild's figures."""
+    averaged, stdout = averaged_run
+    m, acc = metrics(averaged), tensorboard(averaged)
+    assert scalars(acc, "averaged/val_acc") == pytest.approx([m["val_acc"]], abs=1e-6)
+    assert scalars(acc, "averaged/test_acc") == pytest.approx([m["test_acc"]], abs=1e-6)
+    assert scalars(acc, "averaged/test_loss") == pytest.approx([m["test_loss"]], abs=1e-5)
+    # how far the replicas drifted apart, at each epoch's end: never averaged before the end, so it grows
+    distances = [h["replica_distance"] for h in m["history"]]
+    assert scalars(acc, "averaging/replica_distance") == pytest.approx(distances, abs=1e-5)
+    assert 0 < distances[0] < distances[1] and distances[-1] == pytest.approx(m["replica_distance"], abs=1e-5)
+    # each worker's own training loss: uneven shards, so train/loss weighs them by their samples (0.6 / 0.4)
+    own = [scalars(acc, f"worker/{r}/train_loss") for r in range(2)]
+    assert own[0] != own[1] and len(own[0]) == 2
+    weighed = [a * 0.6 + b * 0.4 for a, b in zip(*own)]
+    assert scalars(acc, "train/loss") == pytest.approx(weighed, rel=0.02)
+    experiment = HParamsPluginData.FromString(acc.PluginTagToContent("hparams")["_hparams_/experiment"]).experiment
+    columns = {i.name.tag for i in experiment.metric_infos}
+    assert {"test/acc", "averaging/replica_distance", "averaged/test_acc"} <= columns
+    assert not any(c.startswith(("hogwild/", "ddp/")) for c in columns) and "averaging/time_s" not in columns
+    # the last line says why test_acc is not what the replicas scored
+    workers = " ".join(f"{a:.4f}" for a in m["worker_test_acc"])
+    distance = f"{m['replica_distance']:.4f}"
+    expected = f"test_acc={m['test_acc']:.4f} (averaged model; the workers' own {workers}, replica_distance={distance})"
+    assert expected in stdout
 
 
 class OwnEvaluation(L.Callback):

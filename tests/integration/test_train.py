@@ -185,9 +185,10 @@ def test_tensorboard_events_hold_curves_hparams_and_test_metrics(single_run):
 
 @pytest.mark.distributed
 def test_a_run_started_from_an_earlier_runs_weights_trains_on_from_them_in_every_worker(
-    single_run, tiny_data, tmp_path
+    single_run, tiny_data, tmp_path, capsys
 ):
-    """init_weights: another strategy, worker count, optimizer and schedule, from the finished run's weights."""
+    """init_weights: another strategy, worker count, optimizer and schedule, from the finished run's weights; the
+    run says which weights it starts from."""
     run_dir, _ = single_run
     ended = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     after = tmp_path / "after"
@@ -200,14 +201,33 @@ def test_a_run_started_from_an_earlier_runs_weights_trains_on_from_them_in_every
         "optimizer.lr=1e-9",  # a step too small to move the weights away from where the workers started
         "record_weights=true",
         *TINY,
+        "quiet=false",
     )
     train(cfg, after)
+    said = f"psgd: starting from the weights in {run_dir / 'checkpoints' / 'last.ckpt'} (init_weights)"
+    assert said in capsys.readouterr().out.splitlines()
     for rank in (0, 1):  # each worker started from them (a fresh start differs by ~0.01 and more)
         own = torch.load(after / "weights" / f"rank{rank}.pt", weights_only=True)
         assert all(torch.allclose(own[k].float(), ended[k].float(), atol=1e-6) for k in ended), rank
     m = metrics(after)
     assert m["init_weights"] == str(run_dir / "checkpoints" / "last.ckpt") and m["epochs"] == 1
     assert m["test_acc"] == pytest.approx(metrics(run_dir)["test_acc"], abs=0.01)
+
+
+@pytest.mark.distributed
+def test_a_run_dir_says_when_and_what_ran_so_tensorboard_runs_read_apart(tiny_data, tmp_path):
+    """outputs/<date>/<time>_<strategy>_x<workers>: the Scalars tab named runs by their time alone."""
+    env = {"PSGD_OUTPUTS": str(tmp_path)}
+    for workers in ("workers=2", "trainer.devices=2"):  # either knob
+        overrides = ["strategy=model_averaging", workers, "trainer.fast_dev_run=true", f"data.root={tiny_data}"]
+        proc = run_cli("train.py", *overrides, *TINY, env=env)
+        assert proc.returncode == 0, proc.stderr
+    runs = sorted(tmp_path.glob("*/*/tensorboard"))
+    assert len(runs) == 2, runs
+    for run in runs:
+        assert re.fullmatch(
+            r"\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d-\d{6}_model_averaging_x2", str(run.parent.relative_to(tmp_path))
+        )
 
 
 def test_lightnings_overfit_batches_trains_on_the_same_batches_every_epoch(tiny_data, tmp_path):

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from psgd.callbacks import sync_summary
 from psgd.process import this_process
-from psgd.report import main, write_report
+from psgd.report import main, plot_lines, write_report
 from psgd.sweep import LAST, SweepReport, progress_line, sweep_lengths
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -239,6 +239,28 @@ def test_plots_are_written_as_png_and_stale_ones_removed(seeded_sweep):
     make_job(one, 0, {"seed": 0}, done("ddp", 1, 5.0, 0.9))
     (one / "speedup.png").write_bytes(PNG_MAGIC)
     assert write_report(one).plots == [] and not (one / "speedup.png").exists()
+
+
+def test_the_accuracy_plot_labels_the_averaged_model_apart_from_the_replicas(seeded_sweep):
+    """A model-averaging group's two accuracies, the averaged model's and the replicas' own, are two labelled lines
+    (a plot ending at the replicas' mean disagreed with the report's test_acc); a ddp group has one, unlabelled."""
+    make_job(seeded_sweep, 7, {"workers": 1, "seed": 0, "strategy": "ddp"}, done("ddp", 1, 20.0, 0.99))
+    make_job(seeded_sweep, 8, {"workers": 2, "seed": 0, "strategy": "ddp"}, done("ddp", 2, 11.0, 0.98), workers=2)
+    lines = plot_lines("accuracy", write_report(seeded_sweep).summary)
+    assert sorted(lines) == ["ddp", "model_averaging (averaged model)", "model_averaging (replicas' mean, unaveraged)"]
+    averaged, replicas = (
+        lines["model_averaging (averaged model)"],
+        lines["model_averaging (replicas' mean, unaveraged)"],
+    )
+    assert [(p, round(acc, 6)) for p, acc, _ in averaged] == [(1, 0.97), (2, 0.96), (4, 0.91)]  # the test_acc
+    assert [(p, round(acc, 6)) for p, acc, _ in replicas] == [(1, 0.98), (2, 0.97), (4, 0.92)]  # worker_test_acc
+
+
+def test_a_model_averaging_jobs_line_gives_the_workers_own_accuracy_beside_the_average(tmp_path):
+    job = done("model_averaging", 2, 10.0, 0.6192, worker_test_acc=[0.896, 0.8944], replica_distance=3.21)
+    make_job(tmp_path, 0, {"strategy": "model_averaging", "workers": 2}, job, workers=2)
+    line = progress_line(0, 1, frozenset({"workers"}), tmp_path / "0")
+    assert "test_acc 0.6192 (averaged model; the workers' own 0.8960 0.8944, replica_distance=3.2100)" in line
 
 
 def test_groups_are_per_strategy_and_other_swept_values(tmp_path):

@@ -170,14 +170,21 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         """The periodic averagings so far, a resumed run's earlier ones included."""
         return self._common_done() // self.period if self.period else 0
 
+    def _distance_from_mean(self) -> float:
+        """This replica's L2 distance from the replicas' mean parameters (one all-reduce of the parameters)."""
+        mine = torch.cat([p.detach().reshape(-1).double() for p in self.lightning_module.parameters()])
+        mean = mine.clone()
+        dist.all_reduce(mean)
+        return (mine - mean / self.world_size).norm().item()
+
     @override
     def epoch_figures(self) -> dict[str, float]:
-        """With a period: this epoch's mean time in periodic averaging over the workers (s); it starts anew."""
+        """This epoch's end: the replicas' mean distance from their mean (`replica_distance`) and, with a
+        period, the mean time in periodic averaging over the workers (s; it starts anew)."""
         spent, self._averaging_s = self._averaging_s, 0.0
-        if not self.period:
-            return {}
-        (total,) = over_workers([spent], self.root_device)
-        return {"averaging_s": total / self.world_size}
+        total, distance = over_workers([spent, self._distance_from_mean()], self.root_device)
+        figures = {"replica_distance": distance / self.world_size}
+        return figures | ({"averaging_s": total / self.world_size} if self.period else {})
 
     @override
     def on_train_end(self) -> None:
@@ -191,18 +198,16 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         # a LightningModule of the user's own is averaged all the same, without these figures
         evaluates = callable(getattr(module, "evaluate", None)) and hasattr(trainer.datamodule, "full_eval_loader")
         replicas = gather_floats(list(self._evaluate("test")), self.root_device) if evaluates else []
-        before = [p.detach().clone() for p in module.parameters()]
+        (distance,) = over_workers([self._distance_from_mean()], self.root_device)
         self._average()
         self._averaged = True
-        squared = sum(((b - p.detach()) ** 2).sum().item() for b, p in zip(before, module.parameters()))
-        distances = [d for (d,) in gather_floats([squared**0.5], self.root_device)]
         self.report = {
-            "replica_distance": round(sum(distances) / len(distances), 6),
+            "replica_distance": round(distance / self.world_size, 6),
             "period": self.period,
             "periodic_averagings": self.periodic_averagings(),
             "same_init": self.same_init,
         }
-        values = {"averaging/replica_distance": self.report["replica_distance"]}
+        values = {}  # (TensorBoard has the replica distance at each epoch's end)
         if evaluates:
             val_acc, val_loss = self._evaluate("val")
             self.report = {
@@ -212,11 +217,11 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
                 "worker_test_loss": [round(loss, 6) for _, loss in replicas],
                 **self.report,
             }
-            if val_acc is not None:
-                values |= {"val/acc": val_acc, "val/loss": val_loss}
+            if val_acc is not None:  # the averaged model's own tags: val/* are the replicas' mean
+                values |= {"averaged/val_acc": val_acc, "averaged/val_loss": val_loss}
             for r, (acc, loss) in enumerate(replicas):
                 values[f"worker/{r}/test_acc"], values[f"worker/{r}/test_loss"] = acc, loss
-        if trainer.logger is not None and trainer.is_global_zero:
+        if values and trainer.logger is not None and trainer.is_global_zero:
             trainer.logger.log_metrics(values, step=trainer.global_step)
         self.save_final_checkpoint()  # the average, with the report
         super().on_train_end()
