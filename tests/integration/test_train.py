@@ -26,6 +26,7 @@ from psgd.config import ConfigError
 from psgd.data.datasets import MNIST
 from psgd.process import alive
 from psgd.run import train
+from psgd.run_checks import build_datamodule
 
 TINY = ["quiet=true", "data.batch_size=32", "data.eval_batch_size=64"]
 
@@ -228,6 +229,27 @@ def test_a_run_dir_says_when_and_what_ran_so_tensorboard_runs_read_apart(tiny_da
         assert re.fullmatch(
             r"\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d-\d{6}_model_averaging_x2", str(run.parent.relative_to(tmp_path))
         )
+
+
+class EvalBatchSizes(L.Callback):
+    """The size of every validation batch a fit ran."""
+
+    def __init__(self):
+        self.sizes = []
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.sizes.append(len(batch[1]))
+
+
+def test_a_smoke_run_evaluates_batches_no_larger_than_its_training_batches(tiny_data, tmp_path):
+    """trainer.fast_dev_run validated and tested one batch of data.eval_batch_size (1,000): two thirds of a
+    WideResNet smoke run's 51 s on 2 cores (docs/performance.md, Start-up)."""
+    sizes = EvalBatchSizes()
+    cfg = compose_cfg(f"data.root={tiny_data}", "trainer.fast_dev_run=true", *TINY, "data.eval_batch_size=1000")
+    train(cfg, tmp_path / "run", callbacks=[sizes])
+    assert sizes.sizes == [32]  # TINY's data.batch_size
+    cfg.trainer.fast_dev_run = False  # a real run keeps its evaluation batches
+    assert build_datamodule(cfg).eval_batch_size == 1000
 
 
 def test_lightnings_overfit_batches_trains_on_the_same_batches_every_epoch(tiny_data, tmp_path):
