@@ -1,6 +1,7 @@
 """Lightning callbacks: worker setup, the progress bar, whole-epoch checkpoints, epoch timing and result files
 (with what synchronising the workers cost), the target-accuracy stop."""
 
+import math
 import time
 import warnings
 from pathlib import Path
@@ -18,7 +19,7 @@ from psgd.io import save_atomic, write_csv, write_json
 from psgd.process import this_process
 from psgd.signals import handler_for_this_process
 from psgd.strategies.lightning_internals import handle_sigterm_with
-from psgd.strategies.workers import over_workers
+from psgd.strategies.workers import gather_floats, over_workers
 
 
 def denormals_flushed() -> bool:
@@ -270,6 +271,37 @@ def sync_summary(history: list[dict[str, Any]]) -> dict[str, float]:
     return {**allreduce_summary(history), **{k: v for k, v in shares.items() if v is not None}}
 
 
+COMM_KEYS = ("comm_bytes", "comm_sent_bytes", "comm_calls", "comm_s")
+
+
+def epoch_comm(strategy: Any, device: torch.device) -> dict[str, list]:
+    """Every worker's communication for training in this epoch, in rank order (the strategy's `comm_count`; none
+    for a strategy without one): payload bytes, bytes as sent, collectives, seconds (None where not timed)."""
+    own = strategy.comm_count() if hasattr(strategy, "comm_count") else [0, 0, 0, 0.0]
+    per_worker = list(zip(*gather_floats(own, device), strict=True))
+    comm = {key: [int(v) for v in values] for key, values in zip(COMM_KEYS[:3], per_worker, strict=False)}
+    return comm | {"comm_s": [None if math.isnan(s) else round(s, 4) for s in per_worker[3]]}
+
+
+def comm_summary(history: list[dict[str, Any]], at_end: list[list[float]] | None) -> dict[str, list]:
+    """A run's communication per worker (COMM_KEYS): its epochs' and, `at_end`, what the strategy sent after the
+    last epoch (model averaging's final average); {} for a record from before psgd counted it."""
+    epochs = [h for h in history if "comm_bytes" in h]
+    if not epochs and not at_end:
+        return {}
+    workers = len(epochs[0]["comm_bytes"]) if epochs else len(at_end)
+    out = {}
+    for i, key in enumerate(COMM_KEYS):
+        totals = []
+        for r in range(workers):
+            values = [h[key][r] for h in epochs] + ([at_end[r][i]] if at_end else [])
+            known = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+            total = sum(known) if known else None
+            totals.append(total if total is None or key == "comm_s" else int(total))
+        out[key] = [round(t, 4) if isinstance(t, float) else t for t in totals]
+    return out
+
+
 # each strategy figure (epoch_figures) by its TensorBoard tag and its digits in the history
 FIGURES = {
     "staleness": ("hogwild/staleness", 4),
@@ -368,6 +400,10 @@ class RunRecorder(Callback):
         ):
             # equal on every worker; sync_dist keeps Lightning's bookkeeping the same across ranks
             pl_module.log(name, value, on_step=False, on_epoch=True, sync_dist=True)
+        comm = epoch_comm(trainer.strategy, pl_module.device)
+        for name, key in (("comm/bytes", "comm_bytes"), ("comm/s", "comm_s")):
+            if None not in comm[key]:  # per worker, the mean over the workers
+                pl_module.log(name, sum(comm[key]) / len(comm[key]), on_step=False, on_epoch=True, sync_dist=True)
         # a psgd strategy's figures of this epoch, reduced over the workers (each worker calls it here)
         figures = trainer.strategy.epoch_figures() if hasattr(trainer.strategy, "epoch_figures") else {}
         for name, value in figures.items():
@@ -389,6 +425,7 @@ class RunRecorder(Callback):
             "val_loss": val_loss,
             "val_acc": val_acc,
             **{name: round(value, FIGURES[name][1]) for name, value in figures.items()},
+            **comm,
         }
         self.history.append(record)
         if trainer.is_global_zero:
@@ -428,6 +465,7 @@ class RunRecorder(Callback):
             "step_to_target": self.step_to_target,
             **self._averaging_summary(),
             **sync_summary(self.history),
+            **comm_summary(self.history, self.strategy_report.get("comm_at_end")),
             "history": self.history,
         }
 
@@ -436,7 +474,7 @@ class RunRecorder(Callback):
         return next((h["val_acc"] for h in reversed(self.history) if h["val_acc"] is not None), None)
 
     def _averaging_summary(self) -> dict[str, Any]:
-        report = dict(self.strategy_report)
+        report = {k: v for k, v in self.strategy_report.items() if k != "comm_at_end"}
         if "averaged_val_acc" not in report:
             return report
         # the final val figures are the averaged model's; the last epoch's are the replicas' mean

@@ -37,3 +37,11 @@ BUILTIN = {
 }
 LR_SCALING = ("none", "linear", "sqrt")  # lr_scaling (psgd.optim)
 DECAYS = ("none", "cosine", "step")  # scheduler.decay
+COMPRESSIONS = ("none", "fp16", "bf16", "powersgd", "topk", "sign", "qsgd")  # strategy.compression (DDP)
+# each compression's own keys (strategy.<key>), with the value null stands for
+COMPRESSION_KEYS = {
+    "powersgd_rank": ("powersgd", 2),
+    "powersgd_start_step": ("powersgd", 10),
+    "topk_ratio": ("topk", 0.01),
+    "qsgd_levels": ("qsgd", 16),
+}

@@ -200,6 +200,21 @@ def _r(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def comm_mb(job: Job) -> float | None:
+    """The MB (10^6 bytes) of payload a job's workers each handed to torch.distributed for training, their
+    mean; None for a job that did not count it."""
+    sent = job.get("comm_bytes")
+    return round(statistics.fmean(sent) / 1e6, 3) if sent else None
+
+
+def comm_label(job: Job) -> str:
+    """A job's point on accuracy_vs_comm.png: `ddp topk x2`, `model_averaging period=8 x2`, `... one-shot x2`."""
+    how = job.get("compression") or ""
+    if job["strategy"] == "model_averaging":
+        how = f"period={job['period']}" if job.get("period") else "one-shot"
+    return " ".join(part for part in (job["strategy"], how, f"x{job['workers']}") if part)
+
+
 def _time_per_sample(job: Job) -> float | None:
     return _ratio(job.get("train_time_s"), job["samples"])
 
@@ -247,6 +262,7 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                 "replica_distance": _r(job.get("replica_distance"), 4),
                 "periodic_averagings": job.get("periodic_averagings") if job.get("period") else None,
                 "staleness": _r(_mean([h.get("staleness") for h in job.get("history") or []]), 3),
+                "comm_mb": comm_mb(job),
                 "allreduce_wait_ms": job.get("allreduce_wait_ms"),
                 "sync_share": sync_share(job),
                 "worst_class_acc": worst and worst[1],
@@ -383,6 +399,29 @@ def write_plots(sweep_dir: Path, summary: list[dict]) -> list[Path]:
     return written
 
 
+def write_comm_plot(sweep_dir: Path, jobs: list[Job]) -> Path | None:
+    """accuracy_vs_comm.png: each completed job that sent something, its test accuracy against the MB each
+    worker sent (log scale), labelled (comm_label); None (and no file) for fewer than two such jobs."""
+    path = sweep_dir / "accuracy_vs_comm.png"
+    path.unlink(missing_ok=True)
+    points = [(comm_mb(j), j["test_acc"], comm_label(j)) for j in jobs if j["status"] == "completed"]
+    points = [p for p in points if p[0] and p[1] is not None]
+    if len(points) < 2:
+        return None
+    from matplotlib.figure import Figure
+
+    ax = (fig := Figure(figsize=(7, 4.5), layout="tight")).subplots()
+    for mb, acc, label in points:
+        ax.scatter(mb, acc, s=25)
+        ax.annotate(label, (mb, acc), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set(xscale="log", xlabel="MB sent per worker (payload, log scale)", ylabel="test accuracy")
+    ax.set(title="accuracy vs communication")
+    ax.grid(alpha=0.3, which="both")
+    with atomic_file(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=100)
+    return path
+
+
 # ---- the sweep as a whole ----
 
 
@@ -404,6 +443,7 @@ def write_report(sweep_dir: str | Path) -> Report:
     swept = swept_keys(jobs)
     rows, summary = build_rows(jobs, swept)
     plots = write_plots(sweep_dir, summary)
+    plots += [p for p in [write_comm_plot(sweep_dir, jobs)] if p is not None]
     not_started = max(0, planned - len(jobs))
     report = Report(sweep_dir, jobs, swept, rows, summary, plots, not_started)
     write_csv(sweep_dir / "report.csv", list(rows[0]), [list(r.values()) for r in rows])

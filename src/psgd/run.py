@@ -32,7 +32,7 @@ from psgd.callbacks import (
     WeightRecorder,
     WorkerSetup,
 )
-from psgd.choices import INFO
+from psgd.choices import COMPRESSION_KEYS, INFO
 from psgd.config import ConfigError, DirInUse, Plan, build_model, check, compile_mode, schedule
 from psgd.console import first_worker, text_lines
 from psgd.data import ClassificationData
@@ -77,8 +77,14 @@ def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path) -> Any:
     if plan.workers == 1 and cfg.trainer.num_nodes == 1 and not s.get("ddp_for_one_worker", False):
         return "auto"  # one process: no process group, nothing to all-reduce
     ddp_kwargs: dict[str, Any] = {"bucket_cap_mb": s.bucket_cap_mb} if s.get("bucket_cap_mb") is not None else {}
+    options = {key: default if s.get(key) is None else s[key] for key, (_, default) in COMPRESSION_KEYS.items()}
     return ReportsFirstFailure(  # Lightning's DDPStrategy; a failed run names the worker that failed first
-        **common, find_unused_parameters=s.find_unused_parameters, gradient_as_bucket_view=True, **ddp_kwargs
+        **common,
+        find_unused_parameters=s.find_unused_parameters,
+        gradient_as_bucket_view=True,
+        compression=s.get("compression", "none"),
+        compression_options={**options, "seed": cfg.seed},
+        **ddp_kwargs,
     )
 
 
@@ -193,6 +199,7 @@ def run_info(
         "start_method": plan.start_method if plan.launcher == "psgd" and world_size > 1 else None,
         "lightning_strategy": lightning_strategy,
         "partition": cfg.data.partition,
+        "compression": cfg.strategy.get("compression") if cfg.strategy.name == "ddp" else None,
         "precision": None,  # as Lightning runs it (16-mixed on CPU runs as bf16-mixed): set once it is known
         "parallel_batches": micro_batches_per_update(cfg, plan),
         "lr": module.hparams["lr"],

@@ -50,6 +50,8 @@ def test_workers_share_one_model_and_see_the_same_weights(by_label):
     assert sum(float(v.double().sum()) for k, v in weights.items() if k.startswith("net.")) == pytest.approx(sums[0])
     # which also holds the figures of the run's end, for a resume with nothing left to train to report again
     assert final["psgd_strategy_report"]["updates_per_worker"] == m["updates_per_worker"]
+    # shared memory, no network: nothing handed to torch.distributed for training
+    assert m["comm_bytes"] == m["comm_calls"] == [0, 0] and all(h["comm_bytes"] == [0, 0] for h in m["history"])
 
 
 def test_updates_of_each_worker_land_in_the_shared_model_during_training(by_label):

@@ -261,12 +261,17 @@ def test_a_period_longer_than_an_epoch_still_averages_every_period_steps(tiny_da
     spent = [h["averaging_s"] for h in m["history"]]
     assert spent[0] == 0 and all(s > 0 for s in spent[1:]) and scalars(tensorboard(run_dir), "averaging/time_s")[0] == 0
     assert 0 < m["averaging_share"] < 1
+    # the bytes: the parameters and floating buffers once per averaging point (steps 12, 24) and at the end
+    model_bytes = sum(v.numel() * 4 for v in weights(run_dir).values() if v.is_floating_point())
+    assert m["comm_bytes"] == m["comm_sent_bytes"] == [3 * model_bytes] * 2 and m["comm_calls"] == [3, 3]
+    assert [h["comm_bytes"] for h in m["history"]] == [[0, 0], [model_bytes] * 2, [model_bytes] * 2]
     ckpt = run_dir / "checkpoints" / "epoch1.ckpt"
     proc = run_cli("train.py", *settings, f"ckpt_path={ckpt}", f"data.root={tiny_data}", f"hydra.run.dir={resumed}")
     assert proc.returncode == 0, proc.stderr
     # the count goes on over the whole run: step 12 before the checkpoint, 24 after it
     assert metrics(resumed)["replica_distance"] == 0 and metrics(resumed)["periodic_averagings"] == 2
     assert_close(weights(resumed), weights(run_dir), atol=0)
+    assert metrics(resumed)["comm_bytes"] == m["comm_bytes"]  # the epochs before the resume counted too
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from psgd.overrides import shell_override
 BAD = [
     (["model=resnet50"], "model=resnet50 is unknown (did you mean model=wide_resnet?); model can be: lab_cnn, mlp"),
     (["strategy=hogwlid"], "strategy=hogwlid is unknown (did you mean strategy=hogwild?)"),
-    (["+experiment=nope"], "experiment=nope is unknown; experiment can be: dist_tuto, dli_cifar"),
+    (["+experiment=nope"], "experiment=nope is unknown; experiment can be: communication, dist_tuto, dli_cifar"),
     # Hydra's own message, with psgd's did-you-mean
     (["trainer.max_epoch=3"], "Could not override 'trainer.max_epoch' (did you mean trainer.max_epochs?); "),
     (["lr=0.1"], "Could not override 'lr' (did you mean optimizer.lr?); "),

@@ -342,6 +342,37 @@ BAD = [
         "trainer.accumulate_grad_batches=0 is invalid: Input should be greater than or equal to 1",
     ),
     (["strategy=nonsense"], None),
+    # gradient compression: every refusal before a worker starts
+    (
+        ["strategy.compression=zip"],
+        "strategy.compression='zip' is invalid: Input should be 'none', 'fp16', 'bf16', 'powersgd', 'topk', 'sign' "
+        "or 'qsgd'",
+    ),
+    (
+        ["strategy.compression=topk", "strategy.topk_ratio=0"],
+        "strategy.topk_ratio=0 is invalid: Input should be greater",
+    ),
+    (
+        ["strategy.compression=topk", "strategy.topk_ratio=1.5"],
+        "strategy.topk_ratio=1.5 is invalid: Input should be less",
+    ),
+    (["strategy.compression=powersgd", "strategy.powersgd_rank=0"], "strategy.powersgd_rank=0 is invalid"),
+    (["strategy.compression=powersgd", "strategy.powersgd_start_step=1"], "strategy.powersgd_start_step=1 is invalid"),
+    (["strategy.compression=qsgd", "strategy.qsgd_levels=1"], "strategy.qsgd_levels=1 is invalid"),
+    (
+        ["strategy.topk_ratio=0.1"],
+        "strategy.topk_ratio=0.1 is invalid with strategy.compression=none: it is compression=topk's; use "
+        "strategy.compression=topk or leave it out",
+    ),
+    (
+        ["strategy.compression=sign", "strategy.qsgd_levels=4"],
+        "strategy.qsgd_levels=4 is invalid with strategy.compression=sign",
+    ),
+    (
+        ["strategy=model_averaging", "+strategy.compression=topk"],
+        "strategy.compression=topk is invalid with strategy=model_averaging: gradient compression is DDP's",
+    ),
+    (["strategy=hogwild", "+strategy.topk_ratio=0.5"], "strategy.topk_ratio=0.5 is invalid with strategy=hogwild"),
 ]
 
 

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from psgd.callbacks import sync_summary
 from psgd.process import this_process
-from psgd.report import main, plot_lines, write_report
+from psgd.report import comm_label, main, plot_lines, write_report
 from psgd.sweep import LAST, SweepReport, progress_line, sweep_lengths
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -261,6 +261,27 @@ def test_a_model_averaging_jobs_line_gives_the_workers_own_accuracy_beside_the_a
     make_job(tmp_path, 0, {"strategy": "model_averaging", "workers": 2}, job, workers=2)
     line = progress_line(0, 1, frozenset({"workers"}), tmp_path / "0")
     assert "test_acc 0.6192 (averaged model; the workers' own 0.8960 0.8944, replica_distance=3.2100)" in line
+
+
+def test_each_job_says_the_mb_its_workers_sent_and_one_plot_puts_accuracy_against_them(tmp_path):
+    """DDP, compressed DDP and local SGD at several periods on one picture; HogWild (nothing sent) off it."""
+    jobs = [
+        ("ddp", {"compression": "none"}, [8e6, 8e6], 0.99),
+        ("ddp", {"compression": "topk"}, [1.6e5, 1.6e5], 0.97),
+        ("model_averaging", {"period": 8}, [1e6, 1e6], 0.98),
+        ("model_averaging", {"period": None}, [2e5, 2e5], 0.9),
+        ("hogwild", {}, [0, 0], 0.98),
+    ]
+    for num, (strategy, extra, sent, acc) in enumerate(jobs):
+        job = done(strategy, 2, 10.0, acc, comm_bytes=sent, **extra)
+        make_job(tmp_path, num, {"strategy": strategy, "workers": 2}, job, workers=2)
+    report = write_report(tmp_path)
+    assert [r["comm_mb"] for r in read_csv(tmp_path / "report.csv")] == ["8.0", "0.16", "1.0", "0.2", "0.0"]
+    assert (tmp_path / "accuracy_vs_comm.png") in report.plots
+    assert (tmp_path / "accuracy_vs_comm.png").read_bytes()[:8] == PNG_MAGIC
+    labels = [comm_label(j) for j in report.jobs]
+    assert labels[:4] == ["ddp none x2", "ddp topk x2", "model_averaging period=8 x2", "model_averaging one-shot x2"]
+    assert "| comm_mb |" in (tmp_path / "report.md").read_text()
 
 
 def test_groups_are_per_strategy_and_other_swept_values(tmp_path):

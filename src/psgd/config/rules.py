@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from psgd import forkserver
-from psgd.choices import INFO
+from psgd.choices import COMPRESSION_KEYS, INFO
 from psgd.config.schema import problem
 from psgd.config.targets import check_targets
 from psgd.console import in_the_job
@@ -127,6 +127,23 @@ def _own_pace(cfg: DictConfig, world: int) -> None:
         )
 
 
+def _compression(s: DictConfig) -> None:
+    """A compression key counts only for DDP, and only for its own compression: one set elsewhere is refused."""
+    keys = {key: s.get(key) for key in ("compression", *COMPRESSION_KEYS) if s.get(key) is not None}
+    if s.name != "ddp" and keys and keys != {"compression": "none"}:
+        key = next(iter(keys))
+        raise ConfigError(
+            f"strategy.{key}={keys[key]} is invalid with strategy={s.name}: gradient compression is DDP's "
+            "(model averaging and HogWild exchange no gradients); use strategy=ddp or leave it out"
+        )
+    for key, (owner, _) in COMPRESSION_KEYS.items():
+        if key in keys and s.get("compression") != owner:
+            raise ConfigError(
+                f"strategy.{key}={keys[key]} is invalid with strategy.compression={s.get('compression')}: it is "
+                f"compression={owner}'s; use strategy.compression={owner} or leave it out"
+            )
+
+
 def check_values(cfg: DictConfig) -> int:
     """Every value the config alone decides (no torch, no machine): the schema, then the rules that join
     keys. Returns the workers per node; raises ConfigError."""
@@ -139,6 +156,7 @@ def check_values(cfg: DictConfig) -> int:
             f"scheduler.warmup_epochs={warmup} is invalid with trainer.max_epochs={epochs}: the warm-up would not "
             f"end before training does; use warmup_epochs<={epochs}"
         )
+    _compression(cfg.strategy)
     _own_pace(cfg, workers * cfg.trainer.num_nodes)
     _partition(cfg.data, workers)
     resolve_accumulation(cfg, workers * cfg.trainer.num_nodes)

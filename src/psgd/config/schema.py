@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from omegaconf import DictConfig, OmegaConf
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from psgd.choices import DECAYS, INFO, LR_SCALING, SCHEMES
+from psgd.choices import COMPRESSIONS, DECAYS, INFO, LR_SCALING, SCHEMES
 
 
 def _a_duration(value: Any) -> Any:
@@ -149,6 +149,17 @@ class DDP(Strategy):
     """Gradient bucket size of the all-reduce; null: torch's default."""
     ddp_for_one_worker: bool
     """Wrap one worker in DDP anyway, to measure what DDP itself costs."""
+    compression: Literal[COMPRESSIONS]
+    """Gradient compression of the all-reduce: none, fp16, bf16, powersgd, topk, sign or qsgd."""
+    powersgd_rank: int | None = Field(ge=1)
+    """compression=powersgd: the rank of each gradient matrix's approximation; null: 2."""
+    powersgd_start_step: int | None = Field(ge=2)
+    """compression=powersgd: plain all-reduce steps before it starts (DDP rebuilds its buckets at the second
+    step: torch's PowerSGD starts after two); null: 10."""
+    topk_ratio: float | None = Field(gt=0, le=1)
+    """compression=topk: the share of each bucket's entries sent; null: 0.01."""
+    qsgd_levels: int | None = Field(ge=2)
+    """compression=qsgd: the quantisation levels s; null: 16."""
 
 
 class ModelAveraging(Strategy):

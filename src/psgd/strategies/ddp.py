@@ -1,17 +1,20 @@
 """Data-parallel SGD: Lightning's DDPStrategy (gradients all-reduced every step), with psgd's failure
-reports (FirstFailureLaunch) and the gradient all-reduce timed.
+reports (FirstFailureLaunch), the gradient exchange counted and timed, and gradient compression.
 
-On CPU the all-reduce runs through torch's own `allreduce_hook`, registered with DDP's public
-`register_comm_hook` (the same averaging as DDP's built-in one), and each bucket's launch and completion are
-clocked. A step's figures, an epoch's being the medians of its steps:
+psgd registers its own DDP communication hook on every device (DDP's public `register_comm_hook`): the
+`strategy.compression` method's (psgd.strategies.compression; `none` is torch's own `allreduce_hook`, DDP's
+averaging). It counts the bytes each worker hands to torch.distributed, and on CPU clocks each bucket's launch
+and completion. A step's figures, an epoch's being the medians of its steps:
 
 - all-reduce: from the first gradient bucket's launch to the last one's completion;
 - wait: from the last bucket's launch (the backward's compute has ended) to its completion, when the step
   stood still for the other workers' gradients.
 
-On a GPU the hook's clock would read when the host queued the work: nothing is timed there.
+On a GPU the hook's clock would read when the host queued the work: nothing is timed there. A compression's
+state (error buffers, PowerSGD's memory and random stream) is each worker's own and goes into checkpoints.
 """
 
+import math
 import statistics
 import time
 from typing import Any
@@ -20,40 +23,84 @@ import pytorch_lightning as L
 import torch
 import torch.distributed as dist
 from pytorch_lightning.strategies import DDPStrategy
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from pytorch_lightning.utilities import move_data_to_device
 from torch.futures import Future
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from psgd.strategies.compression import STATEFUL, Compressor, build_compressor
 from psgd.strategies.lightning_internals import FirstFailureLaunch, without_per_step_collectives
 from psgd.strategies.workers import GroupEndsAtExit, over_workers
 
+COMPRESSION_KEY = "psgd_compression"  # a checkpoint's compression state of every worker
+
 
 class TimesAllReduce:
-    """Mixin for a DDPStrategy: times the gradient all-reduce of every step on CPU (`epoch_figures`)."""
+    """Mixin for a DDPStrategy: the gradient exchange through psgd's comm hook, compressed as `compression`
+    says (with `compression_options`, build_compressor's keywords), counted (`comm_count`) and on CPU timed
+    (`epoch_figures`)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, compression: str = "none", compression_options: dict | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
-        self.allreduce_timed = False  # a DDP wrapper on CPU, its all-reduce through `_timed_allreduce`
+        self.compression, self.compression_options = compression, dict(compression_options or {})
+        self.compressor: Compressor | None = None  # with a DDP wrapper
+        self._compressor_state: dict | None = None  # this worker's, from the checkpoint resumed
+        self.allreduce_timed = False  # a DDP wrapper on CPU: every bucket clocked
         self._buckets: list[tuple[float, float]] = []  # this step's buckets: (launched, done), perf_counter s
         self._steps: list[tuple[float, float]] = []  # this epoch's steps: (all-reduce ms, wait ms)
+        self._comm_s = 0.0  # this epoch's all-reduce time, summed over its steps
 
     def configure_ddp(self) -> None:
         super().configure_ddp()
-        self.allreduce_timed = isinstance(self.model, DistributedDataParallel) and self.root_device.type == "cpu"
-        if self.allreduce_timed:
-            self.model.register_comm_hook(self.model.process_group, self._timed_allreduce)
+        if not isinstance(self.model, DistributedDataParallel):
+            return
+        params = list(self.lightning_module.parameters())
+        group = self.model.process_group
+        self.compressor = build_compressor(self.compression, group, params, **self.compression_options)
+        if self._compressor_state is not None:
+            self.compressor.load_state_dict(move_data_to_device(self._compressor_state, self.root_device))
+        self.allreduce_timed = self.root_device.type == "cpu"
+        self.model.register_comm_hook(None, self._exchange)
 
-    def _timed_allreduce(self, group: dist.ProcessGroup, bucket: dist.GradBucket) -> Future[torch.Tensor]:
-        """torch's allreduce_hook, its bucket's launch and completion clocked (the completion in the future
+    def _exchange(self, state: Any, bucket: dist.GradBucket) -> Future[torch.Tensor]:
+        """The compressor's hook, its bucket's launch and completion clocked on CPU (the completion in the future
         DDP waits on, so that a step's buckets are all clocked when its backward returns)."""
         launched = time.perf_counter()
+        future = self.compressor.hook(state, bucket)
+        if not self.allreduce_timed:
+            return future
 
         def done(fut: Future) -> Any:
             self._buckets.append((launched, time.perf_counter()))
             return fut.value()
 
-        return allreduce_hook(group, bucket).then(done)
+        return future.then(done)
+
+    def comm_count(self) -> list[float]:
+        """This epoch's [payload bytes, bytes sent, collectives, seconds] of this worker (seconds NaN on a GPU,
+        where nothing is timed); they start anew."""
+        payload, sent, calls = self.compressor.take_count() if self.compressor is not None else (0, 0, 0)
+        seconds, self._comm_s = self._comm_s, 0.0
+        return [payload, sent, calls, seconds if self.allreduce_timed or not calls else math.nan]
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        """With a compression that keeps state: every worker's in the checkpoint, under COMPRESSION_KEY."""
+        if self.compressor is not None and self.compression in STATEFUL:
+            states: list[Any] = [None] * self.world_size
+            dist.all_gather_object(states, move_data_to_device(self.compressor.state_dict(), "cpu"))
+            checkpoint = {**checkpoint, COMPRESSION_KEY: {"compression": self.compression, "workers": states}}
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """The checkpoint; this worker's compression state kept for the compressor (the same compression and
+        worker count only: else it starts afresh)."""
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        saved = checkpoint.get(COMPRESSION_KEY) or {}
+        if saved.get("compression") == self.compression and len(saved.get("workers") or []) == self.world_size:
+            self._compressor_state = saved["workers"][self.global_rank]
+        return checkpoint
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
         out = super().optimizer_step(*args, **kwargs)
@@ -61,6 +108,7 @@ class TimesAllReduce:
             buckets, self._buckets = self._buckets, []
             first, last, end = min(b[0] for b in buckets), max(b[0] for b in buckets), max(b[1] for b in buckets)
             self._steps.append(((end - first) * 1e3, (end - last) * 1e3))
+            self._comm_s += end - first
         return out
 
     def epoch_figures(self) -> dict[str, float]:

@@ -30,14 +30,15 @@ from psgd.strategies.ddp import ReportsFirstFailure
 from psgd.strategies.workers import PerWorkerCheckpoints, gather_floats, over_workers
 
 
-def average_tensors(tensors: list[Tensor]) -> None:
-    """All-reduce-average `tensors` in place across the process group, in one flat buffer.
+def average_tensors(tensors: list[Tensor]) -> int:
+    """All-reduce-average `tensors` in place across the process group, in one flat buffer; returns the bytes
+    this worker handed to the all-reduce (0 for no tensor: no collective).
 
     Keeps each tensor's memory format (torch's `average_parameters` rebinds `.data` and drops
     channels_last). Integer tensors must not be passed.
     """
     if not tensors:
-        return
+        return 0
     flat = torch.cat(
         [t.detach().reshape(-1).to(torch.float64 if t.dtype == torch.float64 else torch.float32) for t in tensors]
     )
@@ -47,6 +48,7 @@ def average_tensors(tensors: list[Tensor]) -> None:
     for t in tensors:
         t.detach().copy_(flat[offset : offset + t.numel()].view(t.shape))
         offset += t.numel()
+    return flat.numel() * flat.element_size()
 
 
 def floating_buffers(module: nn.Module) -> list[Tensor]:
@@ -103,6 +105,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         self._common_before = 0  # the steps every worker took in the epochs before this one
         self._averaged = False  # True once the final averaging has made every replica equal
         self._averaging_s = 0.0  # this epoch's time in periodic averaging
+        self._comm = [0, 0]  # this epoch's (or, after it, the final averaging's) bytes and all-reduces
 
     @property
     @override
@@ -128,6 +131,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
                         m.reset_parameters()
 
     def _average(self) -> None:
+        """Average the replicas' parameters (and buffers, optimizer state as set), counted in `_comm`."""
         module = self.lightning_module
         tensors = list(module.parameters())
         if self.average_buffers:
@@ -135,7 +139,8 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         if self.average_optimizer_state:
             for opt in self.optimizers:
                 tensors += optimizer_state_tensors(opt)
-        average_tensors(tensors)
+        sent = average_tensors(tensors)
+        self._comm = [self._comm[0] + sent, self._comm[1] + (sent > 0)]
 
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
@@ -170,6 +175,12 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         """The periodic averagings so far, a resumed run's earlier ones included."""
         return self._common_done() // self.period if self.period else 0
 
+    def comm_count(self) -> list[float]:
+        """[payload bytes, bytes sent, collectives, seconds] of this worker's averagings since the last call
+        (the seconds are this epoch's, which epoch_figures starts anew)."""
+        (sent, calls), self._comm = self._comm, [0, 0]
+        return [sent, sent, calls, self._averaging_s]
+
     def _distance_from_mean(self) -> float:
         """This replica's L2 distance from the replicas' mean parameters (one all-reduce of the parameters)."""
         mine = torch.cat([p.detach().reshape(-1).double() for p in self.lightning_module.parameters()])
@@ -199,9 +210,12 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         evaluates = callable(getattr(module, "evaluate", None)) and hasattr(trainer.datamodule, "full_eval_loader")
         replicas = gather_floats(list(self._evaluate("test")), self.root_device) if evaluates else []
         (distance,) = over_workers([self._distance_from_mean()], self.root_device)
+        start = time.perf_counter()
         self._average()
+        self._averaging_s = time.perf_counter() - start
         self._averaged = True
         self.report = {
+            "comm_at_end": gather_floats(self.comm_count(), self.root_device),  # the final averaging's
             "replica_distance": round(distance / self.world_size, 6),
             "period": self.period,
             "periodic_averagings": self.periodic_averagings(),
