@@ -408,12 +408,15 @@ def write_comm_plot(sweep_dir: Path, jobs: list[Job]) -> Path | None:
     points = [p for p in points if p[0] and p[1] is not None]
     if len(points) < 2:
         return None
+    from matplotlib import colormaps
     from matplotlib.figure import Figure
 
-    ax = (fig := Figure(figsize=(7, 4.5), layout="tight")).subplots()
-    for mb, acc, label in points:
-        ax.scatter(mb, acc, s=25)
-        ax.annotate(label, (mb, acc), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax = (fig := Figure(figsize=(9, 4.5), layout="tight")).subplots()
+    markers = {"ddp": "o", "model_averaging": "s"}
+    colours = colormaps["tab20"]
+    for i, (mb, acc, label) in enumerate(points):
+        ax.scatter(mb, acc, s=30, marker=markers.get(label.split()[0], "^"), color=colours(i % 20), label=label)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set(xscale="log", xlabel="MB sent per worker (payload, log scale)", ylabel="test accuracy")
     ax.set(title="accuracy vs communication")
     ax.grid(alpha=0.3, which="both")

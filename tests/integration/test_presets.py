@@ -7,6 +7,7 @@ import itertools
 import pytest
 from conftest import CONF, compose_cfg
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from psgd.config import check
@@ -20,10 +21,11 @@ def sweep_jobs(preset: str) -> list[list[str]]:
     """The overrides of every job `sweep.py -m experiment=<preset>` launches (its hydra.sweeper.params)."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="sweep", overrides=[f"experiment={preset}"], return_hydra_config=True)
-    params = cfg.hydra.sweeper.params
-    if not params:
-        return [[]]
-    parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
+        params = cfg.hydra.sweeper.params
+        if not params:
+            return [[]]
+        loader = GlobalHydra.instance().config_loader()  # a glob() over a config group lists its choices
+        parsed = OverridesParser.create(config_loader=loader).parse_overrides([f"{k}={v}" for k, v in params.items()])
     axes = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] for o in parsed]
     return [list(combo) for combo in itertools.product(*axes)]
 
@@ -38,6 +40,8 @@ def test_every_job_of_a_preset_sweep_passes_the_config_check(preset):
     jobs = sweep_jobs(preset)
     for overrides in jobs:
         check(compose_cfg(f"experiment={preset}", *overrides))
+    if preset == "communication":  # DDP with every compression, local SGD at 3 periods and one-shot
+        assert len(jobs) == 11 and ["+exchange=ddp_topk"] in jobs and ["+exchange=averaging_oneshot"] in jobs
     if preset in ("psgd_lab", "hogwild_lab"):
         assert [o[0] for o in jobs] == [f"workers={p}" for p in range(1, 6)]
     if preset == "threadpool_mlp":

@@ -1,6 +1,7 @@
 """Gradient compression's hooks on a real 2-process gloo group, against DDP's own all-reduce: exactness where the
 method is exact, error feedback's bookkeeping, QSGD's unbiasedness and the bytes each counts."""
 
+import io
 import math
 import os
 import socket
@@ -28,6 +29,7 @@ SCENARIOS = {
     "sign": {},
     # a rank at least each matrix's smaller side, every matrix compressed: the approximation is exact
     "powersgd_full": {"powersgd_rank": 10, "powersgd_start_step": 2, "min_compression_rate": 0},
+    "qsgd": {"qsgd_levels": 4},
 }
 
 
@@ -100,11 +102,41 @@ def train(rank: int, name: str) -> dict:
     out = {"weights": [p.detach().clone() for p in params], **by_param}
     if compressor is not None:
         out["count"] = compressor.take_count()
+        out["resumes"] = resumes(compressor, name, params)
         out["error"] = [
             e if e is not None else torch.zeros_like(p)
             for e, p in zip(getattr(compressor, "error", [None] * len(params)), params)
         ]
     return out
+
+
+def tensors(state) -> list[torch.Tensor]:
+    """Every tensor in a state (dicts, lists, tuples), in order."""
+    if torch.is_tensor(state):
+        return [state]
+    items = state.values() if isinstance(state, dict) else state if isinstance(state, list | tuple) else []
+    return [t for item in items for t in tensors(item)]
+
+
+def next_draw(compressor) -> float:
+    """The next number the compressor's random stream gives (PowerSGD's, QSGD's), or 0 for none."""
+    if hasattr(compressor, "state"):
+        return float(compressor.state.rng.randn())
+    return float(torch.rand(1, generator=compressor.generator)) if hasattr(compressor, "generator") else 0.0
+
+
+def resumes(compressor, name: str, params: list) -> bool:
+    """A fresh compressor given the state a checkpoint keeps (saved, loaded with weights_only=True) holds the same
+    error, memories and random stream."""
+    buffer = io.BytesIO()
+    torch.save(compressor.state_dict(), buffer)
+    buffer.seek(0)
+    fresh = build(name, SCENARIOS[name], params)
+    fresh.load_state_dict(torch.load(buffer, weights_only=True))
+    a, b = compressor.state_dict(), fresh.state_dict()
+    flat, fresh_flat = tensors(a), tensors(b)
+    same = len(flat) == len(fresh_flat) and all(torch.equal(x, y) for x, y in zip(flat, fresh_flat))
+    return same and next_draw(compressor) == next_draw(fresh)
 
 
 def worker(rank: int, port: int, out: str) -> None:
@@ -153,6 +185,13 @@ def test_error_feedback_keeps_what_was_not_sent(runs, name):
         kept = [e.view_as(s) + s for e, s in zip(run["error"], run["sent"], strict=True)]
         assert max_diff(kept, run["grad"]) <= 1e-5
         assert max(e.abs().max().item() for e in run["error"]) > 0  # something was held back
+
+
+@pytest.mark.parametrize("name", ["topk", "sign", "powersgd_full", "qsgd"])
+def test_a_compressors_state_survives_a_checkpoint(runs, name):
+    """Error buffers, PowerSGD's memories and random stream, QSGD's random stream: what a resume needs, in what
+    torch.load(weights_only=True) reads back."""
+    assert runs[0][name]["resumes"] and runs[1][name]["resumes"]
 
 
 def test_half_precision_counts_half_of_fp32s_bytes_and_sign_one_bit_an_entry(runs):

@@ -155,7 +155,7 @@ class PowerSGD(Compressor):
         st.iter = state["iter"]
         st.error_dict, st.p_memory_dict, st.q_memory_dict = dict(state["error"]), dict(state["p"]), dict(state["q"])
         name, keys, pos, has_gauss, gauss = state["rng"]
-        st.rng.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+        st.rng.set_state((name, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, gauss))
 
 
 class ErrorFeedback(Compressor):
@@ -270,7 +270,7 @@ class QSGD(Compressor):
         return {"generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.generator.set_state(state["generator"])
+        self.generator.set_state(state["generator"].cpu())  # a CPU generator, whatever device the state came to
 
 
 def build_compressor(
