@@ -19,7 +19,8 @@ GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
 
 @pytest.mark.parametrize("group,choice", [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))])
 def test_every_config_group_choice_composes_and_checks(group, choice):
-    cfg = compose_cfg(f"{group}={choice}")
+    # conf/exchange/ is no default's group: experiment=communication appends one of it per job, with 2 workers
+    cfg = compose_cfg(f"+{group}={choice}", "workers=2") if group == "exchange" else compose_cfg(f"{group}={choice}")
     OmegaConf.resolve(cfg)
     if group == "model" and choice in ("singa_cnn", "mlp"):
         cfg.data.name = "mnist"
@@ -738,7 +739,7 @@ def _first_choice_per_switch() -> list[tuple[str, str]]:
     for group, choice in [("strategy", "ddp")] + [
         (g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))
     ]:
-        if group in ("experiment", "hydra", "trainer"):
+        if group in ("experiment", "exchange", "hydra", "trainer"):  # (exchange: experiment=communication's, no switch)
             continue
         for key in _switches(OmegaConf.to_container(compose_cfg(f"{group}={choice}"), resolve=False)):
             # (compile is false, true or one of torch.compile's modes: its bad values are in BAD)
@@ -779,7 +780,7 @@ def test_every_key_of_the_config_files_is_in_the_schema_with_a_description():
     keys |= {k for k in OmegaConf.load(CONF / "sweep.yaml") if k not in ("defaults", "hydra")}
     for group in ("data", "scheduler", "strategy", "trainer"):
         for path in (CONF / group).glob("*.yaml"):
-            keys |= {f"{group}.{k}" for k in OmegaConf.load(path)}
+            keys |= {f"{group}.{k}" for k in OmegaConf.load(path) if k != "defaults"}  # (a preset's base choice)
     keys -= {"early_stop"}
     assert sorted(keys - set(described)) == []
     # what each takes, in the words --help prints
