@@ -69,6 +69,8 @@ def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path) -> Any:
             average_optimizer_state=s.average_optimizer_state,
             seed=cfg.seed,
             replica_dir=str(run_dir / "replicas") if s.save_replicas else None,
+            sync_steps=s.sync_steps,
+            outer_optimizer=instantiate(s.outer_optimizer, _convert_="all") if s.get("outer_optimizer") else None,
             **common,
         )
     if s.name == "hogwild":

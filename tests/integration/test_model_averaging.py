@@ -307,3 +307,77 @@ def test_uneven_shards_complete_with_periodic_averaging(tiny_data, tmp_path, par
     assert m["periodic_averagings"] == 2 * math.ceil(sizes[0] / 32) // 2
     if "data.partition=sizes" in partition:
         assert sizes == [154, 358] and m["periodic_averagings"] == 5  # at steps 2, 4, 6, 8, 10
+
+
+class Checksums(L.Callback):
+    """Each worker's parameter sum after every optimizer step (averaging included), into <folder>/<rank>."""
+
+    def __init__(self, folder: Path):
+        self.folder = str(folder)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        total = sum(float(p.detach().double().sum()) for p in pl_module.parameters())
+        with open(Path(self.folder, str(trainer.global_rank)), "a") as f:
+            f.write(f"{total!r}\n")
+
+
+def test_post_local_sgd_averages_every_step_until_sync_steps_then_every_period(tiny_data, tmp_path):
+    """sync_steps=3, period=4, 8 steps per worker: the replicas are equal after steps 1, 2, 3 (synchronous
+    start), differ after 5, 6, 7 and are equal at the averaging points 4 and 8: no silent fallback to DDP or to
+    plain local SGD."""
+    settings = ["strategy=model_averaging", "workers=2", "strategy.period=4", "strategy.sync_steps=3", *TINY]
+    settings += ["trainer.max_epochs=1"]
+    m = train(compose_cfg(f"data.root={tiny_data}", *settings), tmp_path / "run", callbacks=[Checksums(tmp_path)])
+    sums = [[float(x) for x in (tmp_path / str(r)).read_text().split()] for r in range(2)]
+    equal = [a == b for a, b in zip(*sums, strict=True)]
+    assert equal == [True, True, True, True, False, False, False, True]
+    assert m["periodic_averagings"] == 5 and m["comm_calls"] == [6, 6]  # and the final average
+
+
+DILOCO_H1 = ["strategy=diloco", "strategy.period=1", "strategy.outer_optimizer.lr=0.5", "optimizer.lr=0.02"]
+
+
+@pytest.mark.parametrize(
+    "outer,reference",
+    [
+        pytest.param(  # outer Nesterov SGD at every step: DDP with SGD(lr 0.02 x 0.5, momentum 0.9, nesterov)
+            DILOCO_H1,
+            ["strategy=ddp", "optimizer.lr=0.01", "optimizer.momentum=0.9", "optimizer.nesterov=true"],
+            id="H1-is-ddp-nesterov",
+        ),
+        pytest.param(  # an outer step of lr 1 without momentum lands on the mean: plain periodic averaging
+            [
+                "strategy=diloco",
+                "strategy.period=3",
+                "strategy.outer_optimizer.lr=1",
+                "strategy.outer_optimizer.momentum=0",
+                "strategy.outer_optimizer.nesterov=false",
+            ],
+            ["strategy=model_averaging", "strategy.period=3"],
+            id="lr1-is-local-sgd",
+            marks=pytest.mark.slow,  # ~16 s; the DDP case runs the outer step by default
+        ),
+    ],
+)
+def test_diloco_reduces_to_the_method_it_generalises(tiny_data, tmp_path, outer, reference):
+    """DiLoCo's outer step (Δ = θ_g − mean θ_i as the gradient of an outer SGD from θ_g): with H = 1 and plain inner
+    SGD it is DDP with the outer optimizer's momentum and the product of the lrs; with outer lr 1 and no momentum
+    it is plain local SGD. Each worker's inner optimizer here has no state of its own (PLAIN: no momentum)."""
+    runs = {}
+    for name, settings in (("diloco", outer), ("reference", reference)):
+        cfg = compose_cfg(f"data.root={tiny_data}", "workers=2", "trainer.max_epochs=2", *PLAIN, *TINY, *settings)
+        train(cfg, tmp_path / name)
+        runs[name] = weights(tmp_path / name)
+    assert_close(runs["diloco"], runs["reference"], atol=1e-5)
+
+
+def test_diloco_keeps_its_outer_state_in_checkpoints_and_resumes_exactly(tiny_data, tmp_path):
+    """θ_g and the outer optimizer's momentum are in every checkpoint: a resume from the first epoch's ends with
+    the uninterrupted run's weights (a fresh momentum would not)."""
+    settings = ["workers=2", "trainer.max_epochs=2", "strategy=diloco", "strategy.period=3", *TINY]
+    train(compose_cfg(f"data.root={tiny_data}", *settings, "checkpoint_every_epoch=true"), tmp_path / "straight")
+    checkpoint = tmp_path / "straight" / "checkpoints" / "epoch0.ckpt"
+    saved = torch.load(checkpoint, weights_only=True)["psgd_outer"]
+    assert saved["optimizer"]["state"] and len(saved["start"]) == len(list(weights(tmp_path / "straight")))
+    train(compose_cfg(f"data.root={tiny_data}", *settings, f"ckpt_path={checkpoint}"), tmp_path / "resumed")
+    assert_close(weights(tmp_path / "resumed"), weights(tmp_path / "straight"), atol=0)

@@ -127,8 +127,9 @@ def _own_pace(cfg: DictConfig, world: int) -> None:
         )
 
 
-def _compression(s: DictConfig) -> None:
-    """A compression key counts only for DDP, and only for its own compression: one set elsewhere is refused."""
+def _strategy_keys(s: DictConfig) -> None:
+    """A compression key counts only for DDP, and only for its own compression, model averaging's sync_steps and
+    outer_optimizer only for it: one set elsewhere is refused."""
     keys = {key: s.get(key) for key in ("compression", *COMPRESSION_KEYS) if s.get(key) is not None}
     if s.name != "ddp" and keys and keys != {"compression": "none"}:
         key = next(iter(keys))
@@ -136,6 +137,12 @@ def _compression(s: DictConfig) -> None:
             f"strategy.{key}={keys[key]} is invalid with strategy={s.name}: gradient compression is DDP's "
             "(model averaging and HogWild exchange no gradients); use strategy=ddp or leave it out"
         )
+    for key, default in (("sync_steps", 0), ("outer_optimizer", None)):  # model averaging's own
+        if s.name != "model_averaging" and s.get(key, default) != default:
+            raise ConfigError(
+                f"strategy.{key}={s[key]} is invalid with strategy={s.name}: it is model averaging's; use "
+                "strategy=model_averaging (or strategy=diloco) or leave it out"
+            )
     for key, (owner, _) in COMPRESSION_KEYS.items():
         if key in keys and s.get("compression") != owner:
             raise ConfigError(
@@ -156,7 +163,7 @@ def check_values(cfg: DictConfig) -> int:
             f"scheduler.warmup_epochs={warmup} is invalid with trainer.max_epochs={epochs}: the warm-up would not "
             f"end before training does; use warmup_epochs<={epochs}"
         )
-    _compression(cfg.strategy)
+    _strategy_keys(cfg.strategy)
     _own_pace(cfg, workers * cfg.trainer.num_nodes)
     _partition(cfg.data, workers)
     resolve_accumulation(cfg, workers * cfg.trainer.num_nodes)

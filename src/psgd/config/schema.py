@@ -175,6 +175,11 @@ class ModelAveraging(Strategy):
     """Also average momentum / NovoGrad moments at each averaging."""
     save_replicas: bool
     """Each worker saves its pre-averaging weights to replicas/rank<r>.pt."""
+    sync_steps: int = Field(ge=0)
+    """Post-local SGD: average after each of the first `sync_steps` optimizer steps, then every `period`."""
+    outer_optimizer: Optimizer | None
+    """DiLoCo: the optimizer of the outer step at each averaging point (a _partial_ optimizer); null: plain
+    averaging."""
 
 
 class HogWild(Strategy):

@@ -65,8 +65,9 @@ def build_model(model_cfg: DictConfig, data_name: str, device: str = "cpu") -> t
 def check_targets(cfg: DictConfig) -> None:
     """The model and the optimizer a config names, built: the network on the meta device, and where it fails
     there (also for what meta tensors cannot do, such as .item()) on the CPU as the job will, which raises the
-    job's error, with torch's random numbers left as they were; the optimizer on a stand-in parameter, as the
-    run makes it, so that a setting its constructor refuses is one line naming the settings."""
+    job's error, with torch's random numbers left as they were; the optimizer (and model averaging's outer one)
+    on a stand-in parameter, as the run makes it, so that a setting its constructor refuses is one line naming
+    the settings."""
     import torch
     from hydra.utils import instantiate
 
@@ -75,14 +76,17 @@ def check_targets(cfg: DictConfig) -> None:
     except Exception:
         with torch.random.fork_rng(devices=[]):
             build_model(cfg.model, cfg.data.name)
-    opt = cfg.optimizer
-    locate("optimizer._target_", opt.get("_target_"))
-    try:
-        instantiate(opt, _convert_="all")([torch.zeros(1, requires_grad=True)])
-    except Exception as e:
-        settings = " ".join(f"{k}={v}" for k, v in opt.items() if not str(k).startswith("_"))
-        reason = text_lines(e.__cause__ or e)[-1]
-        raise ConfigError(
-            f"optimizer settings are invalid: {opt.get('_target_')} refuses them ({reason}); the settings were: "
-            f"{settings}"
-        ) from e
+    for key in ("optimizer", "strategy.outer_optimizer"):  # (model averaging's outer step: DiLoCo)
+        opt = OmegaConf.select(cfg, key)
+        if opt is None:
+            continue
+        locate(f"{key}._target_", opt.get("_target_"))
+        try:
+            instantiate(opt, _convert_="all")([torch.zeros(1, requires_grad=True)])
+        except Exception as e:
+            settings = " ".join(f"{k}={v}" for k, v in opt.items() if not str(k).startswith("_"))
+            reason = text_lines(e.__cause__ or e)[-1]
+            raise ConfigError(
+                f"{key} settings are invalid: {opt.get('_target_')} refuses them ({reason}); the settings were: "
+                f"{settings}"
+            ) from e

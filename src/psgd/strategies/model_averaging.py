@@ -1,12 +1,19 @@
 """Model averaging: one-shot parameter averaging (Zinkevich, Weimer, Smola and Li, 2010, "Parallelized
 Stochastic Gradient Descent") and periodic averaging, a.k.a. local SGD (Stich, 2019, "Local SGD
-Converges Fast and Communicates Little"; Lin et al., 2018, "Don't Use Large Mini-Batches, Use Local SGD").
+Converges Fast and Communicates Little"; Lin et al., 2018, "Don't Use Large Mini-Batches, Use Local SGD"),
+with post-local SGD's synchronous start (Lin et al.: average after each of the first ``sync_steps`` steps)
+and an outer optimizer at each averaging point (DiLoCo, Douillard et al., 2023).
 
 Each of k workers runs SGD on its own shard, with no gradient communication; the replicas' parameters
 are then averaged: once when training ends with ``period=None`` (SimuParallelSGD), also after every K
 optimizer steps with ``period=K`` (local SGD). Averaged: the parameters, floating buffers such as
 BatchNorm statistics (``average_buffers``), optionally the optimizer's floating state
 (``average_optimizer_state``).
+
+With an outer optimizer every worker keeps θ_g, the weights at the last averaging point (identical on every
+worker); at an averaging point Δ = θ_g - mean_i θ_i (one all-reduce), each worker restores θ_g, takes one
+outer step with Δ as the gradient, and θ_g becomes the result; the inner optimizer's state stays each worker's.
+Outer SGD with lr 1 and no momentum is plain averaging. The final average at the end is a plain one.
 
 The period runs across epochs. With uneven shards only each epoch's first F steps count towards it, F
 the fewest steps any worker takes in an epoch (computed locally from the partition), so every worker
@@ -15,6 +22,7 @@ reaches every averaging point.
 
 import math
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +36,8 @@ from psgd.data.partition import limited_batches
 from psgd.io import save_atomic
 from psgd.strategies.ddp import ReportsFirstFailure
 from psgd.strategies.workers import PerWorkerCheckpoints, gather_floats, over_workers
+
+OUTER_KEY = "psgd_outer"  # a checkpoint's θ_g and outer optimizer state
 
 
 def average_tensors(tensors: list[Tensor]) -> int:
@@ -91,6 +101,8 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         average_optimizer_state: bool = False,
         seed: int = 0,
         replica_dir: str | None = None,
+        sync_steps: int = 0,
+        outer_optimizer: Callable[[Iterable[Tensor]], torch.optim.Optimizer] | None = None,
         **ddp_kwargs: Any,
     ):
         if period is not None and (isinstance(period, bool) or not isinstance(period, int) or period < 1):
@@ -99,6 +111,10 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         self.period, self.same_init, self.seed = period, same_init, seed
         self.average_buffers, self.average_optimizer_state = average_buffers, average_optimizer_state
         self.replica_dir = replica_dir
+        self.sync_steps = sync_steps  # t0: the first t0 steps average after every step
+        self.outer_factory = outer_optimizer
+        self.outer: torch.optim.Optimizer | None = None  # built in setup, over the module's parameters
+        self.start: list[Tensor] = []  # θ_g, with an outer optimizer
         self.report: dict[str, Any] = {}
         self._steps_in_epoch = 0
         self._common_steps = 0  # F: the steps every worker takes in an epoch
@@ -129,18 +145,60 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
                 for m in net.modules():
                     if hasattr(m, "reset_parameters") and m is not net:
                         m.reset_parameters()
+        if self.outer_factory is not None:  # θ_g: the replicas' mean (rank 0's weights under same_init)
+            self.start = [p.detach().clone() for p in net.parameters()]
+            average_tensors(self.start)
+            self.outer = self.outer_factory(list(net.parameters()))
 
-    def _average(self) -> None:
-        """Average the replicas' parameters (and buffers, optimizer state as set), counted in `_comm`."""
+    def _average(self, outer: bool = False) -> None:
+        """Average the replicas' parameters (and buffers, optimizer state as set), counted in `_comm`; `outer`:
+        the parameters take an outer step from θ_g instead."""
         module = self.lightning_module
-        tensors = list(module.parameters())
+        tensors = [] if outer else list(module.parameters())
         if self.average_buffers:
             tensors += floating_buffers(module)
         if self.average_optimizer_state:
             for opt in self.optimizers:
                 tensors += optimizer_state_tensors(opt)
         sent = average_tensors(tensors)
-        self._comm = [self._comm[0] + sent, self._comm[1] + (sent > 0)]
+        calls = int(sent > 0)
+        if outer:
+            sent, calls = sent + self._outer_step(), calls + 1
+        self._comm = [self._comm[0] + sent, self._comm[1] + calls]
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        """With an outer optimizer, θ_g and the outer optimizer's state too (the same on every worker)."""
+        if self.outer is not None:
+            outer = {"start": [t.detach().cpu().clone() for t in self.start], "optimizer": self.outer.state_dict()}
+            checkpoint = {**checkpoint, OUTER_KEY: outer}
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """The checkpoint (each worker's own replica); θ_g and the outer optimizer's state restored from it."""
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        saved = checkpoint.get(OUTER_KEY)
+        if self.outer is not None and saved is not None:
+            for start, kept in zip(self.start, saved["start"], strict=True):
+                start.copy_(kept)
+            self.outer.load_state_dict(saved["optimizer"])
+        return checkpoint
+
+    def _outer_step(self) -> int:
+        """DiLoCo's outer step: Δ = θ_g - mean_i θ_i as each parameter's gradient, from θ_g; θ_g <- the result.
+        Returns the bytes all-reduced."""
+        params = list(self.lightning_module.parameters())
+        mean = [p.detach().clone() for p in params]
+        sent = average_tensors(mean)
+        for p, start, m in zip(params, self.start, mean, strict=True):
+            p.detach().copy_(start)
+            p.grad = start - m
+        self.outer.step()
+        self.outer.zero_grad(set_to_none=True)
+        for p, start in zip(params, self.start, strict=True):
+            start.copy_(p.detach())
+        return sent
 
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
@@ -161,19 +219,27 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
     def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any) -> Any:
         output = super().optimizer_step(optimizer, closure, model, **kwargs)
         self._steps_in_epoch += 1
-        if self.period and self._steps_in_epoch <= self._common_steps and self._common_done() % self.period == 0:
+        done = self._common_done()
+        if self._steps_in_epoch <= self._common_steps and self.averagings(done) > self.averagings(done - 1):
             start = time.perf_counter()
-            self._average()
+            self._average(outer=self.outer is not None)
             self._averaging_s += time.perf_counter() - start
         return output
+
+    def averagings(self, done: int) -> int:
+        """The averagings of the first `done` common steps: one after each of the first sync_steps, then
+        one every period (none without a period)."""
+        synchronous = min(done, self.sync_steps)
+        periodic = done // self.period - self.sync_steps // self.period if self.period and done > self.sync_steps else 0
+        return synchronous + periodic
 
     def _common_done(self) -> int:
         """The steps every worker has taken so far in the run, the epochs before a resume included."""
         return self._common_before + min(self._steps_in_epoch, self._common_steps)
 
     def periodic_averagings(self) -> int:
-        """The periodic averagings so far, a resumed run's earlier ones included."""
-        return self._common_done() // self.period if self.period else 0
+        """The averagings during training so far, a resumed run's earlier ones included."""
+        return self.averagings(self._common_done())
 
     def comm_count(self) -> list[float]:
         """[payload bytes, bytes sent, collectives, seconds] of this worker's averagings since the last call
