@@ -92,12 +92,14 @@ def skew_note(record: dict) -> str:
 
 def averaging_note(record: dict) -> str:
     """' (averaged model; the workers' own 0.8961 0.8944, replica_distance=3.2150)' for a model-averaging run of
-    several workers: the test accuracy before it is the average's, which can be far from every replica's."""
+    several workers (EASGD's: ' (the centre; ...'): the test accuracy before it is the final model's, which can be
+    far from every replica's."""
     workers = record.get("worker_test_acc") or []
     if len(workers) < 2:
         return ""
     own = " ".join(f"{acc:.4f}" for acc in workers)
-    return f" (averaged model; the workers' own {own}, replica_distance={record.get('replica_distance'):.4f})"
+    model = "the centre" if record.get("strategy") == "elastic_averaging" else "averaged model"
+    return f" ({model}; the workers' own {own}, replica_distance={record.get('replica_distance'):.4f})"
 
 
 def stop_note(record: dict) -> str:
@@ -212,6 +214,14 @@ def comm_label(job: Job) -> str:
     how = job.get("compression") or ""
     if job["strategy"] == "model_averaging":
         how = f"period={job['period']}" if job.get("period") else "one-shot"
+        if job.get("group_periods"):
+            how = "groups " + ",".join(f"{size}:{period}" for size, period in job["group_periods"].items())
+        if job.get("sync_steps"):
+            how = f"post-local t0={job['sync_steps']} {how}"
+        if job.get("outer_optimizer"):
+            how = f"outer {job['outer_optimizer']} {how}"
+    if job["strategy"] == "elastic_averaging":
+        how = f"tau={job.get('tau')}"
     return " ".join(part for part in (job["strategy"], how, f"x{job['workers']}") if part)
 
 

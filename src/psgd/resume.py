@@ -38,7 +38,7 @@ def resolve_ckpt_path(
             f"worker{'' if world_size == 1 else 's'}; resume with workers={len(replicas)}"
         )
     own_weights = replicas and "state_dict" in (replicas[0] or {})
-    if own_weights and strategy is not None and strategy != "model_averaging":
+    if own_weights and strategy is not None and strategy not in ("model_averaging", "elastic_averaging"):
         raise ConfigError(
             f"ckpt_path={value!r} holds {len(replicas)} replicas that model averaging had not averaged yet, and "
             f"strategy={strategy} would go on from worker 0's alone: resume with strategy=model_averaging (or "

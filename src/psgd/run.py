@@ -47,7 +47,7 @@ from psgd.rendezvous import init_elastic_process_group, rendezvous_port
 from psgd.resume import elastic_resume, init_weights, resolve_ckpt_path, sample_settings
 from psgd.run_checks import build_datamodule
 from psgd.stopped import exit_if_interrupted, lightning_refusal, mark_stopped, torchrun_worker_gone
-from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
+from psgd.strategies import ElasticAveragingStrategy, HogwildStrategy, ModelAveragingStrategy
 from psgd.strategies.ddp import ReportsFirstFailure
 from psgd.summary import write_tensorboard_summary
 
@@ -70,7 +70,18 @@ def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path) -> Any:
             seed=cfg.seed,
             replica_dir=str(run_dir / "replicas") if s.save_replicas else None,
             sync_steps=s.sync_steps,
+            group_periods=OmegaConf.to_container(s.group_periods) if s.get("group_periods") else None,
             outer_optimizer=instantiate(s.outer_optimizer, _convert_="all") if s.get("outer_optimizer") else None,
+            **common,
+        )
+    if s.name == "elastic_averaging":
+        return ElasticAveragingStrategy(
+            tau=s.tau,
+            alpha=s.alpha,
+            same_init=s.same_init,
+            average_buffers=s.average_buffers,
+            seed=cfg.seed,
+            replica_dir=str(run_dir / "replicas") if s.save_replicas else None,
             **common,
         )
     if s.name == "hogwild":

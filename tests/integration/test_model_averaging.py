@@ -371,6 +371,7 @@ def test_diloco_reduces_to_the_method_it_generalises(tiny_data, tmp_path, outer,
     assert_close(runs["diloco"], runs["reference"], atol=1e-5)
 
 
+@pytest.mark.slow  # ~20 s: two runs; the outer step itself runs by default (H1-is-ddp-nesterov)
 def test_diloco_keeps_its_outer_state_in_checkpoints_and_resumes_exactly(tiny_data, tmp_path):
     """θ_g and the outer optimizer's momentum are in every checkpoint: a resume from the first epoch's ends with
     the uninterrupted run's weights (a fresh momentum would not)."""
@@ -381,3 +382,33 @@ def test_diloco_keeps_its_outer_state_in_checkpoints_and_resumes_exactly(tiny_da
     assert saved["optimizer"]["state"] and len(saved["start"]) == len(list(weights(tmp_path / "straight")))
     train(compose_cfg(f"data.root={tiny_data}", *settings, f"ckpt_path={checkpoint}"), tmp_path / "resumed")
     assert_close(weights(tmp_path / "resumed"), weights(tmp_path / "straight"), atol=0)
+
+
+def test_one_group_of_all_workers_is_plain_periodic_averaging(tiny_data, tmp_path):
+    """Hierarchical averaging with a single group, all workers every 4 steps: local SGD with period 4."""
+    runs = {}
+    for name, schedule in (("groups", "strategy.group_periods={2:4}"), ("period", "strategy.period=4")):
+        cfg = compose_cfg(f"data.root={tiny_data}", "strategy=model_averaging", "workers=2", schedule, *TINY)
+        cfg.trainer.max_epochs = 2
+        m = train(cfg, tmp_path / name)
+        runs[name] = weights(tmp_path / name)
+        assert m["periodic_averagings"] == 4  # 16 common steps
+    assert_close(runs["groups"], runs["period"], atol=0)
+
+
+@pytest.mark.slow  # ~30 s: 4 processes on 2 cores; one group is plain local SGD by default above
+def test_pairs_average_at_their_points_and_all_four_at_the_global_one(tiny_data, tmp_path):
+    """{2: 2, 4: 8} with 4 workers, 4 steps each per epoch, 2 epochs: after steps 2, 4 and 6 the pairs (0, 1) and
+    (2, 3) are each equal and differ from each other; after step 8 all four are equal; between points none is."""
+    settings = ["strategy=model_averaging", "workers=4", "strategy.group_periods={2:2,4:8}", *TINY]
+    cfg = compose_cfg(f"data.root={tiny_data}", *settings)
+    cfg.trainer.max_epochs = 2
+    train(cfg, tmp_path / "run", callbacks=[Checksums(tmp_path)])
+    sums = [[float(x) for x in (tmp_path / str(r)).read_text().split()] for r in range(4)]
+    for step, (a, b, c, d) in enumerate(zip(*sums, strict=True), start=1):
+        if step % 8 == 0:
+            assert a == b == c == d, step
+        elif step % 2 == 0:
+            assert a == b and c == d and a != c, step
+        else:
+            assert len({a, b, c, d}) == 4, step

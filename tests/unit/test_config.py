@@ -374,6 +374,34 @@ BAD = [
         "strategy.compression=topk is invalid with strategy=model_averaging: gradient compression is DDP's",
     ),
     (["strategy=hogwild", "+strategy.topk_ratio=0.5"], "strategy.topk_ratio=0.5 is invalid with strategy=hogwild"),
+    # the local-SGD family: post-local SGD, DiLoCo, hierarchical averaging, EASGD
+    (["strategy=model_averaging", "strategy.sync_steps=-1"], "strategy.sync_steps=-1 is invalid: Input should be"),
+    (["strategy=diloco", "strategy.period=0"], "strategy.period=0 is invalid"),
+    (["strategy=ddp", "+strategy.sync_steps=5"], "strategy.sync_steps=5 is invalid with strategy=ddp: it is model"),
+    (
+        ["strategy=hogwild", "+strategy.outer_optimizer={_target_:torch.optim.SGD,lr:1}"],
+        "strategy.outer_optimizer={'_target_': 'torch.optim.SGD', 'lr': 1} is invalid with strategy=hogwild",
+    ),
+    (
+        ["strategy=model_averaging", "workers=4", "strategy.group_periods={3:4,4:16}"],
+        "strategy.group_periods={3: 4, 4: 16} is invalid with 4 workers: group sizes must nest (each divides the "
+        "next) and the largest must be all 4 workers, e.g. {2: 4, 4: 16}",
+    ),
+    (["strategy=model_averaging", "workers=4", "strategy.group_periods={2:4}"], "the largest must be all 4 workers"),
+    (
+        ["strategy=model_averaging", "workers=2", "strategy.group_periods={2:4}", "strategy.period=3"],
+        "strategy.period=3 is invalid with strategy.group_periods: the groups' periods are the schedule",
+    ),
+    (["strategy=elastic_averaging", "strategy.tau=0"], "strategy.tau=0 is invalid: Input should be greater than"),
+    (["strategy=elastic_averaging", "strategy.alpha=0"], "strategy.alpha=0 is invalid: Input should be greater than 0"),
+    (
+        ["strategy=elastic_averaging", "workers=4", "strategy.alpha=0.3"],
+        "strategy.alpha=0.3 is invalid with 4 workers: the elastic pull must be in (0, 1/workers] = (0, 0.25]",
+    ),
+    (
+        ["strategy=diloco", "strategy.outer_optimizer.momentum=0"],
+        "strategy.outer_optimizer settings are invalid: torch.optim.SGD refuses them (Nesterov momentum requires",
+    ),
 ]
 
 
@@ -388,6 +416,7 @@ NEEDS_THE_MACHINE = {
     # the optimizer's class is imported with torch, at the job's start
     "optimizer._target_=nope.Opt",
     "optimizer._target_=torch.optim.Nope",
+    "strategy=diloco strategy.outer_optimizer.momentum=0",
 }
 
 

@@ -137,7 +137,7 @@ def _strategy_keys(s: DictConfig) -> None:
             f"strategy.{key}={keys[key]} is invalid with strategy={s.name}: gradient compression is DDP's "
             "(model averaging and HogWild exchange no gradients); use strategy=ddp or leave it out"
         )
-    for key, default in (("sync_steps", 0), ("outer_optimizer", None)):  # model averaging's own
+    for key, default in (("sync_steps", 0), ("outer_optimizer", None), ("group_periods", None)):  # averaging's own
         if s.name != "model_averaging" and s.get(key, default) != default:
             raise ConfigError(
                 f"strategy.{key}={s[key]} is invalid with strategy={s.name}: it is model averaging's; use "
@@ -149,6 +149,34 @@ def _strategy_keys(s: DictConfig) -> None:
                 f"strategy.{key}={keys[key]} is invalid with strategy.compression={s.get('compression')}: it is "
                 f"compression={owner}'s; use strategy.compression={owner} or leave it out"
             )
+
+
+def _groups(s: DictConfig, world: int) -> None:
+    """Hierarchical averaging's groups: sizes that nest (each divides the next), the largest all workers, and no
+    other schedule beside them (period, sync_steps, an outer optimizer)."""
+    periods = s.get("group_periods")
+    if periods is None:
+        return
+    sizes = sorted(periods)
+    shown = "{" + ", ".join(f"{k}: {v}" for k, v in periods.items()) + "}"
+    if sizes[-1] != world or any(b % a for a, b in zip(sizes, sizes[1:])):
+        raise ConfigError(
+            f"strategy.group_periods={shown} is invalid with {world} workers: group sizes must nest (each divides "
+            f"the next) and the largest must be all {world} workers, e.g. {{{max(1, world // 2)}: 4, {world}: 16}}"
+        )
+    other = next(
+        (
+            k
+            for k, unset in (("period", None), ("sync_steps", 0), ("outer_optimizer", None))
+            if s.get(k, unset) != unset
+        ),
+        None,
+    )
+    if other:
+        raise ConfigError(
+            f"strategy.{other}={s[other]} is invalid with strategy.group_periods: the groups' periods are the "
+            "schedule; leave it out"
+        )
 
 
 def check_values(cfg: DictConfig) -> int:
@@ -164,6 +192,13 @@ def check_values(cfg: DictConfig) -> int:
             f"end before training does; use warmup_epochs<={epochs}"
         )
     _strategy_keys(cfg.strategy)
+    _groups(cfg.strategy, workers * cfg.trainer.num_nodes)
+    alpha, world = cfg.strategy.get("alpha"), workers * cfg.trainer.num_nodes
+    if cfg.strategy.name == "elastic_averaging" and alpha is not None and alpha > 1 / world:
+        raise ConfigError(
+            f"strategy.alpha={alpha} is invalid with {world} workers: the elastic pull must be in (0, 1/workers] "
+            f"= (0, {1 / world:.4g}] (the centre moves workers x alpha of the way); or null for 0.9 / workers"
+        )
     _own_pace(cfg, workers * cfg.trainer.num_nodes)
     _partition(cfg.data, workers)
     resolve_accumulation(cfg, workers * cfg.trainer.num_nodes)

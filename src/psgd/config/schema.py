@@ -180,6 +180,24 @@ class ModelAveraging(Strategy):
     outer_optimizer: Optimizer | None
     """DiLoCo: the optimizer of the outer step at each averaging point (a _partial_ optimizer); null: plain
     averaging."""
+    group_periods: dict[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] | None
+    """Hierarchical averaging: {group size: period}, groups of consecutive ranks, the largest all workers,
+    e.g. {2: 4, 4: 16}; null: one group, `period`."""
+
+
+class ElasticAveraging(Strategy):
+    name: Literal["elastic_averaging"]
+    """Elastic averaging SGD (EASGD): every tau steps the replicas and a centre variable pull towards each other."""
+    tau: int = Field(ge=1)
+    """Optimizer steps between elastic steps (the paper: 1, 4, 16, 64)."""
+    alpha: float | None = Field(gt=0)
+    """The elastic pull α, in (0, 1/workers]; null: 0.9 / workers (the paper's β = 0.9)."""
+    same_init: bool
+    """Broadcast rank 0's initial weights; false: independent initialisations."""
+    average_buffers: bool
+    """Average floating buffers (BatchNorm running statistics) for the final centre."""
+    save_replicas: bool
+    """Each worker saves its weights before it takes the centre to replicas/rank<r>.pt."""
 
 
 class HogWild(Strategy):
@@ -250,7 +268,7 @@ class Run(Group):
     model: Model
     optimizer: Optimizer
     scheduler: Scheduler
-    strategy: Annotated[DDP | ModelAveraging | HogWild, Field(discriminator="name")]
+    strategy: Annotated[DDP | ModelAveraging | ElasticAveraging | HogWild, Field(discriminator="name")]
     trainer: Trainer
     early_stop: EarlyStop
     workers: int = Field(ge=1)
@@ -344,7 +362,7 @@ def describe() -> list[tuple[str, str, str]]:
 
     walk(Run, "", skip=("strategy",))
     walk(Strategy, "strategy.")
-    for member in (DDP, ModelAveraging, HogWild):
+    for member in (DDP, ModelAveraging, ElasticAveraging, HogWild):
         tag = get_args(member.model_fields["name"].annotation)[0]
         walk(member, "strategy.", f"[strategy={tag}] ", skip=tuple(Strategy.model_fields))
     return rows

@@ -40,9 +40,9 @@ from psgd.strategies.workers import PerWorkerCheckpoints, gather_floats, over_wo
 OUTER_KEY = "psgd_outer"  # a checkpoint's θ_g and outer optimizer state
 
 
-def average_tensors(tensors: list[Tensor]) -> int:
-    """All-reduce-average `tensors` in place across the process group, in one flat buffer; returns the bytes
-    this worker handed to the all-reduce (0 for no tensor: no collective).
+def average_tensors(tensors: list[Tensor], group: dist.ProcessGroup | None = None) -> int:
+    """All-reduce-average `tensors` in place across `group` (None: all workers), in one flat buffer; returns the
+    bytes this worker handed to the all-reduce (0 for no tensor: no collective).
 
     Keeps each tensor's memory format (torch's `average_parameters` rebinds `.data` and drops
     channels_last). Integer tensors must not be passed.
@@ -52,8 +52,8 @@ def average_tensors(tensors: list[Tensor]) -> int:
     flat = torch.cat(
         [t.detach().reshape(-1).to(torch.float64 if t.dtype == torch.float64 else torch.float32) for t in tensors]
     )
-    dist.all_reduce(flat)
-    flat /= dist.get_world_size()
+    dist.all_reduce(flat, group=group)
+    flat /= dist.get_world_size(group)
     offset = 0
     for t in tensors:
         t.detach().copy_(flat[offset : offset + t.numel()].view(t.shape))
@@ -103,6 +103,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         replica_dir: str | None = None,
         sync_steps: int = 0,
         outer_optimizer: Callable[[Iterable[Tensor]], torch.optim.Optimizer] | None = None,
+        group_periods: dict[int, int] | None = None,
         **ddp_kwargs: Any,
     ):
         if period is not None and (isinstance(period, bool) or not isinstance(period, int) or period < 1):
@@ -113,6 +114,9 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         self.replica_dir = replica_dir
         self.sync_steps = sync_steps  # t0: the first t0 steps average after every step
         self.outer_factory = outer_optimizer
+        # hierarchical averaging: group size -> its period, the largest group all workers; {} without
+        self.group_periods = dict(sorted((group_periods or {}).items()))
+        self.groups: dict[int, dist.ProcessGroup | None] = {}  # group size -> this worker's group of that size
         self.outer: torch.optim.Optimizer | None = None  # built in setup, over the module's parameters
         self.start: list[Tensor] = []  # θ_g, with an outer optimizer
         self.report: dict[str, Any] = {}
@@ -145,14 +149,16 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
                 for m in net.modules():
                     if hasattr(m, "reset_parameters") and m is not net:
                         m.reset_parameters()
+        for size in self.group_periods:  # consecutive ranks: under torchrun / srun a node's processes
+            self.groups[size] = None if size == self.world_size else dist.new_subgroups(group_size=size)[0]
         if self.outer_factory is not None:  # θ_g: the replicas' mean (rank 0's weights under same_init)
             self.start = [p.detach().clone() for p in net.parameters()]
             average_tensors(self.start)
             self.outer = self.outer_factory(list(net.parameters()))
 
-    def _average(self, outer: bool = False) -> None:
-        """Average the replicas' parameters (and buffers, optimizer state as set), counted in `_comm`; `outer`:
-        the parameters take an outer step from θ_g instead."""
+    def _average(self, outer: bool = False, group: dist.ProcessGroup | None = None) -> None:
+        """Average the replicas' parameters (and buffers, optimizer state as set) over `group` (None: all
+        workers), counted in `_comm`; `outer`: the parameters take an outer step from θ_g instead."""
         module = self.lightning_module
         tensors = [] if outer else list(module.parameters())
         if self.average_buffers:
@@ -160,7 +166,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         if self.average_optimizer_state:
             for opt in self.optimizers:
                 tensors += optimizer_state_tensors(opt)
-        sent = average_tensors(tensors)
+        sent = average_tensors(tensors, group)
         calls = int(sent > 0)
         if outer:
             sent, calls = sent + self._outer_step(), calls + 1
@@ -220,15 +226,42 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         output = super().optimizer_step(optimizer, closure, model, **kwargs)
         self._steps_in_epoch += 1
         done = self._common_done()
-        if self._steps_in_epoch <= self._common_steps and self.averagings(done) > self.averagings(done - 1):
+        if self._steps_in_epoch <= self._common_steps and self.averages_at(done):
             start = time.perf_counter()
-            self._average(outer=self.outer is not None)
+            self._sync()
             self._averaging_s += time.perf_counter() - start
         return output
 
+    def _sync(self) -> None:
+        """What an averaging point does: average (in hierarchical averaging, within the largest group whose
+        period has come), or with an outer optimizer take its step."""
+        done = self._common_done()
+        sizes = [size for size, period in self.group_periods.items() if done % period == 0]
+        self._average(outer=self.outer is not None, group=self.groups[sizes[-1]] if sizes else None)
+
+    def settings(self) -> dict[str, Any]:
+        """The schedule, as metrics.json records it."""
+        outer = type(self.outer).__name__ if self.outer is not None else None
+        groups = {str(k): v for k, v in self.group_periods.items()} or None
+        return {"period": self.period, "sync_steps": self.sync_steps, "outer_optimizer": outer, "group_periods": groups}
+
+    def _finish(self) -> None:
+        """What the end of training does to the replicas: the final average."""
+        self._average()
+
+    def averages_at(self, done: int) -> bool:
+        """Whether the replicas average after common step `done` (from 1): each of the first sync_steps, then
+        every period; in hierarchical averaging, where some group's period divides it."""
+        if self.group_periods:
+            return any(done % period == 0 for period in self.group_periods.values())
+        return done <= self.sync_steps or bool(self.period and done % self.period == 0)
+
     def averagings(self, done: int) -> int:
         """The averagings of the first `done` common steps: one after each of the first sync_steps, then
-        one every period (none without a period)."""
+        one every period (none without a period); in hierarchical averaging, one at every step some group's
+        period divides."""
+        if self.group_periods:
+            return sum(map(self.averages_at, range(1, done + 1)))
         synchronous = min(done, self.sync_steps)
         periodic = done // self.period - self.sync_steps // self.period if self.period and done > self.sync_steps else 0
         return synchronous + periodic
@@ -277,13 +310,13 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         replicas = gather_floats(list(self._evaluate("test")), self.root_device) if evaluates else []
         (distance,) = over_workers([self._distance_from_mean()], self.root_device)
         start = time.perf_counter()
-        self._average()
+        self._finish()
         self._averaging_s = time.perf_counter() - start
         self._averaged = True
         self.report = {
             "comm_at_end": gather_floats(self.comm_count(), self.root_device),  # the final averaging's
             "replica_distance": round(distance / self.world_size, 6),
-            "period": self.period,
+            **self.settings(),
             "periodic_averagings": self.periodic_averagings(),
             "same_init": self.same_init,
         }
