@@ -101,3 +101,23 @@ def test_the_centre_is_kept_in_checkpoints_and_a_resume_goes_on_exactly(tiny_dat
     a, b = weights(tmp_path / "straight"), weights(tmp_path / "resumed")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert metrics(tmp_path / "resumed")["epochs"] == 2
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        # all slow (~8 s each): the common-steps rule they follow runs by default in test_model_averaging (sizes)
+        pytest.param(["strategy=elastic_averaging", "strategy.tau=2"], marks=pytest.mark.slow),
+        pytest.param(["strategy=model_averaging", "strategy.group_periods={2:2}"], marks=pytest.mark.slow),
+        pytest.param(["strategy=diloco", "strategy.period=2"], marks=pytest.mark.slow),
+    ],
+    ids=["easgd", "hierarchical", "diloco"],
+)
+def test_uneven_shards_never_hang(tiny_data, tmp_path, schedule):
+    """A 70/30 split: each worker trains its whole shard, and the synchronisation points are the steps both
+    take (the smaller shard's 5 batches of 32 an epoch), as model averaging's."""
+    settings = ["workers=2", "data.partition=sizes", "data.partition_sizes=[0.7,0.3]", "trainer.max_epochs=1", *TINY]
+    settings += schedule
+    m = train(compose_cfg(f"data.root={tiny_data}", *settings), tmp_path / "run")
+    assert m["status"] == "completed" and m["history"][0]["samples"] == 512
+    assert m["periodic_averagings"] == 2  # 5 common steps: at 2 and 4

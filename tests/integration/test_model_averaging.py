@@ -338,11 +338,12 @@ DILOCO_H1 = ["strategy=diloco", "strategy.period=1", "strategy.outer_optimizer.l
 
 
 @pytest.mark.parametrize(
-    "outer,reference",
+    "outer,reference,atol",
     [
         pytest.param(  # outer Nesterov SGD at every step: DDP with SGD(lr 0.02 x 0.5, momentum 0.9, nesterov)
             DILOCO_H1,
             ["strategy=ddp", "optimizer.lr=0.01", "optimizer.momentum=0.9", "optimizer.nesterov=true"],
+            1e-5,
             id="H1-is-ddp-nesterov",
         ),
         pytest.param(  # an outer step of lr 1 without momentum lands on the mean: plain periodic averaging
@@ -354,12 +355,13 @@ DILOCO_H1 = ["strategy=diloco", "strategy.period=1", "strategy.outer_optimizer.l
                 "strategy.outer_optimizer.nesterov=false",
             ],
             ["strategy=model_averaging", "strategy.period=3"],
+            1e-6,
             id="lr1-is-local-sgd",
             marks=pytest.mark.slow,  # ~16 s; the DDP case runs the outer step by default
         ),
     ],
 )
-def test_diloco_reduces_to_the_method_it_generalises(tiny_data, tmp_path, outer, reference):
+def test_diloco_reduces_to_the_method_it_generalises(tiny_data, tmp_path, outer, reference, atol):
     """DiLoCo's outer step (Δ = θ_g − mean θ_i as the gradient of an outer SGD from θ_g): with H = 1 and plain inner
     SGD it is DDP with the outer optimizer's momentum and the product of the lrs; with outer lr 1 and no momentum
     it is plain local SGD. Each worker's inner optimizer here has no state of its own (PLAIN: no momentum)."""
@@ -368,7 +370,7 @@ def test_diloco_reduces_to_the_method_it_generalises(tiny_data, tmp_path, outer,
         cfg = compose_cfg(f"data.root={tiny_data}", "workers=2", "trainer.max_epochs=2", *PLAIN, *TINY, *settings)
         train(cfg, tmp_path / name)
         runs[name] = weights(tmp_path / name)
-    assert_close(runs["diloco"], runs["reference"], atol=1e-5)
+    assert_close(runs["diloco"], runs["reference"], atol=atol)
 
 
 @pytest.mark.slow  # ~20 s: two runs; the outer step itself runs by default (H1-is-ddp-nesterov)
