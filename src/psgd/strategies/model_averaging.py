@@ -15,6 +15,10 @@ worker); at an averaging point Δ = θ_g - mean_i θ_i (one all-reduce), each wo
 outer step with Δ as the gradient, and θ_g becomes the result; the inner optimizer's state stays each worker's.
 Outer SGD with lr 1 and no momentum is plain averaging. The final average at the end is a plain one.
 
+Hierarchical averaging (``group_periods``, the semantics of torch's HierarchicalModelAverager): at each step the
+replicas average within the largest group of consecutive ranks whose period divides it, the largest group all
+workers.
+
 The period runs across epochs. With uneven shards only each epoch's first F steps count towards it, F
 the fewest steps any worker takes in an epoch (computed locally from the partition), so every worker
 reaches every averaging point.
