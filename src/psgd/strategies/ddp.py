@@ -57,8 +57,9 @@ class TimesAllReduce:
         if not isinstance(self.model, DistributedDataParallel):
             return
         params = list(self.lightning_module.parameters())
-        group = self.model.process_group
-        self.compressor = build_compressor(self.compression, group, params, **self.compression_options)
+        # the default group, as None: a compressor holding the ProcessGroup object kept its gloo threads alive past
+        # the group's end at exit (GroupEndsAtExit), into a spawned worker's interpreter shutdown
+        self.compressor = build_compressor(self.compression, None, params, **self.compression_options)
         if self._compressor_state is not None:
             self.compressor.load_state_dict(move_data_to_device(self._compressor_state, self.root_device))
         self.allreduce_timed = self.root_device.type == "cpu"
