@@ -61,27 +61,22 @@ def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path) -> Any:
         "start_method": plan.start_method if plan.launcher == "psgd" else "popen",
         "timeout": timedelta(seconds=s.timeout_s),
     }
+    if s.name in ("model_averaging", "elastic_averaging"):  # a replica per worker
+        common |= {
+            "same_init": s.same_init,
+            "average_buffers": s.average_buffers,
+            "seed": cfg.seed,
+            "replica_dir": str(run_dir / "replicas") if s.save_replicas else None,
+        }
+    if s.name == "elastic_averaging":
+        return ElasticAveragingStrategy(tau=s.tau, alpha=s.alpha, **common)
     if s.name == "model_averaging":
         return ModelAveragingStrategy(
             period=s.period,
-            same_init=s.same_init,
-            average_buffers=s.average_buffers,
             average_optimizer_state=s.average_optimizer_state,
-            seed=cfg.seed,
-            replica_dir=str(run_dir / "replicas") if s.save_replicas else None,
             sync_steps=s.sync_steps,
             group_periods=OmegaConf.to_container(s.group_periods) if s.get("group_periods") else None,
             outer_optimizer=instantiate(s.outer_optimizer, _convert_="all") if s.get("outer_optimizer") else None,
-            **common,
-        )
-    if s.name == "elastic_averaging":
-        return ElasticAveragingStrategy(
-            tau=s.tau,
-            alpha=s.alpha,
-            same_init=s.same_init,
-            average_buffers=s.average_buffers,
-            seed=cfg.seed,
-            replica_dir=str(run_dir / "replicas") if s.save_replicas else None,
             **common,
         )
     if s.name == "hogwild":
@@ -90,7 +85,7 @@ def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path) -> Any:
     if plan.workers == 1 and cfg.trainer.num_nodes == 1 and not s.get("ddp_for_one_worker", False):
         return "auto"  # one process: no process group, nothing to all-reduce
     ddp_kwargs: dict[str, Any] = {"bucket_cap_mb": s.bucket_cap_mb} if s.get("bucket_cap_mb") is not None else {}
-    options = {key: default if s.get(key) is None else s[key] for key, (_, default) in COMPRESSION_KEYS.items()}
+    options = {key: s[key] for key in COMPRESSION_KEYS if s.get(key) is not None}  # null: the method's default
     return ReportsFirstFailure(  # Lightning's DDPStrategy; a failed run names the worker that failed first
         **common,
         find_unused_parameters=s.find_unused_parameters,

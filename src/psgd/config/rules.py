@@ -127,9 +127,13 @@ def _own_pace(cfg: DictConfig, world: int) -> None:
         )
 
 
+# model averaging's schedule keys beside `period`, with their unset values
+AVERAGING_SCHEDULE = {"sync_steps": 0, "outer_optimizer": None, "group_periods": None}
+
+
 def _strategy_keys(s: DictConfig) -> None:
-    """A compression key counts only for DDP, and only for its own compression, model averaging's sync_steps and
-    outer_optimizer only for it: one set elsewhere is refused."""
+    """A compression key counts only for DDP, and only for its own compression; model averaging's schedule keys
+    (AVERAGING_SCHEDULE) only for it: one set elsewhere is refused."""
     keys = {key: s.get(key) for key in ("compression", *COMPRESSION_KEYS) if s.get(key) is not None}
     if s.name != "ddp" and keys and keys != {"compression": "none"}:
         key = next(iter(keys))
@@ -137,8 +141,8 @@ def _strategy_keys(s: DictConfig) -> None:
             f"strategy.{key}={keys[key]} is invalid with strategy={s.name}: gradient compression is DDP's "
             "(model averaging and HogWild exchange no gradients); use strategy=ddp or leave it out"
         )
-    for key, default in (("sync_steps", 0), ("outer_optimizer", None), ("group_periods", None)):  # averaging's own
-        if s.name != "model_averaging" and s.get(key, default) != default:
+    for key, unset in AVERAGING_SCHEDULE.items():
+        if s.name != "model_averaging" and s.get(key, unset) != unset:
             raise ConfigError(
                 f"strategy.{key}={s[key]} is invalid with strategy={s.name}: it is model averaging's; use "
                 "strategy=model_averaging (or strategy=diloco) or leave it out"
@@ -164,14 +168,8 @@ def _groups(s: DictConfig, world: int) -> None:
             f"strategy.group_periods={shown} is invalid with {world} workers: group sizes must nest (each divides "
             f"the next) and the largest must be all {world} workers, e.g. {{{max(1, world // 2)}: 4, {world}: 16}}"
         )
-    other = next(
-        (
-            k
-            for k, unset in (("period", None), ("sync_steps", 0), ("outer_optimizer", None))
-            if s.get(k, unset) != unset
-        ),
-        None,
-    )
+    others = {"period": None, **AVERAGING_SCHEDULE}
+    other = next((k for k, unset in others.items() if k != "group_periods" and s.get(k, unset) != unset), None)
     if other:
         raise ConfigError(
             f"strategy.{other}={s[other]} is invalid with strategy.group_periods: the groups' periods are the "

@@ -41,7 +41,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
 )
 from torch.futures import Future
 
-from psgd.choices import COMPRESSIONS
+from psgd.choices import COMPRESSION_KEYS, COMPRESSIONS
 
 STATEFUL = ("powersgd", "topk", "sign", "qsgd")  # each worker's state goes into checkpoints
 QSGD_CHUNK = 512  # entries sharing one norm (the QSGD paper's bucket size)
@@ -108,8 +108,8 @@ class PowerSGD(Compressor):
         self,
         group: dist.ProcessGroup | None,
         params: list[nn.Parameter],
-        rank: int = 2,
-        start_step: int = 10,
+        rank: int,
+        start_step: int,
         seed: int = 0,
         min_compression_rate: float = 2,
     ) -> None:
@@ -200,7 +200,7 @@ def _mean_into(bucket: dist.GradBucket, world: int) -> Callable[[Future], Tensor
 class TopK(ErrorFeedback):
     name = "topk"
 
-    def __init__(self, group: dist.ProcessGroup | None, params: list[nn.Parameter], ratio: float = 0.01) -> None:
+    def __init__(self, group: dist.ProcessGroup | None, params: list[nn.Parameter], ratio: float) -> None:
         super().__init__(group, params)
         self.ratio = ratio
 
@@ -254,7 +254,7 @@ def qsgd_quantise(v: Tensor, levels: int, generator: torch.Generator) -> Tensor:
 class QSGD(Compressor):
     name = "qsgd"
 
-    def __init__(self, group: dist.ProcessGroup | None, params: list[nn.Parameter], levels: int = 16, seed: int = 0):
+    def __init__(self, group: dist.ProcessGroup | None, params: list[nn.Parameter], levels: int, seed: int = 0):
         super().__init__(group, params)
         self.levels = levels
         self.generator = torch.Generator().manual_seed(seed * 1_000_003 + dist.get_rank(group))
@@ -278,12 +278,13 @@ def build_compressor(
     group: dist.ProcessGroup | None,
     params: list[nn.Parameter],
     seed: int = 0,
-    powersgd_rank: int = 2,
-    powersgd_start_step: int = 10,
-    topk_ratio: float = 0.01,
-    qsgd_levels: int = 16,
+    powersgd_rank: int = COMPRESSION_KEYS["powersgd_rank"][1],
+    powersgd_start_step: int = COMPRESSION_KEYS["powersgd_start_step"][1],
+    topk_ratio: float = COMPRESSION_KEYS["topk_ratio"][1],
+    qsgd_levels: int = COMPRESSION_KEYS["qsgd_levels"][1],
 ) -> Compressor:
-    """The compressor `name` (of psgd.choices.COMPRESSIONS) for DDP over `params` in `group`."""
+    """The compressor `name` (of psgd.choices.COMPRESSIONS) for DDP over `params` in `group`; a method's settings
+    default to psgd.choices.COMPRESSION_KEYS' (what the config's null stands for)."""
     if name in ("fp16", "bf16"):
         return HalfPrecision(group, params, name)
     if name == "powersgd":
