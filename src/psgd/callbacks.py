@@ -286,19 +286,19 @@ def epoch_comm(strategy: Any, device: torch.device) -> dict[str, list]:
 def comm_summary(history: list[dict[str, Any]], at_end: list[list[float]] | None) -> dict[str, list]:
     """A run's communication per worker (COMM_KEYS): its epochs' and, `at_end`, what the strategy sent after the
     last epoch (model averaging's final average); {} for a record from before psgd counted it."""
-    epochs = [h for h in history if "comm_bytes" in h]
-    if not epochs and not at_end:
+    # one [[bytes, sent, calls, seconds] per worker] per epoch, and the end's
+    counts = [list(zip(*(h[key] for key in COMM_KEYS), strict=True)) for h in history if "comm_bytes" in h]
+    counts += [at_end] if at_end else []
+    if not counts:
         return {}
-    workers = len(epochs[0]["comm_bytes"]) if epochs else len(at_end)
     out = {}
     for i, key in enumerate(COMM_KEYS):
-        totals = []
-        for r in range(workers):
-            values = [h[key][r] for h in epochs] + ([at_end[r][i]] if at_end else [])
-            known = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-            total = sum(known) if known else None
-            totals.append(total if total is None or key == "comm_s" else int(total))
-        out[key] = [round(t, 4) if isinstance(t, float) else t for t in totals]
+        # (a run resumed with another worker count: the ranks every epoch had)
+        per_worker = [[entry[i] for entry in worker if entry[i] is not None] for worker in zip(*counts, strict=False)]
+        if key == "comm_s":  # None where no epoch was timed (a GPU)
+            out[key] = [round(sum(known), 4) if known else None for known in per_worker]
+        else:
+            out[key] = [int(sum(known)) for known in per_worker]
     return out
 
 

@@ -13,7 +13,7 @@ from psgd.data.datasets import DataError
 def build_datamodule(cfg: DictConfig, image_size: int | None = None) -> ClassificationData:
     """The run's datamodule, its images resized to `image_size` (None: the dataset's own); nothing read yet.
     A trainer.fast_dev_run smoke test evaluates batches no larger than the training's: its one validation and
-    one test batch of data.eval_batch_size took most of its time (two thirds of a WideResNet's 52 s on 2 cores)."""
+    one test batch of data.eval_batch_size were most of its time (docs/performance.md, "Start-up")."""
     data = OmegaConf.to_container(cfg.data, resolve=True)
     if cfg.trainer.get("fast_dev_run"):
         data["eval_batch_size"] = min(data["eval_batch_size"], data["batch_size"])
