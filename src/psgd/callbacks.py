@@ -18,6 +18,7 @@ from psgd.data.partition import generator
 from psgd.io import save_atomic, write_csv, write_json
 from psgd.process import this_process
 from psgd.signals import handler_for_this_process
+from psgd.stragglers import Stragglers
 from psgd.strategies.lightning_internals import handle_sigterm_with
 from psgd.strategies.workers import gather_floats, over_workers
 
@@ -274,13 +275,17 @@ def sync_summary(history: list[dict[str, Any]]) -> dict[str, float]:
 COMM_KEYS = ("comm_bytes", "comm_sent_bytes", "comm_calls", "comm_s")
 
 
-def epoch_comm(strategy: Any, device: torch.device) -> dict[str, list]:
-    """Every worker's communication for training in this epoch, in rank order (the strategy's `comm_count`; none
-    for a strategy without one): payload bytes, bytes as sent, collectives, seconds (None where not timed)."""
+def epoch_workers(strategy: Any, device: torch.device, steps: int, slept_s: float | None) -> dict[str, list]:
+    """Every worker's figures of this epoch, in rank order, from one all-gather: its communication for training
+    (COMM_KEYS, the strategy's `comm_count`; none for a strategy without one: payload bytes, bytes as sent,
+    collectives, seconds, None where not timed), its optimizer `steps_per_worker` and, with stragglers
+    (`slept_s` not None), `straggler_wait_s`, the time it slept."""
     own = strategy.comm_count() if hasattr(strategy, "comm_count") else [0, 0, 0, 0.0]
-    per_worker = list(zip(*gather_floats(own, device), strict=True))
-    comm = {key: [int(v) for v in values] for key, values in zip(COMM_KEYS[:3], per_worker, strict=False)}
-    return comm | {"comm_s": [None if math.isnan(s) else round(s, 4) for s in per_worker[3]]}
+    per_worker = list(zip(*gather_floats([*own, steps, slept_s or 0.0], device), strict=True))
+    figures = {key: [int(v) for v in values] for key, values in zip(COMM_KEYS[:3], per_worker, strict=False)}
+    figures |= {"comm_s": [None if math.isnan(s) else round(s, 4) for s in per_worker[3]]}
+    figures |= {"steps_per_worker": [int(v) for v in per_worker[4]]}
+    return figures | ({"straggler_wait_s": [round(s, 4) for s in per_worker[5]]} if slept_s is not None else {})
 
 
 def comm_summary(history: list[dict[str, Any]], at_end: list[list[float]] | None) -> dict[str, list]:
@@ -293,12 +298,25 @@ def comm_summary(history: list[dict[str, Any]], at_end: list[list[float]] | None
         return {}
     out = {}
     for i, key in enumerate(COMM_KEYS):
-        # (a run resumed with another worker count: the ranks every epoch had)
-        per_worker = [[entry[i] for entry in worker if entry[i] is not None] for worker in zip(*counts, strict=False)]
-        if key == "comm_s":  # None where no epoch was timed (a GPU)
-            out[key] = [round(sum(known), 4) if known else None for known in per_worker]
-        else:
-            out[key] = [int(sum(known)) for known in per_worker]
+        out[key] = per_worker_sums([[entry[i] for entry in epoch] for epoch in counts], integers=key != "comm_s")
+    return out
+
+
+def per_worker_sums(epochs: list[list[float | None]], integers: bool = True) -> list[float | None]:
+    """Each worker's sum over `epochs` (a value per worker each), None where it has none (comm_s on a GPU); a run
+    resumed with another worker count has the ranks every epoch had."""
+    per_worker = [[v for v in worker if v is not None] for worker in zip(*epochs, strict=False)]
+    return [(int(sum(known)) if integers else round(sum(known), 4)) if known else None for known in per_worker]
+
+
+def workers_summary(history: list[dict[str, Any]]) -> dict[str, list]:
+    """Each worker's optimizer steps over the run (`steps_per_worker`) and, with stragglers, its sleep
+    (`straggler_wait_s`); {} for a record without them."""
+    out = {}
+    for key in ("steps_per_worker", "straggler_wait_s"):
+        epochs = [h[key] for h in history if key in h]
+        if epochs:
+            out[key] = per_worker_sums(epochs, integers=key == "steps_per_worker")
     return out
 
 
@@ -337,6 +355,7 @@ class RunRecorder(Callback):
         self.epoch_to_target: int | None = None  # the epoch (from 1) whose validation first reached it
         self.step_to_target: int | None = None
         self._t0 = self._val_t0 = 0.0
+        self._step0 = 0  # the optimizer steps before this epoch
         self._val_s = 0.0
         self._samples = 0
         self._lr: float | None = None  # the lr the epoch started with
@@ -352,7 +371,7 @@ class RunRecorder(Callback):
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._val_s, self._samples, self._validated = 0.0, 0, False
+        self._val_s, self._samples, self._validated, self._step0 = 0.0, 0, False, trainer.global_step
         self._lr = float(trainer.optimizers[0].param_groups[0]["lr"]) if trainer.optimizers else None
         self._t0 = time.perf_counter()
 
@@ -400,7 +419,12 @@ class RunRecorder(Callback):
         ):
             # equal on every worker; sync_dist keeps Lightning's bookkeeping the same across ranks
             pl_module.log(name, value, on_step=False, on_epoch=True, sync_dist=True)
-        comm = epoch_comm(trainer.strategy, pl_module.device)
+        stragglers = next((c for c in trainer.callbacks if isinstance(c, Stragglers)), None)
+        slept = stragglers.take_wait() if stragglers is not None else None
+        comm = epoch_workers(trainer.strategy, pl_module.device, trainer.global_step - self._step0, slept)
+        if slept is not None:  # the mean over the workers
+            waits = comm["straggler_wait_s"]
+            pl_module.log("stragglers/wait_s", sum(waits) / len(waits), on_step=False, on_epoch=True, sync_dist=True)
         for name, key in (("comm/bytes", "comm_bytes"), ("comm/s", "comm_s")):
             if None not in comm[key]:  # per worker, the mean over the workers
                 pl_module.log(name, sum(comm[key]) / len(comm[key]), on_step=False, on_epoch=True, sync_dist=True)
@@ -466,6 +490,7 @@ class RunRecorder(Callback):
             **self._averaging_summary(),
             **sync_summary(self.history),
             **comm_summary(self.history, self.strategy_report.get("comm_at_end")),
+            **workers_summary(self.history),
             "history": self.history,
         }
 

@@ -435,6 +435,57 @@ def write_comm_plot(sweep_dir: Path, jobs: list[Job]) -> Path | None:
     return path
 
 
+def straggler_x(job: Job, key: str) -> float | None:
+    """A job's `key` (a swept stragglers.* key) as a number: a slowdown's largest factor (the slowest worker's),
+    a delay as it is; None where the job has no value for it."""
+    value = job["overrides"].get(key)
+    if key == "stragglers.slowdown":
+        return max(value) if isinstance(value, list) and value else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def straggler_lines(jobs: list[Job], swept: list[str]) -> tuple[str, str, dict[str, list[tuple[float, float]]]]:
+    """stragglers.png's lines for a sweep over a stragglers.* key (the first swept, if several): the key, what is
+    drawn (`time_to_target_s` where every completed job has a target, else `train_time_s`) and, per group of the
+    other swept keys (the strategy first), (the key's value as straggler_x reads it, the mean over seeds) in order;
+    no lines for a sweep over none."""
+    key = next((k for k in swept if k.startswith("stragglers.") and k != "stragglers.distribution"), "")
+    done = [j for j in jobs if j["status"] == "completed"]
+    measure = "time_to_target_s" if done and all(j.get("target_acc") is not None for j in done) else "train_time_s"
+    points: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for job in done if key else []:
+        x, y = straggler_x(job, key), job.get(measure)
+        if x is not None and y is not None:
+            points[" ".join(group_key(job, [k for k in swept if k != key]))][x].append(y)
+    lines = {label: [(x, statistics.fmean(ys[x])) for x in sorted(ys)] for label, ys in points.items()}
+    return key, measure, lines
+
+
+def write_straggler_plot(sweep_dir: Path, jobs: list[Job], swept: list[str]) -> Path | None:
+    """stragglers.png: straggler_lines' lines, time (to the target, else training) against the straggler setting;
+    None (and no file) where no line has two points."""
+    path = sweep_dir / "stragglers.png"
+    path.unlink(missing_ok=True)
+    key, measure, lines = straggler_lines(jobs, swept)
+    if all(len(points) < 2 for points in lines.values()):
+        return None
+    from matplotlib.figure import Figure
+
+    ax = (fig := Figure(figsize=(6.5, 4.5), layout="tight")).subplots()
+    for label, points in lines.items():
+        ax.plot(*zip(*points, strict=True), marker="o", label=label)
+    target = next((j["target_acc"] for j in jobs if j.get("target_acc") is not None), None)
+    ylabel = f"time to val acc {target:g} (s)" if measure == "time_to_target_s" else "training time (s)"
+    xlabel = "slowest worker's slowdown factor" if key == "stragglers.slowdown" else f"{key} (s)"
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=f"{ylabel.split(' (')[0]} vs {key}")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    with atomic_file(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=100)
+    return path
+
+
 # ---- the sweep as a whole ----
 
 
@@ -456,7 +507,7 @@ def write_report(sweep_dir: str | Path) -> Report:
     swept = swept_keys(jobs)
     rows, summary = build_rows(jobs, swept)
     plots = write_plots(sweep_dir, summary)
-    plots += [p for p in [write_comm_plot(sweep_dir, jobs)] if p is not None]
+    plots += [p for p in [write_comm_plot(sweep_dir, jobs), write_straggler_plot(sweep_dir, jobs, swept)] if p]
     not_started = max(0, planned - len(jobs))
     report = Report(sweep_dir, jobs, swept, rows, summary, plots, not_started)
     write_csv(sweep_dir / "report.csv", list(rows[0]), [list(r.values()) for r in rows])

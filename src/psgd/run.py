@@ -47,6 +47,7 @@ from psgd.rendezvous import init_elastic_process_group, rendezvous_port
 from psgd.resume import elastic_resume, init_weights, resolve_ckpt_path, sample_settings
 from psgd.run_checks import build_datamodule
 from psgd.stopped import exit_if_interrupted, lightning_refusal, mark_stopped, torchrun_worker_gone
+from psgd.stragglers import Stragglers, simulated
 from psgd.strategies import ElasticAveragingStrategy, HogwildStrategy, ModelAveragingStrategy
 from psgd.strategies.ddp import ReportsFirstFailure
 from psgd.summary import write_tensorboard_summary
@@ -81,7 +82,7 @@ def build_strategy(cfg: DictConfig, plan: Plan, run_dir: Path) -> Any:
         )
     if s.name == "hogwild":
         common.pop("start_method")  # always forkserver: see SharedMemoryLauncher
-        return HogwildStrategy(lock=s.lock, **common)
+        return HogwildStrategy(lock=s.lock, shared_queue=s.shared_queue, **common)
     if plan.workers == 1 and cfg.trainer.num_nodes == 1 and not s.get("ddp_for_one_worker", False):
         return "auto"  # one process: no process group, nothing to all-reduce
     ddp_kwargs: dict[str, Any] = {"bucket_cap_mb": s.bucket_cap_mb} if s.get("bucket_cap_mb") is not None else {}
@@ -208,6 +209,7 @@ def run_info(
         "lightning_strategy": lightning_strategy,
         "partition": cfg.data.partition,
         "compression": cfg.strategy.get("compression") if cfg.strategy.name == "ddp" else None,
+        "stragglers": OmegaConf.to_container(cfg.stragglers) if simulated(cfg.stragglers) else None,
         "precision": None,  # as Lightning runs it (16-mixed on CPU runs as bf16-mixed): set once it is known
         "parallel_batches": micro_batches_per_update(cfg, plan),
         "lr": module.hparams["lr"],
@@ -240,6 +242,8 @@ def build_callbacks(
     ]
     if per_step_lr:  # the lr every trainer.log_every_n_steps steps (tag lr_step; `lr` is each epoch's start)
         callbacks.append(LearningRateMonitor(logging_interval="step"))
+    if simulated(cfg.stragglers):
+        callbacks.append(Stragglers(**OmegaConf.to_container(cfg.stragglers), seed=cfg.seed))
     if cfg.record_shards:
         callbacks.append(ShardRecorder(str(run_dir)))
     if cfg.get("record_weights"):

@@ -18,6 +18,8 @@ CASES = [
     (["trainer.devices=0"], "trainer.devices=0"),
     (["workers=2", "data.partition=sizes", "data.partition_sizes=[0.5,0.4]"], "sum to 1"),
     (["model=singa_cnn", "data=cifar10"], "model=singa_cnn does not fit data=cifar10"),
+    # before any worker starts
+    (["workers=2", "stragglers.slowdown=[1,2,3]"], "stragglers.slowdown=[1, 2, 3] is invalid with 2 workers"),
     # found once the data is read, still before anything is written (it used to train zero steps)
     (["data.drop_last=true", "data.batch_size=1024"], "no training batch for worker 0 (512 samples) of 1"),
     # values psgd passes on to Lightning's Trainer unchecked: Lightning's reason, in one line

@@ -199,6 +199,25 @@ BAD = [
         "optimizer settings are invalid: torch.optim.SGD refuses them (Nesterov momentum requires a momentum and "
         "zero dampening); the settings were: lr=0.02 momentum=0 weight_decay=0.0 nesterov=True fused=True",
     ),
+    # stragglers: every worker's factor, each >= 1, a delay >= 0 from a distribution psgd draws
+    (
+        ["workers=2", "stragglers.slowdown=[1,1,3]"],
+        "stragglers.slowdown=[1, 1, 3] is invalid with 2 workers: it takes one factor per worker (2), e.g. [1, 3]",
+    ),
+    (
+        ["workers=2", "stragglers.slowdown=[1,0.5]"],
+        "stragglers.slowdown=[1, 0.5] is invalid: slowdown takes a list of one factor >= 1 per worker, e.g. [1, 3]",
+    ),
+    (["stragglers.slowdown=3"], "stragglers.slowdown=3 is invalid: slowdown takes a list of one factor >= 1 per"),
+    (["stragglers.delay_s=-0.1"], "stragglers.delay_s=-0.1 is invalid: Input should be greater than or equal to 0"),
+    (
+        ["stragglers.distribution=gamma"],
+        "stragglers.distribution='gamma' is invalid: Input should be 'none', 'fixed' or 'exponential'",
+    ),
+    (
+        ["workers=2", "strategy=hogwild", "strategy.shared_queue=true", "scheduler=warmup", "scheduler.interval=step"],
+        "scheduler.interval=step is invalid with strategy.shared_queue=true: each worker takes as many",
+    ),
     # the schema's word, not the optimizer's: NovoGrad said "(list index out of range)"
     (
         ["optimizer=novograd", "optimizer.betas=[0.9]"],

@@ -42,6 +42,7 @@ LAYERS = {
     "psgd.module": 2,
     "psgd.optim": 2,
     "psgd.strategies": 2,
+    "psgd.stragglers": 2,
     # 3 the configuration and the run
     "psgd.config": 3,
     "psgd.outputs": 3,

@@ -177,6 +177,27 @@ def _groups(s: DictConfig, world: int) -> None:
         )
 
 
+def _stragglers(st: DictConfig, world: int) -> None:
+    """stragglers.slowdown names every worker's factor: one per worker of all nodes."""
+    slowdown = st.get("slowdown")
+    if slowdown is not None and len(slowdown) != world:
+        example = ", ".join(["1"] * (world - 1) + ["3"])
+        raise ConfigError(
+            f"stragglers.slowdown={list(slowdown)} is invalid with {world} workers: it takes one factor per worker "
+            f"({world}), e.g. [{example}] for the last one three times slower; or null for none"
+        )
+
+
+def _shared_queue(cfg: DictConfig) -> None:
+    """HogWild's shared queue leaves each worker's steps per epoch to its speed: no lr schedule by steps."""
+    if cfg.strategy.get("shared_queue") and cfg.strategy.name == "hogwild":
+        if schedule(cfg.scheduler).get("interval") == "step":
+            raise ConfigError(
+                "scheduler.interval=step is invalid with strategy.shared_queue=true: each worker takes as many of the "
+                "epoch's batches as its speed allows, so its steps per epoch are unknown; use scheduler.interval=epoch"
+            )
+
+
 def check_values(cfg: DictConfig) -> int:
     """Every value the config alone decides (no torch, no machine): the schema, then the rules that join
     keys. Returns the workers per node; raises ConfigError."""
@@ -198,6 +219,8 @@ def check_values(cfg: DictConfig) -> int:
             f"= (0, {1 / world:.4g}] (the centre moves workers x alpha of the way); or null for 0.9 / workers"
         )
     _own_pace(cfg, workers * cfg.trainer.num_nodes)
+    _stragglers(cfg.stragglers, world)
+    _shared_queue(cfg)
     _partition(cfg.data, workers)
     resolve_accumulation(cfg, workers * cfg.trainer.num_nodes)
     return workers

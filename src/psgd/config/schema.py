@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from omegaconf import DictConfig, OmegaConf
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from psgd.choices import COMPRESSIONS, DECAYS, INFO, LR_SCALING, SCHEMES
 
@@ -205,6 +205,8 @@ class HogWild(Strategy):
     """One model in CPU shared memory, updated by every worker without locks."""
     lock: bool
     """The locked baseline: one update at a time."""
+    shared_queue: bool
+    """The epoch's batches go to whichever worker asks next (a faster worker takes more); false: own shards."""
     start_method: Literal["forkserver"] | None
     """Fixed: forkserver keeps the model shared."""
 
@@ -261,6 +263,29 @@ class EarlyStop(Group):
     """Validations in a row at target_acc."""
 
 
+def _factors(value: Any) -> Any:
+    """stragglers.slowdown: a list of one factor f >= 1 per worker (1: its own speed; 3: three times its compute per
+    step), or None."""
+    numbers = isinstance(value, list) and all(isinstance(f, int | float) and not isinstance(f, bool) for f in value)
+    if value is not None and not (numbers and value and all(f >= 1 for f in value)):
+        raise ValueError(
+            "slowdown takes a list of one factor >= 1 per worker, e.g. [1, 3] (1: its own speed, 3: three times "
+            "slower), or null"
+        )
+    return value
+
+
+class Stragglers(Group):
+    slowdown: Annotated[list[float] | None, BeforeValidator(_factors)]
+    """One factor per worker: after each step a worker with factor f sleeps (f - 1) x the step's compute time."""
+    delay_s: float = Field(ge=0)
+    """An extra sleep per step, as `distribution` draws it (s)."""
+    distribution: Literal["none", "fixed", "exponential"]
+    """The extra sleep: none, fixed (delay_s) or exponential (shift_s + Exp(mean delay_s)), seeded per worker."""
+    shift_s: float = Field(ge=0)
+    """distribution=exponential: the shift of the exponential delay (s)."""
+
+
 class Run(Group):
     """One training run (train.yaml; sweep.yaml is the same)."""
 
@@ -271,6 +296,7 @@ class Run(Group):
     strategy: Annotated[DDP | ModelAveraging | ElasticAveraging | HogWild, Field(discriminator="name")]
     trainer: Trainer
     early_stop: EarlyStop
+    stragglers: Stragglers
     workers: int = Field(ge=1)
     """Worker processes per node; trainer.devices follows unless set."""
     threads_per_worker: int | None = Field(ge=1)

@@ -91,6 +91,11 @@ class TensorLoader:
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         self.seen = []
+        if getattr(self.sampler, "on_demand", False):  # dealt as the worker asks (HogWild's shared queue): one by one
+            for idx in self.sampler:
+                self.seen.append(idx)
+                yield self.batch(idx.to(self.images.device))
+            return
         host = list(self.sampler)  # the epoch's order is fixed when it starts
         if not host:
             return

@@ -51,6 +51,7 @@ class TimesAllReduce:
         self._buckets: list[tuple[float, float]] = []  # this step's buckets: (launched, done), perf_counter s
         self._steps: list[tuple[float, float]] = []  # this epoch's steps: (all-reduce ms, wait ms)
         self._comm_s = 0.0  # this epoch's all-reduce time, summed over its steps
+        self.waited_s = 0.0  # the steps' waits for the other workers' gradients since the start, on CPU (s)
 
     def configure_ddp(self) -> None:
         super().configure_ddp()
@@ -110,6 +111,7 @@ class TimesAllReduce:
             first, last, end = min(b[0] for b in buckets), max(b[0] for b in buckets), max(b[1] for b in buckets)
             self._steps.append(((end - first) * 1e3, (end - last) * 1e3))
             self._comm_s += end - first
+            self.waited_s += end - last
         return out
 
     def epoch_figures(self) -> dict[str, float]:

@@ -8,10 +8,16 @@ gradients in parallel, each update written under one lock (its wait: ``hogwild/l
 
 Staleness (``hogwild/staleness``): how many other workers' updates landed between a worker's read of
 the weights and its own write, from a shared update counter.
+
+``shared_queue=True`` deals the epoch's batches (every shard's, in turn) to whichever worker asks next, as the
+paper's processors each sample from the whole data: a faster worker takes more of them, and an epoch ends when
+they are all taken, not when the slowest worker is through a shard as large as the others'.
 """
 
 import multiprocessing
 import time
+from collections.abc import Iterator
+from itertools import zip_longest
 from typing import Any
 
 import pytorch_lightning as L
@@ -23,16 +29,53 @@ from psgd.strategies.lightning_internals import SharedMemoryLaunch, without_per_
 from psgd.strategies.workers import GroupEndsAtExit, PerWorkerCheckpoints, gather_floats, over_workers
 
 
+class SharedQueue:
+    """A worker's sampler that takes the epoch's batches from a queue every worker shares: the batches of every
+    shard (of `sampler`, a ShardSampler), in turn, and a counter in shared memory of those taken. It has no
+    length: Lightning then ends a worker's epoch, and validates, when the queue is empty."""
+
+    on_demand = True  # TensorLoader makes each batch as it is taken
+
+    def __init__(self, sampler: Any, taken: torch.Tensor, lock: Any):
+        self.sampler, self.taken, self.lock = sampler, taken, lock  # taken: one counter per epoch parity
+
+    def set_epoch(self, epoch: int) -> None:
+        """Also makes the next epoch's counter 0: no worker can be taking from it (the workers meet at every
+        epoch's end, and the current epoch's is the other one)."""
+        self.sampler.set_epoch(epoch)
+        self.taken[(self.sampler.epoch + 1) % 2] = 0
+
+    def batches(self) -> list[torch.Tensor]:
+        """The epoch's batches in the order they are dealt: each shard's first, then each shard's second ..."""
+        size = self.sampler.batch_size
+        per_shard = [list(s.split(size)) for s in self.sampler.shards()]
+        if self.sampler.drop_last:
+            per_shard = [[b for b in batches if len(b) == size] for batches in per_shard]
+        return [b for turn in zip_longest(*per_shard) for b in turn if b is not None]
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        batches, slot = self.batches(), self.sampler.epoch % 2
+        while True:
+            with self.lock:
+                i = int(self.taken[slot])
+                self.taken[slot] = i + 1
+            if i >= len(batches):
+                return
+            yield batches[i]
+
+
 class HogwildStrategy(SharedMemoryLaunch, PerWorkerCheckpoints, GroupEndsAtExit, DDPStrategy):
     """Workers share one CPU model and update it without locks; each keeps its own optimizer and lr
     schedule (PerWorkerCheckpoints)."""
 
     strategy_name = "hogwild"
 
-    def __init__(self, lock: bool = False, **ddp_kwargs: Any):
+    def __init__(self, lock: bool = False, shared_queue: bool = False, **ddp_kwargs: Any):
         ddp_kwargs["start_method"] = "forkserver"
         super().__init__(**ddp_kwargs)
-        self.lock = lock
+        self.lock, self.shared_queue = lock, shared_queue
+        self._taken: torch.Tensor | None = None  # shared_queue: batches taken, by epoch parity
+        self._queue_lock = None
         self.report: dict[str, Any] = {}
         self._update_lock = None
         self._version: torch.Tensor | None = None  # shared: updates written so far, by anyone
@@ -40,6 +83,7 @@ class HogwildStrategy(SharedMemoryLaunch, PerWorkerCheckpoints, GroupEndsAtExit,
         self._staleness_sum = 0
         self._staleness_count = 0
         self._lock_wait_s = 0.0  # lock=True: this epoch's time waiting for the update lock
+        self.waited_s = 0.0  # lock=True: the time waiting for the update lock since the start (s)
 
     @override
     def share(self) -> None:
@@ -47,7 +91,18 @@ class HogwildStrategy(SharedMemoryLaunch, PerWorkerCheckpoints, GroupEndsAtExit,
         self.model.share_memory()
         self._version = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._updates = torch.zeros(self.num_processes * self.num_nodes, dtype=torch.int64).share_memory_()
-        self._update_lock = multiprocessing.get_context("forkserver").Lock() if self.lock else None
+        context = multiprocessing.get_context("forkserver")
+        self._update_lock = context.Lock() if self.lock else None
+        if self.shared_queue:
+            self._taken = torch.zeros(2, dtype=torch.int64).share_memory_()
+            self._queue_lock = context.Lock()
+
+    @override
+    def process_dataloader(self, dataloader: Any) -> Any:
+        """With shared_queue, the training loader takes its batches from the queue every worker shares."""
+        if self._taken is not None and hasattr(getattr(dataloader, "sampler", None), "shards"):
+            dataloader.sampler = SharedQueue(dataloader.sampler, self._taken, self._queue_lock)
+        return dataloader
 
     @override
     def configure_ddp(self) -> None:
@@ -72,7 +127,9 @@ class HogwildStrategy(SharedMemoryLaunch, PerWorkerCheckpoints, GroupEndsAtExit,
                 start = time.perf_counter()
                 self._update_lock.acquire()  # ... then one write at a time
                 held = True
-                self._lock_wait_s += time.perf_counter() - start
+                waited = time.perf_counter() - start
+                self._lock_wait_s += waited
+                self.waited_s += waited
                 return result
 
             try:

@@ -129,6 +129,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         self._common_before = 0  # the steps every worker took in the epochs before this one
         self._averaged = False  # True once the final averaging has made every replica equal
         self._averaging_s = 0.0  # this epoch's time in periodic averaging
+        self.waited_s = 0.0  # the time in periodic averaging since the start: waiting for the others (s)
         self._comm = [0, 0]  # this epoch's (or, after it, the final averaging's) bytes and all-reduces
 
     @property
@@ -233,7 +234,9 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         if self._steps_in_epoch <= self._common_steps and self.averages_at(done):
             start = time.perf_counter()
             self._sync()
-            self._averaging_s += time.perf_counter() - start
+            spent = time.perf_counter() - start
+            self._averaging_s += spent
+            self.waited_s += spent
         return output
 
     def _sync(self) -> None:
