@@ -436,12 +436,12 @@ def write_comm_plot(sweep_dir: Path, jobs: list[Job]) -> Path | None:
 
 
 def straggler_x(job: Job, key: str) -> float | None:
-    """A job's `key` (a swept stragglers.* key) as a number: a slowdown's largest factor (the slowest worker's),
-    a delay as it is; None where the job has no value for it."""
-    value = job["overrides"].get(key)
+    """A job's `key` (a swept stragglers.* key) as its metrics.json records it, as a number: a slowdown's largest
+    factor (the slowest worker's), a delay as it is; None where the job has none (the simulation was off)."""
+    value = (job.get("stragglers") or {}).get(key.removeprefix("stragglers."))
     if key == "stragglers.slowdown":
-        return max(value) if isinstance(value, list) and value else None
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+        return max(value) if value else None
+    return value
 
 
 def straggler_lines(jobs: list[Job], swept: list[str]) -> tuple[str, str, dict[str, list[tuple[float, float]]]]:

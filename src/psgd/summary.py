@@ -17,9 +17,10 @@ HPARAM_METRICS = ("test/acc", "test/loss", "val/acc", "val/loss", "time/samples_
 
 def hparam_metrics(metrics: dict[str, Any]) -> list[str]:
     """The HParams tab's columns of a run: HPARAM_METRICS, its strategy's own figures as far as the run wrote
-    them (its history's FIGURES), and a model-averaging run's averaged model."""
+    them (its history's FIGURES), with stragglers their sleep, and a model-averaging run's averaged model."""
     history = metrics.get("history") or [{}]
     own = [FIGURES[key][0] for key in history[-1] if key in FIGURES]
+    own += ["stragglers/wait_s"] if "straggler_wait_s" in history[-1] else []
     averaged = ["averaged/test_acc", "averaged/val_acc"] if metrics.get("worker_test_acc") else []
     return [*HPARAM_METRICS, *own, *averaged]
 

@@ -2,7 +2,6 @@
 
 import math
 import statistics
-import time
 from pathlib import Path
 
 import pytest
@@ -92,22 +91,27 @@ def test_two_worker_metrics_and_tensorboard(ddp2):
     assert not any(c.startswith(("hogwild/", "averag")) for c in columns)  # only what a DDP run writes
 
 
-class SlowBackwardOnRank1(L.Callback):
-    """Worker 1 starts every backward 0.2 s late: worker 0's all-reduce waits for its gradients."""
-
-    def on_before_backward(self, trainer, pl_module, loss):
-        if trainer.global_rank == 1:
-            time.sleep(0.2)
-
-
-def test_a_slow_worker_shows_as_time_waiting_for_the_allreduce(ddp2, tiny_data, tmp_path):
-    """What synchronising costs: a worker 0.2 s late at every step keeps the other waiting ~0.2 s in each
-    all-reduce (half that in the mean over both workers), most of the training time; the ddp2 run,
-    whose workers keep pace, waits a fraction of that."""
-    cfg = compose_cfg(f"data.root={tiny_data}", "workers=2", "trainer.max_epochs=1", *TINY)
-    slow = train(cfg, tmp_path / "run", callbacks=[SlowBackwardOnRank1()])
-    assert slow["allreduce_wait_ms"] > 80 and slow["allreduce_wait_share"] > 0.3, slow
+def test_a_straggler_holds_every_step_and_the_other_worker_waits_for_it_in_the_allreduce(ddp2, tiny_data, tmp_path):
+    """stragglers.slowdown=[1, 3]: worker 1 sleeps twice its compute after each step. Every DDP step waits for the
+    slowest worker, so the epoch lasts at least worker 1's sleep and compute (its compute: half its sleep), and
+    worker 0 waits out worker 1's sleeps in the all-reduce (all but the last step's, which it waits out at the
+    epoch's end: 7 of 8 here, less where worker 0's own next step overlaps), up to two thirds of its time (a third
+    in the mean over both workers); the ddp2 run, whose workers keep pace, waits a fraction of that."""
+    cfg = compose_cfg(f"data.root={tiny_data}", "workers=2", "trainer.max_epochs=1", "stragglers.slowdown=[1,3]", *TINY)
+    slow = train(cfg, tmp_path / "run")
+    slept, comm = slow["straggler_wait_s"], slow["comm_s"]
+    assert slept[0] == 0 and slept[1] > 0 and slow["steps_per_worker"] == [8, 8]
+    assert slow["train_time_s"] >= 1.5 * slept[1]
+    assert comm[0] >= 0.5 * slept[1] and comm[0] > 3 * comm[1], slow
+    assert slow["allreduce_wait_share"] > 0.2, slow
     assert metrics(ddp2)["allreduce_wait_ms"] < slow["allreduce_wait_ms"] / 2
+    assert slow["stragglers"] == {"slowdown": [1, 3], "delay_s": 0.0, "distribution": "none", "shift_s": 0.0}
+    assert metrics(ddp2)["stragglers"] is None and "straggler_wait_s" not in metrics(ddp2)  # off: nothing
+    events = tensorboard(tmp_path / "run")
+    assert scalars(events, "stragglers/wait_s") == pytest.approx([slept[1] / 2], abs=1e-3)
+    experiment = HParamsPluginData.FromString(events.PluginTagToContent("hparams")["_hparams_/experiment"]).experiment
+    assert "stragglers/wait_s" in {i.name.tag for i in experiment.metric_infos}  # a column of the HParams tab
+    assert undocumented(tmp_path / "run") == []
 
 
 class CountsBroadcasts(L.Callback):

@@ -219,21 +219,9 @@ def test_period_one_is_exactly_synchronous_sgd(tiny_data, tmp_path, update):
     runs = {}
     for strategy, extra in (("ddp", []), ("model_averaging", ["strategy.period=1"])):
         extra = [*extra, *update] if strategy == "model_averaging" else [*extra, *update[:1]]
-        run_dir = tmp_path / strategy
-        proc = run_cli(
-            "train.py",
-            f"strategy={strategy}",
-            "workers=2",
-            f"data.root={tiny_data}",
-            "trainer.max_epochs=2",
-            "trainer.accumulate_grad_batches=3",
-            f"hydra.run.dir={run_dir}",
-            *PLAIN,
-            *TINY,
-            *extra,
-        )
-        assert proc.returncode == 0, proc.stderr
-        runs[strategy] = weights(run_dir)
+        settings = [f"strategy={strategy}", "workers=2", "trainer.max_epochs=2", "trainer.accumulate_grad_batches=3"]
+        train(compose_cfg(*settings, f"data.root={tiny_data}", *PLAIN, *TINY, *extra), tmp_path / strategy)
+        runs[strategy] = weights(tmp_path / strategy)
     assert_close(runs["model_averaging"], runs["ddp"], atol=1e-5)
 
 
@@ -247,10 +235,7 @@ def test_a_period_longer_than_an_epoch_still_averages_every_period_steps(tiny_da
     settings = ["strategy=model_averaging", "workers=2", "strategy.period=12", "trainer.max_epochs=3", *TINY]
     settings += ["trainer.limit_val_batches=0", "trainer.limit_test_batches=1"]
     run_dir, resumed = tmp_path / "run", tmp_path / "resumed"
-    extra = ["checkpoint_every_epoch=true"]
-    proc = run_cli("train.py", *settings, *extra, f"data.root={tiny_data}", f"hydra.run.dir={run_dir}")
-    assert proc.returncode == 0, proc.stderr
-    assert "never comes" not in proc.stderr  # 12 <= 24 steps
+    train(compose_cfg(*settings, "checkpoint_every_epoch=true", f"data.root={tiny_data}"), run_dir)
     m = metrics(run_dir)
     assert m["history"][-1]["step"] == 24  # each worker's optimizer steps
     assert m["replica_distance"] == 0 and m["periodic_averagings"] == 2  # at steps 12 and 24
@@ -266,8 +251,7 @@ def test_a_period_longer_than_an_epoch_still_averages_every_period_steps(tiny_da
     assert m["comm_bytes"] == m["comm_sent_bytes"] == [3 * model_bytes] * 2 and m["comm_calls"] == [3, 3]
     assert [h["comm_bytes"] for h in m["history"]] == [[0, 0], [model_bytes] * 2, [model_bytes] * 2]
     ckpt = run_dir / "checkpoints" / "epoch1.ckpt"
-    proc = run_cli("train.py", *settings, f"ckpt_path={ckpt}", f"data.root={tiny_data}", f"hydra.run.dir={resumed}")
-    assert proc.returncode == 0, proc.stderr
+    train(compose_cfg(*settings, f"ckpt_path={ckpt}", f"data.root={tiny_data}"), resumed)
     # the count goes on over the whole run: step 12 before the checkpoint, 24 after it
     assert metrics(resumed)["replica_distance"] == 0 and metrics(resumed)["periodic_averagings"] == 2
     assert_close(weights(resumed), weights(run_dir), atol=0)
@@ -282,29 +266,22 @@ def test_a_period_longer_than_an_epoch_still_averages_every_period_steps(tiny_da
     ],
     ids=["sizes", "by_label"],
 )
-def test_uneven_shards_complete_with_periodic_averaging(tiny_data, tmp_path, partition):
+def test_uneven_shards_and_uneven_speeds_complete_with_periodic_averaging(tiny_data, tmp_path, partition):
+    """Worker 0 also three times slower (stragglers.slowdown): the replicas still average at the same points,
+    the fast worker waiting there for the slow one, and the run ends."""
     run_dir = tmp_path / "run"
-    proc = run_cli(
-        "train.py",
-        "strategy=model_averaging",
-        "workers=2",
-        "strategy.period=2",
-        f"data.root={tiny_data}",
-        "trainer.max_epochs=2",
-        "record_shards=true",
-        f"hydra.run.dir={run_dir}",
-        *partition,
-        *TINY,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr
+    settings = ["strategy=model_averaging", "workers=2", "strategy.period=2", "trainer.max_epochs=2"]
+    settings += ["record_shards=true", "stragglers.slowdown=[3,1]", f"data.root={tiny_data}", *partition, *TINY]
+    train(compose_cfg(*settings), run_dir)
     m = metrics(run_dir)
+    assert m["straggler_wait_s"][0] > 0 and m["straggler_wait_s"][1] == 0
     # each worker trained on its whole shard (no lockstep), so every sample was used each epoch
     assert [h["samples"] for h in m["history"]] == [512, 512]
     sizes = sorted(len(torch.load(run_dir / "shards" / f"epoch0_rank{r}.pt")) for r in range(2))
     assert sum(sizes) == 512
     # F steps per epoch, the smaller shard's batches of 32, counted over both epochs: an averaging every 2
     assert m["periodic_averagings"] == 2 * math.ceil(sizes[0] / 32) // 2
+    assert m["comm_calls"] == [m["periodic_averagings"] + 1] * 2  # and the final average, on both workers
     if "data.partition=sizes" in partition:
         assert sizes == [154, 358] and m["periodic_averagings"] == 5  # at steps 2, 4, 6, 8, 10
 

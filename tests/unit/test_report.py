@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from psgd.callbacks import sync_summary
 from psgd.process import this_process
-from psgd.report import comm_label, main, plot_lines, write_report
+from psgd.report import comm_label, main, plot_lines, straggler_lines, write_report
 from psgd.sweep import LAST, SweepReport, progress_line, sweep_lengths
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -282,6 +282,34 @@ def test_each_job_says_the_mb_its_workers_sent_and_one_plot_puts_accuracy_agains
     labels = [comm_label(j) for j in report.jobs]
     assert labels[:4] == ["ddp none x2", "ddp topk x2", "model_averaging period=8 x2", "model_averaging one-shot x2"]
     assert "| comm_mb |" in (tmp_path / "report.md").read_text()
+
+
+def test_a_sweep_over_stragglers_plots_time_to_target_against_the_slowest_factor_a_line_per_strategy(tmp_path):
+    """experiment=stragglers' shape: strategies x the last worker's slowdown, two seeds of DDP at factor 4."""
+    times = {"ddp": {1: [10.0], 2: [19.0], 4: [38.0, 40.0]}, "hogwild": {1: [12.0], 2: [13.0], 4: [15.0]}}
+    num = 0
+    for strategy, per_factor in times.items():
+        for factor, runs in per_factor.items():
+            for seed, t in enumerate(runs):
+                job = done(strategy, 4, t + 1, 0.98, target_acc=0.98, time_to_target_s=t)
+                job["stragglers"] = {"slowdown": [1, 1, 1, factor], "delay_s": 0.0, "distribution": "none"}
+                over = {"strategy": strategy, "stragglers.slowdown": f"[1,1,1,{factor}]", "seed": seed}
+                make_job(tmp_path, num, over, job, workers=4)
+                num += 1
+    report = write_report(tmp_path)
+    key, measure, lines = straggler_lines(report.jobs, report.swept)
+    assert (key, measure) == ("stragglers.slowdown", "time_to_target_s")
+    assert lines == {"ddp": [(1, 10.0), (2, 19.0), (4, 39.0)], "hogwild": [(1, 12.0), (2, 13.0), (4, 15.0)]}
+    assert (tmp_path / "stragglers.png") in report.plots
+    assert (tmp_path / "stragglers.png").read_bytes()[:8] == PNG_MAGIC
+    # without a target: the training time; a sweep over no stragglers.* key draws none
+    for job in report.jobs:
+        job["target_acc"] = None
+    assert straggler_lines(report.jobs, report.swept)[1:] == (
+        "train_time_s",
+        {"ddp": [(1, 11.0), (2, 20.0), (4, 40.0)], "hogwild": [(1, 13.0), (2, 14.0), (4, 16.0)]},
+    )
+    assert straggler_lines(report.jobs, ["strategy", "seed"])[2] == {}
 
 
 def test_groups_are_per_strategy_and_other_swept_values(tmp_path):
