@@ -5,8 +5,11 @@ After each training step a worker sleeps
 
     (f - 1) x c + d
 
-where f is its `slowdown` factor, c the step's measured compute time (the step's wall time less what the
-strategy spent waiting for the other workers in it, its `waited_s`) and d the extra delay `distribution` draws:
+where f is its `slowdown` factor, c the step's measured compute time and d the extra delay `distribution` draws.
+c is the time since the worker's previous step ended (its sleep excluded; from the epoch's first batch, that
+batch's start): the data, forward, backward and update and the training loop's own work, as a machine f times
+slower would take f times as long for all of it; less what the strategy spent in it waiting for the other workers
+(its `waited_s`), so that a fast worker's wait for a slow one is not scaled. d:
 none (0), fixed (`delay_s`) or exponential (`shift_s` + Exp(mean `delay_s`)), from a stream seeded by (seed,
 rank, epoch), so that a rerun, and a run resumed at an epoch, sleeps the same. A sleep frees the worker's core:
 it models a slower machine, not a busier one. The other workers meet the sleep where the strategy makes them
@@ -56,7 +59,8 @@ class Stragglers(Callback):
         self.factor = 1.0  # this worker's
         self.waited_s = 0.0  # this epoch's sleep
         self._rng: np.random.Generator | None = None
-        self._t0 = self._others0 = 0.0
+        self._t0: float | None = None  # when this step's compute began
+        self._others0 = 0.0  # the strategy's waiting then
         self._cuda = False
 
     @override
@@ -67,6 +71,7 @@ class Stragglers(Callback):
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._rng = np.random.default_rng([self.seed, DRAWS, trainer.global_rank, trainer.current_epoch])
+        self._t0 = None  # the step's clock starts at the epoch's first batch (not across its validation)
 
     def delay(self) -> float:
         """The next extra delay of this worker's stream (s)."""
@@ -86,7 +91,8 @@ class Stragglers(Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._t0, self._others0 = self._clock(trainer)
+        if self._t0 is None:
+            self._t0, self._others0 = self._clock(trainer)
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
@@ -96,6 +102,7 @@ class Stragglers(Callback):
         if sleep > 0:
             time.sleep(sleep)
             self.waited_s += sleep
+        self._t0, self._others0 = time.perf_counter(), others  # the next step's clock starts after the sleep
 
     def take_wait(self) -> float:
         """This epoch's sleep so far (s); it starts anew."""

@@ -38,12 +38,14 @@ class SharedQueue:
 
     def __init__(self, sampler: Any, taken: torch.Tensor, lock: Any):
         self.sampler, self.taken, self.lock = sampler, taken, lock  # taken: one counter per epoch parity
+        self.epoch = 0  # the training epoch (the sampler's may stay 0: overfit_batches)
 
     def set_epoch(self, epoch: int) -> None:
         """Also makes the next epoch's counter 0: no worker can be taking from it (the workers meet at every
         epoch's end, and the current epoch's is the other one)."""
         self.sampler.set_epoch(epoch)
-        self.taken[(self.sampler.epoch + 1) % 2] = 0
+        self.epoch = epoch
+        self.taken[(epoch + 1) % 2] = 0
 
     def batches(self) -> list[torch.Tensor]:
         """The epoch's batches in the order they are dealt: each shard's first, then each shard's second ..."""
@@ -54,7 +56,7 @@ class SharedQueue:
         return [b for turn in zip_longest(*per_shard) for b in turn if b is not None]
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        batches, slot = self.batches(), self.sampler.epoch % 2
+        batches, slot = self.batches(), self.epoch % 2
         while True:
             with self.lock:
                 i = int(self.taken[slot])
