@@ -47,7 +47,7 @@ from psgd.rendezvous import init_elastic_process_group, rendezvous_port
 from psgd.resume import elastic_resume, init_weights, resolve_ckpt_path, sample_settings
 from psgd.run_checks import build_datamodule
 from psgd.stopped import exit_if_interrupted, lightning_refusal, mark_stopped, torchrun_worker_gone
-from psgd.stragglers import Stragglers, simulated
+from psgd.stragglers import Stragglers, describe, simulated
 from psgd.strategies import ElasticAveragingStrategy, HogwildStrategy, ModelAveragingStrategy
 from psgd.strategies.ddp import ReportsFirstFailure
 from psgd.summary import write_tensorboard_summary
@@ -144,6 +144,8 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
             )
         if started_from and first_worker() and not cfg.get("quiet"):
             print(f"psgd: starting from the weights in {started_from} (init_weights)", flush=True)
+        if simulated(cfg.stragglers) and first_worker() and not cfg.get("quiet"):
+            print(f"psgd: simulating stragglers: {describe(cfg.stragglers)} (stragglers.*)", flush=True)
         strategy = build_strategy(cfg, plan, run_dir)
         info = run_info(cfg, plan, strategy, module, started_from, ckpt_path)
         all_callbacks = build_callbacks(cfg, plan, module, run_dir, info) + list(callbacks)

@@ -35,6 +35,18 @@ def simulated(settings: Mapping[str, Any]) -> bool:
     return settings.get("slowdown") is not None or settings.get("distribution", "none") != "none"
 
 
+def describe(settings: Mapping[str, Any]) -> str:
+    """What the simulation does, for the console: `worker 3 3x slower`, `every worker sleeps 0.01 s after each
+    step`."""
+    parts = [f"worker {r} {f:g}x slower" for r, f in enumerate(settings.get("slowdown") or []) if f != 1]
+    distribution, delay, shift = settings.get("distribution"), settings.get("delay_s"), settings.get("shift_s")
+    if distribution == "fixed":
+        parts.append(f"every worker sleeps {delay:g} s after each step")
+    elif distribution == "exponential":
+        parts.append(f"every worker sleeps {shift:g} s + Exp(mean {delay:g} s) after each step")
+    return ", ".join(parts) or "every worker at its own speed"
+
+
 class Stragglers(Callback):
     """Each worker's simulated slowness (module docstring); `take_wait` hands the epoch's sleep to the recorder.
 

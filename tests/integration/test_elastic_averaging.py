@@ -113,11 +113,13 @@ def test_the_centre_is_kept_in_checkpoints_and_a_resume_goes_on_exactly(tiny_dat
     ],
     ids=["easgd", "hierarchical", "diloco"],
 )
-def test_uneven_shards_never_hang(tiny_data, tmp_path, schedule):
-    """A 70/30 split: each worker trains its whole shard, and the synchronisation points are the steps both
-    take (the smaller shard's 5 batches of 32 an epoch), as model averaging's."""
+def test_uneven_shards_and_speeds_never_hang(tiny_data, tmp_path, schedule):
+    """A 70/30 split, worker 0 also twice as slow (stragglers): each worker trains its whole shard, and the
+    synchronisation points are the steps both take (the smaller shard's 5 batches of 32 an epoch), as model
+    averaging's."""
     settings = ["workers=2", "data.partition=sizes", "data.partition_sizes=[0.7,0.3]", "trainer.max_epochs=1", *TINY]
-    settings += schedule
+    settings += [*schedule, "stragglers.slowdown=[2,1]"]
     m = train(compose_cfg(f"data.root={tiny_data}", *settings), tmp_path / "run")
     assert m["status"] == "completed" and m["history"][0]["samples"] == 512
+    assert m["straggler_wait_s"][0] > 0 and m["straggler_wait_s"][1] == 0
     assert m["periodic_averagings"] == 2  # 5 common steps: at 2 and 4

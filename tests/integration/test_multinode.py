@@ -109,6 +109,7 @@ def test_two_nodes_of_two_processes_share_one_job(strategy, tiny_data, tmp_path)
         "scheduler.warmup_epochs=2",  # from 1/4 of that: from the base lr
         "record_shards=true",
         "record_weights=true",
+        "stragglers.slowdown=[1,1,1,2]",  # one factor per worker of every node: the last one is node 1's second
         f"data.root={tiny_data}",
         f"hydra.run.dir={run_dir}",
         *TINY,
@@ -121,6 +122,7 @@ def test_two_nodes_of_two_processes_share_one_job(strategy, tiny_data, tmp_path)
     assert "psgd: test_acc=" not in results[1][1]
     m = metrics(run_dir)
     assert (m["world_size"], m["num_nodes"], m["launcher"], m["status"]) == (4, 2, "torchrun", "completed")
+    assert m["straggler_wait_s"][:3] == [0, 0, 0] and m["straggler_wait_s"][3] > 0
     # lr_scaling and the warm-up's 1/workers both count all nodes' workers: the lr starts at the base 0.02
     # (it started at 0.04, 1/2 of 0.08, the workers of one node)
     assert scalars(tensorboard(run_dir), "lr") == pytest.approx([0.02, 0.05])

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from psgd.stragglers import Stragglers, simulated
+from psgd.stragglers import Stragglers, describe, simulated
 
 
 def draws(rank: int, epoch: int, n: int, **settings) -> list[float]:
@@ -34,3 +34,9 @@ def test_psgd_adds_the_simulation_only_when_asked():
     assert not simulated({"slowdown": None, "delay_s": 0.5, "distribution": "none", "shift_s": 0.0})
     assert simulated({"slowdown": [1, 1], "delay_s": 0.0, "distribution": "none", "shift_s": 0.0})
     assert simulated({"slowdown": None, "delay_s": 0.0, "distribution": "fixed", "shift_s": 0.0})
+
+
+def test_the_console_line_says_which_worker_is_slow_and_what_every_worker_sleeps():
+    settings = {"slowdown": [1, 1, 1, 3], "delay_s": 0.01, "distribution": "exponential", "shift_s": 0.002}
+    assert describe(settings) == "worker 3 3x slower, every worker sleeps 0.002 s + Exp(mean 0.01 s) after each step"
+    assert describe(settings | {"slowdown": [1, 1], "distribution": "none"}) == "every worker at its own speed"
