@@ -218,6 +218,10 @@ BAD = [
         ["workers=2", "strategy=hogwild", "strategy.shared_queue=true", "scheduler=warmup", "scheduler.interval=step"],
         "scheduler.interval=step is invalid with strategy.shared_queue=true: each worker takes as many",
     ),
+    (
+        ["workers=2", "strategy=hogwild", "strategy.shared_queue=true", "trainer.limit_train_batches=0.5"],
+        "trainer.limit_train_batches=0.5 is invalid with strategy.shared_queue=true: each worker takes as many",
+    ),
     # the schema's word, not the optimizer's: NovoGrad said "(list index out of range)"
     (
         ["optimizer=novograd", "optimizer.betas=[0.9]"],

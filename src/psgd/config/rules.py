@@ -189,13 +189,23 @@ def _stragglers(st: DictConfig, world: int) -> None:
 
 
 def _shared_queue(cfg: DictConfig) -> None:
-    """HogWild's shared queue leaves each worker's steps per epoch to its speed: no lr schedule by steps."""
-    if cfg.strategy.get("shared_queue") and cfg.strategy.name == "hogwild":
-        if schedule(cfg.scheduler).get("interval") == "step":
-            raise ConfigError(
-                "scheduler.interval=step is invalid with strategy.shared_queue=true: each worker takes as many of the "
-                "epoch's batches as its speed allows, so its steps per epoch are unknown; use scheduler.interval=epoch"
-            )
+    """HogWild's shared queue leaves each worker's steps per epoch to its speed: no lr schedule by steps, and no
+    fraction of an epoch's batches (a number of them caps each worker's)."""
+    if not (cfg.strategy.get("shared_queue") and cfg.strategy.name == "hogwild"):
+        return
+    unknown = "each worker takes as many of the epoch's batches as its speed allows, so its steps per epoch are unknown"
+    if schedule(cfg.scheduler).get("interval") == "step":
+        raise ConfigError(
+            f"scheduler.interval=step is invalid with strategy.shared_queue=true: {unknown}; use "
+            "scheduler.interval=epoch"
+        )
+    limit = cfg.trainer.get("limit_train_batches")
+    if isinstance(limit, float) and limit != 1.0:
+        raise ConfigError(
+            f"trainer.limit_train_batches={limit} is invalid with strategy.shared_queue=true: {unknown}, and a "
+            "fraction of them is none; give a number of batches (each worker's most), e.g. "
+            "trainer.limit_train_batches=100"
+        )
 
 
 def check_values(cfg: DictConfig) -> int:
