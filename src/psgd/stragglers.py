@@ -120,12 +120,3 @@ class Stragglers(Callback):
         """This epoch's sleep so far (s); it starts anew."""
         waited, self.waited_s = self.waited_s, 0.0
         return waited
-
-    def settings(self) -> dict[str, Any]:
-        """The settings, as metrics.json records them."""
-        return {
-            "slowdown": self.slowdown,
-            "delay_s": self.delay_s,
-            "distribution": self.distribution,
-            "shift_s": self.shift_s,
-        }

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 
 def metrics(run_dir: Path) -> dict:
@@ -28,6 +29,12 @@ def scalars(acc: EventAccumulator, tag: str) -> list[float]:
 
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def hparam_columns(acc: EventAccumulator) -> set[str]:
+    """The metric columns of a run's HParams tab."""
+    experiment = HParamsPluginData.FromString(acc.PluginTagToContent("hparams")["_hparams_/experiment"]).experiment
+    return {i.name.tag for i in experiment.metric_infos}
 
 
 def documentation_files() -> list[Path]:

@@ -7,8 +7,7 @@ import pytest
 import pytorch_lightning as L
 import torch
 from conftest import compose_cfg, run_cli
-from helpers import metrics, scalars, tensorboard, undocumented
-from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+from helpers import hparam_columns, metrics, scalars, tensorboard, undocumented
 
 from psgd.run import train
 
@@ -112,8 +111,7 @@ def test_the_averaged_model_and_the_drifting_replicas_have_tensorboard_tags_of_t
     assert own[0] != own[1] and len(own[0]) == 2
     weighed = [a * 0.6 + b * 0.4 for a, b in zip(*own)]
     assert scalars(acc, "train/loss") == pytest.approx(weighed, rel=0.02)
-    experiment = HParamsPluginData.FromString(acc.PluginTagToContent("hparams")["_hparams_/experiment"]).experiment
-    columns = {i.name.tag for i in experiment.metric_infos}
+    columns = hparam_columns(acc)
     assert {"test/acc", "averaging/replica_distance", "averaged/test_acc"} <= columns
     assert not any(c.startswith(("hogwild/", "ddp/")) for c in columns) and "averaging/time_s" not in columns
     # the last line says why test_acc is not what the replicas scored

@@ -221,18 +221,19 @@ def check_values(cfg: DictConfig) -> int:
             f"end before training does; use warmup_epochs<={epochs}"
         )
     _strategy_keys(cfg.strategy)
-    _groups(cfg.strategy, workers * cfg.trainer.num_nodes)
-    alpha, world = cfg.strategy.get("alpha"), workers * cfg.trainer.num_nodes
+    world = workers * cfg.trainer.num_nodes  # the workers of every node
+    _groups(cfg.strategy, world)
+    alpha = cfg.strategy.get("alpha")
     if cfg.strategy.name == "elastic_averaging" and alpha is not None and alpha > 1 / world:
         raise ConfigError(
             f"strategy.alpha={alpha} is invalid with {world} workers: the elastic pull must be in (0, 1/workers] "
             f"= (0, {1 / world:.4g}] (the centre moves workers x alpha of the way); or null for 0.9 / workers"
         )
-    _own_pace(cfg, workers * cfg.trainer.num_nodes)
+    _own_pace(cfg, world)
     _stragglers(cfg.stragglers, world)
     _shared_queue(cfg)
     _partition(cfg.data, workers)
-    resolve_accumulation(cfg, workers * cfg.trainer.num_nodes)
+    resolve_accumulation(cfg, world)
     return workers
 
 
