@@ -154,10 +154,10 @@ class DDP(Strategy):
     powersgd_rank: int | None = Field(ge=1)
     """compression=powersgd: the rank of each gradient matrix's approximation; null: 2."""
     powersgd_start_step: int | None = Field(ge=2)
-    """compression=powersgd: plain all-reduce steps before it starts (DDP rebuilds its buckets at the second
-    step: torch's PowerSGD starts after two); null: 10."""
+    """compression=powersgd: plain all-reduce steps before it starts (its first Qs are drawn per bucket, and DDP
+    regroups its buckets after the first step: from the second on, every run's are the same); null: 10."""
     topk_ratio: float | None = Field(gt=0, le=1)
-    """compression=topk: the share of each bucket's entries sent; null: 0.01."""
+    """compression=topk: the share of each parameter's entries sent; null: 0.01."""
     qsgd_levels: int | None = Field(ge=2)
     """compression=qsgd: the quantisation levels s; null: 16."""
 

@@ -6,23 +6,33 @@ payload this worker hands to torch.distributed.
 - ``fp16``, ``bf16``: torch's ``fp16_compress_hook`` / ``bf16_compress_hook``: the bucket all-reduced in half
   precision.
 - ``powersgd`` (Vogels, Karimireddy and Jaggi, 2019, "PowerSGD: Practical Low-Rank Gradient Compression"):
-  torch's ``PowerSGDState`` + ``powerSGD_hook``: each gradient matrix M approximated as P Q^T of rank r by one
-  power iteration, P and Q all-reduced; error feedback and warm start on; a plain all-reduce before
-  ``start_step``.
+  each gradient matrix M (a tensor viewed as rows x the rest) with error feedback, M <- M + e, approximated
+  at rank r by one power iteration warm-started from the last step's Q: P = M Q, P all-reduced and
+  orthogonalised, Q = M^T P, Q all-reduced and averaged, M ~ P Q^T, e <- M - P Q^T. Tensors too small to gain
+  (``min_compression_rate``) are all-reduced as they are, without error. A plain all-reduce before
+  ``start_step``. The arithmetic of torch's ``powerSGD_hook``, with its collectives issued in the hook in one
+  order on every rank (torch's issues them from future callbacks, whose order differs between ranks when a
+  model has several buckets: gloo then fails, pytorch#58467).
 - ``topk`` (Stich, Cordonnier and Jaggi, 2018, "Sparsified SGD with Memory"; Lin et al., 2018, "Deep Gradient
-  Compression", without its extras): with this worker's error e, p = g + e; the k = ceil(ratio d) entries of p
-  largest in magnitude are sent (values and indices, all-gathered); e <- p - sent; the mean of the workers'
-  sparse vectors is the result.
-- ``sign`` (Karimireddy et al., 2019, "Error Feedback Fixes SignSGD"): p = g + e; c = (|p|_1 / d) sign(p);
-  e <- p - c; the all-reduced mean of c. Its payload is 1 bit per entry and one float; gloo carries c as fp32.
-- ``qsgd`` (Alistarh et al., 2017, "QSGD"): each chunk of 512 entries v quantised to s levels,
-  q_i = |v|_2 sign(v_i) xi_i / s with xi_i = floor(s |v_i| / |v|_2) + Bernoulli(the remainder): unbiased, no
-  error feedback; the all-reduced mean of q. Its payload is ceil(log2(s) + 1) bits per entry and a float per
-  chunk; gloo carries q as fp32.
+  Compression", without its extras): with this worker's error e, p = g + e; each parameter's
+  k = ceil(ratio n) entries of p largest in magnitude are sent (values and indices, all-gathered);
+  e <- p - sent; the mean of the workers' sparse vectors is the result.
+- ``sign`` (Karimireddy et al., 2019, "Error Feedback Fixes SignSGD"): p = g + e; per parameter
+  c = (|p|_1 / n) sign(p); e <- p - c; the all-reduced mean of c. Its payload is 1 bit per entry and one float
+  per parameter; gloo carries c as fp32.
+- ``qsgd`` (Alistarh et al., 2017, "QSGD"): each chunk of 512 entries v of a parameter's gradient quantised to
+  s levels, q_i = |v|_2 sign(v_i) xi_i / s with xi_i = floor(s |v_i| / |v|_2) + Bernoulli(the remainder):
+  unbiased, no error feedback; the all-reduced mean of q. Its payload is ceil(log2(2s + 1)) bits per entry
+  (xi in 0..s with a sign: 2s + 1 symbols) and a float per chunk; gloo carries q as fp32.
 
-Error buffers are kept per parameter (DDP rebuilds its buckets after the first step), PowerSGD's state per
-bucket as torch keeps it; both, and QSGD's random stream, are each worker's own and go into its checkpoints
-(``state_dict``).
+Every method but the half precisions works on each parameter's gradient on its own, and keeps its state per
+parameter: what is sent does not depend on how DDP groups parameters into buckets, which it changes after the
+first step (and a resumed run starts from the first grouping again). The error of top-k and sign, PowerSGD's
+error, Q and random stream, and QSGD's step count are each worker's own and go into its checkpoints
+(``state_dict``): a resume goes on exactly.
+
+Error feedback here keeps its error in gradient units, before the optimizer: the optimizer's momentum and lr
+apply to what was sent, and the error held back is sent later at a later step's lr (docs/strategies.md).
 """
 
 import math
@@ -33,7 +43,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
     allreduce_hook,
     bf16_compress_hook,
@@ -77,6 +86,11 @@ class Compressor:
         self.count(size, size)
         return allreduce_hook(self.group, bucket)
 
+    def parameters(self, bucket: dist.GradBucket) -> list[tuple[int, Tensor]]:
+        """The bucket's parameters as (index among the model's parameters, flat view of its gradient in the
+        bucket's buffer), in the bucket's order."""
+        return [(self.index[id(p)], g.view(-1)) for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True)]
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -98,9 +112,23 @@ class HalfPrecision(Compressor):
         return self._hook(self.group, bucket)
 
 
+def orthogonalise(m: Tensor) -> Tensor:
+    """m's columns orthonormalised in place (m is rows x r, r <= rows): Gram-Schmidt for r <= 2 and half
+    precisions, else QR, as torch's PowerSGD does; an all-zero column stays zero (torch's gives NaN)."""
+    if m.shape[1] > 2 and m.dtype not in (torch.float16, torch.bfloat16):
+        return m.copy_(torch.linalg.qr(m).Q)
+    for i in range(m.shape[1]):
+        col = m[:, i : i + 1]
+        norm = torch.linalg.vector_norm(col)
+        col.copy_(torch.where(norm > 0, col / norm, 0))
+        if i + 1 < m.shape[1]:
+            rest = m[:, i + 1 :]
+            rest -= (col * rest).sum(dim=0, keepdim=True) * col
+    return m
+
+
 class PowerSGD(Compressor):
-    """torch's PowerSGD hook and state; its payload counted as torch's hook sends it (``_should_compress``'s
-    rule: a matrix is compressed where that saves more than `min_compression_rate`)."""
+    """Rank-r PowerSGD with error feedback and warm start, per parameter (the module docstring)."""
 
     name = "powersgd"
 
@@ -114,48 +142,117 @@ class PowerSGD(Compressor):
         min_compression_rate: float = 2,
     ) -> None:
         super().__init__(group, params)
-        self.state = powerSGD_hook.PowerSGDState(
-            process_group=group,
-            matrix_approximation_rank=rank,
-            start_powerSGD_iter=start_step,
-            min_compression_rate=min_compression_rate,
-            random_seed=seed,
-            compression_stats_logging_frequency=2**62,  # psgd counts; torch's log lines stay out
-        )
+        self.rank, self.start_step, self.min_compression_rate = rank, start_step, min_compression_rate
+        self.step = 0  # the steps whose every bucket this hook has seen
+        self.error: list[Tensor | None] = [None] * len(params)  # a compressed matrix's error, flat
+        self.q: list[Tensor | None] = [None] * len(params)  # a compressed matrix's last Q (cols x r)
+        self.rng = np.random.RandomState(seed)  # the first Q's seeds, as torch's PowerSGDState.rng draws them
+
+    def matrix(self, grad: Tensor) -> tuple[Tensor, int] | None:
+        """The gradient as the matrix PowerSGD compresses (rows = the parameter's first dimension) and its rank,
+        or None where compressing gains less than `min_compression_rate` (torch's ``_should_compress``)."""
+        rows = grad.shape[0] if grad.ndim else 1
+        cols = grad.numel() // max(rows, 1)
+        r = min(rows, cols, self.rank)
+        if (rows + cols) * r * self.min_compression_rate >= rows * cols:
+            return None
+        return grad.view(rows, cols), r
 
     def hook(self, _state: Any, bucket: dist.GradBucket) -> Future[Tensor]:
-        buffer, st = bucket.buffer(), self.state
-        if st.iter < st.start_powerSGD_iter:
+        buffer = bucket.buffer()
+        if self.step < self.start_step:
+            self.step += bucket.is_last()
             size = buffer.numel() * buffer.element_size()
             self.count(size, size)
-        else:  # torch all-reduces the tensors it leaves uncompressed, then P, then Q
-            entries = 0
-            for grad in bucket.gradients():
-                rows = grad.shape[0] if grad.ndim > 1 else 1
-                cols = grad.numel() // max(rows, 1)
-                r = min(rows, cols, st.matrix_approximation_rank)
-                compressed = grad.ndim > 1 and (rows + cols) * r * st.min_compression_rate < rows * cols
-                entries += (rows + cols) * r if compressed else grad.numel()
-            self.count(entries * buffer.element_size(), entries * buffer.element_size(), calls=3)
-        return powerSGD_hook.powerSGD_hook(st, bucket)
+            return allreduce_hook(self.group, bucket)
+        self.step += bucket.is_last()
+        matrices: list[tuple[int, Tensor, int]] = []  # (parameter index, matrix view, rank)
+        plain: list[Tensor] = []
+        for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
+            found = self.matrix(g)
+            if found is None:
+                plain.append(g.view(-1))
+            else:
+                matrices.append((self.index[id(p)], *found))
+        for i, m, _ in matrices:
+            if self.error[i] is not None:
+                m.add_(self.error[i].view_as(m))
+        before = [m.clone() for _, m, _ in matrices]
+        self.first_qs(matrices, buffer.dtype, buffer.device)
+        qs = [orthogonalise(self.q[i]) for i, _, _ in matrices]
+        futures = []
+        plain_flat = torch.cat(plain) if plain else None
+        if plain_flat is not None:  # issued first, as torch's hook does
+            futures.append(dist.all_reduce(plain_flat, group=self.group, async_op=True).get_future())
+        ps = []
+        if matrices:
+            p_flat = torch.cat([(m @ q).reshape(-1) for (_, m, _), q in zip(matrices, qs, strict=True)])
+            dist.all_reduce(p_flat, group=self.group)  # Q needs P: waited for here, on every rank in one order
+            ps = [orthogonalise(p) for p in self.split(p_flat, [(m.shape[0], r) for _, m, r in matrices])]
+            q_flat = torch.cat([(m.T @ p).reshape(-1) for (_, m, _), p in zip(matrices, ps, strict=True)])
+            futures.append(dist.all_reduce(q_flat, group=self.group, async_op=True).get_future())
+        entries = (plain_flat.numel() if plain_flat is not None else 0) + sum(
+            (m.shape[0] + m.shape[1]) * r for _, m, r in matrices
+        )
+        calls = (plain_flat is not None) + 2 * bool(matrices)
+        self.count(entries * buffer.element_size(), entries * buffer.element_size(), calls=calls)
+
+        def decompress(_: Future) -> Tensor:
+            if plain_flat is not None:
+                plain_flat.div_(self.world)
+                offset = 0
+                for g in plain:
+                    g.copy_(plain_flat[offset : offset + g.numel()])
+                    offset += g.numel()
+            if matrices:
+                q_flat.div_(self.world)
+                shapes = [(m.shape[1], r) for _, m, r in matrices]
+                for (i, m, _), p, q, old in zip(matrices, ps, self.split(q_flat, shapes), before, strict=True):
+                    torch.matmul(p, q.T, out=m)
+                    self.q[i] = q.clone()
+                    self.error[i] = (old - m).reshape(-1)
+            return buffer
+
+        if not futures:
+            done: Future[Tensor] = Future()
+            done.set_result(buffer)
+            return done
+        return torch.futures.collect_all(futures).then(decompress)
+
+    @staticmethod
+    def split(flat: Tensor, shapes: list[tuple[int, int]]) -> list[Tensor]:
+        sizes = [a * b for a, b in shapes]
+        return [t.view(shape) for t, shape in zip(flat.split(sizes), shapes, strict=True)]
+
+    def first_qs(self, matrices: list[tuple[int, Tensor, int]], dtype: torch.dtype, device: torch.device) -> None:
+        """Random Qs for the matrices that have none yet, from one seed of `rng` for the bucket, drawn on the CPU
+        in torch's order (the matrices grouped by shape): the same on every worker."""
+        by_shape: dict[tuple[int, ...], list[tuple[int, int, int]]] = {}
+        for i, m, r in matrices:
+            if self.q[i] is None:
+                by_shape.setdefault(tuple(m.shape), []).append((i, m.shape[1], r))
+        if not by_shape:
+            return
+        generator = torch.Generator().manual_seed(int(self.rng.randint(1_000_000_000)))
+        for same in by_shape.values():
+            for i, cols, r in same:
+                self.q[i] = torch.randn(cols, r, generator=generator, dtype=dtype).to(device)
 
     def state_dict(self) -> dict[str, Any]:
-        st = self.state
-        name, keys, pos, has_gauss, gauss = st.rng.get_state()
+        name, keys, pos, has_gauss, gauss = self.rng.get_state()
         return {
-            "iter": st.iter,
-            "error": dict(st.error_dict),
-            "p": dict(st.p_memory_dict),
-            "q": dict(st.q_memory_dict),
+            "step": self.step,
+            "error": list(self.error),
+            "q": list(self.q),
             "rng": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        st = self.state
-        st.iter = state["iter"]
-        st.error_dict, st.p_memory_dict, st.q_memory_dict = dict(state["error"]), dict(state["p"]), dict(state["q"])
+        if not isinstance(state.get("q"), list):  # psgd 0.2 kept it per bucket: no parameter's to take
+            return
+        self.step, self.error, self.q = state["step"], list(state["error"]), list(state["q"])
         name, keys, pos, has_gauss, gauss = state["rng"]
-        st.rng.set_state((name, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, gauss))
+        self.rng.set_state((name, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, gauss))
 
 
 class ErrorFeedback(Compressor):
@@ -166,20 +263,21 @@ class ErrorFeedback(Compressor):
         super().__init__(group, params)
         self.error: list[Tensor | None] = [None] * len(params)
 
-    def with_error(self, bucket: dist.GradBucket) -> tuple[Tensor, list[int]]:
-        """p = g + e for the bucket (a new flat tensor) and its parameters' indices."""
-        indices = [self.index[id(p)] for p in bucket.parameters()]
-        errors = [
-            self.error[i] if self.error[i] is not None else torch.zeros_like(g).reshape(-1)
-            for i, g in zip(indices, bucket.gradients(), strict=True)
-        ]
-        return bucket.buffer() + torch.cat(errors), indices
-
-    def keep_error(self, error: Tensor, indices: list[int], bucket: dist.GradBucket) -> None:
-        offset = 0
-        for i, g in zip(indices, bucket.gradients(), strict=True):
-            self.error[i] = error[offset : offset + g.numel()].clone()
+    def with_error(self, bucket: dist.GradBucket) -> tuple[Tensor, list[tuple[int, Tensor]]]:
+        """p = g + e for the bucket (a new flat tensor) and its parameters as (index, flat view of p)."""
+        grads = self.parameters(bucket)
+        p = torch.cat([g + self.error[i] if self.error[i] is not None else g for i, g in grads])
+        views, offset = [], 0
+        for i, g in grads:
+            views.append((i, p[offset : offset + g.numel()]))
             offset += g.numel()
+        return p, views
+
+    def keep_error(self, error: Tensor, views: list[tuple[int, Tensor]]) -> None:
+        offset = 0
+        for i, v in views:
+            self.error[i] = error[offset : offset + v.numel()].clone()
+            offset += v.numel()
 
     def state_dict(self) -> dict[str, Any]:
         return {"error": list(self.error)}
@@ -205,16 +303,19 @@ class TopK(ErrorFeedback):
         self.ratio = ratio
 
     def hook(self, _state: Any, bucket: dist.GradBucket) -> Future[Tensor]:
-        p, indices = self.with_error(bucket)
-        k = math.ceil(self.ratio * p.numel())
-        top = p.abs().topk(k, sorted=False).indices
+        p, views = self.with_error(bucket)
+        tops, offset = [], 0
+        for _, v in views:
+            tops.append(v.abs().topk(math.ceil(self.ratio * v.numel()), sorted=False).indices + offset)
+            offset += v.numel()
+        top = torch.cat(tops)
         values = p[top]
         sent = torch.zeros_like(p).index_put_((top,), values)
-        self.keep_error(p - sent, indices, bucket)
+        self.keep_error(p - sent, views)
         top32 = top.to(torch.int32)
         every_values = [torch.empty_like(values) for _ in range(self.world)]
         every_top = [torch.empty_like(top32) for _ in range(self.world)]
-        size = k * (values.element_size() + top32.element_size())
+        size = top.numel() * (values.element_size() + top32.element_size())
         self.count(size, size, calls=2)
         futures = [
             dist.all_gather(every_values, values, group=self.group, async_op=True).get_future(),
@@ -234,10 +335,10 @@ class Sign(ErrorFeedback):
     name = "sign"
 
     def hook(self, _state: Any, bucket: dist.GradBucket) -> Future[Tensor]:
-        p, indices = self.with_error(bucket)
-        c = p.abs().sum().div_(p.numel()) * p.sign()
-        self.keep_error(p - c, indices, bucket)
-        self.count(math.ceil(p.numel() / 8) + 4, c.numel() * c.element_size())
+        p, views = self.with_error(bucket)
+        c = torch.cat([v.abs().sum().div_(v.numel()) * v.sign() for _, v in views])
+        self.keep_error(p - c, views)
+        self.count(math.ceil(p.numel() / 8) + 4 * len(views), c.numel() * c.element_size())
         return dist.all_reduce(c, group=self.group, async_op=True).get_future().then(_mean_into(bucket, self.world))
 
 
@@ -247,30 +348,47 @@ def qsgd_quantise(v: Tensor, levels: int, generator: torch.Generator) -> Tensor:
     norms = chunks.norm(dim=1, keepdim=True)
     scaled = chunks.abs() / norms.clamp_min(torch.finfo(v.dtype).tiny) * levels
     lower = scaled.floor()
-    xi = lower + (torch.rand(scaled.shape, generator=generator, dtype=v.dtype) < scaled - lower)
+    draws = torch.rand(scaled.shape, generator=generator, dtype=v.dtype, device=generator.device).to(v.device)
+    xi = lower + (draws < scaled - lower)
     return (norms * chunks.sign() * xi / levels).reshape(-1)[: v.numel()]
 
 
+def qsgd_bits(levels: int) -> int:
+    """Bits per entry of QSGD's fixed-length code: xi in 0..s and a sign are 2s + 1 symbols."""
+    return math.ceil(math.log2(2 * levels + 1))
+
+
 class QSGD(Compressor):
+    """QSGD per parameter; each parameter's draws at each step from a stream seeded by (seed, rank, step,
+    parameter), so that a resumed run draws what the uninterrupted one would whatever the buckets."""
+
     name = "qsgd"
 
     def __init__(self, group: dist.ProcessGroup | None, params: list[nn.Parameter], levels: int, seed: int = 0):
         super().__init__(group, params)
-        self.levels = levels
-        self.generator = torch.Generator().manual_seed(seed * 1_000_003 + dist.get_rank(group))
+        self.levels, self.seed, self.rank = levels, seed, dist.get_rank(group)
+        self.step = 0  # the steps whose every bucket this hook has seen
+        self.generator: torch.Generator | None = None  # on the gradients' device
 
     def hook(self, _state: Any, bucket: dist.GradBucket) -> Future[Tensor]:
         g = bucket.buffer()
-        q = qsgd_quantise(g.detach().cpu(), self.levels, self.generator).to(g.device)
-        bits = math.ceil(math.log2(self.levels) + 1)
-        self.count(g.numel() * bits / 8 + math.ceil(g.numel() / QSGD_CHUNK) * 4, q.numel() * q.element_size())
+        if self.generator is None:
+            self.generator = torch.Generator(device=g.device)
+        parts = []
+        for i, v in self.parameters(bucket):
+            seed = np.random.SeedSequence([self.seed, self.rank, self.step, i]).generate_state(1, np.uint64)[0]
+            parts.append(qsgd_quantise(v, self.levels, self.generator.manual_seed(int(seed) >> 1)))
+        q = torch.cat(parts)
+        self.step += bucket.is_last()
+        chunks = sum(math.ceil(v.numel() / QSGD_CHUNK) for v in parts)
+        self.count(g.numel() * qsgd_bits(self.levels) / 8 + chunks * 4, q.numel() * q.element_size())
         return dist.all_reduce(q, group=self.group, async_op=True).get_future().then(_mean_into(bucket, self.world))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state()}
+        return {"step": self.step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.generator.set_state(state["generator"].cpu())  # a CPU generator, whatever device the state came to
+        self.step = state.get("step", 0)  # psgd 0.2 kept a generator's state: a run resumed from it draws anew
 
 
 def build_compressor(
