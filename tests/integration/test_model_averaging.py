@@ -296,17 +296,54 @@ class Checksums(L.Callback):
             f.write(f"{total!r}\n")
 
 
+class Updates(L.Callback):
+    """Each worker's parameters and gradients before every optimizer step, and its lr, into <folder>/<rank>.pt
+    at the end: what a hand-written update starts from."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.steps = str(folder), []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        params = list(pl_module.parameters())
+        lr = optimizer.param_groups[0]["lr"]
+        self.steps.append(([p.detach().clone() for p in params], [p.grad.detach().clone() for p in params], lr))
+
+    def on_train_end(self, trainer, pl_module):
+        torch.save(self.steps, Path(self.folder, f"{trainer.global_rank}.pt"))
+
+
+def assert_hand_computed(folder: Path, workers: int, group_at) -> None:
+    """Each recorded step against plain SGD by hand: w_i <- w_i - lr g_i, then, where `group_at(step)` (from 1)
+    names a group size, the mean over each group of that many consecutive ranks; the next step's weights agree."""
+    steps = [torch.load(folder / f"{r}.pt", weights_only=True) for r in range(workers)]
+    for t in range(len(steps[0]) - 1):
+        moved = []
+        for r in range(workers):
+            weights, grads, lr = steps[r][t]
+            moved.append([w - lr * g for w, g in zip(weights, grads, strict=True)])
+        size = group_at(t + 1)
+        for r in range(workers):
+            expected = moved[r]
+            if size:
+                group = range(r // size * size, r // size * size + size)
+                expected = [sum(moved[q][i] for q in group) / size for i in range(len(moved[r]))]
+            for got, want in zip(steps[r][t + 1][0], expected, strict=True):
+                assert torch.allclose(got, want, atol=1e-6, rtol=0), (t + 1, r)
+
+
 def test_post_local_sgd_averages_every_step_until_sync_steps_then_every_period(tiny_data, tmp_path):
     """sync_steps=3, period=4, 8 steps per worker: the replicas are equal after steps 1, 2, 3 (synchronous
     start), differ after 5, 6, 7 and are equal at the averaging points 4 and 8: no silent fallback to DDP or to
-    plain local SGD."""
+    plain local SGD; and each step's weights are a hand-written SGD step, averaged at those points."""
     settings = ["strategy=model_averaging", "workers=2", "strategy.period=4", "strategy.sync_steps=3", *TINY]
-    settings += ["trainer.max_epochs=1"]
-    m = train(compose_cfg(f"data.root={tiny_data}", *settings), tmp_path / "run", callbacks=[Checksums(tmp_path)])
+    settings += ["trainer.max_epochs=1", *PLAIN]
+    callbacks = [Checksums(tmp_path), Updates(tmp_path)]
+    m = train(compose_cfg(f"data.root={tiny_data}", *settings), tmp_path / "run", callbacks=callbacks)
     sums = [[float(x) for x in (tmp_path / str(r)).read_text().split()] for r in range(2)]
     equal = [a == b for a, b in zip(*sums, strict=True)]
     assert equal == [True, True, True, True, False, False, False, True]
     assert m["periodic_averagings"] == 5 and m["comm_calls"] == [6, 6]  # and the final average
+    assert_hand_computed(tmp_path, 2, lambda step: 2 if step <= 3 or step % 4 == 0 else 0)
 
 
 DILOCO_H1 = ["strategy=diloco", "strategy.period=1", "strategy.outer_optimizer.lr=0.5", "optimizer.lr=0.02"]
@@ -361,6 +398,28 @@ def test_diloco_keeps_its_outer_state_in_checkpoints_and_resumes_exactly(tiny_da
     assert_close(weights(tmp_path / "resumed"), weights(tmp_path / "straight"), atol=0)
 
 
+def test_diloco_ends_a_partial_round_with_an_outer_step(tiny_data, tmp_path):
+    """8 steps per worker, period 3: averaging points after steps 3 and 6, then 2 steps of a partial round. The
+    final model is the outer model: a hand-written Nesterov step (lr 0.7, momentum 0.9) from the θ_g and momentum
+    of the epoch's checkpoint, Δ = θ_g − the replicas' mean (saved before the end) as its gradient; not the mean."""
+    settings = ["workers=2", "trainer.max_epochs=1", "strategy=diloco", "strategy.period=3", *PLAIN, *TINY]
+    settings += ["strategy.save_replicas=true", "checkpoint_every_epoch=true", f"data.root={tiny_data}"]
+    m = train(compose_cfg(*settings), tmp_path / "run")
+    assert m["periodic_averagings"] == 2
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "epoch0.ckpt", weights_only=True)["psgd_outer"]
+    replicas = [torch.load(tmp_path / "run" / "replicas" / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    final = weights(tmp_path / "run")
+    names = [k for k in final if k in replicas[0]]
+    assert len(names) == len(saved["start"])  # the lab CNN's state is its parameters
+    for name, start, state in zip(names, saved["start"], saved["optimizer"]["state"].values(), strict=True):
+        mean = (replicas[0][name] + replicas[1][name]) / 2
+        delta = start - mean
+        momentum = 0.9 * state["momentum_buffer"] + delta
+        expected = start - 0.7 * (delta + 0.9 * momentum)
+        assert torch.allclose(final[name], expected, atol=1e-6, rtol=0), name
+        assert not torch.allclose(final[name], mean, atol=1e-4, rtol=0), name  # the plain mean is not it
+
+
 def test_one_group_of_all_workers_is_plain_periodic_averaging(tiny_data, tmp_path):
     """Hierarchical averaging with a single group, all workers every 4 steps: local SGD with period 4."""
     runs = {}
@@ -377,10 +436,11 @@ def test_one_group_of_all_workers_is_plain_periodic_averaging(tiny_data, tmp_pat
 def test_pairs_average_at_their_points_and_all_four_at_the_global_one(tiny_data, tmp_path):
     """{2: 2, 4: 8} with 4 workers, 4 steps each per epoch, 2 epochs: after steps 2, 4 and 6 the pairs (0, 1) and
     (2, 3) are each equal and differ from each other; after step 8 all four are equal; between points none is."""
-    settings = ["strategy=model_averaging", "workers=4", "strategy.group_periods={2:2,4:8}", *TINY]
+    settings = ["strategy=model_averaging", "workers=4", "strategy.group_periods={2:2,4:8}", *TINY, *PLAIN]
     cfg = compose_cfg(f"data.root={tiny_data}", *settings)
     cfg.trainer.max_epochs = 2
-    train(cfg, tmp_path / "run", callbacks=[Checksums(tmp_path)])
+    train(cfg, tmp_path / "run", callbacks=[Checksums(tmp_path), Updates(tmp_path)])
+    assert_hand_computed(tmp_path, 4, lambda step: 4 if step % 8 == 0 else 2 if step % 2 == 0 else 0)
     sums = [[float(x) for x in (tmp_path / str(r)).read_text().split()] for r in range(4)]
     for step, (a, b, c, d) in enumerate(zip(*sums, strict=True), start=1):
         if step % 8 == 0:

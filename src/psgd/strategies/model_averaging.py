@@ -13,7 +13,9 @@ BatchNorm statistics (``average_buffers``), optionally the optimizer's floating 
 With an outer optimizer every worker keeps θ_g, the weights at the last averaging point (identical on every
 worker); at an averaging point Δ = θ_g - mean_i θ_i (one all-reduce), each worker restores θ_g, takes one
 outer step with Δ as the gradient, and θ_g becomes the result; the inner optimizer's state stays each worker's.
-Outer SGD with lr 1 and no momentum is plain averaging. The final average at the end is a plain one.
+Outer SGD with lr 1 and no momentum is plain averaging. Training that ends between two averaging points ends
+with an outer step over the partial round, so the final model is the outer model θ_g (the paper's); where no
+worker took a step since the last point, the replicas are θ_g already and no step is taken.
 
 Hierarchical averaging (``group_periods``, the semantics of torch's HierarchicalModelAverager): at each step the
 replicas average within the largest group of consecutive ranks whose period divides it, the largest group all
@@ -131,6 +133,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         self._averaging_s = 0.0  # this epoch's time in periodic averaging
         self.waited_s = 0.0  # the time in periodic averaging since the start: waiting for the others (s)
         self._comm = [0, 0]  # this epoch's (or, after it, the final averaging's) bytes and all-reduces
+        self._stepped = False  # this worker took an optimizer step since the last averaging point
 
     @property
     @override
@@ -161,9 +164,10 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
             average_tensors(self.start)
             self.outer = self.outer_factory(list(net.parameters()))
 
-    def _average(self, outer: bool = False, group: dist.ProcessGroup | None = None) -> None:
+    def _average(self, outer: bool = False, group: dist.ProcessGroup | None = None, final: bool = False) -> None:
         """Average the replicas' parameters (and buffers, optimizer state as set) over `group` (None: all
-        workers), counted in `_comm`; `outer`: the parameters take an outer step from θ_g instead."""
+        workers), counted in `_comm`; `outer`: the parameters take an outer step from θ_g instead (`final`: only
+        where some worker stepped since the last averaging point)."""
         module = self.lightning_module
         tensors = [] if outer else list(module.parameters())
         if self.average_buffers:
@@ -174,7 +178,8 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         sent = average_tensors(tensors, group)
         calls = int(sent > 0)
         if outer:
-            sent, calls = sent + self._outer_step(), calls + 1
+            sent, calls = sent + self._outer_step(final), calls + 1
+        self._stepped = False
         self._comm = [self._comm[0] + sent, self._comm[1] + calls]
 
     @override
@@ -196,12 +201,16 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
             self.outer.load_state_dict(saved["optimizer"])
         return checkpoint
 
-    def _outer_step(self) -> int:
+    def _outer_step(self, final: bool = False) -> int:
         """DiLoCo's outer step: Δ = θ_g - mean_i θ_i as each parameter's gradient, from θ_g; θ_g <- the result.
-        Returns the bytes all-reduced."""
+        `final`: the step is taken only if some worker stepped since the last averaging point (a flag all-reduced
+        with the parameters), else the replicas stay θ_g. Returns the bytes all-reduced."""
         params = list(self.lightning_module.parameters())
         mean = [p.detach().clone() for p in params]
-        sent = average_tensors(mean)
+        stepped = torch.tensor([float(self._stepped)], device=self.root_device)
+        sent = average_tensors(mean + [stepped] if final else mean)
+        if final and stepped.item() == 0:
+            return sent
         for p, start, m in zip(params, self.start, mean, strict=True):
             p.detach().copy_(start)
             p.grad = start - m
@@ -230,6 +239,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
     def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any) -> Any:
         output = super().optimizer_step(optimizer, closure, model, **kwargs)
         self._steps_in_epoch += 1
+        self._stepped = True
         done = self._common_done()
         if self._steps_in_epoch <= self._common_steps and self.averages_at(done):
             start = time.perf_counter()
@@ -253,8 +263,9 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         return {"period": self.period, "sync_steps": self.sync_steps, "outer_optimizer": outer, "group_periods": groups}
 
     def _finish(self) -> None:
-        """What the end of training does to the replicas: the final average."""
-        self._average()
+        """What the end of training does to the replicas: the final average; with an outer optimizer, the outer
+        step over the round since the last averaging point."""
+        self._average(outer=self.outer is not None, final=True)
 
     def averages_at(self, done: int) -> bool:
         """Whether the replicas average after common step `done` (from 1): each of the first sync_steps, then
