@@ -275,17 +275,14 @@ def test_a_run_cut_inside_an_epoch_resumes_with_another_worker_count(tiny_data, 
     assert_disjoint_and_covering(shards(tmp_path / "resumed", 1, 2), 512)  # epoch 2: both shards, whole
 
 
-def compressed(tiny_data, run_dir: Path, compression: str, *more: str) -> dict:
-    """A 2-worker DDP run on tiny data, its gradients compressed."""
-    cfg = compose_cfg(
-        f"data.root={tiny_data}",
-        "workers=2",
-        "trainer.max_epochs=2",
-        f"strategy.compression={compression}",
-        *TINY,
-        *more,
-    )
-    return train(cfg, run_dir)
+def compressed(tiny_data, run_dir: Path, compression: str, *more: str, cli: bool = False) -> dict:
+    """A 2-worker DDP run on tiny data, its gradients compressed; `cli`: through train.py in a fresh process."""
+    overrides = [f"data.root={tiny_data}", "workers=2", "trainer.max_epochs=2", f"strategy.compression={compression}"]
+    if cli:
+        proc = run_cli("train.py", *overrides, *TINY, *more, f"hydra.run.dir={run_dir}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return metrics(run_dir)
+    return train(compose_cfg(*overrides, *TINY, *more), run_dir)
 
 
 # a compression's settings for its resume test: PowerSGD from its third step, over the lab CNN's gradients in
@@ -305,13 +302,13 @@ RESUMED = {
 )
 def test_a_compressed_run_resumed_goes_on_exactly_and_counts_its_bytes(tiny_data, tmp_path, compression):
     """Each worker's compression state (error, PowerSGD's Qs and random stream, QSGD's step) is in its checkpoints:
-    2 epochs, and 1 epoch resumed in fresh workers for a second, end with the same weights and the same state on
-    every worker (a fresh state, or one kept by bucket, would not)."""
+    2 epochs, and 1 epoch resumed by train.py in fresh processes for a second, end with the same weights and the
+    same state on every worker (a fresh state, or one kept by bucket, would not)."""
     settings = RESUMED[compression]
     compressed(tiny_data, tmp_path / "straight", compression, *settings, "checkpoint_every_epoch=true")
     resumed = tmp_path / "resumed"
     first = tmp_path / "straight" / "checkpoints" / "epoch0.ckpt"
-    compressed(tiny_data, resumed, compression, *settings, f"ckpt_path={first}")
+    compressed(tiny_data, resumed, compression, *settings, f"ckpt_path={first}", cli=True)
     a = torch.load(tmp_path / "straight" / "checkpoints" / "last.ckpt", weights_only=True)
     b = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)
     assert max((a["state_dict"][k] - b["state_dict"][k]).abs().max().item() for k in a["state_dict"]) <= 1e-6

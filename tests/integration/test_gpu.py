@@ -1,5 +1,6 @@
 """The GPU paths, through train.py as a user starts them: the dataset kept on the GPU, bf16 autocast,
-DDP over NCCL. They need a CUDA device and are skipped without one; on a GPU machine:
+DDP over NCCL with every gradient compression. They need a CUDA device and are skipped without one; on a GPU
+machine:
 
     python -m pytest -m gpu -n 0      (one test at a time, as they passed on an H100 and an H200;
                                       -n 2 was not run on a GPU)
@@ -142,3 +143,21 @@ def test_adam_resumed_on_the_gpu_updates_as_the_resumed_run_says(tiny_data, tmp_
     # every parameter's step count is both epochs' steps: the moments went on, they did not start over
     one_epoch = torch.load(first / "checkpoints" / "epoch0.ckpt", weights_only=True, map_location="cpu")["global_step"]
     assert {state["step"].item() for state in optimizer["state"].values()} == {2 * one_epoch}
+
+
+@pytest.mark.parametrize("compression", ["none", "fp16", "bf16", "powersgd", "topk", "sign", "qsgd"])
+def test_each_compression_over_nccl_trains_and_resumes_on_the_gpu(on_device_run, tiny_data, tmp_path, compression):
+    """Every compression hook on the GPU, in a one-process NCCL group (the arithmetic on the device, QSGD's draws
+    from a CUDA generator, PowerSGD's QR on the device), the lab CNN in several buckets (bucket_cap_mb 0.05): it
+    learns as the run without DDP, counts its bytes, and a resume from the first epoch goes on with the state it
+    saved (on the CPU in the checkpoint)."""
+    more = ["strategy.ddp_for_one_worker=true", f"strategy.compression={compression}", "strategy.bucket_cap_mb=0.05"]
+    more += ["data.on_device=true", *(["strategy.powersgd_start_step=2"] if compression == "powersgd" else [])]
+    m = gpu_run(tiny_data, tmp_path / "straight", *more, "checkpoint_every_epoch=true")
+    assert (m["lightning_strategy"], m["world_size"], m["compression"]) == ("DDPStrategy", 1, compression)
+    assert m["test_acc"] == pytest.approx(on_device_run["test_acc"], abs=0.1) and m["comm_bytes"][0] > 0
+    first = tmp_path / "straight" / "checkpoints" / "epoch0.ckpt"
+    resumed = gpu_run(tiny_data, tmp_path / "resumed", *more, f"ckpt_path={first}")
+    assert resumed["epochs"] == m["epochs"] and resumed["test_acc"] == pytest.approx(m["test_acc"], abs=0.05)
+    saved = torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", weights_only=True)  # on any machine
+    assert ("psgd_compression" in saved) is (compression in ("powersgd", "topk", "sign", "qsgd"))

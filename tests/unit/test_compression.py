@@ -32,29 +32,36 @@ SCENARIOS = {
     "topk": {"topk_ratio": 0.1},
     "sign": {},
     # a rank at least each matrix's smaller side, every matrix compressed: the approximation is exact
-    "powersgd_full": {"powersgd_rank": 10, "powersgd_start_step": 2, "min_compression_rate": 0},
+    "powersgd_full": {"powersgd_rank": 40, "powersgd_start_step": 2, "min_compression_rate": 0},
+    # rank 1 (Gram-Schmidt), every tensor compressed, biases too
     "powersgd": {"powersgd_rank": 1, "powersgd_start_step": 2, "min_compression_rate": 0},
+    # the defaults' rule: only the 32 x 40 matrix gains (QR at rank 4); the rest is all-reduced as it is
+    "powersgd_default": {"powersgd_rank": 4, "powersgd_start_step": 2, "min_compression_rate": 2},
     "qsgd": {"qsgd_levels": 4},
 }
-TORCH_POWERSGD = "torch_powersgd"  # torch's own hook with powersgd's settings (one bucket only: gloo fails on more)
-PARAMS = [(10, 12), (10,), (3, 10), (3,)]
+TORCH = "torch_"  # torch_<scenario>: torch's own hook with the scenario's settings (one bucket: gloo fails on more)
+PARAMS = [(32, 40), (32,), (3, 32), (3,)]
 
 
 def net() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(12, 10), nn.ReLU(), nn.Linear(10, 3))
+    return nn.Sequential(nn.Linear(40, 32), nn.ReLU(), nn.Linear(32, 3))
 
 
 def build(name: str, params: list) -> object:
-    if name == TORCH_POWERSGD:
-        options = SCENARIOS["powersgd"]
+    options = SCENARIOS[name.removeprefix(TORCH)]
+    if name.startswith(TORCH):
         return powerSGD_hook.PowerSGDState(
-            None, options["powersgd_rank"], options["powersgd_start_step"], min_compression_rate=0, random_seed=0
+            None,
+            options["powersgd_rank"],
+            options["powersgd_start_step"],
+            min_compression_rate=options["min_compression_rate"],
+            random_seed=0,
         )
-    options, method = SCENARIOS[name], name.split("_")[0]
-    if method == "powersgd":  # min_compression_rate is no config key: the compressor's own argument
-        return PowerSGD(None, params, options["powersgd_rank"], options["powersgd_start_step"], 0, 0)
-    return build_compressor(method, None, params, **options)
+    if name.startswith("powersgd"):  # min_compression_rate is no config key: the compressor's own argument
+        rank, start, rate = options["powersgd_rank"], options["powersgd_start_step"], options["min_compression_rate"]
+        return PowerSGD(None, params, rank, start, 0, rate)
+    return build_compressor(name.split("_")[0], None, params, **options)
 
 
 def roundtrip(state: dict) -> dict:
@@ -74,9 +81,10 @@ class Recorder:
         self.steps: list[dict] = []
         self.order: list[int] = []  # the bucket now in the hook: its parameters' indices
 
-    def unflat(self, flat: torch.Tensor, key: str) -> None:
+    def unflat(self, flat: torch.Tensor, key: str, order: list[int] | None = None) -> None:
+        """A flat vector over `order`'s parameters (None: the bucket now in the hook) into the step's `key`."""
         offset = 0
-        for i in self.order:
+        for i in self.order if order is None else order:
             n = self.params[i].numel()
             self.steps[-1][key][i] = flat[offset : offset + n].detach().clone().view_as(self.params[i])
             offset += n
@@ -114,10 +122,11 @@ def intercepted(recorder: Recorder) -> tuple:
 
     def all_gather(tensors, tensor, *args, **kwargs):
         gathered.append(tensor.clone())
-        if len(gathered) == 2:  # top-k's values, then their indices
+        if len(gathered) == 2:  # top-k's values, then their indices into every parameter, in their order
             values, indices = gathered
-            size = sum(recorder.params[i].numel() for i in recorder.order)
-            recorder.unflat(torch.zeros(size).index_put_((indices.long(),), values), "sent")
+            size = sum(p.numel() for p in recorder.params)
+            every = list(range(len(recorder.params)))
+            recorder.unflat(torch.zeros(size).index_put_((indices.long(),), values), "sent", every)
             gathered.clear()
         return real_gather(tensors, tensor, *args, **kwargs)
 
@@ -154,7 +163,7 @@ def train(rank: int, name: str, layout: str, resume: bool = False) -> dict:
         try:
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
             for _ in range(RESUME_AT if resume and done == 0 else STEPS - done):
-                x, y = torch.randn(8, 12, generator=data), torch.randint(0, 3, (8,), generator=data)
+                x, y = torch.randn(8, 40, generator=data), torch.randint(0, 3, (8,), generator=data)
                 opt.zero_grad()
                 nn.functional.cross_entropy(ddp(x), y).backward()
                 opt.step()
@@ -173,7 +182,7 @@ def train(rank: int, name: str, layout: str, resume: bool = False) -> dict:
 
 
 RUNS = [(name, layout, False) for layout in LAYOUTS for name in SCENARIOS]
-RUNS += [(TORCH_POWERSGD, "one", False)]
+RUNS += [(TORCH + name, "one", False) for name in ("powersgd", "powersgd_default")]
 RUNS += [(name, "many", True) for name in ("none", "topk", "sign", "powersgd", "qsgd")]
 
 
@@ -225,12 +234,15 @@ def test_topk_sending_every_entry_and_full_rank_powersgd_give_ddps_weights(runs,
     assert max_diff(runs[0]["topk", layout, False]["weights"], runs[0]["ddp", layout, False]["weights"]) > 1e-4
 
 
-def test_psgds_powersgd_gives_torchs_weights_where_torchs_hook_works(runs):
-    """One bucket (torch's hook fails on gloo with more): rank 1, every matrix and vector compressed, from step 2."""
+@pytest.mark.parametrize("name", ["powersgd", "powersgd_default"])
+def test_psgds_powersgd_gives_torchs_weights_where_torchs_hook_works(runs, name):
+    """One bucket (torch's hook fails on gloo with more), from step 2: rank 1 with every tensor compressed
+    (Gram-Schmidt), and rank 4 with torch's default rule, where the biases and the 3 x 32 matrix go as they are
+    (QR)."""
     for r in range(2):
-        ours, torchs = runs[r]["powersgd", "one", False]["weights"], runs[r][TORCH_POWERSGD, "one", False]["weights"]
+        ours, torchs = runs[r][name, "one", False]["weights"], runs[r][TORCH + name, "one", False]["weights"]
         assert max_diff(ours, torchs) <= 1e-6
-    assert max_diff(runs[0]["powersgd", "one", False]["weights"], runs[0]["ddp", "one", False]["weights"]) > 1e-4
+    assert max_diff(runs[0][name, "one", False]["weights"], runs[0]["ddp", "one", False]["weights"]) > 1e-4
 
 
 @pytest.mark.parametrize("name", ["topk", "sign", "qsgd"])
@@ -253,25 +265,26 @@ def test_a_resume_into_a_fresh_ddp_goes_on_exactly(runs, name):
 @pytest.mark.parametrize("name", ["topk", "sign"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_error_feedback_sends_what_its_method_says_and_keeps_the_rest(runs, name, layout):
-    """Per step and parameter, with p = g + e: top-k sends p at its k = ceil(0.1 n) largest |p| and nothing else,
-    sign (|p|_1 / n) sign(p); e becomes p - sent; the bucket's result is the mean of the workers' sent values."""
+    """Per step, with p = g + e: top-k sends p at the k = ceil(0.1 d) largest |p| of the whole model and nothing
+    else, sign (|p|_1 / n) sign(p) per parameter; e becomes p - sent; the bucket's result is the mean of the
+    workers' sent values."""
     every = [runs[r][name, layout, False]["steps"] for r in range(2)]
     assert len(every[0]) == STEPS
     for r in range(2):
         error = [torch.zeros(shape) for shape in PARAMS]
         for step in every[r]:
-            for i, (g, sent) in enumerate(zip(by_param(step, "grad"), by_param(step, "sent"), strict=True)):
-                p = g + error[i]
-                if name == "topk":
-                    k = math.ceil(0.1 * p.numel())
-                    chosen = sent.reshape(-1) != 0
-                    assert int(chosen.sum()) == k
-                    assert torch.equal(sent.reshape(-1)[chosen], p.reshape(-1)[chosen])
-                    if k < p.numel():
-                        assert p.reshape(-1)[chosen].abs().min() >= p.reshape(-1)[~chosen].abs().max()
-                else:
+            ps = [g + e for g, e in zip(by_param(step, "grad"), error, strict=True)]
+            sents = by_param(step, "sent")
+            if name == "topk":
+                p, sent = torch.cat([x.reshape(-1) for x in ps]), torch.cat([x.reshape(-1) for x in sents])
+                chosen = sent != 0
+                assert int(chosen.sum()) == math.ceil(0.1 * p.numel())
+                assert torch.equal(sent[chosen], p[chosen])
+                assert p[chosen].abs().min() >= p[~chosen].abs().max()
+            else:
+                for p, sent in zip(ps, sents, strict=True):
                     assert torch.allclose(sent, p.abs().sum() / p.numel() * p.sign(), atol=1e-7, rtol=1e-6)
-                error[i] = p - sent
+            error = [p - sent for p, sent in zip(ps, sents, strict=True)]
         assert max(e.abs().max().item() for e in error) > 0  # something was held back
     for a, b in zip(every[0], every[1], strict=True):
         for i in range(len(PARAMS)):
@@ -280,10 +293,12 @@ def test_error_feedback_sends_what_its_method_says_and_keeps_the_rest(runs, name
 
 
 def test_qsgd_sends_values_on_its_grid_and_their_mean_is_the_result(runs):
+    """Each chunk of 512 of a parameter's entries on the grid of its norm / 4."""
     every = [runs[r]["qsgd", "many", False]["steps"] for r in range(2)]
     for a, b in zip(every[0], every[1], strict=True):
         for i in range(len(PARAMS)):
-            norm = a["grad"][i].norm()  # each parameter here is one chunk
+            chunks = a["grad"][i].reshape(-1).split(QSGD_CHUNK)
+            norm = torch.cat([c.norm().expand(len(c)) for c in chunks]).view_as(a["grad"][i])
             grid = a["sent"][i].abs() / norm * 4
             assert (
                 torch.allclose(grid, grid.round(), atol=1e-4) and (a["sent"][i].sign() * a["grad"][i].sign() >= 0).all()
@@ -297,12 +312,20 @@ def test_half_precision_counts_half_of_fp32s_bytes_sign_one_bit_an_entry_and_qsg
     assert none == (STEPS * entries * 4, STEPS * entries * 4, STEPS)
     assert fp16 == bf16 == (none[0] // 2, none[1] // 2, STEPS)
     # payload: 1 bit an entry and a float per parameter; as gloo carries it: fp32
-    assert sign == (STEPS * (math.ceil(entries / 8) + 4 * len(PARAMS)), STEPS * entries * 4, STEPS)
-    k = sum(math.ceil(0.1 * math.prod(s)) for s in PARAMS)
-    assert runs[0]["topk", "one", False]["count"] == (STEPS * k * 8, STEPS * k * 8, 2 * STEPS)  # values, int32 indices
-    # 4 levels: xi in 0..4 with a sign, 9 symbols, 4 bits; a float for each parameter's one chunk
+    assert sign == (STEPS * sum(math.ceil(math.prod(s) / 8) + 4 for s in PARAMS), STEPS * entries * 4, STEPS)
+    k = math.ceil(0.1 * entries)  # of the whole model, in two all-gathers a step: values and int32 indices
+    for layout in LAYOUTS:
+        assert runs[0]["topk", layout, False]["count"] == (STEPS * k * 8, STEPS * k * 8, 2 * STEPS)
+    # 4 levels: xi in 0..4 with a sign, 9 symbols, 4 bits; a float for each chunk of 512 of a parameter's entries
     assert qsgd_bits(4) == 4 and qsgd_bits(16) == 6
-    assert qsgd == (STEPS * math.ceil(entries * 4 / 8 + 4 * len(PARAMS)), STEPS * entries * 4, STEPS)
+    chunks = sum(math.ceil(math.prod(s) / QSGD_CHUNK) for s in PARAMS)
+    payload = sum(math.ceil(math.prod(s) * 4 / 8) for s in PARAMS) + 4 * chunks
+    assert chunks == 6 and qsgd == (STEPS * payload, STEPS * entries * 4, STEPS)
+    # PowerSGD under the defaults' rule: 2 plain steps, then P (32 x 4) and Q (40 x 4) of the one matrix that
+    # gains, and the 131 entries that go as they are, in 3 all-reduces (uncompressed, P, Q)
+    compressed = (32 + 40) * 4 + 32 + 3 * 32 + 3
+    powersgd = (2 * entries * 4 + (STEPS - 2) * compressed * 4, 2 + 3 * (STEPS - 2))
+    assert runs[0]["powersgd_default", "one", False]["count"] == (powersgd[0], powersgd[0], powersgd[1])
 
 
 def test_a_compressors_state_is_what_a_checkpoint_can_hold(runs):

@@ -157,7 +157,7 @@ class DDP(Strategy):
     """compression=powersgd: plain all-reduce steps before it starts (its first Qs are drawn per bucket, and DDP
     regroups its buckets after the first step: from the second on, every run's are the same); null: 10."""
     topk_ratio: float | None = Field(gt=0, le=1)
-    """compression=topk: the share of each parameter's entries sent; null: 0.01."""
+    """compression=topk: the share of the model's gradient entries sent; null: 0.01."""
     qsgd_levels: int | None = Field(ge=2)
     """compression=qsgd: the quantisation levels s; null: 16."""
 

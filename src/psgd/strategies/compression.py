@@ -13,10 +13,10 @@ payload this worker hands to torch.distributed.
   ``start_step``. The arithmetic of torch's ``powerSGD_hook``, with its collectives issued in the hook in one
   order on every rank (torch's issues them from future callbacks, whose order differs between ranks when a
   model has several buckets: gloo then fails, pytorch#58467).
-- ``topk`` (Stich, Cordonnier and Jaggi, 2018, "Sparsified SGD with Memory"; Lin et al., 2018, "Deep Gradient
-  Compression", without its extras): with this worker's error e, p = g + e; each parameter's
-  k = ceil(ratio n) entries of p largest in magnitude are sent (values and indices, all-gathered);
-  e <- p - sent; the mean of the workers' sparse vectors is the result.
+- ``topk`` (Stich, Cordonnier and Jaggi, 2018, "Sparsified SGD with Memory"): with this worker's error e,
+  p = g + e over the whole model; its k = ceil(ratio d) entries largest in magnitude are sent (values and
+  indices, all-gathered once a step, when DDP hands over the step's last bucket); e <- p - sent; the mean of the
+  workers' sparse vectors is the result.
 - ``sign`` (Karimireddy et al., 2019, "Error Feedback Fixes SignSGD"): p = g + e; per parameter
   c = (|p|_1 / n) sign(p); e <- p - c; the all-reduced mean of c. Its payload is 1 bit per entry and one float
   per parameter; gloo carries c as fp32.
@@ -25,9 +25,10 @@ payload this worker hands to torch.distributed.
   unbiased, no error feedback; the all-reduced mean of q. Its payload is ceil(log2(2s + 1)) bits per entry
   (xi in 0..s with a sign: 2s + 1 symbols) and a float per chunk; gloo carries q as fp32.
 
-Every method but the half precisions works on each parameter's gradient on its own, and keeps its state per
-parameter: what is sent does not depend on how DDP groups parameters into buckets, which it changes after the
-first step (and a resumed run starts from the first grouping again). The error of top-k and sign, PowerSGD's
+PowerSGD, sign and QSGD work on each parameter's gradient on its own, top-k on the whole model's in the
+parameters' order, and each keeps its state per parameter: what is sent does not depend on how DDP groups
+parameters into buckets, which it changes after the first step (and a resumed run starts from the first grouping
+again). The error of top-k and sign, PowerSGD's
 error, Q and random stream, and QSGD's step count are each worker's own and go into its checkpoints
 (``state_dict``): a resume goes on exactly.
 
@@ -165,6 +166,7 @@ class PowerSGD(Compressor):
             size = buffer.numel() * buffer.element_size()
             self.count(size, size)
             return allreduce_hook(self.group, bucket)
+        first = self.step == self.start_step  # the run's first compressed step
         self.step += bucket.is_last()
         matrices: list[tuple[int, Tensor, int]] = []  # (parameter index, matrix view, rank)
         plain: list[Tensor] = []
@@ -178,7 +180,7 @@ class PowerSGD(Compressor):
             if self.error[i] is not None:
                 m.add_(self.error[i].view_as(m))
         before = [m.clone() for _, m, _ in matrices]
-        self.first_qs(matrices, buffer.dtype, buffer.device)
+        self.first_qs(matrices, first, buffer.dtype, buffer.device)
         qs = [orthogonalise(self.q[i]) for i, _, _ in matrices]
         futures = []
         plain_flat = torch.cat(plain) if plain else None
@@ -197,41 +199,52 @@ class PowerSGD(Compressor):
         calls = (plain_flat is not None) + 2 * bool(matrices)
         self.count(entries * buffer.element_size(), entries * buffer.element_size(), calls=calls)
 
-        def decompress(_: Future) -> Tensor:
-            if plain_flat is not None:
-                plain_flat.div_(self.world)
-                offset = 0
-                for g in plain:
-                    g.copy_(plain_flat[offset : offset + g.numel()])
-                    offset += g.numel()
-            if matrices:
-                q_flat.div_(self.world)
-                shapes = [(m.shape[1], r) for _, m, r in matrices]
-                for (i, m, _), p, q, old in zip(matrices, ps, self.split(q_flat, shapes), before, strict=True):
-                    torch.matmul(p, q.T, out=m)
-                    self.q[i] = q.clone()
-                    self.error[i] = (old - m).reshape(-1)
-            return buffer
+        result = _future_for(buffer)
 
-        if not futures:
-            done: Future[Tensor] = Future()
-            done.set_result(buffer)
-            return done
-        return torch.futures.collect_all(futures).then(decompress)
+        def decompress(done: Future) -> None:
+            try:
+                for fut in done.value():
+                    fut.wait()  # NCCL: the stream waits for the collective (its future completes when queued)
+                if plain_flat is not None:
+                    plain_flat.div_(self.world)
+                    offset = 0
+                    for g in plain:
+                        g.copy_(plain_flat[offset : offset + g.numel()])
+                        offset += g.numel()
+                if matrices:
+                    q_flat.div_(self.world)
+                    shapes = [(m.shape[1], r) for _, m, r in matrices]
+                    for (i, m, _), p, q, old in zip(matrices, ps, self.split(q_flat, shapes), before, strict=True):
+                        torch.matmul(p, q.T, out=m)
+                        self.q[i] = q.clone()
+                        self.error[i] = (old - m).reshape(-1)
+            except BaseException as e:  # DDP waits on the bucket's future: it must end, with the error
+                result.set_exception(e)
+                raise
+            result.set_result(buffer)
+
+        if futures:
+            torch.futures.collect_all(futures).then(decompress)
+        else:
+            result.set_result(buffer)
+        return result
 
     @staticmethod
     def split(flat: Tensor, shapes: list[tuple[int, int]]) -> list[Tensor]:
         sizes = [a * b for a, b in shapes]
         return [t.view(shape) for t, shape in zip(flat.split(sizes), shapes, strict=True)]
 
-    def first_qs(self, matrices: list[tuple[int, Tensor, int]], dtype: torch.dtype, device: torch.device) -> None:
+    def first_qs(
+        self, matrices: list[tuple[int, Tensor, int]], first: bool, dtype: torch.dtype, device: torch.device
+    ) -> None:
         """Random Qs for the matrices that have none yet, from one seed of `rng` for the bucket, drawn on the CPU
-        in torch's order (the matrices grouped by shape): the same on every worker."""
+        in torch's order (the matrices grouped by shape): the same on every worker. At the run's `first`
+        compressed step every bucket draws its seed, one with no matrix too, as torch's hook does."""
         by_shape: dict[tuple[int, ...], list[tuple[int, int, int]]] = {}
         for i, m, r in matrices:
             if self.q[i] is None:
                 by_shape.setdefault(tuple(m.shape), []).append((i, m.shape[1], r))
-        if not by_shape:
+        if not by_shape and not first:
             return
         generator = torch.Generator().manual_seed(int(self.rng.randint(1_000_000_000)))
         for same in by_shape.values():
@@ -263,9 +276,9 @@ class ErrorFeedback(Compressor):
         super().__init__(group, params)
         self.error: list[Tensor | None] = [None] * len(params)
 
-    def with_error(self, bucket: dist.GradBucket) -> tuple[Tensor, list[tuple[int, Tensor]]]:
-        """p = g + e for the bucket (a new flat tensor) and its parameters as (index, flat view of p)."""
-        grads = self.parameters(bucket)
+    def with_error(self, grads: list[tuple[int, Tensor]]) -> tuple[Tensor, list[tuple[int, Tensor]]]:
+        """p = g + e over `grads` ((parameter index, flat gradient) pairs), as a new flat tensor, and the parameters
+        as (index, flat view of p)."""
         p = torch.cat([g + self.error[i] if self.error[i] is not None else g for i, g in grads])
         views, offset = [], 0
         for i, g in grads:
@@ -286,6 +299,11 @@ class ErrorFeedback(Compressor):
         self.error = list(state["error"])
 
 
+def _future_for(tensor: Tensor) -> Future[Tensor]:
+    """A future a hook completes itself, for a result on `tensor`'s device (a CUDA result needs its device named)."""
+    return Future(devices=[tensor.device]) if tensor.is_cuda else Future()
+
+
 def _mean_into(bucket: dist.GradBucket, world: int) -> Callable[[Future], Tensor]:
     """A future's callback: its all-reduced sum, divided by the workers, as the bucket's result."""
 
@@ -296,22 +314,30 @@ def _mean_into(bucket: dist.GradBucket, world: int) -> Callable[[Future], Tensor
 
 
 class TopK(ErrorFeedback):
+    """Top-k of the whole model's p = g + e, as the paper selects from the full vector: each bucket's hook holds its
+    bucket until the step's last one, whose hook selects from every parameter's p in the parameters' own order (so
+    that the selection does not depend on DDP's buckets), all-gathers once, and completes every bucket."""
+
     name = "topk"
 
     def __init__(self, group: dist.ProcessGroup | None, params: list[nn.Parameter], ratio: float) -> None:
         super().__init__(group, params)
         self.ratio = ratio
+        self.waiting: list[tuple[Tensor, Future[Tensor]]] = []  # this step's earlier buckets and their futures
+        self.grads: list[tuple[int, Tensor]] = []  # their parameters' gradients, flat views into the buckets
 
     def hook(self, _state: Any, bucket: dist.GradBucket) -> Future[Tensor]:
-        p, views = self.with_error(bucket)
-        tops, offset = [], 0
-        for _, v in views:
-            tops.append(v.abs().topk(math.ceil(self.ratio * v.numel()), sorted=False).indices + offset)
-            offset += v.numel()
-        top = torch.cat(tops)
+        future = _future_for(bucket.buffer())
+        self.waiting.append((bucket.buffer(), future))
+        self.grads += self.parameters(bucket)
+        if not bucket.is_last():
+            return future
+        grads, waiting = sorted(self.grads, key=lambda pair: pair[0]), self.waiting
+        self.grads, self.waiting = [], []
+        p, views = self.with_error(grads)
+        top = p.abs().topk(math.ceil(self.ratio * p.numel()), sorted=False).indices
         values = p[top]
-        sent = torch.zeros_like(p).index_put_((top,), values)
-        self.keep_error(p - sent, views)
+        self.keep_error(p.index_put((top,), torch.zeros_like(values)), views)
         top32 = top.to(torch.int32)
         every_values = [torch.empty_like(values) for _ in range(self.world)]
         every_top = [torch.empty_like(top32) for _ in range(self.world)]
@@ -322,23 +348,37 @@ class TopK(ErrorFeedback):
             dist.all_gather(every_top, top32, group=self.group, async_op=True).get_future(),
         ]
 
-        def mean(_: Future) -> Tensor:
-            out = bucket.buffer().zero_()
-            for v, i in zip(every_values, every_top, strict=True):
-                out.index_add_(0, i.long(), v)
-            return out.div_(self.world)
+        def mean(done: Future) -> None:
+            try:
+                for fut in done.value():
+                    fut.wait()  # NCCL: the stream waits for the all-gather (its future completes when queued)
+                out = torch.zeros_like(p)
+                for v, i in zip(every_values, every_top, strict=True):
+                    out.index_add_(0, i.long(), v)
+                out.div_(self.world)
+                offset = 0
+                for _, g in grads:
+                    g.copy_(out[offset : offset + g.numel()])
+                    offset += g.numel()
+            except BaseException as e:  # DDP waits on every bucket's future: each must end, with the error
+                for _, held in waiting:
+                    held.set_exception(e)
+                raise
+            for buffer, held in waiting:
+                held.set_result(buffer)
 
-        return torch.futures.collect_all(futures).then(mean)
+        torch.futures.collect_all(futures).then(mean)
+        return future
 
 
 class Sign(ErrorFeedback):
     name = "sign"
 
     def hook(self, _state: Any, bucket: dist.GradBucket) -> Future[Tensor]:
-        p, views = self.with_error(bucket)
+        p, views = self.with_error(self.parameters(bucket))
         c = torch.cat([v.abs().sum().div_(v.numel()) * v.sign() for _, v in views])
         self.keep_error(p - c, views)
-        self.count(math.ceil(p.numel() / 8) + 4 * len(views), c.numel() * c.element_size())
+        self.count(sum(math.ceil(v.numel() / 8) + 4 for _, v in views), c.numel() * c.element_size())
         return dist.all_reduce(c, group=self.group, async_op=True).get_future().then(_mean_into(bucket, self.world))
 
 
@@ -380,8 +420,9 @@ class QSGD(Compressor):
             parts.append(qsgd_quantise(v, self.levels, self.generator.manual_seed(int(seed) >> 1)))
         q = torch.cat(parts)
         self.step += bucket.is_last()
-        chunks = sum(math.ceil(v.numel() / QSGD_CHUNK) for v in parts)
-        self.count(g.numel() * qsgd_bits(self.levels) / 8 + chunks * 4, q.numel() * q.element_size())
+        bits = qsgd_bits(self.levels)
+        payload = sum(math.ceil(v.numel() * bits / 8) + math.ceil(v.numel() / QSGD_CHUNK) * 4 for v in parts)
+        self.count(payload, q.numel() * q.element_size())
         return dist.all_reduce(q, group=self.group, async_op=True).get_future().then(_mean_into(bucket, self.world))
 
     def state_dict(self) -> dict[str, Any]:

@@ -133,7 +133,6 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         self._averaging_s = 0.0  # this epoch's time in periodic averaging
         self.waited_s = 0.0  # the time in periodic averaging since the start: waiting for the others (s)
         self._comm = [0, 0]  # this epoch's (or, after it, the final averaging's) bytes and all-reduces
-        self._stepped = False  # this worker took an optimizer step since the last averaging point
 
     @property
     @override
@@ -167,7 +166,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
     def _average(self, outer: bool = False, group: dist.ProcessGroup | None = None, final: bool = False) -> None:
         """Average the replicas' parameters (and buffers, optimizer state as set) over `group` (None: all
         workers), counted in `_comm`; `outer`: the parameters take an outer step from θ_g instead (`final`: only
-        where some worker stepped since the last averaging point)."""
+        where some replica moved from θ_g since the last averaging point)."""
         module = self.lightning_module
         tensors = [] if outer else list(module.parameters())
         if self.average_buffers:
@@ -179,7 +178,6 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         calls = int(sent > 0)
         if outer:
             sent, calls = sent + self._outer_step(final), calls + 1
-        self._stepped = False
         self._comm = [self._comm[0] + sent, self._comm[1] + calls]
 
     @override
@@ -203,11 +201,12 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
 
     def _outer_step(self, final: bool = False) -> int:
         """DiLoCo's outer step: Δ = θ_g - mean_i θ_i as each parameter's gradient, from θ_g; θ_g <- the result.
-        `final`: the step is taken only if some worker stepped since the last averaging point (a flag all-reduced
-        with the parameters), else the replicas stay θ_g. Returns the bytes all-reduced."""
+        `final`: the step is taken only where some replica moved from θ_g since the last averaging point (a flag
+        all-reduced with the parameters), else the replicas stay θ_g. Returns the bytes all-reduced."""
         params = list(self.lightning_module.parameters())
         mean = [p.detach().clone() for p in params]
-        stepped = torch.tensor([float(self._stepped)], device=self.root_device)
+        moved = any(not torch.equal(p.detach(), start) for p, start in zip(params, self.start, strict=True))
+        stepped = torch.tensor([float(moved)], device=self.root_device)
         sent = average_tensors(mean + [stepped] if final else mean)
         if final and stepped.item() == 0:
             return sent
@@ -239,7 +238,6 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
     def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any) -> Any:
         output = super().optimizer_step(optimizer, closure, model, **kwargs)
         self._steps_in_epoch += 1
-        self._stepped = True
         done = self._common_done()
         if self._steps_in_epoch <= self._common_steps and self.averages_at(done):
             start = time.perf_counter()
