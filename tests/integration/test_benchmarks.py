@@ -291,3 +291,13 @@ def test_paired_chunks_longer_than_an_epoch_are_one_line_not_a_statistics_error(
     with pytest.raises(SystemExit, match="^compare.py: no pair of 25-step chunks was timed: an epoch has fewer than"):
         compare.paired_figures([], 25)
     assert compare.paired_figures([(2.0, 1.0), (3.0, 2.0)], 25)["sum_ratio"] == pytest.approx(5 / 3)
+
+
+@pytest.mark.slow  # ~15 s: two gloo processes timing four hooks
+def test_the_powersgd_benchmark_prints_every_variant_against_torchs_hook():
+    proc = benchmark("powersgd.py", "--steps=2", "--warmup=3", "--rounds=1", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "ms" not in line]
+    assert (
+        len(rows) == 4 and rows[1].startswith("| torch's powerSGD_hook, one bucket |") and rows[1].endswith("| 1.00 |")
+    )
