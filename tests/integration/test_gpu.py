@@ -149,13 +149,15 @@ def test_adam_resumed_on_the_gpu_updates_as_the_resumed_run_says(tiny_data, tmp_
 def test_each_compression_over_nccl_trains_and_resumes_on_the_gpu(on_device_run, tiny_data, tmp_path, compression):
     """Every compression hook on the GPU, in a one-process NCCL group (the arithmetic on the device, QSGD's draws
     from a CUDA generator, PowerSGD's QR on the device), the lab CNN in several buckets (bucket_cap_mb 0.05): it
-    learns as the run without DDP, counts its bytes, and a resume from the first epoch goes on with the state it
-    saved (on the CPU in the checkpoint)."""
+    learns (`none` as the run without DDP), counts its bytes, and a resume from the first epoch goes on with the
+    state it saved (on the CPU in the checkpoint)."""
     more = ["strategy.ddp_for_one_worker=true", f"strategy.compression={compression}", "strategy.bucket_cap_mb=0.05"]
     more += ["data.on_device=true", *(["strategy.powersgd_start_step=2"] if compression == "powersgd" else [])]
     m = gpu_run(tiny_data, tmp_path / "straight", *more, "checkpoint_every_epoch=true")
     assert (m["lightning_strategy"], m["world_size"], m["compression"]) == ("DDPStrategy", 1, compression)
-    assert m["test_acc"] == pytest.approx(on_device_run["test_acc"], abs=0.1) and m["comm_bytes"][0] > 0
+    assert m["test_acc"] > 0.5 and m["comm_bytes"][0] > 0  # chance is 0.1; a lossy method learns otherwise
+    if compression == "none":
+        assert m["test_acc"] == pytest.approx(on_device_run["test_acc"], abs=0.05)
     first = tmp_path / "straight" / "checkpoints" / "epoch0.ckpt"
     resumed = gpu_run(tiny_data, tmp_path / "resumed", *more, f"ckpt_path={first}")
     assert resumed["epochs"] == m["epochs"] and resumed["test_acc"] == pytest.approx(m["test_acc"], abs=0.05)
