@@ -28,9 +28,8 @@ payload this worker hands to torch.distributed.
 PowerSGD, sign and QSGD work on each parameter's gradient on its own, top-k on the whole model's in the
 parameters' order, and each keeps its state per parameter: what is sent does not depend on how DDP groups
 parameters into buckets, which it changes after the first step (and a resumed run starts from the first grouping
-again). The error of top-k and sign, PowerSGD's
-error, Q and random stream, and QSGD's step count are each worker's own and go into its checkpoints
-(``state_dict``): a resume goes on exactly.
+again). The error of top-k and sign, PowerSGD's error, Q, step and random stream, and QSGD's step count are each
+worker's own and go into its checkpoints (``state_dict``): a resume goes on exactly, to the all-reduce's rounding.
 
 Error feedback here keeps its error in gradient units, before the optimizer: the optimizer's momentum and lr
 apply to what was sent, and the error held back is sent later at a later step's lr (docs/strategies.md).
@@ -129,7 +128,8 @@ def orthogonalise(m: Tensor) -> Tensor:
 
 
 class PowerSGD(Compressor):
-    """Rank-r PowerSGD with error feedback and warm start, per parameter (the module docstring)."""
+    """Rank-r PowerSGD with error feedback and warm start, per parameter (the module docstring). Its P all-reduce
+    is waited for in the hook (Q needs it), the rest completes the bucket's future."""
 
     name = "powersgd"
 
@@ -269,8 +269,8 @@ class PowerSGD(Compressor):
 
 
 class ErrorFeedback(Compressor):
-    """A compressor that keeps this worker's error e per parameter: `compress(p)` of p = g + e returns what is
-    sent (dense) and e becomes p - sent."""
+    """A compressor that keeps this worker's error e per parameter: it compresses p = g + e (`with_error`), and e
+    becomes p - what was sent (`keep_error`)."""
 
     def __init__(self, group: dist.ProcessGroup | None, params: list[nn.Parameter]) -> None:
         super().__init__(group, params)

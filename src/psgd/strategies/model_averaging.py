@@ -15,7 +15,7 @@ worker); at an averaging point Δ = θ_g - mean_i θ_i (one all-reduce), each wo
 outer step with Δ as the gradient, and θ_g becomes the result; the inner optimizer's state stays each worker's.
 Outer SGD with lr 1 and no momentum is plain averaging. Training that ends between two averaging points ends
 with an outer step over the partial round, so the final model is the outer model θ_g (the paper's); where no
-worker took a step since the last point, the replicas are θ_g already and no step is taken.
+replica moved from θ_g since the last point, they are θ_g already and no step is taken.
 
 Hierarchical averaging (``group_periods``, the semantics of torch's HierarchicalModelAverager): at each step the
 replicas average within the largest group of consecutive ranks whose period divides it, the largest group all
@@ -205,10 +205,12 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         all-reduced with the parameters), else the replicas stay θ_g. Returns the bytes all-reduced."""
         params = list(self.lightning_module.parameters())
         mean = [p.detach().clone() for p in params]
-        moved = any(not torch.equal(p.detach(), start) for p, start in zip(params, self.start, strict=True))
-        stepped = torch.tensor([float(moved)], device=self.root_device)
-        sent = average_tensors(mean + [stepped] if final else mean)
-        if final and stepped.item() == 0:
+        moved = []  # at the end: whether this replica moved from θ_g, averaged into whether any did
+        if final:
+            away = any(not torch.equal(p.detach(), start) for p, start in zip(params, self.start, strict=True))
+            moved.append(torch.tensor([float(away)], device=self.root_device))
+        sent = average_tensors(mean + moved)
+        if moved and moved[0].item() == 0:
             return sent
         for p, start, m in zip(params, self.start, mean, strict=True):
             p.detach().copy_(start)
