@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import (  # noqa: E402
+from common import (  # noqa: E402
     exit_unless_writable,
     exit_without_data,
     interleaved,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from compare import (  # noqa: E402
+from common import (  # noqa: E402
     HOGWILD_SGD,
     RunFailed,
     exit_unless_writable,

@@ -1,6 +1,6 @@
-"""The benchmark scripts (compare.py, throughput.py, gpu.py) run and report what they claim (short runs on
-tiny generated data; the figures are not checked). The ones that start many train.py runs are in the slow
-suite, `python -m pytest -m slow`."""
+"""The benchmark scripts (compare.py, throughput.py, gpu.py, powersgd.py; their shared helpers in common.py) run
+and report what they claim (short runs on tiny generated data; the figures are not checked). The ones that start
+many train.py runs are in the slow suite, `python -m pytest -m slow`."""
 
 import json
 import os
@@ -11,6 +11,7 @@ import pytest
 from conftest import ROOT, make_mnist_like
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import common  # noqa: E402
 import compare  # noqa: E402
 
 
@@ -163,7 +164,7 @@ def test_a_bad_benchmark_argument_is_refused_before_anything_runs(script, bad, v
     assert {p: p.stat().st_mtime_ns for p in results.iterdir()} == before
 
 
-# each script calls the same check (compare.exit_unless_writable); the second is slow (~5 s of a process start)
+# each script calls the same check (common.exit_unless_writable); the second is slow (~5 s of a process start)
 @pytest.mark.parametrize("script", ["compare.py", pytest.param("throughput.py", marks=pytest.mark.slow)])
 def test_results_that_cannot_be_written_are_one_line_before_any_measurement(script, tiny_data, tmp_path):
     """A results folder that cannot be made or written is found before any measurement, not when the
@@ -218,14 +219,14 @@ def test_a_missing_dataset_is_one_line_before_any_measurement(tiny_data, tmp_pat
     from deep inside the first measured run) after the scripts had started their work."""
     monkeypatch.setattr(sys, "argv", ["compare.py"])
     with pytest.raises(SystemExit) as e:
-        compare.exit_without_data(str(tmp_path / "typo"))
+        common.exit_without_data(str(tmp_path / "typo"))
     assert e.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(
         f"compare.py: error: dataset mnist not found or unreadable under {tmp_path}"
     )
     assert "pass --data-root <dir> to where it lives" in lines[0]
-    compare.exit_without_data(str(tiny_data))  # found: nothing to say
+    common.exit_without_data(str(tiny_data))  # found: nothing to say
     assert capsys.readouterr().err == ""
     # a script, as a user runs it (every download through a proxy that is not there: offline)
     proxy = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
@@ -243,7 +244,7 @@ def test_a_failed_run_is_none_in_its_round_and_the_other_runs_and_figures_go_on(
         def go(i: int) -> float:
             calls.append((name, i))
             if i in fails_in:
-                raise compare.RunFailed("psgd: error: training diverged")
+                raise common.RunFailed("psgd: error: training diverged")
             return rate
 
         return go
@@ -254,7 +255,7 @@ def test_a_failed_run_is_none_in_its_round_and_the_other_runs_and_figures_go_on(
     configs["reference mnist_hogwild, 2 workers"] = config("reference mnist_hogwild, 2 workers", 120.0, {0})
     configs["psgd model_averaging, 2 workers"] = config("psgd model_averaging, 2 workers", 190.0, {0, 1, 2})
     failed: list[str] = []
-    samples = compare.interleaved(configs, 3, failed)
+    samples = common.interleaved(configs, 3, failed)
     assert len(calls) == 3 * len(configs)  # every run of every round ran
     assert samples["psgd hogwild, 2 workers"] == [180.0, None, 180.0]
     assert failed[0] == "reference mnist_hogwild, 2 workers: psgd: error: training diverged" and len(failed) == 5
@@ -263,10 +264,10 @@ def test_a_failed_run_is_none_in_its_round_and_the_other_runs_and_figures_go_on(
     assert hogwild["ratio"] == pytest.approx(1.5) and hogwild["paired"] == pytest.approx(1.5)  # round 3 alone
     assert rows["psgd model averaging 2 workers / 1 worker"]["ratio"] is None  # all its runs failed
     assert rows["psgd HogWild 2 workers / 1 worker"]["ratio"] == pytest.approx(1.8)
-    table = {r[0]: r[1:] for r in compare.sample_rows(samples)}
+    table = {r[0]: r[1:] for r in common.sample_rows(samples)}
     assert table["psgd hogwild, 2 workers"] == ["180", "180 failed 180"]
     assert table["psgd model_averaging, 2 workers"] == ["all runs failed", "failed failed failed"]
-    assert compare.shown(None, ".2f") == "failed" and compare.verdict(None, 1.5) == ""
+    assert common.shown(None, ".2f") == "failed" and compare.verdict(None, 1.5) == ""
 
 
 @pytest.mark.slow  # ~5 s: a refused train.py run; the rounds' handling of a failure is tested above
