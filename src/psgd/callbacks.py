@@ -19,7 +19,7 @@ from psgd.io import save_atomic, write_csv, write_json
 from psgd.process import this_process
 from psgd.signals import handler_for_this_process
 from psgd.stragglers import Stragglers
-from psgd.strategies.lightning_internals import handle_sigterm_with
+from psgd.strategies.lightning_internals import as_finished_epoch, handle_sigterm_with
 from psgd.strategies.workers import gather_floats, over_workers
 
 
@@ -126,18 +126,9 @@ class EpochEndCheckpoint(ModelCheckpoint):
 
     @override
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        """Write an epoch's checkpoint as one of a finished epoch, from which a resume starts the next one.
-
-        Lightning writes it inside on_train_epoch_end, before it counts the epoch completed: a resume under
-        trainer.max_steps (its iteration-based training) replayed the epoch's end and went on with the next
-        epoch from the last batch's place (cf. Lightning issue #19617)."""
-        fit = checkpoint["loops"]["fit_loop"]
-        batches = fit["epoch_loop.batch_progress"]
-        if batches["is_last_batch"]:
-            for count in fit["epoch_progress"].values():
-                count["completed"] = count["processed"]
-            batches["current"] = dict.fromkeys(batches["current"], 0)
-            batches["is_last_batch"] = False
+        """Write an epoch's checkpoint as one of a finished epoch, from which a resume starts the next one
+        (Lightning writes it before it counts the epoch completed: lightning_internals.as_finished_epoch)."""
+        as_finished_epoch(checkpoint)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -67,6 +67,7 @@ class Classifier(L.LightningModule):
         self.test_acc_per_class: list[float | None] | None = None
         # training accuracy and loss ([correct, loss sum] and samples), reduced once per epoch (count_train)
         self._train_counts: list | None = None
+        self._net_compiled = False  # the network compiled in place, once (on_fit_start)
         self._step_counts: list | None = None
         if per_worker_metrics:  # replicas differ (model averaging): also keep each worker's own numbers
             self.worker_val_acc = MulticlassAccuracy(
@@ -212,8 +213,9 @@ class Classifier(L.LightningModule):
         # compiled in place (state_dict keys unchanged) in the worker that trains it, after Lightning's
         # model summary ran its example input
         mode = self.hparams.get("compile")
-        if mode and self.net._compiled_call_impl is None:  # (what nn.Module.compile sets)
+        if mode and not self._net_compiled:
             self.net.compile(mode=mode)
+            self._net_compiled = True
 
     @override
     def on_train_epoch_start(self) -> None:

@@ -9,6 +9,7 @@ import signal
 
 import pytest
 import pytorch_lightning as L
+import torch
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
@@ -142,3 +143,30 @@ def test_lightning_registers_psgds_sigterm_handler_in_place_of_its_notifier():
         trainer._signal_connector.teardown()
         signal.signal(signal.SIGTERM, before)
     assert calls == [signal.SIGTERM] and not trainer.received_sigterm
+
+
+def test_an_epochs_checkpoint_has_the_loop_state_as_finished_epoch_rewrites(tmp_path):
+    """A checkpoint written in on_train_epoch_end (where ModelCheckpoint writes an epoch's) holds the fit loop's
+    state in the layout as_finished_epoch rewrites: the epoch processed but not completed, the last batch's place;
+    rewritten, it is a finished epoch's."""
+    from pytorch_lightning.demos.boring_classes import BoringModel
+
+    from psgd.strategies.lightning_internals import as_finished_epoch
+
+    class SaveAtEpochEnd(L.Callback):
+        def on_train_epoch_end(self, trainer, pl_module):
+            trainer.save_checkpoint(tmp_path / "epoch.ckpt")
+
+    trainer = L.Trainer(
+        max_epochs=1, limit_train_batches=3, limit_val_batches=0, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[SaveAtEpochEnd()],
+    )  # fmt: skip
+    trainer.fit(BoringModel())
+    checkpoint = torch.load(tmp_path / "epoch.ckpt", weights_only=True)
+    fit = checkpoint["loops"]["fit_loop"]
+    batches = fit["epoch_loop.batch_progress"]
+    assert batches["is_last_batch"] and batches["current"]["completed"] == 3
+    assert fit["epoch_progress"]["current"]["processed"] == 1 != fit["epoch_progress"]["current"]["completed"]
+    as_finished_epoch(checkpoint)
+    assert fit["epoch_progress"]["current"]["completed"] == fit["epoch_progress"]["current"]["processed"] == 1
+    assert not batches["is_last_batch"] and set(batches["current"].values()) == {0}

@@ -1,7 +1,8 @@
 """Every use psgd makes of Lightning's private API, each needed for a run's correctness: the per-step SIGTERM
 broadcast and Lightning's SIGTERM notifier (collectives that uneven shards deadlock in), and Lightning's
 multiprocessing launcher (naming the worker whose failure ended a run, starting workers from psgd's fork
-server, HogWild's model in shared memory). Each use names its Lightning source; a test checks each is still
+server, HogWild's model in shared memory), and the layout of a checkpoint's loop state (an epoch's checkpoint
+resumed as a finished epoch). Each use names its Lightning source; a test checks each is still
 there (tests/unit/test_lightning_internals.py), and pyproject.toml pins Lightning's minor release for them.
 """
 
@@ -34,6 +35,23 @@ from psgd.strategies.workers import (
     out_of_memory,
     session_refusal,
 )
+
+
+def as_finished_epoch(checkpoint: dict[str, Any]) -> None:
+    """Mark a checkpoint written at an epoch's last batch as one of a finished epoch, from which a resume starts the
+    next one: the fit loop's epoch progress counted completed and its batch progress reset.
+
+    Lightning writes an epoch's checkpoint inside on_train_epoch_end, before it counts the epoch completed: a resume
+    under trainer.max_steps (its iteration-based training) replayed the epoch's end and went on with the next epoch
+    from the last batch's place (Lightning issue #19617). The layout is _FitLoop.state_dict's:
+    checkpoint["loops"]["fit_loop"] with "epoch_progress" and "epoch_loop.batch_progress"."""
+    fit = checkpoint["loops"]["fit_loop"]
+    batches = fit["epoch_loop.batch_progress"]
+    if batches["is_last_batch"]:
+        for count in fit["epoch_progress"].values():
+            count["completed"] = count["processed"]
+        batches["current"] = dict.fromkeys(batches["current"], 0)
+        batches["is_last_batch"] = False
 
 
 def without_per_step_collectives(trainer: L.Trainer) -> None:
