@@ -206,11 +206,9 @@ class PowerSGD(Compressor):
                 for fut in done.value():
                     fut.wait()  # NCCL: the stream waits for the collective (its future completes when queued)
                 if plain_flat is not None:
-                    plain_flat.div_(self.world)
-                    offset = 0
-                    for g in plain:
-                        g.copy_(plain_flat[offset : offset + g.numel()])
-                        offset += g.numel()
+                    means = plain_flat.div_(self.world).split([g.numel() for g in plain])
+                    for g, mean in zip(plain, means, strict=True):
+                        g.copy_(mean)
                 if matrices:
                     q_flat.div_(self.world)
                     shapes = [(m.shape[1], r) for _, m, r in matrices]
@@ -280,17 +278,11 @@ class ErrorFeedback(Compressor):
         """p = g + e over `grads` ((parameter index, flat gradient) pairs), as a new flat tensor, and the parameters
         as (index, flat view of p)."""
         p = torch.cat([g + self.error[i] if self.error[i] is not None else g for i, g in grads])
-        views, offset = [], 0
-        for i, g in grads:
-            views.append((i, p[offset : offset + g.numel()]))
-            offset += g.numel()
-        return p, views
+        return p, [(i, v) for (i, _), v in zip(grads, p.split([g.numel() for _, g in grads]), strict=True)]
 
     def keep_error(self, error: Tensor, views: list[tuple[int, Tensor]]) -> None:
-        offset = 0
-        for i, v in views:
-            self.error[i] = error[offset : offset + v.numel()].clone()
-            offset += v.numel()
+        for (i, _), e in zip(views, error.split([v.numel() for _, v in views]), strict=True):
+            self.error[i] = e.clone()
 
     def state_dict(self) -> dict[str, Any]:
         return {"error": list(self.error)}
@@ -355,11 +347,8 @@ class TopK(ErrorFeedback):
                 out = torch.zeros_like(p)
                 for v, i in zip(every_values, every_top, strict=True):
                     out.index_add_(0, i.long(), v)
-                out.div_(self.world)
-                offset = 0
-                for _, g in grads:
-                    g.copy_(out[offset : offset + g.numel()])
-                    offset += g.numel()
+                for (_, g), mean in zip(grads, out.div_(self.world).split([g.numel() for _, g in grads]), strict=True):
+                    g.copy_(mean)
             except BaseException as e:  # DDP waits on every bucket's future: each must end, with the error
                 for _, held in waiting:
                     held.set_exception(e)
