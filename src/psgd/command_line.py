@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from psgd import forkserver, outputs, signals, sweep
-from psgd.config import Jobs, describe, sweep_values_problem, values_problem
+from psgd.config import Jobs, check_values, describe, sweep_values_problem, values_problem
 from psgd.console import fail, in_the_job, other_torchrun_worker, text_lines
 from psgd.io import say
 
@@ -108,7 +108,7 @@ def jobs_problem(jobs: Jobs, sweeping: bool) -> str | None:
     for a sweep also, with torch loaded, those of this machine and its datasets."""
     if problem := values_problem(jobs, name_the_job=sweeping or len(jobs) > 1):
         return problem
-    forkserver.start_early(jobs)
+    forkserver.start_early(jobs[0][1], [check_values(cfg) for _, cfg in jobs])
     if not sweeping:
         return None
     load_training()

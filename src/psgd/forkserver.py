@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 # what every worker needs, imported once in the server before it forks any worker; last, the server's quick exit
-PRELOAD = ("torch", "pytorch_lightning", "psgd.run", "psgd._in_forkserver")
+PRELOAD = ("torch", "pytorch_lightning", "psgd.run", "psgd.strategies", "psgd._in_forkserver")
 
 
 def available() -> bool:
@@ -35,22 +35,20 @@ def start() -> None:
         signal.signal(signal.SIGINT, sigint)
 
 
-def will_use_server(cfg: Any) -> bool:
-    """Whether psgd will start this checked job's workers from the fork server, as far as can be told
-    before torch loads (psgd.config.resolve_start_method decides with torch)."""
-    s, trainer = cfg.strategy, cfg.trainer
-    in_process = s.name == "ddp" and not s.get("ddp_for_one_worker", False)
-    workers = trainer.get("devices") or cfg.workers  # (as psgd.config.resolve_workers, on a checked config)
-    if workers < (2 if in_process else 1) or trainer.get("num_nodes", 1) != 1:
+def will_use_server(run: Any) -> bool:
+    """Whether psgd will start the workers of `run` (a checked psgd.config.Run) from the fork server, as far as
+    can be told before torch loads (psgd.config.resolve_start_method decides with torch)."""
+    s = run.strategy
+    if s.runs_in_this_process(run) or run.trainer.num_nodes != 1:
         return False
     torchrun = {"TORCHELASTIC_RUN_ID", "RANK"} <= os.environ.keys()
     if torchrun or int(os.environ.get("SLURM_NTASKS") or 1) > 1:  # torchrun or srun starts the workers
         return False
-    if s.name == "hogwild":
-        return True
-    if s.get("start_method") not in (None, "forkserver"):
+    if s.cpu_only:
+        return s.resolved_start_method("cpu", available()) == "forkserver"
+    if s.start_method not in (None, "forkserver"):
         return False
-    accelerator = trainer.get("accelerator")
+    accelerator = run.trainer.accelerator
     # an NVIDIA driver's device node, without importing torch: a hint, not CUDA's own answer
     gpu = Path("/dev/nvidiactl").exists() and os.environ.get("CUDA_VISIBLE_DEVICES") not in ("", "-1")
     return accelerator == "cpu" or (accelerator in (None, "auto") and not gpu)
@@ -65,12 +63,12 @@ def runs_jobs_here(first_job: Any) -> bool:
     return launcher == "" or launcher.endswith(".BasicLauncher")
 
 
-def start_early(jobs: Iterable[tuple[list[str], Any]]) -> None:
-    """Start the server now if any of these composed jobs will need it: a head start, so nothing is raised
-    (the first launch starts it otherwise), and a server that no job uses only sleeps until this process exits."""
-    jobs = list(jobs)
+def start_early(first_job: Any, runs: Iterable[Any]) -> None:
+    """Start the server now if any of these checked runs will need it: a head start, so nothing is raised
+    (the first launch starts it otherwise), and a server that no job uses only sleeps until this process exits.
+    `first_job`: the first job composed with Hydra's node."""
     with suppress(Exception):
-        if jobs and available() and runs_jobs_here(jobs[0][1]) and any(will_use_server(cfg) for _, cfg in jobs):
+        if available() and runs_jobs_here(first_job) and any(will_use_server(run) for run in runs):
             start()
 
 

@@ -22,6 +22,9 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
+from psgd.config.contract import REGISTRY, StrategyConfig
+from psgd.config.schema import strategy_class
+from psgd.errors import ConfigError
 from psgd.io import atomic_file, failed_write, read_json, write_atomic, write_csv
 from psgd.overrides import as_typed, override_key
 from psgd.process import still_running
@@ -98,7 +101,7 @@ def averaging_note(record: dict) -> str:
     if len(workers) < 2:
         return ""
     own = " ".join(f"{acc:.4f}" for acc in workers)
-    model = "the centre" if record.get("strategy") == "elastic_averaging" else "averaged model"
+    model = strategy_of(record).final_model
     return f" ({model}; the workers' own {own}, replica_distance={record.get('replica_distance'):.4f})"
 
 
@@ -132,6 +135,8 @@ def load_job(path: Path) -> Job:
         status = "running"
     elif status in ("running", "trained"):  # its process ended without writing the final status
         status, error = "failed", error or f"ended with status {status!r} (killed?)"
+    with contextlib.suppress(ConfigError):  # a strategy of the user's own: known to the report once imported
+        strategy_class(OmegaConf.select(cfg, "strategy"))
     texts = [as_typed(str(text)) for text in OmegaConf.select(hydra, "overrides.task", default=[])]
     return record | {
         "num": OmegaConf.select(hydra, "job.num", default=-1),
@@ -209,19 +214,20 @@ def comm_mb(job: Job) -> float | None:
     return round(statistics.fmean(sent) / 1e6, 3) if sent else None
 
 
+def strategy_of(record: dict) -> type[StrategyConfig]:
+    """The config class of a run's strategy, as registered when a config of it was read (the contract's defaults
+    for a strategy this process cannot import)."""
+    return REGISTRY.get(record.get("strategy"), StrategyConfig)
+
+
+def cell(value: Any) -> Any:
+    """A metrics.json value as a report.csv cell: a list as its items joined by spaces."""
+    return " ".join(map(str, value)) if isinstance(value, list) else value
+
+
 def comm_label(job: Job) -> str:
     """A job's point on accuracy_vs_comm.png: `ddp topk x2`, `model_averaging period=8 x2`, `... one-shot x2`."""
-    how = job.get("compression") or ""
-    if job["strategy"] == "model_averaging":
-        how = f"period={job['period']}" if job.get("period") else "one-shot"
-        if job.get("group_periods"):
-            how = "groups " + ",".join(f"{size}:{period}" for size, period in job["group_periods"].items())
-        if job.get("sync_steps"):
-            how = f"post-local t0={job['sync_steps']} {how}"
-        if job.get("outer_optimizer"):
-            how = f"outer {job['outer_optimizer']} {how}"
-    if job["strategy"] == "elastic_averaging":
-        how = f"tau={job.get('tau')}"
+    how = strategy_of(job).label(job)
     return " ".join(part for part in (job["strategy"], how, f"x{job['workers']}") if part)
 
 
@@ -246,6 +252,7 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
         if job["status"] == "completed":
             groups[group_key(job, swept)][job["workers"]].append(job)
 
+    own = list(dict.fromkeys(key for job in jobs for key in strategy_of(job).report_columns))  # strategies' own
     rows = []
     for job in jobs:
         worker_acc = job.get("worker_test_acc")
@@ -275,6 +282,7 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                 "comm_mb": comm_mb(job),
                 "allreduce_wait_ms": job.get("allreduce_wait_ms"),
                 "sync_share": sync_share(job),
+                **{key: cell(job.get(key)) for key in own},
                 "worst_class_acc": worst and worst[1],
                 "worst_class": worst and worst[0],
                 "time_to_target_s": _r(job.get("time_to_target_s"), 2),

@@ -12,14 +12,15 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from psgd.config import GIVE, ConfigError, Plan, checkpoint_file
+from psgd.config import GIVE, ConfigError, Plan, Run, checkpoint_file
+from psgd.config.contract import StrategyConfig
 from psgd.io import say
 from psgd.module import OPTIMIZER_KEY, STEP_IMPLEMENTATION, Classifier
 from psgd.optim import schedule_read
 
 
 def resolve_ckpt_path(
-    value: str | None, module: Classifier, world_size: int = 1, strategy: str | None = None
+    value: str | None, module: Classifier, world_size: int = 1, strategy: StrategyConfig | None = None
 ) -> str | None:
     """The checkpoint to resume from, checked against this run: its model, lr schedule, optimizer and data,
     and (for a checkpoint of each worker's own state) its worker count and `strategy` (None: not checked)."""
@@ -38,10 +39,10 @@ def resolve_ckpt_path(
             f"worker{'' if world_size == 1 else 's'}; resume with workers={len(replicas)}"
         )
     own_weights = replicas and "state_dict" in (replicas[0] or {})
-    if own_weights and strategy is not None and strategy not in ("model_averaging", "elastic_averaging"):
+    if own_weights and strategy is not None and strategy.one_model:
         raise ConfigError(
             f"ckpt_path={value!r} holds {len(replicas)} replicas that model averaging had not averaged yet, and "
-            f"strategy={strategy} would go on from worker 0's alone: resume with strategy=model_averaging (or "
+            f"strategy={strategy.name} would go on from worker 0's alone: resume with strategy=model_averaging (or "
             "from the run's final checkpoint, which holds their average)"
         )
     saved = checkpoint.get("hyper_parameters") or {}  # the Classifier's, as the checkpoint's run had them
@@ -115,7 +116,7 @@ def init_weights(value: str | None, module: Classifier) -> str | None:
     return str(path)
 
 
-def sample_settings(cfg: DictConfig) -> list[str]:
+def sample_settings(cfg: Run | DictConfig) -> list[str]:
     """The settings that decide which samples a run trains and validates on, as `key=value` texts: the data
     set, the validation split with the seed that draws it, and the partition (with the seed where it fixes
     the shards: iid shards are dealt anew every epoch, by_label by label)."""

@@ -1,30 +1,28 @@
 """Checks of a run that need its model built or its data read, made before any worker starts (and for every
 job of a sweep before the first one starts): a setting that cannot work is one line (DataError)."""
 
-from omegaconf import DictConfig, OmegaConf
-
 from psgd import forkserver
-from psgd.config import ConfigError, Jobs, resolve_workers
+from psgd.config import ConfigError, Jobs, Run, check_values
 from psgd.console import in_the_job
 from psgd.data import ClassificationData
 from psgd.data.datasets import DataError
 
 
-def build_datamodule(cfg: DictConfig, image_size: int | None = None) -> ClassificationData:
+def build_datamodule(run: Run, image_size: int | None = None) -> ClassificationData:
     """The run's datamodule, its images resized to `image_size` (None: the dataset's own); nothing read yet.
     A trainer.fast_dev_run smoke test evaluates batches no larger than the training's: its one validation and
     one test batch of data.eval_batch_size were most of its time (docs/performance.md, "Start-up")."""
-    data = OmegaConf.to_container(cfg.data, resolve=True)
-    if cfg.trainer.get("fast_dev_run"):
+    data = run.data.model_dump()
+    if run.trainer.fast_dev_run:
         data["eval_batch_size"] = min(data["eval_batch_size"], data["batch_size"])
     return ClassificationData(
         **data,
         image_size=image_size,
-        seed=cfg.seed,
-        channels_last=cfg.channels_last,
-        lockstep=cfg.strategy.name == "ddp",  # DDP needs equal steps on every worker; averaging lets each run its own
+        seed=run.seed,
+        channels_last=run.channels_last,
+        lockstep=run.strategy.lockstep,  # DDP needs equal steps on every worker; averaging lets each run its own
         # replicas that differ (model averaging) are each evaluated on the whole split
-        shard_eval=cfg.strategy.name in ("ddp", "hogwild"),
+        shard_eval=run.strategy.one_model,
     )
 
 
@@ -39,7 +37,8 @@ def sweep_data_problem(jobs: Jobs) -> str | None:
     read: dict[tuple, ClassificationData] = {}  # the first datamodule of each source
     for (job, cfg), source in zip(jobs, sources, strict=True):
         try:
-            datamodule = build_datamodule(cfg)
+            run = check_values(cfg)
+            datamodule = build_datamodule(run)
             if source in read:
                 datamodule.decoded_from(read[source])
             else:
@@ -50,9 +49,8 @@ def sweep_data_problem(jobs: Jobs) -> str | None:
                     if len(set(sources)) == 1:  # every job would fail on it
                         return f"{e} (no job was started)"
                     raise
-            workers = resolve_workers(cfg) * cfg.trainer.num_nodes
-            datamodule.check_batches(workers)
-            datamodule.check_test_limit(cfg.trainer.get("limit_test_batches"))
+            datamodule.check_batches(run.world_size)
+            datamodule.check_test_limit(run.trainer.limit_test_batches)
         except (DataError, ConfigError) as e:
             return in_the_job(e, job, [j for j, _ in jobs])
         except Exception:  # anything else: left to the job, which reports it as its failure

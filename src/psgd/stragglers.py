@@ -32,14 +32,14 @@ DRAWS = 1_000_037  # keeps the delays' stream apart from the run's other seeded 
 def simulated(settings: Mapping[str, Any]) -> bool:
     """Whether `stragglers.*` asks for a simulation: a slowdown (all ones too: a baseline that records its workers'
     zero sleep beside the others) or a delay distribution. Off, psgd adds nothing to a step."""
-    return settings.get("slowdown") is not None or settings.get("distribution", "none") != "none"
+    return settings["slowdown"] is not None or settings["distribution"] != "none"
 
 
 def describe(settings: Mapping[str, Any]) -> str:
     """What the simulation does, for the console: `worker 3 3x slower`, `every worker sleeps 0.01 s after each
     step`."""
-    parts = [f"worker {r} {f:g}x slower" for r, f in enumerate(settings.get("slowdown") or []) if f != 1]
-    distribution, delay, shift = settings.get("distribution"), settings.get("delay_s"), settings.get("shift_s")
+    parts = [f"worker {r} {f:g}x slower" for r, f in enumerate(settings["slowdown"] or []) if f != 1]
+    distribution, delay, shift = settings["distribution"], settings["delay_s"], settings["shift_s"]
     if distribution == "fixed":
         parts.append(f"every worker sleeps {delay:g} s after each step")
     elif distribution == "exponential":

@@ -4,12 +4,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
 from psgd.callbacks import FIGURES
-from psgd.config import schedule
+from psgd.config import Run, schedule
 
 # the HParams tab's columns every run has: each run's last value of these tags
 HPARAM_METRICS = ("test/acc", "test/loss", "val/acc", "val/loss", "time/samples_per_s", "time/cumulative_s")
@@ -25,7 +24,7 @@ def hparam_metrics(metrics: dict[str, Any]) -> list[str]:
     return [*HPARAM_METRICS, *own, *averaged]
 
 
-def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
+def flat_hparams(run: Run) -> dict[str, Any]:
     """The config as TensorBoard hparams: dotted keys, scalars only; the lr schedule as the run trained with it."""
 
     def flat(node: Any, prefix: str) -> Iterator[tuple[str, Any]]:
@@ -36,13 +35,13 @@ def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
             if not str(k).startswith("_"):  # _target_, _partial_
                 yield from flat(v, f"{prefix}{k}.")
 
-    settings = OmegaConf.to_container(cfg, resolve=True)
+    settings = run.model_dump(by_alias=True, exclude_unset=True)  # the keys the config gave
     if isinstance(settings.get("scheduler"), dict):  # scheduler=none: a constant lr, whatever its keys say
         settings["scheduler"] = schedule(settings["scheduler"])
     return dict(flat(settings, ""))
 
 
-def write_tensorboard_summary(log_dir: Path, cfg: DictConfig, metrics: dict[str, Any], step: int) -> None:
+def write_tensorboard_summary(log_dir: Path, run: Run, metrics: dict[str, Any], step: int) -> None:
     """Write the HParams tab's row of the run (hparam_metrics' columns) and its final test metrics at `step`, each
     class's accuracy as test/acc_class/<label> (metrics.json's test_classes names the labels), a model-averaging
     run's also as averaged/test_acc and averaged/test_loss."""
@@ -55,7 +54,7 @@ def write_tensorboard_summary(log_dir: Path, cfg: DictConfig, metrics: dict[str,
         for key, value in final.items():
             if value is not None:
                 writer.add_scalar(key, value, step)
-        exp, ssi, sei = hparams_summary(flat_hparams(cfg), dict.fromkeys(hparam_metrics(metrics), 0.0))
+        exp, ssi, sei = hparams_summary(flat_hparams(run), dict.fromkeys(hparam_metrics(metrics), 0.0))
         for summary in (exp, ssi, sei):
             writer.file_writer.add_summary(summary)
     finally:

@@ -201,14 +201,14 @@ def test_throughput_benchmark_reports_samples_per_s_and_the_share_spent_synchron
 
 @pytest.mark.slow  # ~15 s: two train.py runs
 def test_a_failed_throughput_run_is_reported_in_its_row_and_the_others_are_kept(tiny_data, tmp_path):
-    """One run that fails (here model averaging refuses the period) does not end the benchmark: its row
+    """One run that fails (here model averaging refuses DDP's compression) does not end the benchmark: its row
     says so, the others are measured and written, and the exit status is 1 with one line."""
     args = [f"--data-root={tiny_data}", "--workers", "1", "--repeats=1", f"--results={tmp_path}"]
-    proc = benchmark("throughput.py", *args, "++strategy.period=-1", "--strategies", "model_averaging", "ddp")
+    proc = benchmark("throughput.py", *args, "++strategy.compression=fp16", "--strategies", "model_averaging", "ddp")
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith("throughput.py: 1 run(s) failed, the first: model_averaging workers=1: psgd: error: ")
     failed, ddp = json.loads((tmp_path / "throughput.json").read_text())["rows"]
-    assert failed["samples_per_s"] is None and "strategy.period=-1 is invalid" in failed["failed"][0]
+    assert failed["samples_per_s"] is None and "strategy.compression='fp16' is invalid" in failed["failed"][0]
     assert ddp["samples_per_s"] > 0 and ddp["failed"] == []
     md = (tmp_path / "throughput.md").read_text()
     assert "| model_averaging | 1 | all runs failed |  |  |" in md and "| ddp | 1 | " in md

@@ -22,7 +22,7 @@ import psgd.callbacks
 import psgd.io
 from psgd.callbacks import denormals_flushed
 from psgd.cli import say_result
-from psgd.config import ConfigError
+from psgd.config import ConfigError, check_values
 from psgd.data.datasets import MNIST
 from psgd.process import alive
 from psgd.run import train
@@ -245,7 +245,7 @@ def test_a_smoke_run_evaluates_batches_no_larger_than_its_training_batches(tiny_
     train(cfg, tmp_path / "run", callbacks=[sizes])
     assert sizes.sizes == [32]  # TINY's data.batch_size
     cfg.trainer.fast_dev_run = False  # a real run keeps its evaluation batches
-    assert build_datamodule(cfg).eval_batch_size == 1000
+    assert build_datamodule(check_values(cfg)).eval_batch_size == 1000
 
 
 def test_lightnings_overfit_batches_trains_on_the_same_batches_every_epoch(tiny_data, tmp_path):

@@ -65,8 +65,6 @@ def test_a_mistyped_choice_or_key_is_one_line_naming_it_and_what_is_allowed(argv
         ["model._target_=mymodels.Net", "model.name=mine", "~model.dropout", "~model.batch_norm"],
         ["~optimizer.momentum", "~optimizer.nesterov"],  # SGD's defaults then
         ["-m", "seed=0,1", "~model.dropout"],
-        # a setting of one choice of a group given to every job of a sweep over the group
-        ["-m", "strategy=ddp,hogwild", "++strategy.lock=true"],
     ],
 )
 def test_a_model_or_optimizer_argument_may_be_removed_or_added(argv):

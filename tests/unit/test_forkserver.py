@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, compose_cfg
 
 from psgd import forkserver
-from psgd.config import ConfigError, check, resolve_start_method
+from psgd.config import ConfigError, check, check_values, resolve_start_method
 
 pytestmark = pytest.mark.skipif(not forkserver.available(), reason="no fork servers on this platform")
 
@@ -33,13 +33,13 @@ pytestmark = pytest.mark.skipif(not forkserver.available(), reason="no fork serv
     ],
 )
 def test_the_server_is_started_early_only_for_jobs_whose_workers_it_will_start(overrides, expected):
-    assert forkserver.will_use_server(compose_cfg(*overrides)) is expected
+    assert forkserver.will_use_server(check_values(compose_cfg(*overrides))) is expected
 
 
 def test_under_torchrun_no_server_is_started(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "1")
     monkeypatch.setenv("RANK", "0")
-    assert not forkserver.will_use_server(compose_cfg("workers=2"))
+    assert not forkserver.will_use_server(check_values(compose_cfg("workers=2")))
 
 
 @pytest.mark.parametrize(
@@ -53,12 +53,12 @@ def test_under_torchrun_no_server_is_started(monkeypatch):
     ],
 )
 def test_null_start_method_is_the_fork_server_on_cpu_and_spawn_on_gpu(overrides, accelerator, method):
-    assert resolve_start_method(compose_cfg(*overrides).strategy, accelerator) == method
+    assert resolve_start_method(check_values(compose_cfg(*overrides)).strategy, accelerator) == method
 
 
 def test_the_fork_server_on_gpu_is_one_line():
     with pytest.raises(ConfigError, match=r"^strategy.start_method=forkserver is invalid on GPU: CUDA cannot"):
-        resolve_start_method(compose_cfg("workers=2", "strategy.start_method=forkserver").strategy, "gpu")
+        resolve_start_method(check_values(compose_cfg("workers=2", "strategy.start_method=forkserver")).strategy, "gpu")
 
 
 def test_the_plan_carries_the_resolved_start_method():

@@ -1,11 +1,13 @@
 """psgd's package shape: importing it changes no global state, and its modules import in layers, without circles.
 
 Layers (docs/architecture.md), each importing only from its own layer or lower ones:
-    1 leaves      the package, constants, errors, console output, file writing, process supervision
-    2 the science data, models, optimizers, the LightningModule, callbacks, strategies
-    3 the run     the configuration and the run
-    4 the study   reports and sweeps
-    5 what the scripts call (psgd.command_line, psgd.cli; train.py and sweep.py import from any layer)
+    1 leaves       the package, constants, errors, console output, file writing
+    2 the process  signals, the process's settings, torchrun's workers, the fork server
+    3 the science  data, models, optimizers, the LightningModule, callbacks, strategies
+    4 the run      the configuration (the strategies' contract and config classes among it) and the run
+    5 the study    reports and sweeps
+    6 what the scripts call (psgd.command_line, psgd.cli; train.py and sweep.py import from any layer)
+An import under `if TYPE_CHECKING:` is an annotation's, never run: it is no import here.
 """
 
 import ast
@@ -22,42 +24,43 @@ SRC = ROOT / "src" / "psgd"
 
 # module (or package: it covers the modules inside) -> layer. A module that is not here fails the test: add it.
 LAYERS = {
-    # 1 leaves: errors, console output, file writing, the process and its supervision
+    # 1 leaves: errors, console output, file writing
     "psgd": 1,
-    "psgd._in_forkserver": 1,
     "psgd.choices": 1,
     "psgd.console": 1,
     "psgd.environment": 1,
     "psgd.errors": 1,
-    "psgd.forkserver": 1,
     "psgd.io": 1,
     "psgd.overrides": 1,
-    "psgd.process": 1,
-    "psgd.signals": 1,
-    "psgd.torchrun": 1,
-    # 2 the science: data, models, optimizers, the LightningModule and its callbacks, the strategies
-    "psgd.callbacks": 2,
-    "psgd.data": 2,
-    "psgd.models": 2,
-    "psgd.module": 2,
-    "psgd.optim": 2,
-    "psgd.strategies": 2,
-    "psgd.stragglers": 2,
-    # 3 the configuration and the run
-    "psgd.config": 3,
-    "psgd.outputs": 3,
-    "psgd.rendezvous": 3,
-    "psgd.resume": 3,
-    "psgd.run": 3,
-    "psgd.run_checks": 3,
-    "psgd.stopped": 3,
-    "psgd.summary": 3,
-    # 4 the study: reports and sweeps
-    "psgd.report": 4,
-    "psgd.sweep": 4,
-    # 5 what the scripts call
-    "psgd.cli": 5,
-    "psgd.command_line": 5,
+    # 2 the process: its signals and settings, torchrun's workers, the fork server (which the strategies use)
+    "psgd._in_forkserver": 2,
+    "psgd.forkserver": 2,
+    "psgd.process": 2,
+    "psgd.signals": 2,
+    "psgd.torchrun": 2,
+    # 3 the science: data, models, optimizers, the LightningModule and its callbacks, the strategies
+    "psgd.callbacks": 3,
+    "psgd.data": 3,
+    "psgd.models": 3,
+    "psgd.module": 3,
+    "psgd.optim": 3,
+    "psgd.strategies": 3,
+    "psgd.stragglers": 3,
+    # 4 the configuration (the strategies' contract and config classes) and the run
+    "psgd.config": 4,
+    "psgd.outputs": 4,
+    "psgd.rendezvous": 4,
+    "psgd.resume": 4,
+    "psgd.run": 4,
+    "psgd.run_checks": 4,
+    "psgd.stopped": 4,
+    "psgd.summary": 4,
+    # 5 the study: reports and sweeps
+    "psgd.report": 5,
+    "psgd.sweep": 5,
+    # 6 what the scripts call
+    "psgd.cli": 6,
+    "psgd.command_line": 6,
 }
 
 
@@ -69,11 +72,19 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(path): path for path in SRC.rglob("*.py")}
 
 
+def type_checking_only(tree: ast.Module) -> set[ast.AST]:
+    """The nodes under an `if TYPE_CHECKING:` block: imports for annotations, never run."""
+    blocks = [n for n in ast.walk(tree) if isinstance(n, ast.If) and ast.unparse(n.test).endswith("TYPE_CHECKING")]
+    return {inner for block in blocks for statement in block.body for inner in ast.walk(statement)}
+
+
 def imported(name: str, path: Path) -> set[str]:
-    """The psgd modules that `path` (module `name`) imports anywhere in it, inside functions too."""
+    """The psgd modules that `path` (module `name`) imports anywhere in it, inside functions too (not for
+    annotations alone: type_checking_only)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in set(ast.walk(tree)) - type_checking_only(tree):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):

@@ -5,10 +5,11 @@ from functools import partial
 
 import pytest
 import torch
+from conftest import compose_cfg
 from omegaconf import OmegaConf
 from torch_optimizer import NovoGrad
 
-from psgd.config import ConfigError
+from psgd.config import ConfigError, check_values
 from psgd.models import MLP, LabCNN
 from psgd.module import OPTIMIZER_KEY, Classifier
 from psgd.resume import init_weights, resolve_ckpt_path, sample_settings
@@ -43,15 +44,20 @@ def test_a_checkpoint_of_each_workers_state_needs_as_many_workers(tmp_path):
     assert resolve_ckpt_path(final, module, world_size=3) == final
 
 
+def strategy_of(name: str):
+    """The checked config of strategy=`name` (its defaults)."""
+    return check_values(compose_cfg(f"strategy={name}")).strategy
+
+
 def test_replicas_not_yet_averaged_resume_only_under_model_averaging(tmp_path):
     """Another strategy went on from worker 0's replica and dropped the others without a word."""
     module = Classifier(MLP(), partial(torch.optim.SGD), lr=0.02, workers=2, max_epochs=2)
     weights = [{"state_dict": module.state_dict()}, {"state_dict": module.state_dict()}]
     mid_run = save(tmp_path / "mid.ckpt", module, replicas=weights, averaged=False)
-    assert resolve_ckpt_path(mid_run, module, world_size=2, strategy="model_averaging") == mid_run
+    assert resolve_ckpt_path(mid_run, module, world_size=2, strategy=strategy_of("model_averaging")) == mid_run
     for strategy in ("ddp", "hogwild"):
         with pytest.raises(ConfigError) as e:
-            resolve_ckpt_path(mid_run, module, world_size=2, strategy=strategy)
+            resolve_ckpt_path(mid_run, module, world_size=2, strategy=strategy_of(strategy))
         assert str(e.value) == (
             f"ckpt_path={mid_run!r} holds 2 replicas that model averaging had not averaged yet, and "
             f"strategy={strategy} would go on from worker 0's alone: resume with strategy=model_averaging (or "
@@ -61,7 +67,7 @@ def test_replicas_not_yet_averaged_resume_only_under_model_averaging(tmp_path):
     final = save(tmp_path / "final.ckpt", module, replicas=weights, averaged=True)
     hogwild = save(tmp_path / "hogwild.ckpt", module, replicas=[{"optimizer_states": []}] * 2, averaged=False)
     for path in (final, hogwild):
-        assert resolve_ckpt_path(path, module, world_size=2, strategy="ddp") == path
+        assert resolve_ckpt_path(path, module, world_size=2, strategy=strategy_of("ddp")) == path
 
 
 def test_a_checkpoint_with_another_lr_schedule_is_refused(tmp_path):

@@ -1,32 +1,39 @@
-"""psgd's configuration: the schema of every key (schema.py), the rules that join keys, the machine's checks
-and a command line's jobs judged before any starts (rules.py), the classes a config names (targets.py).
-Needs no torch to import: the scripts check a command line before torch loads.
+"""psgd's configuration: the schema of every key (schema.py), psgd's own strategies' config classes
+(strategies.py), the rules that join keys, the machine's checks and a command line's jobs judged before any
+starts (rules.py), the classes a config names (targets.py). Needs no torch to import: the scripts check a
+command line before torch loads.
 """
 
+from psgd.config import schema
 from psgd.config.rules import (
     GIVE,
     Jobs,
-    Plan,
     check,
     check_values,
     checkpoint_file,
-    compile_mode,
     resolve_start_method,
-    resolve_workers,
-    schedule,
     sweep_values_problem,
     values_problem,
 )
-from psgd.config.schema import describe
+from psgd.config.schema import Plan, Run, compile_mode, schedule
+from psgd.config.strategies import BUILTIN
 from psgd.config.targets import build_model
 from psgd.errors import ConfigError, DirInUse
 
+
+def describe() -> list[tuple[str, str, str]]:
+    """(dotted key, its type and bounds, its meaning) of every key, psgd's own strategies' among them, for --help."""
+    return schema.describe(BUILTIN)
+
+
 __all__ = [
+    "BUILTIN",
     "GIVE",
     "ConfigError",
     "DirInUse",
     "Jobs",
     "Plan",
+    "Run",
     "build_model",
     "check",
     "check_values",
@@ -34,7 +41,6 @@ __all__ = [
     "compile_mode",
     "describe",
     "resolve_start_method",
-    "resolve_workers",
     "schedule",
     "sweep_values_problem",
     "values_problem",

@@ -5,14 +5,20 @@ conf/**.yaml. pydantic rather than Hydra's structured configs: OmegaConf types h
 mixed types (`compile: false | true | mode`). Imports no torch: the scripts check a command line before it loads.
 """
 
+import functools
 import types
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from omegaconf import DictConfig, OmegaConf
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 
-from psgd.choices import COMPRESSIONS, DECAYS, INFO, LR_SCALING, SCHEMES
+from psgd.choices import DECAYS, INFO, LR_SCALING, SCHEMES
+from psgd.config.contract import REGISTRY, StrategyConfig
+from psgd.config.targets import locate
+from psgd.errors import ConfigError
 
 
 def _a_duration(value: Any) -> Any:
@@ -39,6 +45,14 @@ def _two_betas(value: list[float] | None) -> list[float] | None:
 
 class Group(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class Target(Group):
+    """A section that names a class by `_target_`, its other keys the class's arguments."""
+
+    def settings(self) -> dict[str, Any]:
+        """The keys as given (`_target_` among them), for Hydra's instantiate or the class itself."""
+        return self.model_dump(by_alias=True, exclude_unset=True)
 
 
 class Data(Group):
@@ -70,7 +84,7 @@ class Data(Group):
     """GPU: keep the dataset on the GPU and make batches there."""
 
 
-class Model(Group, extra="allow"):
+class Model(Target, extra="allow"):
     """The network; keys other than these are its constructor's arguments, checked by building it (check)."""
 
     name: str
@@ -83,7 +97,7 @@ class Model(Group, extra="allow"):
     """BatchNorm after each convolution (the lab CNN)."""
 
 
-class Optimizer(Group, extra="allow"):
+class Optimizer(Target, extra="allow"):
     """torch optimizer, built by Hydra (`_partial_`); keys other than these are checked against its constructor."""
 
     target: str = Field(alias="_target_", pattern=r"\w\.\w")
@@ -129,88 +143,6 @@ class Scheduler(Group):
     """When the lr changes: once per epoch, or after every optimizer step."""
 
 
-class Strategy(Group, extra="allow"):
-    """A strategy's keys; another strategy's key is allowed (a sweep over strategies gives it to every job)."""
-
-    backend: Literal["gloo", "nccl", "mpi"] | None
-    """Process-group backend; null: gloo on CPU, nccl on GPU."""
-    start_method: Literal["forkserver", "spawn"] | None
-    """How the workers start; null: forkserver on CPU (workers start loaded), spawn on GPU."""
-    timeout_s: int = Field(gt=0)
-    """Collective timeout in seconds: a stuck peer fails the run instead of hanging it."""
-
-
-class DDP(Strategy):
-    name: Literal["ddp"]
-    """Synchronous data parallelism: gradients all-reduced every step."""
-    find_unused_parameters: bool
-    """A model with parameters no loss uses (slower)."""
-    bucket_cap_mb: float | None = Field(gt=0)
-    """Gradient bucket size of the all-reduce; null: torch's default."""
-    ddp_for_one_worker: bool
-    """Wrap one worker in DDP anyway, to measure what DDP itself costs."""
-    compression: Literal[COMPRESSIONS]
-    """Gradient compression of the all-reduce: none, fp16, bf16, powersgd, topk, sign or qsgd."""
-    powersgd_rank: int | None = Field(ge=1)
-    """compression=powersgd: the rank of each gradient matrix's approximation; null: 2."""
-    powersgd_start_step: int | None = Field(ge=2)
-    """compression=powersgd: plain all-reduce steps before it starts (its first Qs are drawn per bucket, and DDP
-    regroups its buckets after the first step: from the second on, every run's are the same); null: 10."""
-    topk_ratio: float | None = Field(gt=0, le=1)
-    """compression=topk: the share of the model's gradient entries sent; null: 0.01."""
-    qsgd_levels: int | None = Field(ge=2)
-    """compression=qsgd: the quantisation levels s; null: 16."""
-
-
-class ModelAveraging(Strategy):
-    name: Literal["model_averaging"]
-    """Independent SGD per worker; the replicas' parameters averaged at the end (and every `period` steps)."""
-    period: int | None = Field(ge=1)
-    """Average also every `period` optimizer steps; null: only at the end."""
-    same_init: bool
-    """Broadcast rank 0's initial weights; false: independent initialisations."""
-    average_buffers: bool
-    """Also average floating buffers (BatchNorm running statistics)."""
-    average_optimizer_state: bool
-    """Also average momentum / NovoGrad moments at each averaging."""
-    save_replicas: bool
-    """Each worker saves its pre-averaging weights to replicas/rank<r>.pt."""
-    sync_steps: int = Field(ge=0)
-    """Post-local SGD: average after each of the first `sync_steps` optimizer steps, then every `period`."""
-    outer_optimizer: Optimizer | None
-    """DiLoCo: the optimizer of the outer step at each averaging point (a _partial_ optimizer); null: plain
-    averaging."""
-    group_periods: dict[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] | None
-    """Hierarchical averaging: {group size: period}, groups of consecutive ranks, the largest all workers,
-    e.g. {2: 4, 4: 16}; null: one group, `period`."""
-
-
-class ElasticAveraging(Strategy):
-    name: Literal["elastic_averaging"]
-    """Elastic averaging SGD (EASGD): every tau steps the replicas and a centre variable pull towards each other."""
-    tau: int = Field(ge=1)
-    """Optimizer steps between elastic steps (the paper: 1, 4, 16, 64)."""
-    alpha: float | None = Field(gt=0)
-    """The elastic pull α, in (0, 1/workers]; null: 0.9 / workers (the paper's β = 0.9)."""
-    same_init: bool
-    """Broadcast rank 0's initial weights; false: independent initialisations."""
-    average_buffers: bool
-    """Average floating buffers (BatchNorm running statistics) for the final centre."""
-    save_replicas: bool
-    """Each worker saves its weights before it takes the centre to replicas/rank<r>.pt."""
-
-
-class HogWild(Strategy):
-    name: Literal["hogwild"]
-    """One model in CPU shared memory, updated by every worker without locks."""
-    lock: bool
-    """The locked baseline: one update at a time."""
-    shared_queue: bool
-    """The epoch's batches go to whichever worker asks next (a faster worker takes more); false: own shards."""
-    start_method: Literal["forkserver"] | None
-    """Fixed: forkserver keeps the model shared."""
-
-
 class Trainer(Group, extra="allow"):
     """Lightning Trainer arguments: psgd checks these; any other is Lightning's to check."""
 
@@ -234,15 +166,15 @@ class Trainer(Group, extra="allow"):
     """Validation batches run before training."""
     check_val_every_n_epoch: int | None = Field(None, ge=1)
     """Epochs between validations."""
-    val_check_interval: float | None = Field(None, gt=0)
+    val_check_interval: int | float | None = Field(None, gt=0)
     """Validations inside an epoch (0.25: four per epoch)."""
     fast_dev_run: bool | int | None = None
     """One batch (or N) of train/val/test, no logs or checkpoints: a smoke test."""
-    limit_train_batches: float | None = Field(None, gt=0)
+    limit_train_batches: int | float | None = Field(None, gt=0)
     """Training batches per epoch: a fraction up to 1.0 or a number; null: all."""
-    limit_val_batches: float | None = Field(None, ge=0)
+    limit_val_batches: int | float | None = Field(None, ge=0)
     """Validation batches (0: no validation); null: all."""
-    limit_test_batches: float | None = Field(None, gt=0)
+    limit_test_batches: int | float | None = Field(None, gt=0)
     """Batches of the final test; null: all."""
     gradient_clip_val: float | None = Field(None, ge=0)
     """Clip gradients' norm to this; null or 0: no clipping."""
@@ -293,7 +225,8 @@ class Run(Group):
     model: Model
     optimizer: Optimizer
     scheduler: Scheduler
-    strategy: Annotated[DDP | ModelAveraging | ElasticAveraging | HogWild, Field(discriminator="name")]
+    strategy: StrategyConfig
+    """The strategy's section: its config class (strategy._target_) validates it."""
     trainer: Trainer
     early_stop: EarlyStop
     stragglers: Stragglers
@@ -328,20 +261,87 @@ class Run(Group):
     quiet: bool
     """No progress bar, model summary or Lightning info lines."""
 
+    @property
+    def workers_per_node(self) -> int:
+        """Worker processes per node: trainer.devices where set (psgd.config.rules checks that it agrees with
+        `workers`), else `workers`."""
+        return self.trainer.devices or self.workers
 
-def problem(cfg: DictConfig) -> str | None:
-    """psgd's one line for the first value of `cfg` the schema refuses, `key=value is invalid: <what is allowed>`
-    in pydantic's words (for a key that takes one of several types, each type's words); None if it takes them all."""
+    @property
+    def world_size(self) -> int:
+        """The workers of every node."""
+        return self.workers_per_node * self.trainer.num_nodes
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the config resolves to on this machine."""
+
+    run: Run  # the typed config
+    workers: int  # per node
+    world_size: int  # the workers of every node
+    threads_per_worker: int
+    accelerator: str  # cpu or gpu
+    accumulate_grad_batches: int = 1  # micro-batches each worker accumulates per update
+    launcher: str = "psgd"  # who starts the worker processes: psgd, or torchrun / srun (one per worker)
+    start_method: str = "spawn"  # how psgd's launcher starts them (strategy.start_method, resolved)
+
+
+def compile_mode(value: Any) -> str | None:
+    """The torch.compile mode the `compile` setting asks for, or None (not compiled)."""
+    return "default" if value is True else (value or None)
+
+
+def schedule(scheduler: Mapping[str, Any]) -> dict[str, Any]:
+    """The lr schedule a run trains with: its scheduler settings, but a constant lr for scheduler=none
+    (whatever its other keys say: a sweep over schedules gives them to every job)."""
+    settings = dict(scheduler)
+    if settings["name"] == "none":
+        settings.update(warmup_epochs=0, decay="none", interval="epoch")
+    return settings
+
+
+def strategy_class(section: Any) -> type[StrategyConfig]:
+    """The config class that `strategy._target_` names, imported: it reads the strategy's section. A name that
+    cannot be imported, or names no strategy's config class, is a ConfigError."""
+    target = section.get("_target_") if isinstance(section, Mapping) else None
+    if target is None:
+        raise ConfigError(
+            "strategy._target_ is missing: a strategy's section names its config class (a subclass of "
+            "psgd.config.contract.StrategyConfig), e.g. psgd.config.strategies.DDP"
+        )
+    cls = locate("strategy._target_", target)
+    if not issubclass(cls, StrategyConfig):
+        raise ConfigError(
+            f"strategy._target_={target} is invalid: {cls.__name__} is not a strategy's config class (a subclass "
+            "of psgd.config.contract.StrategyConfig)"
+        )
+    return cls
+
+
+@functools.cache
+def run_model(strategy: type[StrategyConfig]) -> type[Run]:
+    """The schema of a run of `strategy`: Run with that class reading the strategy's section."""
+    return create_model("Run", __base__=Run, __doc__=Run.__doc__, strategy=(strategy, ...))
+
+
+def validate(cfg: DictConfig) -> Run:
+    """The typed run `cfg` (Hydra's composed config) describes; the first value the schema refuses is a
+    ConfigError, `key=value is invalid: <what is allowed>` in pydantic's words (for a key that takes one of
+    several types, each type's words)."""
     values = {
         k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
         for k, v in cfg.items()
         if k != "hydra"  # Hydra's own node
     }
     try:
-        Run.model_validate(values)
-        return None
+        return run_model(strategy_class(values.get("strategy"))).model_validate(values)
     except ValidationError as e:
-        errors = e.errors()
+        raise ConfigError(refusal(e.errors(), values)) from None
+
+
+def refusal(errors: list[Any], values: dict[str, Any]) -> str:
+    """The line for pydantic's first error of `values`."""
     first, keys, value = errors[0], [], values
     for part in first["loc"]:  # a part that names no key of the input names a union's member
         if isinstance(value, dict) and part in value:
@@ -350,9 +350,27 @@ def problem(cfg: DictConfig) -> str | None:
     key = ".".join(keys)
     if first["type"] == "missing":
         return f"{key}.{first['loc'][-1]} is missing".lstrip(".")
+    shown = "null" if value is None else repr(value)
+    if first["type"] == "literal_error" and keys == ["strategy", "name"]:
+        chosen = values["strategy"]["_target_"]
+        own = next((name for name, cls in REGISTRY.items() if cls.__module__ + "." + cls.__name__ == chosen), chosen)
+        use = f"; use strategy={value}" if value in REGISTRY else ""
+        return (
+            f"strategy.name={shown} is invalid: the section is strategy={own}'s; a strategy is chosen by its config "
+            f"group{use}"
+        )
+    if first["type"] == "extra_forbidden" and keys[0] == "strategy":
+        name, own = values["strategy"].get("name"), keys[-1]
+        owners = [other for other, cls in REGISTRY.items() if own in cls.model_fields and other != name]
+        where = (
+            f"it is a key of strategy={' and '.join(owners)}; use strategy={owners[0]}"
+            if owners
+            else (f"strategy={name} has no such key; see `python train.py --help`")
+        )
+        return f"{key}={shown} is invalid with strategy={name}: {where} or leave it out"
     same_key = [e for e in errors if e["loc"][: len(keys)] == first["loc"][: len(keys)] and e["input"] is value]
     allowed = ", or ".join(dict.fromkeys(e["msg"].removeprefix("Value error, ") for e in same_key))
-    return f"{key}={'null' if value is None else repr(value)} is invalid: {allowed}"
+    return f"{key}={shown} is invalid: {allowed}"
 
 
 BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
@@ -373,9 +391,9 @@ def allowed(kind: Any, metadata: list[Any]) -> str:
     return " ".join([text, *bounds])
 
 
-def describe() -> list[tuple[str, str, str]]:
-    """(dotted key, its type and bounds, its meaning) of every key of the schema, for --help; a strategy's own
-    keys are marked with its name."""
+def describe(strategies: Iterable[type[StrategyConfig]]) -> list[tuple[str, str, str]]:
+    """(dotted key, its type and bounds, its meaning) of every key of the schema, for --help; the own keys of each
+    of `strategies` are marked with its name."""
     rows: list[tuple[str, str, str]] = []
 
     def walk(model: type[BaseModel], prefix: str, mark: str = "", skip: tuple[str, ...] = ()) -> None:
@@ -387,8 +405,8 @@ def describe() -> list[tuple[str, str, str]]:
                 rows.append((f"{prefix}{field.alias or name}", text, f"{mark}{field.description}"))
 
     walk(Run, "", skip=("strategy",))
-    walk(Strategy, "strategy.")
-    for member in (DDP, ModelAveraging, ElasticAveraging, HogWild):
+    walk(StrategyConfig, "strategy.")
+    for member in strategies:
         tag = get_args(member.model_fields["name"].annotation)[0]
-        walk(member, "strategy.", f"[strategy={tag}] ", skip=tuple(Strategy.model_fields))
+        walk(member, "strategy.", f"[strategy={tag}] ", skip=tuple(StrategyConfig.model_fields))
     return rows

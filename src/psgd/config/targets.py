@@ -4,9 +4,10 @@ torch is imported by the functions that build, so that the package imports witho
 """
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from psgd.choices import INFO
 from psgd.console import text_lines
@@ -14,6 +15,8 @@ from psgd.errors import ConfigError
 
 if TYPE_CHECKING:
     from torch import nn
+
+    from psgd.config.schema import Run
 
 
 def locate(key: str, target: object) -> type:
@@ -33,13 +36,14 @@ def locate(key: str, target: object) -> type:
         log.disabled = was
 
 
-def build_model(model_cfg: DictConfig, data_name: str, device: str = "cpu") -> tuple["nn.Module", int]:
-    """The network for this dataset, on `device`, and the image size it takes (the model class's `input_size`
-    where it has one, else the dataset's), run once on that shape. A class that cannot be imported, a
-    setting the model has no argument for, a value it refuses or a shape it cannot take is a ConfigError."""
+def build_model(model: Mapping[str, Any], data_name: str, device: str = "cpu") -> tuple["nn.Module", int]:
+    """The network `model` describes (its `name`, `_target_` and the class's own arguments) for this dataset,
+    on `device`, and the image size it takes (the model class's `input_size` where it has one, else the
+    dataset's), run once on that shape. A class that cannot be imported, a setting the model has no argument
+    for, a value it refuses or a shape it cannot take is a ConfigError."""
     import torch
 
-    params = OmegaConf.to_container(model_cfg, resolve=True)
+    params = OmegaConf.to_container(model, resolve=True) if OmegaConf.is_config(model) else dict(model)
     name, cls = params.pop("name"), locate("model._target_", params.pop("_target_"))
     info = INFO[data_name]
     size = getattr(cls, "input_size", None) or info.size
@@ -62,31 +66,29 @@ def build_model(model_cfg: DictConfig, data_name: str, device: str = "cpu") -> t
     return net, size
 
 
-def check_targets(cfg: DictConfig) -> None:
+def check_targets(run: "Run") -> None:
     """The model and the optimizer a config names, built: the network on the meta device, and where it fails
     there (also for what meta tensors cannot do, such as .item()) on the CPU as the job will, which raises the
-    job's error, with torch's random numbers left as they were; the optimizer (and model averaging's outer one)
+    job's error, with torch's random numbers left as they were; the optimizer (and those the strategy names)
     on a stand-in parameter, as the run makes it, so that a setting its constructor refuses is one line naming
     the settings."""
     import torch
     from hydra.utils import instantiate
 
+    model = run.model.settings()
     try:
-        build_model(cfg.model, cfg.data.name, device="meta")
+        build_model(model, run.data.name, device="meta")
     except Exception:
         with torch.random.fork_rng(devices=[]):
-            build_model(cfg.model, cfg.data.name)
-    for key in ("optimizer", "strategy.outer_optimizer"):  # (model averaging's outer step: DiLoCo)
-        opt = OmegaConf.select(cfg, key)
-        if opt is None:
-            continue
-        locate(f"{key}._target_", opt.get("_target_"))
+            build_model(model, run.data.name)
+    for key, optimizer in {"optimizer": run.optimizer, **run.strategy.optimizers()}.items():
+        opt = optimizer.settings()
+        locate(f"{key}._target_", opt["_target_"])
         try:
             instantiate(opt, _convert_="all")([torch.zeros(1, requires_grad=True)])
         except Exception as e:
             settings = " ".join(f"{k}={v}" for k, v in opt.items() if not str(k).startswith("_"))
             reason = text_lines(e.__cause__ or e)[-1]
             raise ConfigError(
-                f"{key} settings are invalid: {opt.get('_target_')} refuses them ({reason}); the settings were: "
-                f"{settings}"
+                f"{key} settings are invalid: {opt['_target_']} refuses them ({reason}); the settings were: {settings}"
             ) from e

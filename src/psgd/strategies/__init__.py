@@ -1,4 +1,6 @@
-"""Parallel-SGD strategies beyond Lightning's DDP, registered so that `Trainer(strategy=<name>)` works."""
+"""The parallel-SGD algorithms, one per file, each registered with Lightning under its name, so that
+`Trainer(strategy="model_averaging")` (or diloco, elastic_averaging, hogwild; ddp is Lightning's) works once this
+package is imported. Their config classes, which psgd's run builds them from, are in psgd.config.strategies."""
 
 from pytorch_lightning.strategies import StrategyRegistry
 

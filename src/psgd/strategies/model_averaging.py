@@ -26,6 +26,7 @@ the fewest steps any worker takes in an epoch (computed locally from the partiti
 reaches every averaging point.
 """
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -370,4 +371,12 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
     def register_strategies(cls, strategy_registry) -> None:
         strategy_registry.register(
             cls.strategy_name, cls, description="one-shot / periodic model averaging", start_method="spawn"
+        )
+        strategy_registry.register(  # conf/strategy/diloco.yaml's: an outer Nesterov step every 64 steps
+            "diloco",
+            cls,
+            description="DiLoCo: local SGD with an outer Nesterov step at each averaging point",
+            start_method="spawn",
+            period=64,
+            outer_optimizer=functools.partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True),
         )

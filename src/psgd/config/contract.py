@@ -1,0 +1,110 @@
+"""What every strategy declares to the run, once: the contract between an algorithm and psgd.
+
+A strategy is a config class, a subclass of `StrategyConfig` (its keys with their types, bounds and meaning;
+the run's settings it refuses; how it builds its Lightning `Strategy`; what it records and the report shows),
+and the Lightning `Strategy` its `build` returns: the algorithm. `conf/strategy/<name>.yaml` names the config
+class by `_target_`, and psgd imports it to read the section: a strategy defined outside psgd is a class and a
+YAML file in a config dir on Hydra's search path. The run, its checks, the fork server, resume and the report
+ask the config class; none of them compares a strategy's name.
+
+Imports neither torch nor Lightning: psgd reads a command line's strategy section before torch loads (0.5 s to a
+bad value's line, against 5.5 s with Lightning loaded). So the contract is part of the configuration, and psgd's
+own strategies keep their config classes in psgd.config.strategies, each `build` importing its algorithm from
+psgd.strategies.
+"""
+
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:  # annotations only: the run's config reads this module, not the other way round
+    from psgd.config.rules import Plan
+    from psgd.config.schema import Run
+
+REGISTRY: dict[str, type["StrategyConfig"]] = {}  # strategy.name -> its config class, as each class is defined
+
+
+class StrategyConfig(BaseModel):
+    """A strategy's section of the config (`strategy.*`), and what the run asks of the strategy."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", use_attribute_docstrings=True, populate_by_name=True)
+
+    target: str = Field(alias="_target_", pattern=r"\w\.\w")
+    """The strategy's config class, as module.Class (psgd imports it to read this section)."""
+    name: str
+    """The strategy: the run's label in its dir's name, metrics.json and the report."""
+    backend: Literal["gloo", "nccl", "mpi"] | None
+    """Process-group backend; null: gloo on CPU, nccl on GPU."""
+    start_method: Literal["forkserver", "spawn"] | None
+    """How the workers start; null: forkserver on CPU (workers start loaded), spawn on GPU."""
+    timeout_s: int = Field(gt=0)
+    """Collective timeout in seconds: a stuck peer fails the run instead of hanging it."""
+
+    one_model: ClassVar[bool] = False
+    """The workers hold one model (DDP's replicas kept equal, HogWild's shared one): each evaluates its share of
+    a split, and a checkpoint of several workers' own weights is not its to go on from. False: each worker's
+    replica differs and is evaluated on the whole split (metrics.json's worker_test_acc)."""
+    lockstep: ClassVar[bool] = False
+    """Every worker takes the same steps and one update averages every worker's micro-batches (DDP): the shards
+    are dealt in equal steps, and a worker may stop inside an epoch (max_time, max_steps, a validation)."""
+    cpu_only: ClassVar[bool] = False
+    """The workers run on the CPU whatever trainer.accelerator says (HogWild's shared memory)."""
+    own_launcher: ClassVar[bool] = False
+    """The workers must be started by psgd on one machine, never by torchrun or srun."""
+    report_columns: ClassVar[tuple[str, ...]] = ()
+    """metrics.json keys of its own that the report shows as columns of report.csv (beside every run's)."""
+    final_model: ClassVar[str] = "averaged model"
+    """What a run of replicas that differ ends with (one_model False), as the result line names it."""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        """Register each strategy under the name its `name` field allows (a Literal of one value)."""
+        super().__pydantic_init_subclass__(**kwargs)
+        names = get_args(cls.model_fields["name"].annotation)
+        if len(names) == 1:
+            REGISTRY[names[0]] = cls
+
+    def refuse(self, run: "Run") -> None:
+        """Raise ConfigError for a setting of `run` this strategy cannot train with, judged from the config alone
+        (no torch, no machine): one line naming the key, its value and what is allowed."""
+
+    def runs_in_this_process(self, run: "Run") -> bool:
+        """Whether `run` trains in the process that launched it (one worker, no process group) rather than in
+        worker processes."""
+        return False
+
+    def resolved_start_method(self, accelerator: str, forkserver: bool) -> str:
+        """strategy.start_method, or for null psgd's choice: forkserver on CPU where the platform has one
+        (`forkserver`: psgd's fork server starts workers already loaded), spawn on GPU."""
+        return self.start_method or ("forkserver" if accelerator == "cpu" and forkserver else "spawn")
+
+    def lightning_settings(self, plan: "Plan") -> dict[str, Any]:
+        """The keywords every psgd strategy passes to Lightning's DDPStrategy it derives from."""
+        return {
+            "process_group_backend": self.backend,  # None: gloo on CPU, nccl on GPU
+            # torchrun / srun started every worker: Lightning's popen launcher starts none
+            "start_method": plan.start_method if plan.launcher == "psgd" else "popen",
+            "timeout": timedelta(seconds=self.timeout_s),
+        }
+
+    def build(self, run: "Run", plan: "Plan", run_dir: Path) -> Any:
+        """The Lightning `Strategy` (or a name Lightning knows) that trains `run` as `plan` resolved it; files of
+        its own go under `run_dir`."""
+        raise NotImplementedError(f"{type(self).__name__} builds no Lightning strategy")
+
+    def optimizers(self) -> dict[str, Any]:
+        """The optimizers of its own the strategy's section names ({dotted key: its Optimizer section}): each is
+        built on a stand-in parameter before the run starts, as the run's own optimizer is."""
+        return {}
+
+    def record(self) -> dict[str, Any]:
+        """What metrics.json says of the strategy beside its name (its Lightning strategy adds its figures)."""
+        return {}
+
+    @classmethod
+    def label(cls, record: dict[str, Any]) -> str:
+        """How a run of this strategy exchanged, from its metrics.json `record`, as accuracy_vs_comm.png labels
+        its point beside the strategy's name and workers (`topk`, `period=8`); "" for nothing more to say."""
+        return ""
