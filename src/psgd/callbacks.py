@@ -1,7 +1,6 @@
 """Lightning callbacks: worker setup, the progress bar, whole-epoch checkpoints, epoch timing and result files
 (with what synchronising the workers cost), the target-accuracy stop."""
 
-import math
 import time
 import warnings
 from pathlib import Path
@@ -20,7 +19,8 @@ from psgd.process import this_process
 from psgd.signals import handler_for_this_process
 from psgd.stragglers import Stragglers
 from psgd.strategies.lightning_internals import as_finished_epoch, handle_sigterm_with
-from psgd.strategies.workers import gather_floats, over_workers
+from psgd.strategies.records import FIGURES, Reports, comm_summary, epoch_workers, sync_summary, workers_summary
+from psgd.strategies.workers import over_workers
 
 
 def denormals_flushed() -> bool:
@@ -223,105 +223,6 @@ def stop_reason(trainer: L.Trainer) -> str:
     return "max_epochs"
 
 
-def allreduce_summary(history: list[dict[str, Any]]) -> dict[str, float]:
-    """A DDP run's all-reduce: `allreduce_ms` and `allreduce_wait_ms` per step over its epochs, and
-    `allreduce_wait_share`, the part of the training time spent waiting for it; {} for a run without one."""
-    steps_before, steps, comm, wait, trained_s = 0, 0, 0.0, 0.0, 0.0
-    for h in history:
-        taken, steps_before = h["step"] - steps_before, h["step"]
-        if h.get("allreduce_wait_ms") is None or taken <= 0:
-            continue
-        steps += taken
-        comm += h["allreduce_ms"] * taken
-        wait += h["allreduce_wait_ms"] * taken
-        trained_s += h["epoch_s"]
-    if not steps:
-        return {}
-    return {
-        "allreduce_ms": round(comm / steps, 3),
-        "allreduce_wait_ms": round(wait / steps, 3),
-        "allreduce_wait_share": round(min(1.0, wait / 1000 / trained_s), 4) if trained_s > 0 else None,
-    }
-
-
-def time_share(history: list[dict[str, Any]], key: str) -> float | None:
-    """The share of the training time the epochs that have `key` (seconds per epoch) spent so; None without."""
-    spent = [(h[key], h["epoch_s"]) for h in history if h.get(key) is not None]
-    trained_s = sum(t for _, t in spent)
-    if not spent or trained_s <= 0:
-        return None
-    return round(min(1.0, sum(a for a, _ in spent) / trained_s), 4)
-
-
-def sync_summary(history: list[dict[str, Any]]) -> dict[str, float]:
-    """The figures of synchronising a run has: DDP's all-reduce (allreduce_summary), `averaging_share`
-    (periodic model averaging's time in averaging) and `lock_wait_share` (locked HogWild's wait for the lock)."""
-    shares = {
-        "averaging_share": time_share(history, "averaging_s"),
-        "lock_wait_share": time_share(history, "lock_wait_s"),
-    }
-    return {**allreduce_summary(history), **{k: v for k, v in shares.items() if v is not None}}
-
-
-COMM_KEYS = ("comm_bytes", "comm_sent_bytes", "comm_calls", "comm_s")
-
-
-def epoch_workers(strategy: Any, device: torch.device, steps: int, slept_s: float | None) -> dict[str, list]:
-    """Every worker's figures of this epoch, in rank order, from one all-gather: its communication for training
-    (COMM_KEYS, the strategy's `comm_count`; none for a strategy without one: payload bytes, bytes as sent,
-    collectives, seconds, None where not timed), its optimizer `steps_per_worker` and, with stragglers
-    (`slept_s` not None), `straggler_wait_s`, the time it slept."""
-    own = strategy.comm_count() if hasattr(strategy, "comm_count") else [0, 0, 0, 0.0]
-    per_worker = list(zip(*gather_floats([*own, steps, slept_s or 0.0], device), strict=True))
-    figures = {key: [int(v) for v in values] for key, values in zip(COMM_KEYS[:3], per_worker, strict=False)}
-    figures |= {"comm_s": [None if math.isnan(s) else round(s, 4) for s in per_worker[3]]}
-    figures |= {"steps_per_worker": [int(v) for v in per_worker[4]]}
-    return figures | ({"straggler_wait_s": [round(s, 4) for s in per_worker[5]]} if slept_s is not None else {})
-
-
-def comm_summary(history: list[dict[str, Any]], at_end: list[list[float]] | None) -> dict[str, list]:
-    """A run's communication per worker (COMM_KEYS): its epochs' and, `at_end`, what the strategy sent after the
-    last epoch (model averaging's final average); {} for a record from before psgd counted it."""
-    # one [[bytes, sent, calls, seconds] per worker] per epoch, and the end's
-    counts = [list(zip(*(h[key] for key in COMM_KEYS), strict=True)) for h in history if "comm_bytes" in h]
-    counts += [at_end] if at_end else []
-    if not counts:
-        return {}
-    out = {}
-    for i, key in enumerate(COMM_KEYS):
-        out[key] = per_worker_sums([[entry[i] for entry in epoch] for epoch in counts], integers=key != "comm_s")
-    return out
-
-
-def per_worker_sums(epochs: list[list[float | None]], integers: bool = True) -> list[float | None]:
-    """Each worker's sum over `epochs` (a value per worker each), None where it has none (comm_s on a GPU); a run
-    resumed with another worker count has the ranks every epoch had."""
-    per_worker = [[v for v in worker if v is not None] for worker in zip(*epochs, strict=False)]
-    return [(int(sum(known)) if integers else round(sum(known), 4)) if known else None for known in per_worker]
-
-
-def workers_summary(history: list[dict[str, Any]]) -> dict[str, list]:
-    """Each worker's optimizer steps over the run (`steps_per_worker`) and, with stragglers, its sleep
-    (`straggler_wait_s`); {} for a record without them."""
-    out = {}
-    for key in ("steps_per_worker", "straggler_wait_s"):
-        epochs = [h[key] for h in history if key in h]
-        if epochs:
-            out[key] = per_worker_sums(epochs, integers=key == "steps_per_worker")
-    return out
-
-
-# each strategy figure (epoch_figures) by its TensorBoard tag and its digits in the history
-FIGURES = {
-    "staleness": ("hogwild/staleness", 4),
-    "averaging_s": ("averaging/time_s", 6),
-    "replica_distance": ("averaging/replica_distance", 6),
-    "lock_wait_s": ("hogwild/lock_wait_s", 6),
-    "allreduce_ms": ("ddp/allreduce_ms", 3),
-    "allreduce_wait_ms": ("ddp/allreduce_wait_ms", 3),
-}
-
-
 class RunRecorder(Callback):
     """Times each epoch's training (validation excluded), logs time/* metrics, and has rank 0 rewrite
     metrics.json and training_data.csv after every epoch.
@@ -420,7 +321,7 @@ class RunRecorder(Callback):
             if None not in comm[key]:  # per worker, the mean over the workers
                 pl_module.log(name, sum(comm[key]) / len(comm[key]), on_step=False, on_epoch=True, sync_dist=True)
         # a psgd strategy's figures of this epoch, reduced over the workers (each worker calls it here)
-        figures = trainer.strategy.epoch_figures() if hasattr(trainer.strategy, "epoch_figures") else {}
+        figures = trainer.strategy.epoch_figures() if isinstance(trainer.strategy, Reports) else {}
         for name, value in figures.items():
             pl_module.log(FIGURES[name][0], value, on_step=False, on_epoch=True, sync_dist=True)
 
@@ -457,7 +358,7 @@ class RunRecorder(Callback):
     @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # after Strategy.on_train_end: the strategy's final report is included
-        self.strategy_report = dict(getattr(trainer.strategy, "report", None) or {})
+        self.strategy_report = dict(trainer.strategy.report) if isinstance(trainer.strategy, Reports) else {}
         self.stopped_by = stop_reason(trainer)
         if trainer.is_global_zero:
             self._write("trained")

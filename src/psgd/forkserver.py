@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 # what every worker needs, imported once in the server before it forks any worker; last, the server's quick exit
-PRELOAD = ("torch", "pytorch_lightning", "psgd.run", "psgd.strategies", "psgd._in_forkserver")
+PRELOAD = ("torch", "pytorch_lightning", "psgd.run", "psgd.strategies.registry", "psgd._in_forkserver")
 
 
 def available() -> bool:

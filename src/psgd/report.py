@@ -22,12 +22,12 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from psgd.config.contract import REGISTRY, StrategyConfig
 from psgd.config.schema import strategy_class
 from psgd.errors import ConfigError
 from psgd.io import atomic_file, failed_write, read_json, write_atomic, write_csv
 from psgd.overrides import as_typed, override_key
 from psgd.process import still_running
+from psgd.strategies.contract import REGISTRY, StrategyConfig
 
 # the keys a group's jobs may differ in: the worker count P, the seed (and the strategy, the group's name)
 NOT_GROUPED_BY = ("workers", "trainer.devices", "seed", "strategy")

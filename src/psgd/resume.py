@@ -13,10 +13,10 @@ import torch
 from omegaconf import DictConfig
 
 from psgd.config import GIVE, ConfigError, Plan, Run, checkpoint_file
-from psgd.config.contract import StrategyConfig
 from psgd.io import say
 from psgd.module import OPTIMIZER_KEY, STEP_IMPLEMENTATION, Classifier
 from psgd.optim import schedule_read
+from psgd.strategies.contract import StrategyConfig
 
 
 def resolve_ckpt_path(

@@ -26,6 +26,8 @@ import torch
 from pytorch_lightning.callbacks import Callback
 from typing_extensions import override
 
+from psgd.strategies.records import Reports
+
 DRAWS = 1_000_037  # keeps the delays' stream apart from the run's other seeded streams
 
 
@@ -97,7 +99,7 @@ class Stragglers(Callback):
         """Now and the strategy's waiting so far (s); on a GPU once the queued kernels are done."""
         if self._cuda:
             torch.cuda.synchronize(trainer.strategy.root_device)
-        return time.perf_counter(), getattr(trainer.strategy, "waited_s", 0.0)
+        return time.perf_counter(), trainer.strategy.waited_s if isinstance(trainer.strategy, Reports) else 0.0
 
     @override
     def on_train_batch_start(

@@ -7,8 +7,8 @@ from typing import Any
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
-from psgd.callbacks import FIGURES
 from psgd.config import Run, schedule
+from psgd.strategies.records import FIGURES
 
 # the HParams tab's columns every run has: each run's last value of these tags
 HPARAM_METRICS = ("test/acc", "test/loss", "val/acc", "val/loss", "time/samples_per_s", "time/cumulative_s")

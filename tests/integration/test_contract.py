@@ -18,7 +18,7 @@ from conftest import run_cli
 from pydantic import Field
 from typing_extensions import override
 
-from psgd.config.contract import StrategyConfig
+from psgd.strategies.contract import StrategyConfig
 from psgd.strategies.model_averaging import ModelAveragingStrategy
 
 HERE = Path(__file__).parent

@@ -1,5 +1,5 @@
 """psgd's strategies in a user's own Lightning code (`Trainer(strategy="model_averaging")` once
-psgd.strategies is imported, as the README offers): a LightningModule and DataLoaders of the user's
+psgd.strategies.registry is imported, as the README offers): a LightningModule and DataLoaders of the user's
 own, real worker processes."""
 
 import json
@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 import pytorch_lightning as L
 from torch.utils.data import DataLoader, TensorDataset
-import psgd.strategies  # registers model_averaging and hogwild
+import psgd.strategies.registry  # registers model_averaging, diloco, elastic_averaging and hogwild
 import mymodule
 
 OUT = Path(sys.argv[2])
@@ -102,7 +102,7 @@ def test_a_users_own_module_trains_and_ends_with_one_model(tmp_path, strategy):
 
 @pytest.mark.parametrize("period", [0, -3, 2.5, True])
 def test_a_bad_averaging_period_in_code_is_refused_as_on_the_command_line(period):
-    from psgd.strategies import ModelAveragingStrategy
+    from psgd.strategies.model_averaging import ModelAveragingStrategy
 
     with pytest.raises(ValueError, match=rf"^period={period!r} is invalid: must be an integer >= 1, or None"):
         ModelAveragingStrategy(period=period)  # 0 had silently meant "only at the end"
@@ -118,7 +118,7 @@ sys.path.insert(0, {module_dir!r})
 import torch
 import pytorch_lightning as L
 from torch.utils.data import DataLoader, TensorDataset
-import psgd.strategies
+import psgd.strategies.registry
 from hydra import compose, initialize_config_dir
 from psgd.run import train
 from mymodule import Mine  # a user's module in a file beside the notebook

@@ -350,7 +350,8 @@ def test_a_worker_leaves_no_process_group_to_interpreter_shutdown():
 import atexit, torch, torch.distributed as dist
 from lightning_fabric.plugins.environments import LightningEnvironment
 from pytorch_lightning.accelerators import CPUAccelerator
-from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
+from psgd.strategies.hogwild import HogwildStrategy
+from psgd.strategies.model_averaging import ModelAveragingStrategy
 from psgd.strategies import ddp, workers
 atexit.register(lambda: print("group alive at the end:", dist.is_initialized(), flush=True))  # runs last
 for cls in (ddp.ReportsFirstFailure, ModelAveragingStrategy, HogwildStrategy):  # psgd's DDP, and the others

@@ -12,14 +12,15 @@ import pytorch_lightning as L
 import torch
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from psgd.strategies import HogwildStrategy, ModelAveragingStrategy
 from psgd.strategies.ddp import ReportsFirstFailure
+from psgd.strategies.hogwild import HogwildStrategy
 from psgd.strategies.lightning_internals import (
     FirstFailureLauncher,
     SharedMemoryLauncher,
     handle_sigterm_with,
     without_per_step_collectives,
 )
+from psgd.strategies.model_averaging import ModelAveragingStrategy
 
 LAUNCHERS = "pytorch_lightning.strategies.launchers.multiprocessing"
 # each private function or method used, with its parameters as lightning_internals calls or overrides it

@@ -16,9 +16,9 @@ from hydra import initialize_config_dir
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
-from psgd.callbacks import sync_summary
 from psgd.process import this_process
 from psgd.report import comm_label, main, plot_lines, straggler_lines, write_report
+from psgd.strategies.records import sync_summary
 from psgd.sweep import LAST, SweepReport, progress_line, sweep_lengths
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

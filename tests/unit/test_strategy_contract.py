@@ -1,7 +1,7 @@
-"""A strategy's identity stays in its own files: outside src/psgd/strategies/ and the strategies' config classes
-no module compares a strategy's name (the run, its checks, the fork server, resume and the report ask the
-strategy's config class, psgd.config.contract), and the run's modules read the typed config, whose defaults are
-the YAML's, never a `.get(key, default)` that would repeat one. Every strategy is a name Lightning knows."""
+"""A strategy's identity stays in its own files: outside src/psgd/strategies/ no module compares a strategy's name
+(the run, its checks, the fork server, resume and the report ask the strategy's config class, the contract of
+psgd.strategies.contract), and the run's modules read the typed config, whose defaults are the YAML's, never a
+`.get(key, default)` that would repeat one. Every strategy is a name Lightning knows."""
 
 import ast
 from pathlib import Path
@@ -10,8 +10,8 @@ import pytest
 from conftest import ROOT, compose_cfg
 
 from psgd.config import BUILTIN, check_values
-from psgd.config.contract import REGISTRY, StrategyConfig
 from psgd.config.schema import Run
+from psgd.strategies.contract import REGISTRY, StrategyConfig
 
 SRC = ROOT / "src" / "psgd"
 NAMES = set(REGISTRY)  # every strategy psgd registers (psgd.config imports their config classes)
@@ -103,7 +103,7 @@ def test_every_strategy_is_a_name_lightning_knows():
     import pytorch_lightning as L
     from pytorch_lightning.strategies import StrategyRegistry
 
-    import psgd.strategies  # noqa: F401  registers psgd's
+    import psgd.strategies.registry  # noqa: F401  registers psgd's
 
     for cls in BUILTIN:
         (name,) = cls.model_fields["name"].annotation.__args__
@@ -124,3 +124,34 @@ def test_a_preset_strategy_keeps_its_own_name(overrides):
     name = overrides[0].split("=")[1]
     strategy = check_values(compose_cfg(*overrides)).strategy
     assert strategy.name == name and type(strategy) is REGISTRY[name]
+
+
+def overrides_without_the_mark(module_names: list[str]) -> list[str]:
+    """The methods of the classes defined in `module_names` that override a base class's method without
+    typing_extensions.override's mark (dunder methods aside)."""
+    import importlib
+    import inspect
+
+    missing = []
+    for module_name in module_names:
+        module = importlib.import_module(module_name)
+        for cls in vars(module).values():
+            if not (inspect.isclass(cls) and cls.__module__ == module_name):
+                continue
+            for name, member in vars(cls).items():
+                function = getattr(member, "__func__", None) or getattr(member, "fget", None) or member
+                if name.startswith("__") or not callable(function):
+                    continue
+                overridden = any(name in vars(base) for base in cls.__mro__[1:] if base is not object)
+                if overridden and not getattr(function, "__override__", False):
+                    missing.append(f"{cls.__name__}.{name}")
+    return missing
+
+
+def test_every_override_in_the_strategies_is_marked():
+    import pkgutil
+
+    import psgd.strategies
+
+    names = [f"psgd.strategies.{m.name}" for m in pkgutil.iter_modules(psgd.strategies.__path__)]
+    assert len(names) >= 10 and overrides_without_the_mark(names) == []

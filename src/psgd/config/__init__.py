@@ -16,9 +16,9 @@ from psgd.config.rules import (
     values_problem,
 )
 from psgd.config.schema import Plan, Run, compile_mode, schedule
-from psgd.config.strategies import BUILTIN
 from psgd.config.targets import build_model
 from psgd.errors import ConfigError, DirInUse
+from psgd.strategies.configs import BUILTIN
 
 
 def describe() -> list[tuple[str, str, str]]:

@@ -17,12 +17,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from psgd import forkserver
 from psgd.choices import INFO
-from psgd.config.contract import StrategyConfig
 from psgd.config.schema import Data, Plan, Run, Stragglers, schedule, validate
 from psgd.config.targets import check_targets
 from psgd.console import in_the_job
 from psgd.environment import cpu_count
 from psgd.errors import ConfigError
+from psgd.strategies.contract import StrategyConfig
 
 Jobs = list[tuple[list[str], DictConfig]]  # (overrides, config) of each job, as psgd.command_line composes them
 

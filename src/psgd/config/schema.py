@@ -13,12 +13,12 @@ from datetime import timedelta
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from omegaconf import DictConfig, OmegaConf
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationError, create_model
 
 from psgd.choices import DECAYS, INFO, LR_SCALING, SCHEMES
-from psgd.config.contract import REGISTRY, StrategyConfig
 from psgd.config.targets import locate
 from psgd.errors import ConfigError
+from psgd.strategies.contract import REGISTRY, Group, Optimizer, StrategyConfig, Target
 
 
 def _a_duration(value: Any) -> Any:
@@ -34,25 +34,6 @@ def _a_duration(value: Any) -> Any:
     if value is not None and length <= timedelta(0):
         raise ValueError("must be a duration longer than 0, as DD:HH:MM:SS (00:01:30:00) or {hours: 1, minutes: 30}")
     return value
-
-
-def _two_betas(value: list[float] | None) -> list[float] | None:
-    """Adam's and NovoGrad's betas: the decay rates of the first and second moment."""
-    if value is not None and (len(value) != 2 or not all(0 <= b < 1 for b in value)):
-        raise ValueError("betas takes two numbers in [0, 1), e.g. [0.9, 0.999]")
-    return value
-
-
-class Group(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", use_attribute_docstrings=True)
-
-
-class Target(Group):
-    """A section that names a class by `_target_`, its other keys the class's arguments."""
-
-    def settings(self) -> dict[str, Any]:
-        """The keys as given (`_target_` among them), for Hydra's instantiate or the class itself."""
-        return self.model_dump(by_alias=True, exclude_unset=True)
 
 
 class Data(Group):
@@ -97,35 +78,6 @@ class Model(Target, extra="allow"):
     """BatchNorm after each convolution (the lab CNN)."""
 
 
-class Optimizer(Target, extra="allow"):
-    """torch optimizer, built by Hydra (`_partial_`); keys other than these are checked against its constructor."""
-
-    target: str = Field(alias="_target_", pattern=r"\w\.\w")
-    """The optimizer's class, as module.Class."""
-    lr: float = Field(gt=0)
-    """Learning rate of one worker (see lr_scaling)."""
-    momentum: float = Field(None, ge=0, lt=1)
-    """Momentum factor (SGD)."""
-    weight_decay: float = Field(None, ge=0)
-    """L2 penalty."""
-    betas: Annotated[list[float] | None, AfterValidator(_two_betas)] = None
-    """Decay rates of the moment estimates (Adam, NovoGrad), e.g. [0.9, 0.999]."""
-    eps: float = Field(None, gt=0)
-    """Added to the denominator (Adam, NovoGrad)."""
-    nesterov: bool = None
-    """Nesterov momentum (SGD)."""
-    maximize: bool = None
-    """Maximise the objective instead of minimising it."""
-    amsgrad: bool = None
-    """The AMSGrad variant (Adam, NovoGrad)."""
-    grad_averaging: bool = None
-    """NovoGrad: average the gradient into its first moment."""
-    fused: bool | None = None
-    """torch's fused update; null: torch's choice."""
-    foreach: bool | None = None
-    """torch's per-tensor-list update; null: torch's choice."""
-
-
 class Scheduler(Group):
     name: str
     """The schedule chosen (scheduler=none keeps optimizer.lr constant, whatever the other keys say)."""
@@ -141,6 +93,10 @@ class Scheduler(Group):
     """decay=step: the lr factor per step."""
     interval: Literal["epoch", "step"]
     """When the lr changes: once per epoch, or after every optimizer step."""
+
+    def trained(self) -> dict[str, Any]:
+        """The schedule the run trains with (`schedule`: scheduler=none is a constant lr)."""
+        return schedule(self.model_dump())
 
 
 class Trainer(Group, extra="allow"):
@@ -308,13 +264,13 @@ def strategy_class(section: Any) -> type[StrategyConfig]:
     if target is None:
         raise ConfigError(
             "strategy._target_ is missing: a strategy's section names its config class (a subclass of "
-            "psgd.config.contract.StrategyConfig), e.g. psgd.config.strategies.DDP"
+            "psgd.strategies.contract.StrategyConfig), e.g. psgd.strategies.configs.DDP"
         )
     cls = locate("strategy._target_", target)
     if not issubclass(cls, StrategyConfig):
         raise ConfigError(
             f"strategy._target_={target} is invalid: {cls.__name__} is not a strategy's config class (a subclass "
-            "of psgd.config.contract.StrategyConfig)"
+            "of psgd.strategies.contract.StrategyConfig)"
         )
     return cls
 

@@ -49,6 +49,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
     fp16_compress_hook,
 )
 from torch.futures import Future
+from typing_extensions import override
 
 from psgd.choices import COMPRESSION_KEYS, COMPRESSIONS
 
@@ -106,6 +107,7 @@ class HalfPrecision(Compressor):
         self.name = name
         self._hook = fp16_compress_hook if name == "fp16" else bf16_compress_hook
 
+    @override
     def hook(self, _state: Any, bucket: dist.GradBucket) -> Future[Tensor]:
         size = bucket.buffer().numel() * 2
         self.count(size, size)
@@ -159,6 +161,7 @@ class PowerSGD(Compressor):
             return None
         return grad.view(rows, cols), r
 
+    @override
     def hook(self, _state: Any, bucket: dist.GradBucket) -> Future[Tensor]:
         buffer = bucket.buffer()
         if self.step < self.start_step:
@@ -249,6 +252,7 @@ class PowerSGD(Compressor):
             for i, cols, r in same:
                 self.q[i] = torch.randn(cols, r, generator=generator, dtype=dtype).to(device)
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         name, keys, pos, has_gauss, gauss = self.rng.get_state()
         return {
@@ -258,6 +262,7 @@ class PowerSGD(Compressor):
             "rng": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
         }
 
+    @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state.get("q"), list):  # psgd 0.2 kept it per bucket: no parameter's to take
             return
@@ -284,9 +289,11 @@ class ErrorFeedback(Compressor):
         for (i, _), e in zip(views, error.split([v.numel() for _, v in views]), strict=True):
             self.error[i] = e.clone()
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"error": list(self.error)}
 
+    @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.error = list(state["error"])
 
@@ -318,6 +325,7 @@ class TopK(ErrorFeedback):
         self.waiting: list[tuple[Tensor, Future[Tensor]]] = []  # this step's earlier buckets and their futures
         self.grads: list[tuple[int, Tensor]] = []  # their parameters' gradients, flat views into the buckets
 
+    @override
     def hook(self, _state: Any, bucket: dist.GradBucket) -> Future[Tensor]:
         future = _future_for(bucket.buffer())
         self.waiting.append((bucket.buffer(), future))
@@ -363,6 +371,7 @@ class TopK(ErrorFeedback):
 class Sign(ErrorFeedback):
     name = "sign"
 
+    @override
     def hook(self, _state: Any, bucket: dist.GradBucket) -> Future[Tensor]:
         p, views = self.with_error(self.parameters(bucket))
         c = torch.cat([v.abs().sum().div_(v.numel()) * v.sign() for _, v in views])
@@ -399,6 +408,7 @@ class QSGD(Compressor):
         self.step = 0  # the steps whose every bucket this hook has seen
         self.generator: torch.Generator | None = None  # on the gradients' device
 
+    @override
     def hook(self, _state: Any, bucket: dist.GradBucket) -> Future[Tensor]:
         g = bucket.buffer()
         if self.generator is None:
@@ -414,9 +424,11 @@ class QSGD(Compressor):
         self.count(payload, q.numel() * q.element_size())
         return dist.all_reduce(q, group=self.group, async_op=True).get_future().then(_mean_into(bucket, self.world))
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step}
 
+    @override
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = state.get("step", 0)  # psgd 0.2 kept a generator's state: a run resumed from it draws anew
 

@@ -17,7 +17,7 @@ state (error buffers, PowerSGD's memory and random stream) is each worker's own 
 import math
 import statistics
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import pytorch_lightning as L
 import torch
@@ -30,6 +30,7 @@ from typing_extensions import override
 
 from psgd.strategies.compression import STATEFUL, Compressor, build_compressor
 from psgd.strategies.lightning_internals import FirstFailureLaunch, without_per_step_collectives
+from psgd.strategies.records import Reports
 from psgd.strategies.workers import GroupEndsAtExit, over_workers
 
 COMPRESSION_KEY = "psgd_compression"  # a checkpoint's compression state of every worker
@@ -39,6 +40,11 @@ class TimesAllReduce:
     """Mixin for a DDPStrategy: the gradient exchange through psgd's comm hook, compressed as `compression`
     says (with `compression_options`, build_compressor's keywords), counted (`comm_count`) and on CPU timed
     (`epoch_figures`)."""
+
+    figures: ClassVar[dict[str, tuple[str, int]]] = {
+        "allreduce_ms": ("ddp/allreduce_ms", 3),
+        "allreduce_wait_ms": ("ddp/allreduce_wait_ms", 3),
+    }
 
     def __init__(
         self, *args: Any, compression: str = "none", compression_options: dict | None = None, **kwargs: Any
@@ -52,6 +58,7 @@ class TimesAllReduce:
         self._steps: list[tuple[float, float]] = []  # this epoch's steps: (all-reduce ms, wait ms)
         self._comm_s = 0.0  # this epoch's all-reduce time, summed over its steps
         self.waited_s = 0.0  # the steps' waits for the other workers' gradients since the start, on CPU (s)
+        self.report: dict[str, Any] = {}  # nothing more at the end than the epochs said
 
     def configure_ddp(self) -> None:
         super().configure_ddp()
@@ -129,14 +136,19 @@ class TimesAllReduce:
         return {"allreduce_ms": round(total / counted, 3), "allreduce_wait_ms": round(wait / counted, 3)}
 
 
-class ReportsFirstFailure(TimesAllReduce, FirstFailureLaunch, GroupEndsAtExit, DDPStrategy):
-    """psgd's DDPStrategy: workers started by FirstFailureLauncher, the all-reduce timed, and no
-    collective in a step but the gradient all-reduce."""
+class Workers(FirstFailureLaunch, GroupEndsAtExit, Reports, DDPStrategy):
+    """Lightning's DDPStrategy as psgd runs workers: started by FirstFailureLauncher (a failed run names the
+    worker that failed first), their process group ended at exit, no collective in a step but the strategy's
+    own, and what they record told to psgd's callbacks (Reports)."""
 
     @override
     def setup(self, trainer: L.Trainer) -> None:
         super().setup(trainer)
         without_per_step_collectives(trainer)
+
+
+class ReportsFirstFailure(TimesAllReduce, Workers):
+    """psgd's DDP: Workers whose gradients are exchanged through psgd's comm hook (TimesAllReduce)."""
 
     @override
     def on_exception(self, exception: BaseException) -> None:

@@ -18,7 +18,7 @@ import multiprocessing
 import time
 from collections.abc import Iterator
 from itertools import zip_longest
-from typing import Any
+from typing import Any, ClassVar
 
 import pytorch_lightning as L
 import torch
@@ -26,6 +26,7 @@ from pytorch_lightning.strategies import DDPStrategy
 from typing_extensions import override
 
 from psgd.strategies.lightning_internals import SharedMemoryLaunch, without_per_step_collectives
+from psgd.strategies.records import Reports
 from psgd.strategies.workers import GroupEndsAtExit, PerWorkerCheckpoints, gather_floats, over_workers
 
 
@@ -66,9 +67,14 @@ class SharedQueue:
             yield batches[i]
 
 
-class HogwildStrategy(SharedMemoryLaunch, PerWorkerCheckpoints, GroupEndsAtExit, DDPStrategy):
+class HogwildStrategy(SharedMemoryLaunch, PerWorkerCheckpoints, GroupEndsAtExit, Reports, DDPStrategy):
     """Workers share one CPU model and update it without locks; each keeps its own optimizer and lr
     schedule (PerWorkerCheckpoints)."""
+
+    figures: ClassVar[dict[str, tuple[str, int]]] = {
+        "staleness": ("hogwild/staleness", 4),
+        "lock_wait_s": ("hogwild/lock_wait_s", 6),
+    }
 
     strategy_name = "hogwild"
 
@@ -151,6 +157,7 @@ class HogwildStrategy(SharedMemoryLaunch, PerWorkerCheckpoints, GroupEndsAtExit,
             self._staleness_sum = self._staleness_count = 0
         super().on_train_batch_start(batch, batch_idx)
 
+    @override
     def epoch_figures(self) -> dict[str, float]:
         """This epoch's mean staleness (and, with lock=True, wait for the lock in s) over the workers; the
         lock's wait starts anew."""

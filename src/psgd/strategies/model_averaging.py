@@ -31,7 +31,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytorch_lightning as L
 import torch
@@ -41,7 +41,7 @@ from typing_extensions import override
 
 from psgd.data.partition import limited_batches
 from psgd.io import save_atomic
-from psgd.strategies.ddp import ReportsFirstFailure
+from psgd.strategies.ddp import Workers
 from psgd.strategies.workers import PerWorkerCheckpoints, gather_floats, over_workers
 
 OUTER_KEY = "psgd_outer"  # a checkpoint's θ_g and outer optimizer state
@@ -93,9 +93,14 @@ def common_steps(batches: list[int], limit_train_batches: int | float | None, ac
     return math.ceil(min(batches) / accumulate)
 
 
-class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
+class ModelAveragingStrategy(PerWorkerCheckpoints, Workers):
     """Train one replica per worker without gradient sync; average the parameters every `period` steps
     and after fit."""
+
+    figures: ClassVar[dict[str, tuple[str, int]]] = {
+        "averaging_s": ("averaging/time_s", 6),
+        "replica_distance": ("averaging/replica_distance", 6),
+    }
 
     strategy_name = "model_averaging"
     per_worker_keys = ("state_dict", *PerWorkerCheckpoints.per_worker_keys)  # replicas differ
@@ -293,6 +298,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, ReportsFirstFailure):
         """The averagings during training so far, a resumed run's earlier ones included."""
         return self.averagings(self._common_done())
 
+    @override
     def comm_count(self) -> list[float]:
         """[payload bytes, bytes sent, collectives, seconds] of this worker's averagings since the last call
         (the seconds are this epoch's, which epoch_figures starts anew)."""

@@ -1,19 +1,22 @@
-"""The config classes of psgd's own strategies (the contract: psgd.config.contract), one per
+"""The config classes of psgd's own strategies (the contract: psgd.strategies.contract), one per
 conf/strategy/<name>.yaml, which names it by `_target_`: each strategy's keys, the run's settings it refuses,
-how it builds its algorithm (psgd.strategies.<name>) and what it records. Imports no torch: a bad value is
-refused before torch loads; each `build` imports its algorithm.
+how it builds its algorithm (psgd.strategies.<name>), what it records and how the report labels it. Imports
+no torch: a bad value is refused before torch loads; each `build` imports its algorithm.
 """
 
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from omegaconf import OmegaConf
 from pydantic import Field
+from typing_extensions import override
 
 from psgd.choices import COMPRESSION_KEYS, COMPRESSIONS
-from psgd.config.contract import StrategyConfig
-from psgd.config.schema import Optimizer, Plan, Run, schedule
 from psgd.errors import ConfigError
+from psgd.strategies.contract import Optimizer, StrategyConfig
+
+if TYPE_CHECKING:  # annotations only: psgd.config reads this module
+    from psgd.config.schema import Plan, Run
 
 
 class DDP(StrategyConfig):
@@ -40,7 +43,8 @@ class DDP(StrategyConfig):
     one_model: ClassVar[bool] = True
     lockstep: ClassVar[bool] = True
 
-    def refuse(self, run: Run) -> None:
+    @override
+    def refuse(self, run: "Run") -> None:
         """A compression's own key only with that compression."""
         for key, (owner, _) in COMPRESSION_KEYS.items():
             if getattr(self, key) is not None and self.compression != owner:
@@ -49,10 +53,12 @@ class DDP(StrategyConfig):
                     f"it is compression={owner}'s; use strategy.compression={owner} or leave it out"
                 )
 
-    def runs_in_this_process(self, run: Run) -> bool:
+    @override
+    def runs_in_this_process(self, run: "Run") -> bool:
         return run.world_size == 1 and not self.ddp_for_one_worker
 
-    def build(self, run: Run, plan: Plan, run_dir: Path) -> Any:
+    @override
+    def build(self, run: "Run", plan: "Plan", run_dir: Path) -> Any:
         """Lightning's DDPStrategy with psgd's failure reports and gradient exchange; "auto" for one process."""
         if self.runs_in_this_process(run):
             return "auto"  # one process: no process group, nothing to all-reduce
@@ -68,10 +74,12 @@ class DDP(StrategyConfig):
             **({"bucket_cap_mb": self.bucket_cap_mb} if self.bucket_cap_mb is not None else {}),
         )
 
+    @override
     def record(self) -> dict[str, Any]:
         return {"compression": self.compression}
 
     @classmethod
+    @override
     def label(cls, record: dict[str, Any]) -> str:
         return record.get("compression") or ""
 
@@ -86,7 +94,7 @@ class Replicas(StrategyConfig):
     save_replicas: bool
     """Each worker saves its weights before they are averaged to replicas/rank<r>.pt."""
 
-    def replica_settings(self, run: Run, plan: Plan, run_dir: Path) -> dict[str, Any]:
+    def replica_settings(self, run: "Run", plan: "Plan", run_dir: Path) -> dict[str, Any]:
         return {
             **self.lightning_settings(plan),
             "same_init": self.same_init,
@@ -112,7 +120,8 @@ class ModelAveraging(Replicas):
     """Hierarchical averaging: {group size: period}, groups of consecutive ranks, the largest all workers,
     e.g. {2: 4, 4: 16}; null: one group, `period`."""
 
-    def refuse(self, run: Run) -> None:
+    @override
+    def refuse(self, run: "Run") -> None:
         """Hierarchical averaging's groups: sizes that nest (each divides the next), the largest all workers, and
         no other schedule beside them (period, sync_steps, an outer optimizer)."""
         periods, world = self.group_periods, run.world_size
@@ -135,10 +144,12 @@ class ModelAveraging(Replicas):
                 "schedule; leave it out"
             )
 
+    @override
     def optimizers(self) -> dict[str, Any]:
         return {"strategy.outer_optimizer": self.outer_optimizer} if self.outer_optimizer else {}
 
-    def build(self, run: Run, plan: Plan, run_dir: Path) -> Any:
+    @override
+    def build(self, run: "Run", plan: "Plan", run_dir: Path) -> Any:
         from hydra.utils import instantiate
 
         from psgd.strategies.model_averaging import ModelAveragingStrategy
@@ -154,6 +165,7 @@ class ModelAveraging(Replicas):
         )
 
     @classmethod
+    @override
     def label(cls, record: dict[str, Any]) -> str:
         """The schedule: `period=8`, `one-shot`, `groups 2:4,4:16`, with `post-local t0=...` and `outer SGD`."""
         how = f"period={record['period']}" if record.get("period") else "one-shot"
@@ -179,7 +191,8 @@ class ElasticAveraging(Replicas):
     alpha: float | None = Field(gt=0)
     """The elastic pull α, in (0, 1/workers]; null: 0.9 / workers (the paper's β = 0.9)."""
 
-    def refuse(self, run: Run) -> None:
+    @override
+    def refuse(self, run: "Run") -> None:
         """α at most 1 / workers: the centre moves workers x α of the way to the replicas' mean."""
         world = run.world_size
         if self.alpha is not None and self.alpha > 1 / world:
@@ -192,10 +205,12 @@ class ElasticAveraging(Replicas):
     final_model: ClassVar[str] = "the centre"
 
     @classmethod
+    @override
     def label(cls, record: dict[str, Any]) -> str:
         return f"tau={record.get('tau')}"
 
-    def build(self, run: Run, plan: Plan, run_dir: Path) -> Any:
+    @override
+    def build(self, run: "Run", plan: "Plan", run_dir: Path) -> Any:
         from psgd.strategies.elastic_averaging import ElasticAveragingStrategy
 
         return ElasticAveragingStrategy(tau=self.tau, alpha=self.alpha, **self.replica_settings(run, plan, run_dir))
@@ -215,7 +230,8 @@ class HogWild(StrategyConfig):
     cpu_only: ClassVar[bool] = True
     own_launcher: ClassVar[bool] = True
 
-    def refuse(self, run: Run) -> None:
+    @override
+    def refuse(self, run: "Run") -> None:
         """The shared queue leaves each worker's steps per epoch to its speed: no lr schedule by steps, and no
         fraction of an epoch's batches (a number of them caps each worker's)."""
         if not self.shared_queue:
@@ -223,7 +239,7 @@ class HogWild(StrategyConfig):
         unknown = (
             "each worker takes as many of the epoch's batches as its speed allows, so its steps per epoch are unknown"
         )
-        if schedule(run.scheduler.model_dump())["interval"] == "step":
+        if run.scheduler.trained()["interval"] == "step":
             raise ConfigError(
                 f"scheduler.interval=step is invalid with strategy.shared_queue=true: {unknown}; use "
                 "scheduler.interval=epoch"
@@ -236,10 +252,12 @@ class HogWild(StrategyConfig):
                 "trainer.limit_train_batches=100"
             )
 
+    @override
     def resolved_start_method(self, accelerator: str, forkserver: bool) -> str:
         return "forkserver"  # the model stays shared (Lightning's spawn would clone it)
 
-    def build(self, run: Run, plan: Plan, run_dir: Path) -> Any:
+    @override
+    def build(self, run: "Run", plan: "Plan", run_dir: Path) -> Any:
         from psgd.strategies.hogwild import HogwildStrategy
 
         settings = self.lightning_settings(plan)

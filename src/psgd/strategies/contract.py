@@ -8,28 +8,74 @@ YAML file in a config dir on Hydra's search path. The run, its checks, the fork 
 ask the config class; none of them compares a strategy's name.
 
 Imports neither torch nor Lightning: psgd reads a command line's strategy section before torch loads (0.5 s to a
-bad value's line, against 5.5 s with Lightning loaded). So the contract is part of the configuration, and psgd's
-own strategies keep their config classes in psgd.config.strategies, each `build` importing its algorithm from
-psgd.strategies.
+bad value's line, against 5.5 s with Lightning loaded). So psgd's own strategies keep their config classes apart
+from their algorithms, in psgd.strategies.configs, each `build` importing its algorithm; a strategy of a user's
+own may keep both in one file (its module is imported to read its section). Also here: the sections every part
+of the config is made of (Group, Target) and the optimizer's (a strategy may name optimizers of its own).
 """
 
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:  # annotations only: the run's config reads this module, not the other way round
-    from psgd.config.rules import Plan
-    from psgd.config.schema import Run
+    from psgd.config.schema import Plan, Run
 
 REGISTRY: dict[str, type["StrategyConfig"]] = {}  # strategy.name -> its config class, as each class is defined
 
 
-class StrategyConfig(BaseModel):
-    """A strategy's section of the config (`strategy.*`), and what the run asks of the strategy."""
+def _two_betas(value: list[float] | None) -> list[float] | None:
+    """Adam's and NovoGrad's betas: the decay rates of the first and second moment."""
+    if value is not None and (len(value) != 2 or not all(0 <= b < 1 for b in value)):
+        raise ValueError("betas takes two numbers in [0, 1), e.g. [0.9, 0.999]")
+    return value
 
-    model_config = ConfigDict(strict=True, extra="forbid", use_attribute_docstrings=True, populate_by_name=True)
+
+class Group(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class Target(Group):
+    """A section that names a class by `_target_`, its other keys the class's arguments."""
+
+    def settings(self) -> dict[str, Any]:
+        """The keys as given (`_target_` among them), for Hydra's instantiate or the class itself."""
+        return self.model_dump(by_alias=True, exclude_unset=True)
+
+
+class Optimizer(Target, extra="allow"):
+    """torch optimizer, built by Hydra (`_partial_`); keys other than these are checked against its constructor."""
+
+    target: str = Field(alias="_target_", pattern=r"\w\.\w")
+    """The optimizer's class, as module.Class."""
+    lr: float = Field(gt=0)
+    """Learning rate of one worker (see lr_scaling)."""
+    momentum: float = Field(None, ge=0, lt=1)
+    """Momentum factor (SGD)."""
+    weight_decay: float = Field(None, ge=0)
+    """L2 penalty."""
+    betas: Annotated[list[float] | None, AfterValidator(_two_betas)] = None
+    """Decay rates of the moment estimates (Adam, NovoGrad), e.g. [0.9, 0.999]."""
+    eps: float = Field(None, gt=0)
+    """Added to the denominator (Adam, NovoGrad)."""
+    nesterov: bool = None
+    """Nesterov momentum (SGD)."""
+    maximize: bool = None
+    """Maximise the objective instead of minimising it."""
+    amsgrad: bool = None
+    """The AMSGrad variant (Adam, NovoGrad)."""
+    grad_averaging: bool = None
+    """NovoGrad: average the gradient into its first moment."""
+    fused: bool | None = None
+    """torch's fused update; null: torch's choice."""
+    foreach: bool | None = None
+    """torch's per-tensor-list update; null: torch's choice."""
+
+
+class StrategyConfig(Group, populate_by_name=True):
+    """A strategy's section of the config (`strategy.*`), and what the run asks of the strategy."""
 
     target: str = Field(alias="_target_", pattern=r"\w\.\w")
     """The strategy's config class, as module.Class (psgd imports it to read this section)."""
