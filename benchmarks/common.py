@@ -79,7 +79,8 @@ def exit_without_data(data_root: str, names: tuple[str, ...] = ("mnist",)) -> No
     """Before any measurement: the datasets found under `data_root` (downloaded if they are not, as
     train.py does), or one line saying why not and exit code 2, rather than a traceback from deep
     inside the first measured run."""
-    from psgd.data.datasets import DataError, load_split
+    from psgd.data.datasets import load_split
+    from psgd.errors import DataError
 
     try:
         for name in names:

@@ -17,13 +17,11 @@ from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 from psgd import outputs, signals, torchrun
 from psgd.config import ConfigError, DirInUse
 from psgd.console import fail, first_worker, global_rank, other_torchrun_worker, text_lines
-from psgd.data import DataError
+from psgd.errors import DataError, KilledWorker, TrainingDiverged, WorkerGone
 from psgd.io import NO_ROOM, say, write_atomic
-from psgd.module import TrainingDiverged
 from psgd.report import averaging_note, skew_note, stop_note
 from psgd.run import train
-from psgd.stopped import WorkerGone, mark_status, raised_in_worker
-from psgd.strategies.workers import KilledWorker
+from psgd.stopped import mark_status, raised_in_worker
 
 # errors whose message is the whole story: one line, no traceback, also when a worker raised them
 KNOWN_ERRORS = (ConfigError, DataError, TrainingDiverged, WorkerGone)
@@ -157,7 +155,7 @@ def traceback_path(run_dir: Path) -> Path:
 
 def keeps_traceback(e: BaseException) -> bool:
     """An error whose line names a traceback file: not psgd's own, a full disk's or a worker's death."""
-    known = isinstance(e, KNOWN_ERRORS + (ProcessExitedException,)) or raised_in_worker(e, KNOWN_ERRORS)
+    known = isinstance(e, (*KNOWN_ERRORS, KilledWorker, ProcessExitedException)) or raised_in_worker(e, KNOWN_ERRORS)
     return not (known or unwritable(e))
 
 

@@ -13,6 +13,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
+from psgd.errors import TrainingDiverged
 from psgd.optim import build_scheduler, schedule_read
 from psgd.strategies.workers import gather_floats
 
@@ -20,10 +21,6 @@ from psgd.strategies.workers import gather_floats
 OPTIMIZER_KEY = "psgd_optimizer"
 # param-group entries that say how torch runs the update, not what it computes: a resumed run takes its own
 STEP_IMPLEMENTATION = ("foreach", "fused", "differentiable", "capturable")
-
-
-class TrainingDiverged(RuntimeError):
-    """The training loss became NaN or infinite; str() is the one-line message shown to the user."""
 
 
 def _loss_mean(**kwargs) -> MeanMetric:

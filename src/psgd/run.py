@@ -36,8 +36,8 @@ from psgd.choices import INFO
 from psgd.config import ConfigError, DirInUse, Plan, Run, build_model, check, compile_mode, schedule
 from psgd.console import first_worker, text_lines
 from psgd.data import ClassificationData
-from psgd.data.datasets import DataError
 from psgd.environment import cpu_count, device_description, versions
+from psgd.errors import DataError
 from psgd.io import read_json, write_json
 from psgd.module import Classifier
 from psgd.optim import scaled_lr, schedule_read

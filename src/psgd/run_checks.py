@@ -5,7 +5,7 @@ from psgd import forkserver
 from psgd.config import ConfigError, Jobs, Run, check_values
 from psgd.console import in_the_job
 from psgd.data import ClassificationData
-from psgd.data.datasets import DataError
+from psgd.errors import DataError
 
 
 def build_datamodule(run: Run, image_size: int | None = None) -> ClassificationData:

@@ -1,7 +1,6 @@
 """A run that stopped early, marked in metrics.json (its finished epochs kept) and reported: interrupted
 (Ctrl-C, SIGTERM), failed, or a worker gone under torchrun."""
 
-import os
 import time
 from contextlib import suppress
 from pathlib import Path
@@ -13,6 +12,7 @@ from torch.multiprocessing import ProcessRaisedException
 
 from psgd import signals, torchrun
 from psgd.console import text_lines
+from psgd.errors import WorkerGone
 from psgd.io import read_json, remove_temp_files, say, write_json
 from psgd.process import oom_kills_since
 from psgd.strategies.workers import lost_a_peer
@@ -54,26 +54,6 @@ def lightning_refusal(e: BaseException) -> str | None:
 
 
 _VAL_CHECK = "`val_check_interval` ("  # Lightning's fit loop, once it knows the epoch's batches
-
-
-class WorkerGone(RuntimeError):
-    """Under torchrun: workers on this machine died without an error of their own (SIGKILL, a crash).
-    str() is the line a user sees. `says_so`: this worker prints it (the lowest rank left here);
-    `records`: it also marks metrics.json failed (rank 0, or the one saying so where rank 0 died)."""
-
-    def __init__(self, ranks: list[int], survivors: list[int], run_dir: Path, oom_kills: int):
-        rank, self.ranks = int(os.environ.get("RANK", "0")), ranks
-        self.says_so = rank == survivors[0]
-        self.records = rank == 0 or (0 in ranks and self.says_so)
-        which = f"worker rank {ranks[0]}" if len(ranks) == 1 else f"worker ranks {', '.join(map(str, ranks))}"
-        if oom_kills > 0:
-            why = (
-                f"killed by the kernel's out-of-memory killer (its OOM-kill count rose by {oom_kills} during the "
-                "run): use fewer workers per machine or a smaller data.batch_size"
-            )
-        else:
-            why = "the process ended without an error of its own: a signal or a crash; torchrun's summary says which"
-        super().__init__(f"{which} died ({why}); results of finished epochs are in {run_dir}")
 
 
 def torchrun_worker_gone(e: BaseException, run_dir: Path) -> WorkerGone | None:

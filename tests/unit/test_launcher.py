@@ -24,9 +24,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from psgd import process
 from psgd.cli import error_line, keeps_traceback, traceback_path
+from psgd.errors import KilledWorker
 from psgd.strategies.ddp import ReportsFirstFailure
 from psgd.strategies.lightning_internals import FirstFailureLauncher
-from psgd.strategies.workers import KilledWorker
 
 TIMED_OUT = (
     "RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 7000ms for recv operation to complete"
@@ -230,7 +230,7 @@ def test_a_workers_own_error_names_the_log_with_its_traceback_and_psgds_errors_o
         f"worker rank 1 failed: ValueError: a bug deep in my model (traceback in {tmp_path / 'error.log'})"
     )
     assert keeps_traceback(bug) and keeps_traceback(ValueError("in this process"))
-    data = raised(0, "psgd.data.datasets.DataError: dataset mnist not found or unreadable under /x (...)")
+    data = raised(0, "psgd.errors.DataError: dataset mnist not found or unreadable under /x (...)")
     for e in (data, ProcessExitedException("", 1, 0, 9, "SIGKILL")):
         assert not keeps_traceback(e) and "traceback in" not in error_line(e, tmp_path), e
 

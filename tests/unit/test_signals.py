@@ -341,7 +341,7 @@ def test_outside_torchrun_no_worker_is_marked_or_seen_gone(monkeypatch, tmp_path
 def test_one_torchrun_worker_says_which_died_and_one_records_it(
     monkeypatch, tmp_path, rank, gone, survivors, says_so, records
 ):
-    from psgd.stopped import WorkerGone
+    from psgd.errors import WorkerGone
 
     monkeypatch.setenv("RANK", rank)
     e = WorkerGone(gone, survivors, tmp_path, oom_kills=0)
@@ -351,7 +351,7 @@ def test_one_torchrun_worker_says_which_died_and_one_records_it(
 
 
 def test_a_torchrun_worker_gone_while_the_oom_count_rose_is_called_out_of_memory(monkeypatch, tmp_path):
-    from psgd.stopped import WorkerGone
+    from psgd.errors import WorkerGone
 
     monkeypatch.setenv("RANK", "0")
     line = str(WorkerGone([1, 3], [0, 2], tmp_path, oom_kills=2))

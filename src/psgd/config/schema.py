@@ -100,47 +100,48 @@ class Scheduler(Group):
 
 
 class Trainer(Group, extra="allow"):
-    """Lightning Trainer arguments: psgd checks these; any other is Lightning's to check."""
+    """Lightning Trainer arguments: psgd checks these (their defaults: conf/trainer/default.yaml; null leaves
+    Lightning's own); any other is Lightning's to check."""
 
-    accelerator: Literal["auto", "cpu", "gpu", "cuda"] = "auto"
+    accelerator: Literal["auto", "cpu", "gpu", "cuda"]
     """Where the workers run."""
-    devices: int | None = Field(None, ge=1)
+    devices: int | None = Field(ge=1)
     """Workers per node; null: follow `workers`."""
     num_nodes: int = Field(ge=1)
     """Machines (torchrun or srun starts the workers on each)."""
     max_epochs: int = Field(ge=1)
     """Epochs of training."""
-    max_steps: Literal[-1] | Annotated[int, Field(ge=1)] | None = None
+    max_steps: Literal[-1] | Annotated[int, Field(ge=1)] | None
     """Stop after this many optimizer steps (DDP or one worker)."""
-    max_time: Annotated[Any, AfterValidator(_a_duration)] = None
+    max_time: Annotated[Any, AfterValidator(_a_duration)]
     """Stop training after that long (DDP or one worker)."""
-    precision: Any = None
+    precision: Any
     """Floating-point precision, e.g. 32-true, bf16-mixed."""
-    log_every_n_steps: int | None = Field(None, ge=1)
+    log_every_n_steps: int | None = Field(ge=1)
     """Optimizer steps between logged training figures."""
-    num_sanity_val_steps: int | None = Field(None, ge=-1)
+    num_sanity_val_steps: int | None = Field(ge=-1)
     """Validation batches run before training."""
-    check_val_every_n_epoch: int | None = Field(None, ge=1)
+    check_val_every_n_epoch: int | None = Field(ge=1)
     """Epochs between validations."""
-    val_check_interval: int | float | None = Field(None, gt=0)
+    val_check_interval: int | float | None = Field(gt=0)
     """Validations inside an epoch (0.25: four per epoch)."""
-    fast_dev_run: bool | int | None = None
+    fast_dev_run: bool | int | None
     """One batch (or N) of train/val/test, no logs or checkpoints: a smoke test."""
-    limit_train_batches: int | float | None = Field(None, gt=0)
+    limit_train_batches: int | float | None = Field(gt=0)
     """Training batches per epoch: a fraction up to 1.0 or a number; null: all."""
-    limit_val_batches: int | float | None = Field(None, ge=0)
+    limit_val_batches: int | float | None = Field(ge=0)
     """Validation batches (0: no validation); null: all."""
-    limit_test_batches: int | float | None = Field(None, gt=0)
+    limit_test_batches: int | float | None = Field(gt=0)
     """Batches of the final test; null: all."""
-    gradient_clip_val: float | None = Field(None, ge=0)
+    gradient_clip_val: float | None = Field(ge=0)
     """Clip gradients' norm to this; null or 0: no clipping."""
-    accumulate_grad_batches: int | None = Field(None, ge=1)
+    accumulate_grad_batches: int | None = Field(ge=1)
     """Micro-batches each worker accumulates per update (parallel_batches, set, wins)."""
-    sync_batchnorm: bool = False
+    sync_batchnorm: bool
     """GPU: synchronise BatchNorm statistics across workers."""
-    deterministic: bool | Literal["warn"] | None = None
+    deterministic: bool | Literal["warn"] | None
     """torch's deterministic algorithms."""
-    benchmark: bool | None = None
+    benchmark: bool | None
     """GPU: cuDNN's autotuner; null: off."""
 
 

@@ -10,8 +10,9 @@ from torch import Tensor
 
 from psgd.choices import INFO, DatasetInfo
 from psgd.data.augment import PRESETS
-from psgd.data.datasets import DataError, load_split
+from psgd.data.datasets import load_split
 from psgd.data.partition import HOLDOUT, generator, limited_batches, num_batches, partition
+from psgd.errors import DataError
 
 
 class ShardSampler:

@@ -20,9 +20,7 @@ from torch import Tensor
 from torchvision import datasets as tvd
 from torchvision.datasets.utils import check_integrity
 
-
-class DataError(RuntimeError):
-    """A dataset that is missing, truncated or corrupted; the message is one line with the fix."""
+from psgd.errors import DataError
 
 
 def read_idx(path: str) -> np.ndarray:

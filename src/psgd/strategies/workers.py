@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
 from psgd.console import text_lines
+from psgd.errors import KilledWorker
 from psgd.process import oom_kills_since
 
 # how a collective ends in the workers still running when a peer is gone (gloo's messages, lowercased)
@@ -28,17 +29,6 @@ def _last_line_says(error: str, phrases: tuple[str, ...]) -> bool:
 def lost_a_peer(error: str) -> bool:
     """Whether a worker's error only says another worker went away (gloo's connection loss)."""
     return _last_line_says(error, PEER_LOST)
-
-
-class KilledWorker(ProcessExitedException):
-    """A worker that died of SIGKILL, its message the run's one line naming it and why. Picklable (a sweep
-    launcher returns it from another process)."""
-
-    def __init__(self, message: str, rank: int, pid: int):
-        super().__init__(message, error_index=rank, error_pid=pid, exit_code=-signal.SIGKILL, signal_name="SIGKILL")
-
-    def __reduce__(self):
-        return type(self), (self.msg, self.error_index, self.error_pid)
 
 
 def first_failure(e: ProcessRaisedException, procs: list, errors_dir: str, timeout_s: float | None) -> BaseException:
