@@ -350,20 +350,25 @@ def allowed(kind: Any, metadata: list[Any]) -> str:
 
 def describe(strategies: Iterable[type[StrategyConfig]]) -> list[tuple[str, str, str]]:
     """(dotted key, its type and bounds, its meaning) of every key of the schema, for --help; the own keys of each
-    of `strategies` are marked with its name."""
+    of `strategies` are marked with the strategies that have them (`[strategy=model_averaging, diloco]`)."""
     rows: list[tuple[str, str, str]] = []
 
-    def walk(model: type[BaseModel], prefix: str, mark: str = "", skip: tuple[str, ...] = ()) -> None:
+    def walk(model: type[BaseModel], prefix: str, skip: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
+        found = []
         for name, field in model.model_fields.items():
             if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
-                walk(field.annotation, f"{prefix}{name}.")
+                found += walk(field.annotation, f"{prefix}{name}.")
             elif name not in skip:
-                text = allowed(field.annotation, field.metadata)
-                rows.append((f"{prefix}{field.alias or name}", text, f"{mark}{field.description}"))
+                found.append(
+                    (f"{prefix}{field.alias or name}", allowed(field.annotation, field.metadata), field.description)
+                )
+        return found
 
-    walk(Run, "", skip=("strategy",))
-    walk(StrategyConfig, "strategy.")
+    rows = walk(Run, "", skip=("strategy",)) + walk(StrategyConfig, "strategy.")
+    owners: dict[tuple[str, str, str], list[str]] = {}  # a strategy's key: the strategies that have it alike
     for member in strategies:
-        tag = get_args(member.model_fields["name"].annotation)[0]
-        walk(member, "strategy.", f"[strategy={tag}] ", skip=tuple(StrategyConfig.model_fields))
-    return rows
+        for row in walk(member, "strategy.", skip=tuple(StrategyConfig.model_fields)):
+            owners.setdefault(row, []).append(get_args(member.model_fields["name"].annotation)[0])
+    return rows + [
+        (key, text, f"[strategy={', '.join(names)}] {meaning}") for (key, text, meaning), names in owners.items()
+    ]
