@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import pytest
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from pydantic import Field
 from typing_extensions import override
 
+from psgd.command_line import command_line_problem
+from psgd.config import values_problem
 from psgd.strategies.contract import StrategyConfig
 from psgd.strategies.model_averaging import ModelAveragingStrategy
 
@@ -86,15 +88,10 @@ def with_this_module() -> dict[str, str]:
 
 
 def test_a_bad_value_of_its_own_key_is_psgds_one_line(strategy_dir):
-    proc = run_cli(
-        "train.py",
-        f"hydra.searchpath=[file://{strategy_dir}]",
-        "strategy=independent",
-        "strategy.digits=9",
-        env=with_this_module(),
-    )
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == "psgd: error: strategy.digits=9 is invalid: Input should be less than or equal to 6"
+    """As train.py judges its command line before it starts anything (psgd.command_line)."""
+    argv = [f"hydra.searchpath=[file://{strategy_dir}]", "strategy=independent", "strategy.digits=9"]
+    problem = command_line_problem("train", argv, ROOT / "conf", job_check=lambda jobs: values_problem(jobs, False))
+    assert problem == "strategy.digits=9 is invalid: Input should be less than or equal to 6"
 
 
 def test_a_strategy_from_outside_psgd_trains_records_and_reports(strategy_dir, tiny_data, tmp_path):

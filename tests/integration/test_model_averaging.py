@@ -405,7 +405,7 @@ def test_diloco_ends_a_partial_round_with_an_outer_step(tiny_data, tmp_path):
     settings = ["workers=2", "trainer.max_epochs=1", "strategy=diloco", "strategy.period=3", *PLAIN, *TINY]
     settings += ["strategy.save_replicas=true", "checkpoint_every_epoch=true", f"data.root={tiny_data}"]
     m = train(compose_cfg(*settings), tmp_path / "run")
-    assert m["periodic_averagings"] == 2
+    assert (m["strategy"], m["outer_optimizer"], m["periodic_averagings"]) == ("diloco", "SGD", 2)  # its own name
     saved = torch.load(tmp_path / "run" / "checkpoints" / "epoch0.ckpt", weights_only=True)["psgd_outer"]
     replicas = [torch.load(tmp_path / "run" / "replicas" / f"rank{r}.pt", weights_only=True) for r in range(2)]
     final = weights(tmp_path / "run")
