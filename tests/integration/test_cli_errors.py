@@ -308,7 +308,11 @@ def test_help_says_what_the_script_does_and_a_closed_pipe_ends_it_quietly(script
         ),
         (["workers=3"], "psgd: error: workers=3 trainer.num_nodes=1 do not match torchrun's 2 processes per node"),
         # found as the run reads its files (a checkpoint, the dataset): every worker read them, and each said it
-        (["workers=2", "init_weights=nowhere"], "psgd: error: init_weights='nowhere' is invalid: no checkpoint at"),
+        pytest.param(  # ~13 s: as the dataset's line (slow too) and the counts' above, once per machine
+            ["workers=2", "init_weights=nowhere"],
+            "psgd: error: init_weights='nowhere' is invalid: no checkpoint at",
+            marks=pytest.mark.slow,
+        ),
         pytest.param(
             ["workers=2", "data.root=nowhere", "data.download=false"],
             "psgd: error: dataset mnist not found or unreadable under ",

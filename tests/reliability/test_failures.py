@@ -587,6 +587,7 @@ def test_ddp_resume_ends_with_the_same_weights_as_an_uninterrupted_run(tiny_data
     assert json.loads((resumed / "metrics.json").read_text())["epochs"] == 2
 
 
+@pytest.mark.slow  # ~15 s: two train.py runs; each check is a unit test (tests/unit/test_resume.py)
 def test_a_resume_that_would_not_follow_the_command_line_is_one_line(tiny_data, tmp_path):
     # the checks themselves (another model, a file that is not a checkpoint, another schedule or
     # worker count) are unit tests in tests/unit/test_resume.py; here one of them, end to end
