@@ -107,7 +107,7 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
         all_callbacks = build_callbacks(run, plan, module, run_dir, info) + list(callbacks)
         trainer = build_trainer(run, plan, strategy, all_callbacks, run_dir)
         info["precision"] = str(trainer.precision)  # as Lightning runs it (RunRecorder holds `info`)
-        fit(run, plan, trainer, module, datamodule, ckpt_path, run_dir)
+        fit(run, plan, trainer, module, datamodule, ckpt_path, run_dir, info)
         return finish_run(run, plan, trainer, module, datamodule, run_dir)
 
 
@@ -242,8 +242,10 @@ def fit(
     datamodule: ClassificationData,
     ckpt_path: str | None,
     run_dir: Path,
+    info: dict[str, Any],
 ) -> None:
-    """trainer.fit, SIGTERM stopping it as Ctrl-C does; a run that stops is marked as psgd.stopped says."""
+    """trainer.fit, SIGTERM stopping it as Ctrl-C does; a run that stops is marked as psgd.stopped says (a record
+    made from `info`, run_info's, where no worker had written one)."""
     launcher = plan.launcher == "psgd"
     try:
         if plan.launcher == "torchrun":  # where Lightning would make it, inside fit: same failure handling
@@ -262,7 +264,7 @@ def fit(
             if gone is not None:  # not an interrupt, not this worker's own failure: psgd.cli reports it
                 raise gone from e
         if launcher or trainer.global_rank == 0:  # torchrun / srun: each worker gets here, one says so
-            mark_stopped(run_dir, e, launched=launcher)
+            mark_stopped(run_dir, e, launched=launcher, info=info)
         exit_if_interrupted(e)
         refused = lightning_refusal(e)
         if refused:

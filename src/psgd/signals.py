@@ -198,10 +198,11 @@ def ignore_sigterm() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def wind_down_children(grace: float = 10.0, timeout: float = 60.0) -> list[int]:
+def wind_down_children(grace: float = 0.1, timeout: float = 60.0) -> list[int]:
     """Wait up to `grace` s for this process's multiprocessing children to end (a Ctrl-C from a terminal reached
-    them too), then send SIGTERM to those left (`kill -INT` or an IDE's stop button signalled this process alone;
-    a launched worker ends at once on it), wait up to `timeout` s more, then kill (and return) any still left."""
+    them too, and a launched worker ends at once on it), then send SIGTERM to those left (`kill -INT` or an IDE's
+    stop button signalled this process alone: they would train on), wait up to `timeout` s more (a worker hung in
+    a system call), then kill (and return) any still left."""
     children, deadline = multiprocessing.active_children(), time.monotonic() + grace
     for child in children:
         child.join(max(0.0, deadline - time.monotonic()))

@@ -74,9 +74,11 @@ def torchrun_worker_gone(e: BaseException, run_dir: Path) -> WorkerGone | None:
     return WorkerGone(gone, survivors, run_dir, oom_kills_since(torchrun.oom_kills_at_mark))
 
 
-def mark_stopped(run_dir: Path, e: BaseException, launched: bool = False) -> None:
+def mark_stopped(run_dir: Path, e: BaseException, launched: bool = False, info: dict[str, Any] | None = None) -> None:
     """Mark a run that `e` stopped: interrupted (Ctrl-C, SIGTERM: one line says so) or failed, its finished
-    epochs kept. `launched`: psgd's launcher started the run's workers, this process's children."""
+    epochs kept. `launched`: psgd's launcher started the run's workers, this process's children. `info`: what
+    metrics.json says of the run (run_info's), for the record of an interrupt where none was written yet (its
+    workers were starting)."""
     interrupted = isinstance(e, KeyboardInterrupt | SystemExit)  # Lightning turns Ctrl-C into exit(1)
     if interrupted:
         # the workers got the signal too (psgd.signals): let them end before this write, none left behind
@@ -86,7 +88,10 @@ def mark_stopped(run_dir: Path, e: BaseException, launched: bool = False) -> Non
     # every worker has stopped by now, so nothing races this write
     record = None
     with suppress(OSError):  # best effort: on a full disk the mark cannot be written, and `e` is what to report
-        record = mark_status(run_dir / "metrics.json", "interrupted" if interrupted else "failed")
+        status, path = "interrupted" if interrupted else "failed", run_dir / "metrics.json"
+        record = mark_status(path, status)
+        if record is None and info is not None and interrupted:  # (a failure says so in cli's own record)
+            record = mark_status(path, status, create=True, **info, epochs=0, history=[])
     if interrupted:
         how = f" ({signals.received})" if signals.received else ""
         finished = (record or {}).get("epochs", 0)
