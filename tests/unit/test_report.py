@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from psgd.process import this_process
-from psgd.report import comm_label, main, plot_lines, straggler_lines, write_report
+from psgd.report import comm_label, comm_points, curves, main, plot_lines, straggler_lines, write_report
 from psgd.strategies.records import sync_summary
 from psgd.sweep import LAST, SweepReport, progress_line, sweep_lengths
 
@@ -264,24 +264,61 @@ def test_a_model_averaging_jobs_line_gives_the_workers_own_accuracy_beside_the_a
 
 
 def test_each_job_says_the_mb_its_workers_sent_and_one_plot_puts_accuracy_against_them(tmp_path):
-    """DDP, compressed DDP and local SGD at several periods on one picture; HogWild (nothing sent) off it."""
+    """DDP, compressed DDP and local SGD at several periods on one picture, HogWild (nothing sent) at 0 MB: every
+    run is on it (0-byte runs fell off its log axis without a word), and a point on another's place is a larger
+    ring around it (bf16 hid under fp16)."""
     jobs = [
         ("ddp", {"compression": "none"}, [8e6, 8e6], 0.99),
         ("ddp", {"compression": "topk"}, [1.6e5, 1.6e5], 0.97),
         ("model_averaging", {"period": 8}, [1e6, 1e6], 0.98),
         ("model_averaging", {"period": None}, [2e5, 2e5], 0.9),
         ("hogwild", {}, [0, 0], 0.98),
+        ("ddp", {"compression": "fp16"}, [4e6, 4e6], 0.985),
+        ("ddp", {"compression": "bf16"}, [4e6, 4e6], 0.9851),
     ]
     for num, (strategy, extra, sent, acc) in enumerate(jobs):
         job = done(strategy, 2, 10.0, acc, comm_bytes=sent, **extra)
         make_job(tmp_path, num, {"strategy": strategy, "workers": 2}, job, workers=2)
     report = write_report(tmp_path)
-    assert [r["comm_mb"] for r in read_csv(tmp_path / "report.csv")] == ["8.0", "0.16", "1.0", "0.2", "0.0"]
+    assert [r["comm_mb"] for r in read_csv(tmp_path / "report.csv")] == [
+        "8.0",
+        "0.16",
+        "1.0",
+        "0.2",
+        "0.0",
+        "4.0",
+        "4.0",
+    ]
     assert (tmp_path / "accuracy_vs_comm.png") in report.plots
     assert (tmp_path / "accuracy_vs_comm.png").read_bytes()[:8] == PNG_MAGIC
     labels = [comm_label(j) for j in report.jobs]
     assert labels[:4] == ["ddp none x2", "ddp topk x2", "model_averaging period=8 x2", "model_averaging one-shot x2"]
+    points = comm_points(report.jobs)
+    assert [(label, mb, under) for mb, _, label, under in points] == [
+        ("ddp none x2", 8.0, 0),
+        ("ddp topk x2", 0.16, 0),
+        ("model_averaging period=8 x2", 1.0, 0),
+        ("model_averaging one-shot x2", 0.2, 0),
+        ("hogwild x2", 0.0, 0),
+        ("ddp fp16 x2", 4.0, 0),
+        ("ddp bf16 x2", 4.0, 1),  # on fp16's place: drawn around it
+    ]
     assert "| comm_mb |" in (tmp_path / "report.md").read_text()
+
+
+def test_each_jobs_learning_curves_are_plotted_against_time_and_mb_sent(tmp_path):
+    history = [
+        {"epoch": 1, "samples": 100, "time": 2.0, "val_acc": 0.9, "comm_bytes": [1e6, 3e6]},
+        {"epoch": 2, "samples": 100, "time": 4.5, "val_acc": None, "comm_bytes": [1e6, 1e6]},  # not validated
+        {"epoch": 3, "samples": 100, "time": 6.0, "val_acc": 0.95, "comm_bytes": [1e6, 1e6]},
+    ]
+    make_job(tmp_path, 0, {"workers": 2}, done("ddp", 2, 6.0, 0.95, history=history, compression="none"), workers=2)
+    make_job(tmp_path, 1, {"workers": 1}, done("ddp", 1, 9.0, 0.96, history=[{"samples": 100, "time": 9.0}]))
+    report = write_report(tmp_path)
+    assert curves(report.jobs[0]) == ([2.0, 6.0], [2.0, 4.0], [0.9, 0.95])  # each worker's mean MB, cumulated
+    assert curves(report.jobs[1]) == ([], [], [])  # never validated: no line
+    for name in ("curves_time.png", "curves_comm.png"):
+        assert (tmp_path / name) in report.plots and (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
 
 
 def test_a_sweep_over_stragglers_plots_time_to_target_against_the_slowest_factor_a_line_per_strategy(tmp_path):
