@@ -358,3 +358,13 @@ def test_each_compression_trains_two_real_workers_and_counts_what_they_sent(tiny
         assert m["comm_bytes"][0] < full / 2
     if compression in ("sign", "qsgd"):  # gloo carries the quantised values as fp32
         assert m["comm_sent_bytes"] == [full] * 2
+
+
+def test_a_run_too_short_for_powersgd_says_it_runs_as_plain_ddp(tiny_data, tmp_path):
+    """PowerSGD all-reduces plainly for its first strategy.powersgd_start_step steps: a run that ends before
+    then is plain DDP, and says so at its start (it did without a word)."""
+    over = ["strategy.ddp_for_one_worker=true", "strategy.compression=powersgd", "trainer.max_steps=3", *TINY]
+    proc = run_cli("train.py", f"data.root={tiny_data}", f"hydra.run.dir={tmp_path / 'run'}", *over)
+    assert proc.returncode == 0, proc.stderr
+    said = "psgd: strategy.compression=powersgd compresses from step 10 (strategy.powersgd_start_step) and this run "
+    assert f"{said}takes 3: it runs as plain DDP" in proc.stdout.splitlines()

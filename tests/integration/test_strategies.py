@@ -36,6 +36,9 @@ def test_one_worker_gives_the_plain_runs_weights(plain, tiny_data, tmp_path, str
     weights = final_weights(tmp_path / "run", tiny_data, f"strategy={strategy}")
     assert weights.keys() == plain.keys()
     assert all(torch.equal(weights[k], plain[k]) for k in plain)
+    m = metrics(tmp_path / "run")
+    assert (m["comm_bytes"], m["comm_calls"]) == ([0], [0])  # one worker exchanges nothing (it said 0.85 MB)
+    assert not (tmp_path / "run" / "train.log").exists()  # Hydra's job log was made, and stayed empty
 
 
 @pytest.mark.slow  # ~1.5 min: three 2-worker runs that each compile the network in every worker

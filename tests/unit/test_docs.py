@@ -142,3 +142,11 @@ def test_a_broken_link_is_named(tmp_path):
         "page.md: there.md#elsewhere (no heading #elsewhere in there.md)",
         "page.md: missing.png (no such file)",
     ]
+
+
+def test_the_readme_sets_a_laptop_up_without_cuda_and_starts_with_a_short_run():
+    """pip's default torch brings CUDA (a 5.7 GB environment): the README gives torch's CPU index too, and a first
+    run of one epoch before the default's eight."""
+    setup = (ROOT / "README.md").read_text().split("## Setup", 1)[1].split("\n## ", 1)[0]
+    assert "pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu" in setup
+    assert "python train.py trainer.max_epochs=1" in setup

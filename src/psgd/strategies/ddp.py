@@ -28,6 +28,7 @@ from torch.futures import Future
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from psgd.choices import COMPRESSION_KEYS
 from psgd.strategies.compression import STATEFUL, Compressor, build_compressor
 from psgd.strategies.lightning_internals import FirstFailureLaunch, without_per_step_collectives
 from psgd.strategies.records import Reports
@@ -72,6 +73,18 @@ class TimesAllReduce:
             self.compressor.load_state_dict(move_data_to_device(self._compressor_state, self.root_device))
         self.allreduce_timed = self.root_device.type == "cpu"
         self.model.register_comm_hook(None, self._exchange)
+
+    def on_train_start(self) -> None:
+        """Say where the run is too short for its compression: PowerSGD all-reduces plainly for its first steps."""
+        super().on_train_start()
+        start = self.compression_options.get("powersgd_start_step") or COMPRESSION_KEYS["powersgd_start_step"][1]
+        steps = self.lightning_module.trainer.estimated_stepping_batches
+        if self.compression == "powersgd" and self.is_global_zero and steps < start:
+            print(
+                f"psgd: strategy.compression=powersgd compresses from step {start} (strategy.powersgd_start_step) and "
+                f"this run takes {steps}: it runs as plain DDP",
+                flush=True,
+            )
 
     def _exchange(self, state: Any, bucket: dist.GradBucket) -> Future[torch.Tensor]:
         """The compressor's hook, its bucket's launch and completion clocked on CPU (the completion in the future

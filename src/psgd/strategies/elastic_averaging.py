@@ -66,7 +66,7 @@ class ElasticAveragingStrategy(ModelAveragingStrategy):
             for x, centre, x_bar in zip(params, self.centre, mean, strict=True):
                 x.sub_(self.alpha * (x - centre))  # x_i <- x_i - α (x_i - x̃), with the x̃ before its move
                 centre.add_(self.world_size * self.alpha * (x_bar - centre))
-        self._comm = [self._comm[0] + sent, self._comm[1] + 1]
+        self._comm = [self._comm[0] + sent, self._comm[1] + int(sent > 0)]
 
     @override
     def _finish(self) -> None:

@@ -49,12 +49,12 @@ OUTER_KEY = "psgd_outer"  # a checkpoint's θ_g and outer optimizer state
 
 def average_tensors(tensors: list[Tensor], group: dist.ProcessGroup | None = None) -> int:
     """All-reduce-average `tensors` in place across `group` (None: all workers), in one flat buffer; returns the
-    bytes this worker handed to the all-reduce (0 for no tensor: no collective).
+    bytes this worker handed to the all-reduce (0 for no tensor or one worker: no collective).
 
     Keeps each tensor's memory format (torch's `average_parameters` rebinds `.data` and drops
     channels_last). Integer tensors must not be passed.
     """
-    if not tensors:
+    if not tensors or dist.get_world_size(group) == 1:  # one worker: the average is its own, nothing is sent
         return 0
     flat = torch.cat(
         [t.detach().reshape(-1).to(torch.float64 if t.dtype == torch.float64 else torch.float32) for t in tensors]
@@ -183,7 +183,8 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, Workers):
         sent = average_tensors(tensors, group)
         calls = int(sent > 0)
         if outer:
-            sent, calls = sent + self._outer_step(final), calls + 1
+            outer_sent = self._outer_step(final)
+            sent, calls = sent + outer_sent, calls + int(outer_sent > 0)
         self._comm = [self._comm[0] + sent, self._comm[1] + calls]
 
     @override
