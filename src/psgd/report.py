@@ -418,9 +418,8 @@ def write_plots(sweep_dir: Path, summary: list[dict]) -> list[Path]:
 
 
 def comm_points(jobs: list[Job]) -> list[tuple[float, float, str, int]]:
-    """accuracy_vs_comm.png's points: each completed job's (MB each worker sent, test accuracy, comm_label, its
-    rank among the points before it at the same place), 0 MB ones too (one worker, HogWild). A point on another's
-    place (within 2 % of its MB and 0.002 of its accuracy) is drawn as a larger ring around it, so none hides."""
+    """accuracy_vs_comm.png's points, 0 MB too: each completed job's (MB each worker sent, test accuracy, comm_label,
+    how many points before it are at its place: within 2 % of its MB, 0.002 of its accuracy; drawn larger)."""
     points: list[tuple[float, float, str, int]] = []
     for job in jobs:
         mb, acc = comm_mb(job), job.get("test_acc")
@@ -432,9 +431,8 @@ def comm_points(jobs: list[Job]) -> list[tuple[float, float, str, int]]:
 
 
 def write_comm_plot(sweep_dir: Path, jobs: list[Job]) -> Path | None:
-    """accuracy_vs_comm.png: each completed job's test accuracy against the MB each worker sent (comm_points; a
-    symmetric log scale, so that 0 MB sits at its left end), labelled (comm_label); None (and no file) for fewer
-    than two jobs."""
+    """accuracy_vs_comm.png: comm_points, test accuracy against MB sent on a symmetric log scale (linear below the
+    least sent: 0 MB at its left end), labelled (comm_label); None (and no file) for fewer than two jobs."""
     path = sweep_dir / "accuracy_vs_comm.png"
     path.unlink(missing_ok=True)
     points = comm_points(jobs)
@@ -444,14 +442,11 @@ def write_comm_plot(sweep_dir: Path, jobs: list[Job]) -> Path | None:
     from matplotlib.figure import Figure
 
     ax = (fig := Figure(figsize=(9, 4.5), layout="tight")).subplots()
-    markers = ["o", "s", "^", "D", "v", "P"]
-    kinds = list(dict.fromkeys(label.split()[0] for _, _, label, _ in points))  # a marker per strategy
-    colours = colormaps["tab20"]
-    for i, (mb, acc, label, under) in enumerate(points):
-        marker, size = markers[kinds.index(label.split()[0]) % len(markers)], 30 * (1 + 1.5 * under) ** 2
+    kinds, colours = list(dict.fromkeys(label.split()[0] for _, _, label, _ in points)), colormaps["tab20"]
+    for i, (mb, acc, label, under) in enumerate(points):  # a marker per strategy, a colour per job
+        marker, size = "osD^vP"[kinds.index(label.split()[0]) % 6], 30 * (1 + 1.5 * under) ** 2
         ax.scatter(mb, acc, s=size, marker=marker, facecolors="none", edgecolors=colours(i % 20), label=label)
-    smallest = min((mb for mb, *_ in points if mb > 0), default=1.0)
-    ax.set_xscale("symlog", linthresh=smallest)  # linear below the smallest amount sent: 0 MB is on the axis
+    ax.set_xscale("symlog", linthresh=min((mb for mb, *_ in points if mb > 0), default=1.0))
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set(xlabel="MB sent per worker (payload; log scale, 0 at the left)", ylabel="test accuracy")
     ax.set(title="accuracy vs communication")
@@ -459,47 +454,6 @@ def write_comm_plot(sweep_dir: Path, jobs: list[Job]) -> Path | None:
     with atomic_file(path, "wb") as f:
         fig.savefig(f, format="png", dpi=100)
     return path
-
-
-def curves(job: Job) -> tuple[list[float], list[float], list[float]]:
-    """A job's learning curve from its history: the training time (s) and the MB each worker had sent (their
-    mean) at the end of each validated epoch, and its validation accuracy there."""
-    times, mbs, accs, sent = [], [], [], 0.0
-    for h in job.get("history") or []:
-        sent += statistics.fmean(h["comm_bytes"]) / 1e6 if h.get("comm_bytes") else 0.0
-        if h.get("val_acc") is not None:
-            times.append(h["time"])
-            mbs.append(sent)
-            accs.append(h["val_acc"])
-    return times, mbs, accs
-
-
-def write_curves(sweep_dir: Path, jobs: list[Job]) -> list[Path]:
-    """curves_time.png and curves_comm.png: each job's validation accuracy against its training time and against
-    the MB each worker sent (curves), a line per job; none for a sweep without a validated epoch."""
-    paths = [sweep_dir / "curves_time.png", sweep_dir / "curves_comm.png"]
-    for path in paths:
-        path.unlink(missing_ok=True)
-    lines = [(f"{job['num']} {comm_label(job)}", *curves(job)) for job in jobs]
-    lines = [line for line in lines if line[1]]
-    if not lines:
-        return []
-    from matplotlib.figure import Figure
-
-    for path, x, xlabel, scale in zip(
-        paths, (1, 2), ("training time (s)", "MB sent per worker (log scale, 0 at the left)"), ("linear", "symlog")
-    ):
-        ax = (fig := Figure(figsize=(9, 4.5), layout="tight")).subplots()
-        for label, *xys in lines:
-            ax.plot(xys[x - 1], xys[2], marker="o", markersize=3, label=label)
-        if scale == "symlog":
-            ax.set_xscale("symlog", linthresh=min((m for _, _, ms, _ in lines for m in ms if m > 0), default=1.0))
-        ax.set(xlabel=xlabel, ylabel="validation accuracy", title=f"validation accuracy vs {xlabel.split(' (')[0]}")
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-        ax.grid(alpha=0.3, which="both")
-        with atomic_file(path, "wb") as f:
-            fig.savefig(f, format="png", dpi=100)
-    return paths
 
 
 def straggler_x(job: Job, key: str) -> float | None:
@@ -575,7 +529,6 @@ def write_report(sweep_dir: str | Path) -> Report:
     rows, summary = build_rows(jobs, swept)
     plots = write_plots(sweep_dir, summary)
     plots += [p for p in [write_comm_plot(sweep_dir, jobs), write_straggler_plot(sweep_dir, jobs, swept)] if p]
-    plots += write_curves(sweep_dir, [j for j in jobs if j["status"] == "completed"])
     not_started = max(0, planned - len(jobs))
     report = Report(sweep_dir, jobs, swept, rows, summary, plots, not_started)
     write_csv(sweep_dir / "report.csv", list(rows[0]), [list(r.values()) for r in rows])

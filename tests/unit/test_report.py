@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from psgd.process import this_process
-from psgd.report import comm_label, comm_points, curves, main, plot_lines, straggler_lines, write_report
+from psgd.report import comm_label, comm_points, main, plot_lines, straggler_lines, write_report
 from psgd.strategies.records import sync_summary
 from psgd.sweep import LAST, SweepReport, progress_line, sweep_lengths
 
@@ -304,21 +304,6 @@ def test_each_job_says_the_mb_its_workers_sent_and_one_plot_puts_accuracy_agains
         ("ddp bf16 x2", 4.0, 1),  # on fp16's place: drawn around it
     ]
     assert "| comm_mb |" in (tmp_path / "report.md").read_text()
-
-
-def test_each_jobs_learning_curves_are_plotted_against_time_and_mb_sent(tmp_path):
-    history = [
-        {"epoch": 1, "samples": 100, "time": 2.0, "val_acc": 0.9, "comm_bytes": [1e6, 3e6]},
-        {"epoch": 2, "samples": 100, "time": 4.5, "val_acc": None, "comm_bytes": [1e6, 1e6]},  # not validated
-        {"epoch": 3, "samples": 100, "time": 6.0, "val_acc": 0.95, "comm_bytes": [1e6, 1e6]},
-    ]
-    make_job(tmp_path, 0, {"workers": 2}, done("ddp", 2, 6.0, 0.95, history=history, compression="none"), workers=2)
-    make_job(tmp_path, 1, {"workers": 1}, done("ddp", 1, 9.0, 0.96, history=[{"samples": 100, "time": 9.0}]))
-    report = write_report(tmp_path)
-    assert curves(report.jobs[0]) == ([2.0, 6.0], [2.0, 4.0], [0.9, 0.95])  # each worker's mean MB, cumulated
-    assert curves(report.jobs[1]) == ([], [], [])  # never validated: no line
-    for name in ("curves_time.png", "curves_comm.png"):
-        assert (tmp_path / name) in report.plots and (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
 
 
 def test_a_sweep_over_stragglers_plots_time_to_target_against_the_slowest_factor_a_line_per_strategy(tmp_path):
