@@ -356,9 +356,11 @@ def describe(strategies: Iterable[type[StrategyConfig]]) -> list[tuple[str, str,
     def walk(model: type[BaseModel], prefix: str, skip: tuple[str, ...] = ()) -> list[tuple[str, str, str]]:
         found = []
         for name, field in model.model_fields.items():
+            if name in skip:
+                continue
             if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
                 found += walk(field.annotation, f"{prefix}{name}.")
-            elif name not in skip:
+            else:
                 found.append(
                     (f"{prefix}{field.alias or name}", allowed(field.annotation, field.metadata), field.description)
                 )
