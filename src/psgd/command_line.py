@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from psgd import forkserver, outputs, signals, sweep
-from psgd.config import Jobs, check_values, describe, sweep_values_problem, values_problem
+from psgd.config import Jobs, checked_runs, describe, sweep_values_problem
 from psgd.console import fail, in_the_job, other_torchrun_worker, text_lines
 from psgd.io import say
 
@@ -106,9 +106,10 @@ def exit_stopped(e: BaseException, sweeping: bool) -> None:
 def jobs_problem(jobs: Jobs, sweeping: bool) -> str | None:
     """psgd's checks of the composed jobs: those without torch first (then the fork server starts early);
     for a sweep also, with torch loaded, those of this machine and its datasets."""
-    if problem := values_problem(jobs, name_the_job=sweeping or len(jobs) > 1):
+    problem, runs = checked_runs(jobs, name_the_job=sweeping or len(jobs) > 1)
+    if problem:
         return problem
-    forkserver.start_early(jobs[0][1], [check_values(cfg) for _, cfg in jobs])
+    forkserver.start_early(jobs[0][1], runs)
     if not sweeping:
         return None
     load_training()

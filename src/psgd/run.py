@@ -33,7 +33,7 @@ from psgd.callbacks import (
     WorkerSetup,
 )
 from psgd.choices import INFO
-from psgd.config import ConfigError, DirInUse, Plan, Run, build_model, check, compile_mode, schedule
+from psgd.config import ConfigError, DirInUse, Plan, Run, build_model, check, compile_mode
 from psgd.console import first_worker, text_lines
 from psgd.data import ClassificationData
 from psgd.environment import cpu_count, device_description, versions
@@ -90,12 +90,12 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
         module = build_module(run, plan, net, image_size)
         with found_by_every_worker():
             datamodule.prepare_data()  # the data is read before any worker starts: a missing dataset fails here
-            datamodule.check_batches(plan.world_size)  # a worker without a batch fails here
+            datamodule.check_batches(run.world_size)  # a worker without a batch fails here
             datamodule.check_test_limit(run.trainer.limit_test_batches)
             # the weights of an earlier run to start from (a resume, ckpt_path, restores its own over them)
             started_from = init_weights(run.init_weights, module)
             ckpt_path = resolve_ckpt_path(
-                elastic_resume(run.ckpt_path, plan, run_dir), module, plan.world_size, run.strategy
+                elastic_resume(run.ckpt_path, plan, run_dir), module, run.world_size, run.strategy
             )
         if started_from and first_worker() and not run.quiet:
             print(f"psgd: starting from the weights in {started_from} (init_weights)", flush=True)
@@ -114,7 +114,7 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
 def micro_batches_per_update(run: Run, plan: Plan) -> int:
     """The micro-batches one optimizer update averages: every worker's where they keep in step (DDP), a worker's
     own otherwise."""
-    return (plan.world_size if run.strategy.lockstep else 1) * plan.accumulate_grad_batches
+    return (run.world_size if run.strategy.lockstep else 1) * plan.accumulate_grad_batches
 
 
 def build_module(run: Run, plan: Plan, net: nn.Module, image_size: int) -> Classifier:
@@ -127,14 +127,14 @@ def build_module(run: Run, plan: Plan, net: nn.Module, image_size: int) -> Class
         instantiate(run.optimizer.settings(), _convert_="all"),
         lr=scaled_lr(
             run.optimizer.lr,
-            plan.world_size,
+            run.world_size,
             run.lr_scaling,
             samples_per_update=samples_per_update,
             reference_batch=run.lr_reference_batch,
         ),
-        workers=plan.workers,
+        workers=run.workers_per_node,
         max_epochs=run.trainer.max_epochs,
-        scheduler=schedule(run.scheduler.model_dump()),  # scheduler=none: a constant lr
+        scheduler=run.scheduler.trained(),  # scheduler=none: a constant lr
         num_classes=info.num_classes,
         channels_last=run.channels_last,
         per_worker_metrics=not run.strategy.one_model,  # replicas differ: each evaluated
@@ -149,24 +149,23 @@ def run_info(
     run: Run, plan: Plan, strategy: Any, module: Classifier, started_from: str | None, ckpt_path: str | None
 ) -> dict[str, Any]:
     """What metrics.json says of how the run ran (docs/outputs.md); its settings are in .hydra/config.yaml."""
-    world_size = plan.world_size
     if isinstance(strategy, str):
         lightning_strategy = strategy
     else:  # ReportsFirstFailure is Lightning's DDPStrategy, naming the worker that failed first
         lightning_strategy = "DDPStrategy" if type(strategy) is ReportsFirstFailure else type(strategy).__name__
     return {
         "strategy": run.strategy.name,
-        "workers": plan.workers,
-        "world_size": world_size,
+        "workers": run.workers_per_node,
+        "world_size": run.world_size,
         "num_nodes": run.trainer.num_nodes,
         "threads_per_worker": plan.threads_per_worker,
         "launcher": plan.launcher,
         # how psgd started the worker processes (null: it started none, one worker or torchrun / srun)
-        "start_method": plan.start_method if plan.launcher == "psgd" and world_size > 1 else None,
+        "start_method": plan.start_method if plan.launcher == "psgd" and run.world_size > 1 else None,
         "lightning_strategy": lightning_strategy,
         "partition": run.data.partition,
         **run.strategy.record(),
-        "stragglers": run.stragglers.model_dump() if simulated(run.stragglers.model_dump()) else None,
+        "stragglers": stragglers if simulated(stragglers := run.stragglers.model_dump()) else None,
         "precision": None,  # as Lightning runs it (16-mixed on CPU runs as bf16-mixed): set once it is known
         "parallel_batches": micro_batches_per_update(run, plan),
         "lr": module.hparams["lr"],
@@ -216,7 +215,7 @@ def build_trainer(run: Run, plan: Plan, strategy: Any, callbacks: list[L.Callbac
     plugins = settings.pop("plugins", [])
     settings.update(
         accelerator=plan.accelerator,
-        devices=plan.workers,
+        devices=run.workers_per_node,
         accumulate_grad_batches=plan.accumulate_grad_batches,
         plugins=[*(plugins if isinstance(plugins, list) else [plugins]), AtomicCheckpointIO()],
     )

@@ -19,7 +19,7 @@ from pydantic import Field
 from typing_extensions import override
 
 from psgd.command_line import command_line_problem
-from psgd.config import values_problem
+from psgd.config import checked_runs
 from psgd.strategies.contract import StrategyConfig
 from psgd.strategies.model_averaging import ModelAveragingStrategy
 
@@ -90,7 +90,7 @@ def with_this_module() -> dict[str, str]:
 def test_a_bad_value_of_its_own_key_is_psgds_one_line(strategy_dir):
     """As train.py judges its command line before it starts anything (psgd.command_line)."""
     argv = [f"hydra.searchpath=[file://{strategy_dir}]", "strategy=independent", "strategy.digits=9"]
-    problem = command_line_problem("train", argv, ROOT / "conf", job_check=lambda jobs: values_problem(jobs, False))
+    problem = command_line_problem("train", argv, ROOT / "conf", job_check=lambda jobs: checked_runs(jobs, False)[0])
     assert problem == "strategy.digits=9 is invalid: Input should be less than or equal to 6"
 
 

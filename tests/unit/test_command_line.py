@@ -72,9 +72,9 @@ def test_a_model_or_optimizer_argument_may_be_removed_or_added(argv):
 
 
 def test_a_setting_removed_is_one_line():
-    from psgd.config import values_problem
+    from psgd.config import checked_runs
 
-    problem = command_line_problem("train", ["~workers"], CONF, job_check=lambda jobs: values_problem(jobs, False))
+    problem = command_line_problem("train", ["~workers"], CONF, job_check=lambda jobs: checked_runs(jobs, False)[0])
     assert problem == "workers is missing"
 
 
@@ -205,7 +205,7 @@ def test_a_dir_holding_an_earlier_runs_results_is_refused_before_hydra_writes_in
 
 
 def test_a_value_psgd_refuses_in_any_job_of_a_sweep_is_one_line_before_any_job_runs(tmp_path, monkeypatch):
-    from psgd.config import sweep_values_problem, values_problem
+    from psgd.config import checked_runs, sweep_values_problem
 
     line = ["-m", "optimizer.lr=0.1,-1", "workers=1,2", "seed=3"]
     assert command_line_problem("sweep", line, CONF, job_check=sweep_values_problem) == (
@@ -256,7 +256,7 @@ def test_a_value_psgd_refuses_in_any_job_of_a_sweep_is_one_line_before_any_job_r
     (tmp_path / "srun").chmod(0o755)
     assert command_line_problem("sweep", slurm, CONF, job_check=sweep_values_problem) is None
     # ... but a value that means the same on any machine is found here, before any job is submitted
-    assert command_line_problem("sweep", slurm, CONF, job_check=lambda jobs: values_problem(jobs, True)) == (
+    assert command_line_problem("sweep", slurm, CONF, job_check=lambda jobs: checked_runs(jobs, True)[0]) == (
         "optimizer.lr=-1 is invalid: Input should be greater than 0 (in the job optimizer.lr=-1; no job was started)"
     )
 

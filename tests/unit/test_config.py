@@ -25,7 +25,7 @@ def test_every_config_group_choice_composes_and_checks(group, choice):
     if group == "model" and choice in ("singa_cnn", "mlp"):
         cfg.data.name = "mnist"
     plan = check(cfg)
-    assert plan.workers >= 1 and plan.threads_per_worker >= 1
+    assert plan.run.workers_per_node >= 1 and plan.threads_per_worker >= 1
 
 
 def test_the_default_config_is_the_lab_cnn_on_mnist_with_one_worker():
@@ -34,8 +34,8 @@ def test_the_default_config_is_the_lab_cnn_on_mnist_with_one_worker():
 
 
 def test_devices_follow_workers_unless_set():
-    assert check(compose_cfg("workers=3")).workers == 3
-    assert check(compose_cfg("trainer.devices=4")).workers == 4
+    assert check(compose_cfg("workers=3")).run.workers_per_node == 3
+    assert check(compose_cfg("trainer.devices=4")).run.workers_per_node == 4
     with pytest.raises(ConfigError, match="disagree"):
         check(compose_cfg("workers=2", "trainer.devices=4"))
 
@@ -54,7 +54,7 @@ def test_more_workers_than_visible_gpus_is_one_line_naming_the_key(monkeypatch, 
     that set them; one worker is fine. (tests/integration/test_gpu.py runs it on a real GPU.)"""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert check(compose_cfg("trainer.accelerator=gpu", f"{key}=1")).workers == 1
+    assert check(compose_cfg("trainer.accelerator=gpu", f"{key}=1")).run.workers_per_node == 1
     with pytest.raises(ConfigError) as e:
         check(compose_cfg("trainer.accelerator=gpu", f"{key}=2"))
     assert str(e.value).startswith(f"{key}=2 is invalid on GPU: 1 CUDA device visible")

@@ -29,7 +29,7 @@ def test_every_documented_command_passes(capsys):
     sweep is composed and checked by the slow test below.)"""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from psgd.config import values_problem
+    from psgd.config import checked_runs
 
     commands = documented_commands()
     assert commands, "no python train.py / sweep.py command found in the documentation"
@@ -38,7 +38,7 @@ def test_every_documented_command_passes(capsys):
             assert command_line_problem(script, argv, CONF) is None, f"python {script}.py {' '.join(argv)}"
             # and warns of nothing: a documented example whose setting changes nothing (scheduler=warmup on one
             # worker, a constant lr) shows the reader what does not happen
-            assert command_line_problem(script, argv, CONF, job_check=lambda jobs: values_problem(jobs, True)) is None
+            assert command_line_problem(script, argv, CONF, job_check=lambda jobs: checked_runs(jobs, True)[0]) is None
             assert capsys.readouterr().err == "", f"python {script}.py {' '.join(argv)}"
         else:
             OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])  # flags: Hydra's
@@ -48,7 +48,7 @@ def test_every_documented_command_passes(capsys):
 def test_every_documented_sweep_passes_psgds_value_checks(tmp_path, monkeypatch, capsys):
     import torch
 
-    from psgd.config import sweep_values_problem, values_problem
+    from psgd.config import checked_runs, sweep_values_problem
 
     (tmp_path / "srun").write_text("#!/bin/sh\n")  # the SLURM sweeps, as on a SLURM login node
     (tmp_path / "srun").chmod(0o755)
@@ -59,7 +59,7 @@ def test_every_documented_sweep_passes_psgds_value_checks(tmp_path, monkeypatch,
         if "trainer.accelerator=gpu" in argv and not torch.cuda.is_available():
             continue
         assert command_line_problem("sweep", argv, CONF, job_check=sweep_values_problem) is None, " ".join(argv)
-        assert command_line_problem("sweep", argv, CONF, job_check=lambda jobs: values_problem(jobs, True)) is None
+        assert command_line_problem("sweep", argv, CONF, job_check=lambda jobs: checked_runs(jobs, True)[0]) is None
         assert capsys.readouterr().err == "", " ".join(argv)  # no setting of it changes nothing
 
 

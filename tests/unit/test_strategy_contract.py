@@ -106,7 +106,7 @@ def test_every_strategy_is_a_name_lightning_knows():
     import psgd.strategies.registry  # noqa: F401  registers psgd's
 
     for cls in BUILTIN:
-        (name,) = cls.model_fields["name"].annotation.__args__
+        name = cls.declared_name()
         assert name in StrategyRegistry or name == "ddp", name  # ddp is Lightning's own
     trainer = L.Trainer(strategy="diloco", accelerator="cpu", devices=2, logger=False, enable_progress_bar=False)
     assert (trainer.strategy.period, trainer.strategy.outer_factory.keywords) == (

@@ -10,10 +10,10 @@ from psgd.config.rules import (
     Jobs,
     check,
     check_values,
+    checked_runs,
     checkpoint_file,
     resolve_start_method,
     sweep_values_problem,
-    values_problem,
 )
 from psgd.config.schema import Plan, Run, compile_mode, schedule
 from psgd.config.targets import build_model
@@ -37,11 +37,11 @@ __all__ = [
     "build_model",
     "check",
     "check_values",
+    "checked_runs",
     "checkpoint_file",
     "compile_mode",
     "describe",
     "resolve_start_method",
     "schedule",
     "sweep_values_problem",
-    "values_problem",
 ]

@@ -1,7 +1,7 @@
 """The checks a key's own schema cannot make, each problem one ConfigError line: rules that join keys where a
 run would crash or hang (`check_values`: no torch, the scripts run it before it loads), at the start of every
 job what depends on the machine: accelerator, launcher, the classes and checkpoints named (`check`), and a
-command line's jobs judged before any starts (`values_problem`, `sweep_values_problem`).
+command line's jobs judged before any starts (`checked_runs`, `sweep_values_problem`).
 """
 
 import contextlib
@@ -12,12 +12,13 @@ import shutil
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from psgd import forkserver
 from psgd.choices import INFO
-from psgd.config.schema import Data, Plan, Run, Stragglers, schedule, validate
+from psgd.config.schema import Data, Plan, Run, Stragglers, validate
 from psgd.config.targets import check_targets
 from psgd.console import in_the_job
 from psgd.environment import cpu_count
@@ -33,9 +34,9 @@ GIVE = {
 }
 
 
-def resolve_workers(cfg: DictConfig) -> None:
+def resolve_workers(run: Run) -> None:
     """`workers` is the knob; `trainer.devices` follows it unless set (then it wins if workers is 1)."""
-    workers, devices = cfg.workers, cfg.trainer.devices
+    workers, devices = run.workers, run.trainer.devices
     if devices is not None and workers not in (1, devices):
         raise ConfigError(f"workers={workers} and trainer.devices={devices} disagree: set only one of them")
 
@@ -114,7 +115,7 @@ def check_values(cfg: DictConfig) -> Run:
     run = validate(cfg)
     resolve_workers(run)
     epochs = run.trainer.max_epochs
-    warmup = schedule(run.scheduler.model_dump())["warmup_epochs"]
+    warmup = run.scheduler.trained()["warmup_epochs"]
     if warmup > epochs and not run.trainer.fast_dev_run:  # the lr would never reach optimizer.lr
         raise ConfigError(
             f"scheduler.warmup_epochs={warmup:g} is invalid with trainer.max_epochs={epochs}: the warm-up would not "
@@ -231,8 +232,6 @@ def check(cfg: DictConfig) -> Plan:
         check_gpu_count(workers, "workers" if run.trainer.devices is None else "trainer.devices")
     return Plan(
         run=run,
-        workers=workers,
-        world_size=run.world_size,
         threads_per_worker=run.threads_per_worker or max(1, cpu_count() // workers),
         accelerator=accelerator,
         accumulate_grad_batches=resolve_accumulation(run),
@@ -255,9 +254,10 @@ def check_gpu_count(workers: int, key: str) -> None:
         )
 
 
-def values_problem(jobs: Jobs, name_the_job: bool) -> str | None:
+def checked_runs(jobs: Jobs, name_the_job: bool) -> tuple[str | None, list[Run]]:
     """The line of the first job's value `check_values` refuses (a value means the same on any machine), or
-    None: the scripts' check before torch loads. `name_the_job`: add which job of a sweep it is."""
+    None: the scripts' check before torch loads; and the typed runs of the jobs it passed. `name_the_job`: add
+    which job of a sweep it is."""
     return _first_problem(jobs, check_values, name_the_job)
 
 
@@ -275,16 +275,18 @@ def sweep_values_problem(jobs: Jobs) -> str | None:
         )
     if not forkserver.runs_jobs_here(jobs[0][1]):
         return None
-    return _first_problem(jobs, check, name_the_job=True)
+    return _first_problem(jobs, check, name_the_job=True)[0]
 
 
-def _first_problem(jobs: Jobs, judge: Callable[[DictConfig], object], name_the_job: bool) -> str | None:
+def _first_problem(jobs: Jobs, judge: Callable[[DictConfig], Any], name_the_job: bool) -> tuple[str | None, list]:
+    """The line of the first job `judge` refuses (or None), and what it returned for each job it passed."""
+    passed = []
     for job, cfg in jobs:
         try:
             with contextlib.redirect_stderr(io.StringIO()):  # a warning: each job prints its own as it starts
-                judge(cfg)
+                passed.append(judge(cfg))
         except ConfigError as e:
-            return in_the_job(e, job, [j for j, _ in jobs]) if name_the_job else str(e)
+            return (in_the_job(e, job, [j for j, _ in jobs]) if name_the_job else str(e)), passed
         except Exception:  # anything else: left to the job, which reports it as its failure
             continue
-    return None
+    return None, passed

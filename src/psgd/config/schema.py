@@ -234,9 +234,7 @@ class Run(Group):
 class Plan:
     """What the config resolves to on this machine."""
 
-    run: Run  # the typed config
-    workers: int  # per node
-    world_size: int  # the workers of every node
+    run: Run  # the typed config (the workers per node and of every node: run.workers_per_node, run.world_size)
     threads_per_worker: int
     accelerator: str  # cpu or gpu
     accumulate_grad_batches: int = 1  # micro-batches each worker accumulates per update
@@ -291,14 +289,15 @@ def validate(cfg: DictConfig) -> Run:
         for k, v in cfg.items()
         if k != "hydra"  # Hydra's own node
     }
+    strategy = strategy_class(values.get("strategy"))
     try:
-        return run_model(strategy_class(values.get("strategy"))).model_validate(values)
+        return run_model(strategy).model_validate(values)
     except ValidationError as e:
-        raise ConfigError(refusal(e.errors(), values)) from None
+        raise ConfigError(refusal(e.errors(), values, strategy)) from None
 
 
-def refusal(errors: list[Any], values: dict[str, Any]) -> str:
-    """The line for pydantic's first error of `values`."""
+def refusal(errors: list[Any], values: dict[str, Any], strategy: type[StrategyConfig]) -> str:
+    """The line for pydantic's first error of `values`, whose strategy section `strategy` reads."""
     first, keys, value = errors[0], [], values
     for part in first["loc"]:  # a part that names no key of the input names a union's member
         if isinstance(value, dict) and part in value:
@@ -308,17 +307,15 @@ def refusal(errors: list[Any], values: dict[str, Any]) -> str:
     if first["type"] == "missing":
         return f"{key}.{first['loc'][-1]} is missing".lstrip(".")
     shown = "null" if value is None else repr(value)
+    name = strategy.declared_name()
     if first["type"] == "literal_error" and keys == ["strategy", "name"]:
-        chosen = values["strategy"]["_target_"]
-        own = next((name for name, cls in REGISTRY.items() if cls.__module__ + "." + cls.__name__ == chosen), chosen)
         use = f"; use strategy={value}" if value in REGISTRY else ""
         return (
-            f"strategy.name={shown} is invalid: the section is strategy={own}'s; a strategy is chosen by its config "
+            f"strategy.name={shown} is invalid: the section is strategy={name}'s; a strategy is chosen by its config "
             f"group{use}"
         )
     if first["type"] == "extra_forbidden" and keys[0] == "strategy":
-        name, own = values["strategy"].get("name"), keys[-1]
-        owners = [other for other, cls in REGISTRY.items() if own in cls.model_fields and other != name]
+        owners = [other for other, cls in REGISTRY.items() if keys[-1] in cls.model_fields and other != name]
         where = (
             f"it is a key of strategy={' and '.join(owners)}; use strategy={owners[0]}"
             if owners
@@ -370,7 +367,7 @@ def describe(strategies: Iterable[type[StrategyConfig]]) -> list[tuple[str, str,
     owners: dict[tuple[str, str, str], list[str]] = {}  # a strategy's key: the strategies that have it alike
     for member in strategies:
         for row in walk(member, "strategy.", skip=tuple(StrategyConfig.model_fields)):
-            owners.setdefault(row, []).append(get_args(member.model_fields["name"].annotation)[0])
+            owners.setdefault(row, []).append(member.declared_name())
     return rows + [
         (key, text, f"[strategy={', '.join(names)}] {meaning}") for (key, text, meaning), names in owners.items()
     ]

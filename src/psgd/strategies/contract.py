@@ -106,11 +106,16 @@ class StrategyConfig(Group, populate_by_name=True):
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
-        """Register each strategy under the name its `name` field allows (a Literal of one value)."""
+        """Register each strategy under its declared_name."""
         super().__pydantic_init_subclass__(**kwargs)
+        if name := cls.declared_name():
+            REGISTRY[name] = cls
+
+    @classmethod
+    def declared_name(cls) -> str | None:
+        """The name the class's `name` field allows (a Literal of one value); None for a base of strategies."""
         names = get_args(cls.model_fields["name"].annotation)
-        if len(names) == 1:
-            REGISTRY[names[0]] = cls
+        return names[0] if len(names) == 1 else None
 
     def refuse(self, run: "Run") -> None:
         """Raise ConfigError for a setting of `run` this strategy cannot train with, judged from the config alone

@@ -28,8 +28,7 @@ from torch.futures import Future
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from psgd.choices import COMPRESSION_KEYS
-from psgd.strategies.compression import STATEFUL, Compressor, build_compressor
+from psgd.strategies.compression import STATEFUL, Compressor, PowerSGD, build_compressor
 from psgd.strategies.lightning_internals import FirstFailureLaunch, without_per_step_collectives
 from psgd.strategies.records import Reports
 from psgd.strategies.workers import GroupEndsAtExit, over_workers
@@ -77,9 +76,10 @@ class TimesAllReduce:
     def on_train_start(self) -> None:
         """Say where the run is too short for its compression: PowerSGD all-reduces plainly for its first steps."""
         super().on_train_start()
-        start = self.compression_options.get("powersgd_start_step") or COMPRESSION_KEYS["powersgd_start_step"][1]
-        steps = self.lightning_module.trainer.estimated_stepping_batches
-        if self.compression == "powersgd" and self.is_global_zero and steps < start:
+        if not (isinstance(self.compressor, PowerSGD) and self.is_global_zero):
+            return
+        start, steps = self.compressor.start_step, self.lightning_module.trainer.estimated_stepping_batches
+        if steps < start:
             print(
                 f"psgd: strategy.compression=powersgd compresses from step {start} (strategy.powersgd_start_step) and "
                 f"this run takes {steps}: it runs as plain DDP",
