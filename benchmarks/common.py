@@ -105,7 +105,9 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
 
 
 def psgd_run(out: Path, overrides: list[str], args) -> dict:
-    cmd = [sys.executable, str(ROOT / "train.py"), f"data.root={args.data_root}", "quiet=true"]
+    """A train.py run into `out` on all the training samples, as the reference scripts train (data.val_split=0);
+    returns its metrics.json."""
+    cmd = [sys.executable, str(ROOT / "train.py"), f"data.root={args.data_root}", "data.val_split=0", "quiet=true"]
     run([*cmd, f"hydra.run.dir={out}", *overrides])
     return json.loads((out / "metrics.json").read_text())
 

@@ -140,11 +140,12 @@ def reference_ratios(samples: dict[str, list[float | None]]) -> list[dict]:
 
 
 def train_cfg(overrides=()):
-    """train.py's config (conf/train.yaml) composed with `overrides`, as a run of `python train.py ...` gets it."""
+    """train.py's config (conf/train.yaml) composed with `overrides`, as a run of `python train.py ...` gets it,
+    on all the training samples as the reference scripts (data.val_split=0)."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose(config_name="train", overrides=list(overrides))
+        return compose(config_name="train", overrides=["data.val_split=0", *overrides])
 
 
 # ---------------------------------------------------------------------------------------------- overhead

@@ -35,7 +35,9 @@ CASES = [
 @pytest.mark.parametrize("overrides,fragment", CASES, ids=[" ".join(getattr(c, "values", c)[0]) for c in CASES])
 def test_bad_value_is_one_line_and_nonzero_exit(tiny_data, tmp_path, overrides, fragment):
     run_dir = tmp_path / "outputs" / "run"  # as a first run's outputs/<date>/<time>: Hydra makes outputs/ too
-    proc = run_cli("train.py", f"data.root={tiny_data}", f"hydra.run.dir={run_dir}", *overrides, timeout=120)
+    proc = run_cli(
+        "train.py", f"data.root={tiny_data}", "data.val_split=0", f"hydra.run.dir={run_dir}", *overrides, timeout=120
+    )
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
@@ -81,7 +83,7 @@ def test_a_mistyped_choice_or_key_is_one_line_and_no_job_runs(tiny_data, tmp_pat
     (also every job of a sweep, before the first one starts)."""
     out = tmp_path / "out"
     dirs = [f"hydra.run.dir={out}", f"hydra.sweep.dir={out}"]
-    proc = run_cli(script, f"data.root={tiny_data}", *dirs, *overrides, timeout=120)
+    proc = run_cli(script, f"data.root={tiny_data}", "data.val_split=0", *dirs, *overrides, timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("psgd: error: ") and fragment in lines[0], proc.stderr
@@ -103,8 +105,8 @@ def test_a_sweeps_missing_dataset_is_one_line_before_any_job(tiny_data, tmp_path
     else:
         roots, job = f"{tiny_data},{nowhere}", f"in the job workers=1 data.root={nowhere}; "
     proc = run_cli(
-        "sweep.py", "-m", "workers=1,2", f"data.root={roots}", "data.download=false", f"hydra.sweep.dir={out}",
-        timeout=120,
+        "sweep.py", "-m", "workers=1,2", f"data.root={roots}", "data.val_split=0", "data.download=false",
+        f"hydra.sweep.dir={out}", timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
@@ -119,7 +121,7 @@ def test_a_sweeps_job_without_a_training_batch_is_one_line_before_any_job(tiny_d
     out = tmp_path / "out"
     proc = run_cli(
         "sweep.py", "-m", "workers=1,2", "data.batch_size=300", "data.drop_last=true", f"data.root={tiny_data}",
-        f"hydra.sweep.dir={out}", timeout=120,
+        "data.val_split=0", f"hydra.sweep.dir={out}", timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
@@ -133,8 +135,8 @@ def test_a_sweeps_damaged_cifar10_is_one_line_before_any_job(tiny_data, tmp_path
     job failed on them in turn, each trying a download again."""
     out = tmp_path / "out"
     proc = run_cli(
-        "sweep.py", "-m", "workers=1,2", "data=cifar10", f"data.root={tiny_data}", "data.download=false",
-        f"hydra.sweep.dir={out}", timeout=120,
+        "sweep.py", "-m", "workers=1,2", "data=cifar10", f"data.root={tiny_data}", "data.val_split=0",
+        "data.download=false", f"hydra.sweep.dir={out}", timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
@@ -179,7 +181,7 @@ def test_a_dir_holding_earlier_results_is_refused_and_left_as_it_was(tiny_data, 
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     dirs = [f"hydra.run.dir={earlier}", f"hydra.sweep.dir={earlier}"]
-    proc = run_cli(script, f"data.root={tiny_data}", *dirs, timeout=120)
+    proc = run_cli(script, f"data.root={tiny_data}", "data.val_split=0", *dirs, timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert lines == [lines[0]] and lines[0].startswith(f"psgd: error: {earlier} holds an earlier "), proc.stderr
@@ -208,7 +210,7 @@ def test_train_from_python_refuses_a_run_dir_holding_earlier_results(tiny_data, 
     earlier = tmp_path / "earlier"
     files = _used_run_dir(earlier)
     with pytest.raises(DirInUse) as refused:
-        train(compose_cfg(f"data.root={tiny_data}", "quiet=true"), earlier)
+        train(compose_cfg(f"data.root={tiny_data}", "data.val_split=0", "quiet=true"), earlier)
     assert str(refused.value).startswith(f"{earlier} holds an earlier run's results (metrics.json)")
     assert "set run_dir to a new folder" in str(refused.value)
     assert {p: p.read_text() for p in files} == files
@@ -222,7 +224,12 @@ def test_a_used_run_dir_is_refused_in_the_job_when_the_command_line_check_is_ski
     earlier = tmp_path / "earlier"
     files = _used_run_dir(earlier)
     proc = run_cli(
-        "train.py", "--config-name=train", f"data.root={tiny_data}", f"hydra.run.dir={earlier}", "quiet=true"
+        "train.py",
+        "--config-name=train",
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        f"hydra.run.dir={earlier}",
+        "quiet=true",
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
@@ -262,7 +269,7 @@ def test_a_value_lightning_refuses_inside_the_workers_is_one_line_and_leaves_no_
     # spawn: a spawned worker shuts Python down at its exit (a fork server's child leaves by os._exit)
     overrides = ["workers=2", "strategy.start_method=spawn", "trainer.limit_train_batches=0.01", "quiet=true"]
     overrides.append(f"hydra.run.dir={run_dir}")
-    proc = run_cli("train.py", f"data.root={tiny_data}", *overrides, timeout=180, env=threads.env)
+    proc = run_cli("train.py", f"data.root={tiny_data}", "data.val_split=0", *overrides, timeout=180, env=threads.env)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert lines == [
@@ -327,7 +334,7 @@ def test_a_bad_value_under_torchrun_is_said_once(tiny_data, tmp_path, overrides,
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(ROOT / "train.py")]
     proc = subprocess.run(
-        [*cmd, f"data.root={tiny_data}", f"hydra.run.dir={out}", "quiet=true", *overrides],
+        [*cmd, f"data.root={tiny_data}", "data.val_split=0", f"hydra.run.dir={out}", "quiet=true", *overrides],
         capture_output=True,
         text=True,
         timeout=120,
@@ -365,7 +372,15 @@ def test_a_bad_value_under_torchrun_leaves_the_run_dir_to_a_worker_still_setting
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(ROOT / "train.py")]
     proc = subprocess.run(
-        [*cmd, f"data.root={tiny_data}", f"hydra.run.dir={out}", "quiet=true", "workers=2", "init_weights=nowhere"],
+        [
+            *cmd,
+            f"data.root={tiny_data}",
+            "data.val_split=0",
+            f"hydra.run.dir={out}",
+            "quiet=true",
+            "workers=2",
+            "init_weights=nowhere",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -422,7 +437,7 @@ def test_a_bug_in_a_users_model_is_one_line_and_its_whole_traceback_is_kept(tiny
     run_dir = tmp_path / "run"
     workers = 1 if launch == "in-process" else 2
     over = [f"workers={workers}", "model._target_=buggy_net.Buggy", "model.name=buggy", f"hydra.run.dir={run_dir}"]
-    args = [f"data.root={tiny_data}", "quiet=true", "data.batch_size=16", *over]
+    args = [f"data.root={tiny_data}", "data.val_split=0", "quiet=true", "data.batch_size=16", *over]
     if launch == "torchrun-2":
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
         proc = subprocess.run(

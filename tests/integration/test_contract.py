@@ -104,6 +104,7 @@ def test_a_strategy_from_outside_psgd_trains_records_and_reports(strategy_dir, t
         "workers=2",
         "strategy.same_init=false",
         f"data.root={tiny_data}",
+        "data.val_split=0",
         "trainer.max_epochs=1",
         "data.batch_size=64",
         f"hydra.sweep.dir={sweep_dir}",

@@ -32,7 +32,7 @@ DDP2 = [
 @pytest.fixture(scope="module")
 def ddp2(tiny_data, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ddp2") / "run"
-    proc = run_cli("train.py", *DDP2, f"data.root={tiny_data}", f"hydra.run.dir={run_dir}")
+    proc = run_cli("train.py", *DDP2, f"data.root={tiny_data}", "data.val_split=0", f"hydra.run.dir={run_dir}")
     assert proc.returncode == 0, proc.stderr
     return run_dir
 
@@ -94,7 +94,14 @@ def test_a_straggler_holds_every_step_and_the_other_worker_waits_for_it_in_the_a
     worker 0 waits out worker 1's sleeps in the all-reduce (all but the last step's, which it waits out at the
     epoch's end: 7 of 8 here, less where worker 0's own next step overlaps), up to two thirds of its time (a third
     in the mean over both workers); the ddp2 run, whose workers keep pace, waits less."""
-    cfg = compose_cfg(f"data.root={tiny_data}", "workers=2", "trainer.max_epochs=1", "stragglers.slowdown=[1,3]", *TINY)
+    cfg = compose_cfg(
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "workers=2",
+        "trainer.max_epochs=1",
+        "stragglers.slowdown=[1,3]",
+        *TINY,
+    )
     slow = train(cfg, tmp_path / "run")
     slept, comm = slow["straggler_wait_s"], slow["comm_s"]
     assert slept[0] == 0 and slept[1] > 0 and slow["steps_per_worker"] == [8, 8]
@@ -143,7 +150,7 @@ def test_a_ddp_step_broadcasts_nothing(tiny_data, tmp_path):
     """The gradient all-reduce is a DDP step's one collective: Lightning's per-step broadcast of rank 0's
     SIGTERM flag (one more collective a step; +3 % samples/s without it for 2 CPU workers) is replaced by a
     local check in psgd's DDP strategy, as in its other strategies."""
-    cfg = compose_cfg(f"data.root={tiny_data}", "workers=2", "trainer.max_epochs=1", *TINY)
+    cfg = compose_cfg(f"data.root={tiny_data}", "data.val_split=0", "workers=2", "trainer.max_epochs=1", *TINY)
     train(cfg, tmp_path / "run", callbacks=[CountsBroadcasts(tmp_path / "counts")])
     assert metrics(tmp_path / "run")["history"][-1]["step"] == 8  # 8 steps: 7 between them to check
     assert [(tmp_path / "counts" / f"broadcasts{r}").read_text() for r in (0, 1)] == ["0", "0"]
@@ -154,7 +161,7 @@ def test_workers_from_the_fork_server_train_exactly_as_spawned_ones(ddp2, tiny_d
     own copy of the model (torch hands the model over in shared memory: two DDP workers stepping one copy
     trained to other weights), the launcher's random state and environment, as a spawned worker does."""
     spawned = tmp_path / "spawned"
-    spawn = ["strategy.start_method=spawn", f"data.root={tiny_data}", f"hydra.run.dir={spawned}"]
+    spawn = ["strategy.start_method=spawn", f"data.root={tiny_data}", "data.val_split=0", f"hydra.run.dir={spawned}"]
     proc = run_cli("train.py", *DDP2, *spawn)
     assert proc.returncode == 0, proc.stderr
     assert (metrics(ddp2)["start_method"], metrics(spawned)["start_method"]) == ("forkserver", "spawn")
@@ -170,7 +177,7 @@ def test_a_ddp_update_is_one_workers_update_on_both_workers_batches(tiny_data, t
     same two micro-batches per update (parallel_batches=2: both see the epoch's first 2 x 32 samples at
     step 0, and so on), momentum and cosine schedule included. No dropout: its random draws are the
     one thing each worker makes differently."""
-    common = [f"data.root={tiny_data}", "trainer.max_epochs=1", "model.dropout=0", *TINY]
+    common = [f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=1", "model.dropout=0", *TINY]
     proc = run_cli("train.py", *common, "workers=2", f"hydra.run.dir={tmp_path / 'ddp'}")
     assert proc.returncode == 0, proc.stderr
     train(compose_cfg(*common, "parallel_batches=2"), tmp_path / "one")
@@ -193,6 +200,7 @@ def test_four_processes_via_trainer_devices(tiny_data, tmp_path):
         "strategy=ddp",
         "trainer.devices=4",
         f"data.root={tiny_data}",
+        "data.val_split=0",
         "trainer.max_epochs=1",
         f"hydra.run.dir={run_dir}",
         *TINY,
@@ -211,6 +219,7 @@ def test_uneven_sizes_partition_runs_in_lockstep_without_hanging(tiny_data, tmp_
         "data.partition=sizes",
         "data.partition_sizes=[0.7,0.3]",
         f"data.root={tiny_data}",
+        "data.val_split=0",
         "trainer.max_epochs=1",
         f"hydra.run.dir={run_dir}",
         *TINY,
@@ -226,7 +235,14 @@ def test_uneven_sizes_partition_runs_in_lockstep_without_hanging(tiny_data, tmp_
 def test_a_shard_smaller_than_the_batch_is_one_step_in_lockstep(tiny_data, tmp_path):
     run_dir = tmp_path / "run"
     over = ["workers=2", "data.partition=sizes", "data.partition_sizes=[0.7,0.3]", "trainer.max_epochs=1", *TINY]
-    proc = run_cli("train.py", *over, "data.batch_size=200", f"data.root={tiny_data}", f"hydra.run.dir={run_dir}")
+    proc = run_cli(
+        "train.py",
+        *over,
+        "data.batch_size=200",
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        f"hydra.run.dir={run_dir}",
+    )
     assert proc.returncode == 0, proc.stderr
     big, small = shards(run_dir, 0, 2)
     assert (len(small), len(big)) == (154, 200)  # the whole small shard is the one step; the other takes 200
@@ -242,6 +258,7 @@ def test_one_worker_runs_without_ddp_unless_asked_and_then_trains_the_same(tiny_
         proc = run_cli(
             "train.py",
             f"data.root={tiny_data}",
+            "data.val_split=0",
             "trainer.max_epochs=1",
             f"strategy.ddp_for_one_worker={str(wrap).lower()}",
             f"hydra.run.dir={run_dir}",
@@ -262,7 +279,7 @@ def test_a_run_cut_inside_an_epoch_resumes_with_another_worker_count(tiny_data, 
     """One worker stopped by trainer.max_steps=23, 7 batches into its second 16-batch epoch; resumed
     with two workers (8 batches an epoch each), the cut epoch trains again from its start over both
     workers' shards, then epoch 3."""
-    common = [f"data.root={tiny_data}", "trainer.max_epochs=3", "scheduler=none", *TINY]
+    common = [f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=3", "scheduler=none", *TINY]
     cut = train(compose_cfg(*common, "trainer.max_steps=23"), tmp_path / "cut")
     assert [h["step"] for h in cut["history"]] == [16, 23]
     resumed = train(compose_cfg(*common, "workers=2", f"ckpt_path={tmp_path / 'cut'}"), tmp_path / "resumed")
@@ -278,7 +295,13 @@ def test_a_run_cut_inside_an_epoch_resumes_with_another_worker_count(tiny_data, 
 
 def compressed(tiny_data, run_dir: Path, compression: str, *more: str, cli: bool = False) -> dict:
     """A 2-worker DDP run on tiny data, its gradients compressed; `cli`: through train.py in a fresh process."""
-    overrides = [f"data.root={tiny_data}", "workers=2", "trainer.max_epochs=2", f"strategy.compression={compression}"]
+    overrides = [
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "workers=2",
+        "trainer.max_epochs=2",
+        f"strategy.compression={compression}",
+    ]
     if cli:
         proc = run_cli("train.py", *overrides, *TINY, *more, f"hydra.run.dir={run_dir}")
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -365,7 +388,7 @@ def test_a_run_too_short_for_powersgd_says_it_runs_as_plain_ddp(tiny_data, tmp_p
     """PowerSGD all-reduces plainly for its first strategy.powersgd_start_step steps: a run that ends before
     then is plain DDP, and says so at its start (it did without a word)."""
     over = ["strategy.ddp_for_one_worker=true", "strategy.compression=powersgd", "trainer.max_steps=3", *TINY]
-    proc = run_cli("train.py", f"data.root={tiny_data}", f"hydra.run.dir={tmp_path / 'run'}", *over)
+    proc = run_cli("train.py", f"data.root={tiny_data}", "data.val_split=0", f"hydra.run.dir={tmp_path / 'run'}", *over)
     assert proc.returncode == 0, proc.stderr
     said = "psgd: strategy.compression=powersgd compresses from step 10 (strategy.powersgd_start_step) and this run "
     assert f"{said}takes 3: it runs as plain DDP" in proc.stdout.splitlines()

@@ -60,7 +60,7 @@ def test_an_elastic_step_keeps_the_centre_plus_the_replicas_and_the_centre_is_th
     """x̃ + Σ_i x_i is unchanged by each elastic step (τ = 2: 4 of them in 8 steps); the replicas move towards
     the centre and the centre towards their mean; the final weights are the centre, each worker's own accuracy
     reported beside it."""
-    cfg = compose_cfg(f"data.root={tiny_data}", *EASGD, "strategy.tau=2", "strategy.alpha=0.3")
+    cfg = compose_cfg(f"data.root={tiny_data}", "data.val_split=0", *EASGD, "strategy.tau=2", "strategy.alpha=0.3")
     m = train(cfg, tmp_path / "run", callbacks=[ElasticSteps(tmp_path)])
     for n in range(4):
         (x0, c0), (x0_after, c0_after) = torch.load(tmp_path / f"{n}_0.pt")
@@ -79,7 +79,7 @@ def test_an_elastic_step_keeps_the_centre_plus_the_replicas_and_the_centre_is_th
 
 def test_a_vanishing_pull_leaves_the_workers_independent_and_the_centre_at_the_start(tiny_data, tmp_path):
     """α → 0 (1e-30): each replica trains on its own, and the centre, the final model, is where training started."""
-    cfg = compose_cfg(f"data.root={tiny_data}", *EASGD, "strategy.tau=1", "strategy.alpha=1e-30")
+    cfg = compose_cfg(f"data.root={tiny_data}", "data.val_split=0", *EASGD, "strategy.tau=1", "strategy.alpha=1e-30")
     cfg.strategy.save_replicas = True
     train(cfg, tmp_path / "run", callbacks=[StartWeights(tmp_path)])
     start, final = torch.load(tmp_path / "start.pt"), weights(tmp_path / "run")
@@ -94,10 +94,16 @@ def test_a_vanishing_pull_leaves_the_workers_independent_and_the_centre_at_the_s
 @pytest.mark.slow  # ~20 s: two runs; the centre's checkpoint key is read by the default tests' runs too
 def test_the_centre_is_kept_in_checkpoints_and_a_resume_goes_on_exactly(tiny_data, tmp_path):
     settings = [*EASGD, "trainer.max_epochs=2", "strategy.tau=3"]
-    train(compose_cfg(f"data.root={tiny_data}", *settings, "checkpoint_every_epoch=true"), tmp_path / "straight")
+    train(
+        compose_cfg(f"data.root={tiny_data}", "data.val_split=0", *settings, "checkpoint_every_epoch=true"),
+        tmp_path / "straight",
+    )
     checkpoint = tmp_path / "straight" / "checkpoints" / "epoch0.ckpt"
     assert torch.load(checkpoint, weights_only=True)["psgd_centre"]
-    train(compose_cfg(f"data.root={tiny_data}", *settings, f"ckpt_path={checkpoint}"), tmp_path / "resumed")
+    train(
+        compose_cfg(f"data.root={tiny_data}", "data.val_split=0", *settings, f"ckpt_path={checkpoint}"),
+        tmp_path / "resumed",
+    )
     a, b = weights(tmp_path / "straight"), weights(tmp_path / "resumed")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert metrics(tmp_path / "resumed")["epochs"] == 2
@@ -119,7 +125,7 @@ def test_uneven_shards_and_speeds_never_hang(tiny_data, tmp_path, schedule):
     averaging's."""
     settings = ["workers=2", "data.partition=sizes", "data.partition_sizes=[0.7,0.3]", "trainer.max_epochs=1", *TINY]
     settings += [*schedule, "stragglers.slowdown=[2,1]"]
-    m = train(compose_cfg(f"data.root={tiny_data}", *settings), tmp_path / "run")
+    m = train(compose_cfg(f"data.root={tiny_data}", "data.val_split=0", *settings), tmp_path / "run")
     assert m["status"] == "completed" and m["history"][0]["samples"] == 512
     assert m["straggler_wait_s"][0] > 0 and m["straggler_wait_s"][1] == 0
     assert m["periodic_averagings"] == 2  # 5 common steps: at 2 and 4

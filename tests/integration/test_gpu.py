@@ -27,8 +27,8 @@ TINY = ["quiet=true", "data.batch_size=32", "data.eval_batch_size=64", "trainer.
 
 def gpu_run(tiny_data, run_dir, *overrides: str) -> dict:
     proc = run_cli(
-        "train.py", f"data.root={tiny_data}", f"trainer.accelerator={ACCELERATOR}", f"hydra.run.dir={run_dir}",
-        *TINY, *overrides,
+        "train.py", f"data.root={tiny_data}", "data.val_split=0", f"trainer.accelerator={ACCELERATOR}",
+        f"hydra.run.dir={run_dir}", *TINY, *overrides,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = metrics(run_dir)
@@ -67,7 +67,7 @@ def test_more_workers_than_gpus_is_one_line_before_any_worker_starts(tiny_data, 
     too_many = torch.cuda.device_count() + 1
     run_dir = tmp_path / "too_many"
     proc = run_cli(
-        "train.py", f"data.root={tiny_data}", "trainer.accelerator=gpu", f"workers={too_many}",
+        "train.py", f"data.root={tiny_data}", "data.val_split=0", "trainer.accelerator=gpu", f"workers={too_many}",
         f"hydra.run.dir={run_dir}", *TINY,
     )  # fmt: skip
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -25,6 +25,7 @@ def by_label_run(tiny_data, tmp_path_factory):
         "workers=2",
         "data.partition=by_label",
         f"data.root={tiny_data}",
+        "data.val_split=0",
         "trainer.max_epochs=6",
         # mnist_hogwild's SGD (the hogwild_lab preset's): with lr 0.02 and momentum 0.9 two of three
         # clean-clone CI runs on 2026-11-22 ended on a collapsed model (val acc 0.70 at epoch 2, then 0.10-0.25)
@@ -102,6 +103,7 @@ def test_locked_variant_uneven_sizes_and_colour_images_complete(tiny_data, tmp_p
         "data=cifar10",
         "data.verify_md5=false",  # the test's own CIFAR-format files
         f"data.root={tiny_data}",
+        "data.val_split=0",
         "trainer.max_epochs=2",
         f"hydra.run.dir={run_dir}",
         *TINY,
@@ -123,7 +125,7 @@ def test_locked_variant_uneven_sizes_and_colour_images_complete(tiny_data, tmp_p
 
 @pytest.mark.slow  # two 2-worker runs (23-40 s); the default run resumes 2 workers in test_model_averaging
 def test_checkpoint_holds_each_workers_optimizer_and_resume_continues(tiny_data, tmp_path):
-    common = ["strategy=hogwild", f"data.root={tiny_data}", "trainer.max_epochs=2", *TINY]
+    common = ["strategy=hogwild", f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=2", *TINY]
     two = tmp_path / "two"
     proc = run_cli("train.py", *common, "workers=2", "checkpoint_every_epoch=true", f"hydra.run.dir={two}")
     assert proc.returncode == 0, proc.stderr
@@ -149,7 +151,7 @@ def test_checkpoint_holds_each_workers_optimizer_and_resume_continues(tiny_data,
 @pytest.mark.slow
 def test_one_worker_resume_ends_with_the_straight_runs_weights(tiny_data, tmp_path):
     """With one worker HogWild is deterministic, so a resumed run must end exactly where a straight one does."""
-    common = ["strategy=hogwild", f"data.root={tiny_data}", "trainer.max_epochs=2", *TINY]
+    common = ["strategy=hogwild", f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=2", *TINY]
     runs = {}
     for name, extra in (("straight", ["checkpoint_every_epoch=true"]), ("again", [])):
         if name == "again":

@@ -44,6 +44,7 @@ def averaged_run(tiny_data, tmp_path_factory):
         "train.py",
         *AVERAGED,
         f"data.root={tiny_data}",
+        "data.val_split=0",
         "strategy.save_replicas=true",
         "checkpoint_every_epoch=true",
         f"hydra.run.dir={run_dir}",
@@ -136,7 +137,14 @@ class OwnEvaluation(L.Callback):
 def test_each_workers_validation_figures_are_its_own_replicas(tiny_data, tmp_path):
     """worker/<r>/val_loss at the first validation was the workers' mean for every worker: the metrics' states,
     pickled into the workers, shared memory, and the sanity check's batches counted into the first validation."""
-    cfg = compose_cfg(f"data.root={tiny_data}", "strategy=model_averaging", "workers=2", "trainer.max_epochs=2", *TINY)
+    cfg = compose_cfg(
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "strategy=model_averaging",
+        "workers=2",
+        "trainer.max_epochs=2",
+        *TINY,
+    )
     train(cfg, tmp_path / "run", callbacks=[OwnEvaluation(tmp_path)])
     acc = tensorboard(tmp_path / "run")
     own = [[tuple(map(float, (tmp_path / f"{e}_{r}").read_text().split())) for e in range(2)] for r in range(2)]
@@ -151,7 +159,12 @@ def test_each_workers_validation_figures_are_its_own_replicas(tiny_data, tmp_pat
 def resume_averaged(ckpt_path, run_dir, tiny_data) -> None:
     """Resume the `averaged` run's settings from `ckpt_path` (a checkpoint or a run dir) into run_dir."""
     proc = run_cli(
-        "train.py", *AVERAGED, f"data.root={tiny_data}", f"ckpt_path={ckpt_path}", f"hydra.run.dir={run_dir}"
+        "train.py",
+        *AVERAGED,
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        f"ckpt_path={ckpt_path}",
+        f"hydra.run.dir={run_dir}",
     )
     assert proc.returncode == 0, proc.stderr
 
@@ -218,7 +231,10 @@ def test_period_one_is_exactly_synchronous_sgd(tiny_data, tmp_path, update):
     for strategy, extra in (("ddp", []), ("model_averaging", ["strategy.period=1"])):
         extra = [*extra, *update] if strategy == "model_averaging" else [*extra, *update[:1]]
         settings = [f"strategy={strategy}", "workers=2", "trainer.max_epochs=2", "trainer.accumulate_grad_batches=3"]
-        train(compose_cfg(*settings, f"data.root={tiny_data}", *PLAIN, *TINY, *extra), tmp_path / strategy)
+        train(
+            compose_cfg(*settings, f"data.root={tiny_data}", "data.val_split=0", *PLAIN, *TINY, *extra),
+            tmp_path / strategy,
+        )
         runs[strategy] = weights(tmp_path / strategy)
     assert_close(runs["model_averaging"], runs["ddp"], atol=1e-5)
 
@@ -233,7 +249,7 @@ def test_a_period_longer_than_an_epoch_still_averages_every_period_steps(tiny_da
     settings = ["strategy=model_averaging", "workers=2", "strategy.period=12", "trainer.max_epochs=3", *TINY]
     settings += ["trainer.limit_val_batches=0", "trainer.limit_test_batches=1"]
     run_dir, resumed = tmp_path / "run", tmp_path / "resumed"
-    train(compose_cfg(*settings, "checkpoint_every_epoch=true", f"data.root={tiny_data}"), run_dir)
+    train(compose_cfg(*settings, "checkpoint_every_epoch=true", f"data.root={tiny_data}", "data.val_split=0"), run_dir)
     m = metrics(run_dir)
     assert m["history"][-1]["step"] == 24  # each worker's optimizer steps
     assert m["replica_distance"] == 0 and m["periodic_averagings"] == 2  # at steps 12 and 24
@@ -249,7 +265,7 @@ def test_a_period_longer_than_an_epoch_still_averages_every_period_steps(tiny_da
     assert m["comm_bytes"] == m["comm_sent_bytes"] == [3 * model_bytes] * 2 and m["comm_calls"] == [3, 3]
     assert [h["comm_bytes"] for h in m["history"]] == [[0, 0], [model_bytes] * 2, [model_bytes] * 2]
     ckpt = run_dir / "checkpoints" / "epoch1.ckpt"
-    train(compose_cfg(*settings, f"ckpt_path={ckpt}", f"data.root={tiny_data}"), resumed)
+    train(compose_cfg(*settings, f"ckpt_path={ckpt}", f"data.root={tiny_data}", "data.val_split=0"), resumed)
     # the count goes on over the whole run: step 12 before the checkpoint, 24 after it
     assert metrics(resumed)["replica_distance"] == 0 and metrics(resumed)["periodic_averagings"] == 2
     assert_close(weights(resumed), weights(run_dir), atol=0)
@@ -269,7 +285,14 @@ def test_uneven_shards_and_uneven_speeds_complete_with_periodic_averaging(tiny_d
     the fast worker waiting there for the slow one, and the run ends."""
     run_dir = tmp_path / "run"
     settings = ["strategy=model_averaging", "workers=2", "strategy.period=2", "trainer.max_epochs=2"]
-    settings += ["record_shards=true", "stragglers.slowdown=[3,1]", f"data.root={tiny_data}", *partition, *TINY]
+    settings += [
+        "record_shards=true",
+        "stragglers.slowdown=[3,1]",
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        *partition,
+        *TINY,
+    ]
     train(compose_cfg(*settings), run_dir)
     m = metrics(run_dir)
     assert m["straggler_wait_s"][0] > 0 and m["straggler_wait_s"][1] == 0
@@ -338,7 +361,9 @@ def test_post_local_sgd_averages_every_step_until_sync_steps_then_every_period(t
     settings = ["strategy=model_averaging", "workers=2", "strategy.period=4", "strategy.sync_steps=3", *TINY]
     settings += ["trainer.max_epochs=1", *PLAIN]
     callbacks = [Checksums(tmp_path), Updates(tmp_path)]
-    m = train(compose_cfg(f"data.root={tiny_data}", *settings), tmp_path / "run", callbacks=callbacks)
+    m = train(
+        compose_cfg(f"data.root={tiny_data}", "data.val_split=0", *settings), tmp_path / "run", callbacks=callbacks
+    )
     sums = [[float(x) for x in (tmp_path / str(r)).read_text().split()] for r in range(2)]
     equal = [a == b for a, b in zip(*sums, strict=True)]
     assert equal == [True, True, True, True, False, False, False, True]
@@ -379,7 +404,9 @@ def test_diloco_reduces_to_the_method_it_generalises(tiny_data, tmp_path, outer,
     it is plain local SGD. Each worker's inner optimizer here has no state of its own (PLAIN: no momentum)."""
     runs = {}
     for name, settings in (("diloco", outer), ("reference", reference)):
-        cfg = compose_cfg(f"data.root={tiny_data}", "workers=2", "trainer.max_epochs=2", *PLAIN, *TINY, *settings)
+        cfg = compose_cfg(
+            f"data.root={tiny_data}", "data.val_split=0", "workers=2", "trainer.max_epochs=2", *PLAIN, *TINY, *settings
+        )
         train(cfg, tmp_path / name)
         runs[name] = weights(tmp_path / name)
     assert_close(runs["diloco"], runs["reference"], atol=atol)
@@ -390,11 +417,17 @@ def test_diloco_keeps_its_outer_state_in_checkpoints_and_resumes_exactly(tiny_da
     """θ_g and the outer optimizer's momentum are in every checkpoint: a resume from the first epoch's ends with
     the uninterrupted run's weights (a fresh momentum would not)."""
     settings = ["workers=2", "trainer.max_epochs=2", "strategy=diloco", "strategy.period=3", *TINY]
-    train(compose_cfg(f"data.root={tiny_data}", *settings, "checkpoint_every_epoch=true"), tmp_path / "straight")
+    train(
+        compose_cfg(f"data.root={tiny_data}", "data.val_split=0", *settings, "checkpoint_every_epoch=true"),
+        tmp_path / "straight",
+    )
     checkpoint = tmp_path / "straight" / "checkpoints" / "epoch0.ckpt"
     saved = torch.load(checkpoint, weights_only=True)["psgd_outer"]
     assert saved["optimizer"]["state"] and len(saved["start"]) == len(list(weights(tmp_path / "straight")))
-    train(compose_cfg(f"data.root={tiny_data}", *settings, f"ckpt_path={checkpoint}"), tmp_path / "resumed")
+    train(
+        compose_cfg(f"data.root={tiny_data}", "data.val_split=0", *settings, f"ckpt_path={checkpoint}"),
+        tmp_path / "resumed",
+    )
     assert_close(weights(tmp_path / "resumed"), weights(tmp_path / "straight"), atol=0)
 
 
@@ -403,7 +436,12 @@ def test_diloco_ends_a_partial_round_with_an_outer_step(tiny_data, tmp_path):
     final model is the outer model: a hand-written Nesterov step (lr 0.7, momentum 0.9) from the θ_g and momentum
     of the epoch's checkpoint, Δ = θ_g − the replicas' mean (saved before the end) as its gradient; not the mean."""
     settings = ["workers=2", "trainer.max_epochs=1", "strategy=diloco", "strategy.period=3", *PLAIN, *TINY]
-    settings += ["strategy.save_replicas=true", "checkpoint_every_epoch=true", f"data.root={tiny_data}"]
+    settings += [
+        "strategy.save_replicas=true",
+        "checkpoint_every_epoch=true",
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+    ]
     m = train(compose_cfg(*settings), tmp_path / "run")
     assert (m["strategy"], m["outer_optimizer"], m["periodic_averagings"]) == ("diloco", "SGD", 2)  # its own name
     saved = torch.load(tmp_path / "run" / "checkpoints" / "epoch0.ckpt", weights_only=True)["psgd_outer"]
@@ -424,7 +462,9 @@ def test_one_group_of_all_workers_is_plain_periodic_averaging(tiny_data, tmp_pat
     """Hierarchical averaging with a single group, all workers every 4 steps: local SGD with period 4."""
     runs = {}
     for name, schedule in (("groups", "strategy.group_periods={2:4}"), ("period", "strategy.period=4")):
-        cfg = compose_cfg(f"data.root={tiny_data}", "strategy=model_averaging", "workers=2", schedule, *TINY)
+        cfg = compose_cfg(
+            f"data.root={tiny_data}", "data.val_split=0", "strategy=model_averaging", "workers=2", schedule, *TINY
+        )
         cfg.trainer.max_epochs = 2
         m = train(cfg, tmp_path / name)
         runs[name] = weights(tmp_path / name)
@@ -437,7 +477,7 @@ def test_pairs_average_at_their_points_and_all_four_at_the_global_one(tiny_data,
     """{2: 2, 4: 8} with 4 workers, 4 steps each per epoch, 2 epochs: after steps 2, 4 and 6 the pairs (0, 1) and
     (2, 3) are each equal and differ from each other; after step 8 all four are equal; between points none is."""
     settings = ["strategy=model_averaging", "workers=4", "strategy.group_periods={2:2,4:8}", *TINY, *PLAIN]
-    cfg = compose_cfg(f"data.root={tiny_data}", *settings)
+    cfg = compose_cfg(f"data.root={tiny_data}", "data.val_split=0", *settings)
     cfg.trainer.max_epochs = 2
     train(cfg, tmp_path / "run", callbacks=[Checksums(tmp_path), Updates(tmp_path)])
     assert_hand_computed(tmp_path, 4, lambda step: 4 if step % 8 == 0 else 2 if step % 2 == 0 else 0)

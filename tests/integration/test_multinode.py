@@ -72,7 +72,12 @@ def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str, str]
 
 def one_node_job(run_dir, *overrides: str, epochs: int, nproc: int = 2, **launch) -> subprocess.Popen:
     """An `nproc`-process torchrun job of `epochs` epochs on this machine, started in the background."""
-    common = [f"trainer.max_epochs={epochs}", f"data.root={launch.pop('data')}", f"hydra.run.dir={run_dir}"]
+    common = [
+        f"trainer.max_epochs={epochs}",
+        f"data.root={launch.pop('data')}",
+        "data.val_split=0",
+        f"hydra.run.dir={run_dir}",
+    ]
     return torchrun(
         f"workers={nproc}", *overrides, *common, *TINY, nnodes=1, node_rank=0, nproc=nproc, port=free_port(), **launch
     )
@@ -111,6 +116,7 @@ def test_two_nodes_of_two_processes_share_one_job(strategy, tiny_data, tmp_path)
         "record_weights=true",
         "stragglers.slowdown=[1,1,1,2]",  # one factor per worker of every node: the last one is node 1's second
         f"data.root={tiny_data}",
+        "data.val_split=0",
         f"hydra.run.dir={run_dir}",
         *TINY,
     ]

@@ -75,6 +75,7 @@ def test_every_preset_runs_with_fast_dev_run(preset, tiny_data, tmp_path):
     cfg = compose_cfg(
         f"experiment={preset}",
         f"data.root={tiny_data}",
+        "data.val_split=0",
         "data.verify_md5=false",
         "trainer.fast_dev_run=true",
         "quiet=true",

@@ -22,7 +22,7 @@ def test_hogwild_from_a_shared_queue_lets_the_fast_worker_take_more_of_the_epoch
     run_dir = tmp_path / "run"
     settings = ["strategy=hogwild", "strategy.shared_queue=true", "workers=2", "stragglers.slowdown=[1,3]"]
     settings += ["trainer.max_epochs=3", "record_shards=true", "optimizer.lr=0.01", "optimizer.momentum=0.5"]
-    train(compose_cfg(*settings, f"data.root={tiny_data}", *TINY), run_dir)
+    train(compose_cfg(*settings, f"data.root={tiny_data}", "data.val_split=0", *TINY), run_dir)
     m = metrics(run_dir)
     fast, slow = m["updates_per_worker"]
     assert fast >= 2 * slow > 0, m["updates_per_worker"]
@@ -39,7 +39,10 @@ def test_an_exponential_delay_sleeps_the_seeded_draws_of_its_worker_and_epoch(ti
     """distribution=exponential: each step sleeps shift_s + Exp(mean delay_s), drawn from the stream of (seed,
     rank, epoch), so a rerun (or a resume at an epoch) sleeps exactly the same."""
     settings = ["stragglers.distribution=exponential", "stragglers.delay_s=0.004", "stragglers.shift_s=0.001"]
-    m = train(compose_cfg(*settings, "seed=3", "trainer.max_epochs=2", f"data.root={tiny_data}", *TINY), tmp_path)
+    m = train(
+        compose_cfg(*settings, "seed=3", "trainer.max_epochs=2", f"data.root={tiny_data}", "data.val_split=0", *TINY),
+        tmp_path,
+    )
     steps = 16  # 512 samples in batches of 32, one worker
     expected = [
         steps * 0.001 + np.random.default_rng([3, DRAWS, 0, epoch]).exponential(0.004, size=steps).sum()

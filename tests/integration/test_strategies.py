@@ -16,7 +16,9 @@ ONE_WORKER = [
 
 
 def final_weights(run_dir, tiny_data, *overrides: str) -> dict:
-    proc = run_cli("train.py", f"data.root={tiny_data}", f"hydra.run.dir={run_dir}", *ONE_WORKER, *overrides)
+    proc = run_cli(
+        "train.py", f"data.root={tiny_data}", "data.val_split=0", f"hydra.run.dir={run_dir}", *ONE_WORKER, *overrides
+    )
     assert proc.returncode == 0, proc.stderr
     return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
 
@@ -50,7 +52,14 @@ def test_every_strategy_trains_a_compiled_network_with_two_workers(plain, tiny_d
     checkpoint keeps the eager network's keys."""
     run_dir = tmp_path / "run"
     two = [f"strategy={strategy}", "workers=2", "compile=true", "trainer.max_epochs=2", *ONE_WORKER[3:]]
-    proc = run_cli("train.py", f"data.root={tiny_data}", f"hydra.run.dir={run_dir}", "threads_per_worker=1", *two)
+    proc = run_cli(
+        "train.py",
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        f"hydra.run.dir={run_dir}",
+        "threads_per_worker=1",
+        *two,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     # inductor's C++ builder warned of CUDA_HOME in each worker (a CUDA build of torch on a CPU machine)
     assert "No CUDA runtime is found" not in proc.stderr

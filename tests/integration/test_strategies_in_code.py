@@ -135,7 +135,7 @@ def lightning():
 
 data = DataLoader(TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,))), batch_size=16)
 with initialize_config_dir(config_dir={conf!r}, version_base="1.3"):
-    overrides = ["workers=2", "data.root={data}", "trainer.max_epochs=1", "quiet=true"]
+    overrides = ["workers=2", "data.root={data}", "data.val_split=0", "trainer.max_epochs=1", "quiet=true"]
     cfg = compose(config_name="train", overrides=overrides)
 for attempt in (lambda: lightning().fit(Here(), data), lambda: train(cfg, {refused!r}, callbacks=[Noted()])):
     try:

@@ -29,6 +29,7 @@ def mixed_sweep(tiny_data, tmp_path_factory):
         "workers=1,2",
         "strategy=ddp,model_averaging,hogwild",
         f"data.root={tiny_data}",
+        "data.val_split=0",
         "trainer.max_epochs=1",
         "data.batch_size=64",
         f"hydra.sweep.dir={sweep_dir}",
@@ -123,6 +124,7 @@ def test_a_failed_job_is_marked_and_the_rest_reported(tiny_data, tmp_path, scrip
         script,
         "optimizer.lr=0.05,1e6",  # 1e6: the training loss turns NaN, found only once the job trains
         f"data.root={tiny_data}",
+        "data.val_split=0",
         "trainer.max_epochs=1",
         f"hydra.sweep.dir={sweep_dir}",
         "-m",  # where Hydra alone would not read it (sweep.py puts it first; it may also be left out)
@@ -172,6 +174,7 @@ def test_a_sweep_stopped_early_reports_the_jobs_that_ran(tiny_data, tmp_path):
             "-m",
             "trainer.max_epochs=1,60",  # job 0 ends, job 1 runs longer
             f"data.root={tiny_data}",
+            "data.val_split=0",
             "data.batch_size=64",
             f"hydra.sweep.dir={sweep_dir}",
         ],

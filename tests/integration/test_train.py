@@ -13,7 +13,7 @@ import warnings
 import pytest
 import pytorch_lightning as L
 import torch
-from conftest import ROOT, compose_cfg, run_cli
+from conftest import ROOT, compose_cfg, make_mnist_like, run_cli
 from helpers import metrics, scalars, tensorboard, training_data, undocumented
 from pytorch_lightning.callbacks.progress.tqdm_progress import Tqdm
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
@@ -34,7 +34,14 @@ TINY = ["quiet=true", "data.batch_size=32", "data.eval_batch_size=64"]
 @pytest.fixture(scope="module")
 def single_run(tiny_data, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("single") / "run"
-    overrides = [f"data.root={tiny_data}", "trainer.max_epochs=3", f"hydra.run.dir={run_dir}", *TINY, "quiet=false"]
+    overrides = [
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "trainer.max_epochs=3",
+        f"hydra.run.dir={run_dir}",
+        *TINY,
+        "quiet=false",
+    ]
     overrides.append("+trainer.profiler=simple")  # a profiler the user asks for (test_a_profiler_...)
     proc = run_cli("train.py", *overrides, env={"PYTHONWARNINGS": "default"})  # warnings shown, as to a user
     assert proc.returncode == 0, proc.stderr
@@ -84,7 +91,11 @@ def test_a_terminals_progress_bar_counts_epochs_from_one_and_shows_the_loss_and_
     """Lightning's bar counted epochs from 0 (psgd's lines and metrics.json from 1) and showed only batches and
     it/s: an 8-epoch run said nothing of its accuracy until its last line."""
     text = in_a_terminal(
-        str(ROOT / "train.py"), f"data.root={tiny_data}", "trainer.max_epochs=2", f"hydra.run.dir={tmp_path / 'run'}"
+        str(ROOT / "train.py"),
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "trainer.max_epochs=2",
+        f"hydra.run.dir={tmp_path / 'run'}",
     )
     bars = [line for line in text.replace("\r", "\n").splitlines() if line.startswith("Epoch ")]
     assert {line.split(":")[0] for line in bars} == {"Epoch 1/2", "Epoch 2/2"}, bars[-3:]
@@ -123,13 +134,28 @@ def test_run_learns_and_reports_its_test_accuracy(single_run, tiny_data):
     assert m["process"]["host"] == socket.gethostname() and m["process"]["pid"] > 0 and not alive(m["process"])
 
 
+def test_by_default_a_run_validates_on_5000_held_out_training_samples_and_tests_once_at_the_end(tmp_path):
+    # validating on the test split tuned early stopping and every choice made from the curves on the test set
+    root = make_mnist_like(tmp_path / "data", "MNIST", n_train=5512, n_test=256)
+    cfg = compose_cfg(f"data.root={root}", "trainer.max_epochs=2", *TINY)
+    assert cfg.data.val_split == 5000  # the default (conf/data/mnist.yaml)
+    train(cfg, tmp_path / "run")
+    m = metrics(tmp_path / "run")
+    assert [h["samples"] for h in m["history"]] == [512, 512]  # 5,000 of the 5,512 held out of training
+    assert m["history"][-1]["val_loss"] != m["test_loss"]  # the last epoch's model, on two different sets
+    held = build_datamodule(check_values(cfg))
+    held.setup("fit")
+    assert (len(held.val_set[1]), len(held.train_set[1]), len(held.test_set[1])) == (5000, 512, 256)
+
+
 def test_a_finished_run_resumed_from_relative_paths_tests_the_same_weights(single_run, tiny_data, tmp_path):
     """data.root and ckpt_path typed relative to the shell's folder; the checkpoint had trained every epoch."""
     run_dir, _ = single_run
     again = tmp_path / "again"
     relative = {"data.root": os.path.relpath(tiny_data, tmp_path), "ckpt_path": os.path.relpath(run_dir, tmp_path)}
     assert not any(os.path.isabs(p) for p in relative.values())
-    overrides = [*(f"{k}={v}" for k, v in relative.items()), "trainer.max_epochs=3", f"hydra.run.dir={again}"]
+    overrides = [*(f"{k}={v}" for k, v in relative.items()), "data.val_split=0", "trainer.max_epochs=3"]
+    overrides.append(f"hydra.run.dir={again}")
     proc = run_cli("train.py", *overrides, *TINY, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert metrics(again)["test_acc"] == metrics(run_dir)["test_acc"]
@@ -195,6 +221,7 @@ def test_a_run_started_from_an_earlier_runs_weights_trains_on_from_them_in_every
     after = tmp_path / "after"
     cfg = compose_cfg(
         f"data.root={tiny_data}",
+        "data.val_split=0",
         f"init_weights={run_dir}",
         "strategy=model_averaging",
         "workers=2",
@@ -219,7 +246,13 @@ def test_a_run_started_from_an_earlier_runs_weights_trains_on_from_them_in_every
 def test_a_run_dir_says_when_and_what_ran_so_tensorboard_runs_read_apart(tiny_data, tmp_path):
     """outputs/<date>/<time>_<strategy>_x<workers>: the Scalars tab named runs by their time alone."""
     env = {"PSGD_OUTPUTS": str(tmp_path)}
-    overrides = ["strategy=model_averaging", "trainer.devices=2", "trainer.fast_dev_run=true", f"data.root={tiny_data}"]
+    overrides = [
+        "strategy=model_averaging",
+        "trainer.devices=2",
+        "trainer.fast_dev_run=true",
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+    ]
     proc = run_cli("train.py", *overrides, *TINY, env=env)  # trainer.devices: the knob that wins over workers
     assert proc.returncode == 0, proc.stderr
     (run,) = tmp_path.glob("*/*/tensorboard")
@@ -241,7 +274,9 @@ def test_a_smoke_run_evaluates_batches_no_larger_than_its_training_batches(tiny_
     """trainer.fast_dev_run validated and tested one batch of data.eval_batch_size (1,000): two thirds of a
     WideResNet smoke run's 51 s on 2 cores (docs/performance.md, Start-up)."""
     sizes = EvalBatchSizes()
-    cfg = compose_cfg(f"data.root={tiny_data}", "trainer.fast_dev_run=true", *TINY, "data.eval_batch_size=1000")
+    cfg = compose_cfg(
+        f"data.root={tiny_data}", "data.val_split=0", "trainer.fast_dev_run=true", *TINY, "data.eval_batch_size=1000"
+    )
     train(cfg, tmp_path / "run", callbacks=[sizes])
     assert sizes.sizes == [32]  # TINY's data.batch_size
     cfg.trainer.fast_dev_run = False  # a real run keeps its evaluation batches
@@ -251,7 +286,9 @@ def test_a_smoke_run_evaluates_batches_no_larger_than_its_training_batches(tiny_
 def test_lightnings_overfit_batches_trains_on_the_same_batches_every_epoch(tiny_data, tmp_path):
     """trainer.overfit_batches trains on the same first batches every epoch, without Lightning's warning
     that it turned a loader's shuffling off (psgd's loaders are its own)."""
-    cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=3", "+trainer.overfit_batches=2", *TINY)
+    cfg = compose_cfg(
+        f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=3", "+trainer.overfit_batches=2", *TINY
+    )
     cfg.record_shards = True
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -267,6 +304,7 @@ def test_validation_every_n_batches_across_epochs_as_lightning_advises(tiny_data
     integer val_check_interval longer than an epoch."""
     cfg = compose_cfg(
         f"data.root={tiny_data}",
+        "data.val_split=0",
         "trainer.max_epochs=3",
         "trainer.val_check_interval=24",  # 16 batches an epoch: validations at batches 24 and 48
         "trainer.check_val_every_n_epoch=null",
@@ -278,7 +316,7 @@ def test_validation_every_n_batches_across_epochs_as_lightning_advises(tiny_data
 
 def test_same_seed_gives_the_same_weights_and_another_seed_does_not(tiny_data, tmp_path):
     def weights(seed: int, name: str) -> dict:
-        cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=1", f"seed={seed}", *TINY)
+        cfg = compose_cfg(f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=1", f"seed={seed}", *TINY)
         train(cfg, tmp_path / name)
         return torch.load(tmp_path / name / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
 
@@ -310,7 +348,7 @@ def test_the_update_is_fused_by_default_trains_as_torchs_loop_and_a_resume_runs_
     differently from torch's per-tensor loop (fused=false) and trains to the same weights within that
     rounding. How torch runs the update is the resumed run's choice, not the checkpoint's (Lightning restores
     the param groups wholesale), also from a checkpoint written before fused was the default (fused None)."""
-    base = [f"data.root={tiny_data}", f"optimizer={optimizer}", "trainer.max_epochs=2", *TINY]
+    base = [f"data.root={tiny_data}", "data.val_split=0", f"optimizer={optimizer}", "trainer.max_epochs=2", *TINY]
     weights, seen = {}, {}
     for fused in (True, False):
         more = [f"optimizer.fused={fused}", "checkpoint_every_epoch=true"]
@@ -318,7 +356,9 @@ def test_the_update_is_fused_by_default_trains_as_torchs_loop_and_a_resume_runs_
         seen[fused] = opt.defaults["fused"]
         weights[fused] = last_weights(tmp_path / str(fused))
     assert seen == {True: True, False: False}
-    assert compose_cfg(f"data.root={tiny_data}", f"optimizer={optimizer}").optimizer.fused is True  # the default
+    assert (
+        compose_cfg(f"data.root={tiny_data}", "data.val_split=0", f"optimizer={optimizer}").optimizer.fused is True
+    )  # the default
     for k in weights[True]:
         torch.testing.assert_close(weights[True][k], weights[False][k], rtol=1e-4, atol=1e-5)
     first = tmp_path / "True" / "checkpoints" / "epoch0.ckpt"
@@ -341,7 +381,12 @@ def test_the_update_is_fused_by_default_trains_as_torchs_loop_and_a_resume_runs_
 
 def test_early_stop_after_patience_epochs_at_target(tiny_data, tmp_path, capsys):
     cfg = compose_cfg(
-        f"data.root={tiny_data}", "trainer.max_epochs=30", "early_stop.target_acc=0.3", "early_stop.patience=2", *TINY
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "trainer.max_epochs=30",
+        "early_stop.target_acc=0.3",
+        "early_stop.patience=2",
+        *TINY,
     )
     m = train(cfg, tmp_path / "run")
     say_result(m, tmp_path / "run")
@@ -368,7 +413,7 @@ def test_early_stop_after_patience_epochs_at_target(tiny_data, tmp_path, capsys)
     ],
 )
 def test_the_record_says_what_ended_training(tiny_data, tmp_path, setting, stopped_by, epochs):
-    cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=2", setting, *TINY)
+    cfg = compose_cfg(f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=2", setting, *TINY)
     m = train(cfg, tmp_path / "run")
     assert (m["stopped_by"], m["epochs"], m["status"]) == (stopped_by, epochs, "completed")
 
@@ -377,7 +422,7 @@ def test_a_run_that_max_steps_stopped_inside_an_epoch_resumes_with_sane_times(ti
     """A run cut inside an epoch resumes from its last whole epoch's checkpoint and trains the cut epoch
     again from its start: one record per epoch, with sane times. Resumed with the same max_steps, it
     trains the cut part again, to the same figures."""
-    common = [f"data.root={tiny_data}", "trainer.max_epochs=4", *TINY]  # 16 steps an epoch
+    common = [f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=4", *TINY]  # 16 steps an epoch
     first = train(compose_cfg(*common, "trainer.max_steps=20"), tmp_path / "first")
     assert [h["step"] for h in first["history"]] == [16, 20]
     same = train(compose_cfg(*common, "trainer.max_steps=20", f"ckpt_path={tmp_path / 'first'}"), tmp_path / "same")
@@ -421,7 +466,14 @@ def test_a_run_cut_inside_an_epoch_resumes_to_the_uninterrupted_runs_weights(
     """A run cut inside an epoch resumes from its last whole epoch's checkpoint and trains the cut epoch
     again from its start, each worker's random stream reseeded as the uninterrupted run's was (dropout and
     augmentation are on)."""
-    common = [f"data.root={tiny_data}", "trainer.max_epochs=3", "trainer.val_check_interval=0.5", *both, *TINY]
+    common = [
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "trainer.max_epochs=3",
+        "trainer.val_check_interval=0.5",
+        *both,
+        *TINY,
+    ]
     straight = train(compose_cfg(*common, *resumed_with), tmp_path / "straight")
     first = train(compose_cfg(*common, *cut.split()), tmp_path / "first")
     steps = int(cut.split("=")[1]) if "max_steps" in cut else 24  # the early stop: after 8 of epoch 2's 16
@@ -446,7 +498,9 @@ def test_a_run_cut_inside_an_epoch_resumes_to_the_uninterrupted_runs_weights(
 def test_a_run_cut_inside_its_first_epoch_writes_no_checkpoint(tiny_data, tmp_path):
     """Only whole epochs are written, also with checkpoint_every_epoch=true (whose last.ckpt Lightning's
     save_last wrote at the end of a fit that had written none)."""
-    cut = compose_cfg(f"data.root={tiny_data}", "trainer.max_steps=4", "checkpoint_every_epoch=true", *TINY)
+    cut = compose_cfg(
+        f"data.root={tiny_data}", "data.val_split=0", "trainer.max_steps=4", "checkpoint_every_epoch=true", *TINY
+    )
     assert train(cut, tmp_path / "run")["stopped_by"] == "max_steps"
     assert not list((tmp_path / "run").glob("checkpoints/*.ckpt"))
 
@@ -459,7 +513,13 @@ MAX_TIME_LR = "optimizer.lr=0.005"
 def max_time_run(tiny_data, run_dir, *more: str, max_time: str = "00:00:00:01") -> dict:
     """A run of at most 300 epochs that trainer.max_time ends (`more`: other settings), its result line said."""
     cfg = compose_cfg(
-        f"data.root={tiny_data}", "trainer.max_epochs=300", f"trainer.max_time={max_time}", MAX_TIME_LR, *TINY, *more
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "trainer.max_epochs=300",
+        f"trainer.max_time={max_time}",
+        MAX_TIME_LR,
+        *TINY,
+        *more,
     )
     m = train(cfg, run_dir)
     say_result(m, run_dir)
@@ -496,7 +556,7 @@ def test_a_run_that_stopped_early_resumes_as_over_unless_the_target_changes(tiny
     """Resumed with the same target, a run its target stopped is over; with another target (or none) it
     trains on, and its record times that target, not the checkpoint's; without one, Lightning does not ask
     for the early-stop callback back."""
-    common = [f"data.root={tiny_data}", "trainer.max_epochs=3", "scheduler=none", *TINY]
+    common = [f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=3", "scheduler=none", *TINY]
     stopped = train(compose_cfg(*common, "early_stop.target_acc=0.05"), tmp_path / "stopped")
     assert stopped["epochs"] == 1 and stopped["epoch_to_target"] == 1  # chance (10 %) passes 5 %
     capsys.readouterr()
@@ -523,6 +583,7 @@ def test_the_step_at_target_is_that_of_the_first_validation_at_target_inside_an_
     epoch_to_target says epoch 1, step_to_target the half of it where the target was first reached."""
     cfg = compose_cfg(
         f"data.root={tiny_data}",
+        "data.val_split=0",
         "trainer.max_epochs=3",
         "early_stop.target_acc=0.05",
         "early_stop.patience=3",
@@ -539,6 +600,7 @@ def test_early_stop_inside_an_epoch_times_the_target_there_and_keeps_the_partial
     passes a 5 % target there, so the run stops after 8 of epoch 1's 16 batches."""
     cfg = compose_cfg(
         f"data.root={tiny_data}",
+        "data.val_split=0",
         "trainer.max_epochs=3",
         "early_stop.target_acc=0.05",
         "trainer.val_check_interval=0.5",
@@ -557,7 +619,9 @@ def test_an_epoch_without_validation_records_none_not_the_last_validations_figur
     """trainer.check_val_every_n_epoch=2 over 3 epochs: epoch 2 alone is validated. Lightning keeps
     that validation's figures through epoch 3; psgd's record of epoch 3 has none, and the run's val_acc,
     curve and csv are epoch 2's."""
-    cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=3", "trainer.check_val_every_n_epoch=2", *TINY)
+    cfg = compose_cfg(
+        f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=3", "trainer.check_val_every_n_epoch=2", *TINY
+    )
     m = train(cfg, tmp_path / "run")
     assert [h["val_acc"] is None for h in m["history"]] == [True, False, True]
     assert [h["val_loss"] is None for h in m["history"]] == [True, False, True]
@@ -592,7 +656,7 @@ def test_a_callers_callbacks_see_every_training_batch(tiny_data, tmp_path):
             self.steps += 1
 
     count = Count()
-    cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=2", *TINY)
+    cfg = compose_cfg(f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=2", *TINY)
     m = train(cfg, tmp_path / "run", callbacks=[count])
     per_epoch = count.seen[0][2]
     assert m["epochs"] == 2 and per_epoch > 1
@@ -608,10 +672,14 @@ class HoldsALock(L.Callback):
 def test_a_callback_the_workers_cannot_get_fails_the_run_and_one_worker_runs_it(tiny_data, tmp_path):
     """With workers > 1 the caller's callbacks are pickled into every worker: one holding a lock fails the run
     as the workers start, with pickle's own error; one worker runs in this process, where nothing is pickled."""
-    cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=1", "workers=2", *TINY)
+    cfg = compose_cfg(f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=1", "workers=2", *TINY)
     with pytest.raises(TypeError, match="cannot pickle '_thread.lock' object"):
         train(cfg, tmp_path / "run", callbacks=[L.Callback(), HoldsALock()])
-    one = train(compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=1", *TINY), tmp_path / "one", [HoldsALock()])
+    one = train(
+        compose_cfg(f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=1", *TINY),
+        tmp_path / "one",
+        [HoldsALock()],
+    )
     assert one["status"] == "completed"
 
 
@@ -633,6 +701,7 @@ def test_the_lr_follows_the_samples_per_update_with_a_reference_batch(tiny_data,
     lrs = Lrs()
     cfg = compose_cfg(
         f"data.root={tiny_data}",
+        "data.val_split=0",
         "trainer.max_epochs=1",
         "parallel_batches=2",
         "scheduler=none",
@@ -649,7 +718,13 @@ def test_an_update_longer_than_an_epoch_steps_at_the_epochs_end(tiny_data, tmp_p
     """trainer.accumulate_grad_batches=40 with 16 batches per epoch: Lightning steps once per epoch, after
     16 batches (metrics.json still records the 40 asked for)."""
     lrs = Lrs()
-    cfg = compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=2", "trainer.accumulate_grad_batches=40", *TINY)
+    cfg = compose_cfg(
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "trainer.max_epochs=2",
+        "trainer.accumulate_grad_batches=40",
+        *TINY,
+    )
     m = train(cfg, tmp_path / "run", callbacks=[lrs])
     assert len(lrs.seen) == 2 and [h["step"] for h in m["history"]] == [1, 2]
 
@@ -660,7 +735,14 @@ def test_scheduler_none_trains_at_a_constant_lr_whatever_a_sweep_gives_the_warm_
     lrs = Lrs()
     settings = ["scheduler.warmup_epochs=1", "scheduler.start_factor=0.1", "scheduler.decay=cosine"]
     settings += ["scheduler.interval=step", "checkpoint_every_epoch=true"]
-    cfg_args = [f"data.root={tiny_data}", "trainer.max_epochs=2", "scheduler=none", *settings, *TINY]
+    cfg_args = [
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "trainer.max_epochs=2",
+        "scheduler=none",
+        *settings,
+        *TINY,
+    ]
     train(compose_cfg(*cfg_args), tmp_path / "none", callbacks=[lrs])
     assert len(lrs.seen) == 32 and {lr for _, lr in lrs.seen} == {0.02}
     acc = tensorboard(tmp_path / "none")
@@ -682,6 +764,7 @@ def test_a_per_step_warm_up_moves_the_lr_at_every_optimizer_step(tiny_data, tmp_
     lrs = Lrs()
     cfg = compose_cfg(
         f"data.root={tiny_data}",
+        "data.val_split=0",
         "trainer.max_epochs=2",
         "parallel_batches=2",
         "scheduler=warmup",
@@ -718,6 +801,7 @@ def test_a_per_step_schedule_resumes_on_its_steps(tiny_data, tmp_path):
     straight run did."""
     common = [
         f"data.root={tiny_data}",
+        "data.val_split=0",
         "trainer.max_epochs=2",
         "scheduler=warmup",
         "scheduler.warmup_epochs=1.5",
@@ -745,7 +829,13 @@ def test_a_constant_lr_counts_no_steps_whatever_its_interval_says(tiny_data, tmp
     """scheduler.interval=step with a constant lr (the warm-up preset with warmup_epochs=0, decay none)
     has no schedule to step: a resume with another batch size goes on, no stray `lr-SGD` tag beside `lr`, and
     no advice about epochs shorter than log_every_n_steps."""
-    common = [f"data.root={tiny_data}", "scheduler=warmup", "scheduler.warmup_epochs=0", "scheduler.interval=step"]
+    common = [
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "scheduler=warmup",
+        "scheduler.warmup_epochs=0",
+        "scheduler.interval=step",
+    ]
     first = [*common, *TINY, "trainer.max_epochs=1"]
     train(compose_cfg(*first, "trainer.log_every_n_steps=1"), tmp_path / "a")
     tags = tensorboard(tmp_path / "a").Tags()["scalars"]
@@ -769,7 +859,7 @@ def test_every_optimizer_resumes_to_the_uninterrupted_weights(optimizer, tiny_da
     """A list in the optimizer's config (NovoGrad's betas; Adam's given on the command line) reached the
     optimizer as an OmegaConf ListConfig, which its state_dict kept: the checkpoint then did not load
     with weights_only=True, so the run could not be resumed (nor a torchrun elastic restart)."""
-    base = [f"data.root={tiny_data}", "trainer.max_epochs=2", *TINY]
+    base = [f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=2", *TINY]
     chosen, other, name, betas = {
         "novograd": (["optimizer=novograd"], ["optimizer=adam", "optimizer.lr=0.1"], "NovoGrad", [0.95, 0.98]),
         "adam": (
@@ -807,7 +897,13 @@ def test_every_optimizer_resumes_to_the_uninterrupted_weights(optimizer, tiny_da
 def test_the_record_says_the_precision_that_ran(tiny_data, tmp_path):
     """On CPU Lightning runs trainer.precision=16-mixed as bf16-mixed (with a warning, once): the run's
     record keeps what ran, which is what its samples/s were measured with."""
-    cfg = compose_cfg(f"data.root={tiny_data}", "trainer.precision=16-mixed", "trainer.fast_dev_run=true", "quiet=true")
+    cfg = compose_cfg(
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "trainer.precision=16-mixed",
+        "trainer.fast_dev_run=true",
+        "quiet=true",
+    )
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         result = train(cfg, tmp_path / "run")
@@ -849,7 +945,7 @@ def test_a_checkpoint_the_disk_has_no_room_for_leaves_the_previous_one_whole(tin
     monkeypatch.setattr(psgd.io, "open", half_fits_open, raising=False)  # the name psgd.io's writes call
     run_dir = tmp_path / "run"
     with pytest.raises(OSError) as e:
-        train(compose_cfg(f"data.root={tiny_data}", "trainer.max_epochs=2", *TINY), run_dir)
+        train(compose_cfg(f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=2", *TINY), run_dir)
     last = run_dir / "checkpoints" / "last.ckpt"
     assert (e.value.errno, e.value.filename) == (errno.ENOSPC, str(last))
     assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt"]  # no temp file

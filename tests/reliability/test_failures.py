@@ -122,7 +122,13 @@ def _state(pid: int) -> str:
 def test_a_killed_worker_ends_the_run_with_its_rank(tiny_data, tmp_path, strategy):
     run_dir = tmp_path / "run"
     proc = start(
-        run_dir, f"strategy={strategy}", "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY
+        run_dir,
+        f"strategy={strategy}",
+        "workers=2",
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "trainer.max_epochs=200",
+        *TINY,
     )
     victim = 1
     stderr, workers = stop_after_two_epochs(run_dir, proc, lambda pids: os.kill(pids[victim], signal.SIGKILL))
@@ -144,7 +150,7 @@ def test_a_killed_fork_server_ends_the_run_in_one_line_and_takes_its_workers(tin
     killed (by the OOM killer, say), it can tell nothing: the run ends as by a dead worker, and the
     orphaned workers, which would train on, are stopped."""
     run_dir = tmp_path / "run"
-    proc = start(run_dir, "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY)
+    proc = start(run_dir, "workers=2", f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=200", *TINY)
 
     def kill_the_server(workers: list[int]) -> None:
         os.kill(int(proc_stat(workers[0])[1]), signal.SIGKILL)  # the workers' parent
@@ -163,7 +169,7 @@ def test_sigterm_to_one_worker_ends_the_run_with_its_rank(tiny_data, tmp_path):
     # Lightning's SIGTERM handler broadcast from inside the handler: with psgd's workers not joining
     # it, the run hung until the process group's timeout (30 min)
     run_dir = tmp_path / "run"
-    proc = start(run_dir, "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY)
+    proc = start(run_dir, "workers=2", f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=200", *TINY)
     stderr, workers = stop_after_two_epochs(run_dir, proc, lambda pids: os.kill(pids[1], signal.SIGTERM))
     assert stderr.strip().splitlines()[-1].startswith("psgd: error: worker rank 1 died (signal SIGTERM)"), stderr
     assert gone_within(workers, 5)
@@ -179,7 +185,14 @@ def test_a_stopped_worker_ends_the_run_naming_it_not_the_peer_that_timed_out(tin
     collective times out after strategy.timeout_s, and that peer's gloo error used to be the verdict
     ("worker rank 0 failed: RuntimeError: [...] Timed out waiting 5000ms for recv operation to complete")."""
     run_dir = tmp_path / "run"
-    overrides = ["workers=2", "strategy.timeout_s=5", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY]
+    overrides = [
+        "workers=2",
+        "strategy.timeout_s=5",
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "trainer.max_epochs=200",
+        *TINY,
+    ]
     proc = start(run_dir, *overrides)
     stderr, workers = stop_after_two_epochs(run_dir, proc, lambda pids: os.kill(pids[1], signal.SIGSTOP))
     line = (
@@ -206,7 +219,14 @@ def test_a_stopped_worker_ends_the_run_naming_it_not_the_peer_that_timed_out(tin
 def test_sigterm_stops_the_run_as_ctrl_c_does(tiny_data, tmp_path, strategy, to):
     # started in the background (SIGINT ignored), where the workers had trained on, orphaned, to the end
     run_dir = tmp_path / "run"
-    args = [f"strategy={strategy}", "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY]
+    args = [
+        f"strategy={strategy}",
+        "workers=2",
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "trainer.max_epochs=200",
+        *TINY,
+    ]
     proc = start(run_dir, *args, background=True)
     send = os.kill if to == "launcher" else os.killpg
     stderr, workers = stop_after_two_epochs(run_dir, proc, lambda pids: send(proc.pid, signal.SIGTERM))
@@ -230,7 +250,14 @@ def test_ctrl_c_to_the_launcher_alone_stops_its_workers(tiny_data, tmp_path, str
     trained on for the launcher's 10 s before its SIGTERM (two more epochs of the lab CNN). They stop at once now:
     the last worker ends within 1.5 s of the signal, with at most the epoch then under way finished after it."""
     run_dir = tmp_path / "run"
-    args = [f"strategy={strategy}", "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY]
+    args = [
+        f"strategy={strategy}",
+        "workers=2",
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "trainer.max_epochs=200",
+        *TINY,
+    ]
     proc = start(run_dir, *args)
     sent = {}
 
@@ -260,7 +287,14 @@ def test_ctrl_c_to_the_launcher_alone_stops_its_workers(tiny_data, tmp_path, str
 )
 def test_workers_do_not_outlive_a_killed_launcher(tiny_data, tmp_path, strategy):
     run_dir = tmp_path / "run"
-    args = [f"strategy={strategy}", "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY]
+    args = [
+        f"strategy={strategy}",
+        "workers=2",
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "trainer.max_epochs=200",
+        *TINY,
+    ]
     proc = start(run_dir, *args, background=True)
     try:
         wait_for_epochs(run_dir, proc, 2)
@@ -280,7 +314,14 @@ def test_a_worker_still_starting_does_not_outlive_its_launcher(tiny_data, tmp_pa
     in the process group's rendezvous for the dead one's store, orphaned, until strategy.timeout_s (30
     min by default). Killing the launcher and worker 0 just after the spawn is that case."""
     run_dir = tmp_path / "run"
-    args = ["workers=2", "strategy.timeout_s=300", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY]
+    args = [
+        "workers=2",
+        "strategy.timeout_s=300",
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "trainer.max_epochs=200",
+        *TINY,
+    ]
     proc = start(run_dir, *args, background=True)
     workers = []
     try:
@@ -301,7 +342,9 @@ def test_a_worker_still_starting_does_not_outlive_its_launcher(tiny_data, tmp_pa
 
 def test_sigterm_to_a_one_worker_run(tiny_data, tmp_path):
     run_dir = tmp_path / "run"
-    proc = start(run_dir, f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY, background=True)
+    proc = start(
+        run_dir, f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=200", *TINY, background=True
+    )
     stderr, _ = stop_after_two_epochs(run_dir, proc, lambda pids: os.kill(proc.pid, signal.SIGTERM), workers=1)
     assert stderr.strip().splitlines()[-1].startswith("psgd: interrupted (SIGTERM)"), stderr
     assert proc.returncode == 128 + signal.SIGTERM
@@ -327,7 +370,7 @@ def test_ctrl_c_leaves_a_valid_metrics_file_marked_interrupted(tiny_data, tmp_pa
     That shutdown is a spawned worker's; psgd's fork server (the default) is ignoring Ctrl-C, its
     workers are not, and they leave by os._exit."""
     run_dir, threads = tmp_path / "run", ThreadsAtExit(tmp_path)
-    overrides = [f"workers={workers}", f"data.root={tiny_data}", "trainer.max_epochs=200", *TINY]
+    overrides = [f"workers={workers}", f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=200", *TINY]
     overrides += [f"strategy.start_method={method}"] if method else []
     proc = start(run_dir, *overrides, env=threads.env)
     # what Ctrl-C sends: SIGINT to the whole foreground process group
@@ -356,7 +399,7 @@ def test_ctrl_c_between_fit_and_test_keeps_the_epochs_and_says_so(tiny_data, tmp
     monkeypatch.setattr(psgd.run, "final_test", ctrl_c)
     monkeypatch.setattr(signals, "received", None)
     for run_dir, job in ((tmp_path / "run", True), (tmp_path / "api", False)):
-        overrides = (f"data.root={tiny_data}", "trainer.max_epochs=1", *TINY)
+        overrides = (f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=1", *TINY)
         if job:  # as train.py runs it
             cfg = job_config(run_dir, monkeypatch, *overrides)
         else:  # psgd.run.train called from Python (a notebook): Hydra has no job
@@ -470,6 +513,7 @@ def test_ctrl_c_while_starting_up_is_one_line_and_leaves_nothing(tiny_data, tmp_
             str(ROOT / script),
             f"workers={workers}",
             f"data.root={tiny_data}",
+            "data.val_split=0",
             f"hydra.run.dir={out}",
             f"hydra.sweep.dir={out}",
         ],
@@ -508,7 +552,7 @@ def test_a_signal_while_hydra_sets_up_the_job_leaves_no_run_dir(tiny_data, tmp_p
     out = tmp_path / "out"
     path = os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), f"data.root={tiny_data}", f"hydra.run.dir={out}"],
+        [sys.executable, str(ROOT / "train.py"), f"data.root={tiny_data}", "data.val_split=0", f"hydra.run.dir={out}"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -581,7 +625,13 @@ def test_torch_is_first_imported_with_ctrl_c_and_sigterm_held(tmp_path, script, 
 def test_ddp_resume_ends_with_the_same_weights_as_an_uninterrupted_run(tiny_data, tmp_path, inside_an_epoch):
     """From an epoch's checkpoint, or from the run dir of a run trainer.max_steps cut inside an epoch (16 steps
     an epoch per worker; 20: the second's fourth, which the resume trains again from its start)."""
-    common = ["workers=2", f"data.root={tiny_data}", "trainer.max_epochs=2", *TINY]  # dropout on: reseeded per epoch
+    common = [
+        "workers=2",
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "trainer.max_epochs=2",
+        *TINY,
+    ]  # dropout on: reseeded per epoch
     straight = tmp_path / "straight"
     proc = run_cli("train.py", *common, "checkpoint_every_epoch=true", f"hydra.run.dir={straight}")
     assert proc.returncode == 0, proc.stderr
@@ -604,13 +654,20 @@ def test_a_resume_that_would_not_follow_the_command_line_is_one_line(tiny_data, 
     # the checks themselves (another model, a file that is not a checkpoint, another schedule or
     # worker count) are unit tests in tests/unit/test_resume.py; here one of them, end to end
     first = tmp_path / "first"
-    proc = run_cli("train.py", f"data.root={tiny_data}", "trainer.max_epochs=1", f"hydra.run.dir={first}", *TINY)
+    proc = run_cli(
+        "train.py",
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "trainer.max_epochs=1",
+        f"hydra.run.dir={first}",
+        *TINY,
+    )
     assert proc.returncode == 0, proc.stderr
     # the same model with another lr schedule: resuming would restore the checkpoint's (before, a
     # 1-epoch cosine run resumed with trainer.max_epochs=2 trained its second epoch at lr 0)
     second = tmp_path / "second"
     longer = ["trainer.max_epochs=2", f"ckpt_path={first}"]
-    proc = run_cli("train.py", f"data.root={tiny_data}", *longer, f"hydra.run.dir={second}", *TINY)
+    proc = run_cli("train.py", f"data.root={tiny_data}", "data.val_split=0", *longer, f"hydra.run.dir={second}", *TINY)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"psgd: error: ckpt_path='{first}' cannot be resumed with trainer.max_epochs=2 under a cosine decay "
@@ -625,12 +682,19 @@ def test_a_resume_that_would_not_follow_the_command_line_is_one_line(tiny_data, 
 @pytest.mark.slow  # ~12 s; the check is unit-tested (test_resume.py), and the default run has a refused resume above
 def test_a_resume_on_another_dataset_is_one_line_and_leaves_no_run_dir(tiny_data, tmp_path):
     first = tmp_path / "first"
-    proc = run_cli("train.py", f"data.root={tiny_data}", "trainer.max_epochs=1", f"hydra.run.dir={first}", *TINY)
+    proc = run_cli(
+        "train.py",
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "trainer.max_epochs=1",
+        f"hydra.run.dir={first}",
+        *TINY,
+    )
     assert proc.returncode == 0, proc.stderr
     # the same shapes on another dataset (forgot data=fashion_mnist, or added it): the dataset is in the checkpoint
     third = tmp_path / "third"
     other_data = ["data=fashion_mnist", f"ckpt_path={first}", f"hydra.run.dir={third}"]
-    proc = run_cli("train.py", f"data.root={tiny_data}", *other_data, *TINY)
+    proc = run_cli("train.py", f"data.root={tiny_data}", "data.val_split=0", *other_data, *TINY)
     assert not third.exists()
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"psgd: error: ckpt_path='{first}' was trained with data=mnist and this run has data=fashion_mnist: it "
@@ -642,7 +706,15 @@ def test_a_resume_on_another_dataset_is_one_line_and_leaves_no_run_dir(tiny_data
 def test_two_runs_started_at_once_do_not_collide(tiny_data, tmp_path):
     # default output dirs (microsecond timestamps) and free rendezvous ports, chosen independently
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "PSGD_OUTPUTS": str(tmp_path / "outputs")}
-    cmd = [sys.executable, str(ROOT / "train.py"), "workers=2", f"data.root={tiny_data}", "trainer.max_epochs=1", *TINY]
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "workers=2",
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "trainer.max_epochs=1",
+        *TINY,
+    ]
     procs = [
         subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)
     ]
@@ -677,6 +749,7 @@ def test_uneven_shards_never_hang(tiny_data, tmp_path, strategy, partition):
         f"strategy={strategy}",
         "workers=2",
         f"data.root={tiny_data}",
+        "data.val_split=0",
         "trainer.max_epochs=2",
         "record_shards=true",
         f"hydra.run.dir={run_dir}",
@@ -722,6 +795,7 @@ def test_a_diverged_run_stops_with_one_line(tiny_data, tmp_path, workers, strate
         f"workers={workers}",
         f"strategy={strategy}",
         f"data.root={tiny_data}",
+        "data.val_split=0",
         *(lr or ["optimizer.lr=1e4"]),
         "trainer.max_epochs=5",
         f"hydra.run.dir={run_dir}",
@@ -784,7 +858,7 @@ def test_a_worker_failing_alone_is_the_one_reported_not_the_peer_that_lost_it(ti
     # spawn: worker 1 waits for worker 0 to be reaped by the launcher (FailsAloneOnRank1), which only a
     # spawned worker is (psgd's fork server reaps its own children); the launcher's code is the same
     overrides = ["workers=2", "strategy.start_method=spawn", "trainer.max_epochs=1"]
-    cfg = compose_cfg(f"data.root={tiny_data}", *overrides, *TINY)
+    cfg = compose_cfg(f"data.root={tiny_data}", "data.val_split=0", *overrides, *TINY)
     with pytest.raises((ProcessRaisedException, ProcessExitedException)) as e:
         train(cfg, tmp_path / "run", callbacks=[FailsAloneOnRank1(how)])
     assert e.value.error_index == 1
@@ -861,7 +935,14 @@ def test_a_run_out_of_memory_loses_a_worker_not_the_launcher_and_says_so(tiny_da
     env = {**os.environ, **user_code(tmp_path, "hog_net", HOG_MODEL)}
     with memory_cgroup(1_700_000_000, tmp_path) as group:
         run_dir = tmp_path / "run"
-        args = [sys.executable, str(ROOT / "train.py"), "workers=4", f"data.root={tiny_data}", "quiet=true"]
+        args = [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "workers=4",
+            f"data.root={tiny_data}",
+            "data.val_split=0",
+            "quiet=true",
+        ]
         args += ["trainer.max_epochs=1", f"hydra.run.dir={run_dir}", "model._target_=hog_net.Hog", "model.name=hog"]
         proc = subprocess.run(in_cgroup(group, *args), capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
         lines = proc.stderr.strip().splitlines()
@@ -894,7 +975,7 @@ def test_a_full_disk_is_one_line_and_the_last_checkpoint_stays_whole(tiny_data, 
     from the system's temp dir left a truncated last.ckpt."""
     with small_disk(tmp_path / "disk", "2600k") as disk:
         run_dir = disk / "run"
-        common = ["workers=2", f"data.root={tiny_data}", "trainer.max_epochs=3", "quiet=true"]
+        common = ["workers=2", f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=3", "quiet=true"]
         proc = run_cli("train.py", *common, f"hydra.run.dir={run_dir}")
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
@@ -914,7 +995,7 @@ def test_a_run_stopped_while_its_workers_start_leaves_its_record(tiny_data, tmp_
     """SIGTERM to a 2-worker run's process group after Hydra made its run dir, before any epoch ended, left the dir
     without metrics.json (a 1-worker run wrote one): the launcher writes the record, marked interrupted."""
     run_dir = tmp_path / "run"
-    proc = start(run_dir, f"data.root={tiny_data}", "workers=2", *TINY)
+    proc = start(run_dir, f"data.root={tiny_data}", "data.val_split=0", "workers=2", *TINY)
     deadline = time.monotonic() + 60
     while not (run_dir / ".hydra" / "config.yaml").exists() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -275,7 +275,10 @@ def test_a_job_whose_worker_would_get_no_batch_is_one_line_before_any_job_runs(t
     def problem(*overrides: str) -> str | None:
         reads.clear()
         return command_line_problem(
-            "sweep", ["-m", f"data.root={tiny_data}", *overrides], CONF, job_check=sweep_data_problem
+            "sweep",
+            ["-m", f"data.root={tiny_data}", "data.val_split=0", *overrides],
+            CONF,
+            job_check=sweep_data_problem,
         )
 
     # 512 training samples: 171 per worker of 3, fewer than one batch of 200, dropped

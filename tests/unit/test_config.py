@@ -154,7 +154,10 @@ BAD = [
         ["trainer.accelerator=mps"],
         "trainer.accelerator='mps' is invalid: Input should be 'auto', 'cpu', 'gpu' or 'cuda'",
     ),
-    (["data.val_split=1.0"], "data.val_split=1.0"),
+    (
+        ["data.val_split=1.0"],
+        "data.val_split=1.0 is invalid: must be a fraction below 1 (0.1) or a whole number of samples (5000)",
+    ),
     (["threads_per_worker=0"], "threads_per_worker=0"),
     (["model.dropout=1.0"], "model.dropout=1.0"),
     (["seed=-1"], "seed=-1"),

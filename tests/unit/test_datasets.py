@@ -4,10 +4,12 @@ import shutil
 
 import pytest
 import torch
-from conftest import SHARED_DATA, make_cifar_like, make_mnist_like
+from conftest import SHARED_DATA, compose_cfg, make_cifar_like, make_mnist_like
 
+from psgd.config import check_values
 from psgd.data import INFO, ClassificationData, DataError, load_split
 from psgd.data.datamodule import resize
+from psgd.run_checks import build_datamodule
 
 
 def test_mnist_reads_gz_in_place_without_writing_beside_it(tmp_path):
@@ -146,6 +148,28 @@ def test_datamodule_normalises_and_holds_out_validation(tmp_path):
     assert x.mean().item() == pytest.approx(((raw - 0.1307) / 0.3081).mean().item(), abs=1.0)
     loader = dm.val_dataloader()
     assert sum(len(b[1]) for b in loader) == 50
+
+
+def test_the_held_out_samples_are_the_seeds_whatever_the_workers_and_a_count_leaving_none_is_refused(tmp_path):
+    make_mnist_like(tmp_path, "MNIST", n_train=200, n_test=50)
+    root = [f"data.root={tmp_path}", "data.val_split=60"]
+    one, four = (
+        build_datamodule(check_values(compose_cfg(*root, *more)))
+        for more in ([], ["workers=4", "strategy=model_averaging", "trainer.devices=4"])
+    )
+    for dm in (one, four):
+        dm.setup("fit")
+    assert (len(one.val_set[1]), len(one.train_set[1])) == (60, 140)  # a number of samples, not a fraction
+    assert torch.equal(one.val_set[0], four.val_set[0]) and torch.equal(one.train_set[0], four.train_set[0])
+    other = build_datamodule(check_values(compose_cfg(*root, "seed=1")))
+    other.setup("fit")
+    assert not torch.equal(one.val_set[0], other.val_set[0])  # drawn with the seed
+    with pytest.raises(DataError) as e:
+        ClassificationData("mnist", str(tmp_path), val_split=200).setup("fit")
+    assert str(e.value) == (
+        "data.val_split=200 holds out 200 of the 200 training samples of data=mnist and leaves none to train on: "
+        "use fewer, a fraction below 1, or 0 to validate on the test split"
+    )
 
 
 def test_a_run_where_a_worker_gets_no_training_batch_is_refused_before_it_starts(tmp_path):

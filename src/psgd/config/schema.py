@@ -36,6 +36,13 @@ def _a_duration(value: Any) -> Any:
     return value
 
 
+def _a_holdout(value: Any) -> Any:
+    """data.val_split as written: a whole number of samples (5000), or a fraction below 1 (0.1)."""
+    if isinstance(value, float) and value >= 1:
+        raise ValueError("must be a fraction below 1 (0.1) or a whole number of samples (5000)")
+    return value
+
+
 class Data(Group):
     name: Literal[tuple(INFO)]
     """The dataset."""
@@ -53,8 +60,9 @@ class Data(Group):
     """partition=dirichlet: the label skew (smaller = more skewed), e.g. 0.5."""
     augment: Literal["none", "cifar", "pad_crop_flip"]  # psgd.data.augment.PRESETS
     """Augmentation of training batches (random per sample)."""
-    val_split: float = Field(ge=0, lt=1)
-    """0: validate on the test split; else the fraction of the training set held out for validation."""
+    val_split: Annotated[float, Field(ge=0), BeforeValidator(_a_holdout)]
+    """Training samples held out for validation: a number (5000), a fraction below 1 (0.1), or 0: validate on
+    the test split."""
     download: bool
     """Download the files when missing."""
     verify_md5: bool

@@ -125,8 +125,8 @@ def resize(images: Tensor, size: int) -> Tensor:
 
 
 class ClassificationData(L.LightningDataModule):
-    """MNIST / FashionMNIST / CIFAR10 sharded over workers; validates on the test split unless
-    `val_split` holds out part of the training set.
+    """MNIST / FashionMNIST / CIFAR10 sharded over workers; validates on `val_split` samples held out of the
+    training set (a number, or a fraction below 1), or on the test split where it is 0.
 
     Args:
         lockstep: every worker takes the fewest batches any shard allows (DDP: uneven shards never hang).
@@ -200,9 +200,20 @@ class ClassificationData(L.LightningDataModule):
         self.train_set = (images, labels)
 
     def _holdout(self, n: int) -> tuple[Tensor, Tensor]:
-        """The indices `val_split` holds out of n training samples, and the rest (sorted)."""
+        """The indices `val_split` holds out of n training samples, and the rest (sorted): drawn with the
+        seed alone, the same for every worker count.
+
+        Raises:
+            DataError: the hold-out would leave no training sample.
+        """
+        n_val = int(self.val_split) if self.val_split >= 1 else int(round(self.val_split * n))
+        if n_val >= n:
+            raise DataError(
+                f"data.val_split={self.val_split:g} holds out {n_val} of the {n} training samples of "
+                f"data={self.name} and leaves none to train on: use fewer, a fraction below 1, or 0 to "
+                "validate on the test split"
+            )
         perm = torch.randperm(n, generator=generator(self.seed, HOLDOUT))
-        n_val = int(round(self.val_split * n))
         return perm[:n_val], perm[n_val:].sort().values
 
     def check_batches(self, workers: int) -> None:
