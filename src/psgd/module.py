@@ -9,6 +9,7 @@ import pytorch_lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
@@ -215,6 +216,19 @@ class Classifier(L.LightningModule):
             self._net_compiled = True
 
     @override
+    def on_train_start(self) -> None:
+        """scheduler.restart with ckpt_path: the checkpoint's weights and optimizer state (restored by now) go on
+        under a new schedule from this epoch to max_epochs, from this run's lr."""
+        if not ((self.scheduler_cfg or {}).get("restart") and self.trainer.ckpt_path):
+            return
+        optimizer = self.trainer.optimizers[0]
+        for group, fresh in zip(optimizer.param_groups, self.build_optimizer().param_groups, strict=True):
+            group["lr"] = group["initial_lr"] = fresh["lr"]
+        scheduler = self.build_schedule(optimizer, self.hparams.max_epochs - self.trainer.current_epoch)
+        for config in self.trainer.lr_scheduler_configs:  # (none under a constant lr)
+            config.scheduler = scheduler
+
+    @override
     def on_train_epoch_start(self) -> None:
         # at the epoch's first step, from which this lr is used (self.log would place it at the epoch's last)
         lr = self.trainer.optimizers[0].param_groups[0]["lr"]
@@ -226,9 +240,8 @@ class Classifier(L.LightningModule):
         groups = self.net.param_groups() if hasattr(self.net, "param_groups") else self.net.parameters()
         return self.optimizer_factory(groups, lr=self.hparams.lr)
 
-    @override
-    def configure_optimizers(self):
-        optimizer = self.build_optimizer()
+    def build_schedule(self, optimizer: torch.optim.Optimizer, epochs: int) -> LRScheduler | None:
+        """The run's lr schedule over `epochs` epochs, stepped per epoch or per optimizer step (interval)."""
         cfg = schedule_read(self.scheduler_cfg)
         interval, steps_per_epoch = cfg.pop("interval", "epoch"), 1
         if interval == "step":  # this worker's optimizer steps per epoch, as Lightning will run them
@@ -237,7 +250,13 @@ class Classifier(L.LightningModule):
                 1, math.ceil(self.trainer.num_training_batches / self.trainer.accumulate_grad_batches)
             )
         world = self.hparams.workers * self.trainer.num_nodes  # a warm-up from 1/world, as lr_scaling scales
-        scheduler = build_scheduler(optimizer, world, self.hparams.max_epochs, steps_per_epoch=steps_per_epoch, **cfg)
+        return build_scheduler(optimizer, world, epochs, steps_per_epoch=steps_per_epoch, **cfg)
+
+    @override
+    def configure_optimizers(self):
+        optimizer = self.build_optimizer()
+        scheduler = self.build_schedule(optimizer, self.hparams.max_epochs)
+        interval = schedule_read(self.scheduler_cfg).get("interval", "epoch")
         if scheduler is None:
             return optimizer
         # with interval=step, run.py's LearningRateMonitor logs it as lr_step

@@ -26,7 +26,7 @@ def schedule_read(settings: Mapping[str, Any] | None) -> dict[str, Any]:
     only with a warm-up, step_size and gamma only with the step decay, interval only where the lr moves.
     A setting left out here makes no difference to the lr, so two runs whose schedule_read agree follow
     the same lr schedule. Settings without an interval (an older checkpoint's) step once per epoch."""
-    s = {"interval": "epoch", **{k: v for k, v in (settings or {}).items() if k != "name"}}
+    s = {"interval": "epoch", **{k: v for k, v in (settings or {}).items() if k not in ("name", "restart")}}
     warm, decay = (s.get("warmup_epochs") or 0) > 0, s.get("decay", "none")
     unread = ["start_factor"] * (not warm) + ["step_size", "gamma"] * (decay != "step")
     unread += ["interval"] * (not warm and decay == "none")  # a constant lr

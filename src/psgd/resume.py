@@ -52,12 +52,18 @@ def resolve_ckpt_path(
                 f"ckpt_path={value!r} was trained with {then} and this run has {now}: it would go on with other "
                 f"samples than its run trained and validated on; resume with {then}"
             )
-    problem = schedule_change(saved, dict(module.hparams)) or optimizer_change(checkpoint, module)
+    restart = (module.hparams.get("scheduler") or {}).get("restart")  # a new schedule: it may change
+    schedule = None if restart else schedule_change(saved, dict(module.hparams))
+    problem = schedule or optimizer_change(checkpoint, module)
     if problem:
+        restarts = (
+            "add scheduler.restart=true to go on from its weights and optimizer state under this run's schedule, "
+        )
         raise ConfigError(
             f"ckpt_path={value!r} cannot be resumed with {problem}: resuming restores its optimizer and lr "
-            "schedule as they were, which would not follow this change; resume with the checkpoint's settings "
-            f"(or start a new run from its weights with init_weights={value}, leaving ckpt_path out)"
+            "schedule as they were, which would not follow this change; resume with the checkpoint's settings, "
+            f"{restarts if schedule else ''}or start a new run from its weights alone with init_weights={value}, "
+            "leaving ckpt_path out"
         )
     return str(path)
 

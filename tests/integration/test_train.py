@@ -340,6 +340,33 @@ class OptimizerSeen(L.Callback):
         self.group = {k: v for k, v in trainer.optimizers[0].param_groups[0].items() if k != "params"}
 
 
+class MomentumSeen(L.Callback):
+    def on_train_epoch_start(self, trainer, pl_module):  # (after the module's on_train_start)
+        if not hasattr(self, "buffers"):
+            optimizer = trainer.optimizers[0]
+            self.buffers = [optimizer.state[p]["momentum_buffer"].clone() for p in pl_module.parameters()]
+
+
+def test_a_finished_cosine_run_extended_with_a_restart_keeps_its_momentum_under_a_new_schedule(tiny_data, tmp_path):
+    # a finished cosine run (lr 0 at its end) resumed for more epochs was refused; its weights alone
+    # (init_weights) lose the optimizer's state
+    base = [f"data.root={tiny_data}", "data.val_split=0", "scheduler=cosine", "optimizer.momentum=0.9", *TINY]
+    train(compose_cfg(*base, "trainer.max_epochs=2", "optimizer.lr=0.02"), tmp_path / "first")
+    saved = torch.load(tmp_path / "first" / "checkpoints" / "last.ckpt", weights_only=True)["optimizer_states"][0]
+    longer = [f"ckpt_path={tmp_path / 'first'}", "trainer.max_epochs=4", "optimizer.lr=0.05"]
+    with pytest.raises(ConfigError, match="add scheduler.restart=true to go on from its weights and optimizer state"):
+        train(compose_cfg(*base, *longer), tmp_path / "refused")
+    m = train(
+        compose_cfg(*base, *longer, "scheduler.restart=true"), tmp_path / "longer", callbacks=[seen := MomentumSeen()]
+    )
+    assert [h["epoch"] for h in m["history"]][-2:] == [3, 4] and m["status"] == "completed"
+    # a new cosine over epochs 3 and 4 from the new lr (0.05, then halfway to 0), not the checkpoint's lr 0
+    assert [h["lr"] for h in m["history"]][-2:] == pytest.approx([0.05, 0.025])
+    assert all(torch.equal(a, saved["state"][i]["momentum_buffer"]) for i, a in enumerate(seen.buffers))
+    with pytest.raises(ConfigError, match=r"^scheduler.restart=true is invalid without ckpt_path: "):
+        train(compose_cfg(*base, "scheduler.restart=true"), tmp_path / "no_checkpoint")
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_the_update_is_fused_by_default_trains_as_torchs_loop_and_a_resume_runs_its_own_choice(
     tiny_data, tmp_path, optimizer

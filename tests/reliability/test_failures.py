@@ -672,8 +672,9 @@ def test_a_resume_that_would_not_follow_the_command_line_is_one_line(tiny_data, 
     assert proc.stderr.strip().splitlines() == [
         f"psgd: error: ckpt_path='{first}' cannot be resumed with trainer.max_epochs=2 under a cosine decay "
         "(the checkpoint's run had 1: its cosine reaches lr 0 there): resuming restores its optimizer and lr "
-        "schedule as they were, which would not follow this change; resume with the checkpoint's settings "
-        f"(or start a new run from its weights with init_weights={first}, leaving ckpt_path out)"
+        "schedule as they were, which would not follow this change; resume with the checkpoint's settings, add "
+        "scheduler.restart=true to go on from its weights and optimizer state under this run's schedule, or start "
+        f"a new run from its weights alone with init_weights={first}, leaving ckpt_path out"
     ]
     assert not second.exists()
 

@@ -121,6 +121,11 @@ def check_values(cfg: DictConfig) -> Run:
             f"scheduler.warmup_epochs={warmup:g} is invalid with trainer.max_epochs={epochs}: the warm-up would not "
             f"end before training does; use warmup_epochs<={epochs}"
         )
+    if run.scheduler.restart and run.ckpt_path is None:
+        raise ConfigError(
+            "scheduler.restart=true is invalid without ckpt_path: it starts a new lr schedule from a checkpoint's "
+            "weights and optimizer state; give ckpt_path=<run dir> or leave scheduler.restart out"
+        )
     run.strategy.refuse(run)
     _own_pace(run)
     _stragglers(run.stragglers, run.world_size)

@@ -101,6 +101,9 @@ class Scheduler(Group):
     """decay=step: the lr factor per step."""
     interval: Literal["epoch", "step"]
     """When the lr changes: once per epoch, or after every optimizer step."""
+    restart: bool
+    """With ckpt_path: a new schedule (warm-up, decay) from the checkpoint's epoch to trainer.max_epochs, its
+    weights and optimizer state kept, lr and schedule as this run sets them."""
 
     def trained(self) -> dict[str, Any]:
         """The schedule the run trains with (`schedule`: scheduler=none is a constant lr)."""
