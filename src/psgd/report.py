@@ -14,6 +14,7 @@ import shlex
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ PLOTS = {
     "efficiency": ("E(P) = S(P) / P", {"efficiency": "", "efficiency_to_target": " (to target)"}, lambda p: 1.0),
     "accuracy": ("test accuracy", {"test_acc_mean": "", "worker_acc_mean": " (replicas' mean, unaveraged)"}, None),
 }
+LOG_MB = "per worker (payload; log scale, 0 at the left)"
 # what a model-averaging group's test accuracy adds to its label: the replicas' own are a line of their own
 AVERAGED = " (averaged model)"
 
@@ -389,6 +391,26 @@ def plot_lines(name: str, summary: list[dict]) -> dict[str, list[tuple[int, floa
     return lines
 
 
+@contextlib.contextmanager
+def figure(path: Path, size: tuple[float, float] = (6.5, 4.5)) -> Iterator[Any]:
+    """Axes to draw on, gridded; the figure is written whole to `path` (PNG) as the block ends: a full disk leaves
+    no truncated plot."""
+    from matplotlib.figure import Figure  # a heavy import, for the sweep's end only
+
+    ax = (fig := Figure(figsize=size, layout="tight")).subplots()
+    yield ax
+    ax.grid(alpha=0.3, which="both")
+    with atomic_file(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=100)
+
+
+def colour(i: int) -> tuple[float, ...]:
+    """The i-th job's colour on a plot of a line or point per job: 20 apart, then again."""
+    from matplotlib import colormaps
+
+    return colormaps["tab20"](i % 20)
+
+
 def write_plots(sweep_dir: Path, summary: list[dict]) -> list[Path]:
     """The PLOTS that have a line over two worker counts or more (plot_lines), beside the ideal; none is left
     from an earlier build."""
@@ -399,20 +421,15 @@ def write_plots(sweep_dir: Path, summary: list[dict]) -> list[Path]:
         lines = plot_lines(name, summary)
         if all(len(points) < 2 for points in lines.values()):
             continue
-        from matplotlib.figure import Figure  # a heavy import, for the sweep's end only
-
-        ax = (fig := Figure(figsize=(6.5, 4.5), layout="tight")).subplots()
-        for label, points in lines.items():
-            xs, ys, stds = zip(*points, strict=True)
-            ax.errorbar(xs, ys, yerr=stds if any(stds) else None, marker="o", capsize=3, label=label)
-        workers = list(range(1, max(s["workers"] for s in summary) + 1))
-        if ideal:
-            ax.plot(workers, [ideal(p) for p in workers], "k--", label="ideal")
-        ax.set(xlabel="workers P", ylabel=ylabel, title=f"{name} vs workers", xticks=workers)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        with atomic_file(path, "wb") as f:  # a full disk leaves no truncated plot
-            fig.savefig(f, format="png", dpi=100)
+        with figure(path) as ax:
+            for label, points in lines.items():
+                xs, ys, stds = zip(*points, strict=True)
+                ax.errorbar(xs, ys, yerr=stds if any(stds) else None, marker="o", capsize=3, label=label)
+            workers = list(range(1, max(s["workers"] for s in summary) + 1))
+            if ideal:
+                ax.plot(workers, [ideal(p) for p in workers], "k--", label="ideal")
+            ax.set(xlabel="workers P", ylabel=ylabel, title=f"{name} vs workers", xticks=workers)
+            ax.legend(fontsize=8)
         written.append(path)
     return written
 
@@ -438,22 +455,54 @@ def write_comm_plot(sweep_dir: Path, jobs: list[Job]) -> Path | None:
     points = comm_points(jobs)
     if len(points) < 2:
         return None
-    from matplotlib import colormaps
-    from matplotlib.figure import Figure
-
-    ax = (fig := Figure(figsize=(9, 4.5), layout="tight")).subplots()
-    kinds, colours = list(dict.fromkeys(label.split()[0] for _, _, label, _ in points)), colormaps["tab20"]
-    for i, (mb, acc, label, under) in enumerate(points):  # a marker per strategy, a colour per job
-        marker, size = "osD^vP"[kinds.index(label.split()[0]) % 6], 30 * (1 + 1.5 * under) ** 2
-        ax.scatter(mb, acc, s=size, marker=marker, facecolors="none", edgecolors=colours(i % 20), label=label)
-    ax.set_xscale("symlog", linthresh=min((mb for mb, *_ in points if mb > 0), default=1.0))
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    ax.set(xlabel="MB sent per worker (payload; log scale, 0 at the left)", ylabel="test accuracy")
-    ax.set(title="accuracy vs communication")
-    ax.grid(alpha=0.3, which="both")
-    with atomic_file(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=100)
+    kinds = list(dict.fromkeys(label.split()[0] for _, _, label, _ in points))
+    with figure(path, (9, 4.5)) as ax:
+        for i, (mb, acc, label, under) in enumerate(points):  # a marker per strategy, a colour per job
+            marker, size = "osD^vP"[kinds.index(label.split()[0]) % 6], 30 * (1 + 1.5 * under) ** 2
+            ax.scatter(mb, acc, s=size, marker=marker, facecolors="none", edgecolors=colour(i), label=label)
+        ax.set_xscale("symlog", linthresh=min((mb for mb, *_ in points if mb > 0), default=1.0))
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        ax.set(xlabel=f"MB sent per worker {LOG_MB}", ylabel="test accuracy", title="accuracy vs communication")
     return path
+
+
+def curves(jobs: list[Job], swept: list[str]) -> dict[str, list[tuple[float, float | None, float]]]:
+    """curves_time.png's and curves_comm.png's lines: per job with a validated epoch, labelled by its number and
+    swept values, (training time s, MB each worker had sent, None where not counted; validation accuracy) at the
+    end of each validated epoch."""
+    lines = {}
+    for job in jobs:
+        points, mb = [], 0.0
+        for h in job.get("history") or []:
+            sent = h.get("comm_bytes")
+            mb = mb + statistics.fmean(sent) / 1e6 if mb is not None and sent and None not in sent else None
+            if h.get("val_acc") is not None:
+                points.append((h["time"], mb, h["val_acc"]))
+        values = " ".join(f"{k}={job['overrides'].get(k)}" for k in swept if k in job["overrides"])
+        if points:
+            lines[f"{job['num']}: {values or job['strategy']}"] = points
+    return lines
+
+
+def write_curves(sweep_dir: Path, jobs: list[Job], swept: list[str]) -> list[Path]:
+    """curves_time.png and curves_comm.png: each job's validation accuracy against its training time and against
+    the MB each worker sent (jobs that counted it; 0 MB at the left of a symmetric log axis)."""
+    lines, written = curves(jobs, swept), []
+    for name, x, xlabel in (("curves_time", 0, "training time (s)"), ("curves_comm", 1, f"MB sent {LOG_MB}")):
+        (path := sweep_dir / f"{name}.png").unlink(missing_ok=True)
+        drawn = {label: points for label, points in lines.items() if None not in [p[x] for p in points]}
+        if not drawn:
+            continue
+        with figure(path, (9, 4.5)) as ax:
+            for i, (label, points) in enumerate(drawn.items()):  # a colour per job (up to 20)
+                xs, ys = [p[x] for p in points], [p[2] for p in points]
+                ax.plot(xs, ys, marker="o", markersize=3, color=colour(i), label=label)
+            if x == 1:
+                ax.set_xscale("symlog", linthresh=min((p[1] for v in drawn.values() for p in v if p[1]), default=1))
+            ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+            ax.set(xlabel=xlabel, ylabel="validation accuracy", title=f"validation accuracy vs {xlabel.split(' (')[0]}")
+        written.append(path)
+    return written
 
 
 def straggler_x(job: Job, key: str) -> float | None:
@@ -490,20 +539,15 @@ def write_straggler_plot(sweep_dir: Path, jobs: list[Job], swept: list[str]) -> 
     key, measure, lines = straggler_lines(jobs, swept)
     if all(len(points) < 2 for points in lines.values()):
         return None
-    from matplotlib.figure import Figure
-
-    ax = (fig := Figure(figsize=(6.5, 4.5), layout="tight")).subplots()
-    for label, points in lines.items():
-        ax.plot(*zip(*points, strict=True), marker="o", label=label)
     target = next((j["target_acc"] for j in jobs if j.get("target_acc") is not None), None)
     ylabel = f"time to val acc {target:g} (s)" if measure == "time_to_target_s" else "training time (s)"
     xlabel = "slowest worker's slowdown factor" if key == "stragglers.slowdown" else f"{key} (s)"
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=f"{ylabel.split(' (')[0]} vs {key}")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    with atomic_file(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=100)
+    with figure(path) as ax:
+        for label, points in lines.items():
+            ax.plot(*zip(*points, strict=True), marker="o", label=label)
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=f"{ylabel.split(' (')[0]} vs {key}")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
     return path
 
 
@@ -529,6 +573,7 @@ def write_report(sweep_dir: str | Path) -> Report:
     rows, summary = build_rows(jobs, swept)
     plots = write_plots(sweep_dir, summary)
     plots += [p for p in [write_comm_plot(sweep_dir, jobs), write_straggler_plot(sweep_dir, jobs, swept)] if p]
+    plots += write_curves(sweep_dir, jobs, swept)
     not_started = max(0, planned - len(jobs))
     report = Report(sweep_dir, jobs, swept, rows, summary, plots, not_started)
     write_csv(sweep_dir / "report.csv", list(rows[0]), [list(r.values()) for r in rows])

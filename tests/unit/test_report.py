@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from psgd.process import this_process
-from psgd.report import comm_label, comm_points, main, plot_lines, straggler_lines, write_report
+from psgd.report import comm_label, comm_points, curves, main, plot_lines, straggler_lines, write_report
 from psgd.strategies.records import sync_summary
 from psgd.sweep import LAST, SweepReport, progress_line, sweep_lengths
 
@@ -304,6 +304,36 @@ def test_each_job_says_the_mb_its_workers_sent_and_one_plot_puts_accuracy_agains
         ("ddp bf16 x2", 4.0, 1),  # on fp16's place: drawn around it
     ]
     assert "| comm_mb |" in (tmp_path / "report.md").read_text()
+
+
+def test_each_jobs_validation_accuracy_is_drawn_against_its_training_time_and_the_mb_it_sent(tmp_path):
+    """curves_time.png and curves_comm.png, from the history every job writes: a line per job, labelled by its
+    number and swept values; a job that sent nothing at 0 MB; an epoch without a validation is no point; a record
+    that did not count its bytes is on the time curves only."""
+
+    def history(*epochs) -> list[dict]:
+        return [
+            {"epoch": i + 1, "samples": 60000, "time": t, "val_acc": acc, **({"comm_bytes": sent} if sent else {})}
+            for i, (t, sent, acc) in enumerate(epochs)
+        ]
+
+    jobs = [
+        ("ddp", history((5.0, [8e6, 8e6], 0.9), (10.0, [8e6, 8e6], 0.95))),
+        ("hogwild", history((4.0, [0, 0], None), (8.0, [0, 0], 0.85), (12.0, [0, 0], 0.9))),
+        ("model_averaging", history((6.0, None, 0.93))),  # a record from before psgd counted bytes
+    ]
+    for num, (strategy, epochs) in enumerate(jobs):
+        job = done(strategy, 2, 10.0, 0.9) | {"history": epochs}
+        make_job(tmp_path, num, {"strategy": strategy, "workers": 2}, job, workers=2)
+    report = write_report(tmp_path)
+    assert curves(report.jobs, report.swept) == {
+        "0: strategy=ddp": [(5.0, 8.0, 0.9), (10.0, 16.0, 0.95)],
+        "1: strategy=hogwild": [(8.0, 0.0, 0.85), (12.0, 0.0, 0.9)],
+        "2: strategy=model_averaging": [(6.0, None, 0.93)],
+    }
+    for name in ("curves_time.png", "curves_comm.png"):
+        assert tmp_path / name in report.plots and (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
+        assert f"]({name})" in (tmp_path / "report.md").read_text()
 
 
 def test_a_sweep_over_stragglers_plots_time_to_target_against_the_slowest_factor_a_line_per_strategy(tmp_path):
