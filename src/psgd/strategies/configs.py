@@ -4,6 +4,7 @@ how it builds its algorithm (psgd.strategies.<name>), what it records and how th
 no torch: a bad value is refused before torch loads; each `build` imports its algorithm.
 """
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
@@ -216,6 +217,83 @@ class ElasticAveraging(Replicas):
         return ElasticAveragingStrategy(tau=self.tau, alpha=self.alpha, **self.replica_settings(run, plan, run_dir))
 
 
+def torus_shape(workers: int) -> tuple[int, int] | None:
+    """The 2-D torus of `workers`: rows x columns, the rows the largest factor up to its square root; None where
+    there is none (fewer than 4 workers, or a prime count)."""
+    rows = max((d for d in range(2, math.isqrt(workers) + 1) if workers % d == 0), default=None)
+    return (rows, workers // rows) if rows else None
+
+
+class Decentralized(Replicas):
+    name: Literal["decentralized"]
+    """Decentralized SGD (D-PSGD; CHOCO-SGD with a compression): each replica mixes with its neighbours on a
+    graph; the replicas' mean is the final model."""
+    topology: Literal["ring", "torus", "exponential", "one_peer_exponential", "complete", "random_matching"]
+    """The graph: ring, torus (2-D), exponential and one_peer_exponential (directed), complete, random_matching
+    (drawn per round from the seed)."""
+    weights: Literal["uniform", "metropolis_hastings"]
+    """The undirected graphs' mixing weights: 1 / (largest degree + 1), or 1 / (1 + max(d_i, d_j))."""
+    gossip_every: int = Field(ge=1)
+    """Optimizer steps between gossip rounds."""
+    order: Literal["mix_then_step", "step_then_mix"]
+    """D-PSGD's (Lian et al.): the gradient at the unmixed replica, the step from the mixed one; or the step,
+    then the mix (Koloskova et al., 2020). CHOCO always steps, then gossips."""
+    compression: Literal["none", "topk", "sign", "qsgd"]
+    """none: exact gossip; topk, sign, qsgd: CHOCO-SGD's compressed gossip of differences to public copies."""
+    consensus_lr: float = Field(gt=0, le=1)
+    """CHOCO's consensus step size γ, in (0, 1]."""
+    topk_ratio: float | None = Field(gt=0, le=1)
+    """compression=topk: the share of the entries sent; null: 0.01."""
+    qsgd_levels: int | None = Field(ge=2)
+    """compression=qsgd: the quantisation levels s; null: 16."""
+
+    @override
+    def refuse(self, run: "Run") -> None:
+        """A torus needs a worker count with a factor (rows x columns, each >= 2); CHOCO keeps its neighbours' public
+        copies, so a graph that changes each round is not for it; a compression's key only with it."""
+        world = run.world_size
+        if self.topology == "torus" and torus_shape(world) is None:
+            raise ConfigError(
+                f"strategy.topology=torus is invalid with {world} workers: a 2-D torus needs rows x columns, each at "
+                "least 2 (4, 6, 8, 9, ... workers); use another worker count or topology=ring"
+            )
+        if self.compression != "none" and self.topology in ("one_peer_exponential", "random_matching"):
+            raise ConfigError(
+                f"strategy.compression={self.compression} is invalid with strategy.topology={self.topology}: CHOCO "
+                "keeps its neighbours' public copies, and this graph changes every round; use a static topology "
+                "(ring, torus, exponential, complete) or compression=none"
+            )
+        for key, owner in (("topk_ratio", "topk"), ("qsgd_levels", "qsgd")):
+            if getattr(self, key) is not None and self.compression != owner:
+                raise ConfigError(
+                    f"strategy.{key}={getattr(self, key)} is invalid with strategy.compression={self.compression}: "
+                    f"it is compression={owner}'s; use strategy.compression={owner} or leave it out"
+                )
+
+    @classmethod
+    @override
+    def label(cls, record: dict[str, Any]) -> str:
+        """The graph, and CHOCO's compression: `ring`, `ring choco-topk`."""
+        compression = record.get("compression") or "none"
+        return f"{record.get('topology')}" + (f" choco-{compression}" if compression != "none" else "")
+
+    @override
+    def build(self, run: "Run", plan: "Plan", run_dir: Path) -> Any:
+        from psgd.strategies.decentralized import DecentralizedStrategy
+
+        return DecentralizedStrategy(
+            topology=self.topology,
+            weights=self.weights,
+            gossip_every=self.gossip_every,
+            order=self.order,
+            compression=self.compression,
+            consensus_lr=self.consensus_lr,
+            topk_ratio=self.topk_ratio or 0.01,
+            qsgd_levels=self.qsgd_levels or 16,
+            **self.replica_settings(run, plan, run_dir),
+        )
+
+
 class HogWild(StrategyConfig):
     name: Literal["hogwild"]
     """One model in CPU shared memory, updated by every worker without locks."""
@@ -265,4 +343,11 @@ class HogWild(StrategyConfig):
         return HogwildStrategy(lock=self.lock, shared_queue=self.shared_queue, **settings)
 
 
-BUILTIN = (DDP, ModelAveraging, DiLoCo, ElasticAveraging, HogWild)  # conf/strategy's, as --help lists them
+BUILTIN = (
+    DDP,
+    ModelAveraging,
+    DiLoCo,
+    ElasticAveraging,
+    Decentralized,
+    HogWild,
+)  # conf/strategy's, as --help lists them

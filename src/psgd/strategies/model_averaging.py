@@ -249,12 +249,16 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, Workers):
         self._steps_in_epoch += 1
         done = self._common_done()
         if self._steps_in_epoch <= self._common_steps and self.averages_at(done):
-            start = time.perf_counter()
-            self._sync()
-            spent = time.perf_counter() - start
-            self._averaging_s += spent
-            self.waited_s += spent
+            self._timed_sync()
         return output
+
+    def _timed_sync(self) -> None:
+        """`_sync`, its time counted as this epoch's averaging and as waiting for the others."""
+        start = time.perf_counter()
+        self._sync()
+        spent = time.perf_counter() - start
+        self._averaging_s += spent
+        self.waited_s += spent
 
     def _sync(self) -> None:
         """What an averaging point does: average (in hierarchical averaging, within the largest group whose

@@ -1,0 +1,324 @@
+"""Decentralized SGD on a graph: D-PSGD (Lian et al., 2017, "Can Decentralized Algorithms Outperform Centralized
+Algorithms? A Case Study for Decentralized Parallel Stochastic Gradient Descent") and its compressed gossip,
+CHOCO-SGD (Koloskova, Stich and Jaggi, 2019, "Decentralized Stochastic Optimization and Gossip Algorithms with
+Compressed Communication").
+
+Each of P workers trains its own replica x_i on its own shard, as in model averaging, but no worker ever averages
+over all of them: every `gossip_every` optimizer steps each one mixes its parameters with its neighbours' on a
+graph, by a doubly stochastic mixing matrix W (W_ij > 0 only where j is i or one of i's neighbours):
+
+    D-PSGD, Algorithm 1 (order=mix_then_step):  x_i <- sum_j W_ij x_j - lr g_i(x_i)   (the gradient at the unmixed x_i)
+    order=step_then_mix (Koloskova et al., 2020, "A Unified Theory of Decentralized SGD"):
+                                                x_i <- sum_j W_ij (x_j - lr g_j(x_j))
+
+CHOCO-SGD (compression topk, sign or qsgd; its paper's order, step then gossip) keeps public copies x̂: worker i
+holds x̂_i and s_i = sum_j W_ij x̂_j (both 0 at the start, as in the paper), sends q_i = C(x_i - x̂_i) to its
+neighbours, and with theirs
+
+    x̂_i <- x̂_i + q_i;   s_i <- s_i + sum_j W_ij q_j;   x_i <- x_i + γ (s_i - x̂_i)     (γ: consensus_lr)
+
+so with C the identity and γ = 1 it is D-PSGD in the step-then-mix order.
+
+The graphs (`mixing_matrix`): ring, 2-D torus, complete and a random matching drawn per gossip round (undirected:
+W symmetric, uniform weights 1/(d_max + 1) or Metropolis-Hastings 1/(1 + max(d_i, d_j))); the static exponential
+graph and its one-peer, time-varying form (Ying et al., 2021, "Exponential Graph is Provably Efficient for
+Decentralized Deep Training": directed, each worker pulling from the workers 2^k ahead). A worker receives from
+the j with W_ij > 0 and sends to the k with W_ki > 0, by point-to-point sends and receives, and counts the bytes
+it sends. ρ = ||W - 11^T/P||_2 (for the time-varying graphs: the rate per round over a cycle of one-peer rounds,
+the root of the expected contraction for random matchings) is the mixing rate, 1 - ρ the spectral gap.
+
+The rounds follow model averaging's counting (the steps every worker takes), so uneven shards never hang; the
+consensus distance (1/P) sum_i ||x_i - x̄||² (Kong et al., 2021, "Consensus Control for Decentralized Deep
+Learning") is a figure of every epoch; the final model is the replicas' mean (one all-reduce), with each replica's
+own test accuracy beside it, as model averaging reports.
+"""
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+import pytorch_lightning as L
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from typing_extensions import override
+
+from psgd.io import say
+from psgd.strategies.compression import QSGD_CHUNK, qsgd_bits, qsgd_quantise
+from psgd.strategies.configs import torus_shape
+from psgd.strategies.model_averaging import ModelAveragingStrategy
+from psgd.strategies.workers import over_workers
+
+CHOCO_KEY = "psgd_choco"  # a checkpoint's CHOCO state of each worker: x̂_i and s_i
+TIME_VARYING = ("one_peer_exponential", "random_matching")
+
+
+# ---- the graphs ----
+
+
+def _edges(topology: str, n: int, step: int, seed: int) -> set[tuple[int, int]]:
+    """The undirected graphs' edges (i < j)."""
+    if topology == "ring":
+        pairs = [(i, (i + 1) % n) for i in range(n)]
+    elif topology == "torus":
+        rows, cols = torus_shape(n) or (1, n)
+        pairs = [(r * cols + c, ((r + 1) % rows) * cols + c) for r in range(rows) for c in range(cols)]
+        pairs += [(r * cols + c, r * cols + (c + 1) % cols) for r in range(rows) for c in range(cols)]
+    elif topology == "complete":
+        pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    else:  # random_matching: drawn per round from (seed, round), the same on every worker
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + step)).tolist()
+        pairs = list(zip(order[0::2], order[1::2], strict=False))
+    return {(min(i, j), max(i, j)) for i, j in pairs if i != j}
+
+
+def mixing_matrix(topology: str, workers: int, weights: str = "uniform", step: int = 0, seed: int = 0) -> Tensor:
+    """W (float64, workers x workers) of gossip round `step`: x_i <- sum_j W[i, j] x_j.
+
+    Args:
+        topology: ring, torus, complete, random_matching (undirected, W symmetric), exponential or
+            one_peer_exponential (directed).
+        weights: the undirected graphs' edge weights: uniform (1 / (the largest degree + 1)) or
+            metropolis_hastings (1 / (1 + max(d_i, d_j))); the diagonal takes the rest of each row.
+        step: the round (from 0): the time-varying graphs' round.
+        seed: random_matching's draws.
+    """
+    n, w = workers, torch.zeros(workers, workers, dtype=torch.float64)
+    if topology in ("exponential", "one_peer_exponential"):
+        hops = max(1, math.ceil(math.log2(n))) if n > 1 else 0
+        offsets = {2**k % n for k in range(hops)} - {0}
+        if topology == "one_peer_exponential" and offsets:
+            offsets = {2 ** (step % hops) % n} - {0}
+        for i in range(n):
+            for o in offsets:
+                w[i, (i + o) % n] = 1 / (len(offsets) + 1)
+    else:
+        edges = _edges(topology, n, step, seed)
+        degree = [sum(i in e for e in edges) for i in range(n)]
+        for i, j in edges:
+            mh = weights == "metropolis_hastings"
+            w[i, j] = w[j, i] = 1 / (1 + (max(degree[i], degree[j]) if mh else max(degree)))
+    return w + torch.diag(1 - w.sum(dim=1))
+
+
+def mixing_rate(topology: str, workers: int, weights: str = "uniform", seed: int = 0) -> float:
+    """ρ, the consensus distance's contraction per round (its square): ||W - J||_2 with J = 11^T / P; one-peer
+    exponential graphs: that of a cycle of its rounds, per round; random matchings: the root of the largest
+    eigenvalue of E[(W - J)^T (W - J)], over 256 of the seed's rounds."""
+    j = torch.full((workers, workers), 1 / workers, dtype=torch.float64)
+    if topology == "one_peer_exponential":
+        hops = max(1, math.ceil(math.log2(workers)))
+        product = torch.eye(workers, dtype=torch.float64)
+        for step in range(hops):
+            product = mixing_matrix(topology, workers, weights, step) @ product
+        return float(torch.linalg.matrix_norm(product - j, ord=2)) ** (1 / hops)
+    if topology == "random_matching":
+        rounds = [mixing_matrix(topology, workers, weights, step, seed) - j for step in range(256)]
+        expected = sum(d.T @ d for d in rounds) / len(rounds)
+        return float(torch.linalg.eigvalsh(expected).max().clamp_min(0).sqrt())
+    return float(torch.linalg.matrix_norm(mixing_matrix(topology, workers, weights) - j, ord=2))
+
+
+# ---- CHOCO's compression operators: each returns C(v) as a dense tensor, and its payload in bytes ----
+
+
+def compress(
+    method: str, v: Tensor, sizes: list[int], ratio: float, levels: int, seed: list[int]
+) -> tuple[Tensor, int]:
+    """C(v) of a flat vector of parameters of `sizes`: top-k of the whole vector (values and int32 indices sent),
+    the scaled sign per parameter (|p|_1 / n) sign(p) (a bit per entry and a float), or QSGD per parameter
+    (psgd.strategies.compression's quantiser, drawn from `seed` + [parameter])."""
+    if method == "topk":
+        top = v.abs().topk(math.ceil(ratio * v.numel()), sorted=False).indices
+        return torch.zeros_like(v).index_put_((top,), v[top]), top.numel() * 8
+    parts = v.split(sizes)
+    if method == "sign":
+        out = torch.cat([p.abs().sum() / p.numel() * p.sign() for p in parts])
+        return out, sum(math.ceil(p.numel() / 8) + 4 for p in parts)
+    generator, out = torch.Generator(device=v.device), []
+    for i, p in enumerate(parts):
+        state = np.random.SeedSequence([*seed, i]).generate_state(1, np.uint64)[0]
+        out.append(qsgd_quantise(p, levels, generator.manual_seed(int(state) >> 1)))
+    bits = qsgd_bits(levels)
+    return torch.cat(out), sum(math.ceil(p.numel() * bits / 8) + math.ceil(p.numel() / QSGD_CHUNK) * 4 for p in parts)
+
+
+def exchange(flat: Tensor, send_to: list[int], receive_from: list[int]) -> dict[int, Tensor]:
+    """Send `flat` to each of `send_to` and receive a tensor like it from each of `receive_from`, all at once
+    (torch.distributed's batched point-to-point operations); returns the received by sender."""
+    received = {peer: torch.empty_like(flat) for peer in receive_from}
+    ops = [dist.P2POp(dist.isend, flat, peer) for peer in send_to]
+    ops += [dist.P2POp(dist.irecv, buffer, peer) for peer, buffer in received.items()]
+    for request in dist.batch_isend_irecv(ops) if ops else []:
+        request.wait()
+    return received
+
+
+def neighbours(w: Tensor, rank: int) -> tuple[list[int], list[int]]:
+    """Whom worker `rank` sends to (the k with W[k, rank] > 0) and receives from (the j with W[rank, j] > 0)."""
+    others = [j for j in range(len(w)) if j != rank]
+    return [k for k in others if w[k, rank] > 0], [j for j in others if w[rank, j] > 0]
+
+
+def mix(x: Tensor, w: Tensor, rank: int) -> Tensor:
+    """One gossip round of worker `rank`: sum_j W[rank, j] x_j, its neighbours' x_j received by point-to-point."""
+    send_to, receive_from = neighbours(w, rank)
+    mixed = x * w[rank, rank].item()
+    for j, x_j in exchange(x, send_to, receive_from).items():
+        mixed.add_(x_j, alpha=w[rank, j].item())
+    return mixed
+
+
+def choco_round(x: Tensor, public: Tensor, public_mix: Tensor, w: Tensor, rank: int, gamma: float, compressor) -> int:
+    """One CHOCO-SGD gossip round of worker `rank`, in place: q_i = C(x_i - x̂_i) sent to its neighbours, x̂_i += q_i,
+    s_i += sum_j W[rank, j] q_j, x_i += γ (s_i - x̂_i). `compressor(v)` returns C(v) and its payload in bytes;
+    returns the bytes this worker sent."""
+    send_to, receive_from = neighbours(w, rank)
+    q, size = compressor(x - public)
+    public_mix.add_(q, alpha=w[rank, rank].item())
+    for j, q_j in exchange(q, send_to, receive_from).items():
+        public_mix.add_(q_j, alpha=w[rank, j].item())
+    public.add_(q)
+    x.add_(public_mix - public, alpha=gamma)
+    return len(send_to) * size
+
+
+class DecentralizedStrategy(ModelAveragingStrategy):
+    """D-PSGD (CHOCO-SGD with a compression): each replica mixes with its neighbours on `topology` every
+    `gossip_every` steps; the replicas' mean is the final model."""
+
+    figures: ClassVar[dict[str, tuple[str, int]]] = {
+        "consensus_distance": ("decentralized/consensus_distance", 8),
+        "gossip_s": ("decentralized/gossip_s", 6),
+    }
+    strategy_name = "decentralized"
+    per_worker_keys = (*ModelAveragingStrategy.per_worker_keys, CHOCO_KEY)
+
+    def __init__(
+        self,
+        topology: str = "ring",
+        weights: str = "uniform",
+        gossip_every: int = 1,
+        order: str = "mix_then_step",
+        compression: str = "none",
+        consensus_lr: float = 1.0,
+        topk_ratio: float = 0.01,
+        qsgd_levels: int = 16,
+        **kwargs: Any,
+    ):
+        super().__init__(period=None, **kwargs)
+        self.topology, self.weights, self.gossip_every, self.order = topology, weights, gossip_every, order
+        self.compression, self.consensus_lr = compression, consensus_lr
+        self.topk_ratio, self.qsgd_levels = topk_ratio, qsgd_levels
+        self.rho = 0.0  # set in setup, where the workers are known
+        self.public: Tensor | None = None  # CHOCO: x̂_i
+        self.public_mix: Tensor | None = None  # CHOCO: s_i = sum_j W_ij x̂_j
+
+    @override
+    def setup(self, trainer: L.Trainer) -> None:
+        super().setup(trainer)
+        self.rho = mixing_rate(self.topology, self.world_size, self.weights, self.seed)
+        if self.compression != "none":
+            flat = self._flat()
+            self.public, self.public_mix = torch.zeros_like(flat), torch.zeros_like(flat)
+        if self.is_global_zero:
+            say(
+                f"psgd: decentralized SGD on a {self.topology} of {self.world_size} workers: mixing rate "
+                f"rho={self.rho:.4f}, spectral gap {1 - self.rho:.4f}"
+            )
+
+    @override
+    def settings(self) -> dict[str, Any]:
+        return {
+            "topology": self.topology,
+            "weights": self.weights,
+            "gossip_every": self.gossip_every,
+            "order": self.order,
+            "compression": self.compression,
+            "consensus_lr": self.consensus_lr,
+            "spectral_gap": round(1 - self.rho, 6),
+        }
+
+    @override
+    def averages_at(self, done: int) -> bool:
+        return done % self.gossip_every == 0
+
+    @override
+    def averagings(self, done: int) -> int:
+        """The gossip rounds of the first `done` common steps."""
+        return done // self.gossip_every
+
+    @override
+    def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any) -> Any:
+        """D-PSGD's order: the gradient at the unmixed replica, then the mix, then the step from the mixed one;
+        the step-then-mix order and CHOCO: model averaging's (the step, then the round)."""
+        if self.order == "step_then_mix" or self.compression != "none":
+            return super().optimizer_step(optimizer, closure, model, **kwargs)
+        self._steps_in_epoch += 1
+        gossips = self._steps_in_epoch <= self._common_steps and self.averages_at(self._common_done())
+
+        def gradient_then_mix() -> Any:
+            loss = closure()  # Lightning's forward and backward, at x_i
+            if gossips:
+                self._timed_sync()
+            return loss
+
+        return super(ModelAveragingStrategy, self).optimizer_step(optimizer, gradient_then_mix, model, **kwargs)
+
+    def _flat(self) -> Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in self.lightning_module.parameters()])
+
+    @override
+    def _sync(self) -> None:
+        """One gossip round (round r = the rounds before it: the time-varying graphs' W)."""
+        rank, r = self.global_rank, self.averagings(self._common_done()) - 1
+        w = mixing_matrix(self.topology, self.world_size, self.weights, r, self.seed)
+        send_to, _ = neighbours(w, rank)
+        params = list(self.lightning_module.parameters())
+        x = self._flat()
+        if self.compression == "none":
+            mixed, payload = mix(x, w, rank), len(send_to) * x.numel() * x.element_size()
+        else:
+            sizes = [p.numel() for p in params]
+
+            def compressor(v: Tensor) -> tuple[Tensor, int]:
+                return compress(self.compression, v, sizes, self.topk_ratio, self.qsgd_levels, [self.seed, rank, r])
+
+            mixed = x
+            payload = choco_round(x, self.public, self.public_mix, w, rank, self.consensus_lr, compressor)
+        with torch.no_grad():
+            for p, new in zip(params, mixed.split([p.numel() for p in params]), strict=True):
+                p.copy_(new.view_as(p))
+        self._comm = [self._comm[0] + payload, self._comm[1] + len(send_to)]
+
+    @override
+    def epoch_figures(self) -> dict[str, float]:
+        """This epoch's end: the consensus distance (1/P) sum_i ||x_i - x̄||², the replicas' mean distance from
+        their mean and the mean time in gossip over the workers (s; it starts anew)."""
+        spent, self._averaging_s = self._averaging_s, 0.0
+        distance = self._distance_from_mean()
+        total, squared, summed = over_workers([spent, distance**2, distance], self.root_device)
+        p = self.world_size
+        return {"consensus_distance": squared / p, "replica_distance": summed / p, "gossip_s": total / p}
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        """CHOCO's x̂_i and s_i too (each worker's own, kept per worker)."""
+        if self.public is not None:
+            checkpoint = {**checkpoint, CHOCO_KEY: [self.public.cpu().clone(), self.public_mix.cpu().clone()]}
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        if self.public is not None and CHOCO_KEY in checkpoint:
+            self.public.copy_(checkpoint[CHOCO_KEY][0])
+            self.public_mix.copy_(checkpoint[CHOCO_KEY][1])
+        return checkpoint
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry) -> None:
+        strategy_registry.register(
+            cls.strategy_name, cls, description="decentralized SGD on a graph (D-PSGD)", start_method="spawn"
+        )

@@ -1,0 +1,84 @@
+"""Decentralized SGD through train.py: real gloo runs on generated data, gossiping by point-to-point."""
+
+import pytest
+import torch
+from conftest import compose_cfg
+from helpers import metrics, scalars, tensorboard
+
+from psgd.run import train
+
+pytestmark = pytest.mark.distributed
+
+TINY = ["quiet=true", "data.batch_size=32", "data.eval_batch_size=64"]
+# plain SGD: nothing that differs between one update rule and another
+PLAIN = ["model.dropout=0", "optimizer.momentum=0", "optimizer.weight_decay=0", "scheduler=none"]
+
+
+def weights(run_dir, name="last.ckpt"):
+    return torch.load(run_dir / "checkpoints" / name, weights_only=True)["state_dict"]
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def run(tiny_data, run_dir, *overrides: str) -> dict:
+    cfg = compose_cfg(f"data.root={tiny_data}", "data.val_split=0", *TINY, *overrides)
+    train(cfg, run_dir)
+    return metrics(run_dir)
+
+
+def test_gossip_on_a_complete_graph_after_each_step_is_local_sgd_with_period_one(tiny_data, tmp_path):
+    """x_i <- sum_j W_ij (x_j - lr g_j) with W = 11^T / P is every worker's step, averaged: model averaging every
+    step. (D-PSGD's own order, the mix before the step, is not: its gradients are at the unmixed replicas.)"""
+    common = ["workers=4", "trainer.max_epochs=1", *PLAIN]
+    gossip = ["strategy=decentralized", "strategy.topology=complete", "strategy.order=step_then_mix"]
+    m = run(tiny_data, tmp_path / "complete", *common, *gossip)
+    run(tiny_data, tmp_path / "averaged", *common, "strategy=model_averaging", "strategy.period=1")
+    assert max_diff(weights(tmp_path / "complete"), weights(tmp_path / "averaged")) <= 1e-6
+    # 4 batches a worker: 4 rounds, each worker sending to its 3 neighbours; the final mean is one all-reduce more
+    params = sum(t.numel() for t in weights(tmp_path / "complete").values() if t.is_floating_point())
+    assert m["periodic_averagings"] == 4 and m["comm_calls"] == [4 * 3 + 1] * 4
+    assert m["spectral_gap"] == pytest.approx(1.0) and m["topology"] == "complete"
+    assert m["comm_bytes"][0] >= 4 * 3 * params * 4
+
+
+def test_one_worker_is_plain_sgd(tiny_data, tmp_path):
+    run(tiny_data, tmp_path / "alone", "strategy=decentralized", "trainer.max_epochs=2", *PLAIN)
+    run(tiny_data, tmp_path / "sgd", "trainer.max_epochs=2", *PLAIN)
+    assert max_diff(weights(tmp_path / "alone"), weights(tmp_path / "sgd")) <= 1e-6
+
+
+def test_a_ring_run_reports_its_consensus_distance_its_replicas_and_their_mean(tiny_data, tmp_path):
+    m = run(tiny_data, tmp_path / "ring", "strategy=decentralized", "workers=4", "trainer.max_epochs=4")
+    assert m["status"] == "completed" and m["test_acc"] > 0.5  # chance is 0.1
+    assert len(m["worker_test_acc"]) == 4 and m["spectral_gap"] == pytest.approx(1 - 1 / 3)  # ring of 4: rho 1/3
+    distances = [h["consensus_distance"] for h in m["history"]]
+    assert len(distances) == 4 and all(d > 0 for d in distances)  # the replicas differ: each trains its own shard
+    acc = tensorboard(tmp_path / "ring")
+    assert scalars(acc, "decentralized/consensus_distance") == pytest.approx(distances, rel=1e-4)
+    # the final model is the replicas' mean: every worker's weights were replaced by it
+    final = weights(tmp_path / "ring")
+    replicas = torch.load(tmp_path / "ring" / "checkpoints" / "last.ckpt", weights_only=True)["replicas"]
+    assert all(max_diff(r["state_dict"], final) == 0 for r in replicas)
+
+
+def test_a_ring_with_choco_topk_resumes_to_the_uninterrupted_weights(tiny_data, tmp_path):
+    """CHOCO's public copies x̂_i and s_i are each worker's own, kept in every checkpoint."""
+    settings = ["workers=2", "trainer.max_epochs=2", "strategy=decentralized", "strategy.compression=topk"]
+    settings += ["strategy.consensus_lr=0.5", "strategy.topk_ratio=0.1"]
+    run(tiny_data, tmp_path / "straight", *settings, "checkpoint_every_epoch=true")
+    checkpoint = tmp_path / "straight" / "checkpoints" / "epoch0.ckpt"
+    replicas = torch.load(checkpoint, weights_only=True)["replicas"]
+    assert all(len(r["psgd_choco"]) == 2 for r in replicas)
+    run(tiny_data, tmp_path / "resumed", *settings, f"ckpt_path={checkpoint}")
+    assert max_diff(weights(tmp_path / "resumed"), weights(tmp_path / "straight")) == 0
+
+
+@pytest.mark.slow  # ~25 s: a 4-worker run of each other topology (ring's runs by default)
+@pytest.mark.parametrize("topology", ["torus", "exponential", "one_peer_exponential", "complete", "random_matching"])
+def test_every_topology_trains_four_workers(tiny_data, tmp_path, topology):
+    m = run(tiny_data, tmp_path / topology, "strategy=decentralized", "workers=4", f"strategy.topology={topology}")
+    assert m["status"] == "completed" and m["test_acc"] > 0.5
+    assert all(h["consensus_distance"] is not None for h in m["history"])
