@@ -1,7 +1,9 @@
 """The names a config chooses from that the modules implementing them share: datasets (image shapes and classes),
-partition schemes, models, learning-rate rules. Standard library only: psgd.config uses them before torch loads.
+partition schemes, models, learning-rate rules, decentralized SGD's torus. Standard library only: psgd.config
+uses them before torch loads.
 """
 
+import math
 from dataclasses import dataclass
 
 
@@ -45,3 +47,10 @@ COMPRESSION_KEYS = {
     "topk_ratio": ("topk", 0.01),
     "qsgd_levels": ("qsgd", 16),
 }
+
+
+def torus_shape(workers: int) -> tuple[int, int] | None:
+    """The 2-D torus of `workers`: rows x columns, the rows the largest factor up to its square root; None where
+    there is none (fewer than 4 workers, or a prime count)."""
+    rows = max((d for d in range(2, math.isqrt(workers) + 1) if workers % d == 0), default=None)
+    return (rows, workers // rows) if rows else None

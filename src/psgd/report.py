@@ -478,10 +478,15 @@ def curves(jobs: list[Job], swept: list[str]) -> dict[str, list[tuple[float, flo
             mb = mb + statistics.fmean(sent) / 1e6 if mb is not None and sent and None not in sent else None
             if h.get("val_acc") is not None:
                 points.append((h["time"], mb, h["val_acc"]))
-        values = " ".join(f"{k}={job['overrides'].get(k)}" for k in swept if k in job["overrides"])
         if points:
-            lines[f"{job['num']}: {values or job['strategy']}"] = points
+            lines[job_label(job, swept)] = points
     return lines
+
+
+def job_label(job: Job, swept: list[str]) -> str:
+    """A job's line on a plot of a line per job: its number and swept values (its strategy where none)."""
+    values = " ".join(f"{k}={job['overrides'].get(k)}" for k in swept if k in job["overrides"])
+    return f"{job['num']}: {values or job['strategy']}"
 
 
 def write_curves(sweep_dir: Path, jobs: list[Job], swept: list[str]) -> list[Path]:
@@ -503,6 +508,27 @@ def write_curves(sweep_dir: Path, jobs: list[Job], swept: list[str]) -> list[Pat
             ax.set(xlabel=xlabel, ylabel="validation accuracy", title=f"validation accuracy vs {xlabel.split(' (')[0]}")
         written.append(path)
     return written
+
+
+def write_consensus_plot(sweep_dir: Path, jobs: list[Job], swept: list[str]) -> Path | None:
+    """consensus.png: the consensus distance (1/P) sum_i ||x_i - x̄||² at each epoch's end of every job that
+    measured one (decentralized SGD), a line per job on a log scale; None (and no file) where none did."""
+    path = sweep_dir / "consensus.png"
+    path.unlink(missing_ok=True)
+    lines = {
+        job_label(job, swept): [(h["epoch"], h["consensus_distance"]) for h in history]
+        for job in jobs
+        if (history := [h for h in job.get("history") or [] if h.get("consensus_distance") is not None])
+    }
+    if not lines:
+        return None
+    with figure(path, (9, 4.5)) as ax:
+        for i, (label, points) in enumerate(lines.items()):
+            ax.plot(*zip(*points, strict=True), marker="o", color=colour(i), label=label)
+        ax.set_yscale("log")
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        ax.set(xlabel="epoch", ylabel="consensus distance (1/P) Σ‖x_i − x̄‖²", title="consensus distance vs epoch")
+    return path
 
 
 def straggler_x(job: Job, key: str) -> float | None:
@@ -574,6 +600,7 @@ def write_report(sweep_dir: str | Path) -> Report:
     plots = write_plots(sweep_dir, summary)
     plots += [p for p in [write_comm_plot(sweep_dir, jobs), write_straggler_plot(sweep_dir, jobs, swept)] if p]
     plots += write_curves(sweep_dir, jobs, swept)
+    plots += [p for p in [write_consensus_plot(sweep_dir, jobs, swept)] if p]
     not_started = max(0, planned - len(jobs))
     report = Report(sweep_dir, jobs, swept, rows, summary, plots, not_started)
     write_csv(sweep_dir / "report.csv", list(rows[0]), [list(r.values()) for r in rows])

@@ -3,7 +3,7 @@
 import pytest
 import torch
 from conftest import compose_cfg
-from helpers import metrics, scalars, tensorboard
+from helpers import metrics, tensorboard, undocumented
 
 from psgd.run import train
 
@@ -51,17 +51,35 @@ def test_one_worker_is_plain_sgd(tiny_data, tmp_path):
 
 
 def test_a_ring_run_reports_its_consensus_distance_its_replicas_and_their_mean(tiny_data, tmp_path):
-    m = run(tiny_data, tmp_path / "ring", "strategy=decentralized", "workers=4", "trainer.max_epochs=4")
+    m = run(
+        tiny_data, tmp_path / "ring", "strategy=decentralized", "workers=4", "trainer.max_epochs=4",
+        "strategy.log_consensus_every=2",
+    )  # fmt: skip
     assert m["status"] == "completed" and m["test_acc"] > 0.5  # chance is 0.1
     assert len(m["worker_test_acc"]) == 4 and m["spectral_gap"] == pytest.approx(1 - 1 / 3)  # ring of 4: rho 1/3
     distances = [h["consensus_distance"] for h in m["history"]]
     assert len(distances) == 4 and all(d > 0 for d in distances)  # the replicas differ: each trains its own shard
     acc = tensorboard(tmp_path / "ring")
-    assert scalars(acc, "decentralized/consensus_distance") == pytest.approx(distances, rel=1e-4)
+    # 4 steps an epoch: every 2 steps (at Lightning's step of the epoch's figures: the steps taken less one), the
+    # epoch's end also as the epoch's figure
+    logged = {e.step: e.value for e in acc.Scalars("decentralized/consensus_distance")}
+    assert sorted(logged) == [1, 3, 5, 7, 9, 11, 13, 15]
+    assert [logged[s] for s in (3, 7, 11, 15)] == pytest.approx(distances, rel=1e-4)
     # the final model is the replicas' mean: every worker's weights were replaced by it
     final = weights(tmp_path / "ring")
     replicas = torch.load(tmp_path / "ring" / "checkpoints" / "last.ckpt", weights_only=True)["replicas"]
     assert all(max_diff(r["state_dict"], final) == 0 for r in replicas)
+    assert undocumented(tmp_path / "ring") == []  # every key it wrote is in docs/outputs.md
+
+
+def test_uneven_shards_gossip_the_same_rounds_on_every_worker(tiny_data, tmp_path):
+    """Shards of 70 and 30 %: the smaller one's steps an epoch are the rounds (model averaging's count), so no
+    worker waits at a round the other never reaches."""
+    uneven = ["data.partition=sizes", "data.partition_sizes=[0.7,0.3]", "trainer.max_epochs=2"]
+    m = run(tiny_data, tmp_path / "uneven", "strategy=decentralized", "workers=2", *uneven)
+    fast, slow = m["steps_per_worker"]
+    assert m["status"] == "completed" and fast > slow == 2 * 5  # 154 samples a worker: 5 batches of 32 an epoch
+    assert m["periodic_averagings"] == slow and m["comm_calls"] == [slow + 1, slow + 1]  # a send a round, the mean
 
 
 def test_a_ring_with_choco_topk_resumes_to_the_uninterrupted_weights(tiny_data, tmp_path):

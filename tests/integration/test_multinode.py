@@ -101,7 +101,7 @@ def wait_for_epochs(run_dir, proc: subprocess.Popen, epochs: int, timeout: float
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "model_averaging"])
+@pytest.mark.parametrize("strategy", ["ddp", "model_averaging", "decentralized"])
 def test_two_nodes_of_two_processes_share_one_job(strategy, tiny_data, tmp_path):
     run_dir, port = tmp_path / "run", free_port()
     common = [
@@ -141,7 +141,9 @@ def test_two_nodes_of_two_processes_share_one_job(strategy, tiny_data, tmp_path)
         assert all(torch.equal(weights[0][key], w[key]) for w in weights[1:]), key
 
 
-@pytest.mark.parametrize(("rdzv", "strategy"), [("static", "ddp"), ("c10d", "ddp"), ("c10d", "model_averaging")])
+@pytest.mark.parametrize(
+    ("rdzv", "strategy"), [("static", "ddp"), ("c10d", "ddp"), ("c10d", "model_averaging"), ("c10d", "decentralized")]
+)
 def test_elastic_restart_resumes_from_the_last_checkpoint(rdzv, strategy, tiny_data, tmp_path):
     run_dir, epochs = tmp_path / "run", 120
     proc = one_node_job(run_dir, f"strategy={strategy}", epochs=epochs, data=tiny_data, restarts=1, rdzv=rdzv)

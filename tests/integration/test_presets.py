@@ -42,6 +42,17 @@ def test_every_job_of_a_preset_sweep_passes_the_config_check(preset):
         check(compose_cfg(f"experiment={preset}", *overrides))
     if preset == "communication":  # DDP with every compression, local SGD at 3 periods and one-shot
         assert len(jobs) == 11 and ["+exchange=ddp_topk"] in jobs and ["+exchange=averaging_oneshot"] in jobs
+    if preset == "topologies":  # 5 decentralized runs, DDP and local SGD, at 4 and 8 workers
+        runs = [check(compose_cfg(f"experiment={preset}", *o)).run for o in jobs]
+        gossip = [
+            (r.world_size, r.strategy.topology, r.strategy.compression) for r in runs if hasattr(r.strategy, "topology")
+        ]
+        assert (
+            len(jobs) == 14
+            and len(gossip) == 10
+            and (8, "ring", "topk") in gossip
+            and (4, "complete", "none") in gossip
+        )
     if preset in ("psgd_lab", "hogwild_lab"):
         assert [o[0] for o in jobs] == [f"workers={p}" for p in range(1, 6)]
     if preset == "threadpool_mlp":

@@ -336,6 +336,26 @@ def test_each_jobs_validation_accuracy_is_drawn_against_its_training_time_and_th
         assert f"]({name})" in (tmp_path / "report.md").read_text()
 
 
+def test_jobs_that_measured_a_consensus_distance_get_its_curve(tmp_path):
+    """consensus.png: a line per job that measured one (decentralized SGD); none in a sweep without."""
+    history = [{"epoch": e, "samples": 60000, "consensus_distance": d} for e, d in ((1, 0.5), (2, 0.2))]
+    make_job(
+        tmp_path,
+        0,
+        {"strategy": "decentralized", "workers": 4},
+        done("decentralized", 4, 9.0, 0.95) | {"history": history},
+        workers=4,
+    )
+    make_job(tmp_path, 1, {"strategy": "ddp", "workers": 4}, done("ddp", 4, 8.0, 0.96), workers=4)
+    report = write_report(tmp_path)
+    assert (tmp_path / "consensus.png") in report.plots and (tmp_path / "consensus.png").read_bytes()[:8] == PNG_MAGIC
+    (tmp_path / "1" / "metrics.json").unlink()
+    (tmp_path / "0" / "metrics.json").write_text(json.dumps(done("ddp", 4, 8.0, 0.96)))
+    assert (tmp_path / "consensus.png") not in write_report(tmp_path).plots and not (
+        tmp_path / "consensus.png"
+    ).exists()
+
+
 def test_a_sweep_over_stragglers_plots_time_to_target_against_the_slowest_factor_a_line_per_strategy(tmp_path):
     """experiment=stragglers' shape: strategies x the last worker's slowdown, two seeds of DDP at factor 4."""
     times = {"ddp": {1: [10.0], 2: [19.0], 4: [38.0, 40.0]}, "hogwild": {1: [12.0], 2: [13.0], 4: [15.0]}}

@@ -4,7 +4,6 @@ how it builds its algorithm (psgd.strategies.<name>), what it records and how th
 no torch: a bad value is refused before torch loads; each `build` imports its algorithm.
 """
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
@@ -12,7 +11,7 @@ from omegaconf import OmegaConf
 from pydantic import Field
 from typing_extensions import override
 
-from psgd.choices import COMPRESSION_KEYS, COMPRESSIONS
+from psgd.choices import COMPRESSION_KEYS, COMPRESSIONS, torus_shape
 from psgd.errors import ConfigError
 from psgd.strategies.contract import Optimizer, StrategyConfig
 
@@ -217,13 +216,6 @@ class ElasticAveraging(Replicas):
         return ElasticAveragingStrategy(tau=self.tau, alpha=self.alpha, **self.replica_settings(run, plan, run_dir))
 
 
-def torus_shape(workers: int) -> tuple[int, int] | None:
-    """The 2-D torus of `workers`: rows x columns, the rows the largest factor up to its square root; None where
-    there is none (fewer than 4 workers, or a prime count)."""
-    rows = max((d for d in range(2, math.isqrt(workers) + 1) if workers % d == 0), default=None)
-    return (rows, workers // rows) if rows else None
-
-
 class Decentralized(Replicas):
     name: Literal["decentralized"]
     """Decentralized SGD (D-PSGD; CHOCO-SGD with a compression): each replica mixes with its neighbours on a
@@ -246,6 +238,10 @@ class Decentralized(Replicas):
     """compression=topk: the share of the entries sent; null: 0.01."""
     qsgd_levels: int | None = Field(ge=2)
     """compression=qsgd: the quantisation levels s; null: 16."""
+    log_consensus_every: int | None = Field(ge=1)
+    """Also write the consensus distance to TensorBoard every N optimizer steps; null: at each epoch's end only."""
+
+    report_columns: ClassVar[tuple[str, ...]] = ("topology", "spectral_gap")
 
     @override
     def refuse(self, run: "Run") -> None:
@@ -290,6 +286,7 @@ class Decentralized(Replicas):
             consensus_lr=self.consensus_lr,
             topk_ratio=self.topk_ratio or 0.01,
             qsgd_levels=self.qsgd_levels or 16,
+            log_consensus_every=self.log_consensus_every,
             **self.replica_settings(run, plan, run_dir),
         )
 

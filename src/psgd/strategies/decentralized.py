@@ -43,9 +43,9 @@ import torch.distributed as dist
 from torch import Tensor
 from typing_extensions import override
 
+from psgd.choices import torus_shape
 from psgd.io import say
 from psgd.strategies.compression import QSGD_CHUNK, qsgd_bits, qsgd_quantise
-from psgd.strategies.configs import torus_shape
 from psgd.strategies.model_averaging import ModelAveragingStrategy
 from psgd.strategies.workers import over_workers
 
@@ -188,8 +188,8 @@ class DecentralizedStrategy(ModelAveragingStrategy):
     `gossip_every` steps; the replicas' mean is the final model."""
 
     figures: ClassVar[dict[str, tuple[str, int]]] = {
+        **ModelAveragingStrategy.figures,  # the time in gossip rounds is `averaging_s`
         "consensus_distance": ("decentralized/consensus_distance", 8),
-        "gossip_s": ("decentralized/gossip_s", 6),
     }
     strategy_name = "decentralized"
     per_worker_keys = (*ModelAveragingStrategy.per_worker_keys, CHOCO_KEY)
@@ -204,12 +204,14 @@ class DecentralizedStrategy(ModelAveragingStrategy):
         consensus_lr: float = 1.0,
         topk_ratio: float = 0.01,
         qsgd_levels: int = 16,
+        log_consensus_every: int | None = None,
         **kwargs: Any,
     ):
         super().__init__(period=None, **kwargs)
         self.topology, self.weights, self.gossip_every, self.order = topology, weights, gossip_every, order
         self.compression, self.consensus_lr = compression, consensus_lr
         self.topk_ratio, self.qsgd_levels = topk_ratio, qsgd_levels
+        self.log_consensus_every = log_consensus_every  # optimizer steps between consensus figures in TensorBoard
         self.rho = 0.0  # set in setup, where the workers are known
         self.public: Tensor | None = None  # CHOCO: x̂_i
         self.public_mix: Tensor | None = None  # CHOCO: s_i = sum_j W_ij x̂_j
@@ -253,17 +255,31 @@ class DecentralizedStrategy(ModelAveragingStrategy):
         """D-PSGD's order: the gradient at the unmixed replica, then the mix, then the step from the mixed one;
         the step-then-mix order and CHOCO: model averaging's (the step, then the round)."""
         if self.order == "step_then_mix" or self.compression != "none":
-            return super().optimizer_step(optimizer, closure, model, **kwargs)
-        self._steps_in_epoch += 1
-        gossips = self._steps_in_epoch <= self._common_steps and self.averages_at(self._common_done())
+            output = super().optimizer_step(optimizer, closure, model, **kwargs)
+        else:
+            self._steps_in_epoch += 1
+            gossips = self._steps_in_epoch <= self._common_steps and self.averages_at(self._common_done())
 
-        def gradient_then_mix() -> Any:
-            loss = closure()  # Lightning's forward and backward, at x_i
-            if gossips:
-                self._timed_sync()
-            return loss
+            def gradient_then_mix() -> Any:
+                loss = closure()  # Lightning's forward and backward, at x_i
+                if gossips:
+                    self._timed_sync()
+                return loss
 
-        return super(ModelAveragingStrategy, self).optimizer_step(optimizer, gradient_then_mix, model, **kwargs)
+            output = super(ModelAveragingStrategy, self).optimizer_step(optimizer, gradient_then_mix, model, **kwargs)
+        every = self.log_consensus_every
+        if every and self._steps_in_epoch <= self._common_steps and self._common_done() % every == 0:
+            self._log_consensus()
+        return output
+
+    def _log_consensus(self) -> None:
+        """The consensus distance now, to TensorBoard at this step (one all-reduce of the weights, every worker)."""
+        distance = self._distance_from_mean()
+        (squared,) = over_workers([distance**2], self.root_device)
+        trainer = self.lightning_module.trainer
+        if trainer.is_global_zero and trainer.logger is not None:
+            consensus = squared / self.world_size
+            trainer.logger.log_metrics({"decentralized/consensus_distance": consensus}, step=trainer.global_step)
 
     def _flat(self) -> Tensor:
         return torch.cat([p.detach().reshape(-1) for p in self.lightning_module.parameters()])
@@ -294,12 +310,12 @@ class DecentralizedStrategy(ModelAveragingStrategy):
     @override
     def epoch_figures(self) -> dict[str, float]:
         """This epoch's end: the consensus distance (1/P) sum_i ||x_i - x̄||², the replicas' mean distance from
-        their mean and the mean time in gossip over the workers (s; it starts anew)."""
+        their mean and the mean time in gossip rounds over the workers (s; it starts anew)."""
         spent, self._averaging_s = self._averaging_s, 0.0
         distance = self._distance_from_mean()
         total, squared, summed = over_workers([spent, distance**2, distance], self.root_device)
         p = self.world_size
-        return {"consensus_distance": squared / p, "replica_distance": summed / p, "gossip_s": total / p}
+        return {"consensus_distance": squared / p, "replica_distance": summed / p, "averaging_s": total / p}
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:

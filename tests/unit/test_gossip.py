@@ -11,8 +11,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import compose_cfg
 
+from psgd.choices import torus_shape
 from psgd.config import ConfigError, check_values
-from psgd.strategies.configs import torus_shape
 from psgd.strategies.decentralized import choco_round, compress, mix, mixing_matrix, mixing_rate
 
 UNDIRECTED = ("ring", "torus", "complete", "random_matching")
