@@ -412,8 +412,8 @@ BAD = [
     ),
     (
         ["strategy=model_averaging", "+strategy.compression=topk"],
-        "strategy.compression='topk' is invalid with strategy=model_averaging: it is a key of strategy=ddp; use "
-        "strategy=ddp or leave it out",
+        "strategy.compression='topk' is invalid with strategy=model_averaging: it is a key of strategy=ddp and "
+        "decentralized; use strategy=ddp or leave it out",
     ),
     (["strategy=hogwild", "+strategy.topk_ratio=0.5"], "strategy.topk_ratio=0.5 is invalid with strategy=hogwild"),
     # the local-SGD family: post-local SGD, DiLoCo, hierarchical averaging, EASGD
@@ -853,8 +853,13 @@ def test_every_key_of_the_config_files_is_in_the_schema_with_a_description():
     neither checked nor listed by --help. (A model's or optimizer's other keys are its constructor's.)"""
     from psgd.config import describe
 
-    described = {key: (allowed, meaning) for key, allowed, meaning in describe()}
-    assert len(described) == len(describe())  # each key once (the strategy section's listed twice)
+    rows = describe()
+    described = {key: (allowed, meaning) for key, allowed, meaning in rows}
+    assert len(set(rows)) == len(rows)  # each row once (the strategy section's were listed twice)
+    # a key listed again is one strategies have with other values or meanings, each row naming its strategies
+    again = sorted({key for key, _, _ in rows if [k for k, _, _ in rows].count(key) > 1})
+    assert again == ["strategy.compression", "strategy.topk_ratio"]
+    assert all(meaning.startswith("[strategy=") for key, _, meaning in rows if key in again)
     assert all(allowed and meaning for allowed, meaning in described.values())
     keys = {k for k, v in OmegaConf.load(CONF / "train.yaml").items() if k not in ("defaults", "hydra")}
     keys |= {f"early_stop.{k}" for k in OmegaConf.load(CONF / "train.yaml").early_stop}
