@@ -44,6 +44,18 @@ def test_gossip_on_a_complete_graph_after_each_step_is_local_sgd_with_period_one
     assert m["comm_bytes"][0] >= 4 * 3 * params * 4
 
 
+def test_d_psgds_order_steps_each_mixed_replica_with_its_own_gradient(tiny_data, tmp_path):
+    """One step from equal replicas on a complete graph: D-PSGD's order (mix, then each replica's own step) leaves
+    the replicas apart by their gradients, step-then-mix leaves them equal; their mean is the same (x0 - lr mean g)."""
+    one_step = ["workers=2", "trainer.max_epochs=1", "trainer.limit_train_batches=1", *PLAIN]
+    gossip = ["strategy=decentralized", "strategy.topology=complete"]
+    runs = {}
+    for order in ("mix_then_step", "step_then_mix"):
+        runs[order] = run(tiny_data, tmp_path / order, *one_step, *gossip, f"strategy.order={order}")
+    assert runs["mix_then_step"]["replica_distance"] > 1e-4 and runs["step_then_mix"]["replica_distance"] == 0
+    assert max_diff(weights(tmp_path / "mix_then_step"), weights(tmp_path / "step_then_mix")) <= 1e-6
+
+
 def test_one_worker_is_plain_sgd(tiny_data, tmp_path):
     run(tiny_data, tmp_path / "alone", "strategy=decentralized", "trainer.max_epochs=2", *PLAIN)
     run(tiny_data, tmp_path / "sgd", "trainer.max_epochs=2", *PLAIN)
