@@ -26,6 +26,11 @@ from psgd.strategies.workers import lost_a_peer
 TINY = ["quiet=true", "data.batch_size=16", "data.eval_batch_size=64"]
 
 
+def long_run(tiny_data, *more: str) -> list[str]:
+    """A run of 200 epochs on the small generated data, all of it trained on: one a test stops."""
+    return [f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=200", *TINY, *more]
+
+
 def start(run_dir: Path, *overrides: str, background: bool = False, env: dict | None = None) -> subprocess.Popen:
     """train.py in a session of its own; `background`: with SIGINT ignored, as a shell starts `cmd &`."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", **DUMPS_STACKS, **(env or {})}
@@ -121,15 +126,7 @@ def _state(pid: int) -> str:
 )
 def test_a_killed_worker_ends_the_run_with_its_rank(tiny_data, tmp_path, strategy):
     run_dir = tmp_path / "run"
-    proc = start(
-        run_dir,
-        f"strategy={strategy}",
-        "workers=2",
-        f"data.root={tiny_data}",
-        "data.val_split=0",
-        "trainer.max_epochs=200",
-        *TINY,
-    )
+    proc = start(run_dir, *long_run(tiny_data, f"strategy={strategy}", "workers=2"))
     victim = 1
     stderr, workers = stop_after_two_epochs(run_dir, proc, lambda pids: os.kill(pids[victim], signal.SIGKILL))
     lines = stderr.strip().splitlines()
@@ -150,7 +147,7 @@ def test_a_killed_fork_server_ends_the_run_in_one_line_and_takes_its_workers(tin
     killed (by the OOM killer, say), it can tell nothing: the run ends as by a dead worker, and the
     orphaned workers, which would train on, are stopped."""
     run_dir = tmp_path / "run"
-    proc = start(run_dir, "workers=2", f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=200", *TINY)
+    proc = start(run_dir, *long_run(tiny_data, "workers=2"))
 
     def kill_the_server(workers: list[int]) -> None:
         os.kill(int(proc_stat(workers[0])[1]), signal.SIGKILL)  # the workers' parent
@@ -169,7 +166,7 @@ def test_sigterm_to_one_worker_ends_the_run_with_its_rank(tiny_data, tmp_path):
     # Lightning's SIGTERM handler broadcast from inside the handler: with psgd's workers not joining
     # it, the run hung until the process group's timeout (30 min)
     run_dir = tmp_path / "run"
-    proc = start(run_dir, "workers=2", f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=200", *TINY)
+    proc = start(run_dir, *long_run(tiny_data, "workers=2"))
     stderr, workers = stop_after_two_epochs(run_dir, proc, lambda pids: os.kill(pids[1], signal.SIGTERM))
     assert stderr.strip().splitlines()[-1].startswith("psgd: error: worker rank 1 died (signal SIGTERM)"), stderr
     assert gone_within(workers, 5)
@@ -219,14 +216,7 @@ def test_a_stopped_worker_ends_the_run_naming_it_not_the_peer_that_timed_out(tin
 def test_sigterm_stops_the_run_as_ctrl_c_does(tiny_data, tmp_path, strategy, to):
     # started in the background (SIGINT ignored), where the workers had trained on, orphaned, to the end
     run_dir = tmp_path / "run"
-    args = [
-        f"strategy={strategy}",
-        "workers=2",
-        f"data.root={tiny_data}",
-        "data.val_split=0",
-        "trainer.max_epochs=200",
-        *TINY,
-    ]
+    args = long_run(tiny_data, f"strategy={strategy}", "workers=2")
     proc = start(run_dir, *args, background=True)
     send = os.kill if to == "launcher" else os.killpg
     stderr, workers = stop_after_two_epochs(run_dir, proc, lambda pids: send(proc.pid, signal.SIGTERM))
@@ -250,14 +240,7 @@ def test_ctrl_c_to_the_launcher_alone_stops_its_workers(tiny_data, tmp_path, str
     trained on for the launcher's 10 s before its SIGTERM (two more epochs of the lab CNN). They stop at once now:
     the last worker ends within 1.5 s of the signal, with at most the epoch then under way finished after it."""
     run_dir = tmp_path / "run"
-    args = [
-        f"strategy={strategy}",
-        "workers=2",
-        f"data.root={tiny_data}",
-        "data.val_split=0",
-        "trainer.max_epochs=200",
-        *TINY,
-    ]
+    args = long_run(tiny_data, f"strategy={strategy}", "workers=2")
     proc = start(run_dir, *args)
     sent = {}
 
@@ -287,14 +270,7 @@ def test_ctrl_c_to_the_launcher_alone_stops_its_workers(tiny_data, tmp_path, str
 )
 def test_workers_do_not_outlive_a_killed_launcher(tiny_data, tmp_path, strategy):
     run_dir = tmp_path / "run"
-    args = [
-        f"strategy={strategy}",
-        "workers=2",
-        f"data.root={tiny_data}",
-        "data.val_split=0",
-        "trainer.max_epochs=200",
-        *TINY,
-    ]
+    args = long_run(tiny_data, f"strategy={strategy}", "workers=2")
     proc = start(run_dir, *args, background=True)
     try:
         wait_for_epochs(run_dir, proc, 2)
@@ -342,9 +318,7 @@ def test_a_worker_still_starting_does_not_outlive_its_launcher(tiny_data, tmp_pa
 
 def test_sigterm_to_a_one_worker_run(tiny_data, tmp_path):
     run_dir = tmp_path / "run"
-    proc = start(
-        run_dir, f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=200", *TINY, background=True
-    )
+    proc = start(run_dir, *long_run(tiny_data), background=True)
     stderr, _ = stop_after_two_epochs(run_dir, proc, lambda pids: os.kill(proc.pid, signal.SIGTERM), workers=1)
     assert stderr.strip().splitlines()[-1].startswith("psgd: interrupted (SIGTERM)"), stderr
     assert proc.returncode == 128 + signal.SIGTERM
@@ -370,7 +344,7 @@ def test_ctrl_c_leaves_a_valid_metrics_file_marked_interrupted(tiny_data, tmp_pa
     That shutdown is a spawned worker's; psgd's fork server (the default) is ignoring Ctrl-C, its
     workers are not, and they leave by os._exit."""
     run_dir, threads = tmp_path / "run", ThreadsAtExit(tmp_path)
-    overrides = [f"workers={workers}", f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=200", *TINY]
+    overrides = long_run(tiny_data, f"workers={workers}")
     overrides += [f"strategy.start_method={method}"] if method else []
     proc = start(run_dir, *overrides, env=threads.env)
     # what Ctrl-C sends: SIGINT to the whole foreground process group
