@@ -34,6 +34,7 @@ own test accuracy beside it, as model averaging reports.
 """
 
 import math
+import os
 from typing import Any, ClassVar
 
 import numpy as np
@@ -45,6 +46,7 @@ from typing_extensions import override
 
 from psgd.choices import torus_shape
 from psgd.io import say
+from psgd.process import QUIET_ENV
 from psgd.strategies.compression import QSGD_CHUNK, qsgd_bits, qsgd_quantise
 from psgd.strategies.model_averaging import ModelAveragingStrategy
 from psgd.strategies.workers import over_workers
@@ -223,7 +225,7 @@ class DecentralizedStrategy(ModelAveragingStrategy):
         if self.compression != "none":
             flat = self._flat()
             self.public, self.public_mix = torch.zeros_like(flat), torch.zeros_like(flat)
-        if self.is_global_zero:
+        if self.is_global_zero and os.environ.get(QUIET_ENV) != "1":  # (quiet=true: workers inherit it)
             say(
                 f"psgd: decentralized SGD on a {self.topology} of {self.world_size} workers: mixing rate "
                 f"rho={self.rho:.4f}, spectral gap {1 - self.rho:.4f}"
