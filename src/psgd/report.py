@@ -495,19 +495,28 @@ def write_curves(sweep_dir: Path, jobs: list[Job], swept: list[str]) -> list[Pat
     lines, written = curves(jobs, swept), []
     for name, x, xlabel in (("curves_time", 0, "training time (s)"), ("curves_comm", 1, f"MB sent {LOG_MB}")):
         (path := sweep_dir / f"{name}.png").unlink(missing_ok=True)
-        drawn = {label: points for label, points in lines.items() if None not in [p[x] for p in points]}
-        if not drawn:
-            continue
-        with figure(path, (9, 4.5)) as ax:
-            for i, (label, points) in enumerate(drawn.items()):  # a colour per job (up to 20)
-                xs, ys = [p[x] for p in points], [p[2] for p in points]
-                ax.plot(xs, ys, marker="o", markersize=3, color=colour(i), label=label)
-            if x == 1:
-                ax.set_xscale("symlog", linthresh=min((p[1] for v in drawn.values() for p in v if p[1]), default=1))
-            ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-            ax.set(xlabel=xlabel, ylabel="validation accuracy", title=f"validation accuracy vs {xlabel.split(' (')[0]}")
-        written.append(path)
+        drawn = {
+            label: [(p[x], p[2]) for p in points]
+            for label, points in lines.items()
+            if None not in [p[x] for p in points]
+        }
+        if drawn:
+            title = f"validation accuracy vs {xlabel.split(' (')[0]}"
+            written.append(line_plot(path, drawn, x == 1, xlabel=xlabel, ylabel="validation accuracy", title=title))
     return written
+
+
+def line_plot(path: Path, lines: dict[str, list[tuple[float, float]]], symlog_x: bool = False, **axes: Any) -> Path:
+    """`path`: `lines` (label -> its (x, y) points), a colour each, the legend beside; `axes` the axes' settings
+    (xlabel, ylabel, title, yscale, ylim); `symlog_x`: a symmetric log x-axis, linear below the least x above 0."""
+    with figure(path, (9, 4.5)) as ax:
+        for i, (label, points) in enumerate(lines.items()):
+            ax.plot(*zip(*points, strict=True), marker="o", markersize=4, color=colour(i), label=label)
+        if symlog_x:
+            ax.set_xscale("symlog", linthresh=min((x for v in lines.values() for x, _ in v if x > 0), default=1.0))
+        ax.set(**axes)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return path
 
 
 def write_consensus_plot(sweep_dir: Path, jobs: list[Job], swept: list[str]) -> Path | None:
@@ -522,13 +531,8 @@ def write_consensus_plot(sweep_dir: Path, jobs: list[Job], swept: list[str]) -> 
     }
     if not lines:
         return None
-    with figure(path, (9, 4.5)) as ax:
-        for i, (label, points) in enumerate(lines.items()):
-            ax.plot(*zip(*points, strict=True), marker="o", color=colour(i), label=label)
-        ax.set_yscale("log")
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-        ax.set(xlabel="epoch", ylabel="consensus distance (1/P) Σ‖x_i − x̄‖²", title="consensus distance vs epoch")
-    return path
+    ylabel, title = "consensus distance (1/P) Σ‖x_i − x̄‖²", "consensus distance vs epoch"
+    return line_plot(path, lines, yscale="log", xlabel="epoch", ylabel=ylabel, title=title)
 
 
 def straggler_x(job: Job, key: str) -> float | None:
@@ -568,13 +572,9 @@ def write_straggler_plot(sweep_dir: Path, jobs: list[Job], swept: list[str]) -> 
     target = next((j["target_acc"] for j in jobs if j.get("target_acc") is not None), None)
     ylabel = f"time to val acc {target:g} (s)" if measure == "time_to_target_s" else "training time (s)"
     xlabel = "slowest worker's slowdown factor" if key == "stragglers.slowdown" else f"{key} (s)"
-    with figure(path) as ax:
-        for label, points in lines.items():
-            ax.plot(*zip(*points, strict=True), marker="o", label=label)
-        ax.set(xlabel=xlabel, ylabel=ylabel, title=f"{ylabel.split(' (')[0]} vs {key}")
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
-    return path
+    return line_plot(
+        path, lines, xlabel=xlabel, ylabel=ylabel, title=f"{ylabel.split(' (')[0]} vs {key}", ylim=(0, None)
+    )
 
 
 # ---- the sweep as a whole ----
