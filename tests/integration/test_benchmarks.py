@@ -302,3 +302,20 @@ def test_the_powersgd_benchmark_prints_every_variant_against_torchs_hook():
     assert (
         len(rows) == 4 and rows[1].startswith("| torch's powerSGD_hook, one bucket |") and rows[1].endswith("| 1.00 |")
     )
+
+
+@pytest.mark.slow  # ~10 s: two gloo processes
+def test_the_network_benchmark_fits_the_ring_model_and_prints_it_beside_what_it_measured(tmp_path):
+    proc = benchmark(
+        "network.py", "--workers", "2", "--sizes", "4096", "1048576", "--repeats", "2", f"--results={tmp_path}"
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads((tmp_path / "network.json").read_text())
+    assert [(p, n) for p, n, _ in data["measured_s"]] == [(2, 4096), (2, 1048576)]
+    alpha, bandwidth = data["alpha_s"], data["bandwidth_bytes_per_s"]
+    assert alpha >= 0 and bandwidth > 0
+    for p, n, measured in data["measured_s"]:  # each row: the measured time and the fitted model's
+        model = 2 * (p - 1) * alpha + 2 * (p - 1) / p * n / bandwidth
+        assert (
+            f"| {p} | {'4 KiB' if n == 4096 else '1 MiB'} | {measured * 1e3:.3f} | {model * 1e3:.3f} |" in proc.stdout
+        )
