@@ -1,5 +1,5 @@
 """The names a config chooses from that the modules implementing them share: datasets (image shapes and classes),
-partition schemes, models, learning-rate rules, decentralized SGD's torus. Standard library only: psgd.config
+partition schemes, models, learning-rate rules, decentralized SGD's graphs. Standard library only: psgd.config
 uses them before torch loads.
 """
 
@@ -47,6 +47,9 @@ COMPRESSION_KEYS = {
     "topk_ratio": ("topk", 0.01),
     "qsgd_levels": ("qsgd", 16),
 }
+
+
+TIME_VARYING = ("one_peer_exponential", "random_matching")  # strategy.topology: graphs that change every round
 
 
 def torus_shape(workers: int) -> tuple[int, int] | None:

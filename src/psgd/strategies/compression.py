@@ -368,15 +368,25 @@ class TopK(ErrorFeedback):
         return future
 
 
+def scaled_sign(v: Tensor) -> Tensor:
+    """One parameter's scaled sign, (|v|_1 / n) sign(v)."""
+    return v.abs().sum().div_(v.numel()) * v.sign()
+
+
+def sign_bytes(n: int) -> int:
+    """The payload of a scaled sign of n entries: a bit each and one float."""
+    return math.ceil(n / 8) + 4
+
+
 class Sign(ErrorFeedback):
     name = "sign"
 
     @override
     def hook(self, _state: Any, bucket: dist.GradBucket) -> Future[Tensor]:
         p, views = self.with_error(self.parameters(bucket))
-        c = torch.cat([v.abs().sum().div_(v.numel()) * v.sign() for _, v in views])
+        c = torch.cat([scaled_sign(v) for _, v in views])
         self.keep_error(p - c, views)
-        self.count(sum(math.ceil(v.numel() / 8) + 4 for _, v in views), c.numel() * c.element_size())
+        self.count(sum(sign_bytes(v.numel()) for _, v in views), c.numel() * c.element_size())
         return dist.all_reduce(c, group=self.group, async_op=True).get_future().then(_mean_into(bucket, self.world))
 
 
@@ -394,6 +404,17 @@ def qsgd_quantise(v: Tensor, levels: int, generator: torch.Generator) -> Tensor:
 def qsgd_bits(levels: int) -> int:
     """Bits per entry of QSGD's fixed-length code: xi in 0..s and a sign are 2s + 1 symbols."""
     return math.ceil(math.log2(2 * levels + 1))
+
+
+def qsgd_bytes(n: int, levels: int) -> int:
+    """The payload of n entries quantised by QSGD: qsgd_bits each and a float per chunk."""
+    return math.ceil(n * qsgd_bits(levels) / 8) + math.ceil(n / QSGD_CHUNK) * 4
+
+
+def seeded(generator: torch.Generator, *parts: int) -> torch.Generator:
+    """`generator` seeded from `parts` (e.g. seed, rank, step, parameter): one stream per such tuple."""
+    state = np.random.SeedSequence(list(parts)).generate_state(1, np.uint64)[0]
+    return generator.manual_seed(int(state) >> 1)
 
 
 class QSGD(Compressor):
@@ -415,13 +436,10 @@ class QSGD(Compressor):
             self.generator = torch.Generator(device=g.device)
         parts = []
         for i, v in self.parameters(bucket):
-            seed = np.random.SeedSequence([self.seed, self.rank, self.step, i]).generate_state(1, np.uint64)[0]
-            parts.append(qsgd_quantise(v, self.levels, self.generator.manual_seed(int(seed) >> 1)))
+            parts.append(qsgd_quantise(v, self.levels, seeded(self.generator, self.seed, self.rank, self.step, i)))
         q = torch.cat(parts)
         self.step += bucket.is_last()
-        bits = qsgd_bits(self.levels)
-        payload = sum(math.ceil(v.numel() * bits / 8) + math.ceil(v.numel() / QSGD_CHUNK) * 4 for v in parts)
-        self.count(payload, q.numel() * q.element_size())
+        self.count(sum(qsgd_bytes(v.numel(), self.levels) for v in parts), q.numel() * q.element_size())
         return dist.all_reduce(q, group=self.group, async_op=True).get_future().then(_mean_into(bucket, self.world))
 
     @override

@@ -11,12 +11,26 @@ from omegaconf import OmegaConf
 from pydantic import Field
 from typing_extensions import override
 
-from psgd.choices import COMPRESSION_KEYS, COMPRESSIONS, torus_shape
+from psgd.choices import COMPRESSION_KEYS, COMPRESSIONS, TIME_VARYING, torus_shape
 from psgd.errors import ConfigError
 from psgd.strategies.contract import Optimizer, StrategyConfig
 
 if TYPE_CHECKING:  # annotations only: psgd.config reads this module
     from psgd.config.schema import Plan, Run
+
+
+def compression_keys_alone(config: StrategyConfig, compression: str) -> None:
+    """A compression's own key (COMPRESSION_KEYS, those the config has) only with that compression.
+
+    Raises:
+        ConfigError: a key of another compression is set.
+    """
+    for key, (owner, _) in COMPRESSION_KEYS.items():
+        if getattr(config, key, None) is not None and compression != owner:
+            raise ConfigError(
+                f"strategy.{key}={getattr(config, key)} is invalid with strategy.compression={compression}: "
+                f"it is compression={owner}'s; use strategy.compression={owner} or leave it out"
+            )
 
 
 class DDP(StrategyConfig):
@@ -46,12 +60,7 @@ class DDP(StrategyConfig):
     @override
     def refuse(self, run: "Run") -> None:
         """A compression's own key only with that compression."""
-        for key, (owner, _) in COMPRESSION_KEYS.items():
-            if getattr(self, key) is not None and self.compression != owner:
-                raise ConfigError(
-                    f"strategy.{key}={getattr(self, key)} is invalid with strategy.compression={self.compression}: "
-                    f"it is compression={owner}'s; use strategy.compression={owner} or leave it out"
-                )
+        compression_keys_alone(self, self.compression)
 
     @override
     def runs_in_this_process(self, run: "Run") -> bool:
@@ -253,18 +262,13 @@ class Decentralized(Replicas):
                 f"strategy.topology=torus is invalid with {world} workers: a 2-D torus needs rows x columns, each at "
                 "least 2 (4, 6, 8, 9, ... workers); use another worker count or topology=ring"
             )
-        if self.compression != "none" and self.topology in ("one_peer_exponential", "random_matching"):
+        if self.compression != "none" and self.topology in TIME_VARYING:
             raise ConfigError(
                 f"strategy.compression={self.compression} is invalid with strategy.topology={self.topology}: CHOCO "
                 "keeps its neighbours' public copies, and this graph changes every round; use a static topology "
                 "(ring, torus, exponential, complete) or compression=none"
             )
-        for key, owner in (("topk_ratio", "topk"), ("qsgd_levels", "qsgd")):
-            if getattr(self, key) is not None and self.compression != owner:
-                raise ConfigError(
-                    f"strategy.{key}={getattr(self, key)} is invalid with strategy.compression={self.compression}: "
-                    f"it is compression={owner}'s; use strategy.compression={owner} or leave it out"
-                )
+        compression_keys_alone(self, self.compression)
 
     @classmethod
     @override
@@ -284,8 +288,8 @@ class Decentralized(Replicas):
             order=self.order,
             compression=self.compression,
             consensus_lr=self.consensus_lr,
-            topk_ratio=self.topk_ratio or 0.01,
-            qsgd_levels=self.qsgd_levels or 16,
+            topk_ratio=self.topk_ratio or COMPRESSION_KEYS["topk_ratio"][1],
+            qsgd_levels=self.qsgd_levels or COMPRESSION_KEYS["qsgd_levels"][1],
             log_consensus_every=self.log_consensus_every,
             **self.replica_settings(run, plan, run_dir),
         )

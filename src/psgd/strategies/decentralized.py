@@ -37,7 +37,6 @@ import math
 import os
 from typing import Any, ClassVar
 
-import numpy as np
 import pytorch_lightning as L
 import torch
 import torch.distributed as dist
@@ -47,12 +46,11 @@ from typing_extensions import override
 from psgd.choices import torus_shape
 from psgd.io import say
 from psgd.process import QUIET_ENV
-from psgd.strategies.compression import QSGD_CHUNK, qsgd_bits, qsgd_quantise
+from psgd.strategies.compression import qsgd_bytes, qsgd_quantise, scaled_sign, seeded, sign_bytes
 from psgd.strategies.model_averaging import ModelAveragingStrategy
 from psgd.strategies.workers import over_workers
 
 CHOCO_KEY = "psgd_choco"  # a checkpoint's CHOCO state of each worker: x̂_i and s_i
-TIME_VARYING = ("one_peer_exponential", "random_matching")
 
 
 # ---- the graphs ----
@@ -135,14 +133,10 @@ def compress(
         return torch.zeros_like(v).index_put_((top,), v[top]), top.numel() * 8
     parts = v.split(sizes)
     if method == "sign":
-        out = torch.cat([p.abs().sum() / p.numel() * p.sign() for p in parts])
-        return out, sum(math.ceil(p.numel() / 8) + 4 for p in parts)
-    generator, out = torch.Generator(device=v.device), []
-    for i, p in enumerate(parts):
-        state = np.random.SeedSequence([*seed, i]).generate_state(1, np.uint64)[0]
-        out.append(qsgd_quantise(p, levels, generator.manual_seed(int(state) >> 1)))
-    bits = qsgd_bits(levels)
-    return torch.cat(out), sum(math.ceil(p.numel() * bits / 8) + math.ceil(p.numel() / QSGD_CHUNK) * 4 for p in parts)
+        return torch.cat([scaled_sign(p) for p in parts]), sum(sign_bytes(p.numel()) for p in parts)
+    generator = torch.Generator(device=v.device)
+    out = [qsgd_quantise(p, levels, seeded(generator, *seed, i)) for i, p in enumerate(parts)]
+    return torch.cat(out), sum(qsgd_bytes(p.numel(), levels) for p in parts)
 
 
 def exchange(flat: Tensor, send_to: list[int], receive_from: list[int]) -> dict[int, Tensor]:
@@ -260,7 +254,7 @@ class DecentralizedStrategy(ModelAveragingStrategy):
             output = super().optimizer_step(optimizer, closure, model, **kwargs)
         else:
             self._steps_in_epoch += 1
-            gossips = self._steps_in_epoch <= self._common_steps and self.averages_at(self._common_done())
+            gossips = self._averages_now()
 
             def gradient_then_mix() -> Any:
                 loss = closure()  # Lightning's forward and backward, at x_i

@@ -247,10 +247,14 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, Workers):
     def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any) -> Any:
         output = super().optimizer_step(optimizer, closure, model, **kwargs)
         self._steps_in_epoch += 1
-        done = self._common_done()
-        if self._steps_in_epoch <= self._common_steps and self.averages_at(done):
+        if self._averages_now():
             self._timed_sync()
         return output
+
+    def _averages_now(self) -> bool:
+        """Whether the step just counted is an averaging point: one of the epoch's common steps that
+        `averages_at`."""
+        return self._steps_in_epoch <= self._common_steps and self.averages_at(self._common_done())
 
     def _timed_sync(self) -> None:
         """`_sync`, its time counted as this epoch's averaging and as waiting for the others."""
