@@ -26,6 +26,20 @@ from psgd.strategies.workers import lost_a_peer
 TINY = ["quiet=true", "data.batch_size=16", "data.eval_batch_size=64"]
 
 
+def one_epoch_run(tiny_data, run_dir: Path) -> Path:
+    """`run_dir`, where train.py has trained one epoch on the small generated data (a checkpoint to resume)."""
+    proc = run_cli(
+        "train.py",
+        f"data.root={tiny_data}",
+        "data.val_split=0",
+        "trainer.max_epochs=1",
+        f"hydra.run.dir={run_dir}",
+        *TINY,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return run_dir
+
+
 def long_run(tiny_data, *more: str) -> list[str]:
     """A run of 200 epochs on the small generated data, all of it trained on: one a test stops."""
     return [f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=200", *TINY, *more]
@@ -627,16 +641,7 @@ def test_ddp_resume_ends_with_the_same_weights_as_an_uninterrupted_run(tiny_data
 def test_a_resume_that_would_not_follow_the_command_line_is_one_line(tiny_data, tmp_path):
     # the checks themselves (another model, a file that is not a checkpoint, another schedule or
     # worker count) are unit tests in tests/unit/test_resume.py; here one of them, end to end
-    first = tmp_path / "first"
-    proc = run_cli(
-        "train.py",
-        f"data.root={tiny_data}",
-        "data.val_split=0",
-        "trainer.max_epochs=1",
-        f"hydra.run.dir={first}",
-        *TINY,
-    )
-    assert proc.returncode == 0, proc.stderr
+    first = one_epoch_run(tiny_data, tmp_path / "first")
     # the same model with another lr schedule: resuming would restore the checkpoint's (before, a
     # 1-epoch cosine run resumed with trainer.max_epochs=2 trained its second epoch at lr 0)
     second = tmp_path / "second"
@@ -656,16 +661,7 @@ def test_a_resume_that_would_not_follow_the_command_line_is_one_line(tiny_data, 
 @pytest.mark.distributed
 @pytest.mark.slow  # ~12 s; the check is unit-tested (test_resume.py), and the default run has a refused resume above
 def test_a_resume_on_another_dataset_is_one_line_and_leaves_no_run_dir(tiny_data, tmp_path):
-    first = tmp_path / "first"
-    proc = run_cli(
-        "train.py",
-        f"data.root={tiny_data}",
-        "data.val_split=0",
-        "trainer.max_epochs=1",
-        f"hydra.run.dir={first}",
-        *TINY,
-    )
-    assert proc.returncode == 0, proc.stderr
+    first = one_epoch_run(tiny_data, tmp_path / "first")
     # the same shapes on another dataset (forgot data=fashion_mnist, or added it): the dataset is in the checkpoint
     third = tmp_path / "third"
     other_data = ["data=fashion_mnist", f"ckpt_path={first}", f"hydra.run.dir={third}"]

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import compose_cfg
 
-from psgd.choices import torus_shape
+from psgd.choices import TIME_VARYING, torus_shape
 from psgd.config import ConfigError, check_values
 from psgd.strategies.decentralized import choco_round, compress, mix, mixing_matrix, mixing_rate
 
@@ -126,7 +126,7 @@ def test_gossip_rounds_exchanged_between_processes_are_w_times_x_and_contract_at
             x = mixing_matrix(topology, 4, weights, step, seed=3) @ x
             assert torch.allclose(got.double(), x, atol=1e-5), (topology, weights, step)
             assert torch.allclose(got.double().mean(0), start.mean(0), atol=1e-6)  # the mean is kept
-            if topology not in ("one_peer_exponential", "random_matching"):
+            if topology not in TIME_VARYING:
                 rho = mixing_rate(topology, 4, weights)
                 bound = rho ** (2 * (step + 1)) * consensus(start)  # equality where every mode contracts by rho
                 assert consensus(got.double()) <= bound * (1 + 1e-5) + 1e-9, (topology, step)
