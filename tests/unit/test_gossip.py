@@ -1,5 +1,6 @@
 """Decentralized SGD's graphs and gossip (psgd.strategies.decentralized): the mixing matrices, their mixing rate
-against closed forms, and gossip rounds through real point-to-point exchanges between 4 gloo processes."""
+against closed forms, and gossip rounds through real point-to-point exchanges between 4 gloo processes, which
+simulated workers' tensor operations (psgd.strategies.collective.Stacked) repeat."""
 
 import math
 import os
@@ -13,7 +14,8 @@ from conftest import compose_cfg
 
 from psgd.choices import TIME_VARYING, torus_shape
 from psgd.config import ConfigError, check_values
-from psgd.strategies.decentralized import choco_round, compress, mix, mixing_matrix, mixing_rate
+from psgd.strategies.collective import Distributed, Stacked
+from psgd.strategies.decentralized import choco_round, compress, mixing_matrix, mixing_rate
 
 UNDIRECTED = ("ring", "torus", "complete", "random_matching")
 DIRECTED = ("exponential", "one_peer_exponential")
@@ -69,32 +71,38 @@ def test_choco_compressions_send_what_they_count():
     )  # 6 bits an entry (33 symbols), 3 chunks
 
 
-def identity(v: torch.Tensor) -> tuple[torch.Tensor, int]:
-    return v.clone(), v.numel() * v.element_size()
+def identity(v: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    return v.clone(), [v.shape[1] * v.element_size()] * len(v)
+
+
+def gossip_rounds(comm, x: torch.Tensor) -> dict:
+    """Each graph's rounds of pure gossip (no gradient step) from the rows `x` of the workers `comm` holds, and
+    CHOCO's with C the identity."""
+    results = {}
+    for topology, weights in graphs(4):
+        rows, rounds = x.clone(), []
+        for step in range(6):
+            rows, _ = comm.mix(rows, mixing_matrix(topology, 4, weights, step, seed=3))
+            rounds.append(rows.clone())
+        results[topology, weights] = rounds
+    for topology, gamma in (("ring", 1.0), ("exponential", 1.0), ("ring", 0.5)):
+        rows = x.clone()
+        public, public_mix, rounds = torch.zeros_like(rows), torch.zeros_like(rows), []
+        for _ in range(6):
+            choco_round(rows, public, public_mix, mixing_matrix(topology, 4), comm, gamma, identity)
+            rounds.append(rows.clone())
+        results["choco", topology, gamma] = rounds
+    return results
 
 
 def gossip_worker(rank: int, port: int, out: str) -> None:
-    """Each graph's rounds of pure gossip (no gradient step) on random vectors, through `mix`'s real exchange."""
+    """gossip_rounds through real point-to-point exchanges, worker `rank` of 4 processes."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=4)
     torch.set_num_threads(1)
     try:
-        results = {}
-        for topology, weights in graphs(4):
-            x = torch.randn(4, 257, generator=torch.Generator().manual_seed(7))[rank]  # every worker's, drawn alike
-            rounds = []
-            for step in range(6):
-                x = mix(x, mixing_matrix(topology, 4, weights, step, seed=3), rank)
-                rounds.append(x.clone())
-            results[topology, weights] = rounds
-        for topology, gamma in (("ring", 1.0), ("exponential", 1.0), ("ring", 0.5)):  # CHOCO, C the identity
-            x = torch.randn(4, 257, generator=torch.Generator().manual_seed(7))[rank]
-            public, public_mix, rounds = torch.zeros_like(x), torch.zeros_like(x), []
-            for _ in range(6):
-                choco_round(x, public, public_mix, mixing_matrix(topology, 4), rank, gamma, identity)
-                rounds.append(x.clone())
-            results["choco", topology, gamma] = rounds
-        torch.save(results, f"{out}/{rank}.pt")
+        x = torch.randn(4, 257, generator=torch.Generator().manual_seed(7))[rank : rank + 1]  # drawn alike
+        torch.save(gossip_rounds(Distributed(), x), f"{out}/{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -107,7 +115,15 @@ def gossiped(tmp_path_factory) -> dict:
         port = s.getsockname()[1]
     mp.start_processes(gossip_worker, args=(port, str(out)), nprocs=4, start_method="spawn")
     per_rank = [torch.load(out / f"{r}.pt", weights_only=False) for r in range(4)]
-    return {graph: [torch.stack([r[graph][t] for r in per_rank]) for t in range(6)] for graph in per_rank[0]}
+    return {graph: [torch.cat([r[graph][t] for r in per_rank]) for t in range(6)] for graph in per_rank[0]}
+
+
+def test_simulated_workers_gossip_as_the_processes_do(gossiped):
+    """The same rounds as tensor operations over the replica dimension (simulate=true) give the processes' rows."""
+    simulated = gossip_rounds(Stacked(4), torch.randn(4, 257, generator=torch.Generator().manual_seed(7)))
+    for graph, rounds in gossiped.items():
+        for got, want in zip(simulated[graph], rounds, strict=True):
+            assert (got - want).abs().max().item() <= 1e-6, graph
 
 
 def consensus(x: torch.Tensor) -> float:

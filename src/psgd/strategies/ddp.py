@@ -100,12 +100,12 @@ class TimesAllReduce:
 
         return future.then(done)
 
-    def comm_count(self) -> list[float]:
+    def comm_count(self) -> list[list[float]]:
         """This epoch's [payload bytes, bytes sent, collectives, seconds] of this worker (seconds NaN on a GPU,
         where nothing is timed); they start anew."""
         payload, sent, calls = self.compressor.take_count() if self.compressor is not None else (0, 0, 0)
         seconds, self._comm_s = self._comm_s, 0.0
-        return [payload, sent, calls, seconds if self.allreduce_timed or not calls else math.nan]
+        return [[payload, sent, calls, seconds if self.allreduce_timed or not calls else math.nan]]
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         """With a compression that keeps state: every worker's in the checkpoint, under COMPRESSION_KEY."""

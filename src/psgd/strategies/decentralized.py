@@ -39,16 +39,15 @@ from typing import Any, ClassVar
 
 import pytorch_lightning as L
 import torch
-import torch.distributed as dist
 from torch import Tensor
 from typing_extensions import override
 
 from psgd.choices import torus_shape
 from psgd.io import say
 from psgd.process import QUIET_ENV
+from psgd.strategies.collective import neighbours
 from psgd.strategies.compression import qsgd_bytes, qsgd_quantise, scaled_sign, seeded, sign_bytes
 from psgd.strategies.model_averaging import ModelAveragingStrategy
-from psgd.strategies.workers import over_workers
 
 CHOCO_KEY = "psgd_choco"  # a checkpoint's CHOCO state of each worker: x̂_i and s_i
 
@@ -139,44 +138,16 @@ def compress(
     return torch.cat(out), sum(qsgd_bytes(p.numel(), levels) for p in parts)
 
 
-def exchange(flat: Tensor, send_to: list[int], receive_from: list[int]) -> dict[int, Tensor]:
-    """Send `flat` to each of `send_to` and receive a tensor like it from each of `receive_from`, all at once
-    (torch.distributed's batched point-to-point operations); returns the received by sender."""
-    received = {peer: torch.empty_like(flat) for peer in receive_from}
-    ops = [dist.P2POp(dist.isend, flat, peer) for peer in send_to]
-    ops += [dist.P2POp(dist.irecv, buffer, peer) for peer, buffer in received.items()]
-    for request in dist.batch_isend_irecv(ops) if ops else []:
-        request.wait()
-    return received
-
-
-def neighbours(w: Tensor, rank: int) -> tuple[list[int], list[int]]:
-    """Whom worker `rank` sends to (the k with W[k, rank] > 0) and receives from (the j with W[rank, j] > 0)."""
-    others = [j for j in range(len(w)) if j != rank]
-    return [k for k in others if w[k, rank] > 0], [j for j in others if w[rank, j] > 0]
-
-
-def mix(x: Tensor, w: Tensor, rank: int) -> Tensor:
-    """One gossip round of worker `rank`: sum_j W[rank, j] x_j, its neighbours' x_j received by point-to-point."""
-    send_to, receive_from = neighbours(w, rank)
-    mixed = x * w[rank, rank].item()
-    for j, x_j in exchange(x, send_to, receive_from).items():
-        mixed.add_(x_j, alpha=w[rank, j].item())
-    return mixed
-
-
-def choco_round(x: Tensor, public: Tensor, public_mix: Tensor, w: Tensor, rank: int, gamma: float, compressor) -> int:
-    """One CHOCO-SGD gossip round of worker `rank`, in place: q_i = C(x_i - x̂_i) sent to its neighbours, x̂_i += q_i,
-    s_i += sum_j W[rank, j] q_j, x_i += γ (s_i - x̂_i). `compressor(v)` returns C(v) and its payload in bytes;
-    returns the bytes this worker sent."""
-    send_to, receive_from = neighbours(w, rank)
-    q, size = compressor(x - public)
-    public_mix.add_(q, alpha=w[rank, rank].item())
-    for j, q_j in exchange(q, send_to, receive_from).items():
-        public_mix.add_(q_j, alpha=w[rank, j].item())
+def choco_round(x: Tensor, public: Tensor, public_mix: Tensor, w: Tensor, comm, gamma: float, compressor) -> list[int]:
+    """One CHOCO-SGD gossip round of the workers held by `comm` (x, x̂, s: rows [R, n]), in place: q_i = C(x_i - x̂_i)
+    sent to i's neighbours, x̂_i += q_i, s_i += sum_j W[i, j] q_j, x_i += γ (s_i - x̂_i). `compressor(v)` returns the
+    rows' C(v) and each one's payload in bytes; returns each worker's bytes sent."""
+    q, sizes = compressor(x - public)
+    mixed, sent = comm.mix(q, w, sizes)
+    public_mix.add_(mixed)
     public.add_(q)
     x.add_(public_mix - public, alpha=gamma)
-    return len(send_to) * size
+    return sent
 
 
 class DecentralizedStrategy(ModelAveragingStrategy):
@@ -215,13 +186,13 @@ class DecentralizedStrategy(ModelAveragingStrategy):
     @override
     def setup(self, trainer: L.Trainer) -> None:
         super().setup(trainer)
-        self.rho = mixing_rate(self.topology, self.world_size, self.weights, self.seed)
-        if self.compression != "none":
-            flat = self._flat()
+        self.rho = mixing_rate(self.topology, self.workers, self.weights, self.seed)
+        if self.compression != "none":  # rows [R, n]: each worker's own
+            flat = self.comm.flat(self.replica_params())
             self.public, self.public_mix = torch.zeros_like(flat), torch.zeros_like(flat)
         if self.is_global_zero and os.environ.get(QUIET_ENV) != "1":  # (quiet=true: workers inherit it)
             say(
-                f"psgd: decentralized SGD on a {self.topology} of {self.world_size} workers: mixing rate "
+                f"psgd: decentralized SGD on a {self.topology} of {self.workers} workers: mixing rate "
                 f"rho={self.rho:.4f}, spectral gap {1 - self.rho:.4f}"
             )
 
@@ -270,47 +241,43 @@ class DecentralizedStrategy(ModelAveragingStrategy):
 
     def _log_consensus(self) -> None:
         """The consensus distance now, to TensorBoard at this step (one all-reduce of the weights, every worker)."""
-        distance = self._distance_from_mean()
-        (squared,) = over_workers([distance**2], self.root_device)
+        (squared,) = self.comm.total([[d**2] for d in self._distance_from_mean()])
         trainer = self.lightning_module.trainer
         if trainer.is_global_zero and trainer.logger is not None:
-            consensus = squared / self.world_size
+            consensus = squared / self.workers
             trainer.logger.log_metrics({"decentralized/consensus_distance": consensus}, step=trainer.global_step)
-
-    def _flat(self) -> Tensor:
-        return torch.cat([p.detach().reshape(-1) for p in self.lightning_module.parameters()])
 
     @override
     def _sync(self) -> None:
         """One gossip round (round r = the rounds before it: the time-varying graphs' W)."""
-        rank, r = self.global_rank, self.averagings(self._common_done()) - 1
-        w = mixing_matrix(self.topology, self.world_size, self.weights, r, self.seed)
-        send_to, _ = neighbours(w, rank)
-        params = list(self.lightning_module.parameters())
-        x = self._flat()
+        r = self.averagings(self._common_done()) - 1
+        w = mixing_matrix(self.topology, self.workers, self.weights, r, self.seed)
+        params = self.replica_params()
+        x = self.comm.flat(params)
         if self.compression == "none":
-            mixed, payload = mix(x, w, rank), len(send_to) * x.numel() * x.element_size()
+            mixed, sent = self.comm.mix(x, w)
         else:
-            sizes = [p.numel() for p in params]
+            sizes = [self.comm.rows(p).shape[1] for p in params]
 
-            def compressor(v: Tensor) -> tuple[Tensor, int]:
-                return compress(self.compression, v, sizes, self.topk_ratio, self.qsgd_levels, [self.seed, rank, r])
+            def compressor(v: Tensor) -> tuple[Tensor, list[int]]:
+                seeds = ([self.seed, rank, r] for rank in self.comm.ranks)
+                out = [compress(self.compression, row, sizes, self.topk_ratio, self.qsgd_levels, seed)
+                       for row, seed in zip(v, seeds, strict=True)]  # fmt: skip
+                return torch.stack([c for c, _ in out]), [size for _, size in out]
 
             mixed = x
-            payload = choco_round(x, self.public, self.public_mix, w, rank, self.consensus_lr, compressor)
-        with torch.no_grad():
-            for p, new in zip(params, mixed.split([p.numel() for p in params]), strict=True):
-                p.copy_(new.view_as(p))
-        self._comm = [self._comm[0] + payload, self._comm[1] + len(send_to)]
+            sent = choco_round(x, self.public, self.public_mix, w, self.comm, self.consensus_lr, compressor)
+        self.comm.unflat_(params, mixed)
+        self._count(sent, [len(neighbours(w, rank)[0]) for rank in self.comm.ranks])
 
     @override
     def epoch_figures(self) -> dict[str, float]:
         """This epoch's end: the consensus distance (1/P) sum_i ||x_i - x̄||², the replicas' mean distance from
         their mean and the mean time in gossip rounds over the workers (s; it starts anew)."""
         spent, self._averaging_s = self._averaging_s, 0.0
-        distance = self._distance_from_mean()
-        total, squared, summed = over_workers([spent, distance**2, distance], self.root_device)
-        p = self.world_size
+        rows = [[spent, d**2, d] for d in self._distance_from_mean()]
+        total, squared, summed = self.comm.total(rows)
+        p = self.workers
         return {"consensus_distance": squared / p, "replica_distance": summed / p, "averaging_s": total / p}
 
     @override

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from psgd.strategies.model_averaging import ModelAveragingStrategy, average_tensors, floating_buffers
+from psgd.strategies.model_averaging import ModelAveragingStrategy
 
 CENTRE_KEY = "psgd_centre"  # a checkpoint's centre variable (the same on every worker)
 
@@ -39,9 +39,9 @@ class ElasticAveragingStrategy(ModelAveragingStrategy):
     @override
     def setup(self, trainer: L.Trainer) -> None:
         super().setup(trainer)
-        self.alpha = 0.9 / self.world_size if self.alpha_setting is None else self.alpha_setting
-        self.centre = [p.detach().clone() for p in self.lightning_module.parameters()]
-        average_tensors(self.centre)  # x̃ starts at the replicas' mean (rank 0's weights under same_init)
+        self.alpha = 0.9 / self.workers if self.alpha_setting is None else self.alpha_setting
+        self.centre = [p.detach().clone() for p in self.replica_params()]  # every worker's copy of x̃
+        self.comm.mean_(self.centre, counted=False)  # x̃ starts at the replicas' mean (rank 0's under same_init)
 
     @override
     def settings(self) -> dict[str, Any]:
@@ -59,28 +59,28 @@ class ElasticAveragingStrategy(ModelAveragingStrategy):
     @override
     def _sync(self) -> None:
         """The elastic step; its all-reduce counted."""
-        params = list(self.lightning_module.parameters())
+        params = self.replica_params()
         mean = [p.detach().clone() for p in params]
-        sent = average_tensors(mean)
+        sent = self.comm.mean_(mean)
         with torch.no_grad():
             for x, centre, x_bar in zip(params, self.centre, mean, strict=True):
                 x.sub_(self.alpha * (x - centre))  # x_i <- x_i - α (x_i - x̃), with the x̃ before its move
-                centre.add_(self.world_size * self.alpha * (x_bar - centre))
-        self._comm = [self._comm[0] + sent, self._comm[1] + int(sent > 0)]
+                centre.add_(self.workers * self.alpha * (x_bar - centre))
+        self._count(sent, int(sent > 0))
 
     @override
     def _finish(self) -> None:
         """Every worker takes the centre as its weights (and the mean of the floating buffers)."""
         with torch.no_grad():
-            for x, centre in zip(self.lightning_module.parameters(), self.centre, strict=True):
+            for x, centre in zip(self.replica_params(), self.centre, strict=True):
                 x.copy_(centre)
         if self.average_buffers:
-            sent = average_tensors(floating_buffers(self.lightning_module))
-            self._comm = [self._comm[0] + sent, self._comm[1] + (sent > 0)]
+            sent = self.comm.mean_(self.replica_buffers())
+            self._count(sent, int(sent > 0))
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
-        centre = [t.detach().cpu().clone() for t in self.centre]
+        centre = [t.detach().cpu().clone() for t in self.centre]  # (simulated workers: every worker's copy)
         super().save_checkpoint({**checkpoint, CENTRE_KEY: centre}, filepath, storage_options)
 
     @override

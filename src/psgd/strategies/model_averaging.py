@@ -26,46 +26,25 @@ the fewest steps any worker takes in an epoch (computed locally from the partiti
 reaches every averaging point.
 """
 
+import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytorch_lightning as L
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 from typing_extensions import override
 
 from psgd.data.partition import limited_batches
 from psgd.io import save_atomic
 from psgd.strategies.ddp import Workers
-from psgd.strategies.workers import PerWorkerCheckpoints, gather_floats, over_workers
+from psgd.strategies.workers import PerWorkerCheckpoints
 
 OUTER_KEY = "psgd_outer"  # a checkpoint's θ_g and outer optimizer state
-
-
-def average_tensors(tensors: list[Tensor], group: dist.ProcessGroup | None = None) -> int:
-    """All-reduce-average `tensors` in place across `group` (None: all workers), in one flat buffer; returns the
-    bytes this worker handed to the all-reduce (0 for no tensor or one worker: no collective).
-
-    Keeps each tensor's memory format (torch's `average_parameters` rebinds `.data` and drops
-    channels_last). Integer tensors must not be passed.
-    """
-    if not tensors or dist.get_world_size(group) == 1:  # one worker: the average is its own, nothing is sent
-        return 0
-    flat = torch.cat(
-        [t.detach().reshape(-1).to(torch.float64 if t.dtype == torch.float64 else torch.float32) for t in tensors]
-    )
-    dist.all_reduce(flat, group=group)
-    flat /= dist.get_world_size(group)
-    offset = 0
-    for t in tensors:
-        t.detach().copy_(flat[offset : offset + t.numel()].view(t.shape))
-        offset += t.numel()
-    return flat.numel() * flat.element_size()
 
 
 def floating_buffers(module: nn.Module) -> list[Tensor]:
@@ -95,7 +74,11 @@ def common_steps(batches: list[int], limit_train_batches: int | float | None, ac
 
 class ModelAveragingStrategy(PerWorkerCheckpoints, Workers):
     """Train one replica per worker without gradient sync; average the parameters every `period` steps
-    and after fit."""
+    and after fit.
+
+    The algorithm reads and writes the workers' replica tensors (`replica_params`, `replica_buffers`, the
+    optimizer's state) and exchanges them through `comm` (psgd.strategies.collective), so that it trains worker
+    processes and simulated workers alike; `replica(rank)` makes the module that worker's replica."""
 
     figures: ClassVar[dict[str, tuple[str, int]]] = {
         "averaging_s": ("averaging/time_s", 6),
@@ -128,7 +111,6 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, Workers):
         self.outer_factory = outer_optimizer
         # hierarchical averaging: group size -> its period, the largest group all workers; {} without
         self.group_periods = dict(sorted((group_periods or {}).items()))
-        self.groups: dict[int, dist.ProcessGroup | None] = {}  # group size -> this worker's group of that size
         self.outer: torch.optim.Optimizer | None = None  # built in setup, over the module's parameters
         self.start: list[Tensor] = []  # θ_g, with an outer optimizer
         self.report: dict[str, Any] = {}
@@ -138,7 +120,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, Workers):
         self._averaged = False  # True once the final averaging has made every replica equal
         self._averaging_s = 0.0  # this epoch's time in periodic averaging
         self.waited_s = 0.0  # the time in periodic averaging since the start: waiting for the others (s)
-        self._comm = [0, 0]  # this epoch's (or, after it, the final averaging's) bytes and all-reduces
+        self._comm: list[list[int]] = []  # each worker's (held here) bytes and exchanges, this epoch or the end's
 
     @property
     @override
@@ -149,43 +131,66 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, Workers):
     def configure_ddp(self) -> None:
         pass  # no DDP wrapper: the replicas must not all-reduce gradients
 
+    @property
+    def workers(self) -> int:
+        """P, every worker of the run."""
+        return self.comm.size
+
+    def replica_params(self) -> list[Tensor]:
+        """The workers' parameters as replica tensors (this process's module's own, where it is one worker)."""
+        return list(self.lightning_module.parameters())
+
+    def replica_buffers(self) -> list[Tensor]:
+        """The workers' floating buffers (BatchNorm statistics) as replica tensors."""
+        return floating_buffers(self.lightning_module)
+
+    @contextlib.contextmanager
+    def replica(self, rank: int) -> Iterator[None]:
+        """The module is worker `rank`'s replica inside (this process's own worker: always)."""
+        yield
+
+    def _count(self, sent: int | list[int], calls: int | list[int]) -> None:
+        """Add to each worker's bytes and exchanges (a number: the same for every worker held here)."""
+        rows = len(self.comm.ranks)
+        sent = sent if isinstance(sent, list) else [sent] * rows
+        calls = calls if isinstance(calls, list) else [calls] * rows
+        self._comm = [[b + s, c + n] for (b, c), s, n in zip(self._comm or [[0, 0]] * rows, sent, calls, strict=True)]
+
     @override
     def setup(self, trainer: L.Trainer) -> None:
         super().setup(trainer)
         net = self.lightning_module
         if self.same_init:
-            for t in [*net.parameters(), *net.buffers()]:
-                dist.broadcast(t.data, src=0)
+            self.comm.broadcast_([*self.replica_params(), *self.replica_buffers()])
         else:  # independent initialisations
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(self.seed + 1 + self.global_rank)
-                for m in net.modules():
-                    if hasattr(m, "reset_parameters") and m is not net:
-                        m.reset_parameters()
-        for size in self.group_periods:  # consecutive ranks: under torchrun / srun a node's processes
-            self.groups[size] = None if size == self.world_size else dist.new_subgroups(group_size=size)[0]
+            for rank in self.comm.ranks:
+                with self.replica(rank), torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(self.seed + 1 + rank)
+                    for m in net.modules():
+                        if hasattr(m, "reset_parameters") and m is not net:
+                            m.reset_parameters()
+        self.comm.prepare_groups(list(self.group_periods))
         if self.outer_factory is not None:  # θ_g: the replicas' mean (rank 0's weights under same_init)
-            self.start = [p.detach().clone() for p in net.parameters()]
-            average_tensors(self.start)
-            self.outer = self.outer_factory(list(net.parameters()))
+            self.start = [p.detach().clone() for p in self.replica_params()]
+            self.comm.mean_(self.start, counted=False)
+            self.outer = self.outer_factory(self.replica_params())
 
-    def _average(self, outer: bool = False, group: dist.ProcessGroup | None = None, final: bool = False) -> None:
-        """Average the replicas' parameters (and buffers, optimizer state as set) over `group` (None: all
-        workers), counted in `_comm`; `outer`: the parameters take an outer step from θ_g instead (`final`: only
-        where some replica moved from θ_g since the last averaging point)."""
-        module = self.lightning_module
-        tensors = [] if outer else list(module.parameters())
+    def _average(self, outer: bool = False, group_size: int | None = None, final: bool = False) -> None:
+        """Average the replicas' parameters (and buffers, optimizer state as set) within groups of `group_size`
+        (None: all workers), counted in `_comm`; `outer`: the parameters take an outer step from θ_g instead
+        (`final`: only where some replica moved from θ_g since the last averaging point)."""
+        tensors = [] if outer else self.replica_params()
         if self.average_buffers:
-            tensors += floating_buffers(module)
+            tensors += self.replica_buffers()
         if self.average_optimizer_state:
             for opt in self.optimizers:
                 tensors += optimizer_state_tensors(opt)
-        sent = average_tensors(tensors, group)
+        sent = self.comm.mean_(tensors, group_size)
         calls = int(sent > 0)
         if outer:
             outer_sent = self._outer_step(final)
             sent, calls = sent + outer_sent, calls + int(outer_sent > 0)
-        self._comm = [self._comm[0] + sent, self._comm[1] + calls]
+        self._count(sent, calls)
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
@@ -210,14 +215,14 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, Workers):
         """DiLoCo's outer step: Δ = θ_g - mean_i θ_i as each parameter's gradient, from θ_g; θ_g <- the result.
         `final`: the step is taken only where some replica moved from θ_g since the last averaging point (a flag
         all-reduced with the parameters), else the replicas stay θ_g. Returns the bytes all-reduced."""
-        params = list(self.lightning_module.parameters())
+        params, rows = self.replica_params(), self.comm.rows
         mean = [p.detach().clone() for p in params]
-        moved = []  # at the end: whether this replica moved from θ_g, averaged into whether any did
+        moved = []  # at the end: whether each replica moved from θ_g, averaged into whether any did
         if final:
-            away = any(not torch.equal(p.detach(), start) for p, start in zip(params, self.start, strict=True))
-            moved.append(torch.tensor([float(away)], device=self.root_device))
-        sent = average_tensors(mean + moved)
-        if moved and moved[0].item() == 0:
+            away = [(rows(p.detach()) != rows(start)).any(1) for p, start in zip(params, self.start, strict=True)]
+            moved.append(torch.stack(away).any(0).double())
+        sent = self.comm.mean_(mean + moved)
+        if moved and moved[0][0].item() == 0:
             return sent
         for p, start, m in zip(params, self.start, mean, strict=True):
             p.detach().copy_(start)
@@ -269,7 +274,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, Workers):
         period has come), or with an outer optimizer take its step."""
         done = self._common_done()
         sizes = [size for size, period in self.group_periods.items() if done % period == 0]
-        self._average(outer=self.outer is not None, group=self.groups[sizes[-1]] if sizes else None)
+        self._average(outer=self.outer is not None, group_size=sizes[-1] if sizes else None)
 
     def settings(self) -> dict[str, Any]:
         """The schedule, as metrics.json records it."""
@@ -308,27 +313,28 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, Workers):
         return self.averagings(self._common_done())
 
     @override
-    def comm_count(self) -> list[float]:
-        """[payload bytes, bytes sent, collectives, seconds] of this worker's averagings since the last call
+    def comm_count(self) -> list[list[float]]:
+        """Each worker's [payload bytes, bytes sent, collectives, seconds] of its averagings since the last call
         (the seconds are this epoch's, which epoch_figures starts anew)."""
-        (sent, calls), self._comm = self._comm, [0, 0]
-        return [sent, sent, calls, self._averaging_s]
+        counts, self._comm = self._comm or [[0, 0]] * len(self.comm.ranks), []
+        return [[sent, sent, calls, self._averaging_s] for sent, calls in counts]
 
-    def _distance_from_mean(self) -> float:
-        """This replica's L2 distance from the replicas' mean parameters (one all-reduce of the parameters)."""
-        mine = torch.cat([p.detach().reshape(-1).double() for p in self.lightning_module.parameters()])
+    def _distance_from_mean(self) -> list[float]:
+        """Each replica's L2 distance from the replicas' mean parameters (an all-reduce of the parameters, not
+        the algorithm's), a row per worker held here."""
+        mine = self.comm.flat(self.replica_params(), torch.float64)
         mean = mine.clone()
-        dist.all_reduce(mean)
-        return (mine - mean / self.world_size).norm().item()
+        self.comm.mean_([mean], counted=False)
+        return (mine - mean).norm(dim=1).tolist()
 
     @override
     def epoch_figures(self) -> dict[str, float]:
         """This epoch's end: the replicas' mean distance from their mean (`replica_distance`) and, with a
         period, the mean time in periodic averaging over the workers (s; it starts anew)."""
         spent, self._averaging_s = self._averaging_s, 0.0
-        total, distance = over_workers([spent, self._distance_from_mean()], self.root_device)
-        figures = {"replica_distance": distance / self.world_size}
-        return figures | ({"averaging_s": total / self.world_size} if self.period else {})
+        total, distance = self.comm.total([[spent, d] for d in self._distance_from_mean()])
+        figures = {"replica_distance": distance / self.workers}
+        return figures | ({"averaging_s": total / self.workers} if self.period else {})
 
     @override
     def on_train_end(self) -> None:
@@ -337,19 +343,21 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, Workers):
         module, trainer = self.lightning_module, self.lightning_module.trainer
         if self.replica_dir is not None:
             Path(self.replica_dir).mkdir(parents=True, exist_ok=True)
-            state = {k: v.detach().clone() for k, v in module.state_dict().items()}
-            save_atomic(state, Path(self.replica_dir) / f"rank{self.global_rank}.pt")
+            for rank in self.comm.ranks:
+                with self.replica(rank):
+                    state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+                save_atomic(state, Path(self.replica_dir) / f"rank{rank}.pt")
         # a LightningModule of the user's own is averaged all the same, without these figures
         evaluates = callable(getattr(module, "evaluate", None)) and hasattr(trainer.datamodule, "full_eval_loader")
-        replicas = gather_floats(list(self._evaluate("test")), self.root_device) if evaluates else []
-        (distance,) = over_workers([self._distance_from_mean()], self.root_device)
+        replicas = self.comm.gather(self._evaluate_replicas("test")) if evaluates else []
+        (distance,) = self.comm.total([[d] for d in self._distance_from_mean()])
         start = time.perf_counter()
         self._finish()
         self._averaging_s = time.perf_counter() - start
         self._averaged = True
         self.report = {
-            "comm_at_end": gather_floats(self.comm_count(), self.root_device),  # the final averaging's
-            "replica_distance": round(distance / self.world_size, 6),
+            "comm_at_end": self.comm.gather(self.comm_count()),  # the final averaging's
+            "replica_distance": round(distance / self.workers, 6),
             **self.settings(),
             "periodic_averagings": self.periodic_averagings(),
             "same_init": self.same_init,
@@ -372,6 +380,14 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, Workers):
             trainer.logger.log_metrics(values, step=trainer.global_step)
         self.save_final_checkpoint()  # the average, with the report
         super().on_train_end()
+
+    def _evaluate_replicas(self, split: str) -> list[list[float | None]]:
+        """Each worker's replica (held here) on the whole `split`: a row [accuracy, loss] per worker."""
+        rows = []
+        for rank in self.comm.ranks:
+            with self.replica(rank):
+                rows.append(list(self._evaluate(split)))
+        return rows
 
     def _evaluate(self, split: str) -> tuple[float | None, float | None]:
         """This process's model on the whole `split` ("val" or "test"), as far as trainer.limit_<split>_batches

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from psgd.strategies.workers import gather_floats
+from psgd.strategies.collective import Distributed
 
 FIGURES: dict[str, tuple[str, int]] = {}  # every strategy's figures (Reports.figures), as each class is defined
 
@@ -23,14 +23,27 @@ class Reports:
     """The end of training's figures, for metrics.json (its final checkpoint keeps a copy)."""
     waited_s: float = 0.0
     """The time this worker waited for the others since the start (s): what a straggler's sleep discounts."""
+    _comm_impl: Distributed | None = None
+
+    @property
+    def comm(self) -> Distributed:
+        """How the workers exchange (psgd.strategies.collective): torch.distributed's, one worker a process."""
+        if self._comm_impl is None:
+            self._comm_impl = Distributed(self.root_device)
+        return self._comm_impl
+
+    @comm.setter
+    def comm(self, value: Any) -> None:
+        self._comm_impl = value
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         FIGURES.update(cls.figures)
 
-    def comm_count(self) -> list[float]:
-        """[payload bytes, bytes as sent, collectives, seconds] this worker sent for training since the last call."""
-        return [0, 0, 0, 0.0]
+    def comm_count(self) -> list[list[float]]:
+        """What each worker held here (`comm.ranks`) sent for training since the last call, a row each: [payload
+        bytes, bytes as sent, collectives, seconds]."""
+        return [[0, 0, 0, 0.0] for _ in self.comm.ranks]
 
     def epoch_figures(self) -> dict[str, float]:
         """This epoch's figures (keys of `figures`), the same on every worker (reduced over them)."""
@@ -85,8 +98,11 @@ def epoch_workers(strategy: Any, device: torch.device, steps: int, slept_s: floa
     (COMM_KEYS, the strategy's `comm_count`; none for a strategy without one: payload bytes, bytes as sent,
     collectives, seconds, None where not timed), its optimizer `steps_per_worker` and, with stragglers
     (`slept_s` not None), `straggler_wait_s`, the time it slept."""
-    own = strategy.comm_count() if isinstance(strategy, Reports) else [0, 0, 0, 0.0]
-    per_worker = list(zip(*gather_floats([*own, steps, slept_s or 0.0], device), strict=True))
+    reports = isinstance(strategy, Reports)
+    own = strategy.comm_count() if reports else [[0, 0, 0, 0.0]]
+    comm = strategy.comm if reports else Distributed(device)
+    rows = [[*row, steps, slept_s or 0.0] for row in own]
+    per_worker = list(zip(*comm.gather(rows), strict=True))
     figures = {key: [int(v) for v in values] for key, values in zip(COMM_KEYS[:3], per_worker, strict=False)}
     figures |= {"comm_s": [None if math.isnan(s) else round(s, 4) for s in per_worker[3]]}
     figures |= {"steps_per_worker": [int(v) for v in per_worker[4]]}

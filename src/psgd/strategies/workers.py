@@ -151,8 +151,7 @@ class PerWorkerCheckpoints:
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
         mine = {k: checkpoint[k] for k in self.per_worker_keys if k in checkpoint}
-        replicas: list[Any] = [None] * self.world_size
-        dist.all_gather_object(replicas, mine)
+        replicas = self.comm.gather_objects(mine)
         if self.is_global_zero:
             checkpoint = {**checkpoint, "replicas": replicas, "averaged": self._averaged}
             if self._ended and getattr(self, "report", None):

@@ -1,0 +1,197 @@
+"""The communication a strategy's algorithm is written against, with two implementations: `Distributed`, one
+worker per process (torch.distributed), and `Stacked`, every worker a replica in this process (simulate=true).
+
+A strategy holds its workers' state as *replica tensors*: where a process is one worker, a tensor of that worker
+(a parameter, its momentum, EASGD's centre); where it holds P simulated workers, the same tensor stacked over a
+leading replica dimension, [P, ...]. The algorithm applies elementwise arithmetic to them alike and exchanges them
+only through these methods, so that one algorithm runs in both (psgd.strategies.simulated). Rows ([R, ...], R the
+workers this process holds, `ranks`) are the form for what differs per worker: flattened replicas, per-worker
+figures.
+
+`Stacked` also keeps each replica's simulated clock (psgd.strategies.network.Clocks): each exchange of the
+algorithm (`counted`) makes the workers it joins wait for each other and adds its time on the network model.
+"""
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from psgd.strategies.network import Clocks, Network
+from psgd.strategies.workers import gather_floats, over_workers
+
+
+def _initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def average_tensors(tensors: list[Tensor], group: dist.ProcessGroup | None = None) -> int:
+    """All-reduce-average `tensors` in place across `group` (None: all workers), in one flat buffer; returns the
+    bytes this worker handed to the all-reduce (0 for no tensor or one worker: no collective).
+
+    Keeps each tensor's memory format (torch's `average_parameters` rebinds `.data` and drops
+    channels_last). Integer tensors must not be passed.
+    """
+    if not tensors or not _initialized() or dist.get_world_size(group) == 1:  # the average is its own
+        return 0
+    flat = torch.cat(
+        [t.detach().reshape(-1).to(torch.float64 if t.dtype == torch.float64 else torch.float32) for t in tensors]
+    )
+    dist.all_reduce(flat, group=group)
+    flat /= dist.get_world_size(group)
+    offset = 0
+    for t in tensors:
+        t.detach().copy_(flat[offset : offset + t.numel()].view(t.shape))
+        offset += t.numel()
+    return flat.numel() * flat.element_size()
+
+
+def payload(tensors: list[Tensor]) -> int:
+    """The bytes of `tensors` as one worker's all-reduce buffer carries them (fp32, fp64 kept)."""
+    return sum(t[0].numel() * (8 if t.dtype == torch.float64 else 4) for t in tensors)
+
+
+def neighbours(w: Tensor, rank: int) -> tuple[list[int], list[int]]:
+    """Whom worker `rank` sends to (the k with W[k, rank] > 0) and receives from (the j with W[rank, j] > 0)."""
+    others = [j for j in range(len(w)) if j != rank]
+    return [k for k in others if w[k, rank] > 0], [j for j in others if w[rank, j] > 0]
+
+
+def exchange(flat: Tensor, send_to: list[int], receive_from: list[int]) -> dict[int, Tensor]:
+    """Send `flat` to each of `send_to` and receive a tensor like it from each of `receive_from`, all at once
+    (torch.distributed's batched point-to-point operations); returns the received by sender."""
+    received = {peer: torch.empty_like(flat) for peer in receive_from}
+    ops = [dist.P2POp(dist.isend, flat, peer) for peer in send_to]
+    ops += [dist.P2POp(dist.irecv, buffer, peer) for peer, buffer in received.items()]
+    for request in dist.batch_isend_irecv(ops) if ops else []:
+        request.wait()
+    return received
+
+
+class Distributed:
+    """This process is worker `rank` of `size`: tensors are its own; exchanges are torch.distributed's (figures go
+    through `device`: NCCL carries only its GPU's tensors)."""
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device or torch.device("cpu")
+        self._groups: dict[int, dist.ProcessGroup | None] = {}  # group size -> this worker's group of that size
+
+    @property
+    def size(self) -> int:
+        return dist.get_world_size() if _initialized() else 1
+
+    @property
+    def ranks(self) -> list[int]:
+        return [dist.get_rank() if _initialized() else 0]
+
+    def prepare_groups(self, sizes: list[int]) -> None:
+        """Make the groups of consecutive ranks of each size (every worker calls it, in the same order)."""
+        for size in sizes:  # under torchrun / srun a node's processes are consecutive ranks
+            self._groups[size] = None if size == self.size else dist.new_subgroups(group_size=size)[0]
+
+    def rows(self, tensor: Tensor) -> Tensor:
+        """A replica tensor as rows: [R, numel]."""
+        return tensor.reshape(1, -1)
+
+    def flat(self, tensors: list[Tensor], dtype: torch.dtype | None = None) -> Tensor:
+        """The replica tensors flattened and joined: [R, sum of numel], a copy."""
+        return torch.cat([self.rows(t.detach()).to(dtype or t.dtype) for t in tensors], dim=1)
+
+    def unflat_(self, tensors: list[Tensor], flat: Tensor) -> None:
+        """Copy rows made by `flat` back into the replica tensors."""
+        with torch.no_grad():
+            for t, part in zip(tensors, flat.split([self.rows(t).shape[1] for t in tensors], dim=1), strict=True):
+                t.copy_(part.view_as(t))
+
+    def mean_(self, tensors: list[Tensor], group_size: int | None = None, counted: bool = True) -> int:
+        """Average the replica tensors in place over each group of `group_size` consecutive ranks (None: all
+        workers); returns the bytes each worker sent. `counted`: an exchange of the algorithm (False: a figure's)."""
+        return average_tensors(tensors, self._groups.get(group_size) if group_size else None)
+
+    def broadcast_(self, tensors: list[Tensor]) -> None:
+        """Every worker's replica tensors become worker 0's."""
+        if _initialized():
+            for t in tensors:
+                dist.broadcast(t.data, src=0)
+
+    def mix(self, x: Tensor, w: Tensor, payloads: list[int] | None = None) -> tuple[Tensor, list[int]]:
+        """One gossip round: row i becomes sum_j W[i, j] x_j (x: [R, n] rows), this worker's by point-to-point
+        exchanges with its neighbours; returns the mixed rows and each row's bytes sent: its out-neighbours x
+        its payload (`payloads`' bytes a message as its encoding counts them; None: the rows as they are)."""
+        (rank,) = self.ranks
+        send_to, receive_from = neighbours(w, rank)
+        mixed = x[0] * w[rank, rank].item()
+        for j, x_j in exchange(x[0].contiguous(), send_to, receive_from).items():
+            mixed.add_(x_j, alpha=w[rank, j].item())
+        (size,) = payloads or [x[0].numel() * x.element_size()]
+        return mixed.unsqueeze(0), [len(send_to) * size]
+
+    def total(self, rows: list[list[float]], op: str = "sum") -> list[float]:
+        """The per-worker `rows` (a row per worker held here) reduced over every worker (`op`: sum or max)."""
+        (row,) = rows
+        return over_workers(row, self.device, dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+
+    def gather(self, rows: list[list[float]]) -> list[list[float]]:
+        """Every worker's row, in rank order."""
+        (row,) = rows
+        return gather_floats(row, self.device)
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every worker's `obj`, in rank order."""
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+
+class Stacked:
+    """P simulated workers in this process: a replica tensor is [P, ...]; an exchange is a tensor operation over
+    the replica dimension, timed on `network` by each replica's clock (`clocks`)."""
+
+    def __init__(self, size: int, network: Network | None = None) -> None:
+        self.size, self.ranks = size, list(range(size))
+        self.clocks = Clocks(size, network or Network())
+
+    def prepare_groups(self, sizes: list[int]) -> None:
+        pass  # a group of g consecutive ranks is a block of g rows
+
+    def rows(self, tensor: Tensor) -> Tensor:
+        return tensor.reshape(self.size, -1)
+
+    flat = Distributed.flat
+    unflat_ = Distributed.unflat_
+
+    def mean_(self, tensors: list[Tensor], group_size: int | None = None, counted: bool = True) -> int:
+        g = group_size or self.size
+        if not tensors or g == 1:
+            return 0
+        with torch.no_grad():
+            for t in tensors:
+                blocks = t.view(self.size // g, g, *t.shape[1:])
+                blocks.copy_(blocks.mean(1, keepdim=True, dtype=torch.float64).to(t.dtype).expand_as(blocks))
+        sent = payload(tensors)
+        if counted:
+            self.clocks.all_reduce(sent, g)
+        return sent
+
+    def broadcast_(self, tensors: list[Tensor]) -> None:
+        with torch.no_grad():
+            for t in tensors:
+                t[1:] = t[:1]
+
+    def mix(self, x: Tensor, w: Tensor, payloads: list[int] | None = None) -> tuple[Tensor, list[int]]:
+        mixed = w.to(x.dtype) @ x
+        payloads = payloads or [x.shape[1] * x.element_size()] * self.size
+        sent = [len(neighbours(w, rank)[0]) * size for rank, size in zip(self.ranks, payloads, strict=True)]
+        self.clocks.exchange(w, sent)
+        return mixed, sent
+
+    def total(self, rows: list[list[float]], op: str = "sum") -> list[float]:
+        t = torch.tensor(rows, dtype=torch.float64)
+        return (t.amax(0) if op == "max" else t.sum(0)).tolist()
+
+    def gather(self, rows: list[list[float]]) -> list[list[float]]:
+        return [list(map(float, row)) for row in rows]
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        return [obj]
