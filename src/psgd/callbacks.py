@@ -1,6 +1,7 @@
 """Lightning callbacks: worker setup, the progress bar, whole-epoch checkpoints, epoch timing and result files
 (with what synchronising the workers cost), the target-accuracy stop."""
 
+import contextlib
 import time
 import warnings
 from pathlib import Path
@@ -146,10 +147,12 @@ class ShardRecorder(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        seen = getattr(trainer.train_dataloader, "seen", [])
+        loader = trainer.train_dataloader  # (simulated workers: every one's, psgd.data.ReplicaLoader)
+        by_worker = getattr(loader, "seen_by_worker", None) or [getattr(loader, "seen", [])]
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        indices = torch.cat(seen) if seen else torch.empty(0, dtype=torch.long)
-        save_atomic(indices, self.out_dir / f"epoch{trainer.current_epoch}_rank{trainer.global_rank}.pt")
+        for rank, seen in enumerate(by_worker, start=trainer.global_rank):
+            indices = torch.cat(seen) if seen else torch.empty(0, dtype=torch.long)
+            save_atomic(indices, self.out_dir / f"epoch{trainer.current_epoch}_rank{rank}.pt")
 
 
 class WeightRecorder(Callback):
@@ -161,8 +164,13 @@ class WeightRecorder(Callback):
     @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
-        save_atomic(state, self.out_dir / f"rank{trainer.global_rank}.pt")
+        strategy = trainer.strategy  # (simulated workers: every one of them, held in this process)
+        ranks = strategy.comm.ranks if isinstance(strategy, Reports) else [trainer.global_rank]
+        replica = getattr(strategy, "replica", lambda rank: contextlib.nullcontext())
+        for rank in ranks:
+            with replica(rank):
+                state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
+            save_atomic(state, self.out_dir / f"rank{rank}.pt")
 
 
 def reached(accuracy: float | None, target: float | None) -> bool:
@@ -246,6 +254,7 @@ class RunRecorder(Callback):
         self.time_to_target_s: float | None = None
         self.epoch_to_target: int | None = None  # the epoch (from 1) whose validation first reached it
         self.step_to_target: int | None = None
+        self.sim_time_to_target_s: float | None = None  # simulated workers: their simulated time to the target
         self._t0 = self._val_t0 = 0.0
         self._step0 = 0  # the optimizer steps before this epoch
         self._val_s = 0.0
@@ -295,6 +304,9 @@ class RunRecorder(Callback):
             (trained_s,) = over_workers([trained_s], pl_module.device, dist.ReduceOp.MAX)
             self.time_to_target_s, self.epoch_to_target = self.cumulative_s + trained_s, trainer.current_epoch + 1
             self.step_to_target = trainer.global_step
+            simulated_time = getattr(trainer.strategy, "simulated_time", None)
+            if simulated_time is not None:
+                self.sim_time_to_target_s = simulated_time()
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -379,12 +391,21 @@ class RunRecorder(Callback):
             "time_to_target_s": None if self.time_to_target_s is None else round(self.time_to_target_s, 4),
             "epoch_to_target": self.epoch_to_target,
             "step_to_target": self.step_to_target,
+            **self._simulated_summary(),
             **self._averaging_summary(),
             **sync_summary(self.history),
             **comm_summary(self.history, self.strategy_report.get("comm_at_end")),
             **workers_summary(self.history),
             "history": self.history,
         }
+
+    def _simulated_summary(self) -> dict[str, Any]:
+        """Simulated workers: the run's simulated time and its time to the target (s); {} for worker processes."""
+        if not self.run_info.get("simulate"):
+            return {}
+        last = self.history[-1].get("sim_time_s") if self.history else None
+        to_target = self.sim_time_to_target_s
+        return {"sim_time_s": last, "sim_time_to_target_s": None if to_target is None else round(to_target, 6)}
 
     def last_val_acc(self) -> float | None:
         """The last validation's accuracy."""
@@ -406,7 +427,7 @@ class RunRecorder(Callback):
         write_csv(self.out_dir / "training_data.csv", ["time", "val_accuracy"], rows)
 
     # what a checkpoint keeps: the finished epochs and the time to the target
-    _kept = ("history", "cumulative_s", "time_to_target_s", "epoch_to_target", "step_to_target")
+    _kept = ("history", "cumulative_s", "time_to_target_s", "epoch_to_target", "step_to_target", "sim_time_to_target_s")
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -431,6 +452,8 @@ def epoch_line(record: dict[str, Any], max_epochs: int | None) -> str:
         if record.get(key) is not None:
             parts.append(f"{key}={record[key]:.4f}")
     parts += [f"epoch_s={record['epoch_s']:.1f}", f"samples_per_s={record['samples_per_s']:.1f}"]
+    if record.get("sim_time_s") is not None:
+        parts.append(f"sim_time_s={record['sim_time_s']:.2f}")
     return " ".join(parts)
 
 

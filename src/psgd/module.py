@@ -66,6 +66,8 @@ class Classifier(L.LightningModule):
         # training accuracy and loss ([correct, loss sum] and samples), reduced once per epoch (count_train)
         self._train_counts: list | None = None
         self._net_compiled = False  # the network compiled in place, once (on_fit_start)
+        # count_train logs the batches since the last log (simulated workers: after the last worker's batch only)
+        self.log_step_counts = True
         self._step_counts: list | None = None
         if per_worker_metrics:  # replicas differ (model averaging): also keep each worker's own numbers
             self.worker_val_acc = MulticlassAccuracy(
@@ -109,7 +111,7 @@ class Classifier(L.LightningModule):
         for counts in (self._train_counts, self._step_counts):
             counts[0] = counts[0] + sums
             counts[1] += len(y)
-        if (batch_idx + 1) % max(1, self.trainer.log_every_n_steps) == 0:
+        if self.log_step_counts and (batch_idx + 1) % max(1, self.trainer.log_every_n_steps) == 0:
             self._log_step_counts(self.trainer.global_step)
 
     def _log_step_counts(self, step: int) -> None:

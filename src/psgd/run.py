@@ -49,6 +49,9 @@ from psgd.run_checks import build_datamodule
 from psgd.stopped import exit_if_interrupted, lightning_refusal, mark_stopped, torchrun_worker_gone
 from psgd.stragglers import Stragglers, describe, simulated
 from psgd.strategies.ddp import ReportsFirstFailure
+from psgd.strategies.network import Network
+from psgd.strategies.simulated import check_simulation
+from psgd.strategies.simulated import simulated as simulated_workers
 from psgd.summary import write_tensorboard_summary
 
 
@@ -86,6 +89,18 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
             torchrun.mark_running_under_torchrun()  # so that a worker that dies without a word can be named
         L.seed_everything(run.seed, workers=True, verbose=False)  # before the model: same seed, same init
         net, image_size = build_model(run.model.settings(), run.data.name)
+        if run.simulate:  # before any replica is made
+            need = check_simulation(
+                net, run.model.name, run.world_size, run.optimizer.settings(), run.strategy.replica_copies(),
+                plan.accelerator,
+            )  # fmt: skip
+            if first_worker() and not run.quiet:
+                n = run.network
+                print(
+                    f"psgd: simulating {run.world_size} workers in this process (about {need / 2**30:.1f} GiB) on a "
+                    f"{n.bandwidth_gbps:g} Gb/s, {n.latency_ms:g} ms network, compute x{n.compute_scale:g} (network.*)",
+                    flush=True,
+                )
         datamodule = build_datamodule(run, image_size)
         module = build_module(run, plan, net, image_size)
         with found_by_every_worker():
@@ -101,8 +116,13 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
             print(f"psgd: starting from the weights in {started_from} (init_weights)", flush=True)
         stragglers = run.stragglers.model_dump()
         if simulated(stragglers) and first_worker() and not run.quiet:
-            print(f"psgd: simulating stragglers: {describe(stragglers)} (stragglers.*)", flush=True)
+            on = " on the simulated clocks" if run.simulate else ""
+            print(f"psgd: simulating stragglers{on}: {describe(stragglers)} (stragglers.*)", flush=True)
         strategy = run.strategy.build(run, plan, run_dir)
+        if run.simulate:
+            network = Network(**run.network.model_dump())
+            one_model = run.strategy.one_model
+            strategy = simulated_workers(strategy, run.world_size, network, one_model, stragglers, run.seed)
         info = run_info(run, plan, strategy, module, started_from, ckpt_path)
         all_callbacks = build_callbacks(run, plan, module, run_dir, info) + list(callbacks)
         trainer = build_trainer(run, plan, strategy, all_callbacks, run_dir)
@@ -137,7 +157,8 @@ def build_module(run: Run, plan: Plan, net: nn.Module, image_size: int) -> Class
         scheduler=run.scheduler.trained(),  # scheduler=none: a constant lr
         num_classes=info.num_classes,
         channels_last=run.channels_last,
-        per_worker_metrics=not run.strategy.one_model,  # replicas differ: each evaluated
+        # replicas differ: each evaluated (simulated workers: in one process, their pooled figures)
+        per_worker_metrics=not run.strategy.one_model and not run.simulate,
         input_shape=(info.channels, image_size, image_size),
         samples=sample_settings(run),
         num_nodes=run.trainer.num_nodes,
@@ -149,10 +170,11 @@ def run_info(
     run: Run, plan: Plan, strategy: Any, module: Classifier, started_from: str | None, ckpt_path: str | None
 ) -> dict[str, Any]:
     """What metrics.json says of how the run ran (docs/outputs.md); its settings are in .hydra/config.yaml."""
+    cls = type(strategy).__mro__[1] if run.simulate else type(strategy)  # simulated: SimulatedWorkers in front
     if isinstance(strategy, str):
         lightning_strategy = strategy
     else:  # ReportsFirstFailure is Lightning's DDPStrategy, naming the worker that failed first
-        lightning_strategy = "DDPStrategy" if type(strategy) is ReportsFirstFailure else type(strategy).__name__
+        lightning_strategy = "DDPStrategy" if cls is ReportsFirstFailure else cls.__name__
     return {
         "strategy": run.strategy.name,
         "workers": run.workers_per_node,
@@ -161,7 +183,11 @@ def run_info(
         "threads_per_worker": plan.threads_per_worker,
         "launcher": plan.launcher,
         # how psgd started the worker processes (null: it started none, one worker or torchrun / srun)
-        "start_method": plan.start_method if plan.launcher == "psgd" and run.world_size > 1 else None,
+        "start_method": (
+            plan.start_method if plan.launcher == "psgd" and run.world_size > 1 and not run.simulate else None
+        ),
+        "simulate": run.simulate,
+        "network": run.network.model_dump() if run.simulate else None,
         "lightning_strategy": lightning_strategy,
         "partition": run.data.partition,
         **run.strategy.record(),
@@ -196,7 +222,7 @@ def build_callbacks(run: Run, plan: Plan, module: Classifier, run_dir: Path, inf
     ]
     if per_step_lr:  # the lr every trainer.log_every_n_steps steps (tag lr_step; `lr` is each epoch's start)
         callbacks.append(LearningRateMonitor(logging_interval="step"))
-    if simulated(stragglers := run.stragglers.model_dump()):
+    if simulated(stragglers := run.stragglers.model_dump()) and not run.simulate:  # (simulated: on their clocks)
         callbacks.append(Stragglers(**stragglers, seed=run.seed))
     if run.record_shards:
         callbacks.append(ShardRecorder(str(run_dir)))
@@ -215,7 +241,7 @@ def build_trainer(run: Run, plan: Plan, strategy: Any, callbacks: list[L.Callbac
     plugins = settings.pop("plugins", [])
     settings.update(
         accelerator=plan.accelerator,
-        devices=run.workers_per_node,
+        devices=1 if run.simulate else run.workers_per_node,  # simulated workers: one process, one device
         accumulate_grad_batches=plan.accumulate_grad_batches,
         plugins=[*(plugins if isinstance(plugins, list) else [plugins]), AtomicCheckpointIO()],
     )

@@ -23,6 +23,7 @@ def build_datamodule(run: Run, image_size: int | None = None) -> ClassificationD
         lockstep=run.strategy.lockstep,  # DDP needs equal steps on every worker; averaging lets each run its own
         # replicas that differ (model averaging) are each evaluated on the whole split
         shard_eval=run.strategy.one_model,
+        replicas=run.world_size if run.simulate else 0,  # every simulated worker's batches, in this process
     )
 
 

@@ -109,6 +109,47 @@ def _stragglers(st: Stragglers, world: int) -> None:
         )
 
 
+# optimizers whose update is elementwise: one update of every simulated worker's stacked tensors is each worker's
+ELEMENTWISE = ("torch.optim.SGD", "torch.optim.Adam", "torch.optim.AdamW", "torch.optim.RMSprop", "torch.optim.Adagrad")
+
+
+def _simulation(run: Run) -> None:
+    """What simulate=true cannot run, each one line: the strategy's own refusal (StrategyConfig.refuse_simulation),
+    several nodes, an optimizer whose update is not elementwise, and the settings the simulated step does not take
+    yet (accumulation, gradient clipping, another precision, torch.compile, a resume)."""
+    if not run.simulate:
+        return
+    run.strategy.refuse_simulation(run)
+    t = run.trainer
+    target = run.optimizer.target
+    if target not in ELEMENTWISE:
+        raise ConfigError(
+            f"optimizer._target_={target} is invalid with simulate=true: its update is not elementwise (NovoGrad "
+            "normalises each layer), so one update of every worker's stacked parameters would mix them; use "
+            f"{', '.join(ELEMENTWISE)}, or simulate=false"
+        )
+    refused = {
+        "trainer.num_nodes": (t.num_nodes, t.num_nodes > 1, "simulated workers are one process on one machine"),
+        "trainer.accumulate_grad_batches": (
+            t.accumulate_grad_batches,
+            (t.accumulate_grad_batches or 1) > 1,
+            "a simulated step is one batch a worker",
+        ),
+        "parallel_batches": (run.parallel_batches, (run.parallel_batches or 1) > 1, "a step is one batch a worker"),
+        "trainer.gradient_clip_val": (
+            t.gradient_clip_val,
+            t.gradient_clip_val is not None,
+            "Lightning would clip every worker's gradients as one",
+        ),
+        "trainer.precision": (t.precision, str(t.precision) not in ("32", "32-true"), "simulation runs in fp32"),
+        "compile": (run.compile, run.compile not in (False, None), "a replica's weights are views swapped per step"),
+        "ckpt_path": (run.ckpt_path, run.ckpt_path is not None, "a simulated run does not resume yet"),
+    }
+    for key, (value, bad, why) in refused.items():
+        if bad:
+            raise ConfigError(f"{key}={value} is invalid with simulate=true: {why}; leave it out or use simulate=false")
+
+
 def check_values(cfg: DictConfig) -> Run:
     """Every value the config alone decides (no torch, no machine): the schema, then the rules that join
     keys, the strategy's own among them. Returns the typed run; raises ConfigError."""
@@ -127,6 +168,7 @@ def check_values(cfg: DictConfig) -> Run:
             "weights and optimizer state; give ckpt_path=<run dir> or leave scheduler.restart out"
         )
     run.strategy.refuse(run)
+    _simulation(run)
     _own_pace(run)
     _stragglers(run.stragglers, run.world_size)
     _partition(run.data, run.workers_per_node)
@@ -200,6 +242,11 @@ def launcher(run: Run) -> str:
         )
     else:
         return "psgd"
+    if run.simulate:
+        raise ConfigError(
+            f"simulate=true is invalid under {name}: simulated workers are one process on one machine; run "
+            "`python train.py simulate=true workers=N` without a launcher"
+        )
     if run.strategy.own_launcher:
         raise ConfigError(
             f"strategy={run.strategy.name} is invalid under {name}: its workers must be started by psgd to share "
@@ -232,7 +279,7 @@ def check(cfg: DictConfig) -> Plan:
         if getattr(run, setting) is not None:
             checkpoint_file(setting, getattr(run, setting))
     started_by = launcher(run)
-    workers = run.workers_per_node
+    workers = 1 if run.simulate else run.workers_per_node  # simulated workers: one process, one device
     if started_by == "psgd" and accelerator == "gpu":
         check_gpu_count(workers, "workers" if run.trainer.devices is None else "trainer.devices")
     return Plan(

@@ -186,6 +186,15 @@ class Stragglers(Group):
     """distribution=exponential: the shift of the exponential delay (s)."""
 
 
+class Network(Group):
+    bandwidth_gbps: float = Field(gt=0)
+    """Each simulated worker's link (Gb/s)."""
+    latency_ms: float = Field(gt=0)
+    """A message's latency (ms)."""
+    compute_scale: float = Field(gt=0)
+    """A simulated worker's compute speed relative to one replica's on this machine."""
+
+
 class Run(Group):
     """One training run (train.yaml; sweep.yaml is the same)."""
 
@@ -200,6 +209,9 @@ class Run(Group):
     stragglers: Stragglers
     workers: int = Field(ge=1)
     """Worker processes per node; trainer.devices follows unless set."""
+    simulate: bool
+    """Simulate the workers: every one a replica in this process, its time projected on `network`."""
+    network: Network
     threads_per_worker: int | None = Field(ge=1)
     """torch threads per worker; null: cores // workers."""
     seed: int = Field(ge=0)

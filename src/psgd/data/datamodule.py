@@ -116,6 +116,70 @@ class TensorLoader:
         return x, self.labels.index_select(0, idx)
 
 
+class ReplicaSamplers:
+    """The samplers of every simulated worker, as one: Lightning sets their epoch; `counts` is the partition's."""
+
+    def __init__(self, samplers: list[ShardSampler]) -> None:
+        self.samplers = samplers
+
+    def set_epoch(self, epoch: int) -> None:
+        for sampler in self.samplers:
+            sampler.set_epoch(epoch)
+
+    def counts(self) -> list[int]:
+        return self.samplers[0].counts()
+
+    def __len__(self) -> int:
+        return len(self.samplers[0])
+
+
+class ReplicaLoader:
+    """Every simulated worker's training batch of a step, joined (simulate=true): (images, labels, sizes), the
+    workers' samples in rank order, `sizes` each one's count. Worker r's batches are those its ShardSampler deals
+    it, as a worker process's; with augmentation, each worker's drawn from its own random stream, `streams[r]`,
+    seeded as that worker's process reseeds every epoch (WorkerSetup), and which the training step goes on with
+    (dropout)."""
+
+    batch_sampler = None
+
+    def __init__(self, loaders: list[TensorLoader], seed: int) -> None:
+        self.loaders, self.seed = loaders, seed
+        self.sampler = ReplicaSamplers([loader.sampler for loader in loaders])
+        self.streams: list[Tensor] = []
+        self.seen_by_worker: list[list[Tensor]] = [[] for _ in loaders]
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def reseed(self, epoch: int) -> None:
+        """Each worker's stream as its process's at the start of `epoch`."""
+        self.streams = []
+        for rank in range(len(self.loaders)):
+            stream = torch.Generator().manual_seed(generator(self.seed, rank, epoch).initial_seed())
+            self.streams.append(stream.get_state())
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor, list[int]]]:
+        self.reseed(self.sampler.samplers[0].epoch)
+        host = [list(loader.sampler) for loader in self.loaders]
+        self.seen_by_worker = [[] for _ in self.loaders]
+        first = self.loaders[0]
+        for step in range(len(self)):
+            batches = [mine[step] for mine in host]
+            for seen, idx in zip(self.seen_by_worker, batches, strict=True):
+                seen.append(idx)
+            sizes = [len(idx) for idx in batches]
+            if first.augment is None:  # one gather for every worker's samples
+                x, y = first.batch(torch.cat(batches).to(first.images.device))
+            else:
+                parts = []
+                for rank, idx in enumerate(batches):
+                    torch.set_rng_state(self.streams[rank])
+                    parts.append(first.batch(idx.to(first.images.device)))
+                    self.streams[rank] = torch.get_rng_state()
+                x, y = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+            yield x, y, sizes
+
+
 def resize(images: Tensor, size: int) -> Tensor:
     """Bilinear resize of a whole uint8 image tensor, done once at load time."""
     if images.shape[-1] == size and images.shape[-2] == size:
@@ -132,6 +196,8 @@ class ClassificationData(L.LightningDataModule):
         lockstep: every worker takes the fewest batches any shard allows (DDP: uneven shards never hang).
         shard_eval: each worker evaluates its share of a split (False: all of it, model averaging's replicas).
         on_device: each split copied once to the trainer's device, batches made there.
+        replicas: simulated workers in this process (simulate=true): the training batches of every one of them
+            (ReplicaLoader); 0: the trainer's processes are the workers.
     """
 
     def __init__(
@@ -154,6 +220,7 @@ class ClassificationData(L.LightningDataModule):
         channels_last: bool = False,
         shard_eval: bool = True,
         on_device: bool = False,
+        replicas: int = 0,
     ):
         super().__init__()
         self.name, self.root, self.download, self.verify_md5 = name, root, download, verify_md5
@@ -169,7 +236,7 @@ class ClassificationData(L.LightningDataModule):
             "num_classes": self.info.num_classes,
         }
         self.lockstep, self.drop_last, self.channels_last = lockstep, drop_last, channels_last
-        self.shard_eval, self.on_device = shard_eval, on_device
+        self.shard_eval, self.on_device, self.replicas = shard_eval, on_device, replicas
         self._decoded: dict[bool, tuple[Tensor, Tensor]] = {}  # raw splits from prepare_data, by `train`
         self.train_set: tuple[Tensor, Tensor] | None = None
         self.val_set: tuple[Tensor, Tensor] | None = None
@@ -248,6 +315,13 @@ class ClassificationData(L.LightningDataModule):
                 f"data.drop_last={str(self.drop_last).lower()}: {fix}"
             )
 
+        if self.replicas and len(set(counts)) > 1:  # (lockstep: every worker takes the fewest)
+            raise DataError(
+                f"simulate=true is invalid with data.partition={self.deal['scheme']}: its {workers} shards hold "
+                f"{min(counts)} to {max(counts)} batches of data.batch_size={self.batch_size}, and simulated workers "
+                "step together; use data.partition=iid, or worker processes (simulate=false)"
+            )
+
     def check_test_limit(self, limit: float | int | None) -> None:
         """Refuse, before training, a trainer.limit_test_batches fraction that leaves the test no batch.
 
@@ -286,8 +360,14 @@ class ClassificationData(L.LightningDataModule):
         labels = self.train_set[1] if labels is None else labels
         return ShardSampler(labels, workers, rank, self.batch_size, self.lockstep, self.drop_last, **self.deal)
 
-    def train_dataloader(self) -> TensorLoader:
-        sampler = self.train_sampler(*self._world())
+    def train_dataloader(self) -> TensorLoader | ReplicaLoader:
+        if self.replicas:
+            loaders = [self._train_loader(self.replicas, rank) for rank in range(self.replicas)]
+            return ReplicaLoader(loaders, self.seed)
+        return self._train_loader(*self._world())
+
+    def _train_loader(self, workers: int, rank: int) -> TensorLoader:
+        sampler = self.train_sampler(workers, rank)
         # Lightning's overfit_batches turns a DataLoader's shuffling off; this loader's sampler does it here
         sampler.same_every_epoch = (getattr(self.trainer, "overfit_batches", 0) or 0) > 0
         return TensorLoader(*self._where(self.train_set), sampler, self.info, PRESETS[self.augment], self.channels_last)

@@ -48,8 +48,10 @@ def average_tensors(tensors: list[Tensor], group: dist.ProcessGroup | None = Non
 
 
 def payload(tensors: list[Tensor]) -> int:
-    """The bytes of `tensors` as one worker's all-reduce buffer carries them (fp32, fp64 kept)."""
-    return sum(t[0].numel() * (8 if t.dtype == torch.float64 else 4) for t in tensors)
+    """The bytes of one worker's rows of the replica tensors `tensors` as average_tensors' buffer carries them:
+    fp32, fp64 where any is."""
+    size = 8 if any(t.dtype == torch.float64 for t in tensors) else 4
+    return sum(t[0].numel() for t in tensors) * size
 
 
 def neighbours(w: Tensor, rank: int) -> tuple[list[int], list[int]]:

@@ -56,6 +56,7 @@ class DDP(StrategyConfig):
 
     one_model: ClassVar[bool] = True
     lockstep: ClassVar[bool] = True
+    simulates: ClassVar[bool] = True
 
     @override
     def refuse(self, run: "Run") -> None:
@@ -63,8 +64,18 @@ class DDP(StrategyConfig):
         compression_keys_alone(self, self.compression)
 
     @override
+    def refuse_simulation(self, run: "Run") -> None:
+        """Gradient compression is a hook of torch's DDP wrapper, which simulated workers have none of."""
+        if self.compression != "none":
+            raise ConfigError(
+                f"strategy.compression={self.compression} is invalid with simulate=true: compressed DDP runs in worker "
+                "processes only (its compressors are DDP communication hooks); use strategy.compression=none or "
+                "simulate=false"
+            )
+
+    @override
     def runs_in_this_process(self, run: "Run") -> bool:
-        return run.world_size == 1 and not self.ddp_for_one_worker
+        return run.world_size == 1 and not self.ddp_for_one_worker and not run.simulate
 
     @override
     def build(self, run: "Run", plan: "Plan", run_dir: Path) -> Any:
@@ -102,6 +113,8 @@ class Replicas(StrategyConfig):
     """Also average floating buffers (BatchNorm running statistics)."""
     save_replicas: bool
     """Each worker saves its weights before they are averaged to replicas/rank<r>.pt."""
+
+    simulates: ClassVar[bool] = True
 
     def replica_settings(self, run: "Run", plan: "Plan", run_dir: Path) -> dict[str, Any]:
         return {
@@ -156,6 +169,11 @@ class ModelAveraging(Replicas):
     @override
     def optimizers(self) -> dict[str, Any]:
         return {"strategy.outer_optimizer": self.outer_optimizer} if self.outer_optimizer else {}
+
+    @override
+    def replica_copies(self) -> int:
+        """An outer optimizer's θ_g, its momentum and the round's mean."""
+        return 3 if self.outer_optimizer else 0
 
     @override
     def build(self, run: "Run", plan: "Plan", run_dir: Path) -> Any:
@@ -213,6 +231,11 @@ class ElasticAveraging(Replicas):
 
     final_model: ClassVar[str] = "the centre"
 
+    @override
+    def replica_copies(self) -> int:
+        """The centre and the replicas' mean at an elastic step."""
+        return 2
+
     @classmethod
     @override
     def label(cls, record: dict[str, Any]) -> str:
@@ -251,6 +274,11 @@ class Decentralized(Replicas):
     """Also write the consensus distance to TensorBoard every N optimizer steps; null: at each epoch's end only."""
 
     report_columns: ClassVar[tuple[str, ...]] = ("topology", "spectral_gap")
+
+    @override
+    def replica_copies(self) -> int:
+        """The flat parameters and their mix; CHOCO's x̂, s, q and the difference too."""
+        return 2 + (4 if self.compression != "none" else 0)
 
     @override
     def refuse(self, run: "Run") -> None:
@@ -308,6 +336,13 @@ class HogWild(StrategyConfig):
     one_model: ClassVar[bool] = True
     cpu_only: ClassVar[bool] = True
     own_launcher: ClassVar[bool] = True
+
+    @override
+    def refuse_simulation(self, run: "Run") -> None:
+        raise ConfigError(
+            "simulate=true is invalid with strategy=hogwild: HogWild's point is real shared memory, written by worker "
+            "processes racing without locks, which one process cannot simulate; use simulate=false"
+        )
 
     @override
     def refuse(self, run: "Run") -> None:

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from psgd.errors import ConfigError
+
 if TYPE_CHECKING:  # annotations only: the run's config reads this module, not the other way round
     from psgd.config.schema import Plan, Run
 
@@ -103,6 +105,9 @@ class StrategyConfig(Group, populate_by_name=True):
     """metrics.json keys of its own that the report shows as columns of report.csv (beside every run's)."""
     final_model: ClassVar[str] = "averaged model"
     """What a run of replicas that differ ends with (one_model False), as the result line names it."""
+    simulates: ClassVar[bool] = False
+    """Its workers can be simulated in one process (simulate=true): its Lightning strategy reads the workers' state
+    as replica tensors and exchanges it through `comm` (psgd.strategies.collective)."""
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
@@ -120,6 +125,20 @@ class StrategyConfig(Group, populate_by_name=True):
     def refuse(self, run: "Run") -> None:
         """Raise ConfigError for a setting of `run` this strategy cannot train with, judged from the config alone
         (no torch, no machine): one line naming the key, its value and what is allowed."""
+
+    def refuse_simulation(self, run: "Run") -> None:
+        """Raise ConfigError where simulate=true cannot run this strategy as `run` sets it (one line)."""
+        if not self.simulates:
+            raise ConfigError(
+                f"simulate=true is invalid with strategy={self.name}: it does not declare that its workers can be "
+                "simulated (StrategyConfig.simulates: its Lightning strategy exchanges through psgd's communication "
+                "interface); use simulate=false"
+            )
+
+    def replica_copies(self) -> int:
+        """Copies of a worker's parameters its algorithm keeps beside the parameters, gradients and optimizer state
+        (EASGD's centre, DiLoCo's θ_g): what a simulated worker costs in memory (psgd.strategies.simulated)."""
+        return 0
 
     def runs_in_this_process(self, run: "Run") -> bool:
         """Whether `run` trains in the process that launched it (one worker, no process group) rather than in

@@ -58,6 +58,7 @@ class TimesAllReduce:
         self._steps: list[tuple[float, float]] = []  # this epoch's steps: (all-reduce ms, wait ms)
         self._comm_s = 0.0  # this epoch's all-reduce time, summed over its steps
         self.waited_s = 0.0  # the steps' waits for the other workers' gradients since the start, on CPU (s)
+        self._exchanged = [0, 0]  # simulated workers: this epoch's bytes and all-reduces of exchange_gradients
         self.report: dict[str, Any] = {}  # nothing more at the end than the epochs said
 
     def configure_ddp(self) -> None:
@@ -104,8 +105,17 @@ class TimesAllReduce:
         """This epoch's [payload bytes, bytes sent, collectives, seconds] of this worker (seconds NaN on a GPU,
         where nothing is timed); they start anew."""
         payload, sent, calls = self.compressor.take_count() if self.compressor is not None else (0, 0, 0)
+        (exchanged, all_reduces), self._exchanged = self._exchanged, [0, 0]
+        payload, sent, calls = payload + exchanged, sent + exchanged, calls + all_reduces
         seconds, self._comm_s = self._comm_s, 0.0
-        return [[payload, sent, calls, seconds if self.allreduce_timed or not calls else math.nan]]
+        seconds = seconds if self.allreduce_timed or not calls else math.nan
+        return [[payload, sent, calls, seconds]] * len(self.comm.ranks)
+
+    def exchange_gradients(self, grads: list[torch.Tensor]) -> None:
+        """Simulated workers (psgd.strategies.simulated), whose module no DDP wraps: DDP's exchange, each worker's
+        gradients replaced by the workers' mean (an all-reduce of them), counted."""
+        sent = self.comm.mean_(grads)
+        self._exchanged = [self._exchanged[0] + sent, self._exchanged[1] + int(sent > 0)]
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         """With a compression that keeps state: every worker's in the checkpoint, under COMPRESSION_KEY."""

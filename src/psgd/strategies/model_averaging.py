@@ -220,7 +220,7 @@ class ModelAveragingStrategy(PerWorkerCheckpoints, Workers):
         moved = []  # at the end: whether each replica moved from θ_g, averaged into whether any did
         if final:
             away = [(rows(p.detach()) != rows(start)).any(1) for p, start in zip(params, self.start, strict=True)]
-            moved.append(torch.stack(away).any(0).double())
+            moved.append(torch.stack(away).any(0).float())
         sent = self.comm.mean_(mean + moved)
         if moved and moved[0][0].item() == 0:
             return sent

@@ -1,0 +1,121 @@
+"""Simulated workers (simulate=true) against real worker processes: the same strategy, seeds and shards give the
+same weights, every worker's; the outputs a real run writes; what simulation refuses, in one line."""
+
+import pytest
+import torch
+from conftest import compose_cfg
+from helpers import metrics, scalars, tensorboard, undocumented
+
+from psgd.config import ConfigError, check_values
+from psgd.run import train
+
+pytestmark = pytest.mark.distributed
+
+TINY = ["quiet=true", "threads_per_worker=1", "data.batch_size=32", "data.eval_batch_size=64", "data.val_split=0", "trainer.max_epochs=2"]
+# dropout 0: a worker process and its simulated replica draw the same masks, but only where nothing else draws
+PLAIN = ["model.dropout=0", "optimizer.weight_decay=0", "scheduler=none"]
+MOMENTUM = ["optimizer.momentum=0.9"]
+
+
+def run(tiny_data, run_dir, *overrides: str) -> dict:
+    train(compose_cfg(f"data.root={tiny_data}", *TINY, *PLAIN, *overrides), run_dir)
+    return metrics(run_dir)
+
+
+def worker_weights(run_dir, workers: int, folder: str) -> list[dict]:
+    return [torch.load(run_dir / folder / f"rank{r}.pt", weights_only=True) for r in range(workers)]
+
+
+def furthest(a: list[dict], b: list[dict]) -> float:
+    """The largest difference between any two corresponding weights of the workers of `a` and `b`."""
+    assert len(a) == len(b) and all(x.keys() == y.keys() for x, y in zip(a, b, strict=True))
+    return max((x[k].float() - y[k].float()).abs().max().item() for x, y in zip(a, b, strict=True) for k in x)
+
+
+# (strategy overrides, workers, the weights compared: each worker's before the final averaging where they differ)
+SAME_AS_REAL = {
+    "ddp": (["strategy=ddp"], 2, "weights"),
+    "model_averaging_period3": (["strategy=model_averaging", "strategy.period=3"], 2, "replicas"),
+    "diloco": (["strategy=diloco", "strategy.period=3"], 2, "replicas"),
+    "elastic_averaging": (["strategy=elastic_averaging", "strategy.tau=2"], 2, "replicas"),
+    "decentralized_ring": (["strategy=decentralized", "strategy.topology=ring"], 4, "replicas"),
+}
+
+
+@pytest.mark.parametrize("name", list(SAME_AS_REAL))
+def test_simulated_workers_end_with_the_weights_of_real_worker_processes(tiny_data, tmp_path, name):
+    """Each worker's weights after 2 epochs (16 steps at 2 workers, 8 at 4), momentum SGD: within 1e-5 of the
+    real run's, every worker's, before the final averaging where the replicas differ (save_replicas)."""
+    overrides, workers, folder = SAME_AS_REAL[name]
+    keep = ["record_weights=true"] if folder == "weights" else ["strategy.save_replicas=true"]
+    common = [f"workers={workers}", *MOMENTUM, *overrides, *keep]
+    real = run(tiny_data, tmp_path / "real", *common)
+    sim = run(tiny_data, tmp_path / "sim", *common, "simulate=true")
+    assert sim["steps_per_worker"] == real["steps_per_worker"] and sum(real["steps_per_worker"]) > 0
+    real_weights = worker_weights(tmp_path / "real", workers, folder)
+    assert furthest(worker_weights(tmp_path / "sim", workers, folder), real_weights) <= 1e-5
+    if folder == "replicas":  # they differ: the comparison is of each worker's own
+        assert furthest(real_weights[:1], real_weights[1:2]) > 1e-4
+    assert sim["comm_bytes"] == real["comm_bytes"] and sim["comm_calls"] == real["comm_calls"]
+    assert sim["test_acc"] == pytest.approx(real["test_acc"], abs=2 / 256)  # 256 test samples
+
+
+def test_one_simulated_worker_is_a_one_worker_run(tiny_data, tmp_path):
+    one = run(tiny_data, tmp_path / "one", *MOMENTUM, "record_weights=true")
+    sim = run(tiny_data, tmp_path / "sim", *MOMENTUM, "record_weights=true", "simulate=true")
+    assert furthest(worker_weights(tmp_path / "sim", 1, "weights"), worker_weights(tmp_path / "one", 1, "weights")) == 0
+    assert sim["test_acc"] == one["test_acc"] and sim["sim_time_s"] > 0 and "sim_time_s" not in one
+
+
+def test_a_simulated_run_writes_a_real_runs_outputs_for_every_worker_and_its_simulated_time(tiny_data, tmp_path):
+    m = run(
+        tiny_data, tmp_path / "sim", "workers=8", "strategy=model_averaging", "strategy.period=2", "simulate=true",
+        "record_weights=true", "network.bandwidth_gbps=1", "early_stop.target_acc=0.35", "trainer.max_epochs=3",
+        *MOMENTUM, "optimizer.lr=0.05",
+    )  # fmt: skip
+    assert m["status"] == "completed" and m["simulate"] is True and m["world_size"] == 8
+    assert m["network"] == {"bandwidth_gbps": 1.0, "latency_ms": 0.05, "compute_scale": 1.0}
+    assert len(m["worker_test_acc"]) == 8 and len(m["comm_bytes"]) == 8 and len(m["steps_per_worker"]) == 8
+    epochs = m["history"]
+    assert [h["sim_time_s"] for h in epochs] == pytest.approx(
+        [sum(h["sim_epoch_s"] for h in epochs[: i + 1]) for i in range(len(epochs))], abs=1e-5
+    )
+    assert m["sim_time_s"] == epochs[-1]["sim_time_s"] > 0
+    assert m["sim_time_to_target_s"] is not None and m["sim_time_to_target_s"] <= m["sim_time_s"]
+    # every sample of every worker counted, per second of this machine
+    assert epochs[0]["samples"] == 512 and epochs[0]["samples_per_s"] > 0
+    acc = tensorboard(tmp_path / "sim")
+    assert scalars(acc, "sim/cumulative_s") == pytest.approx([h["sim_time_s"] for h in epochs], abs=1e-6)
+    assert len(scalars(acc, "sim/epoch_s")) == len(epochs)
+    assert sorted(p.name for p in (tmp_path / "sim" / "weights").iterdir()) == [f"rank{r}.pt" for r in range(8)]
+    checkpoint = torch.load(tmp_path / "sim" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert [t.shape[0] for t in checkpoint["psgd_simulated_replicas"]] == [8] * 10  # every worker's parameters
+    assert undocumented(tmp_path / "sim") == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (["strategy=hogwild"], "simulate=true is invalid with strategy=hogwild: HogWild's point is real shared memory"),
+        (["network.bandwidth_gbps=0"], "network.bandwidth_gbps=0 is invalid: Input should be greater than 0"),
+        (["network.latency_ms=-1"], "network.latency_ms=-1 is invalid: Input should be greater than 0"),
+        (["network.compute_scale=0"], "network.compute_scale=0 is invalid: Input should be greater than 0"),
+        (["optimizer=novograd"], "optimizer._target_=torch_optimizer.NovoGrad is invalid with simulate=true: its"),
+        (["trainer.num_nodes=2"], "trainer.num_nodes=2 is invalid with simulate=true: simulated workers are one"),
+        (["strategy.compression=topk"], "strategy.compression=topk is invalid with simulate=true: compressed DDP"),
+        (["trainer.accumulate_grad_batches=2"], "trainer.accumulate_grad_batches=2 is invalid with simulate=true"),
+    ],
+)
+def test_what_simulation_cannot_run_is_one_line(overrides, said):
+    with pytest.raises(ConfigError) as e:
+        check_values(compose_cfg("simulate=true", "workers=4", *overrides))
+    assert str(e.value).startswith(said) and "\n" not in str(e.value)
+
+
+def test_a_model_with_batchnorm_and_a_run_that_would_not_fit_are_refused_before_any_replica(tiny_data, tmp_path):
+    with pytest.raises(ConfigError, match=r"^model=lab_cnn is invalid with simulate=true: it keeps buffers"):
+        run(tiny_data, tmp_path / "bn", "simulate=true", "workers=4", "model.batch_norm=true")
+    with pytest.raises(ConfigError) as e:  # 10 million lab CNNs: terabytes
+        run(tiny_data, tmp_path / "huge", "simulate=true", "workers=10000000")
+    assert str(e.value).startswith("workers=10000000 is invalid with simulate=true here: 10000000 replicas of ")
+    assert "GiB and this machine has" in str(e.value) and not (tmp_path / "huge").exists()
