@@ -864,11 +864,12 @@ def test_every_key_of_the_config_files_is_in_the_schema_with_a_description():
     keys = {k for k, v in OmegaConf.load(CONF / "train.yaml").items() if k not in ("defaults", "hydra")}
     keys |= {f"early_stop.{k}" for k in OmegaConf.load(CONF / "train.yaml").early_stop}
     keys |= {f"stragglers.{k}" for k in OmegaConf.load(CONF / "train.yaml").stragglers}
+    keys |= {f"network.{k}" for k in OmegaConf.load(CONF / "train.yaml").network}
     keys |= {k for k in OmegaConf.load(CONF / "sweep.yaml") if k not in ("defaults", "hydra")}
     for group in ("data", "scheduler", "strategy", "trainer"):
         for path in (CONF / group).glob("*.yaml"):
             keys |= {f"{group}.{k}" for k in OmegaConf.load(path) if k != "defaults"}  # (a preset's base choice)
-    keys -= {"early_stop", "stragglers"}
+    keys -= {"early_stop", "stragglers", "network"}
     assert sorted(keys - set(described)) == []
     # what each takes, in the words --help prints
     assert described["optimizer.lr"][0] == "float > 0"

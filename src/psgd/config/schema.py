@@ -212,6 +212,7 @@ class Run(Group):
     simulate: bool
     """Simulate the workers: every one a replica in this process, its time projected on `network`."""
     network: Network
+    """simulate=true: the simulated machines and the links between them."""
     threads_per_worker: int | None = Field(ge=1)
     """torch threads per worker; null: cores // workers."""
     seed: int = Field(ge=0)
