@@ -44,7 +44,9 @@ SAME_AS_REAL = {
 }
 
 
-@pytest.mark.parametrize("name", list(SAME_AS_REAL))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "elastic_averaging" else n for n in SAME_AS_REAL]
+)  # (EASGD's elastic step is model averaging's point, exchanging as it does: slow, for the default run's 8 minutes)
 def test_simulated_workers_end_with_the_weights_of_real_worker_processes(tiny_data, tmp_path, name):
     """Each worker's weights after 2 epochs (16 steps at 2 workers, 8 at 4), momentum SGD: within 1e-5 of the
     real run's, every worker's, before the final averaging where the replicas differ (save_replicas)."""

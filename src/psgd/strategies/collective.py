@@ -12,6 +12,8 @@ figures.
 algorithm (`counted`) makes the workers it joins wait for each other and adds its time on the network model.
 """
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -75,9 +77,13 @@ class Distributed:
     """This process is worker `rank` of `size`: tensors are its own; exchanges are torch.distributed's (figures go
     through `device`: NCCL carries only its GPU's tensors)."""
 
-    def __init__(self, device: torch.device | None = None) -> None:
-        self.device = device or torch.device("cpu")
+    def __init__(self, device: torch.device | Callable[[], torch.device] | None = None) -> None:
+        self._device = device or torch.device("cpu")  # or how to find it, once the workers have theirs
         self._groups: dict[int, dist.ProcessGroup | None] = {}  # group size -> this worker's group of that size
+
+    @property
+    def device(self) -> torch.device:
+        return self._device() if callable(self._device) else self._device
 
     @property
     def size(self) -> int:
@@ -148,11 +154,13 @@ class Distributed:
 
 class Stacked:
     """P simulated workers in this process: a replica tensor is [P, ...]; an exchange is a tensor operation over
-    the replica dimension, timed on `network` by each replica's clock (`clocks`)."""
+    the replica dimension, timed on `network` by each replica's clock (`clocks`); `busy_s`, this machine's time in
+    the algorithm's exchanges (not the workers' compute)."""
 
     def __init__(self, size: int, network: Network | None = None) -> None:
         self.size, self.ranks = size, list(range(size))
         self.clocks = Clocks(size, network or Network())
+        self.busy_s = 0.0
 
     def prepare_groups(self, sizes: list[int]) -> None:
         pass  # a group of g consecutive ranks is a block of g rows
@@ -167,6 +175,7 @@ class Stacked:
         g = group_size or self.size
         if not tensors or g == 1:
             return 0
+        start = time.perf_counter()
         with torch.no_grad():
             for t in tensors:
                 blocks = t.view(self.size // g, g, *t.shape[1:])
@@ -174,6 +183,7 @@ class Stacked:
         sent = payload(tensors)
         if counted:
             self.clocks.all_reduce(sent, g)
+            self.busy_s += time.perf_counter() - start
         return sent
 
     def broadcast_(self, tensors: list[Tensor]) -> None:
@@ -182,10 +192,12 @@ class Stacked:
                 t[1:] = t[:1]
 
     def mix(self, x: Tensor, w: Tensor, payloads: list[int] | None = None) -> tuple[Tensor, list[int]]:
+        start = time.perf_counter()
         mixed = w.to(x.dtype) @ x
         payloads = payloads or [x.shape[1] * x.element_size()] * self.size
         sent = [len(neighbours(w, rank)[0]) * size for rank, size in zip(self.ranks, payloads, strict=True)]
         self.clocks.exchange(w, sent)
+        self.busy_s += time.perf_counter() - start
         return mixed, sent
 
     def total(self, rows: list[list[float]], op: str = "sum") -> list[float]:

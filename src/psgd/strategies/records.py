@@ -29,7 +29,7 @@ class Reports:
     def comm(self) -> Distributed:
         """How the workers exchange (psgd.strategies.collective): torch.distributed's, one worker a process."""
         if self._comm_impl is None:
-            self._comm_impl = Distributed(self.root_device)
+            self._comm_impl = Distributed(lambda: self.root_device)  # (known once the workers are set up)
         return self._comm_impl
 
     @comm.setter

@@ -66,6 +66,7 @@ class SimulatedWorkers(Reports):
         self._module_params: list[nn.Parameter] = []
         self._draws: list[np.random.Generator] = []  # each worker's straggler delays, this epoch
         self._epoch_started_s = 0.0  # the simulated time at this epoch's start
+        self._mark = (0.0, 0.0)  # when the last step's compute ended, and Stacked.busy_s then
 
     # ---- one process, no process group ----
 
@@ -135,7 +136,6 @@ class SimulatedWorkers(Reports):
         for g in self.grads:
             g.zero_()
         module = self.lightning_module
-        start = time.perf_counter()
         for rank, (x_r, y_r) in enumerate(zip(x.split(sizes), y.split(sizes), strict=True)):
             self._bind(rank)
             module.log_step_counts = rank == len(sizes) - 1  # the step's figures are every worker's batches'
@@ -145,7 +145,9 @@ class SimulatedWorkers(Reports):
             loss.backward()
             streams[rank] = torch.get_rng_state()
         self._bind(0)
-        self._compute(time.perf_counter() - start)
+        now, busy = time.perf_counter(), self.comm.busy_s
+        self._compute(now - self._mark[0] - (busy - self._mark[1]))
+        self._mark = (now, busy)
         exchange = getattr(self, "exchange_gradients", None)
         if exchange is not None:
             exchange(self.grads)
@@ -164,8 +166,10 @@ class SimulatedWorkers(Reports):
         return super().optimizer_step(optimizer, step_then_gradients, model, **kwargs)
 
     def _compute(self, seconds: float) -> None:
-        """Every worker's clock advances by this step's measured forward and backward per replica, its straggler
-        factor and its delay."""
+        """Every worker's clock advances by this step's compute per replica, times its straggler factor, plus its
+        delay: `seconds` is this machine's time since the last step's forwards and backwards (the update, the
+        data, Lightning's loop, this step's forwards and backwards: a worker process's step), less the algorithm's
+        exchanges (psgd.strategies.collective.Stacked.busy_s), shared by the replicas."""
         workers = self.comm.size
         delays = None
         if self.distribution == "fixed":
@@ -181,6 +185,7 @@ class SimulatedWorkers(Reports):
             epoch = self.lightning_module.trainer.current_epoch
             self._draws = [np.random.default_rng([self.seed, DRAWS, r, epoch]) for r in range(self.comm.size)]
             self._epoch_started_s = self.comm.clocks.elapsed()
+            self._mark = (time.perf_counter(), self.comm.busy_s)  # the epoch's compute starts at its first batch
         super().on_train_batch_start(batch, batch_idx)
 
     @override
