@@ -3,9 +3,10 @@
 - speed: the samples/s of P simulated workers (every worker's samples per second of this machine, --workers, 64 by
   default) beside one real worker's at the same per-worker batch, interleaved; the target is 0.9x or more;
 - time: each real run's measured epoch time (DDP and local SGD at P = 2 and 4) beside the same run simulated on the
-  network benchmarks/network.py fitted to gloo here (results/network.json: α, B) with network.compute_scale =
-  cores / P (each real worker has that share of this machine), so that the model's projection can be read against
-  what the processes took.
+  network benchmarks/network.py fitted to gloo here (results/network.json: α, B), its replicas computed with a real
+  worker's threads (threads_per_worker = cores // P, at least 1) and network.compute_scale = cores / (P x threads)
+  (the share of a core each real worker's thread gets: 4 workers on 2 cores time-share them), so that the
+  model's projection can be read against what the processes took.
 
     python benchmarks/simulated.py --data-root ../shared/data          # ~4 min on 2 cores
 
@@ -61,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=positive, default=300, help="the real worker's steps per speed run")
     parser.add_argument("--repeats", type=positive, default=3)
     parser.add_argument("--calibrate", type=positive, nargs="*", default=[2, 4], help="real worker counts timed")
-    parser.add_argument("--batches", type=positive, default=60, help="each worker's steps per timed run")
+    parser.add_argument("--batches", type=positive, default=200, help="each worker's steps per timed run")
+    parser.add_argument("--parts", nargs="+", choices=["speed", "time"], default=["speed", "time"])
     results_arguments(parser, "simulated")
     args = parser.parse_args(argv)
     exit_unless_writable(args.results)
@@ -74,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         def speed(overrides: list[str]):
             return lambda rep: psgd_run(Path(tmp) / str(next(runs)), [*batch, *overrides], args)["samples_per_s"]
 
-        print(f"speed: {args.workers} simulated workers against one real worker, batch {args.batch}", flush=True)
+        if "speed" in args.parts:
+            print(f"speed: {args.workers} simulated workers against one real worker, batch {args.batch}", flush=True)
         configs = {
             "1 real worker": speed([f"trainer.limit_train_batches={args.steps}"]),
             **{
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             },
         }
         failed: list[str] = []
-        samples = interleaved(configs, args.repeats, failed)
+        samples = interleaved(configs if "speed" in args.parts else {}, args.repeats, failed)
         med = medians(samples)
         base = med.get("1 real worker")
         speed_rows = [[*row, shown(med[row[0]] / base if base and row[0] in med else None, ".2f")]
@@ -93,9 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         cores = os.cpu_count() or 1
         print(f"time: real runs against simulated ones on the network {source}", flush=True)
         time_rows = []
-        for workers in args.calibrate:
+        for workers in args.calibrate if "time" in args.parts else []:
             common = [*batch, f"workers={workers}", f"trainer.limit_train_batches={args.batches}"]
-            simulated = ["simulate=true", *network, f"network.compute_scale={min(1.0, cores / workers):.4g}"]
+            threads = max(1, cores // workers)  # a real worker's (psgd's default)
+            scale = min(1.0, cores / (workers * threads))
+            simulated = ["simulate=true", *network, f"threads_per_worker={threads}"]
+            simulated.append(f"network.compute_scale={scale:.4g}")
             for name, overrides in STRATEGIES.items():
                 try:
                     real = psgd_run(Path(tmp) / str(next(runs)), [*common, *overrides], args)["history"][0]
@@ -110,14 +116,16 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)  # fmt: skip
 
     speed_table = table(speed_rows, ["run", "median samples/s", "runs", "x one real worker"])
-    time_table = table(time_rows, ["strategy", "workers", "measured epoch s", "simulated epoch s", "simulated / measured"])
+    header = ["strategy", "workers", "measured epoch s", "simulated epoch s", "simulated / measured"]
+    time_table = table(time_rows, header)
     print("\n" + speed_table + "\n\n" + time_table)
     for line in failed:
         print(f"failed: {line}")
     md = (
         f"# Simulated workers against real ones\n\nSpeed: batch {args.batch} per worker, {args.repeats} interleaved "
         f"runs, the real worker {args.steps} steps, the simulated ones an epoch of 60,000 samples.\n\n{speed_table}\n\n"
-        f"Time: {args.batches} steps a worker, network {source}, compute_scale = cores / workers ({cores} cores)."
+        f"Time: {args.batches} steps a worker, network {source}, the replicas computed with a real worker's threads, "
+        f"compute_scale = cores / (workers x threads) ({cores} cores)."
         f"\n\n{time_table}\n"
     )
     data = {"speed": samples, "medians": med, "time": time_rows, "network": network, "failed": failed}
