@@ -37,6 +37,8 @@ PLOTS = {
     "speedup": ("S(P) = T(1) / T(P)", {"speedup": "", "speedup_to_target": " (to target)"}, float),
     "efficiency": ("E(P) = S(P) / P", {"efficiency": "", "efficiency_to_target": " (to target)"}, lambda p: 1.0),
     "accuracy": ("test accuracy", {"test_acc_mean": "", "worker_acc_mean": " (replicas' mean, unaveraged)"}, None),
+    # simulated workers: their projected time to early_stop.target_acc on the job's network
+    "sim_time_to_target": ("simulated time to the target (s)", {"sim_time_to_target_s_mean": ""}, None),
 }
 LOG_MB = "per worker (payload; log scale, 0 at the left)"
 # what a model-averaging group's test accuracy adds to its label: the replicas' own are a line of their own
@@ -95,6 +97,9 @@ def skew_note(record: dict) -> str:
     return f" (worst class {worst[0]} at {worst[1]:.4f})"
 
 
+MAX_LISTED = 8  # per-worker figures shown one by one; more: their min, mean and max
+
+
 def averaging_note(record: dict) -> str:
     """' (averaged model; the workers' own 0.8961 0.8944, replica_distance=3.2150)' for a model-averaging run of
     several workers (EASGD's: ' (the centre; ...'): the test accuracy before it is the final model's, which can be
@@ -103,6 +108,8 @@ def averaging_note(record: dict) -> str:
     if len(workers) < 2:
         return ""
     own = " ".join(f"{acc:.4f}" for acc in workers)
+    if len(workers) > MAX_LISTED:  # (simulated workers: hundreds)
+        own = f"min {min(workers):.4f} mean {sum(workers) / len(workers):.4f} max {max(workers):.4f}"
     model = strategy_of(record).final_model
     return f" ({model}; the workers' own {own}, replica_distance={record.get('replica_distance'):.4f})"
 
@@ -234,14 +241,21 @@ def comm_label(job: Job) -> str:
 
 
 def _time_per_sample(job: Job) -> float | None:
-    return _ratio(job.get("train_time_s"), job["samples"])
+    """T: a job's training time per sample it trained (simulated workers: their simulated time's)."""
+    return _ratio(job.get("sim_time_s" if job.get("simulate") else "train_time_s"), job["samples"])
+
+
+def _time_to_target(job: Job) -> float | None:
+    """A job's time to the target accuracy (simulated workers: their simulated time's)."""
+    return job.get("sim_time_to_target_s" if job.get("simulate") else "time_to_target_s")
 
 
 def speedup_columns(ones: list[Job], jobs: list[Job], p: int) -> dict[str, float | None]:
     """S(P) and E(P) of `jobs`, a group's completed jobs at P workers, against `ones`, its 1-worker jobs (each T
-    the mean over them): for the whole training and for the time to the target accuracy."""
+    the mean over them): for the whole training and for the time to the target accuracy. A group is simulated or
+    not as a whole (`simulate` swept is a key of the group): simulated jobs' S(P) are of their simulated time."""
     columns = {}
-    for name, time in (("", _time_per_sample), ("_to_target", lambda j: j.get("time_to_target_s"))):
+    for name, time in (("", _time_per_sample), ("_to_target", _time_to_target)):
         speedup = _ratio(_mean([time(j) for j in ones]), _mean([time(j) for j in jobs]))
         columns |= {f"speedup{name}": _r(speedup, 3), f"efficiency{name}": _r(_ratio(speedup, p), 3)}
     return columns
@@ -288,6 +302,9 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                 "worst_class_acc": worst and worst[1],
                 "worst_class": worst and worst[0],
                 "time_to_target_s": _r(job.get("time_to_target_s"), 2),
+                # simulated workers: the time projected on the job's network (the times above are this machine's)
+                "sim_time_s": _r(job.get("sim_time_s"), 4),
+                "sim_time_to_target_s": _r(job.get("sim_time_to_target_s"), 4),
                 **speedup_columns(groups[group_key(job, swept)].get(1, []), completed, job["workers"]),
                 "error": job["error"],
                 "dir": job["path"].name,
@@ -315,6 +332,7 @@ def build_rows(jobs: list[Job], swept: list[str]) -> tuple[list[dict], list[dict
                     "samples_per_s_mean": _r(_mean([j.get("samples_per_s") or 0.0 for j in group]), 1),
                     "reached_target": f"{len(reached)}/{len(group)}" if targeted else None,
                     "time_to_target_s_mean": _r(_mean(reached), 2),
+                    "sim_time_to_target_s_mean": _r(_mean([j.get("sim_time_to_target_s") for j in group]), 4),
                     **speedup_columns(per_p.get(1, []), group, p),
                 }
             )
@@ -425,10 +443,14 @@ def write_plots(sweep_dir: Path, summary: list[dict]) -> list[Path]:
             for label, points in lines.items():
                 xs, ys, stds = zip(*points, strict=True)
                 ax.errorbar(xs, ys, yerr=stds if any(stds) else None, marker="o", capsize=3, label=label)
-            workers = list(range(1, max(s["workers"] for s in summary) + 1))
+            counts = sorted({s["workers"] for s in summary})
+            workers = list(range(1, counts[-1] + 1))
             if ideal:
                 ax.plot(workers, [ideal(p) for p in workers], "k--", label="ideal")
-            ax.set(xlabel="workers P", ylabel=ylabel, title=f"{name} vs workers", xticks=workers)
+            if counts[-1] > 16:  # simulated workers: 1 to 1,024 read apart on a log scale
+                ax.set_xscale("log", base=2)
+            ax.set(xlabel="workers P", ylabel=ylabel, title=f"{name} vs workers", xticks=counts)
+            ax.set_xticklabels([str(p) for p in counts])
             ax.legend(fontsize=8)
         written.append(path)
     return written
@@ -466,10 +488,10 @@ def write_comm_plot(sweep_dir: Path, jobs: list[Job]) -> Path | None:
     return path
 
 
-def curves(jobs: list[Job], swept: list[str]) -> dict[str, list[tuple[float, float | None, float]]]:
-    """curves_time.png's and curves_comm.png's lines: per job with a validated epoch, labelled by its number and
-    swept values, (training time s, MB each worker had sent, None where not counted; validation accuracy) at the
-    end of each validated epoch."""
+def curves(jobs: list[Job], swept: list[str]) -> dict[str, list[tuple[float, float | None, float, float | None]]]:
+    """curves_time.png's, curves_comm.png's and curves_sim_time.png's lines: per job with a validated epoch,
+    labelled by its number and swept values, (training time s, MB each worker had sent, None where not counted;
+    validation accuracy; simulated time s, None for worker processes) at the end of each validated epoch."""
     lines = {}
     for job in jobs:
         points, mb = [], 0.0
@@ -477,7 +499,7 @@ def curves(jobs: list[Job], swept: list[str]) -> dict[str, list[tuple[float, flo
             sent = h.get("comm_bytes")
             mb = mb + statistics.fmean(sent) / 1e6 if mb is not None and sent and None not in sent else None
             if h.get("val_acc") is not None:
-                points.append((h["time"], mb, h["val_acc"]))
+                points.append((h["time"], mb, h["val_acc"], h.get("sim_time_s")))
         if points:
             lines[job_label(job, swept)] = points
     return lines
@@ -490,10 +512,16 @@ def job_label(job: Job, swept: list[str]) -> str:
 
 
 def write_curves(sweep_dir: Path, jobs: list[Job], swept: list[str]) -> list[Path]:
-    """curves_time.png and curves_comm.png: each job's validation accuracy against its training time and against
-    the MB each worker sent (jobs that counted it; 0 MB at the left of a symmetric log axis)."""
+    """curves_time.png and curves_comm.png: each job's validation accuracy against its training time (measured on
+    this machine) and against the MB each worker sent (jobs that counted it; 0 MB at the left of a symmetric log
+    axis); curves_sim_time.png, simulated workers' against their simulated time."""
     lines, written = curves(jobs, swept), []
-    for name, x, xlabel in (("curves_time", 0, "training time (s)"), ("curves_comm", 1, f"MB sent {LOG_MB}")):
+    plots = [
+        ("curves_time", 0, "training time (s, measured)"),
+        ("curves_comm", 1, f"MB sent {LOG_MB}"),
+        ("curves_sim_time", 3, "simulated time (s, on each job's network)"),
+    ]
+    for name, x, xlabel in plots:
         (path := sweep_dir / f"{name}.png").unlink(missing_ok=True)
         drawn = {
             label: [(p[x], p[2]) for p in points]

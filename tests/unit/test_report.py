@@ -261,6 +261,11 @@ def test_a_model_averaging_jobs_line_gives_the_workers_own_accuracy_beside_the_a
     make_job(tmp_path, 0, {"strategy": "model_averaging", "workers": 2}, job, workers=2)
     line = progress_line(0, 1, frozenset({"workers"}), tmp_path / "0")
     assert "test_acc 0.6192 (averaged model; the workers' own 0.8960 0.8944, replica_distance=3.2100)" in line
+    accs = [0.9 + r / 1000 for r in range(64)]
+    many = done("model_averaging", 64, 10.0, 0.95, worker_test_acc=accs, replica_distance=1)
+    make_job(tmp_path, 1, {"strategy": "model_averaging", "workers": 64}, many, workers=64)
+    line = progress_line(1, 2, frozenset({"workers"}), tmp_path / "1")  # simulated workers: hundreds
+    assert "(averaged model; the workers' own min 0.9000 mean 0.9315 max 0.9630, replica_distance=1.0000)" in line
 
 
 def test_each_job_says_the_mb_its_workers_sent_and_one_plot_puts_accuracy_against_them(tmp_path):
@@ -317,23 +322,42 @@ def test_each_jobs_validation_accuracy_is_drawn_against_its_training_time_and_th
             for i, (t, sent, acc) in enumerate(epochs)
         ]
 
+    simulated = history((7.0, [8e6, 8e6], 0.91))
+    simulated[0]["sim_time_s"] = 0.5  # simulated workers' time, on their network
     jobs = [
         ("ddp", history((5.0, [8e6, 8e6], 0.9), (10.0, [8e6, 8e6], 0.95))),
         ("hogwild", history((4.0, [0, 0], None), (8.0, [0, 0], 0.85), (12.0, [0, 0], 0.9))),
         ("model_averaging", history((6.0, None, 0.93))),  # a record from before psgd counted bytes
+        ("decentralized", simulated),
     ]
     for num, (strategy, epochs) in enumerate(jobs):
         job = done(strategy, 2, 10.0, 0.9) | {"history": epochs}
         make_job(tmp_path, num, {"strategy": strategy, "workers": 2}, job, workers=2)
     report = write_report(tmp_path)
     assert curves(report.jobs, report.swept) == {
-        "0: strategy=ddp": [(5.0, 8.0, 0.9), (10.0, 16.0, 0.95)],
-        "1: strategy=hogwild": [(8.0, 0.0, 0.85), (12.0, 0.0, 0.9)],
-        "2: strategy=model_averaging": [(6.0, None, 0.93)],
+        "0: strategy=ddp": [(5.0, 8.0, 0.9, None), (10.0, 16.0, 0.95, None)],
+        "1: strategy=hogwild": [(8.0, 0.0, 0.85, None), (12.0, 0.0, 0.9, None)],
+        "2: strategy=model_averaging": [(6.0, None, 0.93, None)],
+        "3: strategy=decentralized": [(7.0, 8.0, 0.91, 0.5)],
     }
-    for name in ("curves_time.png", "curves_comm.png"):
+    for name in ("curves_time.png", "curves_comm.png", "curves_sim_time.png"):  # the last: the simulated job alone
         assert tmp_path / name in report.plots and (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
         assert f"]({name})" in (tmp_path / "report.md").read_text()
+
+
+def test_simulated_jobs_speed_up_by_their_simulated_time_and_their_time_to_the_target_is_drawn(tmp_path):
+    """A sweep of simulated workers: S(P) of their simulated time (the measured one is this machine's, the same at
+    every P), the simulated time to the target against the workers, a line per network."""
+    for num, (workers, gbps, sim_s) in enumerate([(1, 1, 8.0), (4, 1, 4.0), (1, 100, 8.0), (4, 100, 2.0)]):
+        job = done("ddp", workers, 10.0, 0.98) | {"simulate": True, "sim_time_s": sim_s, "sim_time_to_target_s": sim_s}
+        job["target_acc"] = 0.98
+        overrides = {"workers": workers, "network.bandwidth_gbps": gbps, "strategy": "ddp"}
+        make_job(tmp_path, num, overrides, job, workers=workers)
+    report = write_report(tmp_path)
+    speedups = {(s["group"], s["workers"]): (s["speedup"], s["sim_time_to_target_s_mean"]) for s in report.summary}
+    assert speedups[("ddp network.bandwidth_gbps=1", 4)] == (2.0, 4.0)
+    assert speedups[("ddp network.bandwidth_gbps=100", 4)] == (4.0, 2.0)
+    assert tmp_path / "sim_time_to_target.png" in report.plots
 
 
 def test_jobs_that_measured_a_consensus_distance_get_its_curve(tmp_path):
