@@ -8,7 +8,7 @@ the bandwidth, for every P and n), printed side by side with what was measured.
 Each worker process has one thread; every timed all-reduce starts after a barrier, and rank 0's time of the
 call is the figure (the median of `--repeats`, after 3 untimed). The fit is least squares on the relative error,
 so that the 4 KB payloads (where α rules) weigh as much as the 64 MB ones (where B does). This is the calibration
-of the network model psgd's simulated workers will project time with (issue #88); its figures are in
+of the network model psgd's simulated workers project time with (docs/simulation.md); its figures are in
 docs/performance.md.
 """
 
@@ -26,6 +26,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from psgd.strategies.network import Network, all_reduce_s
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import exit_unless_writable, positive, results_arguments, table, write_results  # noqa: E402
@@ -54,8 +56,8 @@ def fit(measured: dict[tuple[int, int], float]) -> tuple[float, float]:
 
 
 def model_s(workers: int, size: int, alpha: float, bandwidth: float) -> float:
-    messages, sent = ring_terms(workers, size)
-    return messages * alpha + sent / bandwidth
+    """The all-reduce's time on the fitted network as simulated workers project it (psgd.strategies.network)."""
+    return all_reduce_s(size, workers, Network(bandwidth_gbps=bandwidth * 8 / 1e9, latency_ms=alpha * 1e3))
 
 
 def timing_worker(rank: int, workers: int, port: int, sizes: list[int], repeats: int, out: str) -> None:

@@ -18,12 +18,19 @@ from psgd.module import OPTIMIZER_KEY, STEP_IMPLEMENTATION, Classifier
 from psgd.optim import schedule_read
 from psgd.strategies.contract import StrategyConfig
 
+SIMULATED_KEY = "psgd_simulated"  # a simulated run's checkpoint: its workers' count and clocks
+
 
 def resolve_ckpt_path(
-    value: str | None, module: Classifier, world_size: int = 1, strategy: StrategyConfig | None = None
+    value: str | None,
+    module: Classifier,
+    world_size: int = 1,
+    strategy: StrategyConfig | None = None,
+    simulate: bool = False,
 ) -> str | None:
     """The checkpoint to resume from, checked against this run: its model, lr schedule, optimizer and data,
-    and (for a checkpoint of each worker's own state) its worker count and `strategy` (None: not checked)."""
+    and (for a checkpoint of each worker's own state) its worker count and `strategy` (None: not checked); a
+    simulated run's (`simulate`) only by a simulated run of as many workers, and the other way round."""
     if value is None:
         return None
     path = checkpoint_file("ckpt_path", value)
@@ -31,8 +38,9 @@ def resolve_ckpt_path(
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise ConfigError(f"ckpt_path={value!r} is not a psgd checkpoint (it holds no state_dict)")
     check_fits("ckpt_path", value, checkpoint["state_dict"], module.state_dict())
-    # model averaging / HogWild mid-run: one state per worker
-    replicas = [] if checkpoint.get("averaged") else checkpoint.get("replicas") or []
+    check_simulated(value, checkpoint, world_size, simulate)
+    # model averaging / HogWild mid-run: one state per worker (simulated workers': one, of all of them)
+    replicas = [] if checkpoint.get("averaged") or simulate else checkpoint.get("replicas") or []
     if replicas and len(replicas) != world_size:
         raise ConfigError(
             f"ckpt_path={value!r} holds {len(replicas)} workers' own state but this run has {world_size} "
@@ -66,6 +74,26 @@ def resolve_ckpt_path(
             "leaving ckpt_path out"
         )
     return str(path)
+
+
+def check_simulated(value: str, checkpoint: dict, world_size: int, simulate: bool) -> None:
+    """A simulated run's checkpoint holds every worker in stacked tensors: only a simulated run of as many workers
+    goes on from it, and a simulated run only from one.
+
+    Raises:
+        ConfigError: the checkpoint and this run differ in simulate or in the simulated workers.
+    """
+    workers = (checkpoint.get(SIMULATED_KEY) or {}).get("workers")
+    if workers is None and simulate:
+        raise ConfigError(
+            f"ckpt_path={value!r} was trained by worker processes and simulate=true would hold its workers in one "
+            "process; resume with simulate=false (or start from its weights alone: init_weights)"
+        )
+    if workers is not None and (not simulate or workers != world_size):
+        raise ConfigError(
+            f"ckpt_path={value!r} holds {workers} simulated workers and this run has "
+            f"{'worker processes' if not simulate else f'{world_size}'}; resume with simulate=true workers={workers}"
+        )
 
 
 def load_weights_only(setting: str, value: str, path: Path) -> Any:

@@ -110,7 +110,7 @@ def train(cfg: DictConfig, run_dir: str | Path, callbacks: Sequence[L.Callback] 
             # the weights of an earlier run to start from (a resume, ckpt_path, restores its own over them)
             started_from = init_weights(run.init_weights, module)
             ckpt_path = resolve_ckpt_path(
-                elastic_resume(run.ckpt_path, plan, run_dir), module, run.world_size, run.strategy
+                elastic_resume(run.ckpt_path, plan, run_dir), module, run.world_size, run.strategy, run.simulate
             )
         if started_from and first_worker() and not run.quiet:
             print(f"psgd: starting from the weights in {started_from} (init_weights)", flush=True)

@@ -3,7 +3,7 @@ same weights, every worker's; the outputs a real run writes; what simulation ref
 
 import pytest
 import torch
-from conftest import compose_cfg
+from conftest import compose_cfg, run_cli
 from helpers import metrics, scalars, tensorboard, undocumented
 
 from psgd.config import ConfigError, check_values
@@ -123,3 +123,41 @@ def test_a_model_with_batchnorm_and_a_run_that_would_not_fit_are_refused_before_
         run(tiny_data, tmp_path / "huge", "simulate=true", "workers=10000000")
     assert str(e.value).startswith("workers=10000000 is invalid with simulate=true here: 10000000 replicas of ")
     assert "GiB and this machine has" in str(e.value) and not (tmp_path / "huge").exists()
+
+
+def test_a_simulated_run_resumed_in_a_fresh_process_goes_on_exactly(tiny_data, tmp_path):
+    """DiLoCo of 4 simulated workers (their replicas, momentum, θ_g and outer momentum in the checkpoint): resumed in
+    a new process from the checkpoint of its first epoch, it ends where the run that went on did, every worker's
+    weights bit for bit (before the final averaging)."""
+    common = [f"data.root={tiny_data}", *TINY, *PLAIN, *MOMENTUM, "simulate=true", "workers=4", "strategy=diloco"]
+    common += ["strategy.period=3", "strategy.save_replicas=true"]  # every 3 of 4 steps an epoch: across epochs
+    straight = run_cli("train.py", *common, "checkpoint_every_epoch=true", f"hydra.run.dir={tmp_path / 'straight'}")
+    epoch1 = tmp_path / "straight" / "checkpoints" / "epoch0.ckpt"
+    resumed = run_cli("train.py", *common, f"ckpt_path={epoch1}", f"hydra.run.dir={tmp_path / 'resumed'}")
+    assert straight.returncode == resumed.returncode == 0, resumed.stderr[-2000:]
+    kept = worker_weights(tmp_path / "resumed", 4, "replicas")
+    assert furthest(kept, worker_weights(tmp_path / "straight", 4, "replicas")) == 0
+    m, whole = metrics(tmp_path / "resumed"), metrics(tmp_path / "straight")
+    assert m["comm_bytes"] == whole["comm_bytes"] and m["periodic_averagings"] == whole["periodic_averagings"] == 2
+    assert m["history"][0] == whole["history"][0]  # the first epoch's record, simulated time too, from the checkpoint
+    assert m["sim_time_s"] > m["history"][0]["sim_time_s"] > 0  # the simulated clocks went on from the checkpoint's
+    refused = run_cli("train.py", *common, "workers=2", f"ckpt_path={epoch1}", f"hydra.run.dir={tmp_path / 'two'}")
+    assert refused.returncode == 2
+    assert "holds 4 simulated workers and this run has 2; resume with simulate=true workers=4" in refused.stderr
+
+
+def test_a_straggler_slows_a_simulated_synchronous_run_by_its_factor(tiny_data, tmp_path):
+    """The last of 4 simulated DDP workers 4x slower: every step waits for it, so the simulated time is about 4x
+    (on a network fast enough that compute rules); its own measured time is this machine's, unslowed."""
+    fast = ["workers=4", "network.bandwidth_gbps=10000", "network.latency_ms=0.000001", "simulate=true"]
+    even = run(tiny_data, tmp_path / "even", *fast)
+    slow = run(tiny_data, tmp_path / "slow", *fast, "stragglers.slowdown=[1,1,1,4]")
+    assert 3 < slow["sim_time_s"] / even["sim_time_s"] < 5.5
+    assert "straggler_wait_s" not in slow  # nobody slept: the slowdown is on the simulated clocks
+
+
+def test_a_refused_simulation_is_one_line_exit_2_and_nothing_written(tmp_path):
+    proc = run_cli("train.py", "simulate=true", "workers=4", "strategy=hogwild", f"hydra.run.dir={tmp_path / 'run'}")
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "simulate=true is invalid with strategy=hogwild" in lines[0]
+    assert not (tmp_path / "run").exists()

@@ -317,3 +317,32 @@ def test_only_the_final_checkpoint_keeps_the_strategys_end_figures(tmp_path):
     resumed = ModelAveragingStrategy()
     resumed.load_checkpoint(tmp_path / "mid.ckpt", weights_only=True)
     assert resumed.report == {}
+
+
+@pytest.mark.parametrize(
+    ("saved", "workers", "simulate", "said"),
+    [
+        (None, 4, True, "was trained by worker processes and simulate=true would hold its workers in one process"),
+        (
+            4,
+            4,
+            False,
+            "holds 4 simulated workers and this run has worker processes; resume with simulate=true workers=4",
+        ),
+        (4, 8, True, "holds 4 simulated workers and this run has 8; resume with simulate=true workers=4"),
+        (4, 4, True, None),
+        (None, 4, False, None),
+    ],
+)
+def test_a_simulated_runs_checkpoint_is_resumed_by_a_simulated_run_of_as_many_workers_alone(
+    saved, workers, simulate, said
+):
+    from psgd.resume import SIMULATED_KEY, check_simulated
+
+    checkpoint = {SIMULATED_KEY: {"workers": saved}} if saved else {}
+    if said is None:
+        check_simulated("run", checkpoint, workers, simulate)
+        return
+    with pytest.raises(ConfigError) as e:
+        check_simulated("run", checkpoint, workers, simulate)
+    assert said in str(e.value) and "\n" not in str(e.value)

@@ -116,7 +116,7 @@ ELEMENTWISE = ("torch.optim.SGD", "torch.optim.Adam", "torch.optim.AdamW", "torc
 def _simulation(run: Run) -> None:
     """What simulate=true cannot run, each one line: the strategy's own refusal (StrategyConfig.refuse_simulation),
     several nodes, an optimizer whose update is not elementwise, and the settings the simulated step does not take
-    yet (accumulation, gradient clipping, another precision, torch.compile, a resume)."""
+    yet (accumulation, gradient clipping, another precision, torch.compile)."""
     if not run.simulate:
         return
     run.strategy.refuse_simulation(run)
@@ -143,7 +143,6 @@ def _simulation(run: Run) -> None:
         ),
         "trainer.precision": (t.precision, str(t.precision) not in ("32", "32-true"), "simulation runs in fp32"),
         "compile": (run.compile, run.compile not in (False, None), "a replica's weights are views swapped per step"),
-        "ckpt_path": (run.ckpt_path, run.ckpt_path is not None, "a simulated run does not resume yet"),
     }
     for key, (value, bad, why) in refused.items():
         if bad:

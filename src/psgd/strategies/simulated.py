@@ -18,10 +18,12 @@ mean, `exchange_gradients`), then the optimizer's update of all of them, then th
 averaging point, a gossip round), as in a worker process. Validation evaluates each replica where they differ
 (each worker's on the whole split, as model averaging's processes do), once where they are kept equal (DDP).
 
-Time (psgd.strategies.network): each step adds this machine's measured forward and backward per replica to every
-simulated worker's clock (scaled by network.compute_scale, and by each worker's straggler factor and delay); the
-strategy's exchanges join the clocks they wait for and add their time on the α-β model. `sim_epoch_s` and
-`sim_time_s` are figures of every epoch (TensorBoard sim/epoch_s, sim/cumulative_s).
+Time (psgd.strategies.network): each step adds one replica's share of this machine's time for the step (its
+update, data, loop, forwards and backwards, less the algorithm's exchanges) to every simulated worker's clock
+(divided by network.compute_scale, times each worker's straggler factor, plus its delay); the strategy's exchanges
+join the clocks they wait for and add their time on the α-β model. `sim_epoch_s` and `sim_time_s` are figures of
+every epoch (TensorBoard sim/epoch_s, sim/cumulative_s). The strategy object is the one its config built, its class
+swapped for the simulated one: the config's `build` is the same for worker processes and simulated workers.
 """
 
 import contextlib
@@ -37,6 +39,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from psgd.errors import ConfigError
+from psgd.resume import SIMULATED_KEY
 from psgd.stragglers import DRAWS
 from psgd.strategies.collective import Stacked
 from psgd.strategies.network import Network
@@ -67,6 +70,7 @@ class SimulatedWorkers(Reports):
         self._draws: list[np.random.Generator] = []  # each worker's straggler delays, this epoch
         self._epoch_started_s = 0.0  # the simulated time at this epoch's start
         self._mark = (0.0, 0.0)  # when the last step's compute ended, and Stacked.busy_s then
+        self._saved: tuple[Any, Any] = (None, None)  # a checkpoint's replicas and clocks, until the replicas exist
 
     # ---- one process, no process group ----
 
@@ -101,6 +105,7 @@ class SimulatedWorkers(Reports):
         for optimizer in self.optimizers:
             for group in optimizer.param_groups:
                 group["params"] = [stacked[id(p)] for p in group["params"]]
+        self._restore()  # a checkpoint loaded before the replicas were made
         self._bind(0)
 
     # ---- the replicas ----
@@ -211,9 +216,30 @@ class SimulatedWorkers(Reports):
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
-        """Every worker's parameters too (the optimizer's state is every worker's already)."""
+        """Every worker's parameters and clock too (the optimizer's state is every worker's already)."""
         replicas = [s.detach().cpu().clone() for s in self.stacked]
-        super().save_checkpoint({**checkpoint, REPLICAS_KEY: replicas}, filepath, storage_options)
+        simulated = {"workers": self.comm.size, "clocks": self.comm.clocks.now.clone()}
+        checkpoint = {**checkpoint, REPLICAS_KEY: replicas, SIMULATED_KEY: simulated}
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """The checkpoint; every worker's parameters and clock restored from it (where Lightning loads it before
+        the replicas are made, DDP's, once they are: setup_optimizers)."""
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        self._saved = (checkpoint.get(REPLICAS_KEY), checkpoint.get(SIMULATED_KEY))
+        self._restore()
+        return checkpoint
+
+    def _restore(self) -> None:
+        replicas, simulated = self._saved
+        if replicas is None or not self.stacked:
+            return
+        with torch.no_grad():
+            for s, kept in zip(self.stacked, replicas, strict=True):
+                s.copy_(kept)
+        self.comm.clocks.now = simulated["clocks"].clone()
+        self._saved = (None, None)
 
 
 GiB = 1024**3
