@@ -8,7 +8,7 @@
   (the share of a core each real worker's thread gets: 4 workers on 2 cores time-share them), so that the
   model's projection can be read against what the processes took.
 
-    python benchmarks/simulated.py --data-root ../shared/data          # ~4 min on 2 cores
+    python benchmarks/simulated.py --data-root ../shared/data          # ~7 min on 2 cores
 
 Every run trains on all 60,000 samples (data.val_split=0), without validation, its final test cut to one batch.
 """

@@ -439,10 +439,12 @@ def write_plots(sweep_dir: Path, summary: list[dict]) -> list[Path]:
         lines = plot_lines(name, summary)
         if all(len(points) < 2 for points in lines.values()):
             continue
-        with figure(path) as ax:
-            for label, points in lines.items():
+        many = len(lines) > 6  # a colour each and the legend beside, as line_plot's
+        with figure(path, (9, 4.5) if many else (6.5, 4.5)) as ax:
+            for i, (label, points) in enumerate(lines.items()):
                 xs, ys, stds = zip(*points, strict=True)
-                ax.errorbar(xs, ys, yerr=stds if any(stds) else None, marker="o", capsize=3, label=label)
+                style = {"color": colour(i)} if many else {}
+                ax.errorbar(xs, ys, yerr=stds if any(stds) else None, marker="o", capsize=3, label=label, **style)
             counts = sorted({s["workers"] for s in summary})
             workers = list(range(1, counts[-1] + 1))
             if ideal:
@@ -451,7 +453,9 @@ def write_plots(sweep_dir: Path, summary: list[dict]) -> list[Path]:
                 ax.set_xscale("log", base=2)
             ax.set(xlabel="workers P", ylabel=ylabel, title=f"{name} vs workers", xticks=counts)
             ax.set_xticklabels([str(p) for p in counts])
-            ax.legend(fontsize=8)
+            ax.legend(
+                **({"fontsize": 7, "loc": "center left", "bbox_to_anchor": (1.01, 0.5)} if many else {"fontsize": 8})
+            )
         written.append(path)
     return written
 

@@ -17,8 +17,7 @@ from psgd.io import say
 from psgd.module import OPTIMIZER_KEY, STEP_IMPLEMENTATION, Classifier
 from psgd.optim import schedule_read
 from psgd.strategies.contract import StrategyConfig
-
-SIMULATED_KEY = "psgd_simulated"  # a simulated run's checkpoint: its workers' count and clocks
+from psgd.strategies.simulated import SIMULATED_KEY
 
 
 def resolve_ckpt_path(

@@ -153,6 +153,7 @@ def test_gpu_benchmark_whose_runs_fail_says_so_in_its_rows_and_exit_status_and_w
         # a name with a folder would fail only when the results are written, after every measurement
         ("compare.py", ["--name", "mine/compare"], "'mine/compare' is not a file name"),
         ("throughput.py", ["--name", ""], "'' is not a file name"),
+        ("simulated.py", ["--workers", "0"], "'0' is not an integer >= 1"),
     ],
 )
 def test_a_bad_benchmark_argument_is_refused_before_anything_runs(script, bad, value):
@@ -319,3 +320,15 @@ def test_the_network_benchmark_fits_the_ring_model_and_prints_it_beside_what_it_
         assert (
             f"| {p} | {'4 KiB' if n == 4096 else '1 MiB'} | {measured * 1e3:.3f} | {model * 1e3:.3f} |" in proc.stdout
         )
+
+
+@pytest.mark.slow  # ~50 s: real and simulated runs, one of each kind
+def test_the_simulated_benchmark_prints_simulated_speed_and_time_beside_real_runs(tiny_data, tmp_path):
+    args = ["--workers", "8", "--steps", "5", "--repeats", "1", "--calibrate", "2", "--batches", "3"]
+    proc = benchmark("simulated.py", f"--data-root={tiny_data}", *args, f"--results={tmp_path}", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads((tmp_path / "simulated.json").read_text())
+    assert set(data["medians"]) == {"1 real worker", "8 simulated, ddp", "8 simulated, local SGD (H=16)"}
+    assert [row[:2] for row in data["time"]] == [["ddp", 2], ["local SGD (H=16)", 2]]
+    assert all(float(row[3]) > 0 for row in data["time"])  # the simulated epoch, beside the measured one
+    assert "| 1 real worker |" in proc.stdout and "| x one real worker |" in proc.stdout

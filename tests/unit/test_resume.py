@@ -337,7 +337,8 @@ def test_only_the_final_checkpoint_keeps_the_strategys_end_figures(tmp_path):
 def test_a_simulated_runs_checkpoint_is_resumed_by_a_simulated_run_of_as_many_workers_alone(
     saved, workers, simulate, said
 ):
-    from psgd.resume import SIMULATED_KEY, check_simulated
+    from psgd.resume import check_simulated
+    from psgd.strategies.simulated import SIMULATED_KEY
 
     checkpoint = {SIMULATED_KEY: {"workers": saved}} if saved else {}
     if said is None:
