@@ -126,6 +126,7 @@ def test_a_model_with_batchnorm_and_a_run_that_would_not_fit_are_refused_before_
     assert "GiB and this machine has" in str(e.value) and not (tmp_path / "huge").exists()
 
 
+@pytest.mark.slow  # two train.py processes, ~30 s: the default run's 8 minutes
 def test_a_simulated_run_resumed_in_a_fresh_process_goes_on_exactly(tiny_data, tmp_path):
     """DiLoCo of 4 simulated workers (their replicas, momentum, θ_g and outer momentum in the checkpoint): resumed in
     a new process from the checkpoint of its first epoch, it ends where the run that went on did, every worker's
