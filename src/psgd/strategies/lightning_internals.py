@@ -184,6 +184,15 @@ class SharedMemoryLauncher(FirstFailureLauncher):
         return super().launch(function, *args, trainer=trainer, **kwargs)
 
 
+class InThisProcess:
+    """DDPStrategy mixin: no launcher, this process trains (simulated workers, psgd.strategies.simulated).
+    Lightning's DDPStrategy._configure_launcher (strategies/ddp.py) makes a multiprocessing launcher for any device
+    count, which would start the one process again as a worker."""
+
+    def _configure_launcher(self) -> None:
+        self._launcher = None
+
+
 class FirstFailureLaunch:
     """DDPStrategy mixin: workers are started by FirstFailureLauncher (DDPStrategy._configure_launcher)."""
 

@@ -41,6 +41,7 @@ from typing_extensions import override
 from psgd.errors import ConfigError
 from psgd.stragglers import DRAWS
 from psgd.strategies.collective import Stacked
+from psgd.strategies.lightning_internals import InThisProcess
 from psgd.strategies.network import Network
 from psgd.strategies.records import Reports
 
@@ -48,7 +49,7 @@ REPLICAS_KEY = "psgd_simulated_replicas"  # a checkpoint's stacked parameters of
 SIMULATED_KEY = "psgd_simulated"  # a simulated run's checkpoint: its workers' count and clocks
 
 
-class SimulatedWorkers(Reports):
+class SimulatedWorkers(InThisProcess, Reports):
     """Lightning strategy mixin (in front of a psgd strategy's class): its workers simulated in this process."""
 
     figures: ClassVar[dict[str, tuple[str, int]]] = {
@@ -72,11 +73,7 @@ class SimulatedWorkers(Reports):
         self._mark = (0.0, 0.0)  # when the last step's compute ended, and Stacked.busy_s then
         self._saved: tuple[Any, Any] = (None, None)  # a checkpoint's replicas and clocks, until the replicas exist
 
-    # ---- one process, no process group ----
-
-    @override
-    def _configure_launcher(self) -> None:
-        self._launcher = None  # this process trains
+    # ---- one process (InThisProcess: no launcher), no process group ----
 
     @override
     def setup_distributed(self) -> None:
