@@ -14,7 +14,7 @@ from pytorch_lightning.callbacks import Callback, ModelCheckpoint, Timer, TQDMPr
 from pytorch_lightning.plugins import TorchCheckpointIO
 from typing_extensions import override
 
-from psgd.data.partition import generator
+from psgd.data.partition import worker_seed
 from psgd.io import save_atomic, write_csv, write_json
 from psgd.process import this_process
 from psgd.signals import handler_for_this_process
@@ -65,7 +65,7 @@ class WorkerSetup(Callback):
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.seed is not None:
-            torch.manual_seed(generator(self.seed, trainer.global_rank, trainer.current_epoch).initial_seed())
+            torch.manual_seed(worker_seed(self.seed, trainer.global_rank, trainer.current_epoch))
 
 
 class EpochBar(TQDMProgressBar):

@@ -11,7 +11,7 @@ from torch import Tensor
 from psgd.choices import INFO, DatasetInfo
 from psgd.data.augment import PRESETS
 from psgd.data.datasets import load_split
-from psgd.data.partition import HOLDOUT, generator, limited_batches, num_batches, partition
+from psgd.data.partition import HOLDOUT, generator, limited_batches, num_batches, partition, worker_seed
 from psgd.errors import DataError
 
 
@@ -155,7 +155,7 @@ class ReplicaLoader:
         """Each worker's stream as its process's at the start of `epoch`."""
         self.streams = []
         for rank in range(len(self.loaders)):
-            stream = torch.Generator().manual_seed(generator(self.seed, rank, epoch).initial_seed())
+            stream = torch.Generator().manual_seed(worker_seed(self.seed, rank, epoch))
             self.streams.append(stream.get_state())
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor, list[int]]]:

@@ -31,6 +31,13 @@ def generator(*keys: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(state[0] >> np.uint64(1)))
 
 
+def worker_seed(seed: int, rank: int, epoch: int) -> int:
+    """The seed of worker `rank`'s random stream (dropout, augmentation) in `epoch`: a worker process reseeds torch
+    with it every epoch (psgd.callbacks.WorkerSetup), a simulated worker's stream starts from it
+    (psgd.data.ReplicaLoader), so that a resumed run draws what the uninterrupted one did."""
+    return generator(seed, rank, epoch).initial_seed()
+
+
 def size_boundaries(n: int, fractions: Sequence[float]) -> list[int]:
     """Cut points that split n items by `fractions` (which sum to 1), rounding the cumulative sum."""
     cumulative = np.cumsum([0.0, *fractions])
