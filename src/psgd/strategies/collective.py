@@ -62,6 +62,12 @@ def neighbours(w: Tensor, rank: int) -> tuple[list[int], list[int]]:
     return [k for k in others if w[k, rank] > 0], [j for j in others if w[rank, j] > 0]
 
 
+def out_degrees(w: Tensor) -> list[int]:
+    """Each worker's count of out-neighbours (`neighbours`' first list), for every worker at once."""
+    linked = w > 0
+    return (linked.sum(0) - linked.diagonal().int()).tolist()
+
+
 def exchange(flat: Tensor, send_to: list[int], receive_from: list[int]) -> dict[int, Tensor]:
     """Send `flat` to each of `send_to` and receive a tensor like it from each of `receive_from`, all at once
     (torch.distributed's batched point-to-point operations); returns the received by sender."""
@@ -135,10 +141,10 @@ class Distributed:
         (size,) = payloads or [x[0].numel() * x.element_size()]
         return mixed.unsqueeze(0), [len(send_to) * size]
 
-    def total(self, rows: list[list[float]], op: str = "sum") -> list[float]:
-        """The per-worker `rows` (a row per worker held here) reduced over every worker (`op`: sum or max)."""
+    def total(self, rows: list[list[float]]) -> list[float]:
+        """The per-worker `rows` (a row per worker held here) summed over every worker."""
         (row,) = rows
-        return over_workers(row, self.device, dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        return over_workers(row, self.device)
 
     def gather(self, rows: list[list[float]]) -> list[list[float]]:
         """Every worker's row, in rank order."""
@@ -195,14 +201,13 @@ class Stacked:
         start = time.perf_counter()
         mixed = w.to(x.dtype) @ x
         payloads = payloads or [x.shape[1] * x.element_size()] * self.size
-        sent = [len(neighbours(w, rank)[0]) * size for rank, size in zip(self.ranks, payloads, strict=True)]
+        sent = [d * size for d, size in zip(out_degrees(w), payloads, strict=True)]
         self.clocks.exchange(w, sent)
         self.busy_s += time.perf_counter() - start
         return mixed, sent
 
-    def total(self, rows: list[list[float]], op: str = "sum") -> list[float]:
-        t = torch.tensor(rows, dtype=torch.float64)
-        return (t.amax(0) if op == "max" else t.sum(0)).tolist()
+    def total(self, rows: list[list[float]]) -> list[float]:
+        return torch.tensor(rows, dtype=torch.float64).sum(0).tolist()
 
     def gather(self, rows: list[list[float]]) -> list[list[float]]:
         return [list(map(float, row)) for row in rows]

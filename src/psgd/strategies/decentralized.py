@@ -42,10 +42,10 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from psgd.choices import torus_shape
+from psgd.choices import TIME_VARYING, torus_shape
 from psgd.io import say
 from psgd.process import QUIET_ENV
-from psgd.strategies.collective import neighbours
+from psgd.strategies.collective import out_degrees
 from psgd.strategies.compression import qsgd_bytes, qsgd_quantise, scaled_sign, seeded, sign_bytes
 from psgd.strategies.model_averaging import ModelAveragingStrategy
 
@@ -182,6 +182,7 @@ class DecentralizedStrategy(ModelAveragingStrategy):
         self.rho = 0.0  # set in setup, where the workers are known
         self.public: Tensor | None = None  # CHOCO: x̂_i
         self.public_mix: Tensor | None = None  # CHOCO: s_i = sum_j W_ij x̂_j
+        self._static_w: Tensor | None = None  # a graph that does not change: its W, made once
 
     @override
     def setup(self, trainer: L.Trainer) -> None:
@@ -251,7 +252,7 @@ class DecentralizedStrategy(ModelAveragingStrategy):
     def _sync(self) -> None:
         """One gossip round (round r = the rounds before it: the time-varying graphs' W)."""
         r = self.averagings(self._common_done()) - 1
-        w = mixing_matrix(self.topology, self.workers, self.weights, r, self.seed)
+        w = self._mixing_matrix(r)
         params = self.replica_params()
         x = self.comm.flat(params)
         if self.compression == "none":
@@ -268,7 +269,17 @@ class DecentralizedStrategy(ModelAveragingStrategy):
             mixed = x
             sent = choco_round(x, self.public, self.public_mix, w, self.comm, self.consensus_lr, compressor)
         self.comm.unflat_(params, mixed)
-        self._count(sent, [len(neighbours(w, rank)[0]) for rank in self.comm.ranks])
+        degrees = out_degrees(w)
+        self._count(sent, [degrees[rank] for rank in self.comm.ranks])
+
+    def _mixing_matrix(self, r: int) -> Tensor:
+        """W of gossip round `r`: a time-varying graph's round, a static graph's made once (mixing_matrix's loops
+        over the workers are a step's work at hundreds of simulated workers)."""
+        if self.topology in TIME_VARYING:
+            return mixing_matrix(self.topology, self.workers, self.weights, r, self.seed)
+        if self._static_w is None:
+            self._static_w = mixing_matrix(self.topology, self.workers, self.weights)
+        return self._static_w
 
     @override
     def epoch_figures(self) -> dict[str, float]:
