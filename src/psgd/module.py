@@ -24,10 +24,10 @@ OPTIMIZER_KEY = "psgd_optimizer"
 STEP_IMPLEMENTATION = ("foreach", "fused", "differentiable", "capturable")
 
 
-def _loss_mean(**kwargs) -> MeanMetric:
+def _loss_mean() -> MeanMetric:
     """A mean loss that keeps a NaN batch's NaN (torchmetrics' default drops it: a diverging model's
     val_loss would be the mean of its finite batches)."""
-    return MeanMetric(nan_strategy=float("nan"), **kwargs)
+    return MeanMetric(nan_strategy=float("nan"))
 
 
 class Classifier(L.LightningModule):
@@ -63,17 +63,15 @@ class Classifier(L.LightningModule):
         # each class's test accuracy (its recall): which labels the final model knows
         self.test_class_acc = MulticlassAccuracy(num_classes, average=None, validate_args=False)
         self.test_acc_per_class: list[float | None] | None = None
-        # training accuracy and loss ([correct, loss sum] and samples), reduced once per epoch (count_train)
-        self._train_counts: list | None = None
+        # the replica the module is now, of those this process holds: simulated workers' (one in a worker process)
+        self.replica, self.replicas = 0, 1
+        # each replica's training [correct, loss sum, samples], reduced once per epoch (count_train)
+        self._train_counts: Tensor | None = None
+        self._val_counts: Tensor | None = None  # per_worker_metrics: each replica's validation's, likewise
         self._net_compiled = False  # the network compiled in place, once (on_fit_start)
         # count_train logs the batches since the last log (simulated workers: after the last worker's batch only)
         self.log_step_counts = True
         self._step_counts: list | None = None
-        if per_worker_metrics:  # replicas differ (model averaging): also keep each worker's own numbers
-            self.worker_val_acc = MulticlassAccuracy(
-                num_classes, average="micro", validate_args=False, sync_on_compute=False
-            )
-            self.worker_val_loss = _loss_mean(sync_on_compute=False)
 
     @override
     def forward(self, x: Tensor) -> Tensor:
@@ -101,16 +99,17 @@ class Classifier(L.LightningModule):
         return loss
 
     def count_train(self, out: Tensor, y: Tensor, loss: Tensor, batch_idx: int) -> None:
-        """Add a training batch to the epoch's [correct, loss sum] and sample count, on the device (no
+        """Add a training batch to the replica's [correct, loss sum, samples] of the epoch, on the device (no
         sync per step); every trainer.log_every_n_steps batches, log the batches' mean since the last log
         as train/loss_step and train/acc_step (rank 0)."""
-        if self._train_counts is None or batch_idx == 0:
-            zero = torch.zeros(2, dtype=torch.float64, device=out.device)
-            self._train_counts, self._step_counts = [zero, 0], [zero.clone(), 0]
+        if self._train_counts is None or (batch_idx == 0 and self.replica == 0):
+            self._train_counts = torch.zeros(self.replicas, 3, dtype=torch.float64, device=out.device)
+            self._step_counts = [torch.zeros(2, dtype=torch.float64, device=out.device), 0]
         sums = torch.stack([(out.argmax(1) == y).sum().double(), loss.double() * len(y)])
-        for counts in (self._train_counts, self._step_counts):
-            counts[0] = counts[0] + sums
-            counts[1] += len(y)
+        self._train_counts[self.replica, :2] += sums
+        self._train_counts[self.replica, 2] += len(y)
+        self._step_counts[0] = self._step_counts[0] + sums
+        self._step_counts[1] += len(y)
         if self.log_step_counts and (batch_idx + 1) % max(1, self.trainer.log_every_n_steps) == 0:
             self._log_step_counts(self.trainer.global_step)
 
@@ -133,9 +132,8 @@ class Classifier(L.LightningModule):
         if self._train_counts is None:
             return
         self._log_step_counts(self.trainer.global_step - 1)  # at the epoch's last step
-        sums, n = self._train_counts
+        per_worker = self._per_worker(self._train_counts)
         self._train_counts = None
-        per_worker = gather_floats([*sums.tolist(), float(n)], sums.device)
         correct, loss_sum, n = (math.fsum(column) for column in zip(*per_worker))
         if not math.isfinite(loss_sum):
             # every worker has the same sum, so all stop together: NaN weights never recover
@@ -151,30 +149,41 @@ class Classifier(L.LightningModule):
             for rank, (_, worker_loss, worker_n) in enumerate(per_worker):
                 self.log(f"worker/{rank}/train_loss", worker_loss / max(worker_n, 1), on_epoch=True, sync_dist=True)
 
+    def _per_worker(self, counts: Tensor) -> list[list[float]]:
+        """Every worker's row of `counts` (a row per replica held here), in rank order, from one all-gather."""
+        rows = gather_floats(counts.flatten().tolist(), counts.device)
+        return [row[i : i + 3] for row in rows for i in range(0, len(row), 3)]
+
     @override
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         loss, out = self._step(batch, batch_idx, "val")
-        if self.hparams.per_worker_metrics:  # the same output, kept unreduced for this worker
-            self.worker_val_acc.update(out.detach(), batch[1])
-            self.worker_val_loss.update(loss.detach(), weight=len(batch[1]))
+        if self.hparams.per_worker_metrics:  # the same output, kept unreduced for this replica
+            if self._val_counts is None:
+                self._val_counts = torch.zeros(self.replicas, 3, dtype=torch.float64, device=out.device)
+            y = batch[1]
+            self._val_counts[self.replica] += torch.stack(
+                [(out.argmax(1) == y).sum().double(), loss.double() * len(y), torch.tensor(len(y), device=out.device)]
+            )
 
     @override
     def on_validation_epoch_start(self) -> None:
         # every validation counts afresh in each worker's own tensors: the metrics' states pickled into the
         # workers share memory (Lightning makes only parameters and buffers private), so each worker's
         # counts added up into every worker's, and the sanity check's batches are not the first validation's
-        for name in ("val_acc", "val_loss", "worker_val_acc", "worker_val_loss"):
-            if hasattr(self, name):
-                getattr(self, name).reset()
+        for name in ("val_acc", "val_loss"):
+            getattr(self, name).reset()
+        self._val_counts = None
 
     @override
     def on_validation_epoch_end(self) -> None:
         if not self.hparams.per_worker_metrics or self.trainer.sanity_checking:
             return
-        mine = [float(self.worker_val_acc.compute()), float(self.worker_val_loss.compute())]
-        for rank, (acc, loss) in enumerate(gather_floats(mine, self.device)):  # the same on every worker
-            self.log(f"worker/{rank}/val_acc", acc, on_epoch=True, sync_dist=True)
-            self.log(f"worker/{rank}/val_loss", loss, on_epoch=True, sync_dist=True)
+        counts = self._val_counts
+        if counts is None:  # no validation batch
+            counts = torch.zeros(self.replicas, 3, dtype=torch.float64, device=self.device)
+        for rank, (correct, loss_sum, n) in enumerate(self._per_worker(counts)):  # the same on every worker
+            self.log(f"worker/{rank}/val_acc", correct / max(n, 1), on_epoch=True, sync_dist=True)
+            self.log(f"worker/{rank}/val_loss", loss_sum / max(n, 1), on_epoch=True, sync_dist=True)
 
     @torch.no_grad()
     def evaluate(self, loader, max_batches: int | None = None) -> tuple[float, float]:

@@ -158,7 +158,7 @@ def build_module(run: Run, plan: Plan, net: nn.Module, image_size: int) -> Class
         num_classes=info.num_classes,
         channels_last=run.channels_last,
         # replicas differ: each evaluated (simulated workers: in one process, their pooled figures)
-        per_worker_metrics=not run.strategy.one_model and not run.simulate,
+        per_worker_metrics=not run.strategy.one_model,
         input_shape=(info.channels, image_size, image_size),
         samples=sample_settings(run),
         num_nodes=run.trainer.num_nodes,

@@ -34,27 +34,33 @@ def furthest(a: list[dict], b: list[dict]) -> float:
     return max((x[k].float() - y[k].float()).abs().max().item() for x, y in zip(a, b, strict=True) for k in x)
 
 
-# (strategy overrides, workers, the weights compared: each worker's before the final averaging where they differ)
+# (strategy overrides, the weights compared: each worker's before the final averaging where they differ)
 SAME_AS_REAL = {
-    "ddp": (["strategy=ddp"], 2, "weights"),
-    "model_averaging_period3": (["strategy=model_averaging", "strategy.period=3"], 2, "replicas"),
-    "diloco": (["strategy=diloco", "strategy.period=3"], 2, "replicas"),
-    "elastic_averaging": (["strategy=elastic_averaging", "strategy.tau=2"], 2, "replicas"),
-    "decentralized_ring": (["strategy=decentralized", "strategy.topology=ring"], 4, "replicas"),
+    "ddp": (["strategy=ddp"], "weights"),
+    "ddp_topk": (["strategy=ddp", "strategy.compression=topk"], "weights"),
+    "model_averaging_period4": (["strategy=model_averaging", "strategy.period=4"], "replicas"),
+    "diloco": (["strategy=diloco", "strategy.period=3"], "replicas"),
+    "elastic_averaging": (["strategy=elastic_averaging", "strategy.tau=2"], "replicas"),
+    "decentralized_ring": (["strategy=decentralized", "strategy.topology=ring"], "replicas"),
 }
+# (name, workers, optimizer): each at 2 and 4 workers, with plain and momentum SGD among them; the default run
+# has three of them (its 8 minutes), the rest are slow
+CASES = [("ddp", 2, "plain"), ("ddp_topk", 4, "momentum"), ("decentralized_ring", 4, "momentum")]
+SLOW_CASES = [("ddp", 4, "momentum"), ("ddp_topk", 2, "plain"), ("decentralized_ring", 2, "plain")]
+SLOW_CASES += [("model_averaging_period4", 2, "plain"), ("model_averaging_period4", 4, "momentum")]
+SLOW_CASES += [("diloco", 2, "momentum"), ("diloco", 4, "plain")]
+SLOW_CASES += [("elastic_averaging", 2, "momentum"), ("elastic_averaging", 4, "plain")]
 
 
-# slow, for the default run's 8 minutes: the ring's replicas differ and are averaged at the end, as these do
-SLOW = ("model_averaging_period3", "diloco", "elastic_averaging")
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in SAME_AS_REAL])
-def test_simulated_workers_end_with_the_weights_of_real_worker_processes(tiny_data, tmp_path, name):
-    """Each worker's weights after 2 epochs (16 steps at 2 workers, 8 at 4), momentum SGD: within 1e-5 of the
-    real run's, every worker's, before the final averaging where the replicas differ (save_replicas)."""
-    overrides, workers, folder = SAME_AS_REAL[name]
+@pytest.mark.parametrize(
+    ("name", "workers", "optimizer"), CASES + [pytest.param(*case, marks=pytest.mark.slow) for case in SLOW_CASES]
+)
+def test_simulated_workers_end_with_the_weights_of_real_worker_processes(tiny_data, tmp_path, name, workers, optimizer):
+    """Each worker's weights after 2 epochs (16 steps at 2 workers, 8 at 4): within 1e-5 of the real run's, every
+    worker's, before the final averaging where the replicas differ (save_replicas); the same bytes sent."""
+    overrides, folder = SAME_AS_REAL[name]
     keep = ["record_weights=true"] if folder == "weights" else ["strategy.save_replicas=true"]
-    common = [f"workers={workers}", *MOMENTUM, *overrides, *keep]
+    common = [f"workers={workers}", *(MOMENTUM if optimizer == "momentum" else []), *overrides, *keep]
     real = run(tiny_data, tmp_path / "real", *common)
     sim = run(tiny_data, tmp_path / "sim", *common, "simulate=true")
     assert sim["steps_per_worker"] == real["steps_per_worker"] and sum(real["steps_per_worker"]) > 0
@@ -64,6 +70,20 @@ def test_simulated_workers_end_with_the_weights_of_real_worker_processes(tiny_da
         assert furthest(real_weights[:1], real_weights[1:2]) > 1e-4
     assert sim["comm_bytes"] == real["comm_bytes"] and sim["comm_calls"] == real["comm_calls"]
     assert sim["test_acc"] == pytest.approx(real["test_acc"], abs=2 / 256)  # 256 test samples
+
+
+def test_every_ddp_compression_runs_simulated_keeping_the_workers_equal_and_sending_less(tiny_data, tmp_path):
+    """fp16, PowerSGD (from its third step), sign and QSGD on 4 simulated workers: every worker ends with the same
+    weights (each gets the same mean), and each sends less than plain DDP's fp32 gradients."""
+    common = ["workers=4", "simulate=true", "strategy=ddp", "record_weights=true", "trainer.max_epochs=1"]
+    plain = run(tiny_data, tmp_path / "none", *common)
+    for method in ("fp16", "powersgd", "sign", "qsgd"):
+        extra = ["strategy.powersgd_start_step=2"] if method == "powersgd" else []
+        m = run(tiny_data, tmp_path / method, *common, f"strategy.compression={method}", *extra)
+        weights = worker_weights(tmp_path / method, 4, "weights")
+        assert furthest(weights[:1], weights[3:]) == 0, method
+        assert furthest(weights[:1], worker_weights(tmp_path / "none", 1, "weights")) > 1e-6, method
+        assert 0 < m["comm_bytes"][0] < plain["comm_bytes"][0] and m["sim_time_s"] > 0, method
 
 
 def test_one_simulated_worker_is_a_one_worker_run(tiny_data, tmp_path):
@@ -93,6 +113,9 @@ def test_a_simulated_run_writes_a_real_runs_outputs_for_every_worker_and_its_sim
     acc = tensorboard(tmp_path / "sim")
     assert scalars(acc, "sim/cumulative_s") == pytest.approx([h["sim_time_s"] for h in epochs], abs=1e-6)
     assert len(scalars(acc, "sim/epoch_s")) == len(epochs)
+    for r in range(8):  # each worker's own figures, as worker processes write them
+        assert len(scalars(acc, f"worker/{r}/train_loss")) == len(scalars(acc, f"worker/{r}/val_acc")) == len(epochs)
+    assert scalars(acc, "worker/0/train_loss") != scalars(acc, "worker/7/train_loss")  # on their own batches
     assert sorted(p.name for p in (tmp_path / "sim" / "weights").iterdir()) == [f"rank{r}.pt" for r in range(8)]
     checkpoint = torch.load(tmp_path / "sim" / "checkpoints" / "last.ckpt", weights_only=False)
     assert [t.shape[0] for t in checkpoint["psgd_simulated_replicas"]] == [8] * 10  # every worker's parameters
@@ -108,7 +131,6 @@ def test_a_simulated_run_writes_a_real_runs_outputs_for_every_worker_and_its_sim
         (["network.compute_scale=0"], "network.compute_scale=0 is invalid: Input should be greater than 0"),
         (["optimizer=novograd"], "optimizer._target_=torch_optimizer.NovoGrad is invalid with simulate=true: its"),
         (["trainer.num_nodes=2"], "trainer.num_nodes=2 is invalid with simulate=true: simulated workers are one"),
-        (["strategy.compression=topk"], "strategy.compression=topk is invalid with simulate=true: compressed DDP"),
         (["trainer.accumulate_grad_batches=2"], "trainer.accumulate_grad_batches=2 is invalid with simulate=true"),
     ],
 )

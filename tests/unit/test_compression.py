@@ -154,7 +154,7 @@ def train(rank: int, name: str, layout: str, resume: bool = False) -> dict:
         if SCENARIOS.get(name, {}) is not None:
             compressor_before, compressor = compressor, build(name, params)
             if compressor_before is not None:
-                compressor.load_state_dict(roundtrip(compressor_before.state_dict()))
+                compressor.load_state_dicts(roundtrip(compressor_before.state_dicts()))
             recorder = Recorder(compressor, params)
             ddp.register_comm_hook(None, recorder.hook)
         real = dist.all_gather, dist.all_reduce
@@ -177,7 +177,7 @@ def train(rank: int, name: str, layout: str, resume: bool = False) -> dict:
     out["weights"] = [p.detach().clone() for p in model.parameters()]
     if compressor is not None and hasattr(compressor, "take_count"):
         out["count"] = compressor.take_count()
-        out["state"] = compressor.state_dict()
+        out["state"] = compressor.state_dicts()[0]
     return out
 
 

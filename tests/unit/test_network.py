@@ -6,7 +6,7 @@ import torch
 
 from psgd.strategies.collective import Stacked
 from psgd.strategies.decentralized import mixing_matrix
-from psgd.strategies.network import Clocks, Network, all_reduce_s, gossip_s
+from psgd.strategies.network import Clocks, Network, all_gather_s, all_reduce_s, gossip_s
 
 # 1 Gb/s = 125e6 bytes/s, 1 ms latency
 GIGABIT = Network(bandwidth_gbps=1.0, latency_ms=1.0)
@@ -17,8 +17,10 @@ def test_the_alpha_beta_costs_of_each_exchange():
     assert all_reduce_s(1e6, 4, GIGABIT) == pytest.approx(0.006 + 0.012)
     # a gossip round sending 1 MB to each of 2 neighbours: α + d n/B = 1 ms + 16 ms
     assert gossip_s(1e6, 2, GIGABIT) == pytest.approx(0.017)
+    # ring all-gather of 10 kB from each of 4 workers (compressed DDP's top-k): (P-1)(α + n/B) = 3 x (1 ms + 0.08 ms)
+    assert all_gather_s(1e4, 4, GIGABIT) == pytest.approx(3 * 0.00108)
     # one worker, or no neighbour, sends nothing
-    assert all_reduce_s(1e6, 1, GIGABIT) == gossip_s(1e6, 0, GIGABIT) == 0
+    assert all_reduce_s(1e6, 1, GIGABIT) == gossip_s(1e6, 0, GIGABIT) == all_gather_s(1e6, 1, GIGABIT) == 0
     # 100 Gb/s: the bandwidth term 100x smaller, the latency's the same
     fast = Network(bandwidth_gbps=100.0, latency_ms=1.0)
     assert all_reduce_s(1e6, 4, fast) == pytest.approx(0.006 + 0.012 / 100)
@@ -103,3 +105,17 @@ def test_the_simulated_all_reduce_averages_within_groups_and_counts_a_workers_by
     assert comm.clocks.elapsed() == pytest.approx(all_reduce_s(12, 2, GIGABIT) + all_reduce_s(12, 4, GIGABIT))
     comm.mean_([t.clone()], counted=False)  # a figure's, not the algorithm's: no time
     assert comm.clocks.elapsed() == pytest.approx(all_reduce_s(12, 2, GIGABIT) + all_reduce_s(12, 4, GIGABIT))
+
+
+def test_a_compressed_ddp_exchange_is_charged_its_payload_on_its_collective():
+    """Stacked's sum (an all-reduce) charges a compressed method's payload, not the fp32 rows carried; its gather
+    (an all-gather) every worker's bytes; both wait for the slowest worker first."""
+    comm = Stacked(4, GIGABIT)
+    comm.clocks.compute(0.01, SLOW)
+    rows = torch.ones(4, 1000)  # 4 kB a worker as fp32; sign's payload: 125 bytes and a float
+    assert comm.sum_async(rows, payload=129).wait().tolist() == [4.0] * 1000
+    assert comm.clocks.now.tolist() == pytest.approx([0.04 + all_reduce_s(129, 4, GIGABIT)] * 4)
+    values, indices = torch.ones(4, 10), torch.zeros(4, 10, dtype=torch.int32)
+    gathered = comm.gather_async([values, indices]).wait()
+    assert [g.shape for g in gathered] == [(4, 10), (4, 10)]
+    assert comm.clocks.elapsed() == pytest.approx(0.04 + all_reduce_s(129, 4, GIGABIT) + all_gather_s(80, 4, GIGABIT))

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.futures import Future
 
 from psgd.strategies.network import Clocks, Network
 from psgd.strategies.workers import gather_floats, over_workers
@@ -47,6 +48,18 @@ def average_tensors(tensors: list[Tensor], group: dist.ProcessGroup | None = Non
         t.detach().copy_(flat[offset : offset + t.numel()].view(t.shape))
         offset += t.numel()
     return flat.numel() * flat.element_size()
+
+
+def future_for(tensor: Tensor) -> Future:
+    """A future to complete by hand, for results on `tensor`'s device (a CUDA result needs its device named)."""
+    return Future(devices=[tensor.device]) if tensor.is_cuda else Future()
+
+
+def completed(value: Any, like: Tensor) -> Future:
+    """A future already done, of `value` (tensors on `like`'s device)."""
+    future = future_for(like)
+    future.set_result(value)
+    return future
 
 
 def payload(tensors: list[Tensor]) -> int:
@@ -123,6 +136,25 @@ class Distributed:
         workers); returns the bytes each worker sent. `counted`: an exchange of the algorithm (False: a figure's)."""
         return average_tensors(tensors, self._groups.get(group_size) if group_size else None)
 
+    def sum_async(self, rows: Tensor, payload: int | None = None) -> Future:
+        """Every worker's `rows` ([R, n]) summed over the workers: a future of the sum, [n]. `payload`: a worker's
+        bytes as the method's encoding counts them (what simulated time charges; None: the rows as they are)."""
+        (row,) = rows
+        return dist.all_reduce(row, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+    def gather_async(self, rows: list[Tensor], payload: int | None = None) -> Future:
+        """Every worker's rows of each of `rows` ([R, k] each), in rank order: a future of them, [P, k] each, one
+        all-gather each (`payload`: sum_async's)."""
+        every = [[torch.empty_like(r[0]) for _ in range(self.size)] for r in rows]
+        futures = [dist.all_gather(out, r[0], async_op=True).get_future() for out, r in zip(every, rows, strict=True)]
+
+        def stacked(done: Future) -> list[Tensor]:
+            for fut in done.value():
+                fut.wait()  # NCCL: the stream waits for the all-gather (its future completes when queued)
+            return [torch.stack(out) for out in every]
+
+        return torch.futures.collect_all(futures).then(stacked)
+
     def broadcast_(self, tensors: list[Tensor]) -> None:
         """Every worker's replica tensors become worker 0's."""
         if _initialized():
@@ -191,6 +223,18 @@ class Stacked:
             self.clocks.all_reduce(sent, g)
             self.busy_s += time.perf_counter() - start
         return sent
+
+    def sum_async(self, rows: Tensor, payload: int | None = None) -> Future:
+        start = time.perf_counter()
+        total = rows.sum(0)
+        self.clocks.all_reduce(rows.shape[1] * rows.element_size() if payload is None else payload, self.size)
+        self.busy_s += time.perf_counter() - start
+        return completed(total, rows)
+
+    def gather_async(self, rows: list[Tensor], payload: int | None = None) -> Future:
+        sent = sum(r.shape[1] * r.element_size() for r in rows) if payload is None else payload
+        self.clocks.all_gather(sent)
+        return completed(list(rows), rows[0])
 
     def broadcast_(self, tensors: list[Tensor]) -> None:
         with torch.no_grad():

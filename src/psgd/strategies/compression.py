@@ -1,10 +1,15 @@
-"""Gradient compression for DDP: one communication hook per method, each turning a bucket of this worker's
-gradients into the bucket of all workers' mean gradient (what DDP's own all-reduce gives), and counting the
-payload this worker hands to torch.distributed.
+"""Gradient compression for DDP: one compressor per method, each turning every worker's gradients into the
+workers' mean gradient as the method approximates it (what DDP's own all-reduce gives, exactly, for `none`), and
+counting the payload a worker sends.
 
-- ``none``: torch's ``allreduce_hook``, DDP's own averaging.
-- ``fp16``, ``bf16``: torch's ``fp16_compress_hook`` / ``bf16_compress_hook``: the bucket all-reduced in half
-  precision.
+A compressor's arithmetic is written once, on *rows* (a gradient as [R, n]: the R workers held here, each its
+own row) and against psgd.strategies.collective's asynchronous sum and gather: in a DDP worker process it is
+the communication hook of its bucket (`hook`, R = 1, torch.distributed's collectives), for simulated workers the
+exchange of all their stacked gradients at once (`exchange`, R = P, tensor operations over the rows).
+
+- ``none``: DDP's own averaging (in a process torch's ``allreduce_hook`` itself).
+- ``fp16``, ``bf16``: the gradients cast down, divided by the workers and summed in half precision (torch's
+  ``fp16_compress_hook`` / ``bf16_compress_hook``).
 - ``powersgd`` (Vogels, Karimireddy and Jaggi, 2019, "PowerSGD: Practical Low-Rank Gradient Compression"):
   each gradient matrix M (a tensor viewed as rows x the rest) with error feedback, M <- M + e, approximated
   at rank r by one power iteration warm-started from the last step's Q: P = M Q, P all-reduced and
@@ -12,7 +17,8 @@ payload this worker hands to torch.distributed.
   (``min_compression_rate``) are all-reduced as they are, without error. A plain all-reduce before
   ``start_step``. The arithmetic of torch's ``powerSGD_hook``, with its collectives issued in the hook in one
   order on every rank (torch's issues them from future callbacks, whose order differs between ranks when a
-  model has several buckets: gloo then fails, pytorch#58467).
+  model has several buckets: gloo then fails, pytorch#58467). The first Qs are drawn from one seed per bucket,
+  as torch's are; simulated workers have no buckets and draw them from one seed for the model.
 - ``topk`` (Stich, Cordonnier and Jaggi, 2018, "Sparsified SGD with Memory"): with this worker's error e,
   p = g + e over the whole model; its k = ceil(ratio d) entries largest in magnitude are sent (values and
   indices, all-gathered once a step, when DDP hands over the step's last bucket); e <- p - sent; the mean of the
@@ -29,7 +35,8 @@ PowerSGD, sign and QSGD work on each parameter's gradient on its own, top-k on t
 parameters' order, and each keeps its state per parameter: what is sent does not depend on how DDP groups
 parameters into buckets, which it changes after the first step (and a resumed run starts from the first grouping
 again). The error of top-k and sign, PowerSGD's error, Q, step and random stream, and QSGD's step count are each
-worker's own and go into its checkpoints (``state_dict``): a resume goes on exactly, to the all-reduce's rounding.
+worker's own and go into its checkpoints (``state_dicts``, one a worker held): a resume goes on exactly, to the
+all-reduce's rounding.
 
 Error feedback here keeps its error in gradient units, before the optimizer: the optimizer's momentum and lr
 apply to what was sent, and the error held back is sent later at a later step's lr (docs/strategies.md).
@@ -43,31 +50,59 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
-    allreduce_hook,
-    bf16_compress_hook,
-    fp16_compress_hook,
-)
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.futures import Future
 from typing_extensions import override
 
 from psgd.choices import COMPRESSION_KEYS, COMPRESSIONS
+from psgd.strategies.collective import Distributed, Stacked, future_for
 
 STATEFUL = ("powersgd", "topk", "sign", "qsgd")  # each worker's state goes into checkpoints
 QSGD_CHUNK = 512  # entries sharing one norm (the QSGD paper's bucket size)
 
+Grads = list[tuple[int, Tensor]]  # (a parameter's index among the model's, its gradients as rows [R, numel])
+
+
+def write_rows(grads: Grads, mean: Tensor) -> None:
+    """The flat `mean` (over `grads`' parameters, in their order) into every worker's row of each."""
+    for (_, g), part in zip(grads, mean.split([g.shape[1] for _, g in grads]), strict=True):
+        g.copy_(part.expand_as(g))
+
+
+def mean_into(grads: Grads, world: int) -> Callable[[Future], None]:
+    """A future's callback: its sum over the `world` workers, divided by them, into `grads` (write_rows)."""
+
+    def write(fut: Future) -> None:
+        write_rows(grads, fut.value().div_(world))
+
+    return write
+
+
+def stacked_errors(states: list[dict[str, Any]]) -> list[Tensor | None]:
+    """Each parameter's error in the workers' `states` (state_dicts' form) as rows [R, numel]; None where none."""
+    errors = zip(*(s["error"] for s in states), strict=True)
+    return [None if e[0] is None else torch.stack(e) for e in errors]
+
 
 class Compressor:
-    """A DDP comm hook (``hook(state, bucket)``) with its count: `payload_bytes` (what the method's encoding
-    sends), `sent_bytes` (what psgd handed to torch.distributed, as gloo or NCCL carries it) and `calls`
-    (collectives), since the last `take_count`."""
+    """DDP's gradient exchange: every worker's gradients become the workers' mean (`exchange`, on rows; `hook`, it
+    as a DDP communication hook), counted: `payload_bytes` (what the method's encoding sends), `sent_bytes` (what
+    psgd hands to torch.distributed, as gloo or NCCL carries it) and `calls` (collectives), a worker's, since the
+    last `take_count`. This class is the plain mean (in a process, `Plain` is torch's own hook).
+
+    Args:
+        comm: how the workers exchange (psgd.strategies.collective; None: torch.distributed's default group).
+        params: the model's parameters, in its order (one worker's).
+    """
 
     name = "none"
+    dtype: torch.dtype | None = None  # what the mean is sent as (None: the gradients' own)
 
-    def __init__(self, group: dist.ProcessGroup | None, params: list[nn.Parameter]) -> None:
-        self.group = group
-        self.world = dist.get_world_size(group)
+    def __init__(self, comm: Distributed | Stacked | None, params: list[nn.Parameter]) -> None:
+        self.comm = comm or Distributed()
+        self.world = self.comm.size
         self.index = {id(p): i for i, p in enumerate(params)}
+        self.shapes = [p.shape for p in params]
         self.payload_bytes = self.sent_bytes = self.calls = 0
 
     def count(self, payload: float, sent: int, calls: int = 1) -> None:
@@ -76,42 +111,58 @@ class Compressor:
         self.calls += calls
 
     def take_count(self) -> tuple[int, int, int]:
-        """(payload bytes, sent bytes, collectives) since the last call."""
+        """(payload bytes, sent bytes, collectives) of a worker since the last call."""
         count = (self.payload_bytes, self.sent_bytes, self.calls)
         self.payload_bytes = self.sent_bytes = self.calls = 0
         return count
 
     def hook(self, _state: Any, bucket: dist.GradBucket) -> Future[Tensor]:
-        """The bucket's mean gradient over the workers (a future of it)."""
-        size = bucket.buffer().numel() * bucket.buffer().element_size()
+        """DDP's communication hook: the bucket's gradients exchanged; a future of the bucket, their mean."""
+        buffer = bucket.buffer()
+        grads = [
+            (self.index[id(p)], g.view(1, -1)) for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True)
+        ]
+        return self.exchange(grads, bucket.is_last()).then(lambda _: buffer)
+
+    def exchange(self, grads: Grads, last: bool = True) -> Future[None]:
+        """Every worker's gradients `grads` replaced by the workers' mean, as the method approximates it; a future
+        done once they are. `last`: the step's last gradients (DDP hands them over bucket by bucket)."""
+        flat = torch.cat([g for _, g in grads], dim=1).to(self.dtype or grads[0][1].dtype).div_(self.world)
+        size = flat.shape[1] * flat.element_size()
         self.count(size, size)
-        return allreduce_hook(self.group, bucket)
+        return self.comm.sum_async(flat).then(lambda fut: write_rows(grads, fut.value()))
 
-    def parameters(self, bucket: dist.GradBucket) -> list[tuple[int, Tensor]]:
-        """The bucket's parameters as (index among the model's parameters, flat view of its gradient in the
-        bucket's buffer), in the bucket's order."""
-        return [(self.index[id(p)], g.view(-1)) for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True)]
+    def matrix_shape(self, i: int) -> tuple[int, int]:
+        """Parameter i as a matrix: its first dimension x the rest."""
+        shape = self.shapes[i]
+        rows = shape[0] if len(shape) else 1
+        return rows, math.prod(shape) // max(rows, 1)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {}
+    def state_dicts(self) -> list[dict[str, Any]]:
+        """Each worker's state held here, in `comm.ranks`' order."""
+        return [{} for _ in self.comm.ranks]
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+    def load_state_dicts(self, states: list[dict[str, Any]]) -> None:
+        """The states of the workers held here (`state_dicts`' form)."""
 
 
-class HalfPrecision(Compressor):
-    """fp16 or bf16: the bucket cast down and all-reduced (torch's own hooks)."""
-
-    def __init__(self, group: dist.ProcessGroup | None, params: list[nn.Parameter], name: str) -> None:
-        super().__init__(group, params)
-        self.name = name
-        self._hook = fp16_compress_hook if name == "fp16" else bf16_compress_hook
+class Plain(Compressor):
+    """none: in a process, DDP's own averaging, torch's ``allreduce_hook`` on the bucket."""
 
     @override
     def hook(self, _state: Any, bucket: dist.GradBucket) -> Future[Tensor]:
-        size = bucket.buffer().numel() * 2
+        size = bucket.buffer().numel() * bucket.buffer().element_size()
         self.count(size, size)
-        return self._hook(self.group, bucket)
+        return allreduce_hook(None, bucket)
+
+
+class HalfPrecision(Compressor):
+    """fp16 or bf16: the gradients cast down, divided by the workers and summed (torch's own hooks' arithmetic)."""
+
+    def __init__(self, comm: Distributed | Stacked | None, params: list[nn.Parameter], name: str) -> None:
+        super().__init__(comm, params)
+        self.name = name
+        self.dtype = torch.float16 if name == "fp16" else torch.bfloat16
 
 
 def orthogonalise(m: Tensor) -> Tensor:
@@ -130,104 +181,93 @@ def orthogonalise(m: Tensor) -> Tensor:
 
 
 class PowerSGD(Compressor):
-    """Rank-r PowerSGD with error feedback and warm start, per parameter (the module docstring). Its P all-reduce
-    is waited for in the hook (Q needs it), the rest completes the bucket's future."""
+    """Rank-r PowerSGD with error feedback and warm start, per parameter (the module docstring). Its P is summed
+    before the exchange returns (Q needs it), the rest completes its future. Q, the step and the random stream
+    are the same on every worker; the error is each worker's."""
 
     name = "powersgd"
 
     def __init__(
         self,
-        group: dist.ProcessGroup | None,
+        comm: Distributed | Stacked | None,
         params: list[nn.Parameter],
         rank: int,
         start_step: int,
         seed: int = 0,
         min_compression_rate: float = 2,
     ) -> None:
-        super().__init__(group, params)
+        super().__init__(comm, params)
         self.rank, self.start_step, self.min_compression_rate = rank, start_step, min_compression_rate
-        self.step = 0  # the steps whose every bucket this hook has seen
-        self.error: list[Tensor | None] = [None] * len(params)  # a compressed matrix's error, flat
+        self.step = 0  # the steps whose every gradient this compressor has exchanged
+        self.error: list[Tensor | None] = [None] * len(params)  # a compressed matrix's error, rows [R, numel]
         self.q: list[Tensor | None] = [None] * len(params)  # a compressed matrix's last Q (cols x r)
         self.rng = np.random.RandomState(seed)  # the first Q's seeds, as torch's PowerSGDState.rng draws them
 
-    def matrix(self, grad: Tensor) -> tuple[Tensor, int] | None:
-        """The gradient as the matrix PowerSGD compresses (rows = the parameter's first dimension) and its rank,
-        or None where compressing gains less than `min_compression_rate` (torch's ``_should_compress``)."""
-        rows = grad.shape[0] if grad.ndim else 1
-        cols = grad.numel() // max(rows, 1)
+    def matrix_rank(self, i: int) -> int | None:
+        """Parameter i's rank of approximation, or None where compressing gains less than `min_compression_rate`
+        (torch's ``_should_compress``)."""
+        rows, cols = self.matrix_shape(i)
         r = min(rows, cols, self.rank)
-        if (rows + cols) * r * self.min_compression_rate >= rows * cols:
-            return None
-        return grad.view(rows, cols), r
+        return None if (rows + cols) * r * self.min_compression_rate >= rows * cols else r
 
     @override
-    def hook(self, _state: Any, bucket: dist.GradBucket) -> Future[Tensor]:
-        buffer = bucket.buffer()
+    def exchange(self, grads: Grads, last: bool = True) -> Future[None]:
         if self.step < self.start_step:
-            self.step += bucket.is_last()
-            size = buffer.numel() * buffer.element_size()
-            self.count(size, size)
-            return allreduce_hook(self.group, bucket)
+            self.step += last
+            return super().exchange(grads, last)
         first = self.step == self.start_step  # the run's first compressed step
-        self.step += bucket.is_last()
-        matrices: list[tuple[int, Tensor, int]] = []  # (parameter index, matrix view, rank)
-        plain: list[Tensor] = []
-        for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
-            found = self.matrix(g)
-            if found is None:
-                plain.append(g.view(-1))
+        self.step += last
+        matrices: list[tuple[int, Tensor, int]] = []  # (parameter index, rows viewed [R, rows, cols], rank)
+        plain: Grads = []
+        for i, g in grads:
+            r = self.matrix_rank(i)
+            if r is None:
+                plain.append((i, g))
             else:
-                matrices.append((self.index[id(p)], *found))
+                matrices.append((i, g.view(len(g), *self.matrix_shape(i)), r))
         for i, m, _ in matrices:
             if self.error[i] is not None:
                 m.add_(self.error[i].view_as(m))
         before = [m.clone() for _, m, _ in matrices]
-        self.first_qs(matrices, first, buffer.dtype, buffer.device)
+        self.first_qs(matrices, first, grads[0][1].dtype, grads[0][1].device)
         qs = [orthogonalise(self.q[i]) for i, _, _ in matrices]
         futures = []
-        plain_flat = torch.cat(plain) if plain else None
-        if plain_flat is not None:  # issued first, as torch's hook does
-            futures.append(dist.all_reduce(plain_flat, group=self.group, async_op=True).get_future())
+        if plain:  # issued first, as torch's hook does
+            futures.append(self.comm.sum_async(torch.cat([g for _, g in plain], dim=1)))
         ps = []
         if matrices:
-            p_flat = torch.cat([(m @ q).reshape(-1) for (_, m, _), q in zip(matrices, qs, strict=True)])
-            dist.all_reduce(p_flat, group=self.group)  # Q needs P: waited for here, on every rank in one order
-            ps = [orthogonalise(p) for p in self.split(p_flat, [(m.shape[0], r) for _, m, r in matrices])]
-            q_flat = torch.cat([(m.T @ p).reshape(-1) for (_, m, _), p in zip(matrices, ps, strict=True)])
-            futures.append(dist.all_reduce(q_flat, group=self.group, async_op=True).get_future())
-        entries = (plain_flat.numel() if plain_flat is not None else 0) + sum(
-            (m.shape[0] + m.shape[1]) * r for _, m, r in matrices
-        )
-        calls = (plain_flat is not None) + 2 * bool(matrices)
-        self.count(entries * buffer.element_size(), entries * buffer.element_size(), calls=calls)
+            p_rows = torch.cat([(m @ q).reshape(len(m), -1) for (_, m, _), q in zip(matrices, qs, strict=True)], 1)
+            p_sum = self.comm.sum_async(p_rows).wait()  # Q needs P: waited for here, on every worker in one order
+            ps = [orthogonalise(p) for p in self.split(p_sum, [(m.shape[1], r) for _, m, r in matrices])]
+            q_rows = [(m.transpose(1, 2) @ p).reshape(len(m), -1) for (_, m, _), p in zip(matrices, ps, strict=True)]
+            futures.append(self.comm.sum_async(torch.cat(q_rows, dim=1)))
+        entries = sum(g.shape[1] for _, g in plain) + sum((m.shape[1] + m.shape[2]) * r for _, m, r in matrices)
+        size = entries * grads[0][1].element_size()
+        self.count(size, size, calls=bool(plain) + 2 * bool(matrices))
 
-        result = _future_for(buffer)
+        result = future_for(grads[0][1])
 
         def decompress(done: Future) -> None:
             try:
-                for fut in done.value():
-                    fut.wait()  # NCCL: the stream waits for the collective (its future completes when queued)
-                if plain_flat is not None:
-                    means = plain_flat.div_(self.world).split([g.numel() for g in plain])
-                    for g, mean in zip(plain, means, strict=True):
-                        g.copy_(mean)
+                sums = [fut.wait() for fut in done.value()]  # NCCL: the stream waits for the collectives
+                if plain:
+                    write_rows(plain, sums.pop(0).div_(self.world))
                 if matrices:
-                    q_flat.div_(self.world)
-                    shapes = [(m.shape[1], r) for _, m, r in matrices]
-                    for (i, m, _), p, q, old in zip(matrices, ps, self.split(q_flat, shapes), before, strict=True):
-                        torch.matmul(p, q.T, out=m)
+                    shapes = [(m.shape[2], r) for _, m, r in matrices]
+                    q_mean = sums.pop(0).div_(self.world)
+                    for (i, m, _), p, q, old in zip(matrices, ps, self.split(q_mean, shapes), before, strict=True):
+                        m.copy_(p @ q.T)
                         self.q[i] = q.clone()
-                        self.error[i] = (old - m).reshape(-1)
+                        self.error[i] = (old - m).reshape(len(m), -1)
             except BaseException as e:  # DDP waits on the bucket's future: it must end, with the error
                 result.set_exception(e)
                 raise
-            result.set_result(buffer)
+            result.set_result(None)
 
         if futures:
             torch.futures.collect_all(futures).then(decompress)
         else:
-            result.set_result(buffer)
+            result.set_result(None)
         return result
 
     @staticmethod
@@ -238,13 +278,13 @@ class PowerSGD(Compressor):
     def first_qs(
         self, matrices: list[tuple[int, Tensor, int]], first: bool, dtype: torch.dtype, device: torch.device
     ) -> None:
-        """Random Qs for the matrices that have none yet, from one seed of `rng` for the bucket, drawn on the CPU
-        in torch's order (the matrices grouped by shape): the same on every worker. At the run's `first`
-        compressed step every bucket draws its seed, one with no matrix too, as torch's hook does."""
+        """Random Qs for the matrices that have none yet, from one seed of `rng` for the exchange (a DDP bucket),
+        drawn on the CPU in torch's order (the matrices grouped by shape): the same on every worker. At the run's
+        `first` compressed step every bucket draws its seed, one with no matrix too, as torch's hook does."""
         by_shape: dict[tuple[int, ...], list[tuple[int, int, int]]] = {}
         for i, m, r in matrices:
             if self.q[i] is None:
-                by_shape.setdefault(tuple(m.shape), []).append((i, m.shape[1], r))
+                by_shape.setdefault(tuple(m.shape[1:]), []).append((i, m.shape[2], r))
         if not by_shape and not first:
             return
         generator = torch.Generator().manual_seed(int(self.rng.randint(1_000_000_000)))
@@ -253,124 +293,102 @@ class PowerSGD(Compressor):
                 self.q[i] = torch.randn(cols, r, generator=generator, dtype=dtype).to(device)
 
     @override
-    def state_dict(self) -> dict[str, Any]:
+    def state_dicts(self) -> list[dict[str, Any]]:
         name, keys, pos, has_gauss, gauss = self.rng.get_state()
-        return {
-            "step": self.step,
-            "error": list(self.error),
-            "q": list(self.q),
-            "rng": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
-        }
+        rng = [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss]
+        return [
+            {"step": self.step, "error": [e if e is None else e[r] for e in self.error], "q": list(self.q), "rng": rng}
+            for r in range(len(self.comm.ranks))
+        ]
 
     @override
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dicts(self, states: list[dict[str, Any]]) -> None:
+        state = states[0]
         if not isinstance(state.get("q"), list):  # psgd 0.2 kept it per bucket: no parameter's to take
             return
-        self.step, self.error, self.q = state["step"], list(state["error"]), list(state["q"])
+        self.step, self.q = state["step"], list(state["q"])
+        self.error = stacked_errors(states)
         name, keys, pos, has_gauss, gauss = state["rng"]
         self.rng.set_state((name, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, gauss))
 
 
 class ErrorFeedback(Compressor):
-    """A compressor that keeps this worker's error e per parameter: it compresses p = g + e (`with_error`), and e
+    """A compressor that keeps each worker's error e per parameter: it compresses p = g + e (`with_error`), and e
     becomes p - what was sent (`keep_error`)."""
 
-    def __init__(self, group: dist.ProcessGroup | None, params: list[nn.Parameter]) -> None:
-        super().__init__(group, params)
-        self.error: list[Tensor | None] = [None] * len(params)
+    def __init__(self, comm: Distributed | Stacked | None, params: list[nn.Parameter]) -> None:
+        super().__init__(comm, params)
+        self.error: list[Tensor | None] = [None] * len(params)  # rows [R, numel]
 
-    def with_error(self, grads: list[tuple[int, Tensor]]) -> tuple[Tensor, list[tuple[int, Tensor]]]:
-        """p = g + e over `grads` ((parameter index, flat gradient) pairs), as a new flat tensor, and the parameters
-        as (index, flat view of p)."""
-        p = torch.cat([g + self.error[i] if self.error[i] is not None else g for i, g in grads])
-        return p, [(i, v) for (i, _), v in zip(grads, p.split([g.numel() for _, g in grads]), strict=True)]
+    def with_error(self, grads: Grads) -> tuple[Tensor, Grads]:
+        """p = g + e over `grads`, as new rows [R, sum of numel], and each parameter's view of them."""
+        p = torch.cat([g + self.error[i] if self.error[i] is not None else g for i, g in grads], dim=1)
+        parts = p.split([g.shape[1] for _, g in grads], dim=1)
+        return p, [(i, v) for (i, _), v in zip(grads, parts, strict=True)]
 
-    def keep_error(self, error: Tensor, views: list[tuple[int, Tensor]]) -> None:
-        for (i, _), e in zip(views, error.split([v.numel() for _, v in views]), strict=True):
+    def keep_error(self, error: Tensor, views: Grads) -> None:
+        for (i, _), e in zip(views, error.split([v.shape[1] for _, v in views], dim=1), strict=True):
             self.error[i] = e.clone()
 
     @override
-    def state_dict(self) -> dict[str, Any]:
-        return {"error": list(self.error)}
+    def state_dicts(self) -> list[dict[str, Any]]:
+        return [{"error": [e if e is None else e[r] for e in self.error]} for r in range(len(self.comm.ranks))]
 
     @override
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.error = list(state["error"])
-
-
-def _future_for(tensor: Tensor) -> Future[Tensor]:
-    """A future a hook completes itself, for a result on `tensor`'s device (a CUDA result needs its device named)."""
-    return Future(devices=[tensor.device]) if tensor.is_cuda else Future()
-
-
-def _mean_into(bucket: dist.GradBucket, world: int) -> Callable[[Future], Tensor]:
-    """A future's callback: its all-reduced sum, divided by the workers, as the bucket's result."""
-
-    def mean(fut: Future) -> Tensor:
-        return bucket.buffer().copy_(fut.value()[0].div_(world))
-
-    return mean
+    def load_state_dicts(self, states: list[dict[str, Any]]) -> None:
+        self.error = stacked_errors(states)
 
 
 class TopK(ErrorFeedback):
-    """Top-k of the whole model's p = g + e, as the paper selects from the full vector: each bucket's hook holds its
-    bucket until the step's last one, whose hook selects from every parameter's p in the parameters' own order (so
-    that the selection does not depend on DDP's buckets), all-gathers once, and completes every bucket."""
+    """Top-k of each worker's whole p = g + e, as the paper selects from the full vector: an exchange holds its
+    gradients until the step's last (DDP's last bucket), then selects from every parameter's p in the parameters'
+    own order (so that the selection does not depend on DDP's buckets), gathers the workers' values and indices
+    once, and completes every held exchange."""
 
     name = "topk"
 
-    def __init__(self, group: dist.ProcessGroup | None, params: list[nn.Parameter], ratio: float) -> None:
-        super().__init__(group, params)
+    def __init__(self, comm: Distributed | Stacked | None, params: list[nn.Parameter], ratio: float) -> None:
+        super().__init__(comm, params)
         self.ratio = ratio
-        self.waiting: list[tuple[Tensor, Future[Tensor]]] = []  # this step's earlier buckets and their futures
-        self.grads: list[tuple[int, Tensor]] = []  # their parameters' gradients, flat views into the buckets
+        self.held: list[tuple[Grads, Future[None]]] = []  # this step's exchanges so far, and their futures
 
     @override
-    def hook(self, _state: Any, bucket: dist.GradBucket) -> Future[Tensor]:
-        future = _future_for(bucket.buffer())
-        self.waiting.append((bucket.buffer(), future))
-        self.grads += self.parameters(bucket)
-        if not bucket.is_last():
+    def exchange(self, grads: Grads, last: bool = True) -> Future[None]:
+        future = future_for(grads[0][1])
+        self.held.append((grads, future))
+        if not last:
             return future
-        grads, waiting = sorted(self.grads, key=lambda pair: pair[0]), self.waiting
-        self.grads, self.waiting = [], []
+        held, self.held = self.held, []
+        grads = sorted((pair for step, _ in held for pair in step), key=lambda pair: pair[0])
         p, views = self.with_error(grads)
-        top = p.abs().topk(math.ceil(self.ratio * p.numel()), sorted=False).indices
-        values = p[top]
-        self.keep_error(p.index_put((top,), torch.zeros_like(values)), views)
+        top = p.abs().topk(math.ceil(self.ratio * p.shape[1]), dim=1, sorted=False).indices
+        values = p.gather(1, top)
+        self.keep_error(p.scatter(1, top, 0.0), views)
         top32 = top.to(torch.int32)
-        every_values = [torch.empty_like(values) for _ in range(self.world)]
-        every_top = [torch.empty_like(top32) for _ in range(self.world)]
-        size = top.numel() * (values.element_size() + top32.element_size())
+        size = top.shape[1] * (values.element_size() + top32.element_size())
         self.count(size, size, calls=2)
-        futures = [
-            dist.all_gather(every_values, values, group=self.group, async_op=True).get_future(),
-            dist.all_gather(every_top, top32, group=self.group, async_op=True).get_future(),
-        ]
 
         def mean(done: Future) -> None:
             try:
-                for fut in done.value():
-                    fut.wait()  # NCCL: the stream waits for the all-gather (its future completes when queued)
-                out = torch.zeros_like(p)
+                every_values, every_top = done.value()
+                out = torch.zeros(p.shape[1], dtype=p.dtype, device=p.device)
                 for v, i in zip(every_values, every_top, strict=True):
                     out.index_add_(0, i.long(), v)
-                for (_, g), mean in zip(grads, out.div_(self.world).split([g.numel() for _, g in grads]), strict=True):
-                    g.copy_(mean)
+                write_rows(grads, out.div_(self.world))
             except BaseException as e:  # DDP waits on every bucket's future: each must end, with the error
-                for _, held in waiting:
-                    held.set_exception(e)
+                for _, waiting in held:
+                    waiting.set_exception(e)
                 raise
-            for buffer, held in waiting:
-                held.set_result(buffer)
+            for _, waiting in held:
+                waiting.set_result(None)
 
-        torch.futures.collect_all(futures).then(mean)
+        self.comm.gather_async([values, top32]).then(mean)
         return future
 
 
 def scaled_sign(v: Tensor) -> Tensor:
-    """One parameter's scaled sign, (|v|_1 / n) sign(v)."""
-    return v.abs().sum().div_(v.numel()) * v.sign()
+    """The scaled sign (|v|_1 / n) sign(v) of a parameter's v (over its last dimension: rows each their own)."""
+    return v.abs().sum(-1, keepdim=True).div_(v.shape[-1]) * v.sign()
 
 
 def sign_bytes(n: int) -> int:
@@ -382,12 +400,13 @@ class Sign(ErrorFeedback):
     name = "sign"
 
     @override
-    def hook(self, _state: Any, bucket: dist.GradBucket) -> Future[Tensor]:
-        p, views = self.with_error(self.parameters(bucket))
-        c = torch.cat([scaled_sign(v) for _, v in views])
+    def exchange(self, grads: Grads, last: bool = True) -> Future[None]:
+        p, views = self.with_error(grads)
+        c = torch.cat([scaled_sign(v) for _, v in views], dim=1)
         self.keep_error(p - c, views)
-        self.count(sum(sign_bytes(v.numel()) for _, v in views), c.numel() * c.element_size())
-        return dist.all_reduce(c, group=self.group, async_op=True).get_future().then(_mean_into(bucket, self.world))
+        payload = sum(sign_bytes(v.shape[1]) for _, v in views)
+        self.count(payload, c.shape[1] * c.element_size())
+        return self.comm.sum_async(c, payload).then(mean_into(grads, self.world))
 
 
 def qsgd_quantise(v: Tensor, levels: int, generator: torch.Generator) -> Tensor:
@@ -418,42 +437,43 @@ def seeded(generator: torch.Generator, *parts: int) -> torch.Generator:
 
 
 class QSGD(Compressor):
-    """QSGD per parameter; each parameter's draws at each step from a stream seeded by (seed, rank, step,
-    parameter), so that a resumed run draws what the uninterrupted one would whatever the buckets."""
+    """QSGD per parameter; each worker's draws for each parameter at each step from a stream seeded by (seed, rank,
+    step, parameter), so that a resumed run draws what the uninterrupted one would whatever the buckets."""
 
     name = "qsgd"
 
-    def __init__(self, group: dist.ProcessGroup | None, params: list[nn.Parameter], levels: int, seed: int = 0):
-        super().__init__(group, params)
-        self.levels, self.seed, self.rank = levels, seed, dist.get_rank(group)
-        self.step = 0  # the steps whose every bucket this hook has seen
+    def __init__(self, comm: Distributed | Stacked | None, params: list[nn.Parameter], levels: int, seed: int = 0):
+        super().__init__(comm, params)
+        self.levels, self.seed = levels, seed
+        self.step = 0  # the steps whose every gradient this compressor has exchanged
         self.generator: torch.Generator | None = None  # on the gradients' device
 
     @override
-    def hook(self, _state: Any, bucket: dist.GradBucket) -> Future[Tensor]:
-        g = bucket.buffer()
+    def exchange(self, grads: Grads, last: bool = True) -> Future[None]:
         if self.generator is None:
-            self.generator = torch.Generator(device=g.device)
+            self.generator = torch.Generator(device=grads[0][1].device)
         parts = []
-        for i, v in self.parameters(bucket):
-            parts.append(qsgd_quantise(v, self.levels, seeded(self.generator, self.seed, self.rank, self.step, i)))
-        q = torch.cat(parts)
-        self.step += bucket.is_last()
-        self.count(sum(qsgd_bytes(v.numel(), self.levels) for v in parts), q.numel() * q.element_size())
-        return dist.all_reduce(q, group=self.group, async_op=True).get_future().then(_mean_into(bucket, self.world))
+        for i, g in grads:
+            draws = [seeded(self.generator, self.seed, rank, self.step, i) for rank in self.comm.ranks]
+            parts.append(torch.stack([qsgd_quantise(v, self.levels, d) for v, d in zip(g, draws, strict=True)]))
+        q = torch.cat(parts, dim=1)
+        self.step += last
+        payload = sum(qsgd_bytes(g.shape[1], self.levels) for _, g in grads)
+        self.count(payload, q.shape[1] * q.element_size())
+        return self.comm.sum_async(q, payload).then(mean_into(grads, self.world))
 
     @override
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step}
+    def state_dicts(self) -> list[dict[str, Any]]:
+        return [{"step": self.step} for _ in self.comm.ranks]
 
     @override
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step = state.get("step", 0)  # psgd 0.2 kept a generator's state: a run resumed from it draws anew
+    def load_state_dicts(self, states: list[dict[str, Any]]) -> None:
+        self.step = states[0].get("step", 0)  # psgd 0.2 kept a generator's state: a run resumed from it draws anew
 
 
 def build_compressor(
     name: str,
-    group: dist.ProcessGroup | None,
+    comm: Distributed | Stacked | None,
     params: list[nn.Parameter],
     seed: int = 0,
     powersgd_rank: int = COMPRESSION_KEYS["powersgd_rank"][1],
@@ -461,18 +481,18 @@ def build_compressor(
     topk_ratio: float = COMPRESSION_KEYS["topk_ratio"][1],
     qsgd_levels: int = COMPRESSION_KEYS["qsgd_levels"][1],
 ) -> Compressor:
-    """The compressor `name` (of psgd.choices.COMPRESSIONS) for DDP over `params` in `group`; a method's settings
-    default to psgd.choices.COMPRESSION_KEYS' (what the config's null stands for)."""
+    """The compressor `name` (of psgd.choices.COMPRESSIONS) of the workers `comm` holds, over one worker's `params`;
+    a method's settings default to psgd.choices.COMPRESSION_KEYS' (what the config's null stands for)."""
     if name in ("fp16", "bf16"):
-        return HalfPrecision(group, params, name)
+        return HalfPrecision(comm, params, name)
     if name == "powersgd":
-        return PowerSGD(group, params, powersgd_rank, powersgd_start_step, seed)
+        return PowerSGD(comm, params, powersgd_rank, powersgd_start_step, seed)
     if name == "topk":
-        return TopK(group, params, topk_ratio)
+        return TopK(comm, params, topk_ratio)
     if name == "sign":
-        return Sign(group, params)
+        return Sign(comm, params)
     if name == "qsgd":
-        return QSGD(group, params, qsgd_levels, seed)
+        return QSGD(comm, params, qsgd_levels, seed)
     if name not in COMPRESSIONS:
         raise ValueError(f"compression={name!r} is invalid: use one of {', '.join(COMPRESSIONS)}")
-    return Compressor(group, params)
+    return Plain(comm, params)

@@ -64,14 +64,9 @@ class DDP(StrategyConfig):
         compression_keys_alone(self, self.compression)
 
     @override
-    def refuse_simulation(self, run: "Run") -> None:
-        """Gradient compression is a hook of torch's DDP wrapper, which simulated workers have none of."""
-        if self.compression != "none":
-            raise ConfigError(
-                f"strategy.compression={self.compression} is invalid with simulate=true: compressed DDP runs in worker "
-                "processes only (its compressors are DDP communication hooks); use strategy.compression=none or "
-                "simulate=false"
-            )
+    def replica_copies(self) -> int:
+        """A compression's working rows: p = g + e and its error (PowerSGD: its matrices before, and their error)."""
+        return 2 if self.compression in ("topk", "sign", "powersgd") else 1 if self.compression != "none" else 0
 
     @override
     def runs_in_this_process(self, run: "Run") -> bool:

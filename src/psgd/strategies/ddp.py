@@ -28,7 +28,8 @@ from torch.futures import Future
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from psgd.strategies.compression import STATEFUL, Compressor, PowerSGD, build_compressor
+from psgd.choices import COMPRESSION_KEYS
+from psgd.strategies.compression import STATEFUL, Compressor, build_compressor
 from psgd.strategies.lightning_internals import FirstFailureLaunch, without_per_step_collectives
 from psgd.strategies.records import Reports
 from psgd.strategies.workers import GroupEndsAtExit, over_workers
@@ -51,35 +52,38 @@ class TimesAllReduce:
     ) -> None:
         super().__init__(*args, **kwargs)
         self.compression, self.compression_options = compression, dict(compression_options or {})
-        self.compressor: Compressor | None = None  # with a DDP wrapper
-        self._compressor_state: dict | None = None  # this worker's, from the checkpoint resumed
+        self.compressor: Compressor | None = None  # with a DDP wrapper, or simulated workers' first exchange
+        self._compressor_states: list[dict] | None = None  # the workers' held here, from the checkpoint resumed
         self.allreduce_timed = False  # a DDP wrapper on CPU: every bucket clocked
         self._buckets: list[tuple[float, float]] = []  # this step's buckets: (launched, done), perf_counter s
         self._steps: list[tuple[float, float]] = []  # this epoch's steps: (all-reduce ms, wait ms)
         self._comm_s = 0.0  # this epoch's all-reduce time, summed over its steps
         self.waited_s = 0.0  # the steps' waits for the other workers' gradients since the start, on CPU (s)
-        self._exchanged = [0, 0]  # simulated workers: this epoch's bytes and all-reduces of exchange_gradients
         self.report: dict[str, Any] = {}  # nothing more at the end than the epochs said
 
     def configure_ddp(self) -> None:
         super().configure_ddp()
         if not isinstance(self.model, DistributedDataParallel):
             return
-        params = list(self.lightning_module.parameters())
-        # the default group, as None: a compressor holding the ProcessGroup object kept its gloo threads alive past
-        # the group's end at exit (GroupEndsAtExit), into a spawned worker's interpreter shutdown
-        self.compressor = build_compressor(self.compression, None, params, **self.compression_options)
-        if self._compressor_state is not None:
-            self.compressor.load_state_dict(move_data_to_device(self._compressor_state, self.root_device))
+        self._build_compressor()
         self.allreduce_timed = self.root_device.type == "cpu"
         self.model.register_comm_hook(None, self._exchange)
+
+    def _build_compressor(self) -> None:
+        # the default group (self.comm holds none): a compressor holding the ProcessGroup object kept its gloo
+        # threads alive past the group's end at exit (GroupEndsAtExit), into a spawned worker's interpreter shutdown
+        params = list(self.lightning_module.parameters())
+        self.compressor = build_compressor(self.compression, self.comm, params, **self.compression_options)
+        if self._compressor_states is not None:
+            self.compressor.load_state_dicts(move_data_to_device(self._compressor_states, self.root_device))
 
     def on_train_start(self) -> None:
         """Say where the run is too short for its compression: PowerSGD all-reduces plainly for its first steps."""
         super().on_train_start()
-        if not (isinstance(self.compressor, PowerSGD) and self.is_global_zero):
+        if self.compression != "powersgd" or not self.is_global_zero:
             return
-        start, steps = self.compressor.start_step, self.lightning_module.trainer.estimated_stepping_batches
+        start = self.compression_options.get("powersgd_start_step", COMPRESSION_KEYS["powersgd_start_step"][1])
+        steps = self.lightning_module.trainer.estimated_stepping_batches
         if steps < start:
             print(
                 f"psgd: strategy.compression=powersgd compresses from step {start} (strategy.powersgd_start_step) and "
@@ -105,33 +109,32 @@ class TimesAllReduce:
         """This epoch's [payload bytes, bytes sent, collectives, seconds] of this worker (seconds NaN on a GPU,
         where nothing is timed); they start anew."""
         payload, sent, calls = self.compressor.take_count() if self.compressor is not None else (0, 0, 0)
-        (exchanged, all_reduces), self._exchanged = self._exchanged, [0, 0]
-        payload, sent, calls = payload + exchanged, sent + exchanged, calls + all_reduces
         seconds, self._comm_s = self._comm_s, 0.0
         seconds = seconds if self.allreduce_timed or not calls else math.nan
         return [[payload, sent, calls, seconds]] * len(self.comm.ranks)
 
     def exchange_gradients(self, grads: list[torch.Tensor]) -> None:
-        """Simulated workers (psgd.strategies.simulated), whose module no DDP wraps: DDP's exchange, each worker's
-        gradients replaced by the workers' mean (an all-reduce of them), counted."""
-        sent = self.comm.mean_(grads)
-        self._exchanged = [self._exchanged[0] + sent, self._exchanged[1] + int(sent > 0)]
+        """Simulated workers (psgd.strategies.simulated), whose module no DDP wraps: DDP's exchange, compressed as
+        in a worker process, of every parameter's gradients at once (each as rows [P, numel], in memory order)."""
+        if self.compressor is None:
+            self._build_compressor()
+        self.compressor.exchange(list(enumerate(grads))).wait()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         """With a compression that keeps state: every worker's in the checkpoint, under COMPRESSION_KEY."""
         if self.compressor is not None and self.compression in STATEFUL:
-            states: list[Any] = [None] * self.world_size
-            dist.all_gather_object(states, move_data_to_device(self.compressor.state_dict(), "cpu"))
+            held = self.comm.gather_objects(move_data_to_device(self.compressor.state_dicts(), "cpu"))
+            states = [state for states in held for state in states]  # every worker's, in rank order
             checkpoint = {**checkpoint, COMPRESSION_KEY: {"compression": self.compression, "workers": states}}
         super().save_checkpoint(checkpoint, filepath, storage_options)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """The checkpoint; this worker's compression state kept for the compressor (the same compression and
-        worker count only: else it starts afresh)."""
+        """The checkpoint; the compression state of the workers held here kept for the compressor (the same
+        compression and worker count only: else it starts afresh)."""
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
         saved = checkpoint.get(COMPRESSION_KEY) or {}
-        if saved.get("compression") == self.compression and len(saved.get("workers") or []) == self.world_size:
-            self._compressor_state = saved["workers"][self.global_rank]
+        if saved.get("compression") == self.compression and len(saved.get("workers") or []) == self.comm.size:
+            self._compressor_states = [saved["workers"][rank] for rank in self.comm.ranks]
         return checkpoint
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:

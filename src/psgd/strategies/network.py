@@ -5,9 +5,11 @@ A message of n bytes costs α + n / B (α the latency, B the bandwidth). The col
 ring algorithms run them over P workers (Thakur, Rabenseifner and Gropp, 2005; Patarasuk and Yuan, 2009):
 
 - all-reduce of n bytes:           2(P-1) α + 2 (P-1)/P · n / B   (a reduce-scatter, then an all-gather)
+- all-gather of n bytes a worker:   (P-1) (α + n / B)               (P-1 steps, each passing on n bytes)
 - a gossip round, d out-neighbours: α + d · n / B                  (the d messages share the worker's link)
 
-(An all-gather, (P-1)(α + n/B), would be compressed DDP's top-k, which simulated workers do not run.)
+A compressed exchange is charged its method's payload (DDP's sign and QSGD: the bits of their encoding, which
+gloo carries as fp32) at the cost of the collective it uses.
 
 Each worker keeps a clock. A step adds its compute: one replica's share of this machine's time for the step
 (psgd.strategies.simulated), divided by `compute_scale`, times the worker's straggler factor, plus its delay. An
@@ -48,6 +50,11 @@ def all_reduce_s(n: float, workers: int, net: Network) -> float:
     return 0.0 if p <= 1 else 2 * (p - 1) * net.alpha + 2 * (p - 1) / p * n / net.bytes_per_s
 
 
+def all_gather_s(n: float, workers: int, net: Network) -> float:
+    """A ring all-gather of n bytes from each of `workers`: (P-1)(α + n/B); 0 for one worker."""
+    return (workers - 1) * (net.alpha + n / net.bytes_per_s)
+
+
 def gossip_s(n: float, out_degree: int, net: Network) -> float:
     """A worker sending n bytes to each of `out_degree` neighbours at once: α + d · n/B; 0 to none."""
     return 0.0 if out_degree == 0 else net.alpha + out_degree * n / net.bytes_per_s
@@ -74,6 +81,10 @@ class Clocks:
         """An all-reduce of n bytes a worker within each block of `group_size` consecutive workers."""
         blocks = self.now.view(-1, group_size)
         blocks.copy_(blocks.amax(1, keepdim=True).expand_as(blocks) + all_reduce_s(n, group_size, self.network))
+
+    def all_gather(self, n: float) -> None:
+        """An all-gather of n bytes from every worker."""
+        self.now.fill_(float(self.now.max()) + all_gather_s(n, len(self.now), self.network))
 
     def exchange(self, w: Tensor, sent: list[int]) -> None:
         """A gossip round on mixing matrix `w`: worker i waits for the j it receives from (W[i, j] > 0), then

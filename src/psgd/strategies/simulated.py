@@ -94,6 +94,7 @@ class SimulatedWorkers(InThisProcess, Reports):
         parameters (every worker starts from the same seed's weights) and take their place in the param groups."""
         super().setup_optimizers(trainer)
         workers = self.comm.size
+        self.lightning_module.replicas = workers
         self._module_params = list(self.lightning_module.parameters())
         with torch.no_grad():
             self.stacked = [nn.Parameter(stacked_like(p, workers), p.requires_grad) for p in self._module_params]
@@ -114,10 +115,12 @@ class SimulatedWorkers(InThisProcess, Reports):
         return []  # psgd.config refuses a model with buffers (BatchNorm's running statistics) in simulation
 
     def _bind(self, rank: int) -> None:
-        """The module's parameters and their gradients become views of worker `rank`'s row."""
+        """The module's parameters and their gradients become views of worker `rank`'s row (and the module
+        counts its figures as that worker's)."""
         for p, s, g in zip(self._module_params, self.stacked, self.grads, strict=True):
             p.data = s.data[rank]
             p.grad = g[rank]
+        self.lightning_module.replica = rank
 
     @contextlib.contextmanager
     def replica(self, rank: int) -> Iterator[None]:
@@ -151,8 +154,8 @@ class SimulatedWorkers(InThisProcess, Reports):
         self._compute(now - self._mark[0] - (busy - self._mark[1]))
         self._mark = (now, busy)
         exchange = getattr(self, "exchange_gradients", None)
-        if exchange is not None:
-            exchange(self.grads)
+        if exchange is not None and self.comm.size > 1:  # one worker: a run without a process group, as in a process
+            exchange([memory_rows(g) for g in self.grads])
 
     @override
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
@@ -310,6 +313,13 @@ def stacked_like(p: Tensor, workers: int) -> Tensor:
     out = torch.empty_strided((workers, *p.shape), (p.numel(), *p.stride()), dtype=p.dtype, device=p.device)
     out.copy_(p.detach().unsqueeze(0).expand_as(out))
     return out
+
+
+def memory_rows(stacked: Tensor) -> Tensor:
+    """A stacked tensor (stacked_like's) as rows [P, numel], each row its worker's entries in memory order (as a
+    worker process's DDP bucket holds them): a view."""
+    n = stacked[0].numel()
+    return stacked.as_strided((len(stacked), n), (n, 1))
 
 
 _CLASSES: dict[type, type] = {}
