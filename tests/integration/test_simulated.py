@@ -168,6 +168,26 @@ def test_a_simulated_run_resumed_in_a_fresh_process_goes_on_exactly(tiny_data, t
     assert m["sim_time_s"] > m["history"][0]["sim_time_s"] > 0  # the simulated clocks went on from the checkpoint's
 
 
+@pytest.mark.slow  # two train.py processes
+def test_a_simulated_compressed_ddp_run_resumed_in_a_fresh_process_goes_on_exactly(tiny_data, tmp_path):
+    """DDP with top-k on 4 simulated workers, each worker's error feedback in the checkpoint as a worker process
+    keeps its own: resumed in a new process from its first epoch's checkpoint, every worker's weights bit for bit."""
+    common = [f"data.root={tiny_data}", *TINY, *PLAIN, *MOMENTUM, "simulate=true", "workers=4", "strategy=ddp"]
+    common += ["strategy.compression=topk", "record_weights=true"]
+    straight = run_cli("train.py", *common, "checkpoint_every_epoch=true", f"hydra.run.dir={tmp_path / 'straight'}")
+    epoch1 = tmp_path / "straight" / "checkpoints" / "epoch0.ckpt"
+    resumed = run_cli("train.py", *common, f"ckpt_path={epoch1}", f"hydra.run.dir={tmp_path / 'resumed'}")
+    assert straight.returncode == resumed.returncode == 0, resumed.stderr[-2000:]
+    errors = [state["error"] for state in torch.load(epoch1, weights_only=True)["psgd_compression"]["workers"]]
+    assert len(errors) == 4 and not torch.equal(errors[0][0], errors[1][0])  # each worker's own
+    assert (
+        furthest(
+            worker_weights(tmp_path / "resumed", 4, "weights"), worker_weights(tmp_path / "straight", 4, "weights")
+        )
+        == 0
+    )
+
+
 def test_a_straggler_slows_a_simulated_synchronous_run_by_its_factor(tiny_data, tmp_path):
     """The last of 4 simulated DDP workers 4x slower: every step waits for it, so the simulated time is about 4x
     (on a network fast enough that compute rules); its own measured time is this machine's, unslowed."""
