@@ -100,6 +100,14 @@ def skew_note(record: dict) -> str:
 MAX_LISTED = 8  # per-worker figures shown one by one; more: their min, mean and max
 
 
+def listed(values: list[float]) -> str:
+    """Per-worker figures as a line shows them: one by one, or past MAX_LISTED (simulated workers: hundreds) their
+    min, mean and max."""
+    if len(values) > MAX_LISTED:
+        return f"min {min(values):.4f} mean {statistics.fmean(values):.4f} max {max(values):.4f}"
+    return " ".join(f"{v:.4f}" for v in values)
+
+
 def averaging_note(record: dict) -> str:
     """' (averaged model; the workers' own 0.8961 0.8944, replica_distance=3.2150)' for a model-averaging run of
     several workers (EASGD's: ' (the centre; ...'): the test accuracy before it is the final model's, which can be
@@ -107,9 +115,7 @@ def averaging_note(record: dict) -> str:
     workers = record.get("worker_test_acc") or []
     if len(workers) < 2:
         return ""
-    own = " ".join(f"{acc:.4f}" for acc in workers)
-    if len(workers) > MAX_LISTED:  # (simulated workers: hundreds)
-        own = f"min {min(workers):.4f} mean {sum(workers) / len(workers):.4f} max {max(workers):.4f}"
+    own = listed(workers)
     model = strategy_of(record).final_model
     return f" ({model}; the workers' own {own}, replica_distance={record.get('replica_distance'):.4f})"
 
@@ -355,10 +361,17 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
 
 def jobs_table(rows: list[dict]) -> str:
     """report.md's jobs table: report.csv's columns but error and dir, threads_per_worker, lr and stopped_by only
-    where the jobs differ in them; test_acc to 4 decimals as the progress lines show it (the CSV keeps it whole)."""
+    where the jobs differ in them; test_acc to 4 decimals as the progress lines show it, the workers' own as
+    `listed` (the CSV keeps them whole)."""
     same = [c for c in ("threads_per_worker", "lr", "stopped_by") if len({r[c] for r in rows} - {None}) < 2]
     columns = [c for c in rows[0] if c not in ("error", "dir", *same)]
     shown = [r | {"test_acc": f"{r['test_acc']:.4f}"} if isinstance(r["test_acc"], float) else r for r in rows]
+    shown = [
+        r | {"worker_test_acc": listed(list(map(float, r["worker_test_acc"].split())))}
+        if r.get("worker_test_acc")
+        else r
+        for r in shown
+    ]
     return markdown_table(shown, columns)
 
 

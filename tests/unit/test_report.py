@@ -266,6 +266,10 @@ def test_a_model_averaging_jobs_line_gives_the_workers_own_accuracy_beside_the_a
     make_job(tmp_path, 1, {"strategy": "model_averaging", "workers": 64}, many, workers=64)
     line = progress_line(1, 2, frozenset({"workers"}), tmp_path / "1")  # simulated workers: hundreds
     assert "(averaged model; the workers' own min 0.9000 mean 0.9315 max 0.9630, replica_distance=1.0000)" in line
+    report = write_report(tmp_path)  # report.md's jobs table likewise; report.csv keeps every worker's
+    assert "| 0.8960 0.8944 |" in report.sweep_dir.joinpath("report.md").read_text()
+    assert "| min 0.9000 mean 0.9315 max 0.9630 |" in report.sweep_dir.joinpath("report.md").read_text()
+    assert len(report.rows[1]["worker_test_acc"].split()) == 64
 
 
 def test_each_job_says_the_mb_its_workers_sent_and_one_plot_puts_accuracy_against_them(tmp_path):
