@@ -57,8 +57,9 @@ SLOW_CASES += [("elastic_averaging", 2, "momentum"), ("elastic_averaging", 4, "p
     ("name", "workers", "optimizer"), CASES + [pytest.param(*case, marks=pytest.mark.slow) for case in SLOW_CASES]
 )
 def test_simulated_workers_end_with_the_weights_of_real_worker_processes(tiny_data, tmp_path, name, workers, optimizer):
-    """Each worker's weights after 2 epochs (16 steps at 2 workers, 8 at 4, but model averaging's): within 1e-5 of the real run's, every
-    worker's, before the final averaging where the replicas differ (save_replicas); the same bytes sent."""
+    """Each worker's weights after 2 epochs (16 steps at 2 workers, 8 at 4; model averaging's, 26 and 14): within
+    1e-5 of the real run's, every worker's, before the final averaging where the replicas differ (save_replicas);
+    the same bytes sent."""
     overrides, folder = SAME_AS_REAL[name]
     keep = ["record_weights=true"] if folder == "weights" else ["strategy.save_replicas=true"]
     common = [f"workers={workers}", *(MOMENTUM if optimizer == "momentum" else []), *overrides, *keep]

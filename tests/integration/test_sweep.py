@@ -158,6 +158,25 @@ def test_train_py_with_hydras_multirun_flag_is_a_sweep():
     assert proc.stdout.startswith("psgd sweep.py: one training job per combination")
 
 
+def test_a_sweep_of_real_and_simulated_workers_reports_them_apart_and_alike(tiny_data, tmp_path):
+    """`simulate=false,true`: two worker processes and two simulated workers, one sweep. Each is its own group (its
+    speedup is of its own time: measured, simulated), the simulated one alone has a simulated time and its curve
+    against it; with one thread a worker and dropout 0 they train the same model."""
+    sweep_dir = tmp_path / "sweep"
+    proc = run_cli(
+        "sweep.py", "-m", "simulate=false,true", "workers=2", "strategy=model_averaging", "strategy.period=2",
+        f"data.root={tiny_data}", "data.val_split=0", "trainer.max_epochs=1", "data.batch_size=64",
+        "threads_per_worker=1", "model.dropout=0", f"hydra.sweep.dir={sweep_dir}", timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    real, sim = sorted(read_csv(sweep_dir / "report.csv"), key=lambda row: row["simulate"])
+    assert (real["simulate"], sim["simulate"]) == ("False", "True") and real["status"] == sim["status"] == "completed"
+    assert real["sim_time_s"] == "" and float(sim["sim_time_s"]) > 0
+    assert abs(float(real["test_acc"]) - float(sim["test_acc"])) <= 2 / 256  # 256 test samples
+    assert len({row["group"] for row in read_csv(sweep_dir / "summary.csv")}) == 2
+    assert (sweep_dir / "curves_time.png").exists() and (sweep_dir / "curves_sim_time.png").exists()
+
+
 def test_a_sweep_stopped_early_reports_the_jobs_that_ran(tiny_data, tmp_path):
     """SIGTERM in the middle of a job: Hydra runs no end-of-multirun callback then, and psgd still writes the
     report of the jobs that ran, the interrupted one with its finished epochs."""
