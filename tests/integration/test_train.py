@@ -474,8 +474,10 @@ def test_a_run_that_max_steps_stopped_inside_an_epoch_resumes_with_sane_times(ti
         (["data.augment=pad_crop_flip"], "trainer.max_steps=20", []),  # the augmentations' draws too
         # a per-step warm-up (it sets the training data up early): the cut epoch keeps the lr it started with
         (["scheduler=warmup", "scheduler.interval=step", "scheduler.warmup_epochs=2"], "trainer.max_steps=20", []),
-        (["strategy=model_averaging"], "trainer.max_steps=20", []),  # its checkpoint: at the train's end
-        (["strategy=hogwild"], "trainer.max_steps=20", []),
+        # slow (~16 s each, the default run's 8 minutes): a cut inside an epoch is the loop's and the workers'
+        # reseeding, the same for every strategy; each has its own resume test (test_model_averaging, test_hogwild)
+        pytest.param(["strategy=model_averaging"], "trainer.max_steps=20", [], marks=pytest.mark.slow),
+        pytest.param(["strategy=hogwild"], "trainer.max_steps=20", [], marks=pytest.mark.slow),
     ],
     ids=[
         "max_steps-then-max_epochs",
