@@ -182,8 +182,9 @@ class Classifier(L.LightningModule):
         if counts is None:  # no validation batch
             counts = torch.zeros(self.replicas, 3, dtype=torch.float64, device=self.device)
         for rank, (correct, loss_sum, n) in enumerate(self._per_worker(counts)):  # the same on every worker
-            self.log(f"worker/{rank}/val_acc", correct / max(n, 1), on_epoch=True, sync_dist=True)
-            self.log(f"worker/{rank}/val_loss", loss_sum / max(n, 1), on_epoch=True, sync_dist=True)
+            # NaN for a worker that validated no sample: no figure, not a perfect loss
+            self.log(f"worker/{rank}/val_acc", correct / n if n else math.nan, on_epoch=True, sync_dist=True)
+            self.log(f"worker/{rank}/val_loss", loss_sum / n if n else math.nan, on_epoch=True, sync_dist=True)
 
     @torch.no_grad()
     def evaluate(self, loader, max_batches: int | None = None) -> tuple[float, float]:

@@ -38,6 +38,10 @@ def furthest(a: list[dict], b: list[dict]) -> float:
 SAME_AS_REAL = {
     "ddp": (["strategy=ddp"], "weights"),
     "ddp_topk": (["strategy=ddp", "strategy.compression=topk"], "weights"),
+    "ddp_sign": (["strategy=ddp", "strategy.compression=sign"], "weights"),
+    "ddp_qsgd": (["strategy=ddp", "strategy.compression=qsgd"], "weights"),
+    # the lab CNN is one DDP bucket: the processes' first Qs are drawn from one seed, as the simulated ones'
+    "ddp_powersgd": (["strategy=ddp", "strategy.compression=powersgd", "strategy.powersgd_start_step=2"], "weights"),
     # batches of 20: 26 steps at 2 workers, 14 at 4, so that the run ends between averaging points
     "model_averaging_period4": (["strategy=model_averaging", "strategy.period=4", "data.batch_size=20"], "replicas"),
     "diloco": (["strategy=diloco", "strategy.period=3"], "replicas"),
@@ -51,6 +55,7 @@ SLOW_CASES = [("ddp", 4, "momentum"), ("ddp_topk", 2, "plain"), ("decentralized_
 SLOW_CASES += [("model_averaging_period4", 2, "plain"), ("model_averaging_period4", 4, "momentum")]
 SLOW_CASES += [("diloco", 2, "momentum"), ("diloco", 4, "plain")]
 SLOW_CASES += [("elastic_averaging", 2, "momentum"), ("elastic_averaging", 4, "plain")]
+SLOW_CASES += [("ddp_sign", 2, "momentum"), ("ddp_qsgd", 4, "plain"), ("ddp_powersgd", 2, "momentum")]
 
 
 @pytest.mark.parametrize(

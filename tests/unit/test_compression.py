@@ -348,3 +348,26 @@ def test_qsgd_is_unbiased_and_every_value_lies_on_its_grid():
     bound = sum(min(QSGD_CHUNK / levels**2, math.sqrt(QSGD_CHUNK) / levels) * c.norm() ** 2 for c in chunks)
     assert ((samples.mean(0) - v) ** 2).sum() <= 5 * bound / draws
     assert ((samples[0] - v) ** 2).sum() > bound / 100  # one draw is not the input: it was quantised
+
+
+def test_an_exchange_that_fails_fails_ddps_backward(tmp_path):
+    """DDP must not go on with gradients its exchange did not average: the hook's future carries the exchange's
+    error (a real DDP in a one-process gloo group, its compressor's exchange failing)."""
+    from torch.futures import Future
+
+    def failing(grads, last=True):
+        future = Future()
+        future.set_exception(RuntimeError("the exchange failed"))
+        return future
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = net()
+        compressor = build_compressor("sign", None, list(model.parameters()))
+        compressor.exchange = failing
+        ddp = DistributedDataParallel(model)
+        ddp.register_comm_hook(None, compressor.hook)
+        with pytest.raises(RuntimeError, match="the exchange failed"):
+            ddp(torch.randn(4, 40)).sum().backward()
+    finally:
+        dist.destroy_process_group()

@@ -117,12 +117,18 @@ class Compressor:
         return count
 
     def hook(self, _state: Any, bucket: dist.GradBucket) -> Future[Tensor]:
-        """DDP's communication hook: the bucket's gradients exchanged; a future of the bucket, their mean."""
+        """DDP's communication hook: the bucket's gradients exchanged; a future of the bucket, their mean (or of the
+        exchange's error: DDP must not go on with a bucket that was not exchanged)."""
         buffer = bucket.buffer()
         grads = [
             (self.index[id(p)], g.view(1, -1)) for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True)
         ]
-        return self.exchange(grads, bucket.is_last()).then(lambda _: buffer)
+
+        def exchanged(fut: Future) -> Tensor:
+            fut.value()  # raises the exchange's error
+            return buffer
+
+        return self.exchange(grads, bucket.is_last()).then(exchanged)
 
     def exchange(self, grads: Grads, last: bool = True) -> Future[None]:
         """Every worker's gradients `grads` replaced by the workers' mean, as the method approximates it; a future
@@ -454,8 +460,11 @@ class QSGD(Compressor):
             self.generator = torch.Generator(device=grads[0][1].device)
         parts = []
         for i, g in grads:
-            draws = [seeded(self.generator, self.seed, rank, self.step, i) for rank in self.comm.ranks]
-            parts.append(torch.stack([qsgd_quantise(v, self.levels, d) for v, d in zip(g, draws, strict=True)]))
+            rows = [  # each worker's own stream, seeded just before its draws (one generator serves them in turn)
+                qsgd_quantise(v, self.levels, seeded(self.generator, self.seed, rank, self.step, i))
+                for rank, v in zip(self.comm.ranks, g, strict=True)
+            ]
+            parts.append(torch.stack(rows))
         q = torch.cat(parts, dim=1)
         self.step += last
         payload = sum(qsgd_bytes(g.shape[1], self.levels) for _, g in grads)

@@ -115,15 +115,19 @@ class TimesAllReduce:
 
     def exchange_gradients(self, grads: list[torch.Tensor]) -> None:
         """Simulated workers (psgd.strategies.simulated), whose module no DDP wraps: DDP's exchange, compressed as
-        in a worker process, of every parameter's gradients at once (each as rows [P, numel], in memory order)."""
+        in a worker process, of every parameter's gradients at once (each as rows [P, numel], in memory order), in
+        the order DDP's bucket holds them: the parameters reversed, as their gradients become ready (PowerSGD draws
+        its first Qs in that order)."""
         if self.compressor is None:
             self._build_compressor()
-        self.compressor.exchange(list(enumerate(grads))).wait()
+        self.compressor.exchange(list(enumerate(grads))[::-1]).wait()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         """With a compression that keeps state: every worker's in the checkpoint, under COMPRESSION_KEY."""
-        if self.compressor is not None and self.compression in STATEFUL:
-            held = self.comm.gather_objects(move_data_to_device(self.compressor.state_dicts(), "cpu"))
+        # the states resumed where no step has built the compressor yet (simulated workers build it at their first)
+        own = self.compressor.state_dicts() if self.compressor is not None else self._compressor_states
+        if own is not None and self.compression in STATEFUL:
+            held = self.comm.gather_objects(move_data_to_device(own, "cpu"))
             states = [state for states in held for state in states]  # every worker's, in rank order
             checkpoint = {**checkpoint, COMPRESSION_KEY: {"compression": self.compression, "workers": states}}
         super().save_checkpoint(checkpoint, filepath, storage_options)
