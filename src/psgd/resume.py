@@ -17,7 +17,7 @@ from psgd.io import say
 from psgd.module import OPTIMIZER_KEY, STEP_IMPLEMENTATION, Classifier
 from psgd.optim import schedule_read
 from psgd.strategies.contract import StrategyConfig
-from psgd.strategies.simulated import SIMULATED_KEY
+from psgd.strategies.simulated import REPLICAS_KEY, SIMULATED_KEY
 
 
 def resolve_ckpt_path(
@@ -46,9 +46,12 @@ def resolve_ckpt_path(
             f"worker{'' if world_size == 1 else 's'}; resume with workers={len(replicas)}"
         )
     own_weights = replicas and "state_dict" in (replicas[0] or {})
+    if simulate:  # every worker's parameters stacked: their own where the rows differ
+        own_weights = any((t != t[:1]).any() for t in checkpoint.get(REPLICAS_KEY) or [])
     if own_weights and strategy is not None and strategy.one_model:
         raise ConfigError(
-            f"ckpt_path={value!r} holds {len(replicas)} replicas that model averaging had not averaged yet, and "
+            f"ckpt_path={value!r} holds {len(replicas) or world_size} replicas that model averaging had not averaged "
+            "yet, and "
             f"strategy={strategy.name} would go on from worker 0's alone: resume with strategy=model_averaging (or "
             "from the run's final checkpoint, which holds their average)"
         )

@@ -115,7 +115,7 @@ def test_a_simulated_run_writes_a_real_runs_outputs_for_every_worker_and_its_sim
     assert [h["sim_time_s"] for h in epochs] == pytest.approx(
         [sum(h["sim_epoch_s"] for h in epochs[: i + 1]) for i in range(len(epochs))], abs=1e-5
     )
-    assert m["sim_time_s"] == epochs[-1]["sim_time_s"] > 0
+    assert m["sim_time_s"] > epochs[-1]["sim_time_s"] > 0  # and the final average's all-reduce
     assert m["sim_time_to_target_s"] is not None and m["sim_time_to_target_s"] <= m["sim_time_s"]
     # every sample of every worker counted, per second of this machine
     assert epochs[0]["samples"] == 512 and epochs[0]["samples_per_s"] > 0

@@ -194,6 +194,25 @@ def save_trained(path, module):
     return save(path, module, **extra)
 
 
+def test_simulated_replicas_not_yet_averaged_resume_only_under_a_strategy_that_keeps_them_apart(tmp_path):
+    """Simulated workers' parameters are stacked rows: where they differ, DDP would train them on apart."""
+    from psgd.strategies.simulated import REPLICAS_KEY, SIMULATED_KEY
+
+    module = Classifier(MLP(), partial(torch.optim.SGD), lr=0.02, workers=2, max_epochs=2)
+    rows = [torch.stack([p.detach(), p.detach()]) for p in module.parameters()]
+    apart = [r.clone() for r in rows]
+    apart[0][1] += 1  # worker 1's own first weight
+    for replicas, refused in ((rows, False), (apart, True)):
+        path = save(tmp_path / f"{refused}.ckpt", module, **{REPLICAS_KEY: replicas, SIMULATED_KEY: {"workers": 2}})
+        ma = resolve_ckpt_path(path, module, world_size=2, strategy=strategy_of("model_averaging"), simulate=True)
+        assert ma == path
+        if not refused:
+            assert resolve_ckpt_path(path, module, world_size=2, strategy=strategy_of("ddp"), simulate=True) == path
+            continue
+        with pytest.raises(ConfigError, match=r"holds 2 replicas that model averaging had not averaged yet, and st"):
+            resolve_ckpt_path(path, module, world_size=2, strategy=strategy_of("ddp"), simulate=True)
+
+
 def test_a_checkpoint_with_other_optimizer_settings_or_another_optimizer_is_refused(tmp_path):
     """Lightning restores the checkpoint's optimizer with its settings: a resume with momentum 0 went on
     with the checkpoint's 0.9 without a word, and one with optimizer=novograd failed in its first step

@@ -203,6 +203,13 @@ class SimulatedWorkers(InThisProcess, Reports):
                 super().validation_step(*args, **kwargs)
         return None
 
+    @override
+    def on_train_end(self) -> None:
+        """The strategy's end (model averaging's final average is an exchange too), and the run's simulated time
+        with it: the end's report, which metrics.json's sim_time_s takes over the last epoch's."""
+        super().on_train_end()
+        self.report = {**self.report, "sim_time_s": round(self.comm.clocks.elapsed(), 6)}
+
     # ---- what it records ----
 
     def simulated_time(self) -> float:
