@@ -158,6 +158,22 @@ def test_a_model_with_batchnorm_and_a_run_that_would_not_fit_are_refused_before_
     assert "GiB and this machine has" in str(e.value) and not (tmp_path / "huge").exists()
 
 
+def test_shards_of_different_batch_counts_are_refused_in_one_line(tiny_data, tmp_path):
+    """Simulated workers step together: shards that hold different numbers of batches are refused before training,
+    with what to change."""
+    from psgd.errors import DataError
+
+    cases = [
+        (["workers=3", "data.batch_size=85"], "iid: its 3 shards hold 2 to 3 batches of data.batch_size=85, and"),
+        (["workers=3", "data.batch_size=85"], "use a data.batch_size or worker count that gives each shard as many"),
+        (["workers=2", "data.partition=sizes", "data.partition_sizes=[0.7,0.3]"], "use data.partition=iid, or"),
+    ]
+    for overrides, said in cases:
+        with pytest.raises(DataError) as e:
+            run(tiny_data, tmp_path / "run", "simulate=true", *overrides)
+        assert said in str(e.value) and "\n" not in str(e.value) and not (tmp_path / "run" / "metrics.json").exists()
+
+
 @pytest.mark.slow  # two train.py processes, ~30 s: the default run's 8 minutes
 def test_a_simulated_run_resumed_in_a_fresh_process_goes_on_exactly(tiny_data, tmp_path):
     """DiLoCo of 4 simulated workers (their replicas, momentum, θ_g and outer momentum in the checkpoint): resumed in

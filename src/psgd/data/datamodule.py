@@ -316,10 +316,16 @@ class ClassificationData(L.LightningDataModule):
             )
 
         if self.replicas and len(set(counts)) > 1:  # (lockstep: every worker takes the fewest)
+            scheme = self.deal["scheme"]
+            fix = (
+                "a data.batch_size or worker count that gives each shard as many"
+                if scheme == "iid"
+                else "data.partition=iid"
+            )
             raise DataError(
-                f"simulate=true is invalid with data.partition={self.deal['scheme']}: its {workers} shards hold "
-                f"{min(counts)} to {max(counts)} batches of data.batch_size={self.batch_size}, and simulated workers "
-                "step together; use data.partition=iid, or worker processes (simulate=false)"
+                f"simulate=true is invalid with data.partition={scheme}: its {workers} shards hold {min(counts)} to "
+                f"{max(counts)} batches of data.batch_size={self.batch_size}, and simulated workers step together; "
+                f"use {fix}, or worker processes (simulate=false)"
             )
 
     def check_test_limit(self, limit: float | int | None) -> None:
