@@ -103,11 +103,9 @@ class Classifier(L.LightningModule):
         sync per step); every trainer.log_every_n_steps batches, log the batches' mean since the last log
         as train/loss_step and train/acc_step (rank 0)."""
         if self._train_counts is None or (batch_idx == 0 and self.replica == 0):
-            self._train_counts = torch.zeros(self.replicas, 3, dtype=torch.float64, device=out.device)
+            self._train_counts = self._zero_counts(out.device)
             self._step_counts = [torch.zeros(2, dtype=torch.float64, device=out.device), 0]
-        sums = torch.stack([(out.argmax(1) == y).sum().double(), loss.double() * len(y)])
-        self._train_counts[self.replica, :2] += sums
-        self._train_counts[self.replica, 2] += len(y)
+        sums = self._count_into(self._train_counts, out, y, loss)
         self._step_counts[0] = self._step_counts[0] + sums
         self._step_counts[1] += len(y)
         if self.log_step_counts and (batch_idx + 1) % max(1, self.trainer.log_every_n_steps) == 0:
@@ -149,6 +147,17 @@ class Classifier(L.LightningModule):
             for rank, (_, worker_loss, worker_n) in enumerate(per_worker):
                 self.log(f"worker/{rank}/train_loss", worker_loss / max(worker_n, 1), on_epoch=True, sync_dist=True)
 
+    def _zero_counts(self, device: torch.device) -> Tensor:
+        """[correct, loss sum, samples] of each replica held here, zero (float64)."""
+        return torch.zeros(self.replicas, 3, dtype=torch.float64, device=device)
+
+    def _count_into(self, counts: Tensor, out: Tensor, y: Tensor, loss: Tensor) -> Tensor:
+        """Add a batch to the replica's row of `counts`; returns its [correct, loss sum]."""
+        sums = torch.stack([(out.argmax(1) == y).sum().double(), loss.double() * len(y)])
+        counts[self.replica, :2] += sums
+        counts[self.replica, 2] += len(y)
+        return sums
+
     def _per_worker(self, counts: Tensor) -> list[list[float]]:
         """Every worker's row of `counts` (a row per replica held here), in rank order, from one all-gather."""
         rows = gather_floats(counts.flatten().tolist(), counts.device)
@@ -159,11 +168,8 @@ class Classifier(L.LightningModule):
         loss, out = self._step(batch, batch_idx, "val")
         if self.hparams.per_worker_metrics:  # the same output, kept unreduced for this replica
             if self._val_counts is None:
-                self._val_counts = torch.zeros(self.replicas, 3, dtype=torch.float64, device=out.device)
-            y = batch[1]
-            self._val_counts[self.replica] += torch.stack(
-                [(out.argmax(1) == y).sum().double(), loss.double() * len(y), torch.tensor(len(y), device=out.device)]
-            )
+                self._val_counts = self._zero_counts(out.device)
+            self._count_into(self._val_counts, out.detach(), batch[1], loss.detach())
 
     @override
     def on_validation_epoch_start(self) -> None:
@@ -178,9 +184,7 @@ class Classifier(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         if not self.hparams.per_worker_metrics or self.trainer.sanity_checking:
             return
-        counts = self._val_counts
-        if counts is None:  # no validation batch
-            counts = torch.zeros(self.replicas, 3, dtype=torch.float64, device=self.device)
+        counts = self._val_counts if self._val_counts is not None else self._zero_counts(self.device)  # no batch
         for rank, (correct, loss_sum, n) in enumerate(self._per_worker(counts)):  # the same on every worker
             # NaN for a worker that validated no sample: no figure, not a perfect loss
             self.log(f"worker/{rank}/val_acc", correct / n if n else math.nan, on_epoch=True, sync_dist=True)

@@ -102,7 +102,6 @@ class Compressor:
         self.comm = comm or Distributed()
         self.world = self.comm.size
         self.index = {id(p): i for i, p in enumerate(params)}
-        self.shapes = [p.shape for p in params]
         self.payload_bytes = self.sent_bytes = self.calls = 0
 
     def count(self, payload: float, sent: int, calls: int = 1) -> None:
@@ -137,12 +136,6 @@ class Compressor:
         size = flat.shape[1] * flat.element_size()
         self.count(size, size)
         return self.comm.sum_async(flat).then(lambda fut: write_rows(grads, fut.value()))
-
-    def matrix_shape(self, i: int) -> tuple[int, int]:
-        """Parameter i as a matrix: its first dimension x the rest."""
-        shape = self.shapes[i]
-        rows = shape[0] if len(shape) else 1
-        return rows, math.prod(shape) // max(rows, 1)
 
     def state_dicts(self) -> list[dict[str, Any]]:
         """Each worker's state held here, in `comm.ranks`' order."""
@@ -204,10 +197,17 @@ class PowerSGD(Compressor):
     ) -> None:
         super().__init__(comm, params)
         self.rank, self.start_step, self.min_compression_rate = rank, start_step, min_compression_rate
+        self.shapes = [p.shape for p in params]
         self.step = 0  # the steps whose every gradient this compressor has exchanged
         self.error: list[Tensor | None] = [None] * len(params)  # a compressed matrix's error, rows [R, numel]
         self.q: list[Tensor | None] = [None] * len(params)  # a compressed matrix's last Q (cols x r)
         self.rng = np.random.RandomState(seed)  # the first Q's seeds, as torch's PowerSGDState.rng draws them
+
+    def matrix_shape(self, i: int) -> tuple[int, int]:
+        """Parameter i as a matrix: its first dimension x the rest."""
+        shape = self.shapes[i]
+        rows = shape[0] if len(shape) else 1
+        return rows, math.prod(shape) // max(rows, 1)
 
     def matrix_rank(self, i: int) -> int | None:
         """Parameter i's rank of approximation, or None where compressing gains less than `min_compression_rate`

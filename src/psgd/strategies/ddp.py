@@ -28,8 +28,7 @@ from torch.futures import Future
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from psgd.choices import COMPRESSION_KEYS
-from psgd.strategies.compression import STATEFUL, Compressor, build_compressor
+from psgd.strategies.compression import STATEFUL, Compressor, PowerSGD, build_compressor
 from psgd.strategies.lightning_internals import FirstFailureLaunch, without_per_step_collectives
 from psgd.strategies.records import Reports
 from psgd.strategies.workers import GroupEndsAtExit, over_workers
@@ -52,7 +51,7 @@ class TimesAllReduce:
     ) -> None:
         super().__init__(*args, **kwargs)
         self.compression, self.compression_options = compression, dict(compression_options or {})
-        self.compressor: Compressor | None = None  # with a DDP wrapper, or simulated workers' first exchange
+        self.compressor: Compressor | None = None  # once set up
         self._compressor_states: list[dict] | None = None  # the workers' held here, from the checkpoint resumed
         self.allreduce_timed = False  # a DDP wrapper on CPU: every bucket clocked
         self._buckets: list[tuple[float, float]] = []  # this step's buckets: (launched, done), perf_counter s
@@ -69,6 +68,11 @@ class TimesAllReduce:
         self.allreduce_timed = self.root_device.type == "cpu"
         self.model.register_comm_hook(None, self._exchange)
 
+    def setup(self, trainer: L.Trainer) -> None:
+        super().setup(trainer)
+        if self.compressor is None:  # no DDP wrapper (simulated workers): exchange_gradients uses it
+            self._build_compressor()
+
     def _build_compressor(self) -> None:
         # the default group (self.comm holds none): a compressor holding the ProcessGroup object kept its gloo
         # threads alive past the group's end at exit (GroupEndsAtExit), into a spawned worker's interpreter shutdown
@@ -80,10 +84,9 @@ class TimesAllReduce:
     def on_train_start(self) -> None:
         """Say where the run is too short for its compression: PowerSGD all-reduces plainly for its first steps."""
         super().on_train_start()
-        if self.compression != "powersgd" or not self.is_global_zero:
+        if not (isinstance(self.compressor, PowerSGD) and self.is_global_zero):
             return
-        start = self.compression_options.get("powersgd_start_step", COMPRESSION_KEYS["powersgd_start_step"][1])
-        steps = self.lightning_module.trainer.estimated_stepping_batches
+        start, steps = self.compressor.start_step, self.lightning_module.trainer.estimated_stepping_batches
         if steps < start:
             print(
                 f"psgd: strategy.compression=powersgd compresses from step {start} (strategy.powersgd_start_step) and "
@@ -118,16 +121,12 @@ class TimesAllReduce:
         in a worker process, of every parameter's gradients at once (each as rows [P, numel], in memory order), in
         the order DDP's bucket holds them: the parameters reversed, as their gradients become ready (PowerSGD draws
         its first Qs in that order)."""
-        if self.compressor is None:
-            self._build_compressor()
         self.compressor.exchange(list(enumerate(grads))[::-1]).wait()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         """With a compression that keeps state: every worker's in the checkpoint, under COMPRESSION_KEY."""
-        # the states resumed where no step has built the compressor yet (simulated workers build it at their first)
-        own = self.compressor.state_dicts() if self.compressor is not None else self._compressor_states
-        if own is not None and self.compression in STATEFUL:
-            held = self.comm.gather_objects(move_data_to_device(own, "cpu"))
+        if self.compressor is not None and self.compression in STATEFUL:
+            held = self.comm.gather_objects(move_data_to_device(self.compressor.state_dicts(), "cpu"))
             states = [state for states in held for state in states]  # every worker's, in rank order
             checkpoint = {**checkpoint, COMPRESSION_KEY: {"compression": self.compression, "workers": states}}
         super().save_checkpoint(checkpoint, filepath, storage_options)
